@@ -1,0 +1,1 @@
+//! Placeholder: pcap reading/writing helpers live here.

@@ -1,0 +1,12 @@
+//! ferroce: a pure-Rust userspace RoCE v2 software RDMA NIC.
+//!
+//! Layers (see README.md for the diagram):
+//! - [`wire`]: zero-copy header views, `Repr` parse/emit pairs, the opcode table, PSN arithmetic, ICRC.
+//! - [`time`]: the virtual/real time types every sans-IO state machine takes as an argument.
+//!
+//! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` may allow it.
+
+pub mod capture;
+pub mod inspect;
+pub mod time;
+pub mod wire;

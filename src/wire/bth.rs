@@ -1,0 +1,238 @@
+//! Base Transport Header (IBTA Vol. 1 §9.2, 12 bytes):
+//!
+//! ```text
+//! byte 0   opcode
+//! byte 1   SE(1) M(1) PadCnt(2) TVer(4)
+//! 2..4     P_Key
+//! byte 4   FECN(1) BECN(1) reserved(6)      <- masked to 0xFF for the ICRC
+//! 5..8     DestQP (24)
+//! byte 8   AckReq(1) reserved(7)
+//! 9..12    PSN (24)
+//! ```
+
+use super::{need, rd16, rd24, wr16, wr24, Field, Layer, Opcode, PKey, Psn, QpNumber, Result};
+
+mod field {
+    use super::Field;
+    pub const OPCODE: usize = 0;
+    pub const FLAGS: usize = 1;
+    pub const PKEY: Field = 2..4;
+    pub const ECN_RSVD: usize = 4;
+    pub const DEST_QP: Field = 5..8;
+    pub const ACK_RSVD: usize = 8;
+    pub const PSN: Field = 9..12;
+}
+
+/// Length of the BTH.
+pub const HEADER_LEN: usize = 12;
+/// Offset of the byte that holds FECN, BECN and six reserved bits (masked for the ICRC).
+pub const ECN_BYTE: usize = field::ECN_RSVD;
+
+/// A zero-copy view of a BTH at the start of a buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wrap without checking the length (emit path only).
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Packet { buffer }
+    }
+    /// Wrap after checking that a whole BTH is present.
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Packet { buffer };
+        p.check_len()?;
+        Ok(p)
+    }
+    /// Ok if the buffer holds a whole BTH.
+    pub fn check_len(&self) -> Result<()> {
+        need(Layer::Bth, self.buffer.as_ref(), HEADER_LEN)
+    }
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+    pub fn opcode(&self) -> Opcode {
+        Opcode(self.b()[field::OPCODE])
+    }
+    pub fn solicited(&self) -> bool {
+        self.b()[field::FLAGS] & 0x80 != 0
+    }
+    pub fn mig_req(&self) -> bool {
+        self.b()[field::FLAGS] & 0x40 != 0
+    }
+    pub fn pad_count(&self) -> u8 {
+        (self.b()[field::FLAGS] >> 4) & 0x3
+    }
+    pub fn tver(&self) -> u8 {
+        self.b()[field::FLAGS] & 0x0f
+    }
+    pub fn pkey(&self) -> PKey {
+        PKey(rd16(self.b(), field::PKEY.start))
+    }
+    pub fn fecn(&self) -> bool {
+        self.b()[field::ECN_RSVD] & 0x80 != 0
+    }
+    pub fn becn(&self) -> bool {
+        self.b()[field::ECN_RSVD] & 0x40 != 0
+    }
+    /// The six reserved bits of byte 4 (should be zero).
+    pub fn resv6(&self) -> u8 {
+        self.b()[field::ECN_RSVD] & 0x3f
+    }
+    pub fn dest_qp(&self) -> QpNumber {
+        QpNumber::new(rd24(self.b(), field::DEST_QP.start))
+    }
+    pub fn ack_req(&self) -> bool {
+        self.b()[field::ACK_RSVD] & 0x80 != 0
+    }
+    /// The seven reserved bits of byte 8 (should be zero).
+    pub fn resv7(&self) -> u8 {
+        self.b()[field::ACK_RSVD] & 0x7f
+    }
+    pub fn psn(&self) -> Psn {
+        Psn::new(rd24(self.b(), field::PSN.start))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    fn bm(&mut self) -> &mut [u8] {
+        self.buffer.as_mut()
+    }
+    pub fn set_opcode(&mut self, op: Opcode) {
+        self.bm()[field::OPCODE] = op.0;
+    }
+    /// Set FECN/BECN, leaving the reserved bits alone.
+    pub fn set_fecn_becn(&mut self, fecn: bool, becn: bool) {
+        let b = &mut self.bm()[field::ECN_RSVD];
+        *b = (*b & 0x3f) | (u8::from(fecn) << 7) | (u8::from(becn) << 6);
+    }
+    pub fn set_ack_req(&mut self, v: bool) {
+        let b = &mut self.bm()[field::ACK_RSVD];
+        *b = (*b & 0x7f) | (u8::from(v) << 7);
+    }
+    pub fn set_psn(&mut self, psn: Psn) {
+        wr24(self.bm(), field::PSN.start, psn.get());
+    }
+    pub fn set_dest_qp(&mut self, qp: QpNumber) {
+        wr24(self.bm(), field::DEST_QP.start, qp.get());
+    }
+}
+
+/// The owned form of a BTH. Reserved bits are not modelled: they are emitted as zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BthRepr {
+    pub opcode: Opcode,
+    pub solicited: bool,
+    pub mig_req: bool,
+    pub pad_count: u8,
+    pub tver: u8,
+    pub pkey: PKey,
+    pub fecn: bool,
+    pub becn: bool,
+    pub dest_qp: QpNumber,
+    pub ack_req: bool,
+    pub psn: Psn,
+}
+
+impl BthRepr {
+    /// A BTH with RoCE defaults (P_Key 0xFFFF, TVer 0, no flags).
+    pub fn new(opcode: Opcode, dest_qp: QpNumber, psn: Psn) -> Self {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: PKey::DEFAULT,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
+    /// Parse from the start of `buf`.
+    pub fn parse(buf: &[u8]) -> Result<Self> {
+        let p = Packet::new_checked(buf)?;
+        Ok(BthRepr {
+            opcode: p.opcode(),
+            solicited: p.solicited(),
+            mig_req: p.mig_req(),
+            pad_count: p.pad_count(),
+            tver: p.tver(),
+            pkey: p.pkey(),
+            fecn: p.fecn(),
+            becn: p.becn(),
+            dest_qp: p.dest_qp(),
+            ack_req: p.ack_req(),
+            psn: p.psn(),
+        })
+    }
+
+    /// Bytes needed to emit.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Write into the start of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        need(Layer::Bth, buf, HEADER_LEN).map_err(super::packet::to_emit_err)?;
+        buf[field::OPCODE] = self.opcode.0;
+        buf[field::FLAGS] = (u8::from(self.solicited) << 7)
+            | (u8::from(self.mig_req) << 6)
+            | ((self.pad_count & 3) << 4)
+            | (self.tver & 0x0f);
+        wr16(buf, field::PKEY.start, self.pkey.0);
+        buf[field::ECN_RSVD] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6);
+        wr24(buf, field::DEST_QP.start, self.dest_qp.get());
+        buf[field::ACK_RSVD] = u8::from(self.ack_req) << 7;
+        wr24(buf, field::PSN.start, self.psn.get());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The BTH of the UC SEND_ONLY known-answer frame in roce-facts.md (scapy's RoCE test).
+    const UC_BTH: [u8; 12] = [
+        0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3, 0x00, 0xcf, 0x17, 0x10,
+    ];
+
+    #[test]
+    fn deconstruct() {
+        let p = Packet::new_checked(&UC_BTH[..]).unwrap();
+        assert_eq!(p.opcode(), Opcode::UC_SEND_ONLY);
+        assert!(!p.solicited());
+        assert!(p.mig_req());
+        assert_eq!(p.pad_count(), 2);
+        assert_eq!(p.tver(), 0);
+        assert_eq!(p.pkey(), PKey::DEFAULT);
+        assert_eq!(p.dest_qp(), QpNumber::new(0xd3));
+        assert!(!p.ack_req());
+        assert_eq!(p.psn(), Psn::new(0xcf1710));
+    }
+
+    #[test]
+    fn round_trip() {
+        let r = BthRepr::parse(&UC_BTH).unwrap();
+        let mut out = [0u8; 12];
+        r.emit(&mut out).unwrap();
+        assert_eq!(out, UC_BTH);
+    }
+
+    #[test]
+    fn short_buffers_are_errors() {
+        for n in 0..12 {
+            assert!(BthRepr::parse(&UC_BTH[..n]).is_err());
+            let mut out = vec![0u8; n];
+            assert!(BthRepr::parse(&UC_BTH).unwrap().emit(&mut out).is_err());
+        }
+    }
+}

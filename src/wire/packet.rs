@@ -1,0 +1,391 @@
+//! Whole packets: the RoCE v2 transport part ([`RoceRepr`]: BTH, extension headers, payload,
+//! pad, ICRC) and whole frames ([`FrameRepr`]: optional Ethernet, IPv4/IPv6, UDP, transport).
+//!
+//! [`decode_frame`] parses every layer and reports the ICRC without judging it (what
+//! `ferroce inspect` wants); [`parse_frame`] additionally rejects a bad ICRC (what the receive
+//! path wants). [`parse_roce`] does the same for a transport part whose IP and UDP headers
+//! are given separately (the UDP-socket backend rebuilds them from the socket addresses).
+
+use super::eth::{self, EthernetRepr};
+use super::ip::{IpParsed, IpRepr, Ipv4Repr, Ipv6Repr};
+use super::opcode::OpFlags;
+use super::udp::{self, UdpRepr};
+use super::{bth, icrc, BthRepr, Error, ExtRepr, Layer, Result, ROCE_V2_PORT};
+use core::ops::Range;
+
+/// Map a length error from a parse helper to the emit error a caller expects.
+pub(crate) fn to_emit_err(e: Error) -> Error {
+    match e {
+        Error::Truncated { needed, had, .. } => Error::BufferTooSmall { needed, had },
+        e => e,
+    }
+}
+
+/// Bytes of pad needed after `payload_len` bytes to reach a multiple of four.
+pub const fn pad_for(payload_len: usize) -> u8 {
+    ((4 - (payload_len % 4)) % 4) as u8
+}
+
+/// The transport part of a RoCE v2 packet: everything inside UDP.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RoceRepr {
+    pub bth: BthRepr,
+    pub ext: ExtRepr,
+    /// Payload bytes, not counting the pad.
+    pub payload_len: usize,
+}
+
+impl RoceRepr {
+    /// A transport part with the BTH pad count set for `payload_len`.
+    pub fn new(mut bth: BthRepr, ext: ExtRepr, payload_len: usize) -> Self {
+        bth.pad_count = pad_for(payload_len);
+        RoceRepr {
+            bth,
+            ext,
+            payload_len,
+        }
+    }
+
+    /// BTH plus extension headers.
+    pub fn header_len(&self) -> usize {
+        self.bth.opcode.info().header_len as usize
+    }
+
+    /// Bytes of the whole transport part, ICRC included.
+    pub fn buffer_len(&self) -> usize {
+        self.header_len() + self.payload_len + usize::from(self.bth.pad_count) + icrc::LEN
+    }
+
+    /// Check payload and pad against the opcode's rules. Used by parse and by emit, so that
+    /// ferroce never emits what it would reject.
+    fn check_payload(&self) -> Result<()> {
+        let op = self.bth.opcode;
+        let info = op.info();
+        let pad = self.bth.pad_count;
+        let data = self.payload_len + usize::from(pad);
+        if pad > 3 || data % 4 != 0 {
+            return Err(Error::BadPadCount { pad, data });
+        }
+        if !info.flags.contains(OpFlags::PAYLOAD) {
+            if self.payload_len != 0 {
+                return Err(Error::BadPayloadLength {
+                    opcode: op,
+                    len: self.payload_len,
+                });
+            }
+            if pad != 0 {
+                return Err(Error::BadPadCount { pad, data });
+            }
+        }
+        if info.flags.contains(OpFlags::FIXED8) && self.payload_len != 8 {
+            return Err(Error::BadPayloadLength {
+                opcode: op,
+                len: self.payload_len,
+            });
+        }
+        if info.flags.contains(OpFlags::FULL_MTU) && pad != 0 {
+            return Err(Error::PadOnNonLast { opcode: op, pad });
+        }
+        Ok(())
+    }
+
+    /// Parse a transport part (BTH up to and including the ICRC, exactly the UDP payload).
+    /// Returns the `Repr` and the byte range of the payload. The ICRC is not checked here.
+    pub fn parse(t: &[u8]) -> Result<(RoceRepr, Range<usize>)> {
+        let bth = BthRepr::parse(t)?;
+        let info = bth.opcode.info();
+        if info.is_reserved() {
+            return Err(Error::UnknownOpcode(bth.opcode.0));
+        }
+        let (ext, ext_len) = ExtRepr::parse(bth.opcode, &t[bth::HEADER_LEN..])?;
+        let hdr = bth::HEADER_LEN + ext_len;
+        if t.len() < hdr + icrc::LEN {
+            return Err(Error::Truncated {
+                layer: Layer::Icrc,
+                needed: hdr + icrc::LEN,
+                had: t.len(),
+            });
+        }
+        let data = t.len() - hdr - icrc::LEN;
+        let pad = usize::from(bth.pad_count);
+        if pad > data {
+            return Err(Error::BadPadCount {
+                pad: bth.pad_count,
+                data,
+            });
+        }
+        let repr = RoceRepr {
+            bth,
+            ext,
+            payload_len: data - pad,
+        };
+        repr.check_payload()?;
+        Ok((repr, hdr..hdr + repr.payload_len))
+    }
+
+    /// Write BTH, extension headers, `payload` and zero pad into `buf`, and a zero ICRC
+    /// placeholder (the ICRC needs the IP and UDP headers: see [`FrameRepr::emit`] or
+    /// [`RoceRepr::emit_with_icrc`]). Returns the bytes written (`buffer_len()`).
+    pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        if payload.len() != self.payload_len {
+            return Err(Error::BadLength {
+                layer: Layer::Payload,
+                declared: self.payload_len,
+                actual: payload.len(),
+            });
+        }
+        if self.bth.opcode.info().is_reserved() {
+            return Err(Error::UnknownOpcode(self.bth.opcode.0));
+        }
+        self.check_payload()?;
+        let n = self.buffer_len();
+        if buf.len() < n {
+            return Err(Error::BufferTooSmall {
+                needed: n,
+                had: buf.len(),
+            });
+        }
+        self.bth.emit(buf)?;
+        let hdr = bth::HEADER_LEN
+            + self
+                .ext
+                .emit(self.bth.opcode, &mut buf[bth::HEADER_LEN..])?;
+        buf[hdr..hdr + payload.len()].copy_from_slice(payload);
+        buf[hdr + payload.len()..n].fill(0);
+        Ok(n)
+    }
+
+    /// Emit and fill in the ICRC computed against the given IP and UDP headers.
+    pub fn emit_with_icrc(
+        &self,
+        buf: &mut [u8],
+        payload: &[u8],
+        ip_hdr: &[u8],
+        udp_hdr: &[u8],
+    ) -> Result<usize> {
+        let n = self.emit(buf, payload)?;
+        let crc = icrc::compute(ip_hdr, udp_hdr, &buf[..n - icrc::LEN]);
+        buf[n - icrc::LEN..n].copy_from_slice(&icrc::to_wire(crc));
+        Ok(n)
+    }
+}
+
+/// A whole RoCE v2 frame. `eth` is `None` for raw-IP framing (link type 101, or the IP packet
+/// handed to a UDP socket).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct FrameRepr {
+    pub eth: Option<EthernetRepr>,
+    pub ip: IpRepr,
+    pub udp: UdpRepr,
+    pub roce: RoceRepr,
+}
+
+impl FrameRepr {
+    /// Bytes the frame occupies (no Ethernet padding or FCS).
+    pub fn buffer_len(&self) -> usize {
+        self.eth.map_or(0, |e| e.buffer_len())
+            + self.ip.buffer_len()
+            + udp::HEADER_LEN
+            + self.roce.buffer_len()
+    }
+
+    /// Emit the whole frame, ICRC included, into `buf`. Returns the bytes written. The
+    /// Ethernet ethertype is taken from the IP version, whatever `eth.ethertype` says.
+    pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        let n = self.buffer_len();
+        if buf.len() < n {
+            return Err(Error::BufferTooSmall {
+                needed: n,
+                had: buf.len(),
+            });
+        }
+        let mut off = 0;
+        if let Some(mut e) = self.eth {
+            e.ethertype = self.ip.ethertype();
+            off = e.emit(buf)?;
+        }
+        let t_len = self.roce.buffer_len();
+        let ip_start = off;
+        let ip_len = self.ip.buffer_len();
+        self.ip.emit(&mut buf[off..], udp::HEADER_LEN + t_len)?;
+        off += ip_len;
+        let udp_start = off;
+        self.udp.emit(&mut buf[off..], t_len)?;
+        off += udp::HEADER_LEN;
+        self.roce.emit(&mut buf[off..off + t_len], payload)?;
+        let crc = icrc::compute(
+            &buf[ip_start..udp_start],
+            &buf[udp_start..off],
+            &buf[off..off + t_len - icrc::LEN],
+        );
+        buf[off + t_len - icrc::LEN..off + t_len].copy_from_slice(&icrc::to_wire(crc));
+        Ok(n)
+    }
+}
+
+/// Byte offsets of each layer within a parsed frame.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Offsets {
+    pub ip: usize,
+    pub udp: usize,
+    pub bth: usize,
+    pub payload: usize,
+    pub icrc: usize,
+    /// One past the ICRC (frame bytes after it are Ethernet padding).
+    pub end: usize,
+}
+
+/// A decoded frame: the `Repr` of every layer, the payload in place, and the ICRC.
+#[derive(Clone, Copy, Debug)]
+pub struct ParsedFrame<'a> {
+    pub repr: FrameRepr,
+    pub payload: &'a [u8],
+    /// The ICRC on the wire.
+    pub icrc_stored: u32,
+    /// The ICRC computed over the frame.
+    pub icrc_computed: u32,
+    /// IPv4 header checksum valid (always true for IPv6). Not an error: routers fix it.
+    pub ip_checksum_ok: bool,
+    pub offsets: Offsets,
+}
+
+impl ParsedFrame<'_> {
+    pub fn icrc_ok(&self) -> bool {
+        self.icrc_stored == self.icrc_computed
+    }
+}
+
+/// A decoded transport part (see [`parse_roce`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ParsedRoce<'a> {
+    pub repr: RoceRepr,
+    pub payload: &'a [u8],
+}
+
+/// Decode an IP packet carrying RoCE v2 (everything but the ICRC verdict).
+pub fn decode_ip(packet: &[u8]) -> Result<ParsedFrame<'_>> {
+    decode_at(packet, None, 0)
+}
+
+/// Decode an Ethernet frame carrying RoCE v2 (everything but the ICRC verdict).
+pub fn decode_frame(frame: &[u8]) -> Result<ParsedFrame<'_>> {
+    let (eth, off) = EthernetRepr::parse(frame)?;
+    match eth.ethertype {
+        eth::ETHERTYPE_IPV4 | eth::ETHERTYPE_IPV6 => decode_at(frame, Some(eth), off),
+        et => Err(Error::NotIp(et)),
+    }
+}
+
+fn decode_at(buf: &[u8], eth: Option<EthernetRepr>, ip_off: usize) -> Result<ParsedFrame<'_>> {
+    let ip_buf = &buf[ip_off..];
+    let version = ip_buf.first().map(|b| b >> 4);
+    let (ip, parsed): (IpRepr, IpParsed) = match version {
+        Some(4) => {
+            let (r, p) = Ipv4Repr::parse(ip_buf)?;
+            (IpRepr::V4(r), p)
+        }
+        Some(6) => {
+            let (r, p) = Ipv6Repr::parse(ip_buf)?;
+            (IpRepr::V6(r), p)
+        }
+        Some(v) => return Err(Error::BadIpVersion(v)),
+        None => {
+            return Err(Error::Truncated {
+                layer: Layer::Ipv4,
+                needed: 20,
+                had: 0,
+            })
+        }
+    };
+    if let Some(e) = eth {
+        if e.ethertype != ip.ethertype() {
+            return Err(Error::BadIpVersion(version.unwrap_or(0)));
+        }
+    }
+    let udp_off = ip_off + parsed.header_len;
+    let ip_end = udp_off + parsed.payload_len;
+    let (udp_repr, udp_len) = UdpRepr::parse(&buf[udp_off..ip_end])?;
+    if udp_repr.dst_port != ROCE_V2_PORT {
+        return Err(Error::NotRoceV2Port(udp_repr.dst_port));
+    }
+    if udp_len != parsed.payload_len {
+        return Err(Error::BadLength {
+            layer: Layer::Udp,
+            declared: udp_len,
+            actual: parsed.payload_len,
+        });
+    }
+    let bth_off = udp_off + udp::HEADER_LEN;
+    let t = &buf[bth_off..ip_end];
+    let (roce, pr) = RoceRepr::parse(t)?;
+    let icrc_off = ip_end - icrc::LEN;
+    let icrc_stored = icrc::stored(t).unwrap_or(0);
+    let icrc_computed = icrc::compute(
+        &buf[ip_off..udp_off],
+        &buf[udp_off..bth_off],
+        &t[..t.len() - icrc::LEN],
+    );
+    Ok(ParsedFrame {
+        repr: FrameRepr {
+            eth,
+            ip,
+            udp: udp_repr,
+            roce,
+        },
+        payload: &t[pr.clone()],
+        icrc_stored,
+        icrc_computed,
+        ip_checksum_ok: parsed.checksum_ok,
+        offsets: Offsets {
+            ip: ip_off,
+            udp: udp_off,
+            bth: bth_off,
+            payload: bth_off + pr.start,
+            icrc: icrc_off,
+            end: ip_end,
+        },
+    })
+}
+
+fn verdict(p: ParsedFrame<'_>) -> Result<ParsedFrame<'_>> {
+    if p.icrc_ok() || cfg!(fuzzing) {
+        Ok(p)
+    } else {
+        Err(Error::BadIcrc {
+            expected: p.icrc_computed,
+            found: p.icrc_stored,
+        })
+    }
+}
+
+/// Parse an Ethernet frame and verify its ICRC: the receive path's entry point.
+pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>> {
+    verdict(decode_frame(frame)?)
+}
+
+/// Parse a raw IP packet and verify its ICRC.
+pub fn parse_ip(packet: &[u8]) -> Result<ParsedFrame<'_>> {
+    verdict(decode_ip(packet)?)
+}
+
+/// Parse a transport part (the UDP payload) and verify its ICRC against the given IP and UDP
+/// headers (as rebuilt by a backend that does not see them).
+pub fn parse_roce<'a>(
+    ip_hdr: &[u8],
+    udp_hdr: &[u8],
+    transport: &'a [u8],
+) -> Result<ParsedRoce<'a>> {
+    let (repr, pr) = RoceRepr::parse(transport)?;
+    let stored = icrc::stored(transport).unwrap_or(0);
+    let computed = icrc::compute(ip_hdr, udp_hdr, &transport[..transport.len() - icrc::LEN]);
+    if stored != computed && !cfg!(fuzzing) {
+        return Err(Error::BadIcrc {
+            expected: computed,
+            found: stored,
+        });
+    }
+    Ok(ParsedRoce {
+        repr,
+        payload: &transport[pr],
+    })
+}
