@@ -1,1 +1,491 @@
-//! Placeholder for `ferroce inspect`.
+//! `ferroce inspect`: decode every RoCE v2 packet of a capture, validate its ICRC and its
+//! lengths, and summarise. Wireshark shows the ICRC but never checks it; this does.
+
+use crate::capture::{linktype, CapturedFrame};
+use crate::wire::packet::{decode_frame, decode_ip, ParsedFrame};
+use crate::wire::{self, IpRepr, Opcode, ROCE_V2_PORT};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The ICRC verdict of one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IcrcVerdict {
+    Ok,
+    Bad,
+    /// The capture cut the packet short (snaplen) or it is malformed before the ICRC.
+    Unverifiable,
+}
+
+/// What one frame turned out to be. Short-lived (one per frame, never stored), so the size
+/// difference between variants is cheaper than a heap allocation per packet.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Analysis<'a> {
+    /// Not UDP port 4791: counted and skipped.
+    NotRoce,
+    /// A RoCE v2 packet that decoded.
+    Roce(ParsedFrame<'a>),
+    /// A RoCE v2 packet (UDP 4791) that did not decode; the opcode if the BTH was readable.
+    Malformed {
+        error: wire::Error,
+        opcode: Option<Opcode>,
+    },
+    /// The capture holds fewer bytes than the wire carried, so nothing can be verified.
+    Truncated { opcode: Option<Opcode> },
+}
+
+/// Offset of the IP header for a link type, and whether the frame is Ethernet.
+fn ip_offset(lt: u32, d: &[u8]) -> Option<(usize, bool)> {
+    match lt {
+        linktype::ETHERNET => Some((0, true)),
+        linktype::RAW
+        | linktype::RAW_OPENBSD
+        | linktype::RAW_ALT
+        | linktype::IPV4
+        | linktype::IPV6 => Some((0, false)),
+        linktype::LINUX_SLL => {
+            let proto = u16::from_be_bytes([*d.get(14)?, *d.get(15)?]);
+            matches!(proto, 0x0800 | 0x86dd).then_some((16, false))
+        }
+        linktype::LINUX_SLL2 => {
+            let proto = u16::from_be_bytes([*d.first()?, *d.get(1)?]);
+            matches!(proto, 0x0800 | 0x86dd).then_some((20, false))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the bytes at `ip` are IPv4/IPv6 + UDP to port 4791 (looked at without judging
+/// anything else), and where the transport part starts.
+fn roce_candidate(ip: &[u8]) -> Option<usize> {
+    let (proto, l4) = match ip.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            (*ip.get(9)?, ihl)
+        }
+        6 => (*ip.get(6)?, 40),
+        _ => return None,
+    };
+    let dport = u16::from_be_bytes([*ip.get(l4 + 2)?, *ip.get(l4 + 3)?]);
+    (proto == 17 && dport == ROCE_V2_PORT && l4 >= 20).then_some(l4 + 8)
+}
+
+/// Decode one captured frame.
+pub fn analyse(f: &CapturedFrame) -> Analysis<'_> {
+    let d = &f.data[..];
+    let Some((off, is_eth)) = ip_offset(f.linktype, d) else {
+        return Analysis::NotRoce;
+    };
+    let ip_start = if is_eth {
+        match wire::EthernetRepr::parse(d) {
+            Ok((e, n)) if matches!(e.ethertype, 0x0800 | 0x86dd) => n,
+            _ => return Analysis::NotRoce,
+        }
+    } else {
+        off
+    };
+    let Some(bth_off) = d.get(ip_start..).and_then(roce_candidate) else {
+        return Analysis::NotRoce;
+    };
+    let opcode = d.get(ip_start + bth_off).map(|b| Opcode(*b));
+    if (f.data.len() as u64) < u64::from(f.orig_len) {
+        return Analysis::Truncated { opcode };
+    }
+    let r = if is_eth {
+        decode_frame(d)
+    } else {
+        decode_ip(&d[off..])
+    };
+    match r {
+        Ok(p) => Analysis::Roce(p),
+        Err(error) => Analysis::Malformed { error, opcode },
+    }
+}
+
+/// Totals over a capture.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Summary {
+    pub file: String,
+    pub packets: u64,
+    pub roce_packets: u64,
+    pub non_roce: u64,
+    pub icrc_ok: u64,
+    pub icrc_bad: u64,
+    pub malformed: u64,
+    pub truncated: u64,
+    /// Opcode name → count, over decoded and malformed packets whose BTH was readable.
+    pub opcodes: BTreeMap<String, u64>,
+    /// The file ended in the middle of a record (the packets before it were inspected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_error: Option<String>,
+}
+
+impl Summary {
+    /// True when every RoCE packet decoded and its ICRC verified.
+    pub fn clean(&self) -> bool {
+        self.icrc_bad == 0 && self.malformed == 0
+    }
+
+    /// Count one analysed frame.
+    pub fn add(&mut self, a: &Analysis<'_>) {
+        self.packets += 1;
+        let op = match a {
+            Analysis::NotRoce => {
+                self.non_roce += 1;
+                return;
+            }
+            Analysis::Roce(p) => {
+                if p.icrc_ok() {
+                    self.icrc_ok += 1;
+                } else {
+                    self.icrc_bad += 1;
+                }
+                Some(p.repr.roce.bth.opcode)
+            }
+            Analysis::Malformed { opcode, .. } => {
+                self.malformed += 1;
+                *opcode
+            }
+            Analysis::Truncated { opcode } => {
+                self.truncated += 1;
+                *opcode
+            }
+        };
+        self.roce_packets += 1;
+        if let Some(op) = op {
+            *self.opcodes.entry(op.to_string()).or_default() += 1;
+        }
+    }
+
+    /// The one-line text summary.
+    pub fn line(&self) -> String {
+        let mut ops: Vec<_> = self.opcodes.iter().collect();
+        ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        let mut s = format!(
+            "{}: packets={} roce={} non_roce={} icrc_ok={} icrc_bad={} malformed={} truncated={} opcodes={{{}}}",
+            self.file,
+            self.packets,
+            self.roce_packets,
+            self.non_roce,
+            self.icrc_ok,
+            self.icrc_bad,
+            self.malformed,
+            self.truncated,
+            ops.join(",")
+        );
+        if let Some(e) = &self.capture_error {
+            let _ = write!(s, " capture_error=\"{e}\"");
+        }
+        s
+    }
+}
+
+/// `HH:MM:SS.ffffff` (UTC) of a capture timestamp, as tcpdump prints it.
+pub fn time_of_day(ts: std::time::Duration) -> String {
+    let s = ts.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        s / 3600,
+        (s / 60) % 60,
+        s % 60,
+        ts.subsec_micros()
+    )
+}
+
+/// The tcpdump-style line for a RoCE frame (or `None` for a non-RoCE frame).
+pub fn packet_line(f: &CapturedFrame, a: &Analysis<'_>) -> Option<String> {
+    let head = format!("{:5} {}", f.index, time_of_day(f.ts));
+    match a {
+        Analysis::NotRoce => None,
+        Analysis::Roce(p) => Some(format!("{head} {}", wire::pretty::FrameLine(p))),
+        Analysis::Malformed { error, opcode } => Some(format!(
+            "{head} {} MALFORMED: {error}",
+            opcode.map_or_else(|| "?".to_string(), |o| o.to_string())
+        )),
+        Analysis::Truncated { opcode } => Some(format!(
+            "{head} {} TRUNCATED (captured {} of {} bytes) icrc=unverifiable",
+            opcode.map_or_else(|| "?".to_string(), |o| o.to_string()),
+            f.data.len(),
+            f.orig_len
+        )),
+    }
+}
+
+/// The `--verbose` field-by-field dump of a decoded frame.
+pub fn verbose_dump(p: &ParsedFrame<'_>) -> String {
+    let mut s = String::new();
+    let r = &p.repr;
+    if let Some(e) = r.eth {
+        let _ = write!(s, "      Ethernet   dst={} src={}", e.dst, e.src);
+        if let Some(v) = e.vlan {
+            let _ = write!(s, " vlan={} pcp={} dei={}", v.vid, v.pcp, u8::from(v.dei));
+        }
+        let _ = writeln!(s, " type=0x{:04x}", e.ethertype);
+    }
+    match r.ip {
+        IpRepr::V4(v) => {
+            let _ = writeln!(
+                s,
+                "      IPv4       src={} dst={} dscp={} ecn={:?} id=0x{:04x} df={} ttl={} checksum={}",
+                v.src,
+                v.dst,
+                v.dscp,
+                v.ecn,
+                v.ident,
+                u8::from(v.dont_frag),
+                v.ttl,
+                if p.ip_checksum_ok { "ok" } else { "BAD" }
+            );
+        }
+        IpRepr::V6(v) => {
+            let _ = writeln!(
+                s,
+                "      IPv6       src={} dst={} dscp={} ecn={:?} flow=0x{:05x} hlim={}",
+                v.src, v.dst, v.dscp, v.ecn, v.flow_label, v.hop_limit
+            );
+        }
+    }
+    let u = r.udp;
+    let _ = writeln!(
+        s,
+        "      UDP        sport={} dport={} len={} checksum=0x{:04x}",
+        u.src_port,
+        u.dst_port,
+        8 + r.roce.buffer_len(),
+        u.checksum
+    );
+    let b = r.roce.bth;
+    let _ = writeln!(
+        s,
+        "      BTH        opcode=0x{:02x} ({}) se={} m={} pad={} tver={} pkey={} fecn={} becn={} dqpn={} ackreq={} psn={}",
+        b.opcode.0,
+        b.opcode,
+        u8::from(b.solicited),
+        u8::from(b.mig_req),
+        b.pad_count,
+        b.tver,
+        b.pkey,
+        u8::from(b.fecn),
+        u8::from(b.becn),
+        b.dest_qp,
+        u8::from(b.ack_req),
+        b.psn
+    );
+    let e = r.roce.ext;
+    if let Some(x) = e.rdeth {
+        let _ = writeln!(s, "      RDETH      ee_context=0x{x:06x}");
+    }
+    if let Some(x) = e.deth {
+        let _ = writeln!(s, "      DETH       qkey={} srcqp={}", x.qkey, x.src_qp);
+    }
+    if let Some(x) = e.xrceth {
+        let _ = writeln!(s, "      XRCETH     srq=0x{x:06x}");
+    }
+    if let Some(x) = e.feth {
+        let _ = writeln!(s, "      FETH       0x{x:08x}");
+    }
+    if let Some(x) = e.reth {
+        let _ = writeln!(
+            s,
+            "      RETH       va=0x{:016x} rkey={} dmalen={}",
+            x.va, x.rkey, x.dma_len
+        );
+    }
+    if let Some(x) = e.atomic_eth {
+        let _ = writeln!(
+            s,
+            "      AtomicETH  va=0x{:016x} rkey={} swap_add=0x{:016x} compare=0x{:016x}",
+            x.va, x.rkey, x.swap_add, x.compare
+        );
+    }
+    if let Some(x) = e.aeth {
+        let _ = writeln!(
+            s,
+            "      AETH       syndrome=0x{:02x} ({}) msn={}",
+            x.syndrome.to_byte(),
+            x.syndrome,
+            x.msn
+        );
+    }
+    if let Some(x) = e.atomic_ack {
+        let _ = writeln!(s, "      AtomicAck  orig=0x{x:016x}");
+    }
+    if let Some(x) = e.imm {
+        let _ = writeln!(s, "      ImmDt      0x{x:08x}");
+    }
+    if let Some(x) = e.ieth {
+        let _ = writeln!(s, "      IETH       rkey={x}");
+    }
+    let shown: Vec<String> = p
+        .payload
+        .iter()
+        .take(32)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "      payload    {} bytes{}{}{}",
+        p.payload.len(),
+        if shown.is_empty() { "" } else { ": " },
+        shown.join(" "),
+        if p.payload.len() > 32 { " ..." } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "      ICRC       wire={:08x} calc={:08x} {} (wire byte order)",
+        p.icrc_stored.swap_bytes(),
+        p.icrc_computed.swap_bytes(),
+        if p.icrc_ok() { "ok" } else { "BAD" }
+    );
+    s
+}
+
+/// The machine-readable record of one RoCE frame (`--json`).
+#[derive(Debug, Serialize)]
+pub struct PacketRecord {
+    pub kind: &'static str,
+    pub index: usize,
+    /// Seconds since the Unix epoch.
+    pub ts: f64,
+    pub src: Option<String>,
+    pub dst: Option<String>,
+    pub sport: Option<u16>,
+    pub ecn: Option<String>,
+    pub opcode: Option<u8>,
+    pub op: Option<String>,
+    pub qpn: Option<u32>,
+    pub psn: Option<u32>,
+    pub ack_req: Option<bool>,
+    pub se: Option<bool>,
+    pub mig_req: Option<bool>,
+    pub pad: Option<u8>,
+    pub pkey: Option<u16>,
+    pub fecn: Option<bool>,
+    pub becn: Option<bool>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ext: BTreeMap<&'static str, serde_json::Value>,
+    pub payload_len: Option<usize>,
+    pub icrc: IcrcVerdict,
+    pub icrc_wire: Option<String>,
+    pub icrc_calc: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Build the JSON record for a RoCE frame (or `None` for a non-RoCE frame).
+pub fn packet_record(f: &CapturedFrame, a: &Analysis<'_>) -> Option<PacketRecord> {
+    use serde_json::json;
+    let mut rec = PacketRecord {
+        kind: "packet",
+        index: f.index,
+        ts: f.ts.as_secs_f64(),
+        src: None,
+        dst: None,
+        sport: None,
+        ecn: None,
+        opcode: None,
+        op: None,
+        qpn: None,
+        psn: None,
+        ack_req: None,
+        se: None,
+        mig_req: None,
+        pad: None,
+        pkey: None,
+        fecn: None,
+        becn: None,
+        ext: BTreeMap::new(),
+        payload_len: None,
+        icrc: IcrcVerdict::Unverifiable,
+        icrc_wire: None,
+        icrc_calc: None,
+        error: None,
+    };
+    match a {
+        Analysis::NotRoce => return None,
+        Analysis::Malformed { error, opcode } => {
+            rec.opcode = opcode.map(|o| o.0);
+            rec.op = opcode.map(|o| o.to_string());
+            rec.error = Some(error.to_string());
+        }
+        Analysis::Truncated { opcode } => {
+            rec.opcode = opcode.map(|o| o.0);
+            rec.op = opcode.map(|o| o.to_string());
+            rec.error = Some("truncated by the capture".into());
+        }
+        Analysis::Roce(p) => {
+            let r = &p.repr;
+            let b = r.roce.bth;
+            rec.src = Some(r.ip.src().to_string());
+            rec.dst = Some(r.ip.dst().to_string());
+            rec.sport = Some(r.udp.src_port);
+            rec.ecn = Some(format!("{:?}", r.ip.ecn()).to_lowercase());
+            rec.opcode = Some(b.opcode.0);
+            rec.op = Some(b.opcode.to_string());
+            rec.qpn = Some(b.dest_qp.get());
+            rec.psn = Some(b.psn.get());
+            rec.ack_req = Some(b.ack_req);
+            rec.se = Some(b.solicited);
+            rec.mig_req = Some(b.mig_req);
+            rec.pad = Some(b.pad_count);
+            rec.pkey = Some(b.pkey.0);
+            rec.fecn = Some(b.fecn);
+            rec.becn = Some(b.becn);
+            let e = r.roce.ext;
+            if let Some(x) = e.rdeth {
+                rec.ext.insert("rdeth", json!({ "ee_context": x }));
+            }
+            if let Some(x) = e.deth {
+                rec.ext.insert(
+                    "deth",
+                    json!({ "qkey": x.qkey.0, "src_qp": x.src_qp.get() }),
+                );
+            }
+            if let Some(x) = e.xrceth {
+                rec.ext.insert("xrceth", json!({ "srq": x }));
+            }
+            if let Some(x) = e.feth {
+                rec.ext.insert("feth", json!(x));
+            }
+            if let Some(x) = e.reth {
+                rec.ext.insert(
+                    "reth",
+                    json!({ "va": x.va, "rkey": x.rkey.0, "dma_len": x.dma_len }),
+                );
+            }
+            if let Some(x) = e.atomic_eth {
+                rec.ext.insert(
+                    "atomic_eth",
+                    json!({ "va": x.va, "rkey": x.rkey.0, "swap_add": x.swap_add, "compare": x.compare }),
+                );
+            }
+            if let Some(x) = e.aeth {
+                rec.ext.insert(
+                    "aeth",
+                    json!({ "syndrome": x.syndrome.to_byte(), "meaning": x.syndrome.to_string(), "msn": x.msn }),
+                );
+            }
+            if let Some(x) = e.atomic_ack {
+                rec.ext.insert("atomic_ack", json!({ "orig": x }));
+            }
+            if let Some(x) = e.imm {
+                rec.ext.insert("imm", json!(x));
+            }
+            if let Some(x) = e.ieth {
+                rec.ext.insert("ieth", json!({ "rkey": x.0 }));
+            }
+            rec.payload_len = Some(r.roce.payload_len);
+            rec.icrc = if p.icrc_ok() {
+                IcrcVerdict::Ok
+            } else {
+                IcrcVerdict::Bad
+            };
+            // Wire byte order (the four bytes as they appear in the frame).
+            rec.icrc_wire = Some(format!("{:08x}", p.icrc_stored.swap_bytes()));
+            rec.icrc_calc = Some(format!("{:08x}", p.icrc_computed.swap_bytes()));
+        }
+    }
+    Some(rec)
+}

@@ -100,7 +100,7 @@ impl ExtRepr {
             if !info.headers.contains(ext.flag()) {
                 continue;
             }
-            let n = ext.len();
+            let n = ext.size();
             need(ext.layer(), buf.get(off..).unwrap_or(&[]), n)?;
             let h = &buf[off..off + n];
             match ext {
@@ -162,7 +162,7 @@ impl ExtRepr {
             if !opcode.headers().contains(ext.flag()) {
                 continue;
             }
-            let n = ext.len();
+            let n = ext.size();
             let h = &mut buf[off..off + n];
             match ext {
                 Ext::Rdeth => {

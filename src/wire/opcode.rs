@@ -106,7 +106,7 @@ impl Ext {
         Ext::CnpRsvd,
     ];
     /// Size on the wire.
-    pub const fn len(self) -> usize {
+    pub const fn size(self) -> usize {
         match self {
             Ext::Rdeth | Ext::Xrceth | Ext::Feth | Ext::Aeth | Ext::ImmDt | Ext::Ieth => 4,
             Ext::Deth | Ext::AtomicAckEth => 8,
@@ -209,7 +209,7 @@ impl OpInfo {
                 return Some(off);
             }
             if self.headers.contains(e.flag()) {
-                off += e.len();
+                off += e.size();
             }
             i += 1;
         }
@@ -445,7 +445,7 @@ const fn build_info(code: u8) -> OpInfo {
     let mut i = 0;
     while i < Ext::ALL.len() {
         if headers.contains(Ext::ALL[i].flag()) {
-            len += Ext::ALL[i].len();
+            len += Ext::ALL[i].size();
         }
         i += 1;
     }

@@ -105,11 +105,13 @@ impl fmt::Display for FrameLine<'_, '_> {
         if p.icrc_ok() {
             f.write_str(" icrc=ok")
         } else {
-            write!(
-                f,
-                " icrc=BAD(wire={:08x} calc={:08x})",
-                p.icrc_stored, p.icrc_computed
-            )
+            // Shown in wire byte order, as tshark and the IBTA examples show it.
+            let (wire, calc) = (p.icrc_stored.swap_bytes(), p.icrc_computed.swap_bytes());
+            write!(f, " icrc=BAD(wire={wire:08x} calc={calc:08x}")?;
+            if p.icrc_stored.swap_bytes() == p.icrc_computed {
+                f.write_str(", stored big-endian")?;
+            }
+            f.write_str(")")
         }
     }
 }

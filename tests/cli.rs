@@ -1,0 +1,97 @@
+//! The `ferroce` binary as a user runs it: exit statuses and one-line errors.
+
+use std::process::Command;
+
+fn ferroce(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn root(p: &str) -> String {
+    format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn inspect_default_capture_is_clean() {
+    let (code, out, _) = ferroce(&["inspect"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("icrc_ok=63 icrc_bad=0 malformed=0"), "{out}");
+    assert!(out
+        .lines()
+        .any(|l| l.contains("RC_RDMA_WRITE_FIRST") && l.contains("reth[")));
+}
+
+#[test]
+fn inspect_flags_bad_icrcs_with_exit_status_1() {
+    let (code, out, _) = ferroce(&["inspect", &root("tests/oracle/fixtures/negative.pcap")]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("icrc_bad=2") && out.contains("malformed=2") && out.contains("truncated=1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("icrc=BAD(wire=df7cc43b calc=de7cc43b)"),
+        "{out}"
+    );
+    assert!(out.contains("stored big-endian"), "{out}");
+}
+
+#[test]
+fn inspect_json_is_one_object_per_line() {
+    let (code, out, _) = ferroce(&["inspect", "--json", &root("captures/golden-ipv6.pcap")]);
+    assert_eq!(code, 0);
+    let objs: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(objs.len(), 64);
+    assert_eq!(objs[63]["kind"], "summary");
+    assert_eq!(objs[63]["icrc_ok"], 63);
+    assert_eq!(objs[0]["op"], "RC_SEND_FIRST");
+    assert!(objs[..63].iter().all(|o| o["icrc"] == "ok"));
+}
+
+#[test]
+fn inspect_verbose_dumps_fields() {
+    let (code, out, _) = ferroce(&["inspect", "-v", &root("captures/golden-ipv4.pcap")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("      RETH       va=0x"), "{out}");
+    assert!(out.contains("      AETH       syndrome=0x"), "{out}");
+    assert!(out.contains("      ICRC       wire="), "{out}");
+}
+
+#[test]
+fn not_a_capture_is_a_one_line_error() {
+    let (code, out, err) = ferroce(&["inspect", &root("Cargo.toml")]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a pcap or pcapng capture"), "{err}");
+}
+
+#[test]
+fn missing_file_is_a_one_line_error() {
+    let (code, _, err) = ferroce(&["inspect", "/nonexistent/x.pcap"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bad_flag_is_a_one_line_error() {
+    for args in [
+        &["inspect", "--bogus"][..],
+        &["frobnicate"][..],
+        &["inspect", "--json", "--verbose"][..],
+    ] {
+        let (code, _, err) = ferroce(args);
+        assert_eq!(code, 2, "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}
