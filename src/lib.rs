@@ -9,5 +9,7 @@
 pub mod capture;
 pub mod golden;
 pub mod inspect;
+pub mod rc;
 pub mod time;
+pub mod verbs;
 pub mod wire;

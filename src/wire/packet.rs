@@ -192,6 +192,28 @@ impl FrameRepr {
     /// Emit the whole frame, ICRC included, into `buf`. Returns the bytes written. The
     /// Ethernet ethertype is taken from the IP version, whatever `eth.ethertype` says.
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
+        if payload.len() != self.roce.payload_len {
+            return Err(Error::BadLength {
+                layer: Layer::Payload,
+                declared: self.roce.payload_len,
+                actual: payload.len(),
+            });
+        }
+        self.emit_with(buf, |dst| {
+            dst.copy_from_slice(payload);
+            Ok(())
+        })
+    }
+
+    /// Emit the frame, letting `fill` write the `roce.payload_len` payload bytes in place (so
+    /// a sender can gather them straight from memory into the transmit buffer: no staging
+    /// copy). The pad, the ICRC and (if `udp_checksum` is set in `self.udp`) nothing else is
+    /// computed afterwards. Returns the bytes written.
+    pub fn emit_with(
+        &self,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<usize> {
         let n = self.buffer_len();
         if buf.len() < n {
             return Err(Error::BufferTooSmall {
@@ -199,20 +221,28 @@ impl FrameRepr {
                 had: buf.len(),
             });
         }
+        let roce = &self.roce;
+        if roce.bth.opcode.info().is_reserved() {
+            return Err(Error::UnknownOpcode(roce.bth.opcode.0));
+        }
+        roce.check_payload()?;
         let mut off = 0;
         if let Some(mut e) = self.eth {
             e.ethertype = self.ip.ethertype();
             off = e.emit(buf)?;
         }
-        let t_len = self.roce.buffer_len();
+        let t_len = roce.buffer_len();
         let ip_start = off;
-        let ip_len = self.ip.buffer_len();
         self.ip.emit(&mut buf[off..], udp::HEADER_LEN + t_len)?;
-        off += ip_len;
+        off += self.ip.buffer_len();
         let udp_start = off;
         self.udp.emit(&mut buf[off..], t_len)?;
         off += udp::HEADER_LEN;
-        self.roce.emit(&mut buf[off..off + t_len], payload)?;
+        let t = &mut buf[off..off + t_len];
+        roce.bth.emit(t)?;
+        let hdr = bth::HEADER_LEN + roce.ext.emit(roce.bth.opcode, &mut t[bth::HEADER_LEN..])?;
+        fill(&mut t[hdr..hdr + roce.payload_len])?;
+        t[hdr + roce.payload_len..t_len - icrc::LEN].fill(0);
         let crc = icrc::compute(
             &buf[ip_start..udp_start],
             &buf[udp_start..off],

@@ -1,0 +1,279 @@
+//! The completer: ACKs, NAKs, READ responses and ATOMIC ACKs become work completions, retries
+//! or errors (IBTA 9.7.5.2, 9.9.2; the checks follow rxe's check-PSN → check-ACK → read /
+//! atomic / write-send → update order).
+
+use super::qp::{scatter, Ctx, Qp};
+use crate::verbs::WcStatus;
+use crate::wire::{NakCode, OpFlags, Opcode, Psn, RoceRepr, Syndrome};
+
+/// What acknowledging up to a PSN found.
+enum Acked {
+    /// WQEs up to the PSN completed (true if anything moved).
+    Progress(bool),
+    /// A READ or ATOMIC before the PSN has not had its response: resend from this PSN.
+    Missing(Psn),
+}
+
+impl Qp {
+    /// Acknowledge every SEND/WRITE PSN up to and including `p`.
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> Acked {
+        let mut progress = false;
+        while let Some(w) = self.sq.front() {
+            if !w.assigned {
+                break;
+            }
+            if w.op.is_rd_atomic() {
+                if !p.before(w.first_psn) {
+                    let mtu = self.mtu();
+                    return Acked::Missing(w.first_psn.add(w.read_done / mtu));
+                }
+                break;
+            }
+            let last = w.last_psn();
+            if last.before_or_eq(p) {
+                self.req.una = last.next();
+                self.complete_send_head(ctx, WcStatus::Success);
+                progress = true;
+            } else {
+                if !p.before(self.req.una) {
+                    self.req.una = p.next();
+                    progress = true;
+                }
+                break;
+            }
+        }
+        Acked::Progress(progress)
+    }
+
+    fn on_progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.req.retry_left = self.attr.retry_cnt;
+        self.req.rnr_left = self.attr.rnr_retry;
+        self.req.retrans_at = if self.req.una == self.req.hwm {
+            None
+        } else {
+            self.ack_timeout().map(|d| ctx.now + d)
+        };
+    }
+
+    /// A NAK-like event: resend from `p`, or fail with RETRY_EXC_ERR when retries are spent.
+    fn seq_retry(&mut self, ctx: &mut Ctx<'_>, p: Psn) {
+        if self.req.retry_left == 0 {
+            self.fail_head(ctx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.req.retry_left -= 1;
+        self.retry_from(p);
+        self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+    }
+
+    fn fail_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        self.complete_send_head(ctx, status);
+        self.enter_error(ctx);
+    }
+
+    fn handle_acked(&mut self, ctx: &mut Ctx<'_>, a: Acked) -> bool {
+        match a {
+            Acked::Progress(true) => {
+                self.on_progress(ctx);
+                true
+            }
+            Acked::Progress(false) => true,
+            Acked::Missing(q) => {
+                self.seq_retry(ctx, q);
+                false
+            }
+        }
+    }
+
+    /// A response packet (ACK, READ response, ATOMIC ACK) for this QP's requester.
+    pub(crate) fn on_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+        use crate::rc::state::QpState;
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.counters.state_drops += 1;
+            return;
+        }
+        let p = r.bth.psn;
+        if p.before(self.req.una) {
+            self.counters.dup_responses += 1;
+            return;
+        }
+        if !p.before(self.req.hwm) {
+            // An acknowledgement of a PSN never sent.
+            self.counters.ghost_acks += 1;
+            return;
+        }
+        let op = r.bth.opcode;
+        if op == Opcode::RC_ACK {
+            let Some(aeth) = r.ext.aeth else { return };
+            match aeth.syndrome {
+                Syndrome::Ack(_) => {
+                    self.counters.acks_rcvd += 1;
+                    let a = self.ack_through(ctx, p);
+                    self.handle_acked(ctx, a);
+                }
+                Syndrome::RnrNak(t) => {
+                    self.counters.rnr_naks_rcvd += 1;
+                    let a = self.ack_through(ctx, p.sub(1));
+                    if !self.handle_acked(ctx, a) {
+                        return;
+                    }
+                    // rnr_retry 7 means retry forever (IBTA 9.7.5.2.8).
+                    if self.attr.rnr_retry != 7 {
+                        if self.req.rnr_left == 0 {
+                            self.fail_head(ctx, WcStatus::RnrRetryExcErr);
+                            return;
+                        }
+                        self.req.rnr_left -= 1;
+                    }
+                    self.req.rnr_at = Some(ctx.now + t.duration());
+                    self.req.rnr_psn = p;
+                    self.req.retrans_at = None;
+                }
+                Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    self.counters.seq_naks_rcvd += 1;
+                    let a = self.ack_through(ctx, p.sub(1));
+                    if self.handle_acked(ctx, a) {
+                        self.seq_retry(ctx, p);
+                    }
+                }
+                Syndrome::Nak(code) => {
+                    self.counters.err_naks_rcvd += 1;
+                    let a = self.ack_through(ctx, p.sub(1));
+                    if self.handle_acked(ctx, a) {
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                            NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                            NakCode::Reserved(_) => WcStatus::BadRespErr,
+                            NakCode::PsnSequenceError => unreachable!("handled above"),
+                        };
+                        self.fail_head(ctx, status);
+                    }
+                }
+                Syndrome::Reserved(_) => self.fail_head(ctx, WcStatus::BadRespErr),
+            }
+            return;
+        }
+        if op.is(OpFlags::READ) {
+            self.on_read_response(ctx, r, payload);
+        } else if op == Opcode::RC_ATOMIC_ACK {
+            self.on_atomic_ack(ctx, r);
+        } else {
+            self.fail_head(ctx, WcStatus::BadRespErr);
+        }
+    }
+
+    /// Complete the SEND/WRITE WQEs wholly before `p` (a response at `p` acknowledges them) and
+    /// return whether the head WQE now contains `p`.
+    fn implicit_ack_before(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> bool {
+        loop {
+            let Some(w) = self.sq.front() else {
+                return false;
+            };
+            if !w.assigned {
+                return false;
+            }
+            if w.contains(p) {
+                return true;
+            }
+            if !w.first_psn.before(p) {
+                return false;
+            }
+            if w.op.is_rd_atomic() {
+                // A later response arrived but this one's did not: resend it.
+                let q = w.first_psn.add(w.read_done / self.mtu());
+                self.seq_retry(ctx, q);
+                return false;
+            }
+            self.req.una = w.last_psn().next();
+            self.complete_send_head(ctx, WcStatus::Success);
+            self.on_progress(ctx);
+        }
+    }
+
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+        let p = r.bth.psn;
+        if !self.implicit_ack_before(ctx, p) {
+            if self.state == crate::rc::state::QpState::Err {
+                return;
+            }
+            if self.sq.front().is_some_and(|w| w.first_psn.after(p)) {
+                self.counters.dup_responses += 1;
+            } else {
+                self.fail_head(ctx, WcStatus::BadRespErr);
+            }
+            return;
+        }
+        let mtu = self.mtu();
+        let w = &self.sq[0];
+        if !w.op.is_read() {
+            self.fail_head(ctx, WcStatus::BadRespErr);
+            return;
+        }
+        let expected = w.first_psn.add(w.read_done / mtu);
+        if p.before(expected) {
+            self.counters.dup_responses += 1;
+            return;
+        }
+        if p.after(expected) {
+            // A response packet went missing: resume the READ from the first missing byte.
+            self.seq_retry(ctx, expected);
+            return;
+        }
+        let remaining = w.len - w.read_done;
+        let first = p == w.read_req_psn;
+        let last = remaining <= mtu;
+        let want = match (first, last) {
+            (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
+            (true, false) => Opcode::RC_READ_RESPONSE_FIRST,
+            (false, true) => Opcode::RC_READ_RESPONSE_LAST,
+            (false, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+        };
+        let want_len = if last { remaining } else { mtu };
+        let nak = r.ext.aeth.is_some_and(|a| !a.syndrome.is_ack());
+        if r.bth.opcode != want || payload.len() != want_len as usize || nak {
+            self.fail_head(ctx, WcStatus::BadRespErr);
+            return;
+        }
+        if let Err(status) = scatter(ctx.mrs, &w.sges, u64::from(w.read_done), payload) {
+            self.fail_head(ctx, status);
+            return;
+        }
+        let w = &mut self.sq[0];
+        w.read_done += payload.len() as u32;
+        self.req.una = p.next();
+        if last {
+            self.complete_send_head(ctx, WcStatus::Success);
+        }
+        self.on_progress(ctx);
+    }
+
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
+        let p = r.bth.psn;
+        if !self.implicit_ack_before(ctx, p) {
+            if self.state != crate::rc::state::QpState::Err {
+                self.fail_head(ctx, WcStatus::BadRespErr);
+            }
+            return;
+        }
+        let w = &self.sq[0];
+        let ok = w.op.is_atomic()
+            && w.first_psn == p
+            && r.ext.aeth.is_some_and(|a| a.syndrome.is_ack())
+            && r.ext.atomic_ack.is_some();
+        if !ok {
+            self.fail_head(ctx, WcStatus::BadRespErr);
+            return;
+        }
+        let orig = r.ext.atomic_ack.unwrap_or(0);
+        // The original value lands in local memory in host byte order, as rxe and mlx5 do.
+        if let Err(status) = scatter(ctx.mrs, &w.sges, 0, &orig.to_ne_bytes()) {
+            self.fail_head(ctx, status);
+            return;
+        }
+        self.req.una = p.next();
+        self.complete_send_head(ctx, WcStatus::Success);
+        self.on_progress(ctx);
+    }
+}

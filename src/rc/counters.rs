@@ -1,0 +1,99 @@
+//! Counters in the spirit of rxe's `hw_counters` and `rdma stat`.
+
+use serde::Serialize;
+
+/// Per-QP counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QpCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Packets sent again by go-back-N (timeouts, sequence-error NAKs, RNR retries).
+    pub retransmits: u64,
+    /// Local ACK timeouts that led to a retry or to RETRY_EXC_ERR.
+    pub timeouts: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_rcvd: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_rcvd: u64,
+    /// Other NAKs (invalid request, remote access, remote operational) sent / received.
+    pub err_naks_sent: u64,
+    pub err_naks_rcvd: u64,
+    /// Duplicate requests received (re-ACKed or replayed, never re-executed).
+    pub duplicates: u64,
+    /// Duplicate or stale responses received and ignored.
+    pub dup_responses: u64,
+    /// ACKs for PSNs never sent, dropped.
+    pub ghost_acks: u64,
+    /// Requests received out of sequence and dropped.
+    pub out_of_sequence: u64,
+    /// Packets dropped because the QP state does not accept them.
+    pub state_drops: u64,
+    /// READ responses that were replayed for duplicate READ requests.
+    pub read_replays: u64,
+    /// ATOMIC results replayed for duplicate ATOMIC requests.
+    pub atomic_replays: u64,
+    pub acks_sent: u64,
+    pub acks_rcvd: u64,
+    pub send_completions: u64,
+    pub recv_completions: u64,
+    /// CE-marked packets received (ECN).
+    pub ce_rcvd: u64,
+}
+
+impl QpCounters {
+    /// Add `o` into `self` (for device totals).
+    pub fn accumulate(&mut self, o: &QpCounters) {
+        macro_rules! add { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
+        add!(
+            tx_packets,
+            tx_bytes,
+            rx_packets,
+            rx_bytes,
+            retransmits,
+            timeouts,
+            seq_naks_sent,
+            seq_naks_rcvd,
+            rnr_naks_sent,
+            rnr_naks_rcvd,
+            err_naks_sent,
+            err_naks_rcvd,
+            duplicates,
+            dup_responses,
+            ghost_acks,
+            out_of_sequence,
+            state_drops,
+            read_replays,
+            atomic_replays,
+            acks_sent,
+            acks_rcvd,
+            send_completions,
+            recv_completions,
+            ce_rcvd
+        );
+    }
+}
+
+/// Per-device counters: the receive path's drops before a packet reaches a QP, plus totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceCounters {
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    /// Frames dropped for a bad ICRC.
+    pub icrc_drops: u64,
+    /// Frames on UDP 4791 that did not parse (truncated, bad lengths, unknown opcode...).
+    pub malformed_drops: u64,
+    /// Frames that are not RoCE v2 at all.
+    pub not_roce: u64,
+    /// RoCE frames for a QPN that does not exist.
+    pub unknown_qp_drops: u64,
+    /// Frames not addressed to this device, or from an address other than the QP's peer.
+    pub address_drops: u64,
+    /// P_Key mismatch, TVer not 0, or an opcode of another transport.
+    pub header_drops: u64,
+    /// CNPs received.
+    pub cnps_rcvd: u64,
+    /// Completions lost to a full CQ.
+    pub cq_overruns: u64,
+}

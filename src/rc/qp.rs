@@ -1,0 +1,465 @@
+//! One RC queue pair: the state shared by its requester, completer and responder.
+
+use super::counters::{DeviceCounters, QpCounters};
+use super::state::{QpAttr, QpCap, QpState};
+use crate::time::{Duration, Instant};
+use crate::verbs::cq::{Cq, CqState};
+use crate::verbs::mr::{MrShared, Pd};
+use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::wr::{SendFlags, SendOp, Sge};
+use crate::verbs::MrTable;
+use crate::wire::{Ecn, MacAddr, Psn, QpNumber, RoceRepr};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Most PSNs a requester keeps unacknowledged (a bound on go-back-N's resend and on the
+/// responder's duplicate window; far below the 2^23 the PSN space allows).
+pub(crate) const MAX_INFLIGHT: u32 = 1 << 14;
+/// AckReq on at least every this many packets of a long message (as rxe does).
+pub(crate) const ACKREQ_EVERY: u32 = 64;
+/// Bound on queued responses (ACKs, read replies) per QP: a flood of duplicates cannot grow it.
+pub(crate) const MAX_RESP_QUEUE: usize = 256;
+
+/// What the QPs of a device share while they run: memory regions, CQs, device counters, now.
+pub(crate) struct Ctx<'a> {
+    pub now: Instant,
+    pub mrs: &'a MrTable,
+    pub cqs: &'a mut [Option<CqState>],
+    pub dev: &'a mut DeviceCounters,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn complete(&mut self, cq: Cq, wc: WorkCompletion) {
+        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
+            let before = c.overruns;
+            c.push(wc);
+            if c.overruns != before {
+                self.dev.cq_overruns += 1;
+            }
+        }
+    }
+}
+
+/// The resolved path of a connected QP: everything the outer headers need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Path {
+    pub src_mac: MacAddr,
+    pub dst_mac: MacAddr,
+    pub src_ip: IpAddr,
+    pub dst_ip: IpAddr,
+    pub udp_sport: u16,
+    pub dscp: u8,
+    pub ecn: Ecn,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+}
+
+/// A posted send work request and its progress.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: Vec<Sge>,
+    pub flags: SendFlags,
+    /// Data copied at post time for INLINE requests.
+    pub inline: Option<Box<[u8]>>,
+    pub len: u32,
+    pub signaled: bool,
+    /// PSNs assigned (the WQE has been started).
+    pub assigned: bool,
+    pub first_psn: Psn,
+    /// PSNs the operation consumes (READ: one per response packet).
+    pub npkts: u32,
+    /// READ: bytes of response received in order so far.
+    pub read_done: u32,
+    /// READ: the PSN of the latest READ request sent for this WQE (a retry restarts the
+    /// response sequence there with FIRST/ONLY).
+    pub read_req_psn: Psn,
+    /// A local error found when the request was posted, reported when it is reached.
+    pub local_err: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.saturating_sub(1))
+    }
+    pub(crate) fn contains(&self, p: Psn) -> bool {
+        self.assigned && p.distance_from(self.first_psn) < self.npkts
+    }
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
+            SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// A posted receive work request.
+#[derive(Debug)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+    pub len: u64,
+    pub local_err: Option<WcStatus>,
+}
+
+/// The requester's (and completer's) progress over the send queue.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// The next PSN a new WQE will get.
+    pub next_psn: Psn,
+    /// Oldest PSN not yet acknowledged.
+    pub una: Psn,
+    /// The WQE being (re)transmitted: index into the send queue.
+    pub send_idx: usize,
+    /// Byte offset of the next packet inside that WQE.
+    pub send_off: u32,
+    /// PSN of the next packet to (re)transmit.
+    pub send_psn: Psn,
+    /// One past the highest PSN ever transmitted (READ requests reserve their response PSNs).
+    /// PSNs in `[una, hwm)` are outstanding.
+    pub hwm: Psn,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// Local ACK timeout deadline (armed while PSNs are unacknowledged).
+    pub retrans_at: Option<Instant>,
+    /// Waiting out an RNR NAK: resend from `rnr_psn` at this time.
+    pub rnr_at: Option<Instant>,
+    pub rnr_psn: Psn,
+    pub pkts_since_ackreq: u32,
+    /// READ/ATOMIC WQEs sent and not completed (bounded by max_rd_atomic).
+    pub rd_atomic_outstanding: u32,
+}
+
+/// Saved state of an executed READ or ATOMIC, for duplicates (IBTA 9.7.5.1.1).
+#[derive(Debug, Clone)]
+pub(crate) enum Resource {
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        mr: Option<Arc<MrShared>>,
+        mr_off: usize,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// The message a responder is in the middle of.
+#[derive(Debug)]
+pub(crate) enum InMsg {
+    Send {
+        rwqe: RecvWqe,
+        off: u64,
+    },
+    Write {
+        mr: Option<Arc<MrShared>>,
+        mr_off: usize,
+        done: u64,
+        dma_len: u64,
+    },
+}
+
+/// One queued response.
+#[derive(Debug)]
+pub(crate) enum RespItem {
+    Ack {
+        psn: Psn,
+        syndrome: crate::wire::Syndrome,
+        msn: u32,
+    },
+    Read {
+        mr: Option<Arc<MrShared>>,
+        mr_off: usize,
+        len: u32,
+        first_psn: Psn,
+        npkts: u32,
+        sent: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// The responder's state.
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub epsn: Psn,
+    /// Message sequence number (24 bits).
+    pub msn: u32,
+    pub in_msg: Option<InMsg>,
+    /// Kind of the message in progress, for the opcode-sequence check.
+    pub in_msg_op: Option<crate::wire::Opcode>,
+    /// A sequence-error or RNR NAK was sent and the expected PSN has not arrived since.
+    pub nak_sent: bool,
+    pub resources: VecDeque<Resource>,
+    pub resp_q: VecDeque<RespItem>,
+}
+
+/// The queue pair.
+pub(crate) struct Qp {
+    pub num: QpNumber,
+    pub pd: Pd,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub sq_sig_all: bool,
+    pub cap: QpCap,
+    pub state: QpState,
+    pub attr: QpAttr,
+    pub path: Option<Path>,
+    pub sq: VecDeque<SendWqe>,
+    pub rq: VecDeque<RecvWqe>,
+    pub req: Requester,
+    pub resp: Responder,
+    pub counters: QpCounters,
+    /// Queued in the device's ready list.
+    pub in_ready: bool,
+    /// The deadline last pushed on the device's timer heap.
+    pub timer_armed: Option<Instant>,
+}
+
+/// What the QP wants sent next: the transport part and where its payload comes from.
+pub(crate) struct TxDesc {
+    pub repr: RoceRepr,
+    pub payload: PayloadSrc,
+}
+
+/// Where a packet's payload bytes live.
+pub(crate) enum PayloadSrc {
+    None,
+    /// `len` bytes at message offset `off` of send WQE `idx`.
+    Wqe {
+        idx: usize,
+        off: u32,
+    },
+    /// Bytes of a registered region.
+    Mr {
+        mr: Arc<MrShared>,
+        off: usize,
+    },
+}
+
+impl Qp {
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes() as u32
+    }
+
+    /// The local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); 0 disables it.
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+        match self.attr.timeout {
+            0 => None,
+            t => Some(Duration::from_nanos(4096u64 << u32::from(t.min(31)))),
+        }
+    }
+
+    /// The earliest deadline of this QP's timers.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        match (self.req.retrans_at, self.req.rnr_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether a send completion is generated for `w` on success.
+    fn signal(&self, w: &SendWqe) -> bool {
+        w.signaled || self.sq_sig_all
+    }
+
+    /// Complete the oldest send WQE with `status` (pops it).
+    pub(crate) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        self.req.send_idx = self.req.send_idx.saturating_sub(1);
+        if w.assigned && w.op.is_rd_atomic() {
+            self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
+        }
+        if status != WcStatus::Success || self.signal(&w) {
+            let byte_len = match w.op {
+                SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. } => 8,
+                _ => w.len,
+            };
+            ctx.complete(
+                self.send_cq,
+                WorkCompletion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: w.wc_opcode(),
+                    byte_len: if status == WcStatus::Success {
+                        byte_len
+                    } else {
+                        0
+                    },
+                    imm_data: None,
+                    invalidated_rkey: None,
+                    qp_num: self.num,
+                    src_qp: QpNumber::new(self.attr.dest_qp_num),
+                    wc_flags: WcFlags::empty(),
+                    solicited: false,
+                },
+            );
+            self.counters.send_completions += 1;
+        }
+    }
+
+    /// Complete a receive WQE.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn complete_recv(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        rwqe: &RecvWqe,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        inv: Option<crate::wire::RKey>,
+        solicited: bool,
+    ) {
+        let mut flags = WcFlags::empty();
+        flags.set(WcFlags::WITH_IMM, imm.is_some());
+        flags.set(WcFlags::WITH_INV, inv.is_some());
+        flags.insert(WcFlags::GRH);
+        ctx.complete(
+            self.recv_cq,
+            WorkCompletion {
+                wr_id: rwqe.wr_id,
+                status,
+                opcode,
+                byte_len,
+                imm_data: imm,
+                invalidated_rkey: inv,
+                qp_num: self.num,
+                src_qp: QpNumber::new(self.attr.dest_qp_num),
+                wc_flags: flags,
+                solicited,
+            },
+        );
+        self.counters.recv_completions += 1;
+    }
+
+    /// Move to the error state: every outstanding work request completes with a flush error
+    /// (after any error completion the caller already made), timers stop. Responses already
+    /// queued (the NAK that reports the error) are still sent.
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    pub(crate) fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        while !self.sq.is_empty() {
+            self.complete_send_head(ctx, WcStatus::WrFlushErr);
+        }
+        if let Some(InMsg::Send { rwqe, .. }) = self.resp.in_msg.take() {
+            self.complete_recv(
+                ctx,
+                &rwqe,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+                None,
+                false,
+            );
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.complete_recv(
+                ctx,
+                &r,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+                None,
+                false,
+            );
+        }
+        self.resp.in_msg_op = None;
+        self.req.retrans_at = None;
+        self.req.rnr_at = None;
+        self.req.rd_atomic_outstanding = 0;
+        // Responses other than NAKs are pointless now.
+        self.resp
+            .resp_q
+            .retain(|r| matches!(r, RespItem::Ack { syndrome, .. } if !syndrome.is_ack()));
+    }
+
+    /// Whether the QP has a packet to send now.
+    pub(crate) fn has_tx_work(&self) -> bool {
+        !self.resp.resp_q.is_empty() || self.requester_ready()
+    }
+}
+
+/// Gather `dst.len()` bytes starting at byte `off` of a scatter/gather list.
+pub(crate) fn gather(
+    mrs: &MrTable,
+    sges: &[Sge],
+    mut off: u64,
+    dst: &mut [u8],
+) -> Result<(), WcStatus> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == dst.len() {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if off >= sl {
+            off -= sl;
+            continue;
+        }
+        let take = ((sl - off) as usize).min(dst.len() - done);
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let mo = mr
+            .offset_of(s.addr + off, take as u64)
+            .ok_or(WcStatus::LocProtErr)?;
+        dst[done..done + take].copy_from_slice(&mr.bytes()[mo..mo + take]);
+        done += take;
+        off = 0;
+    }
+    if done == dst.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}
+
+/// Scatter `src` into a scatter/gather list starting at byte `off`.
+pub(crate) fn scatter(
+    mrs: &MrTable,
+    sges: &[Sge],
+    mut off: u64,
+    src: &[u8],
+) -> Result<(), WcStatus> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == src.len() {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if off >= sl {
+            off -= sl;
+            continue;
+        }
+        let take = ((sl - off) as usize).min(src.len() - done);
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let mo = mr
+            .offset_of(s.addr + off, take as u64)
+            .ok_or(WcStatus::LocProtErr)?;
+        mr.bytes_mut()[mo..mo + take].copy_from_slice(&src[done..done + take]);
+        done += take;
+        off = 0;
+    }
+    if done == src.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}

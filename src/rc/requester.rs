@@ -1,0 +1,370 @@
+//! The requester: turns send WQEs into request packets (IBTA 9.7.4), and go-back-N
+//! retransmission from a PSN.
+
+use super::qp::{Ctx, PayloadSrc, Qp, TxDesc, ACKREQ_EVERY, MAX_INFLIGHT};
+use super::state::QpState;
+use crate::verbs::wr::{SendFlags, SendOp};
+use crate::wire::ext::{AtomicEthRepr, RethRepr};
+use crate::wire::{BthRepr, ExtRepr, Opcode, Psn, QpNumber, RoceRepr};
+
+/// The opcode of a SEND or WRITE packet (IBTA table 38), from the operation and the packet's
+/// place in the message. A pure function: see the table test below.
+pub(crate) fn next_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
+    use Opcode as O;
+    match (op, first, last) {
+        (SendOp::Send, true, true) => O::RC_SEND_ONLY,
+        (SendOp::SendWithImm { .. }, true, true) => O::RC_SEND_ONLY_IMM,
+        (SendOp::SendWithInv { .. }, true, true) => O::RC_SEND_ONLY_INV,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, true, false) => {
+            O::RC_SEND_FIRST
+        }
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, false, false) => {
+            O::RC_SEND_MIDDLE
+        }
+        (SendOp::Send, false, true) => O::RC_SEND_LAST,
+        (SendOp::SendWithImm { .. }, false, true) => O::RC_SEND_LAST_IMM,
+        (SendOp::SendWithInv { .. }, false, true) => O::RC_SEND_LAST_INV,
+        (SendOp::RdmaWrite { .. }, true, true) => O::RC_WRITE_ONLY,
+        (SendOp::RdmaWriteWithImm { .. }, true, true) => O::RC_WRITE_ONLY_IMM,
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => {
+            O::RC_WRITE_FIRST
+        }
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => {
+            O::RC_WRITE_MIDDLE
+        }
+        (SendOp::RdmaWrite { .. }, false, true) => O::RC_WRITE_LAST,
+        (SendOp::RdmaWriteWithImm { .. }, false, true) => O::RC_WRITE_LAST_IMM,
+        (SendOp::RdmaRead { .. }, _, _) => O::RC_READ_REQUEST,
+        (SendOp::AtomicCmpSwp { .. }, _, _) => O::RC_CMP_SWAP,
+        (SendOp::AtomicFetchAdd { .. }, _, _) => O::RC_FETCH_ADD,
+    }
+}
+
+/// PSNs an operation of `len` bytes consumes at path MTU `mtu`.
+pub(crate) fn psns_for(op: &SendOp, len: u32, mtu: u32) -> u32 {
+    if op.is_atomic() {
+        1
+    } else {
+        len.div_ceil(mtu).max(1)
+    }
+}
+
+impl Qp {
+    /// Whether the requester can put a packet on the wire now.
+    pub(crate) fn requester_ready(&self) -> bool {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_at.is_some() {
+            return false;
+        }
+        let Some(w) = self.sq.get(self.req.send_idx) else {
+            return false;
+        };
+        if w.assigned {
+            return true;
+        }
+        if self.state == QpState::Sqd {
+            return false;
+        }
+        if w.local_err.is_some() {
+            // Reported once everything before it has completed.
+            return self.req.una == self.req.next_psn;
+        }
+        if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
+            return false;
+        }
+        if w.op.is_rd_atomic()
+            && self.req.rd_atomic_outstanding >= u32::from(self.attr.max_rd_atomic.max(1))
+        {
+            return false;
+        }
+        let inflight = self.req.next_psn.distance_from(self.req.una);
+        inflight == 0 || inflight + psns_for(&w.op, w.len, self.mtu()) <= MAX_INFLIGHT
+    }
+
+    /// Point the send pointer at the start (or resume point) of WQE `idx`.
+    fn enter_wqe(&mut self, idx: usize) {
+        self.req.send_idx = idx;
+        if let Some(w) = self.sq.get(idx) {
+            if w.assigned {
+                let mtu = self.attr.path_mtu.bytes() as u32;
+                let (off, psn) = if w.op.is_read() {
+                    (w.read_done, w.first_psn.add(w.read_done / mtu))
+                } else {
+                    (0, w.first_psn)
+                };
+                self.req.send_off = off;
+                self.req.send_psn = psn;
+            }
+        }
+    }
+
+    /// Go-back-N: resend from PSN `p` (IBTA 9.7.7.1). A READ resumes from its first missing
+    /// response byte.
+    pub(crate) fn retry_from(&mut self, p: Psn) {
+        let Some(idx) = self.sq.iter().position(|w| w.contains(p)) else {
+            // Nothing sent at or after p is outstanding: continue with new work.
+            let idx = self
+                .sq
+                .iter()
+                .position(|w| !w.assigned)
+                .unwrap_or(self.sq.len());
+            self.req.send_idx = idx;
+            return;
+        };
+        self.enter_wqe(idx);
+        let w = &self.sq[idx];
+        if !w.op.is_rd_atomic() {
+            let k = p.distance_from(w.first_psn);
+            self.req.send_off = k * self.mtu();
+            self.req.send_psn = p;
+        }
+        self.req.pkts_since_ackreq = 0;
+    }
+
+    /// The next request packet, if the requester has one.
+    pub(crate) fn next_request_packet(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
+        if !self.requester_ready() {
+            return None;
+        }
+        let mtu = self.mtu();
+        let idx = self.req.send_idx;
+        if !self.sq[idx].assigned {
+            if let Some(status) = self.sq[idx].local_err {
+                // Everything before it has completed (requester_ready checked): report it.
+                self.complete_send_head(ctx, status);
+                self.enter_error(ctx);
+                return None;
+            }
+            let next = self.req.next_psn;
+            let w = &mut self.sq[idx];
+            w.assigned = true;
+            w.first_psn = next;
+            w.npkts = psns_for(&w.op, w.len, mtu);
+            w.read_req_psn = next;
+            self.req.next_psn = next.add(w.npkts);
+            if w.op.is_rd_atomic() {
+                self.req.rd_atomic_outstanding += 1;
+            }
+            self.enter_wqe(idx);
+        }
+        let psn = self.req.send_psn;
+        let off = self.req.send_off;
+        let dest = QpNumber::new(self.attr.dest_qp_num);
+        let w = &mut self.sq[idx];
+        let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, dest, psn);
+        let mut ext = ExtRepr::default();
+        let (payload_len, payload, done_with_wqe, psns_used);
+        match w.op {
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                bth.opcode = Opcode::RC_READ_REQUEST;
+                ext.reth = Some(RethRepr {
+                    va: remote_addr + u64::from(off),
+                    rkey,
+                    dma_len: w.len - off,
+                });
+                bth.ack_req = true;
+                w.read_req_psn = psn;
+                payload_len = 0;
+                payload = PayloadSrc::None;
+                done_with_wqe = true;
+                psns_used = (w.len - off).div_ceil(mtu).max(1);
+            }
+            SendOp::AtomicCmpSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                bth.opcode = Opcode::RC_CMP_SWAP;
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                bth.ack_req = true;
+                (payload_len, payload, done_with_wqe, psns_used) = (0, PayloadSrc::None, true, 1);
+            }
+            SendOp::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                bth.opcode = Opcode::RC_FETCH_ADD;
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                bth.ack_req = true;
+                (payload_len, payload, done_with_wqe, psns_used) = (0, PayloadSrc::None, true, 1);
+            }
+            ref op => {
+                let plen = (w.len - off).min(mtu);
+                let first = off == 0;
+                let last = off + plen == w.len;
+                bth.opcode = next_opcode(op, first, last);
+                match *op {
+                    SendOp::RdmaWrite { remote_addr, rkey }
+                    | SendOp::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    } if first => {
+                        ext.reth = Some(RethRepr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: w.len,
+                        });
+                    }
+                    _ => {}
+                }
+                if last {
+                    match *op {
+                        SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => {
+                            ext.imm = Some(imm)
+                        }
+                        SendOp::SendWithInv { invalidate_rkey } => ext.ieth = Some(invalidate_rkey),
+                        _ => {}
+                    }
+                    bth.solicited = w.flags.contains(SendFlags::SOLICITED);
+                }
+                self.req.pkts_since_ackreq += 1;
+                bth.ack_req = last || self.req.pkts_since_ackreq >= ACKREQ_EVERY;
+                payload_len = plen as usize;
+                payload = PayloadSrc::Wqe { idx, off };
+                done_with_wqe = last;
+                psns_used = 1;
+            }
+        }
+        if bth.ack_req {
+            self.req.pkts_since_ackreq = 0;
+        }
+        let end = psn.add(psns_used);
+        if psn.before(self.req.hwm) {
+            self.counters.retransmits += 1;
+        }
+        if end.after(self.req.hwm) {
+            self.req.hwm = end;
+        }
+        if done_with_wqe {
+            self.enter_wqe(idx + 1);
+        } else {
+            self.req.send_off = off + payload_len as u32;
+            self.req.send_psn = psn.next();
+        }
+        if self.req.retrans_at.is_none() {
+            self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+        }
+        Some(TxDesc {
+            repr: RoceRepr::new(bth, ext, payload_len),
+            payload,
+        })
+    }
+
+    /// Timers: RNR wait over → resend; local ACK timeout → retry or RETRY_EXC_ERR.
+    pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        let now = ctx.now;
+        if self.req.rnr_at.is_some_and(|t| t <= now) {
+            self.req.rnr_at = None;
+            let p = self.req.rnr_psn;
+            self.retry_from(p);
+            self.req.retrans_at = None;
+        }
+        if self.req.retrans_at.is_some_and(|t| t <= now) {
+            if self.req.una == self.req.hwm {
+                self.req.retrans_at = None;
+                return;
+            }
+            self.counters.timeouts += 1;
+            if self.req.retry_left == 0 {
+                self.complete_send_head(ctx, crate::verbs::WcStatus::RetryExcErr);
+                self.enter_error(ctx);
+                return;
+            }
+            self.req.retry_left -= 1;
+            let una = self.req.una;
+            self.retry_from(una);
+            self.req.retrans_at = self.ack_timeout().map(|d| now + d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RKey;
+
+    #[test]
+    fn opcode_table() {
+        let w = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: RKey(1),
+        };
+        let wi = SendOp::RdmaWriteWithImm {
+            remote_addr: 0,
+            rkey: RKey(1),
+            imm: 5,
+        };
+        let si = SendOp::SendWithInv {
+            invalidate_rkey: RKey(3),
+        };
+        let cases: &[(SendOp, bool, bool, Opcode)] = &[
+            (SendOp::Send, true, true, Opcode::RC_SEND_ONLY),
+            (SendOp::Send, true, false, Opcode::RC_SEND_FIRST),
+            (SendOp::Send, false, false, Opcode::RC_SEND_MIDDLE),
+            (SendOp::Send, false, true, Opcode::RC_SEND_LAST),
+            (
+                SendOp::SendWithImm { imm: 1 },
+                true,
+                true,
+                Opcode::RC_SEND_ONLY_IMM,
+            ),
+            (
+                SendOp::SendWithImm { imm: 1 },
+                false,
+                true,
+                Opcode::RC_SEND_LAST_IMM,
+            ),
+            (si, true, true, Opcode::RC_SEND_ONLY_INV),
+            (si, false, true, Opcode::RC_SEND_LAST_INV),
+            (si, false, false, Opcode::RC_SEND_MIDDLE),
+            (w, true, true, Opcode::RC_WRITE_ONLY),
+            (w, true, false, Opcode::RC_WRITE_FIRST),
+            (w, false, false, Opcode::RC_WRITE_MIDDLE),
+            (w, false, true, Opcode::RC_WRITE_LAST),
+            (wi, true, true, Opcode::RC_WRITE_ONLY_IMM),
+            (wi, true, false, Opcode::RC_WRITE_FIRST),
+            (wi, false, true, Opcode::RC_WRITE_LAST_IMM),
+        ];
+        for (op, f, l, expect) in cases {
+            assert_eq!(
+                next_opcode(op, *f, *l),
+                *expect,
+                "{op:?} first={f} last={l}"
+            );
+        }
+    }
+
+    #[test]
+    fn psn_consumption() {
+        let r = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: RKey(1),
+        };
+        assert_eq!(psns_for(&r, 0, 1024), 1);
+        assert_eq!(psns_for(&r, 1024, 1024), 1);
+        assert_eq!(psns_for(&r, 1025, 1024), 2);
+        assert_eq!(psns_for(&SendOp::Send, 4096 * 3, 4096), 3);
+        assert_eq!(
+            psns_for(
+                &SendOp::AtomicFetchAdd {
+                    remote_addr: 0,
+                    rkey: RKey(1),
+                    add: 1
+                },
+                8,
+                256
+            ),
+            1
+        );
+    }
+}

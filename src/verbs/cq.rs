@@ -1,0 +1,80 @@
+//! Completion queues.
+
+use super::wc::{WcStatus, WorkCompletion};
+use std::collections::VecDeque;
+
+/// A completion queue handle.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Cq(pub(crate) u32);
+
+/// What a CQ notification was armed for (`ibv_req_notify_cq`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NotifyMode {
+    /// The next completion of any kind.
+    NextCompletion,
+    /// The next receive completion with the solicited bit, or any error completion.
+    SolicitedOnly,
+}
+
+pub(crate) struct CqState {
+    ring: VecDeque<WorkCompletion>,
+    depth: usize,
+    armed: Option<NotifyMode>,
+    /// Completion events raised (consumed by `get_cq_event`).
+    events: u64,
+    /// Completions dropped because the CQ was full (IBV_EVENT_CQ_ERR).
+    pub(crate) overruns: u64,
+}
+
+impl CqState {
+    pub(crate) fn new(depth: usize) -> Self {
+        CqState {
+            ring: VecDeque::with_capacity(depth.min(4096)),
+            depth,
+            armed: None,
+            events: 0,
+            overruns: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, wc: WorkCompletion) {
+        if self.ring.len() >= self.depth {
+            self.overruns += 1;
+            return;
+        }
+        if let Some(mode) = self.armed {
+            let fire = match mode {
+                NotifyMode::NextCompletion => true,
+                NotifyMode::SolicitedOnly => wc.solicited || wc.status != WcStatus::Success,
+            };
+            if fire {
+                self.events += 1;
+                self.armed = None;
+            }
+        }
+        self.ring.push_back(wc);
+    }
+
+    pub(crate) fn poll(&mut self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        let n = max.min(self.ring.len());
+        out.extend(self.ring.drain(..n));
+        n
+    }
+
+    pub(crate) fn arm(&mut self, mode: NotifyMode) {
+        self.armed = Some(mode);
+    }
+
+    pub(crate) fn take_event(&mut self) -> bool {
+        if self.events > 0 {
+            self.events -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len()
+    }
+}

@@ -1,0 +1,948 @@
+//! The device: the verbs (`alloc_pd`, `reg_mr`, `create_cq`, `create_qp`, `modify_qp`,
+//! `post_send`, `post_recv`, `poll_cq`, ...) and the sans-IO engine that runs every QP.
+//!
+//! # The sans-IO contract
+//!
+//! A `Device` never reads a clock, opens a socket or spawns a thread. Its driver (the
+//! simulator, the runtime, a test) calls, in any order:
+//! - [`Device::handle_frame`]`(now, frame)` for every received Ethernet frame;
+//! - [`Device::poll_transmit`]`(now, buf)` until it returns `None`, putting each frame it
+//!   writes on the wire;
+//! - [`Device::poll_timeout`]`()` to learn when to call [`Device::handle_timeout`]`(now)`.
+//!
+//! Verbs calls (`post_send`, `modify_qp`, ...) only queue work; packets leave on the next
+//! `poll_transmit`. Completions are read with [`Device::poll_cq`].
+
+use super::cq::{Cq, CqState, NotifyMode};
+use super::mr::{LKey, MemoryRegion, MrShared, Pd};
+use super::wc::{WcOpcode, WcStatus, WorkCompletion};
+use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
+use super::{KeyMap, MrTable};
+use crate::rc::counters::{DeviceCounters, QpCounters};
+use crate::rc::qp::{gather, Ctx, Path, PayloadSrc, Qp, RecvWqe, Requester, Responder, SendWqe};
+use crate::rc::state::{
+    check_modify_qp, AccessFlags, ModifyQpError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
+};
+use crate::time::Instant;
+use crate::wire::{
+    self, Ecn, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, OpFlags, Psn,
+    QpNumber, RKey, Transport, UdpRepr, ROCE_V2_PORT,
+};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+/// Largest message (IBTA: 2^31 bytes).
+pub const MAX_MSG: u64 = 1 << 31;
+
+/// How a device is set up.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// The port's MAC address.
+    pub mac: MacAddr,
+    /// The GID table, by index: each entry an IP address (IPv4 entries are the IPv4-mapped
+    /// GIDs `::ffff:a.b.c.d`, as Linux numbers them).
+    pub gids: Vec<IpAddr>,
+    /// Seed for keys and other choices. `None`: unpredictable (from the OS).
+    pub seed: Option<u64>,
+    /// Compute the UDP checksum of IPv6 packets (RFC 8200 requires one; rxe sends 0).
+    pub ipv6_udp_checksum: bool,
+    /// Limits.
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    pub max_cqe: u32,
+}
+
+impl DeviceConfig {
+    /// A device with one IPv4 address.
+    pub fn new(mac: MacAddr, ip: IpAddr) -> Self {
+        DeviceConfig {
+            mac,
+            gids: vec![ip],
+            seed: None,
+            ipv6_udp_checksum: true,
+            max_qp: 1 << 20,
+            max_qp_wr: 1 << 15,
+            max_sge: 32,
+            max_inline: 512,
+            max_cqe: 1 << 22,
+        }
+    }
+    /// Use a fixed seed (reproducible keys).
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+}
+
+/// The GID of an IP address (IPv4-mapped for IPv4).
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The IP address of a GID.
+pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
+    let a = Ipv6Addr::from(gid);
+    match a.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(a),
+    }
+}
+
+/// `struct ibv_qp_init_attr` for an RC QP.
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr {
+    pub pd: Pd,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub cap: QpCap,
+    /// Every send WR generates a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// Errors a verb returns synchronously (what libibverbs returns as an errno).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerbsError {
+    #[error("no such QP {0}")]
+    NoSuchQp(QpNumber),
+    #[error("no such CQ")]
+    NoSuchCq,
+    #[error("no such protection domain")]
+    NoSuchPd,
+    #[error("no such memory region")]
+    NoSuchMr,
+    #[error("QP is in state {0}, which does not accept this")]
+    InvalidState(QpState),
+    #[error("modify_qp: {0}")]
+    Modify(#[from] ModifyQpError),
+    #[error("queue full")]
+    QueueFull,
+    #[error("too many scatter/gather entries ({0})")]
+    TooManySge(usize),
+    #[error("inline data of {0} bytes exceeds max_inline_data")]
+    InlineTooLarge(u64),
+    #[error("message length {0} exceeds 2^31 bytes")]
+    MessageTooLong(u64),
+    #[error("atomic operations take exactly one 8-byte scatter/gather entry")]
+    BadAtomicSge,
+    #[error("address vector: {0}")]
+    BadAddressVector(&'static str),
+    #[error("resource limit reached: {0}")]
+    NoResources(&'static str),
+    #[error("invalid capability: {0}")]
+    BadCap(&'static str),
+    #[error("resource busy: {0}")]
+    Busy(&'static str),
+}
+
+/// splitmix64: the device's own small generator for keys (no external RNG crate).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+fn os_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's random source per process.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    h.finish()
+}
+
+/// The UDP source port Linux rxe uses for a connected QP (flow label 0 → hash of the QPNs).
+pub fn rxe_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label != 0 {
+        flow_label & 0xfffff
+    } else {
+        let v = u64::from(lqpn) * u64::from(rqpn);
+        ((v ^ (v >> 20) ^ (v >> 40)) & 0xfffff) as u32
+    };
+    (0xc000 | ((fl & 0x3fff) ^ (fl >> 14))) as u16
+}
+
+/// A software RNIC.
+pub struct Device {
+    cfg: DeviceConfig,
+    rng: Rng,
+    next_pd: u32,
+    pds: Vec<u32>,
+    mrs: MrTable,
+    cqs: Vec<Option<CqState>>,
+    qps: KeyMap<Box<Qp>>,
+    next_qpn: u32,
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    counters: DeviceCounters,
+    ip_id: u16,
+}
+
+impl Device {
+    pub fn new(cfg: DeviceConfig) -> Self {
+        let seed = cfg.seed.unwrap_or_else(os_seed);
+        Device {
+            cfg,
+            rng: Rng(seed),
+            next_pd: 1,
+            pds: Vec::new(),
+            mrs: MrTable::default(),
+            cqs: Vec::new(),
+            qps: KeyMap::default(),
+            next_qpn: 0x11,
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            counters: DeviceCounters::default(),
+            ip_id: 0,
+        }
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.cfg
+    }
+
+    /// The GID at `index`.
+    pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
+        self.cfg.gids.get(index).map(|ip| gid_of(*ip))
+    }
+
+    // ---- protection domains and memory regions -------------------------------------------
+
+    pub fn alloc_pd(&mut self) -> Pd {
+        let id = self.next_pd;
+        self.next_pd += 1;
+        self.pds.push(id);
+        Pd(id)
+    }
+
+    fn new_key(&mut self) -> u32 {
+        loop {
+            // 24 random index bits and an 8-bit random tag: never sequential, never reused
+            // while the MR lives, never 0.
+            let k = (self.rng.next() >> 16) as u32;
+            if k != 0 && !self.mrs.contains_key(k) {
+                return k;
+            }
+        }
+    }
+
+    /// Register `len` bytes of memory (owned by the region: see [`MemoryRegion`]).
+    pub fn reg_mr(
+        &mut self,
+        pd: Pd,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(VerbsError::NoSuchPd);
+        }
+        // IBTA 10.6.3.1: remote write or atomic access needs local write.
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(VerbsError::BadCap(
+                "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
+            ));
+        }
+        let lkey = self.new_key();
+        let rkey = loop {
+            let k = self.new_key();
+            if k != lkey {
+                break k;
+            }
+        };
+        // A page-aligned virtual address in the style of a user mapping.
+        let va = 0x0000_7f00_0000_0000 | ((self.rng.next() & 0x00ff_ffff) << 16);
+        let mr = Arc::new(MrShared::new(LKey(lkey), RKey(rkey), pd, access, va, len));
+        self.mrs.insert(mr.clone());
+        Ok(MemoryRegion(mr))
+    }
+
+    /// Deregister: the keys stop working at once (the memory lives while handles remain).
+    pub fn dereg_mr(&mut self, mr: &MemoryRegion) -> Result<(), VerbsError> {
+        let m = self.mrs.remove(mr.lkey()).ok_or(VerbsError::NoSuchMr)?;
+        m.invalidate_rkey();
+        Ok(())
+    }
+
+    // ---- completion queues -------------------------------------------------------------
+
+    pub fn create_cq(&mut self, depth: usize) -> Result<Cq, VerbsError> {
+        if depth == 0 || depth > self.cfg.max_cqe as usize {
+            return Err(VerbsError::BadCap("CQ depth"));
+        }
+        self.cqs.push(Some(CqState::new(depth)));
+        Ok(Cq((self.cqs.len() - 1) as u32))
+    }
+
+    fn cq_mut(&mut self, cq: Cq) -> Result<&mut CqState, VerbsError> {
+        self.cqs
+            .get_mut(cq.0 as usize)
+            .and_then(|c| c.as_mut())
+            .ok_or(VerbsError::NoSuchCq)
+    }
+
+    /// Move up to `max` completions into `out`; returns how many.
+    pub fn poll_cq(
+        &mut self,
+        cq: Cq,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, VerbsError> {
+        Ok(self.cq_mut(cq)?.poll(out, max))
+    }
+
+    /// Completions waiting in the CQ.
+    pub fn cq_len(&self, cq: Cq) -> usize {
+        self.cqs
+            .get(cq.0 as usize)
+            .and_then(|c| c.as_ref())
+            .map_or(0, |c| c.len())
+    }
+
+    /// Arm the CQ's notification (`ibv_req_notify_cq`).
+    pub fn req_notify_cq(&mut self, cq: Cq, mode: NotifyMode) -> Result<(), VerbsError> {
+        self.cq_mut(cq)?.arm(mode);
+        Ok(())
+    }
+
+    /// Consume one completion event if one fired (`ibv_get_cq_event`, non-blocking).
+    pub fn get_cq_event(&mut self, cq: Cq) -> Result<bool, VerbsError> {
+        Ok(self.cq_mut(cq)?.take_event())
+    }
+
+    // ---- queue pairs ------------------------------------------------------------------
+
+    pub fn create_qp(&mut self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        if !self.pds.contains(&init.pd.0) {
+            return Err(VerbsError::NoSuchPd);
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            self.cq_mut(cq)?;
+        }
+        let c = init.cap;
+        if c.max_send_wr > self.cfg.max_qp_wr || c.max_recv_wr > self.cfg.max_qp_wr {
+            return Err(VerbsError::BadCap("max_send_wr/max_recv_wr"));
+        }
+        if c.max_send_sge > self.cfg.max_sge || c.max_recv_sge > self.cfg.max_sge {
+            return Err(VerbsError::BadCap("max_send_sge/max_recv_sge"));
+        }
+        if c.max_inline_data > self.cfg.max_inline {
+            return Err(VerbsError::BadCap("max_inline_data"));
+        }
+        if self.qps.len() as u32 >= self.cfg.max_qp {
+            return Err(VerbsError::NoResources("max_qp"));
+        }
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) || qpn < 0x11 {
+            qpn = (qpn + 1) & QpNumber::MASK;
+        }
+        self.next_qpn = (qpn + 1) & QpNumber::MASK;
+        let qp = Qp {
+            num: QpNumber::new(qpn),
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            sq_sig_all: init.sq_sig_all,
+            cap: c,
+            state: QpState::Reset,
+            attr: QpAttr {
+                cap: c,
+                ..QpAttr::default()
+            },
+            path: None,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            counters: QpCounters::default(),
+            in_ready: false,
+            timer_armed: None,
+        };
+        self.qps.insert(qpn, Box::new(qp));
+        Ok(QpNumber::new(qpn))
+    }
+
+    pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
+        self.qps
+            .remove(&qpn.get())
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchQp(qpn))
+    }
+
+    /// The QP's state and current attributes (`ibv_query_qp`).
+    pub fn query_qp(&self, qpn: QpNumber) -> Result<(QpState, QpAttr), VerbsError> {
+        let qp = self.qps.get(&qpn.get()).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let mut a = qp.attr;
+        a.qp_state = qp.state;
+        a.cur_qp_state = qp.state;
+        Ok((qp.state, a))
+    }
+
+    /// `ibv_modify_qp`: the transition table and value checks of [`crate::rc::state`], then
+    /// the attributes in `mask` take effect.
+    pub fn modify_qp(
+        &mut self,
+        qpn: QpNumber,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let cfg_mac = self.cfg.mac;
+        let gids = self.cfg.gids.clone();
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .map(|b| &mut **b)
+            .ok_or(VerbsError::NoSuchQp(qpn))?;
+        let next = check_modify_qp(QpType::Rc, qp.state, attr, mask)?;
+        let path = if mask.contains(QpAttrMask::AV) {
+            let av = attr.ah_attr;
+            let src_ip =
+                *gids
+                    .get(usize::from(av.sgid_index))
+                    .ok_or(VerbsError::BadAddressVector(
+                        "sgid_index not in the GID table",
+                    ))?;
+            let dst_ip = ip_of_gid(av.dgid);
+            if src_ip.is_ipv4() != dst_ip.is_ipv4() {
+                return Err(VerbsError::BadAddressVector(
+                    "source and destination GIDs of different IP versions",
+                ));
+            }
+            let dmac = av
+                .dmac
+                .ok_or(VerbsError::BadAddressVector("destination MAC not resolved"))?;
+            let dqpn = if mask.contains(QpAttrMask::DEST_QPN) {
+                attr.dest_qp_num
+            } else {
+                qp.attr.dest_qp_num
+            };
+            Some(Path {
+                src_mac: cfg_mac,
+                dst_mac: MacAddr(dmac),
+                src_ip,
+                dst_ip,
+                udp_sport: rxe_udp_sport(av.flow_label, qpn.get(), dqpn),
+                dscp: av.traffic_class >> 2,
+                ecn: Ecn::from_bits(av.traffic_class),
+                hop_limit: if av.hop_limit <= 1 { 64 } else { av.hop_limit },
+                flow_label: av.flow_label,
+            })
+        } else {
+            None
+        };
+        // Apply the attributes named in the mask.
+        let a = &mut qp.attr;
+        macro_rules! set { ($($bit:ident => $f:ident),*) => { $( if mask.contains(QpAttrMask::$bit) { a.$f = attr.$f; } )* } }
+        set!(ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num, QKEY => qkey,
+             AV => ah_attr, PATH_MTU => path_mtu, TIMEOUT => timeout, RETRY_CNT => retry_cnt,
+             RNR_RETRY => rnr_retry, RQ_PSN => rq_psn, MAX_QP_RD_ATOMIC => max_rd_atomic,
+             MIN_RNR_TIMER => min_rnr_timer, SQ_PSN => sq_psn, MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+             DEST_QPN => dest_qp_num, EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
+        if let Some(p) = path {
+            qp.path = Some(p);
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            qp.resp.epsn = Psn::new(attr.rq_psn);
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            let p = Psn::new(attr.sq_psn);
+            qp.req.next_psn = p;
+            qp.req.una = p;
+            qp.req.send_psn = p;
+            qp.req.hwm = p;
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) {
+            qp.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            qp.req.rnr_left = attr.rnr_retry;
+        }
+        let prev = qp.state;
+        match next {
+            QpState::Err if prev != QpState::Err => {
+                let mut ctx = Ctx {
+                    now: Instant::ZERO,
+                    mrs: &self.mrs,
+                    cqs: &mut self.cqs,
+                    dev: &mut self.counters,
+                };
+                qp.enter_error(&mut ctx);
+            }
+            QpState::Reset => {
+                // Back to a fresh QP: queues emptied without completions (as ibv does).
+                qp.sq.clear();
+                qp.rq.clear();
+                qp.req = Requester::default();
+                qp.resp = Responder::default();
+                qp.path = None;
+                qp.attr = QpAttr {
+                    cap: qp.cap,
+                    ..QpAttr::default()
+                };
+            }
+            _ => {}
+        }
+        qp.state = next;
+        self.schedule(qpn.get());
+        Ok(())
+    }
+
+    // ---- work requests -----------------------------------------------------------------
+
+    /// Check the scatter/gather list of a request against the MR table. Errors here are
+    /// reported as completions when the request is reached (IBTA: local protection errors
+    /// are detected while processing), not as a verb failure.
+    fn sge_error(
+        mrs: &MrTable,
+        pd: Pd,
+        sges: &[super::wr::Sge],
+        need_write: bool,
+    ) -> Option<WcStatus> {
+        for s in sges.iter().filter(|s| s.length > 0) {
+            let Some(mr) = mrs.lkey_ref(s.lkey) else {
+                return Some(WcStatus::LocProtErr);
+            };
+            if mr.pd != pd || mr.offset_of(s.addr, u64::from(s.length)).is_none() {
+                return Some(WcStatus::LocProtErr);
+            }
+            if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Some(WcStatus::LocProtErr);
+            }
+        }
+        None
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .map(|b| &mut **b)
+            .ok_or(VerbsError::NoSuchQp(qpn))?;
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > qp.cap.max_send_sge.max(1) as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if len > MAX_MSG {
+            return Err(VerbsError::MessageTooLong(len));
+        }
+        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
+            return Err(VerbsError::BadAtomicSge);
+        }
+        let inline_req =
+            wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
+        if inline_req && len > u64::from(qp.cap.max_inline_data) {
+            return Err(VerbsError::InlineTooLarge(len));
+        }
+        let mut local_err = Self::sge_error(&self.mrs, qp.pd, &wr.sg_list, wr.op.is_rd_atomic());
+        let inline = if inline_req {
+            // Copied now: the application may reuse its buffer at once. Inline data is not
+            // checked against protection domains or rights (as in libibverbs).
+            let mut data = vec![0u8; len as usize];
+            match gather_any(&self.mrs, &wr.sg_list, &mut data) {
+                Ok(()) => local_err = None,
+                Err(e) => local_err = Some(e),
+            }
+            Some(data.into_boxed_slice())
+        } else {
+            None
+        };
+        let w = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: wr.sg_list,
+            flags: wr.flags,
+            inline,
+            len: len as u32,
+            signaled: wr.flags.contains(SendFlags::SIGNALED),
+            assigned: false,
+            first_psn: Psn::default(),
+            npkts: 0,
+            read_done: 0,
+            read_req_psn: Psn::default(),
+            local_err,
+        };
+        qp.sq.push_back(w);
+        if matches!(qp.state, QpState::Err | QpState::Sqe) {
+            let mut ctx = Ctx {
+                now: Instant::ZERO,
+                mrs: &self.mrs,
+                cqs: &mut self.cqs,
+                dev: &mut self.counters,
+            };
+            qp.flush(&mut ctx);
+        }
+        self.schedule(qpn.get());
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: QpNumber, wr: RecvWr) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .map(|b| &mut **b)
+            .ok_or(VerbsError::NoSuchQp(qpn))?;
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::InvalidState(qp.state));
+        }
+        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > qp.cap.max_recv_sge.max(1) as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let local_err = Self::sge_error(&self.mrs, qp.pd, &wr.sg_list, true);
+        qp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            len,
+            local_err,
+        });
+        if qp.state == QpState::Err {
+            let mut ctx = Ctx {
+                now: Instant::ZERO,
+                mrs: &self.mrs,
+                cqs: &mut self.cqs,
+                dev: &mut self.counters,
+            };
+            qp.flush(&mut ctx);
+        }
+        Ok(())
+    }
+
+    // ---- counters ---------------------------------------------------------------------
+
+    /// Device counters with QP totals.
+    pub fn counters(&self) -> (DeviceCounters, QpCounters) {
+        let mut t = QpCounters::default();
+        for qp in self.qps.values() {
+            t.accumulate(&qp.counters);
+        }
+        (self.counters, t)
+    }
+
+    pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
+        self.qps.get(&qpn.get()).map(|q| q.counters)
+    }
+
+    /// Number of QPs.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    /// Approximate bytes of memory a QP uses (its struct and queue buffers).
+    pub fn qp_memory(&self, qpn: QpNumber) -> Option<usize> {
+        self.qps.get(&qpn.get()).map(|q| {
+            std::mem::size_of::<Qp>()
+                + q.sq.capacity() * std::mem::size_of::<SendWqe>()
+                + q.rq.capacity() * std::mem::size_of::<RecvWqe>()
+                + q.resp.resp_q.capacity() * std::mem::size_of::<crate::rc::qp::RespItem>()
+                + q.resp.resources.capacity() * std::mem::size_of::<crate::rc::qp::Resource>()
+        })
+    }
+
+    // ---- the sans-IO engine ------------------------------------------------------------
+
+    /// Put the QP on the transmit list if it has something to send, and (re)arm its timer.
+    fn schedule(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if !qp.in_ready && qp.has_tx_work() {
+            qp.in_ready = true;
+            self.ready.push_back(qpn);
+        }
+        if let Some(t) = qp.next_deadline() {
+            if qp.timer_armed.is_none_or(|a| t < a) {
+                qp.timer_armed = Some(t);
+                self.timers.push(Reverse((t, qpn)));
+            }
+        }
+    }
+
+    /// The next instant `handle_timeout` has work (may be early; never late).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Run the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if qp.timer_armed != Some(t) {
+                continue; // stale entry
+            }
+            qp.timer_armed = None;
+            if qp.next_deadline().is_some_and(|d| d <= now) {
+                let mut ctx = Ctx {
+                    now,
+                    mrs: &self.mrs,
+                    cqs: &mut self.cqs,
+                    dev: &mut self.counters,
+                };
+                qp.on_timer(&mut ctx);
+            }
+            self.schedule(qpn);
+        }
+    }
+
+    /// Receive one Ethernet frame.
+    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.counters.rx_frames += 1;
+        let p = match wire::parse_frame(frame) {
+            Ok(p) => p,
+            Err(e) => {
+                self.count_parse_error(e);
+                return;
+            }
+        };
+        if let Some(e) = p.repr.eth {
+            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST {
+                self.counters.address_drops += 1;
+                return;
+            }
+        }
+        let (src, dst, ecn) = (p.repr.ip.src(), p.repr.ip.dst(), p.repr.ip.ecn());
+        self.handle_roce(now, src, dst, ecn, &p.repr.roce, p.payload);
+    }
+
+    fn count_parse_error(&mut self, e: wire::Error) {
+        match e {
+            wire::Error::BadIcrc { .. } => self.counters.icrc_drops += 1,
+            wire::Error::NotRoceV2Port(_) | wire::Error::NotUdp(_) | wire::Error::NotIp(_) => {
+                self.counters.not_roce += 1
+            }
+            _ => self.counters.malformed_drops += 1,
+        }
+    }
+
+    /// Receive one already-parsed RoCE packet (for backends that see only the UDP payload).
+    pub fn handle_roce(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        ecn: Ecn,
+        r: &wire::RoceRepr,
+        payload: &[u8],
+    ) {
+        if !self.cfg.gids.contains(&dst) {
+            self.counters.address_drops += 1;
+            return;
+        }
+        let b = &r.bth;
+        if b.tver != 0 || (b.pkey.0 & 0x7fff) != 0x7fff {
+            self.counters.header_drops += 1;
+            return;
+        }
+        if b.opcode == wire::Opcode::CNP {
+            self.counters.cnps_rcvd += 1;
+            return;
+        }
+        if b.opcode.transport() != Transport::Rc {
+            self.counters.header_drops += 1;
+            return;
+        }
+        let qpn = b.dest_qp.get();
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            self.counters.unknown_qp_drops += 1;
+            return;
+        };
+        if qp.path.is_none_or(|p| p.dst_ip != src) {
+            self.counters.address_drops += 1;
+            return;
+        }
+        qp.counters.rx_packets += 1;
+        qp.counters.rx_bytes += payload.len() as u64;
+        if ecn == Ecn::Ce {
+            qp.counters.ce_rcvd += 1;
+        }
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            dev: &mut self.counters,
+        };
+        if b.opcode.is(OpFlags::RESPONSE) {
+            qp.on_response(&mut ctx, r, payload);
+        } else {
+            qp.on_request(&mut ctx, r, payload);
+        }
+        self.schedule(qpn);
+    }
+
+    /// Write the next frame to send into `buf` (at least MTU + 100 bytes); returns its length.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.in_ready = false;
+            let mut ctx = Ctx {
+                now,
+                mrs: &self.mrs,
+                cqs: &mut self.cqs,
+                dev: &mut self.counters,
+            };
+            let desc = match qp.next_response_packet() {
+                Some(d) => Some(d),
+                None => qp.next_request_packet(&mut ctx),
+            };
+            let out = match (desc, qp.path) {
+                (Some(d), Some(path)) => {
+                    let ip = match (path.src_ip, path.dst_ip) {
+                        (IpAddr::V4(s), IpAddr::V4(t)) => {
+                            self.ip_id = self.ip_id.wrapping_add(1);
+                            IpRepr::V4(Ipv4Repr {
+                                src: s,
+                                dst: t,
+                                dscp: path.dscp,
+                                ecn: path.ecn,
+                                ident: self.ip_id,
+                                dont_frag: true,
+                                ttl: path.hop_limit,
+                            })
+                        }
+                        (s, t) => IpRepr::V6(Ipv6Repr {
+                            src: v6(s),
+                            dst: v6(t),
+                            dscp: path.dscp,
+                            ecn: path.ecn,
+                            flow_label: path.flow_label,
+                            hop_limit: path.hop_limit,
+                        }),
+                    };
+                    let f = FrameRepr {
+                        eth: Some(EthernetRepr {
+                            dst: path.dst_mac,
+                            src: path.src_mac,
+                            vlan: None,
+                            ethertype: 0,
+                        }),
+                        ip,
+                        udp: UdpRepr {
+                            src_port: path.udp_sport,
+                            dst_port: ROCE_V2_PORT,
+                            checksum: 0,
+                        },
+                        roce: d.repr,
+                    };
+                    let mrs = &self.mrs;
+                    let sq = &qp.sq;
+                    let r = f.emit_with(buf, |dst| match &d.payload {
+                        PayloadSrc::None => Ok(()),
+                        PayloadSrc::Mr { mr, off } => {
+                            dst.copy_from_slice(&mr.bytes()[*off..*off + dst.len()]);
+                            Ok(())
+                        }
+                        PayloadSrc::Wqe { idx, off } => {
+                            let w = &sq[*idx];
+                            match &w.inline {
+                                Some(data) => {
+                                    dst.copy_from_slice(
+                                        &data[*off as usize..*off as usize + dst.len()],
+                                    );
+                                    Ok(())
+                                }
+                                None => gather(mrs, &w.sges, u64::from(*off), dst)
+                                    .map_err(|_| wire::Error::FieldOverflow("local SGE")),
+                            }
+                        }
+                    });
+                    match r {
+                        Ok(n) => {
+                            if let IpRepr::V6(_) = f.ip {
+                                if self.cfg.ipv6_udp_checksum {
+                                    wire::udp::fill_checksum(
+                                        path.src_ip,
+                                        path.dst_ip,
+                                        &mut buf[14 + 40..n],
+                                    );
+                                }
+                            }
+                            qp.counters.tx_packets += 1;
+                            qp.counters.tx_bytes += f.roce.payload_len as u64;
+                            Some(n)
+                        }
+                        Err(_) => {
+                            // The memory behind a request vanished (deregistered): a local
+                            // protection error on the oldest request.
+                            let mut ctx = Ctx {
+                                now,
+                                mrs: &self.mrs,
+                                cqs: &mut self.cqs,
+                                dev: &mut self.counters,
+                            };
+                            qp.complete_send_head(&mut ctx, WcStatus::LocProtErr);
+                            qp.enter_error(&mut ctx);
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            self.schedule(qpn);
+            if let Some(n) = out {
+                self.counters.tx_frames += 1;
+                return Some(n);
+            }
+        }
+        None
+    }
+}
+
+fn v6(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V4(v) => v.to_ipv6_mapped(),
+        IpAddr::V6(v) => v,
+    }
+}
+
+/// Gather for inline data: any registered MR, no protection-domain or rights check.
+fn gather_any(mrs: &MrTable, sges: &[super::wr::Sge], dst: &mut [u8]) -> Result<(), WcStatus> {
+    let mut at = 0usize;
+    for s in sges {
+        let n = s.length as usize;
+        if n == 0 {
+            continue;
+        }
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let o = mr.offset_of(s.addr, n as u64).ok_or(WcStatus::LocProtErr)?;
+        dst[at..at + n].copy_from_slice(&mr.bytes()[o..o + n]);
+        at += n;
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn _unused(_: Ipv4Addr, _: WcOpcode, _: SendOp) {}

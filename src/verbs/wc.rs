@@ -1,0 +1,108 @@
+//! Work completions, shaped like `struct ibv_wc`.
+
+use crate::wire::{QpNumber, RKey};
+use bitflags::bitflags;
+use core::fmt;
+
+/// `enum ibv_wc_status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    Success,
+    /// Local length error: a receive buffer too small for the SEND, or a bad SGE total.
+    LocLenErr,
+    /// Local QP operation error (an internal consistency error of the QP).
+    LocQpOpErr,
+    /// Local protection error: an lkey that does not exist, is in another PD, lacks local
+    /// write access, or an SGE outside its MR.
+    LocProtErr,
+    /// The QP moved to the error state before this request was processed.
+    WrFlushErr,
+    /// Unexpected response opcode, length or sequence.
+    BadRespErr,
+    /// Local access error (e.g. an invalidate of an rkey that cannot be invalidated).
+    LocAccessErr,
+    /// The responder NAKed with "invalid request".
+    RemInvReqErr,
+    /// The responder NAKed with "remote access error" (R_Key, bounds, rights).
+    RemAccessErr,
+    /// The responder NAKed with "remote operational error".
+    RemOpErr,
+    /// Transport retry counter exceeded (timeouts or sequence-error NAKs).
+    RetryExcErr,
+    /// RNR retry counter exceeded.
+    RnrRetryExcErr,
+    /// The responder NAKed with "invalid RD request".
+    RemInvRdReqErr,
+    GeneralErr,
+}
+
+impl WcStatus {
+    /// The `ibv_wc_status_str` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `enum ibv_wc_opcode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompSwap,
+    FetchAdd,
+    Recv,
+    RecvRdmaWithImm,
+}
+
+bitflags! {
+    /// `enum ibv_wc_flags`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+    pub struct WcFlags: u32 {
+        const GRH = 1 << 0;
+        const WITH_IMM = 1 << 1;
+        const WITH_INV = 1 << 3;
+    }
+}
+
+/// One completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred.
+    pub byte_len: u32,
+    /// Immediate data (with `WITH_IMM`), as sent.
+    pub imm_data: Option<u32>,
+    /// The rkey a SEND with invalidate invalidated (with `WITH_INV`).
+    pub invalidated_rkey: Option<RKey>,
+    /// The local QP.
+    pub qp_num: QpNumber,
+    /// The remote QP (receive completions).
+    pub src_qp: QpNumber,
+    pub wc_flags: WcFlags,
+    /// The sender set the solicited-event bit.
+    pub solicited: bool,
+}

@@ -1,0 +1,303 @@
+//! First end-to-end checks of the RC engine over a perfect in-test link.
+
+use ferroce::time::{Duration, Instant};
+use ferroce::verbs::*;
+use ferroce::wire::{MacAddr, QpNumber};
+use std::net::{IpAddr, Ipv4Addr};
+
+struct Side {
+    dev: Device,
+    pd: Pd,
+    cq: Cq,
+    qp: QpNumber,
+}
+
+fn side(i: u8) -> Side {
+    let cfg = DeviceConfig::new(
+        MacAddr([2, 0, 0, 0, 0, i]),
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
+    )
+    .with_seed(i as u64);
+    let mut dev = Device::new(cfg);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096).unwrap();
+    let cap = QpCap {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    };
+    let qp = dev
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    Side { dev, pd, cq, qp }
+}
+
+fn connect(a: &mut Side, b: &mut Side, mtu: Mtu) {
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let info = |s: &Side| (s.dev.gid(0).unwrap(), s.dev.config().mac.0, s.qp);
+    let (ia, ib) = (info(a), info(b));
+    for (x, (ygid, ymac, yqp)) in [(&mut *a, ib), (&mut *b, ia)] {
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: all,
+            ..Default::default()
+        };
+        x.dev
+            .modify_qp(
+                x.qp,
+                &at,
+                QpAttrMask::STATE
+                    | QpAttrMask::PKEY_INDEX
+                    | QpAttrMask::PORT
+                    | QpAttrMask::ACCESS_FLAGS,
+            )
+            .unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = mtu;
+        at.dest_qp_num = yqp.get();
+        at.rq_psn = 0xff_fff0;
+        at.max_dest_rd_atomic = 16;
+        at.min_rnr_timer = 1;
+        at.ah_attr = AddressVector {
+            dgid: ygid,
+            sgid_index: 0,
+            hop_limit: 64,
+            dmac: Some(ymac),
+            ..Default::default()
+        };
+        x.dev
+            .modify_qp(
+                x.qp,
+                &at,
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
+            .unwrap();
+    }
+    for x in [&mut *a, &mut *b] {
+        let at = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0xff_fff0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
+        x.dev
+            .modify_qp(
+                x.qp,
+                &at,
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .unwrap();
+    }
+}
+
+/// Move frames until both sides are idle; returns the frames exchanged.
+fn drive(a: &mut Side, b: &mut Side, now: &mut Instant) -> usize {
+    let mut buf = vec![0u8; 9000];
+    let mut n = 0;
+    for _ in 0..1_000_000 {
+        let mut moved = false;
+        while let Some(len) = a.dev.poll_transmit(*now, &mut buf) {
+            b.dev.handle_frame(*now, &buf[..len]);
+            moved = true;
+            n += 1;
+        }
+        while let Some(len) = b.dev.poll_transmit(*now, &mut buf) {
+            a.dev.handle_frame(*now, &buf[..len]);
+            moved = true;
+            n += 1;
+        }
+        if !moved {
+            let next = [a.dev.poll_timeout(), b.dev.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if t > *now => {
+                    *now = t;
+                    a.dev.handle_timeout(*now);
+                    b.dev.handle_timeout(*now);
+                }
+                Some(_) => {
+                    *now += Duration::from_nanos(1);
+                    a.dev.handle_timeout(*now);
+                    b.dev.handle_timeout(*now);
+                }
+                None => return n,
+            }
+        }
+    }
+    panic!("did not settle");
+}
+
+fn poll(s: &mut Side) -> Vec<WorkCompletion> {
+    let mut v = Vec::new();
+    s.dev.poll_cq(s.cq, &mut v, 1 << 20).unwrap();
+    v
+}
+
+#[test]
+fn send_write_read_atomic() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let ma = a.dev.reg_mr(a.pd, 1 << 16, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 16, all).unwrap();
+    let pattern: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    ma.write(0, &pattern).unwrap();
+    // SEND 5000 bytes into a posted receive.
+    b.dev
+        .post_recv(
+            b.qp,
+            RecvWr {
+                wr_id: 9,
+                sg_list: vec![Sge {
+                    addr: mb.addr(),
+                    length: 8192,
+                    lkey: mb.lkey(),
+                }],
+            },
+        )
+        .unwrap();
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::SendWithImm { imm: 0xabcd },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 5000,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    // WRITE 3000 bytes to b at offset 10000.
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr() + 10000,
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 3000,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    // READ those 3000 bytes back into a at offset 20000.
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                3,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr() + 10000,
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr() + 20000,
+                    length: 3000,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    // FETCH_ADD and CMP_SWAP on b's word at 40000.
+    mb.write(40000, &5u64.to_ne_bytes()).unwrap();
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                4,
+                SendOp::AtomicFetchAdd {
+                    remote_addr: mb.addr() + 40000,
+                    rkey: mb.rkey(),
+                    add: 10,
+                },
+                vec![Sge {
+                    addr: ma.addr() + 30000,
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                5,
+                SendOp::AtomicCmpSwp {
+                    remote_addr: mb.addr() + 40000,
+                    rkey: mb.rkey(),
+                    compare: 15,
+                    swap: 99,
+                },
+                vec![Sge {
+                    addr: ma.addr() + 30008,
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let mut now = Instant::ZERO;
+    drive(&mut a, &mut b, &mut now);
+    let wa = poll(&mut a);
+    let wb = poll(&mut b);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (1..=5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>(),
+        "{wa:?}"
+    );
+    assert_eq!(wb.len(), 1, "{wb:?}");
+    assert_eq!(wb[0].byte_len, 5000);
+    assert_eq!(wb[0].imm_data, Some(0xabcd));
+    let got = mb.to_vec();
+    assert_eq!(&got[..5000], &pattern[..]);
+    assert_eq!(&got[10000..13000], &pattern[..3000]);
+    let ga = ma.to_vec();
+    assert_eq!(&ga[20000..23000], &pattern[..3000]);
+    assert_eq!(u64::from_ne_bytes(ga[30000..30008].try_into().unwrap()), 5);
+    assert_eq!(u64::from_ne_bytes(ga[30008..30016].try_into().unwrap()), 15);
+    assert_eq!(
+        u64::from_ne_bytes(got[40000..40008].try_into().unwrap()),
+        99
+    );
+}
