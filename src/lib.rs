@@ -10,6 +10,7 @@ pub mod capture;
 pub mod golden;
 pub mod inspect;
 pub mod rc;
+pub mod sim;
 pub mod time;
 pub mod verbs;
 pub mod wire;

@@ -46,6 +46,13 @@ impl Qp {
     }
 
     fn on_progress(&mut self, ctx: &mut Ctx<'_>) {
+        if self
+            .req
+            .gap_retry
+            .is_some_and(|q| !self.req.una.before_or_eq(q))
+        {
+            self.req.gap_retry = None;
+        }
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.retrans_at = if self.req.una == self.req.hwm {
@@ -53,6 +60,16 @@ impl Qp {
         } else {
             self.ack_timeout().map(|d| ctx.now + d)
         };
+    }
+
+    /// A gap seen in responses: resend from `p` once per gap (see `Requester::gap_retry`).
+    fn gap_retry(&mut self, ctx: &mut Ctx<'_>, p: Psn) {
+        if self.req.gap_retry == Some(p) {
+            self.counters.dup_responses += 1;
+            return;
+        }
+        self.req.gap_retry = Some(p);
+        self.seq_retry(ctx, p);
     }
 
     /// A NAK-like event: resend from `p`, or fail with RETRY_EXC_ERR when retries are spent.
@@ -79,7 +96,7 @@ impl Qp {
             }
             Acked::Progress(false) => true,
             Acked::Missing(q) => {
-                self.seq_retry(ctx, q);
+                self.gap_retry(ctx, q);
                 false
             }
         }
@@ -183,7 +200,7 @@ impl Qp {
             if w.op.is_rd_atomic() {
                 // A later response arrived but this one's did not: resend it.
                 let q = w.first_psn.add(w.read_done / self.mtu());
-                self.seq_retry(ctx, q);
+                self.gap_retry(ctx, q);
                 return false;
             }
             self.req.una = w.last_psn().next();
@@ -218,21 +235,29 @@ impl Qp {
         }
         if p.after(expected) {
             // A response packet went missing: resume the READ from the first missing byte.
-            self.seq_retry(ctx, expected);
+            self.gap_retry(ctx, expected);
             return;
         }
         let remaining = w.len - w.read_done;
-        let first = p == w.read_req_psn;
         let last = remaining <= mtu;
-        let want = match (first, last) {
-            (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
-            (true, false) => Opcode::RC_READ_RESPONSE_FIRST,
-            (false, true) => Opcode::RC_READ_RESPONSE_LAST,
-            (false, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+        // After a retry two response streams may overlap: the retried request's (starting with
+        // FIRST/ONLY at its PSN) and stragglers of the original (MIDDLE/LAST). Both carry the
+        // right bytes for their PSN. FIRST/ONLY may start only where a request started;
+        // MIDDLE/LAST may not appear at the READ's first PSN.
+        let starts_request = p == w.read_req_psn || p == w.first_psn;
+        let op = r.bth.opcode;
+        let pos_ok = match (op, last) {
+            (Opcode::RC_READ_RESPONSE_ONLY, true) | (Opcode::RC_READ_RESPONSE_FIRST, false) => {
+                starts_request
+            }
+            (Opcode::RC_READ_RESPONSE_LAST, true) | (Opcode::RC_READ_RESPONSE_MIDDLE, false) => {
+                p != w.first_psn
+            }
+            _ => false,
         };
         let want_len = if last { remaining } else { mtu };
         let nak = r.ext.aeth.is_some_and(|a| !a.syndrome.is_ack());
-        if r.bth.opcode != want || payload.len() != want_len as usize || nak {
+        if !pos_ok || payload.len() != want_len as usize || nak {
             self.fail_head(ctx, WcStatus::BadRespErr);
             return;
         }

@@ -13,9 +13,10 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-/// Most PSNs a requester keeps unacknowledged (a bound on go-back-N's resend and on the
-/// responder's duplicate window; far below the 2^23 the PSN space allows).
-pub(crate) const MAX_INFLIGHT: u32 = 1 << 14;
+/// Most PSNs a requester keeps unacknowledged by default: go-back-N resends up to this many
+/// packets per loss, so it is a window, not just a safety bound (far below the 2^23 the PSN
+/// space allows). A READ may reserve more in one request (one PSN per response packet).
+pub(crate) const DEFAULT_MAX_INFLIGHT: u32 = 256;
 /// AckReq on at least every this many packets of a long message (as rxe does).
 pub(crate) const ACKREQ_EVERY: u32 = 64;
 /// Bound on queued responses (ACKs, read replies) per QP: a flood of duplicates cannot grow it.
@@ -135,6 +136,11 @@ pub(crate) struct Requester {
     pub pkts_since_ackreq: u32,
     /// READ/ATOMIC WQEs sent and not completed (bounded by max_rd_atomic).
     pub rd_atomic_outstanding: u32,
+    /// A retransmission from this PSN was started because a response showed a gap: further
+    /// out-of-order responses of the same burst do not start (and pay for) another one.
+    pub gap_retry: Option<Psn>,
+    /// The window (see [`DEFAULT_MAX_INFLIGHT`]).
+    pub max_inflight: u32,
 }
 
 /// Saved state of an executed READ or ATOMIC, for duplicates (IBTA 9.7.5.1.1).
@@ -252,7 +258,7 @@ pub(crate) enum PayloadSrc {
 
 impl Qp {
     pub(crate) fn mtu(&self) -> u32 {
-        self.attr.path_mtu.bytes() as u32
+        self.attr.path_mtu.bytes()
     }
 
     /// The local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); 0 disables it.

@@ -1,7 +1,7 @@
 //! The requester: turns send WQEs into request packets (IBTA 9.7.4), and go-back-N
 //! retransmission from a PSN.
 
-use super::qp::{Ctx, PayloadSrc, Qp, TxDesc, ACKREQ_EVERY, MAX_INFLIGHT};
+use super::qp::{Ctx, PayloadSrc, Qp, TxDesc, ACKREQ_EVERY};
 use super::state::QpState;
 use crate::verbs::wr::{SendFlags, SendOp};
 use crate::wire::ext::{AtomicEthRepr, RethRepr};
@@ -58,8 +58,11 @@ impl Qp {
         let Some(w) = self.sq.get(self.req.send_idx) else {
             return false;
         };
+        // The go-back-N window: at most max_inflight packets past the oldest unacknowledged
+        // PSN (a READ request is one packet, whatever it reserves).
+        let window_open = self.req.send_psn.distance_from(self.req.una) < self.req.max_inflight;
         if w.assigned {
-            return true;
+            return window_open || w.op.is_rd_atomic();
         }
         if self.state == QpState::Sqd {
             return false;
@@ -71,13 +74,10 @@ impl Qp {
         if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
             return false;
         }
-        if w.op.is_rd_atomic()
-            && self.req.rd_atomic_outstanding >= u32::from(self.attr.max_rd_atomic.max(1))
-        {
-            return false;
+        if w.op.is_rd_atomic() {
+            return self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1));
         }
-        let inflight = self.req.next_psn.distance_from(self.req.una);
-        inflight == 0 || inflight + psns_for(&w.op, w.len, self.mtu()) <= MAX_INFLIGHT
+        self.req.next_psn.distance_from(self.req.una) < self.req.max_inflight
     }
 
     /// Point the send pointer at the start (or resume point) of WQE `idx`.
@@ -85,7 +85,7 @@ impl Qp {
         self.req.send_idx = idx;
         if let Some(w) = self.sq.get(idx) {
             if w.assigned {
-                let mtu = self.attr.path_mtu.bytes() as u32;
+                let mtu = self.attr.path_mtu.bytes();
                 let (off, psn) = if w.op.is_read() {
                     (w.read_done, w.first_psn.add(w.read_done / mtu))
                 } else {
@@ -275,6 +275,7 @@ impl Qp {
                 return;
             }
             self.counters.timeouts += 1;
+            self.req.gap_retry = None;
             if self.req.retry_left == 0 {
                 self.complete_send_head(ctx, crate::verbs::WcStatus::RetryExcErr);
                 self.enter_error(ctx);

@@ -54,6 +54,8 @@ pub struct DeviceConfig {
     pub max_sge: u32,
     pub max_inline: u32,
     pub max_cqe: u32,
+    /// Most unacknowledged packets per QP (the go-back-N window).
+    pub max_inflight: u32,
 }
 
 impl DeviceConfig {
@@ -69,6 +71,7 @@ impl DeviceConfig {
             max_sge: 32,
             max_inline: 512,
             max_cqe: 1 << 22,
+            max_inflight: crate::rc::qp::DEFAULT_MAX_INFLIGHT,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -368,7 +371,10 @@ impl Device {
             path: None,
             sq: VecDeque::new(),
             rq: VecDeque::new(),
-            req: Requester::default(),
+            req: Requester {
+                max_inflight: self.cfg.max_inflight.max(1),
+                ..Requester::default()
+            },
             resp: Responder::default(),
             counters: QpCounters::default(),
             in_ready: false,
@@ -488,7 +494,10 @@ impl Device {
                 // Back to a fresh QP: queues emptied without completions (as ibv does).
                 qp.sq.clear();
                 qp.rq.clear();
-                qp.req = Requester::default();
+                qp.req = Requester {
+                    max_inflight: qp.req.max_inflight,
+                    ..Requester::default()
+                };
                 qp.resp = Responder::default();
                 qp.path = None;
                 qp.attr = QpAttr {
@@ -946,3 +955,124 @@ fn gather_any(mrs: &MrTable, sges: &[super::wr::Sge], dst: &mut [u8]) -> Result<
 
 #[allow(dead_code)]
 fn _unused(_: Ipv4Addr, _: WcOpcode, _: SendOp) {}
+
+/// The far end of an RC connection, as exchanged out of band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteQp {
+    pub qpn: QpNumber,
+    pub gid: [u8; 16],
+    pub mac: MacAddr,
+    /// The peer's starting send PSN (our receive PSN).
+    pub psn: u32,
+}
+
+/// Connection parameters for [`Device::connect_rc`]. The defaults are perftest's:
+/// timeout 14 (≈ 67 ms), retry_cnt 7, rnr_retry 7, min_rnr_timer 12 (0.64 ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcParams {
+    pub mtu: crate::rc::state::Mtu,
+    pub access: AccessFlags,
+    pub sgid_index: u8,
+    /// Our starting send PSN.
+    pub local_psn: u32,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    /// IP traffic class (DSCP << 2 | ECN) of our packets.
+    pub traffic_class: u8,
+}
+
+impl Default for RcParams {
+    fn default() -> Self {
+        RcParams {
+            mtu: crate::rc::state::Mtu::M1024,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            sgid_index: 0,
+            local_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            traffic_class: 0,
+        }
+    }
+}
+
+impl Device {
+    /// Move a QP from RESET through INIT and RTR to RTS, connected to `remote`: the three
+    /// `modify_qp` calls every RC application makes.
+    pub fn connect_rc(
+        &mut self,
+        qpn: QpNumber,
+        remote: &RemoteQp,
+        p: &RcParams,
+    ) -> Result<(), VerbsError> {
+        use QpAttrMask as M;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: p.access,
+            ..QpAttr::default()
+        };
+        self.modify_qp(
+            qpn,
+            &a,
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+        )?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = p.mtu;
+        a.dest_qp_num = remote.qpn.get();
+        a.rq_psn = remote.psn;
+        a.max_dest_rd_atomic = p.max_dest_rd_atomic;
+        a.min_rnr_timer = p.min_rnr_timer;
+        a.ah_attr = crate::rc::state::AddressVector {
+            dgid: remote.gid,
+            sgid_index: p.sgid_index,
+            hop_limit: 64,
+            traffic_class: p.traffic_class,
+            flow_label: 0,
+            dmac: Some(remote.mac.0),
+        };
+        self.modify_qp(
+            qpn,
+            &a,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = p.local_psn;
+        a.timeout = p.timeout;
+        a.retry_cnt = p.retry_cnt;
+        a.rnr_retry = p.rnr_retry;
+        a.max_rd_atomic = p.max_rd_atomic;
+        self.modify_qp(
+            qpn,
+            &a,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// This end of a QP as a [`RemoteQp`] for the peer.
+    pub fn local_end(&self, qpn: QpNumber, sgid_index: usize, psn: u32) -> Option<RemoteQp> {
+        Some(RemoteQp {
+            qpn,
+            gid: self.gid(sgid_index)?,
+            mac: self.cfg.mac,
+            psn,
+        })
+    }
+}

@@ -10,7 +10,9 @@ pub mod wr;
 
 pub use crate::rc::state::{AccessFlags, AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpState};
 pub use cq::{Cq, NotifyMode};
-pub use device::{gid_of, ip_of_gid, Device, DeviceConfig, QpInitAttr, VerbsError};
+pub use device::{
+    gid_of, ip_of_gid, Device, DeviceConfig, QpInitAttr, RcParams, RemoteQp, VerbsError,
+};
 pub use mr::{LKey, MemoryRegion, MrError, Pd};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

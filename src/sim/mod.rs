@@ -1,0 +1,10 @@
+//! The seeded network simulator ([`net`]) and the two-device harness ([`pair`]): virtual
+//! time, per-link latency, bandwidth, loss, duplication, reordering, jitter, corruption and
+//! ECN marking, all reproducible from a seed. For deterministic tests and benchmarks, in
+//! addition to (never instead of) the real packet paths.
+
+pub mod net;
+pub mod pair;
+
+pub use net::*;
+pub use pair::{Family, Pair};

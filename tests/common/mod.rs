@@ -1,0 +1,108 @@
+//! Shared helpers for the RC tests over the simulator.
+#![allow(dead_code)]
+
+use ferroce::sim::{LinkConfig, Pair};
+use ferroce::time::Duration;
+use ferroce::verbs::*;
+use ferroce::wire::QpNumber;
+
+/// One side's verbs objects.
+pub struct End {
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: QpNumber,
+    pub mr: MemoryRegion,
+}
+
+pub const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+pub fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 256,
+    }
+}
+
+pub fn end(dev: &mut Device, mr_len: usize) -> End {
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(1 << 16).unwrap();
+    let qp = dev
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: cap(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mr = dev.reg_mr(pd, mr_len, ALL).unwrap();
+    End { pd, cq, qp, mr }
+}
+
+/// A lossy link: `loss`, with 1 % duplication, 1 % reordering (by 30 µs), jitter.
+pub fn lossy(loss: f64) -> LinkConfig {
+    LinkConfig::new()
+        .latency(Duration::from_micros(5))
+        .jitter(Duration::from_micros(2))
+        .bandwidth_bps(25_000_000_000)
+        .loss(loss)
+        .duplicate(0.01)
+        .reorder(0.01, Duration::from_micros(30))
+}
+
+/// Connect QPs `x` (on A) and `y` (on B) with the given parameters.
+pub fn connect(p: &mut Pair, x: &End, y: &End, params: &RcParams, psn_a: u32, psn_b: u32) {
+    let ra = p.a.local_end(x.qp, 0, psn_a).unwrap();
+    let rb = p.b.local_end(y.qp, 0, psn_b).unwrap();
+    p.a.connect_rc(
+        x.qp,
+        &rb,
+        &RcParams {
+            local_psn: psn_a,
+            ..*params
+        },
+    )
+    .unwrap();
+    p.b.connect_rc(
+        y.qp,
+        &ra,
+        &RcParams {
+            local_psn: psn_b,
+            ..*params
+        },
+    )
+    .unwrap();
+}
+
+pub fn poll(dev: &mut Device, cq: Cq) -> Vec<WorkCompletion> {
+    let mut v = Vec::new();
+    dev.poll_cq(cq, &mut v, usize::MAX).unwrap();
+    v
+}
+
+/// A deterministic pattern that differs per `seed` and never repeats within 2^20 bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
+    Sge {
+        addr: mr.addr() + off as u64,
+        length: len as u32,
+        lkey: mr.lkey(),
+    }
+}
