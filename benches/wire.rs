@@ -18,7 +18,12 @@ fn frame(payload_len: usize) -> Vec<u8> {
         payload_len,
     );
     let f = FrameRepr {
-        eth: Some(EthernetRepr { dst: MacAddr([2, 0, 0, 0, 0, 2]), src: MacAddr([2, 0, 0, 0, 0, 1]), vlan: None, ethertype: 0 }),
+        eth: Some(EthernetRepr {
+            dst: MacAddr([2, 0, 0, 0, 0, 2]),
+            src: MacAddr([2, 0, 0, 0, 0, 1]),
+            vlan: None,
+            ethertype: 0,
+        }),
         ip: IpRepr::V4(Ipv4Repr {
             src: Ipv4Addr::new(10, 0, 0, 1),
             dst: Ipv4Addr::new(10, 0, 0, 2),
@@ -28,7 +33,11 @@ fn frame(payload_len: usize) -> Vec<u8> {
             dont_frag: true,
             ttl: 64,
         }),
-        udp: UdpRepr { src_port: 0xc000, dst_port: ROCE_V2_PORT, checksum: 0 },
+        udp: UdpRepr {
+            src_port: 0xc000,
+            dst_port: ROCE_V2_PORT,
+            checksum: 0,
+        },
         roce,
     };
     let mut buf = vec![0u8; f.buffer_len()];
@@ -46,19 +55,27 @@ fn icrc(c: &mut Criterion) {
         let o = p.offsets;
         // The bytes the ICRC covers (IP header through pad), as one slice.
         g.throughput(Throughput::Bytes((o.icrc - o.ip) as u64));
-        g.bench_with_input(BenchmarkId::new(format!("{size}"), "ferroce_icrc"), &f, |b, f| {
-            b.iter(|| {
-                let f = black_box(&f[..]);
-                let c = icrc::compute(&f[o.ip..o.udp], &f[o.udp..o.bth], &f[o.bth..o.icrc]);
-                black_box(c == p.icrc_stored)
-            })
-        });
-        g.bench_with_input(BenchmarkId::new(format!("{size}"), "crc32fast_raw"), &f, |b, f| {
-            b.iter(|| {
-                let f = black_box(&f[..]);
-                black_box(crc32fast::hash(&f[o.ip..o.icrc]) == p.icrc_stored)
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new(format!("{size}"), "ferroce_icrc"),
+            &f,
+            |b, f| {
+                b.iter(|| {
+                    let f = black_box(&f[..]);
+                    let c = icrc::compute(&f[o.ip..o.udp], &f[o.udp..o.bth], &f[o.bth..o.icrc]);
+                    black_box(c == p.icrc_stored)
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new(format!("{size}"), "crc32fast_raw"),
+            &f,
+            |b, f| {
+                b.iter(|| {
+                    let f = black_box(&f[..]);
+                    black_box(crc32fast::hash(&f[o.ip..o.icrc]) == p.icrc_stored)
+                })
+            },
+        );
     }
     g.finish();
 }
@@ -68,19 +85,27 @@ fn parse(c: &mut Criterion) {
     for size in [64usize, 4096] {
         let f = frame(size);
         g.throughput(Throughput::Elements(1));
-        g.bench_with_input(BenchmarkId::new(format!("{size}"), "parse_verify"), &f, |b, f| {
-            b.iter(|| black_box(packet::parse_frame(black_box(f)).unwrap().repr.roce.bth.psn))
-        });
-        g.bench_with_input(BenchmarkId::new(format!("{size}"), "decode_only"), &f, |b, f| {
-            b.iter(|| {
-                // decode_frame computes the ICRC too; this measures the header work alone.
-                let (e, n) = EthernetRepr::parse(black_box(f)).unwrap();
-                let (ip, pi) = Ipv4Repr::parse(&f[n..]).unwrap();
-                let (u, _) = UdpRepr::parse(&f[n + pi.header_len..]).unwrap();
-                let (r, _) = RoceRepr::parse(&f[n + pi.header_len + 8..]).unwrap();
-                black_box((e, ip, u, r))
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new(format!("{size}"), "parse_verify"),
+            &f,
+            |b, f| {
+                b.iter(|| black_box(packet::parse_frame(black_box(f)).unwrap().repr.roce.bth.psn))
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new(format!("{size}"), "decode_only"),
+            &f,
+            |b, f| {
+                b.iter(|| {
+                    // decode_frame computes the ICRC too; this measures the header work alone.
+                    let (e, n) = EthernetRepr::parse(black_box(f)).unwrap();
+                    let (ip, pi) = Ipv4Repr::parse(&f[n..]).unwrap();
+                    let (u, _) = UdpRepr::parse(&f[n + pi.header_len..]).unwrap();
+                    let (r, _) = RoceRepr::parse(&f[n + pi.header_len + 8..]).unwrap();
+                    black_box((e, ip, u, r))
+                })
+            },
+        );
     }
     g.finish();
 }

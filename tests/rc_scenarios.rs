@@ -21,6 +21,7 @@ enum Dir {
 }
 
 type DropFn = Box<dyn FnMut(Dir, &RoceRepr, usize) -> bool>;
+type RespondFn = Box<dyn FnMut(Dir, &RoceRepr) -> Option<RoceRepr>>;
 
 struct Scen {
     a: Device,
@@ -32,7 +33,7 @@ struct Scen {
     log: Vec<String>,
     drop: DropFn,
     /// Plays a peer by hand: may answer a packet with a crafted one (sent back 1 µs later).
-    respond: Option<Box<dyn FnMut(Dir, &RoceRepr) -> Option<RoceRepr>>>,
+    respond: Option<RespondFn>,
     sent: [usize; 2],
 }
 
