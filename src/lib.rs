@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod golden;
 pub mod inspect;
+pub mod io;
 pub mod rc;
 pub mod sim;
 pub mod time;

@@ -1,0 +1,106 @@
+//! Packet I/O: one trait for every way ferroce moves frames ([`PacketDevice`]), the backends
+//! (AF_XDP, AF_PACKET, a kernel UDP socket, an in-memory loopback) and wrappers that work over
+//! any of them (a pcap tap, a fault injector).
+//!
+//! The trait is shaped for AF_XDP's UMEM: **the device owns the buffers**. Receive hands the
+//! caller each frame in place for the length of a callback; transmit lends the caller a
+//! device buffer to write a frame into. Both work in batches, so one system call (or one ring
+//! doorbell) moves many frames.
+//!
+//! All `unsafe` code of the crate lives in [`sys`] (ring mmaps, `bpf(2)`, `setsockopt`).
+
+pub mod fault;
+pub mod loopback;
+pub mod pcap;
+pub mod sys;
+
+use std::io;
+use std::time::Duration;
+
+pub use fault::{FaultConfig, FaultInjector};
+pub use loopback::Loopback;
+pub use pcap::PcapTap;
+
+/// What a device carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Medium {
+    /// Whole Ethernet frames (AF_XDP, AF_PACKET, loopback).
+    Ethernet,
+    /// The kernel builds and strips Ethernet, IP and UDP (UDP socket). The device still takes
+    /// and gives whole Ethernet frames at this interface, synthesising the outer headers.
+    UdpSocket,
+}
+
+/// Counters every backend keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IoStats {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Frames the backend could not deliver up (no buffer, ring full, filtered late).
+    pub rx_dropped: u64,
+    /// Frames the backend could not send (ring full, send error).
+    pub tx_dropped: u64,
+}
+
+/// A packet device.
+pub trait PacketDevice: Send {
+    /// Receive up to `max` frames. `f` is called once per frame with the frame in the device's
+    /// own buffer, valid only during the call. Returns the number of frames received; never
+    /// blocks.
+    fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+
+    /// Send up to `max` frames. `fill` is called with a device buffer of [`Self::frame_capacity`]
+    /// bytes and returns the length of the frame it wrote there, or `None` when it has no more
+    /// frames. Returns the number of frames sent; never blocks (a full ring ends the batch).
+    fn send_batch(
+        &mut self,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize>;
+
+    /// Wait until a frame may be readable or `timeout` passes (`None`: wait indefinitely).
+    /// Spurious wake-ups are allowed.
+    fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+
+    /// The largest frame the device can send or receive, in bytes.
+    fn frame_capacity(&self) -> usize;
+
+    fn medium(&self) -> Medium {
+        Medium::Ethernet
+    }
+
+    fn stats(&self) -> IoStats;
+
+    /// A short name for logs and `devinfo` (e.g. `af_xdp(veth0 q0, copy)`).
+    fn describe(&self) -> String;
+}
+
+impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
+    fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        (**self).recv_batch(max, f)
+    }
+    fn send_batch(
+        &mut self,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize> {
+        (**self).send_batch(max, fill)
+    }
+    fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).wait_readable(timeout)
+    }
+    fn frame_capacity(&self) -> usize {
+        (**self).frame_capacity()
+    }
+    fn medium(&self) -> Medium {
+        (**self).medium()
+    }
+    fn stats(&self) -> IoStats {
+        (**self).stats()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
