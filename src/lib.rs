@@ -10,6 +10,7 @@ pub mod capture;
 pub mod golden;
 pub mod inspect;
 pub mod io;
+pub mod nic;
 pub mod rc;
 pub mod sim;
 pub mod time;

@@ -233,6 +233,12 @@ pub(crate) struct Qp {
     pub in_ready: bool,
     /// The deadline last pushed on the device's timer heap.
     pub timer_armed: Option<Instant>,
+    /// Send and receive WQEs retired so far (completed, with or without a completion entry;
+    /// flushed). The runtime derives the free queue slots from these.
+    pub sq_retired: u64,
+    pub rq_retired: u64,
+    /// On the device's list of QPs touched since the runtime last looked.
+    pub touched: bool,
 }
 
 /// What the QP wants sent next: the transport part and where its payload comes from.
@@ -285,6 +291,7 @@ impl Qp {
     /// Complete the oldest send WQE with `status` (pops it).
     pub(crate) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
+        self.sq_retired += 1;
         self.req.send_idx = self.req.send_idx.saturating_sub(1);
         if w.assigned && w.op.is_rd_atomic() {
             self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
@@ -330,6 +337,7 @@ impl Qp {
         inv: Option<crate::wire::RKey>,
         solicited: bool,
     ) {
+        self.rq_retired += 1;
         let mut flags = WcFlags::empty();
         flags.set(WcFlags::WITH_IMM, imm.is_some());
         flags.set(WcFlags::WITH_INV, inv.is_some());

@@ -192,6 +192,8 @@ pub struct Device {
     next_qpn: u32,
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// QPs touched since the last `drain_touched`.
+    touched: Vec<u32>,
     counters: DeviceCounters,
     ip_id: u16,
 }
@@ -210,6 +212,7 @@ impl Device {
             next_qpn: 0x11,
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
+            touched: Vec::new(),
             counters: DeviceCounters::default(),
             ip_id: 0,
         }
@@ -379,6 +382,9 @@ impl Device {
             counters: QpCounters::default(),
             in_ready: false,
             timer_armed: None,
+            sq_retired: 0,
+            rq_retired: 0,
+            touched: false,
         };
         self.qps.insert(qpn, Box::new(qp));
         Ok(QpNumber::new(qpn))
@@ -492,6 +498,8 @@ impl Device {
             }
             QpState::Reset => {
                 // Back to a fresh QP: queues emptied without completions (as ibv does).
+                qp.sq_retired += qp.sq.len() as u64;
+                qp.rq_retired += qp.rq.len() as u64;
                 qp.sq.clear();
                 qp.rq.clear();
                 qp.req = Requester {
@@ -672,6 +680,31 @@ impl Device {
                 + q.resp.resp_q.capacity() * std::mem::size_of::<crate::rc::qp::RespItem>()
                 + q.resp.resources.capacity() * std::mem::size_of::<crate::rc::qp::Resource>()
         })
+    }
+
+    /// Visit every QP touched since the last call: its state and how many send and receive
+    /// work requests it has retired in total (for a runtime that tracks queue occupancy).
+    pub fn drain_touched(&mut self, mut f: impl FnMut(QpNumber, QpState, u64, u64)) {
+        for qpn in self.touched.drain(..) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.touched = false;
+                f(qp.num, qp.state, qp.sq_retired, qp.rq_retired);
+            }
+        }
+    }
+
+    /// The send CQ of a QP.
+    pub fn send_cq_of(&self, qpn: QpNumber) -> Option<Cq> {
+        self.qps.get(&qpn.get()).map(|q| q.send_cq)
+    }
+
+    /// Completion queues that hold completions.
+    pub fn cq_ids(&self) -> impl Iterator<Item = Cq> + '_ {
+        self.cqs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.as_ref().is_some_and(|c| c.len() > 0))
+            .map(|(i, _)| Cq(i as u32))
     }
 
     // ---- the sans-IO engine ------------------------------------------------------------

@@ -1,0 +1,570 @@
+//! The runtime: a NIC engine thread per device that drives the sans-IO [`Device`] over a real
+//! [`PacketDevice`] — receive a batch, run the QPs, transmit a batch, fire timers — while
+//! applications use the verbs from any thread.
+//!
+//! - **Posting is lock-free**: `post_send`/`post_recv` check what libibverbs checks
+//!   synchronously (QP state, free queue slots, SGE count, inline size) against a per-QP
+//!   shadow of atomics, then push the request onto a lock-free doorbell queue (crossbeam
+//!   `SegQueue`) that the engine drains every loop.
+//! - **Polling is lock-free**: the engine moves completions into a per-CQ lock-free queue;
+//!   `poll_cq` pops from it. `wait_cq` blocks on a condition variable (a completion channel);
+//!   `req_notify_cq` + `get_cq_event` give libibverbs' armed-notification semantics.
+//! - **Control verbs** (`reg_mr`, `create_qp`, `modify_qp`, ...) take the device lock, which the
+//!   engine holds only for one loop iteration.
+//! - The engine **busy-polls** (lowest latency, one core) or **adaptively sleeps**: after a
+//!   run of idle iterations it waits in the packet device's `wait_readable` for at most the
+//!   next timer or a short bound.
+//! - Dropping the [`Nic`] (or [`Nic::shutdown`]) stops the thread and drops the packet device,
+//!   which restores the interface (an AF_XDP device detaches its XDP program).
+
+use crate::io::{IoStats, PacketDevice};
+use crate::rc::counters::{DeviceCounters, QpCounters};
+use crate::rc::state::{QpAttr, QpAttrMask, QpState};
+use crate::time::Instant;
+use crate::verbs::{
+    Cq, Device, DeviceConfig, MemoryRegion, NotifyMode, Pd, QpInitAttr, RcParams, RecvWr, RemoteQp,
+    SendFlags, SendWr, VerbsError, WcStatus, WorkCompletion,
+};
+use crate::wire::QpNumber;
+use crossbeam::queue::SegQueue;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How the engine thread waits when there is nothing to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Never sleep: lowest latency, one core at 100 %.
+    Busy,
+    /// Spin for a while, then sleep in the packet device for at most `max_sleep`.
+    Adaptive { spins: u32, max_sleep: Duration },
+}
+
+/// Runtime options.
+#[derive(Clone, Copy, Debug)]
+pub struct NicOptions {
+    pub poll: PollMode,
+    /// Frames per receive/transmit batch.
+    pub batch: usize,
+}
+
+impl Default for NicOptions {
+    fn default() -> Self {
+        NicOptions {
+            poll: PollMode::Adaptive {
+                spins: 2000,
+                max_sleep: Duration::from_micros(50),
+            },
+            batch: 64,
+        }
+    }
+}
+
+enum Doorbell {
+    Send(QpNumber, SendWr),
+    Recv(QpNumber, RecvWr),
+}
+
+/// What the application side knows about a QP without taking the device lock.
+struct QpShadow {
+    cap: crate::rc::state::QpCap,
+    state: AtomicU8,
+    sq_posted: AtomicU64,
+    sq_retired: AtomicU64,
+    rq_posted: AtomicU64,
+    rq_retired: AtomicU64,
+}
+
+fn state_code(s: QpState) -> u8 {
+    s.to_ibv() as u8
+}
+
+fn state_of(c: u8) -> QpState {
+    QpState::from_ibv(u32::from(c)).unwrap_or(QpState::Err)
+}
+
+struct CqShadow {
+    q: SegQueue<WorkCompletion>,
+    len: AtomicUsize,
+    depth: usize,
+    lock: Mutex<()>,
+    cv: Condvar,
+    /// 0 = not armed, 1 = next completion, 2 = solicited only.
+    armed: AtomicU8,
+    events: AtomicU64,
+}
+
+struct Inner {
+    dev: Mutex<Device>,
+    doorbell: SegQueue<Doorbell>,
+    qps: RwLock<HashMap<u32, Arc<QpShadow>>>,
+    cqs: RwLock<Vec<Arc<CqShadow>>>,
+    stop: AtomicBool,
+    epoch: std::time::Instant,
+    io_stats: Mutex<IoStats>,
+    io_errors: AtomicU64,
+}
+
+/// A running software RNIC.
+pub struct Nic {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+    describe: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Nic {
+    /// Start the engine thread over `pkt`.
+    pub fn start<D: PacketDevice + 'static>(
+        cfg: DeviceConfig,
+        mut pkt: D,
+        opts: NicOptions,
+    ) -> Nic {
+        let inner = Arc::new(Inner {
+            dev: Mutex::new(Device::new(cfg)),
+            doorbell: SegQueue::new(),
+            qps: RwLock::new(HashMap::new()),
+            cqs: RwLock::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+            io_stats: Mutex::new(IoStats::default()),
+            io_errors: AtomicU64::new(0),
+        });
+        let describe = pkt.describe();
+        let th = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferroce-nic".into())
+            .spawn(move || engine_loop(&th, &mut pkt, opts))
+            .expect("spawn the NIC engine thread");
+        Nic {
+            inner,
+            thread: Some(thread),
+            describe,
+        }
+    }
+
+    /// The packet device's description.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Run `f` with the device locked (control path).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
+        f(&mut lock(&self.inner.dev))
+    }
+
+    pub fn alloc_pd(&self) -> Pd {
+        self.with_device(|d| d.alloc_pd())
+    }
+
+    pub fn reg_mr(
+        &self,
+        pd: Pd,
+        len: usize,
+        access: crate::rc::state::AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.with_device(|d| d.reg_mr(pd, len, access))
+    }
+
+    pub fn create_cq(&self, depth: usize) -> Result<Cq, VerbsError> {
+        let cq = self.with_device(|d| d.create_cq(depth))?;
+        let mut cqs = self.inner.cqs.write().unwrap_or_else(|e| e.into_inner());
+        while cqs.len() <= cq.0 as usize {
+            cqs.push(Arc::new(CqShadow {
+                q: SegQueue::new(),
+                len: AtomicUsize::new(0),
+                depth,
+                lock: Mutex::new(()),
+                cv: Condvar::new(),
+                armed: AtomicU8::new(0),
+                events: AtomicU64::new(0),
+            }));
+        }
+        Ok(cq)
+    }
+
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        let qpn = self.with_device(|d| d.create_qp(init))?;
+        let sh = Arc::new(QpShadow {
+            cap: init.cap,
+            state: AtomicU8::new(state_code(QpState::Reset)),
+            sq_posted: AtomicU64::new(0),
+            sq_retired: AtomicU64::new(0),
+            rq_posted: AtomicU64::new(0),
+            rq_retired: AtomicU64::new(0),
+        });
+        self.inner
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn.get(), sh);
+        Ok(qpn)
+    }
+
+    fn shadow(&self, qpn: QpNumber) -> Result<Arc<QpShadow>, VerbsError> {
+        self.inner
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn.get())
+            .cloned()
+            .ok_or(VerbsError::NoSuchQp(qpn))
+    }
+
+    fn refresh_state(&self, qpn: QpNumber, d: &Device) {
+        if let (Ok(sh), Ok((st, _))) = (self.shadow(qpn), d.query_qp(qpn)) {
+            sh.state.store(state_code(st), Ordering::Release);
+        }
+    }
+
+    pub fn modify_qp(
+        &self,
+        qpn: QpNumber,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let mut d = lock(&self.inner.dev);
+        let r = d.modify_qp(qpn, attr, mask);
+        self.refresh_state(qpn, &d);
+        r
+    }
+
+    pub fn connect_rc(
+        &self,
+        qpn: QpNumber,
+        remote: &RemoteQp,
+        p: &RcParams,
+    ) -> Result<(), VerbsError> {
+        let mut d = lock(&self.inner.dev);
+        let r = d.connect_rc(qpn, remote, p);
+        self.refresh_state(qpn, &d);
+        r
+    }
+
+    pub fn query_qp(&self, qpn: QpNumber) -> Result<(QpState, QpAttr), VerbsError> {
+        self.with_device(|d| d.query_qp(qpn))
+    }
+
+    pub fn local_end(&self, qpn: QpNumber, sgid_index: usize, psn: u32) -> Option<RemoteQp> {
+        self.with_device(|d| d.local_end(qpn, sgid_index, psn))
+    }
+
+    /// `ibv_post_send`, without taking the device lock.
+    pub fn post_send(&self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
+        let sh = self.shadow(qpn)?;
+        let st = state_of(sh.state.load(Ordering::Acquire));
+        if matches!(st, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::InvalidState(st));
+        }
+        if wr.sg_list.len() > sh.cap.max_send_sge.max(1) as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if wr.flags.contains(SendFlags::INLINE) && len > u64::from(sh.cap.max_inline_data) {
+            return Err(VerbsError::InlineTooLarge(len));
+        }
+        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
+            return Err(VerbsError::BadAtomicSge);
+        }
+        let posted = sh.sq_posted.load(Ordering::Relaxed);
+        if posted - sh.sq_retired.load(Ordering::Acquire) >= u64::from(sh.cap.max_send_wr) {
+            return Err(VerbsError::QueueFull);
+        }
+        sh.sq_posted.store(posted + 1, Ordering::Relaxed);
+        self.inner.doorbell.push(Doorbell::Send(qpn, wr));
+        Ok(())
+    }
+
+    /// `ibv_post_recv`, without taking the device lock.
+    pub fn post_recv(&self, qpn: QpNumber, wr: RecvWr) -> Result<(), VerbsError> {
+        let sh = self.shadow(qpn)?;
+        let st = state_of(sh.state.load(Ordering::Acquire));
+        if st == QpState::Reset {
+            return Err(VerbsError::InvalidState(st));
+        }
+        if wr.sg_list.len() > sh.cap.max_recv_sge.max(1) as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        let posted = sh.rq_posted.load(Ordering::Relaxed);
+        if posted - sh.rq_retired.load(Ordering::Acquire) >= u64::from(sh.cap.max_recv_wr) {
+            return Err(VerbsError::QueueFull);
+        }
+        sh.rq_posted.store(posted + 1, Ordering::Relaxed);
+        self.inner.doorbell.push(Doorbell::Recv(qpn, wr));
+        Ok(())
+    }
+
+    fn cq(&self, cq: Cq) -> Result<Arc<CqShadow>, VerbsError> {
+        self.inner
+            .cqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(cq.0 as usize)
+            .cloned()
+            .ok_or(VerbsError::NoSuchCq)
+    }
+
+    /// `ibv_poll_cq`, without taking the device lock.
+    pub fn poll_cq(
+        &self,
+        cq: Cq,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, VerbsError> {
+        let c = self.cq(cq)?;
+        let mut n = 0;
+        while n < max {
+            let Some(wc) = c.q.pop() else { break };
+            c.len.fetch_sub(1, Ordering::AcqRel);
+            out.push(wc);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Block until the CQ holds a completion or `timeout` passes; true if one is there.
+    pub fn wait_cq(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
+        let c = self.cq(cq)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut g = lock(&c.lock);
+        while c.len.load(Ordering::Acquire) == 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            g =
+                c.cv.wait_timeout(g, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+        }
+        Ok(true)
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify_cq(&self, cq: Cq, mode: NotifyMode) -> Result<(), VerbsError> {
+        let c = self.cq(cq)?;
+        c.armed.store(
+            if mode == NotifyMode::SolicitedOnly {
+                2
+            } else {
+                1
+            },
+            Ordering::Release,
+        );
+        Ok(())
+    }
+
+    /// `ibv_get_cq_event`: block until an armed notification fires or `timeout` passes.
+    pub fn get_cq_event(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
+        let c = self.cq(cq)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut g = lock(&c.lock);
+        loop {
+            let e = c.events.load(Ordering::Acquire);
+            if e > 0
+                && c.events
+                    .compare_exchange(e, e - 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return Ok(true);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            g =
+                c.cv.wait_timeout(g, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+        }
+    }
+
+    /// Device counters, QP totals and the packet device's counters.
+    pub fn counters(&self) -> (DeviceCounters, QpCounters, IoStats) {
+        let (d, q) = self.with_device(|d| d.counters());
+        (d, q, *lock(&self.inner.io_stats))
+    }
+
+    pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
+        self.with_device(|d| d.qp_counters(qpn))
+    }
+
+    /// Packet-device errors the engine has seen (and carried on after).
+    pub fn io_errors(&self) -> u64 {
+        self.inner.io_errors.load(Ordering::Relaxed)
+    }
+
+    /// Stop the engine thread and release the packet device.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Nic {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
+    let mut idle = 0u32;
+    let mut cq_list: Vec<Cq> = Vec::new();
+    while !inner.stop.load(Ordering::Acquire) {
+        let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+        let mut work = 0usize;
+        let next_timer;
+        {
+            let mut dev = lock(&inner.dev);
+            while let Some(db) = inner.doorbell.pop() {
+                work += 1;
+                match db {
+                    Doorbell::Send(q, wr) => {
+                        let id = wr.wr_id;
+                        if dev.post_send(q, wr).is_err() {
+                            // The shadow accepted it but the QP changed meanwhile.
+                            push_error(inner, &dev, q, id);
+                        }
+                    }
+                    Doorbell::Recv(q, wr) => {
+                        let _ = dev.post_recv(q, wr);
+                    }
+                }
+            }
+            match pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)) {
+                Ok(n) => work += n,
+                Err(_) => {
+                    inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if dev.poll_timeout().is_some_and(|t| t <= now) {
+                dev.handle_timeout(now);
+                work += 1;
+            }
+            match pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)) {
+                Ok(n) => work += n,
+                Err(_) => {
+                    inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let qps = inner.qps.read().unwrap_or_else(|e| e.into_inner());
+            dev.drain_touched(|qpn, st, sr, rr| {
+                if let Some(sh) = qps.get(&qpn.get()) {
+                    sh.state.store(state_code(st), Ordering::Release);
+                    sh.sq_retired.store(sr, Ordering::Release);
+                    sh.rq_retired.store(rr, Ordering::Release);
+                }
+            });
+            drop(qps);
+            cq_list.clear();
+            cq_list.extend(dev.cq_ids());
+            if !cq_list.is_empty() {
+                let cqs = inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+                let mut tmp = Vec::new();
+                for &cq in &cq_list {
+                    let Some(c) = cqs.get(cq.0 as usize) else {
+                        continue;
+                    };
+                    let room = c.depth.saturating_sub(c.len.load(Ordering::Acquire));
+                    tmp.clear();
+                    let _ = dev.poll_cq(cq, &mut tmp, room);
+                    if tmp.is_empty() {
+                        continue;
+                    }
+                    let mut fire = false;
+                    for wc in tmp.drain(..) {
+                        match c.armed.load(Ordering::Acquire) {
+                            1 => fire = true,
+                            2 if wc.solicited || wc.status != WcStatus::Success => fire = true,
+                            _ => {}
+                        }
+                        c.q.push(wc);
+                        c.len.fetch_add(1, Ordering::AcqRel);
+                    }
+                    if fire {
+                        c.armed.store(0, Ordering::Release);
+                        c.events.fetch_add(1, Ordering::AcqRel);
+                    }
+                    let _g = lock(&c.lock);
+                    c.cv.notify_all();
+                    work += 1;
+                }
+            }
+            next_timer = dev.poll_timeout();
+            *lock(&inner.io_stats) = pkt.stats();
+        }
+        if work > 0 {
+            idle = 0;
+            continue;
+        }
+        match opts.poll {
+            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Adaptive { spins, max_sleep } => {
+                idle += 1;
+                if idle > spins {
+                    let mut wait = max_sleep;
+                    if let Some(t) = next_timer {
+                        wait = wait.min(Duration::from_nanos(
+                            t.as_nanos().saturating_sub(now.as_nanos()),
+                        ));
+                    }
+                    if pkt.wait_readable(Some(wait)).is_err() {
+                        inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// A request the device refused after the shadow accepted it: report it as a completion.
+fn push_error(inner: &Inner, dev: &Device, qpn: QpNumber, wr_id: u64) {
+    let Some(cq) = dev.send_cq_of(qpn) else {
+        return;
+    };
+    let cqs = inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = cqs.get(cq.0 as usize) {
+        c.q.push(WorkCompletion {
+            wr_id,
+            status: WcStatus::LocQpOpErr,
+            opcode: crate::verbs::WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: qpn,
+            src_qp: QpNumber::new(0),
+            wc_flags: crate::verbs::WcFlags::empty(),
+            solicited: false,
+        });
+        c.len.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Convenience for tests and tools: a QP with a CQ of its own, created on a running NIC.
+pub fn create_rc_qp(
+    nic: &Nic,
+    pd: Pd,
+    cq: Cq,
+    cap: crate::rc::state::QpCap,
+) -> Result<QpNumber, VerbsError> {
+    nic.create_qp(QpInitAttr {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap,
+        sq_sig_all: false,
+    })
+}

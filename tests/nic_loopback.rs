@@ -1,0 +1,246 @@
+//! The runtime with real threads: two NICs over the in-memory loopback device.
+
+mod common;
+use common::ALL;
+use ferroce::io::Loopback;
+use ferroce::nic::{Nic, NicOptions, PollMode};
+use ferroce::verbs::*;
+use ferroce::wire::MacAddr;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+fn nic(i: u8, dev: Loopback, poll: PollMode) -> Nic {
+    let cfg = DeviceConfig::new(
+        MacAddr([2, 0, 0, 0, 0, i]),
+        IpAddr::V4(Ipv4Addr::new(10, 9, 0, i)),
+    );
+    Nic::start(cfg, dev, NicOptions { poll, batch: 64 })
+}
+
+fn run(poll: PollMode) {
+    let (la, lb) = Loopback::pair(4096, 9000);
+    let (a, b) = (nic(1, la, poll), nic(2, lb, poll));
+    let cap = QpCap {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
+    let qa = ferroce::nic::create_rc_qp(&a, pa, ca, cap).unwrap();
+    let qb = ferroce::nic::create_rc_qp(&b, pb, cb, cap).unwrap();
+    let (ma, mb) = (
+        a.reg_mr(pa, 1 << 20, ALL).unwrap(),
+        b.reg_mr(pb, 1 << 20, ALL).unwrap(),
+    );
+    let (ea, eb) = (
+        a.local_end(qa, 0, 100).unwrap(),
+        b.local_end(qb, 0, 200).unwrap(),
+    );
+    a.connect_rc(
+        qa,
+        &eb,
+        &RcParams {
+            local_psn: 100,
+            mtu: Mtu::M4096,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    b.connect_rc(
+        qb,
+        &ea,
+        &RcParams {
+            local_psn: 200,
+            mtu: Mtu::M4096,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    ma.write(0, &data).unwrap();
+    // 200 WRITEs of 300 KB from another thread, posted as fast as the queue allows.
+    let wr = |i: u64| {
+        SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr(),
+                rkey: mb.rkey(),
+            },
+            vec![Sge {
+                addr: ma.addr(),
+                length: 300_000,
+                lkey: ma.lkey(),
+            }],
+        )
+    };
+    let mut done = 0;
+    let mut wcs = Vec::new();
+    let mut next = 0u64;
+    let t0 = std::time::Instant::now();
+    while done < 200 {
+        while next < 200 {
+            match a.post_send(qa, wr(next)) {
+                Ok(()) => next += 1,
+                Err(VerbsError::QueueFull) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        a.wait_cq(ca, Duration::from_secs(10)).unwrap();
+        wcs.clear();
+        a.poll_cq(ca, &mut wcs, 64).unwrap();
+        for w in &wcs {
+            assert_eq!(w.status, WcStatus::Success);
+            assert_eq!(w.wr_id, done);
+            done += 1;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "stuck at {done}");
+    }
+    let mut got = vec![0u8; 300_000];
+    mb.read(0, &mut got).unwrap();
+    assert!(got == data);
+    // A SEND with a solicited event wakes a waiter armed for solicited completions only.
+    b.req_notify_cq(cb, NotifyMode::SolicitedOnly).unwrap();
+    b.post_recv(
+        qb,
+        RecvWr {
+            wr_id: 5,
+            sg_list: vec![Sge {
+                addr: mb.addr(),
+                length: 64,
+                lkey: mb.lkey(),
+            }],
+        },
+    )
+    .unwrap();
+    a.post_send(
+        qa,
+        SendWr::new(
+            6,
+            SendOp::Send,
+            vec![Sge {
+                addr: ma.addr(),
+                length: 10,
+                lkey: ma.lkey(),
+            }],
+        )
+        .with_flags(SendFlags::SIGNALED | SendFlags::SOLICITED),
+    )
+    .unwrap();
+    assert!(
+        b.get_cq_event(cb, Duration::from_secs(10)).unwrap(),
+        "solicited event fired"
+    );
+    let mut v = Vec::new();
+    b.poll_cq(cb, &mut v, 10).unwrap();
+    assert_eq!(
+        (v[0].wr_id, v[0].status, v[0].byte_len, v[0].solicited),
+        (5, WcStatus::Success, 10, true)
+    );
+    let (_, qa_tot, io) = a.counters();
+    assert!(qa_tot.tx_packets >= 200 * 74);
+    assert!(io.tx_frames >= 200 * 74);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn busy_poll() {
+    run(PollMode::Busy);
+}
+
+#[test]
+fn adaptive_sleep() {
+    run(PollMode::Adaptive {
+        spins: 100,
+        max_sleep: Duration::from_micros(100),
+    });
+}
+
+#[test]
+fn post_errors_are_synchronous() {
+    let (la, _lb) = Loopback::pair(16, 9000);
+    let a = nic(1, la, PollMode::Busy);
+    let pd = a.alloc_pd();
+    let cq = a.create_cq(16).unwrap();
+    let cap = QpCap {
+        max_send_wr: 2,
+        max_recv_wr: 2,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 16,
+    };
+    let q = ferroce::nic::create_rc_qp(&a, pd, cq, cap).unwrap();
+    let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+    let s = Sge {
+        addr: mr.addr(),
+        length: 8,
+        lkey: mr.lkey(),
+    };
+    // RESET: refused.
+    assert!(matches!(
+        a.post_send(q, SendWr::new(1, SendOp::Send, vec![s])),
+        Err(VerbsError::InvalidState(QpState::Reset))
+    ));
+    assert!(matches!(
+        a.post_recv(
+            q,
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![s]
+            }
+        ),
+        Err(VerbsError::InvalidState(QpState::Reset))
+    ));
+    a.modify_qp(
+        q,
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: ALL,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    assert!(a
+        .post_recv(
+            q,
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![s]
+            }
+        )
+        .is_ok());
+    assert!(a
+        .post_recv(
+            q,
+            RecvWr {
+                wr_id: 2,
+                sg_list: vec![s]
+            }
+        )
+        .is_ok());
+    assert!(matches!(
+        a.post_recv(
+            q,
+            RecvWr {
+                wr_id: 3,
+                sg_list: vec![s]
+            }
+        ),
+        Err(VerbsError::QueueFull)
+    ));
+    assert!(matches!(
+        a.post_recv(
+            q,
+            RecvWr {
+                wr_id: 3,
+                sg_list: vec![s, s]
+            }
+        ),
+        Err(VerbsError::TooManySge(2))
+    ));
+}
