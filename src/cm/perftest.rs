@@ -1,0 +1,378 @@
+//! perftest's out-of-band exchange over TCP ("Ethernet" data exchange method, port 18515), as
+//! captured between real perftest 4.5-0.17 peers on Linux rxe (shared/rxe-vm/NOTES.md). The
+//! client always writes first; the server answers with the same number of bytes:
+//!
+//! 1. version, 16 bytes: `"6.06"` NUL-padded;
+//! 2. cycle buffer (page size), 4 bytes big-endian (4096);
+//! 3. cache line size, 4 bytes big-endian (64);
+//! 4. MTU, 2 bytes: the `ibv_mtu` enum printed with `%d`, cut to 2 bytes (`"3\0"` = 1024); the
+//!    smaller MTU wins;
+//! 5. per QP, the key message, 108 bytes with a GID (59 without):
+//!    `"%04x:%04x:%06x:%06x:%08x:%016llx:" + 16 × "%02x:" + "%08x:"` of lid, out_reads, qpn,
+//!    psn, rkey, vaddr, gid bytes, srqn, NUL-terminated;
+//! 6. the key message again as a barrier (twice before the traffic, once after it);
+//! 7. bandwidth tests only: 5 × 8 bytes, big-endian: size, iterations, peak, average, message
+//!    rate (the doubles byte-swapped as `hton_double` does);
+//! 8. close: a last key barrier, then each side writes `"done\0"`.
+
+use super::{read_exact, write_all, CmError};
+use crate::rc::state::Mtu;
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// The version string perftest 4.5-0.17 sends.
+pub const VERSION: &str = "6.06";
+/// Default TCP port.
+pub const PORT: u16 = 18515;
+/// Key message length with a GID, NUL included.
+pub const KEY_LEN: usize = 108;
+
+/// One QP's connection data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyMsg {
+    pub lid: u16,
+    /// The responder resources this side offers (max_dest_rd_atomic).
+    pub out_reads: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub rkey: u32,
+    pub vaddr: u64,
+    pub gid: [u8; 16],
+    pub srqn: u32,
+}
+
+impl KeyMsg {
+    /// The 108 bytes on the wire.
+    pub fn to_wire(&self) -> [u8; KEY_LEN] {
+        let mut s = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid,
+            self.out_reads,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            self.rkey,
+            self.vaddr
+        );
+        for b in self.gid {
+            s.push_str(&format!("{b:02x}:"));
+        }
+        s.push_str(&format!("{:08x}:", self.srqn));
+        let mut out = [0u8; KEY_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    pub fn from_wire(buf: &[u8]) -> Result<KeyMsg, CmError> {
+        let bad = |d: &str| CmError::Malformed {
+            what: "perftest key message",
+            detail: d.to_string(),
+        };
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let s = std::str::from_utf8(&buf[..end]).map_err(|_| bad("not ASCII"))?;
+        let f: Vec<&str> = s.split(':').collect();
+        // 6 fixed fields, 16 GID bytes, srqn, and the empty string after the last ':'.
+        if f.len() != 24 {
+            return Err(bad(&format!(
+                "{} fields, expected 23",
+                f.len().saturating_sub(1)
+            )));
+        }
+        let hex = |i: usize, name: &str| u64::from_str_radix(f[i], 16).map_err(|_| bad(name));
+        let mut gid = [0u8; 16];
+        for (k, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(f[6 + k], 16).map_err(|_| bad("GID byte"))?;
+        }
+        let m = KeyMsg {
+            lid: hex(0, "lid")? as u16,
+            out_reads: hex(1, "out_reads")? as u16,
+            qpn: hex(2, "qpn")? as u32,
+            psn: hex(3, "psn")? as u32,
+            rkey: hex(4, "rkey")? as u32,
+            vaddr: hex(5, "vaddr")?,
+            gid,
+            srqn: hex(22, "srqn")? as u32,
+        };
+        if m.qpn > 0xff_ffff || m.psn > 0xff_ffff {
+            return Err(bad("QPN or PSN wider than 24 bits"));
+        }
+        Ok(m)
+    }
+}
+
+/// The bandwidth report exchanged after a bandwidth test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BwReport {
+    pub size: u64,
+    pub iters: u64,
+    pub bw_peak: f64,
+    pub bw_avg: f64,
+    pub msg_rate: f64,
+}
+
+impl BwReport {
+    pub fn to_wire(&self) -> [u8; 40] {
+        let mut o = [0u8; 40];
+        o[0..8].copy_from_slice(&self.size.to_be_bytes());
+        o[8..16].copy_from_slice(&self.iters.to_be_bytes());
+        o[16..24].copy_from_slice(&self.bw_peak.to_bits().to_be_bytes());
+        o[24..32].copy_from_slice(&self.bw_avg.to_bits().to_be_bytes());
+        o[32..40].copy_from_slice(&self.msg_rate.to_bits().to_be_bytes());
+        o
+    }
+    pub fn from_wire(b: &[u8; 40]) -> BwReport {
+        let u = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        BwReport {
+            size: u(0),
+            iters: u(8),
+            bw_peak: f64::from_bits(u(16)),
+            bw_avg: f64::from_bits(u(24)),
+            msg_rate: f64::from_bits(u(32)),
+        }
+    }
+}
+
+/// The `ibv_mtu` enum value of a path MTU.
+pub fn mtu_enum(m: Mtu) -> u8 {
+    m.to_ibv() as u8
+}
+
+/// Which end of the exchange this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+/// A perftest control connection.
+pub struct Session {
+    pub stream: TcpStream,
+    pub role: Role,
+    pub timeout: Duration,
+}
+
+impl Session {
+    pub fn new(stream: TcpStream, role: Role, timeout: Duration) -> Self {
+        let _ = stream.set_nodelay(true);
+        Session {
+            stream,
+            role,
+            timeout,
+        }
+    }
+
+    /// One `ctx_xchg_data` round: the client writes then reads, the server reads then writes.
+    fn xchg(&mut self, ours: &[u8], what: &'static str) -> Result<Vec<u8>, CmError> {
+        let mut theirs = vec![0u8; ours.len()];
+        match self.role {
+            Role::Client => {
+                write_all(&mut self.stream, ours)?;
+                read_exact(&mut self.stream, &mut theirs, what, self.timeout)?;
+            }
+            Role::Server => {
+                read_exact(&mut self.stream, &mut theirs, what, self.timeout)?;
+                write_all(&mut self.stream, ours)?;
+            }
+        }
+        Ok(theirs)
+    }
+
+    /// Steps 1–4: version, page size, cache line, MTU. Returns the agreed (smaller) MTU.
+    pub fn handshake(&mut self, mtu: Mtu) -> Result<Mtu, CmError> {
+        let mut v = [0u8; 16];
+        v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let theirs = self.xchg(&v, "version")?;
+        let end = theirs.iter().position(|&b| b == 0).unwrap_or(16);
+        let ver = std::str::from_utf8(&theirs[..end]).unwrap_or("");
+        let major_ok = ver
+            .split('.')
+            .next()
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|m| m >= 5);
+        if !major_ok {
+            return Err(CmError::Malformed {
+                what: "perftest version",
+                detail: format!("{ver:?} (need 5.x or later)"),
+            });
+        }
+        self.xchg(&4096u32.to_be_bytes(), "page size")?;
+        self.xchg(&64u32.to_be_bytes(), "cache line size")?;
+        let ours = [b'0' + mtu_enum(mtu), 0];
+        let t = self.xchg(&ours, "MTU")?;
+        let their = t[0].wrapping_sub(b'0');
+        let theirs = Mtu::from_ibv(u32::from(their)).ok_or_else(|| CmError::Malformed {
+            what: "MTU",
+            detail: format!("{t:?}"),
+        })?;
+        Ok(if theirs.bytes() < mtu.bytes() {
+            theirs
+        } else {
+            mtu
+        })
+    }
+
+    /// Step 5: one key message per QP.
+    pub fn exchange_keys(&mut self, ours: &[KeyMsg]) -> Result<Vec<KeyMsg>, CmError> {
+        ours.iter()
+            .map(|k| {
+                self.xchg(&k.to_wire(), "key message")
+                    .and_then(|t| KeyMsg::from_wire(&t))
+            })
+            .collect()
+    }
+
+    /// A barrier: the first QP's key message exchanged once more.
+    pub fn barrier(&mut self, ours: &KeyMsg) -> Result<(), CmError> {
+        let t = self.xchg(&ours.to_wire(), "barrier")?;
+        KeyMsg::from_wire(&t).map(|_| ())
+    }
+
+    /// Step 7: bandwidth reports.
+    pub fn bw_reports(&mut self, ours: &BwReport) -> Result<BwReport, CmError> {
+        let t = self.xchg(&ours.to_wire(), "bandwidth report")?;
+        let mut b = [0u8; 40];
+        b.copy_from_slice(&t);
+        Ok(BwReport::from_wire(&b))
+    }
+
+    /// Step 8: the closing barrier and `done`.
+    pub fn close(&mut self, ours: &KeyMsg) -> Result<(), CmError> {
+        self.barrier(ours)?;
+        write_all(&mut self.stream, b"done\0")?;
+        let mut d = [0u8; 5];
+        // The peer's `done` (best effort: it may already have closed).
+        let _ = read_exact(
+            &mut self.stream,
+            &mut d,
+            "done",
+            self.timeout.min(Duration::from_secs(2)),
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_message_matches_a_captured_perftest_message() {
+        // ib_write_bw client on Linux rxe (shared/rxe-vm/NOTES.md).
+        let wire = b"0000:0001:000011:a5244e:0000025e:00007f9f506bb000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:0c:00000000:\0";
+        assert_eq!(wire.len(), KEY_LEN);
+        let k = KeyMsg::from_wire(wire).unwrap();
+        assert_eq!(
+            (k.out_reads, k.qpn, k.psn, k.rkey, k.vaddr),
+            (1, 0x11, 0xa5244e, 0x25e, 0x7f9f506bb000)
+        );
+        assert_eq!(k.gid[10..], [0xff, 0xff, 10, 77, 0, 12]);
+        assert_eq!(&k.to_wire()[..], &wire[..]);
+    }
+
+    #[test]
+    fn malformed_key_messages_are_errors() {
+        let good = KeyMsg {
+            lid: 0,
+            out_reads: 1,
+            qpn: 0x11,
+            psn: 1,
+            rkey: 2,
+            vaddr: 3,
+            gid: [0; 16],
+            srqn: 0,
+        }
+        .to_wire();
+        let mut short = good;
+        short[50] = 0;
+        let mut bad_hex = good;
+        bad_hex[6] = b'z';
+        for b in [&short[..], &bad_hex[..], &[0u8; 108][..], b"x:y"] {
+            assert!(KeyMsg::from_wire(b).is_err());
+        }
+    }
+
+    #[test]
+    fn bw_report_round_trip_is_big_endian() {
+        let r = BwReport {
+            size: 65536,
+            iters: 200,
+            bw_peak: 1.5,
+            bw_avg: 1.25,
+            msg_rate: 0.002,
+        };
+        let w = r.to_wire();
+        assert_eq!(&w[..8], &[0, 0, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(&w[16..24], &1.5f64.to_bits().to_be_bytes());
+        assert_eq!(BwReport::from_wire(&w), r);
+    }
+
+    #[test]
+    fn full_exchange_between_a_client_and_a_server() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let key = |q| KeyMsg {
+            lid: 0,
+            out_reads: 16,
+            qpn: q,
+            psn: q + 1,
+            rkey: 7,
+            vaddr: 0x1000,
+            gid: [1; 16],
+            srqn: 0,
+        };
+        let srv = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut ses = Session::new(s, Role::Server, Duration::from_secs(5));
+            let mtu = ses.handshake(Mtu::M4096).unwrap();
+            let theirs = ses.exchange_keys(&[key(0x22)]).unwrap();
+            ses.barrier(&key(0x22)).unwrap();
+            let r = ses
+                .bw_reports(&BwReport {
+                    size: 1,
+                    iters: 2,
+                    bw_peak: 3.0,
+                    bw_avg: 4.0,
+                    msg_rate: 5.0,
+                })
+                .unwrap();
+            ses.close(&key(0x22)).unwrap();
+            (mtu, theirs, r)
+        });
+        let s = TcpStream::connect(addr).unwrap();
+        let mut ses = Session::new(s, Role::Client, Duration::from_secs(5));
+        assert_eq!(ses.handshake(Mtu::M1024).unwrap(), Mtu::M1024);
+        assert_eq!(ses.exchange_keys(&[key(0x11)]).unwrap(), vec![key(0x22)]);
+        ses.barrier(&key(0x11)).unwrap();
+        let r = ses
+            .bw_reports(&BwReport {
+                size: 9,
+                iters: 8,
+                bw_peak: 7.0,
+                bw_avg: 6.0,
+                msg_rate: 5.0,
+            })
+            .unwrap();
+        assert_eq!(r.bw_avg, 4.0);
+        ses.close(&key(0x11)).unwrap();
+        let (mtu, theirs, r) = srv.join().unwrap();
+        assert_eq!(mtu, Mtu::M1024);
+        assert_eq!(theirs, vec![key(0x11)]);
+        assert_eq!(r.size, 9);
+    }
+
+    #[test]
+    fn a_silent_peer_times_out() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let _keep = std::thread::spawn(move || {
+            let c = l.accept();
+            std::thread::sleep(Duration::from_millis(500));
+            drop(c);
+        });
+        let s = TcpStream::connect(addr).unwrap();
+        let mut ses = Session::new(s, Role::Client, Duration::from_millis(100));
+        assert!(matches!(
+            ses.handshake(Mtu::M1024),
+            Err(CmError::Timeout(..))
+        ));
+    }
+}

@@ -1,0 +1,128 @@
+//! `ibv_rc_pingpong`'s exchange (rdma-core `libibverbs/examples`, TCP port 18515):
+//! 1. client → server: 52 bytes, `"%04x:%06x:%06x:%s"` of LID, QPN, PSN and the GID as 32 hex
+//!    digits, NUL-terminated;
+//! 2. server → client: the same format (the server moves its QP to RTR/RTS first);
+//! 3. after the run, client → server: `"done\0"`.
+
+use super::{gid_from_wire, gid_to_wire, read_exact, write_all, CmError};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// Length of the connection message, NUL included.
+pub const MSG_LEN: usize = 52;
+
+/// One side's connection data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dest {
+    pub lid: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+}
+
+impl Dest {
+    /// The 52 bytes on the wire.
+    pub fn to_wire(&self) -> [u8; MSG_LEN] {
+        let s = format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            self.lid,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff,
+            gid_to_wire(&self.gid)
+        );
+        let mut out = [0u8; MSG_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parse the peer's message (as `sscanf("%x:%x:%x:%s")` plus the GID conversion would).
+    pub fn from_wire(buf: &[u8]) -> Result<Dest, CmError> {
+        let bad = |d: &str| CmError::Malformed {
+            what: "ibv_rc_pingpong connection message",
+            detail: d.to_string(),
+        };
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let s = std::str::from_utf8(&buf[..end]).map_err(|_| bad("not ASCII"))?;
+        let mut it = s.split(':');
+        let mut field = |name: &str| it.next().ok_or_else(|| bad(&format!("missing {name}")));
+        let lid = u16::from_str_radix(field("LID")?, 16).map_err(|_| bad("LID"))?;
+        let qpn = u32::from_str_radix(field("QPN")?, 16).map_err(|_| bad("QPN"))?;
+        let psn = u32::from_str_radix(field("PSN")?, 16).map_err(|_| bad("PSN"))?;
+        let gid = gid_from_wire(field("GID")?).ok_or_else(|| bad("GID"))?;
+        if qpn > 0xff_ffff || psn > 0xff_ffff {
+            return Err(bad("QPN or PSN wider than 24 bits"));
+        }
+        Ok(Dest { lid, qpn, psn, gid })
+    }
+}
+
+/// Client side: send ours, receive theirs.
+pub fn client_exchange(s: &mut TcpStream, ours: &Dest, timeout: Duration) -> Result<Dest, CmError> {
+    write_all(s, &ours.to_wire())?;
+    let mut buf = [0u8; MSG_LEN];
+    read_exact(s, &mut buf, "connection message", timeout)?;
+    Dest::from_wire(&buf)
+}
+
+/// Server side: receive theirs, let `ready` connect our QP (RTR/RTS), then send ours.
+pub fn server_exchange(
+    s: &mut TcpStream,
+    ours: &Dest,
+    timeout: Duration,
+    ready: impl FnOnce(&Dest) -> Result<(), CmError>,
+) -> Result<Dest, CmError> {
+    let mut buf = [0u8; MSG_LEN];
+    read_exact(s, &mut buf, "connection message", timeout)?;
+    let theirs = Dest::from_wire(&buf)?;
+    ready(&theirs)?;
+    write_all(s, &ours.to_wire())?;
+    Ok(theirs)
+}
+
+/// The client's closing `done`.
+pub fn send_done(s: &mut TcpStream) -> Result<(), CmError> {
+    write_all(s, b"done\0")
+}
+
+/// The server waits for `done` before it reports.
+pub fn wait_done(s: &mut TcpStream, timeout: Duration) -> Result<(), CmError> {
+    let mut buf = [0u8; 5];
+    read_exact(s, &mut buf, "done", timeout)?;
+    if &buf[..4] != b"done" {
+        return Err(CmError::Malformed {
+            what: "done",
+            detail: format!("{buf:?}"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_a_captured_rxe_message() {
+        // Captured from ibv_rc_pingpong (rdma-core 44) on Linux rxe (shared/rxe-vm/NOTES.md).
+        let wire = b"0000:000011:670d5e:00000000000000000000ffff0a4d000c\0";
+        assert_eq!(wire.len(), MSG_LEN);
+        let d = Dest::from_wire(wire).unwrap();
+        assert_eq!((d.lid, d.qpn, d.psn), (0, 0x11, 0x670d5e));
+        assert_eq!(d.gid[10..], [0xff, 0xff, 10, 77, 0, 12]);
+        assert_eq!(&d.to_wire()[..], &wire[..]);
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        for bad in [
+            &b"hello"[..],
+            b"0000:000011",
+            b"0000:zz0011:670d5e:00000000000000000000ffff0a4d000c\0",
+            b"0000:1000000:0:00000000000000000000ffff0a4d000c\0",
+            b"0000:11:22:00ff\0",
+            &[0xff; 52],
+        ] {
+            assert!(Dest::from_wire(bad).is_err(), "{bad:?}");
+        }
+    }
+}
