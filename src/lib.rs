@@ -8,10 +8,12 @@
 
 pub mod capture;
 pub mod cm;
+pub mod demo;
 pub mod golden;
 pub mod inspect;
 pub mod io;
 pub mod nic;
+pub mod perf;
 pub mod rc;
 pub mod sim;
 pub mod time;

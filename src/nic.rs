@@ -105,6 +105,9 @@ struct Inner {
     epoch: std::time::Instant,
     io_stats: Mutex<IoStats>,
     io_errors: AtomicU64,
+    /// Rung by application threads when the engine sleeps (see `engine_loop`).
+    wake: crate::io::sys::event::EventFd,
+    sleeping: AtomicBool,
 }
 
 /// A running software RNIC.
@@ -124,7 +127,7 @@ impl Nic {
         cfg: DeviceConfig,
         mut pkt: D,
         opts: NicOptions,
-    ) -> Nic {
+    ) -> std::io::Result<Nic> {
         let inner = Arc::new(Inner {
             dev: Mutex::new(Device::new(cfg)),
             doorbell: SegQueue::new(),
@@ -134,18 +137,19 @@ impl Nic {
             epoch: std::time::Instant::now(),
             io_stats: Mutex::new(IoStats::default()),
             io_errors: AtomicU64::new(0),
+            wake: crate::io::sys::event::EventFd::new()?,
+            sleeping: AtomicBool::new(false),
         });
         let describe = pkt.describe();
         let th = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferroce-nic".into())
-            .spawn(move || engine_loop(&th, &mut pkt, opts))
-            .expect("spawn the NIC engine thread");
-        Nic {
+            .spawn(move || engine_loop(&th, &mut pkt, opts))?;
+        Ok(Nic {
             inner,
             thread: Some(thread),
             describe,
-        }
+        })
     }
 
     /// The packet device's description.
@@ -277,6 +281,7 @@ impl Nic {
         }
         sh.sq_posted.store(posted + 1, Ordering::Relaxed);
         self.inner.doorbell.push(Doorbell::Send(qpn, wr));
+        self.ring();
         Ok(())
     }
 
@@ -296,7 +301,15 @@ impl Nic {
         }
         sh.rq_posted.store(posted + 1, Ordering::Relaxed);
         self.inner.doorbell.push(Doorbell::Recv(qpn, wr));
+        self.ring();
         Ok(())
+    }
+
+    /// Wake the engine if it sleeps (a system call only then).
+    fn ring(&self) {
+        if self.inner.sleeping.load(Ordering::SeqCst) {
+            self.inner.wake.signal();
+        }
     }
 
     fn cq(&self, cq: Cq) -> Result<Arc<CqShadow>, VerbsError> {
@@ -406,6 +419,7 @@ impl Nic {
 
     fn stop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -512,19 +526,33 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
             PollMode::Busy => std::hint::spin_loop(),
             PollMode::Adaptive { spins, max_sleep } => {
                 idle += 1;
-                if idle > spins {
-                    let mut wait = max_sleep;
-                    if let Some(t) = next_timer {
-                        wait = wait.min(Duration::from_nanos(
-                            t.as_nanos().saturating_sub(now.as_nanos()),
-                        ));
-                    }
-                    if pkt.wait_readable(Some(wait)).is_err() {
+                if idle <= spins {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let mut wait = max_sleep;
+                if let Some(t) = next_timer {
+                    wait = wait.min(Duration::from_nanos(
+                        t.as_nanos().saturating_sub(now.as_nanos()),
+                    ));
+                }
+                // Announce the sleep, then look once more: a doorbell rung before the flag was
+                // visible is seen here, one rung after it signals the eventfd (no lost wake-up).
+                inner.sleeping.store(true, Ordering::SeqCst);
+                if inner.doorbell.is_empty() && !inner.stop.load(Ordering::Acquire) {
+                    let r = match pkt.poll_fd() {
+                        Some(fd) => {
+                            crate::io::sys::event::poll_readable(&[fd, inner.wake.fd()], Some(wait))
+                                .map(|_| ())
+                        }
+                        None => pkt.wait_readable(Some(wait.min(Duration::from_micros(50)))),
+                    };
+                    if r.is_err() {
                         inner.io_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                } else {
-                    std::hint::spin_loop();
                 }
+                inner.sleeping.store(false, Ordering::SeqCst);
+                inner.wake.drain();
             }
         }
     }

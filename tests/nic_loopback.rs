@@ -14,11 +14,11 @@ fn nic(i: u8, dev: Loopback, poll: PollMode) -> Nic {
         MacAddr([2, 0, 0, 0, 0, i]),
         IpAddr::V4(Ipv4Addr::new(10, 9, 0, i)),
     );
-    Nic::start(cfg, dev, NicOptions { poll, batch: 64 })
+    Nic::start(cfg, dev, NicOptions { poll, batch: 64 }).unwrap()
 }
 
 fn run(poll: PollMode) {
-    let (la, lb) = Loopback::pair(4096, 9000);
+    let (la, lb) = Loopback::pair(4096, 9000).unwrap();
     let (a, b) = (nic(1, la, poll), nic(2, lb, poll));
     let cap = QpCap {
         max_send_wr: 256,
@@ -161,7 +161,7 @@ fn adaptive_sleep() {
 
 #[test]
 fn post_errors_are_synchronous() {
-    let (la, _lb) = Loopback::pair(16, 9000);
+    let (la, _lb) = Loopback::pair(16, 9000).unwrap();
     let a = nic(1, la, PollMode::Busy);
     let pd = a.alloc_pd();
     let cq = a.create_cq(16).unwrap();

@@ -38,6 +38,16 @@ enum Cmd {
         #[arg(short, long, conflicts_with = "json")]
         quiet: bool,
     },
+    /// Two ferroce devices in one process over the loopback backend: write-bw, read-bw and
+    /// send-lat with perftest's exchange, the counters, and a capture checked by `inspect`.
+    Demo {
+        /// Where to write the capture.
+        #[arg(long, default_value = "ferroce-demo.pcap")]
+        pcap: PathBuf,
+        /// Fewer iterations (for tests).
+        #[arg(long)]
+        quick: bool,
+    },
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
@@ -82,6 +92,20 @@ fn main() -> ExitCode {
             quiet,
         } => run_inspect(&files, json, verbose, quiet),
         Cmd::Golden { out } => run_golden(&out),
+        Cmd::Demo { pcap, quick } => {
+            let mut out = io::stdout();
+            match ferroce::demo::run(&mut out, &pcap, quick) {
+                Ok(r) if r.capture_clean => ExitCode::SUCCESS,
+                Ok(_) => {
+                    eprintln!("ferroce: demo: the capture has bad or malformed packets");
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("ferroce: demo: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
     }
 }
 

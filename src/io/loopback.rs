@@ -2,10 +2,12 @@
 //! (a full queue drops, as a full NIC ring would). Used by `ferroce demo` (no root, no setup)
 //! and by tests of the runtime.
 
+use super::sys::event::{poll_readable, EventFd};
 use super::{IoStats, PacketDevice};
 use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
 use std::collections::VecDeque;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One end of a loopback link.
@@ -19,17 +21,23 @@ pub struct Loopback {
     recycle_tx: Sender<Vec<u8>>,
     capacity: usize,
     stats: IoStats,
+    /// Signalled by the peer when it queues frames for us.
+    ready: Arc<EventFd>,
+    /// The peer's.
+    peer_ready: Arc<EventFd>,
 }
 
 impl Loopback {
     /// Two connected ends; each direction holds up to `depth` frames of up to `capacity` bytes.
-    pub fn pair(depth: usize, capacity: usize) -> (Loopback, Loopback) {
+    pub fn pair(depth: usize, capacity: usize) -> io::Result<(Loopback, Loopback)> {
         let (ab_tx, ab_rx) = bounded(depth);
         let (ba_tx, ba_rx) = bounded(depth);
         // Buffers A received are recycled to B's sender, and vice versa.
         let (to_b_tx, to_b_rx) = bounded(depth);
         let (to_a_tx, to_a_rx) = bounded(depth);
-        let mk = |tx, rx, recycle_rx, recycle_tx| Loopback {
+        let ea = Arc::new(EventFd::new()?);
+        let eb = Arc::new(EventFd::new()?);
+        let mk = |tx, rx, recycle_rx, recycle_tx, ready, peer_ready| Loopback {
             tx,
             rx,
             pending: VecDeque::new(),
@@ -37,11 +45,13 @@ impl Loopback {
             recycle_tx,
             capacity,
             stats: IoStats::default(),
+            ready,
+            peer_ready,
         };
-        (
-            mk(ab_tx, ba_rx, to_a_rx, to_b_tx),
-            mk(ba_tx, ab_rx, to_b_rx, to_a_tx),
-        )
+        Ok((
+            mk(ab_tx, ba_rx, to_a_rx, to_b_tx, ea.clone(), eb.clone()),
+            mk(ba_tx, ab_rx, to_b_rx, to_a_tx, eb, ea),
+        ))
     }
 }
 
@@ -67,6 +77,7 @@ impl PacketDevice for Loopback {
         fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> io::Result<usize> {
         let mut n = 0;
+        let sent_before = self.stats.tx_frames;
         let mut buf = Vec::new();
         while n < max {
             if buf.is_empty() {
@@ -89,21 +100,22 @@ impl PacketDevice for Loopback {
             }
             n += 1;
         }
+        if self.stats.tx_frames != sent_before {
+            self.peer_ready.signal();
+        }
         Ok(n)
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.ready.drain();
         if !self.pending.is_empty() || !self.rx.is_empty() {
             return Ok(());
         }
-        let r = match timeout {
-            Some(t) => self.rx.recv_timeout(t).ok(),
-            None => self.rx.recv().ok(),
-        };
-        if let Some(frame) = r {
-            self.pending.push_back(frame);
-        }
-        Ok(())
+        poll_readable(&[self.ready.fd()], timeout).map(|_| ())
+    }
+
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.ready.fd())
     }
 
     fn frame_capacity(&self) -> usize {
@@ -125,7 +137,7 @@ mod tests {
 
     #[test]
     fn frames_cross_in_order_and_full_queue_drops() {
-        let (mut a, mut b) = Loopback::pair(4, 64);
+        let (mut a, mut b) = Loopback::pair(4, 64).unwrap();
         let mut k = 0u8;
         let sent = a
             .send_batch(10, &mut |buf| {
@@ -148,7 +160,7 @@ mod tests {
 
     #[test]
     fn wait_readable_then_receive_keeps_the_frame() {
-        let (mut a, mut b) = Loopback::pair(4, 64);
+        let (mut a, mut b) = Loopback::pair(4, 64).unwrap();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             a.send_batch(1, &mut |buf| {

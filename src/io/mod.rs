@@ -75,6 +75,12 @@ pub trait PacketDevice: Send {
 
     /// A short name for logs and `devinfo` (e.g. `af_xdp(veth0 q0, copy)`).
     fn describe(&self) -> String;
+
+    /// A descriptor that becomes readable when frames may be waiting, so that the runtime
+    /// can sleep on it together with its doorbell (`None`: use [`Self::wait_readable`]).
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
@@ -102,5 +108,8 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).poll_fd()
     }
 }

@@ -70,6 +70,9 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     fn frame_capacity(&self) -> usize {
         self.inner.frame_capacity()
     }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.poll_fd()
+    }
     fn medium(&self) -> Medium {
         self.inner.medium()
     }

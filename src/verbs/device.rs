@@ -714,6 +714,10 @@ impl Device {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };
+        if !qp.touched {
+            qp.touched = true;
+            self.touched.push(qpn);
+        }
         if !qp.in_ready && qp.has_tx_work() {
             qp.in_ready = true;
             self.ready.push_back(qpn);

@@ -2,3 +2,5 @@
 //! the system interfaces the packet backends need (sockets, `setsockopt`, ring `mmap`s,
 //! `bpf(2)`, netlink). Everything above this module is safe Rust.
 #![allow(unsafe_code)]
+
+pub mod event;

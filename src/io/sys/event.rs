@@ -1,0 +1,85 @@
+//! eventfd(2) and poll(2): how an idle engine thread sleeps until a packet arrives or an
+//! application thread rings its doorbell.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// A non-blocking eventfd counter.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error, otherwise we own
+        // the new descriptor.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Add one to the counter (wakes a poller). A full counter (never in practice) is ignored.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own descriptor.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reset the counter to zero.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live u64; EAGAIN when already zero is fine.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Wait until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
+/// whether any was readable. EINTR counts as a spurious wake-up.
+pub fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = match timeout {
+        None => -1,
+        // Round up so that a short wait does not become a busy loop of zero-timeout polls.
+        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+    };
+    // SAFETY: `p` is a live array of `p.len()` pollfd structures.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_wakes_a_poller() {
+        let e = EventFd::new().unwrap();
+        assert!(!poll_readable(&[e.fd()], Some(Duration::from_millis(1))).unwrap());
+        e.signal();
+        assert!(poll_readable(&[e.fd()], Some(Duration::from_millis(1000))).unwrap());
+        e.drain();
+        assert!(!poll_readable(&[e.fd()], Some(Duration::ZERO)).unwrap());
+    }
+}
