@@ -11,6 +11,7 @@
 
 pub mod fault;
 pub mod loopback;
+pub mod netdev;
 pub mod pcap;
 pub mod sys;
 
