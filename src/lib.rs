@@ -17,5 +17,6 @@ pub mod perf;
 pub mod rc;
 pub mod sim;
 pub mod time;
+pub mod tool;
 pub mod verbs;
 pub mod wire;

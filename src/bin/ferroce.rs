@@ -48,12 +48,205 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// perftest-style benchmarks (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat,
+    /// read-lat) against another ferroce or the real ib_* tools. Server without HOST.
+    Perf(PerfArgs),
+    /// An RC ping-pong compatible with ibv_rc_pingpong (same flags, messages and output).
+    Pingpong(PingpongArgs),
+    /// Devices, ports and GID tables (in the spirit of ibv_devinfo).
+    Devinfo {
+        /// Only this interface.
+        #[arg(short = 'd', long = "ib-dev")]
+        dev: Option<String>,
+    },
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
         #[arg(long, default_value = "captures")]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct PerfArgs {
+    /// write-bw | read-bw | send-bw | atomic-bw | send-lat | write-lat | read-lat
+    #[arg(value_parser = parse_test)]
+    test: ferroce::perf::Test,
+    /// The server to connect to (client role); without it, act as the server.
+    host: Option<String>,
+    /// Network interface.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: String,
+    /// Packet backend.
+    #[arg(long, value_enum, default_value = "xdp")]
+    backend: ferroce::io::backend::BackendKind,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    size: u32,
+    /// Run all sizes 2 B .. 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Iterations.
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run for this many seconds (bandwidth tests).
+    #[arg(short = 'D', long = "duration")]
+    duration: Option<u64>,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Path MTU (256..4096); capped by the link.
+    #[arg(short = 'm', long = "mtu", default_value_t = 4096, value_parser = parse_mtu)]
+    mtu: u32,
+    /// Send queue depth.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Report Gb/s instead of MB/s.
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    report_gbits: bool,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// GID index (default: the first IPv4 GID).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u8>,
+    /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
+    #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD", value_parser = ["FETCH_AND_ADD", "CMP_AND_SWAP"])]
+    atomic: String,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Busy-poll (lowest latency, one core at 100 %) instead of adaptive sleeping.
+    #[arg(long)]
+    busy: bool,
+    /// One JSON object with the results and counters.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for the peer at each step of the exchange.
+    #[arg(long, default_value_t = 20)]
+    timeout: u64,
+}
+
+#[derive(clap::Args)]
+struct PingpongArgs {
+    /// The server to connect to; without it, act as the server.
+    host: Option<String>,
+    /// Listen on / connect to this TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// Network interface.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: String,
+    /// Packet backend.
+    #[arg(long, value_enum, default_value = "xdp")]
+    backend: ferroce::io::backend::BackendKind,
+    /// Port of the device (only 1 exists; accepted for compatibility).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=1))]
+    _ib_port: u8,
+    /// Size of message to exchange.
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: u32,
+    /// Path MTU.
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024, value_parser = parse_mtu)]
+    mtu: u32,
+    /// Number of receives to post at a time.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(2..=32768))]
+    rx_depth: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u64,
+    /// Service level value.
+    #[arg(short = 'l', long = "sl", default_value_t = 0)]
+    sl: u8,
+    /// Sleep on CQ events.
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// Local port GID index (default: the first IPv4 GID).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid: Option<u8>,
+    /// Validate received buffer.
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Seconds to wait for the peer.
+    #[arg(long, default_value_t = 20)]
+    timeout: u64,
+}
+
+fn run_pingpong(a: PingpongArgs) -> ExitCode {
+    let run = ferroce::tool::PingpongRun {
+        host: a.host,
+        port: a.port,
+        dev: a.dev,
+        backend: a.backend,
+        gid_index: a.gid,
+        mtu: ferroce::rc::state::Mtu::from_bytes(a.mtu).unwrap_or_default(),
+        size: a.size,
+        rx_depth: a.rx_depth,
+        iters: a.iters.max(1),
+        sl: a.sl,
+        events: a.events,
+        validate: a.chk,
+        pcap: a.pcap,
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+    };
+    match ferroce::tool::run_pingpong(&run, &mut io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroce: pingpong: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn parse_test(s: &str) -> Result<ferroce::perf::Test, String> {
+    ferroce::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat, read-lat)"))
+}
+
+fn parse_mtu(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    ferroce::rc::state::Mtu::from_bytes(v)
+        .map(|_| v)
+        .ok_or_else(|| format!("MTU {v} is not one of 256, 512, 1024, 2048, 4096"))
+}
+
+fn run_perf(a: PerfArgs) -> ExitCode {
+    let is_bw = a.test.is_bw();
+    let cfg = ferroce::perf::PerfConfig {
+        test: a.test,
+        size: a.size,
+        all_sizes: a.all,
+        iters: a.iters.unwrap_or(if is_bw { 5000 } else { 1000 }),
+        duration: a.duration.map(std::time::Duration::from_secs),
+        qps: a.qps.max(1),
+        mtu: ferroce::rc::state::Mtu::from_bytes(a.mtu).unwrap_or_default(),
+        tx_depth: a.tx_depth.max(1),
+        report_gbits: a.report_gbits,
+        cmp_swap: a.atomic == "CMP_AND_SWAP",
+        gid_index: 0,
+        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
+        progress: !a.json,
+    };
+    let run = ferroce::tool::PerfRun {
+        cfg,
+        host: a.host,
+        port: a.port,
+        dev: a.dev,
+        backend: a.backend,
+        gid_index: a.gid_index,
+        pcap: a.pcap,
+        busy_poll: a.busy,
+        json: a.json,
+    };
+    match ferroce::tool::run_perf(&run, &mut io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroce: perf: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// The capture `ferroce inspect` reads when given no file: shipped in the source tree and
@@ -92,6 +285,15 @@ fn main() -> ExitCode {
             quiet,
         } => run_inspect(&files, json, verbose, quiet),
         Cmd::Golden { out } => run_golden(&out),
+        Cmd::Perf(a) => run_perf(a),
+        Cmd::Pingpong(a) => run_pingpong(a),
+        Cmd::Devinfo { dev } => match ferroce::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ferroce: devinfo: {e}");
+                ExitCode::from(2)
+            }
+        },
         Cmd::Demo { pcap, quick } => {
             let mut out = io::stdout();
             match ferroce::demo::run(&mut out, &pcap, quick) {

@@ -9,11 +9,14 @@
 //!
 //! All `unsafe` code of the crate lives in [`sys`] (ring mmaps, `bpf(2)`, `setsockopt`).
 
+pub mod backend;
+pub mod ebpf;
 pub mod fault;
 pub mod loopback;
 pub mod netdev;
 pub mod pcap;
 pub mod sys;
+pub mod xdp;
 
 use std::io;
 use std::time::Duration;
@@ -21,6 +24,7 @@ use std::time::Duration;
 pub use fault::{FaultConfig, FaultInjector};
 pub use loopback::Loopback;
 pub use pcap::PcapTap;
+pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, ZeroCopy};
 
 /// What a device carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,28 +28,45 @@ fn is_link_local(a: &Ipv6Addr) -> bool {
 
 /// Order addresses as Linux's RoCE GID table does.
 pub fn gid_order(addrs: &[IpAddr]) -> Vec<IpAddr> {
-    let ll = addrs.iter().filter(|a| matches!(a, IpAddr::V6(v) if is_link_local(v)));
+    let ll = addrs
+        .iter()
+        .filter(|a| matches!(a, IpAddr::V6(v) if is_link_local(v)));
     let v4 = addrs.iter().filter(|a| a.is_ipv4());
-    let v6 = addrs.iter().filter(|a| matches!(a, IpAddr::V6(v) if !is_link_local(v)));
+    let v6 = addrs
+        .iter()
+        .filter(|a| matches!(a, IpAddr::V6(v) if !is_link_local(v)));
     ll.chain(v4).chain(v6).copied().collect()
 }
 
 /// Look an interface up by name (in the current network namespace).
 pub fn netdev(name: &str) -> io::Result<Netdev> {
     let ifs = pnet_datalink::interfaces();
-    let i = ifs
-        .into_iter()
-        .find(|i| i.name == name)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface named {name:?}")))?;
+    let i = ifs.into_iter().find(|i| i.name == name).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface named {name:?}"),
+        )
+    })?;
     let mac = i.mac.map(|m| MacAddr(m.octets())).unwrap_or(MacAddr::ZERO);
     let addrs: Vec<IpAddr> = i.ips.iter().map(|n| n.ip()).collect();
-    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok().and_then(|s| s.trim().parse().ok());
-    Ok(Netdev { name: i.name, index: i.index, mac, mtu, gids: gid_order(&addrs) })
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    Ok(Netdev {
+        name: i.name,
+        index: i.index,
+        mac,
+        mtu,
+        gids: gid_order(&addrs),
+    })
 }
 
 /// Every interface with its GID table.
 pub fn netdevs() -> Vec<Netdev> {
-    pnet_datalink::interfaces().into_iter().filter_map(|i| netdev(&i.name).ok()).collect()
+    pnet_datalink::interfaces()
+        .into_iter()
+        .filter_map(|i| netdev(&i.name).ok())
+        .collect()
 }
 
 /// The path MTU (payload bytes per packet, an IBTA value) an Ethernet MTU allows, as Linux
@@ -58,7 +75,10 @@ pub fn ib_mtu_for(eth_mtu: u32) -> crate::rc::state::Mtu {
     use crate::rc::state::Mtu;
     // Room for IPv6 (40) + UDP (8) + BTH and the largest request headers (12 + 16 + 4) + ICRC (4).
     let room = eth_mtu.saturating_sub(40 + 8 + 32 + 4);
-    [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256].into_iter().find(|m| m.bytes() <= room).unwrap_or(Mtu::M256)
+    [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::M256)
 }
 
 /// Parse `/proc/net/arp` for `ip` on `dev` (complete entries only).
@@ -104,22 +124,54 @@ fn kernel_lookup(ip: IpAddr, dev: Option<&str>) -> Option<MacAddr> {
     match ip {
         IpAddr::V4(v4) => arp_lookup(&std::fs::read_to_string("/proc/net/arp").ok()?, v4, dev),
         IpAddr::V6(v6) => {
-            let out = std::process::Command::new("ip").args(["-6", "neigh", "show", &v6.to_string()]).output().ok()?;
+            let out = std::process::Command::new("ip")
+                .args(["-6", "neigh", "show", &v6.to_string()])
+                .output()
+                .ok()?;
             ndp_lookup(&String::from_utf8_lossy(&out.stdout), v6)
         }
     }
 }
 
-/// The MAC address of `ip`, from the kernel's neighbour table. If the kernel has no entry,
-/// make it resolve one: a datagram to the discard port (9) of `ip` from a plain UDP socket
-/// sends the ARP request / neighbour solicitation; then wait up to `timeout`.
-pub fn resolve(ip: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacAddr> {
+/// Parse `ip route get` output: the gateway if the route has one, else the destination itself.
+pub fn parse_route_get(out: &str, dst: IpAddr) -> IpAddr {
+    let f: Vec<&str> = out.split_whitespace().collect();
+    f.iter()
+        .position(|w| *w == "via")
+        .and_then(|i| f.get(i + 1))
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(dst)
+}
+
+/// The next hop towards `dst` per the kernel's routing table (the gateway, or `dst` itself
+/// when it is on a connected subnet).
+pub fn next_hop(dst: IpAddr) -> IpAddr {
+    match std::process::Command::new("ip")
+        .args(["route", "get", &dst.to_string()])
+        .output()
+    {
+        Ok(o) if o.status.success() => parse_route_get(&String::from_utf8_lossy(&o.stdout), dst),
+        _ => dst,
+    }
+}
+
+/// The destination MAC address for packets to `ip`: that of the next hop (the gateway when
+/// `ip` is not on a connected subnet), from the kernel's neighbour table. If the kernel has no
+/// entry, make it resolve one: a datagram to the discard port (9) of `ip` from a plain UDP
+/// socket sends the ARP request / neighbour solicitation for the next hop; then wait up to
+/// `timeout`.
+pub fn resolve(dst: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacAddr> {
+    let ip = next_hop(dst);
     if let Some(m) = kernel_lookup(ip, dev) {
         return Some(m);
     }
-    let bind: IpAddr = if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let bind: IpAddr = if ip.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
     if let Ok(s) = UdpSocket::bind((bind, 0)) {
-        let _ = s.send_to(&[], (ip, 9));
+        let _ = s.send_to(&[], (dst, 9));
     }
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
@@ -137,7 +189,11 @@ mod tests {
 
     #[test]
     fn gid_table_order_matches_linux() {
-        let a: Vec<IpAddr> = vec!["fd77::11".parse().unwrap(), "10.77.0.11".parse().unwrap(), "fe80::5054:ff:fe77:b".parse().unwrap()];
+        let a: Vec<IpAddr> = vec![
+            "fd77::11".parse().unwrap(),
+            "10.77.0.11".parse().unwrap(),
+            "fe80::5054:ff:fe77:b".parse().unwrap(),
+        ];
         let g = gid_order(&a);
         assert_eq!(g[0], "fe80::5054:ff:fe77:b".parse::<IpAddr>().unwrap());
         assert_eq!(g[1], "10.77.0.11".parse::<IpAddr>().unwrap());
@@ -154,15 +210,45 @@ mod tests {
     }
 
     #[test]
+    fn route_get_parsing() {
+        let d: IpAddr = "10.61.2.2".parse().unwrap();
+        assert_eq!(
+            parse_route_get(
+                "10.61.2.2 via 10.61.1.1 dev eth0 src 10.61.1.2 uid 0 \n    cache",
+                d
+            ),
+            "10.61.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            parse_route_get(
+                "10.61.1.1 dev eth0 src 10.61.1.2 uid 0",
+                "10.61.1.1".parse().unwrap()
+            ),
+            "10.61.1.1".parse::<IpAddr>().unwrap()
+        );
+        let d6: IpAddr = "fd61:2::2".parse().unwrap();
+        assert_eq!(parse_route_get("fd61:2::2 from :: via fd61:1::1 dev eth0 proto static src fd61:1::2 metric 1024 pref medium", d6), "fd61:1::1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
     fn arp_and_ndp_parsing() {
         let t = "IP address       HW type     Flags       HW address            Mask     Device\n\
                  10.61.1.1        0x1         0x2         02:fe:61:01:00:01     *        eth0\n\
                  10.61.1.9        0x1         0x0         00:00:00:00:00:00     *        eth0\n";
-        assert_eq!(arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth0")), Some("02:fe:61:01:00:01".parse().unwrap()));
-        assert_eq!(arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth1")), None);
+        assert_eq!(
+            arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth0")),
+            Some("02:fe:61:01:00:01".parse().unwrap())
+        );
+        assert_eq!(
+            arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth1")),
+            None
+        );
         assert_eq!(arp_lookup(t, "10.61.1.9".parse().unwrap(), None), None);
         let n = "fd61:1::1 dev eth0 lladdr 02:fe:61:01:00:01 router REACHABLE\nfd61:1::7 dev eth0  FAILED\n";
-        assert_eq!(ndp_lookup(n, "fd61:1::1".parse().unwrap()), Some("02:fe:61:01:00:01".parse().unwrap()));
+        assert_eq!(
+            ndp_lookup(n, "fd61:1::1".parse().unwrap()),
+            Some("02:fe:61:01:00:01".parse().unwrap())
+        );
         assert_eq!(ndp_lookup(n, "fd61:1::7".parse().unwrap()), None);
     }
 }

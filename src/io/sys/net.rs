@@ -1,0 +1,134 @@
+//! Interfaces and network namespaces: name → index, how many receive queues an interface has,
+//! and entering a named network namespace.
+//!
+//! All of these act in the network namespace **of the calling thread** (a socket or an
+//! ioctl resolves interface names there). A socket keeps the namespace it was created in for
+//! its whole life, whichever thread uses it later.
+
+use super::cvt;
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+/// The index of interface `name` in the calling thread's network namespace
+/// (`if_nametoindex(3)`). `NotFound` if there is no such interface.
+pub fn if_nametoindex(name: &str) -> io::Result<u32> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', '\0']) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad interface name {name:?}"),
+        ));
+    }
+    let c = CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        let e = io::Error::last_os_error();
+        // glibc reports a missing interface as ENODEV.
+        return Err(match e.raw_os_error() {
+            Some(libc::ENODEV) | Some(libc::ENXIO) => io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("interface '{name}' not found (in this network namespace)"),
+            ),
+            _ => e,
+        });
+    }
+    Ok(idx)
+}
+
+/// A datagram socket for ioctls (`SIOCETHTOOL` needs some socket; which kind does not matter).
+fn ioctl_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the returned descriptor is owned by the OwnedFd.
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a freshly created descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `struct ethtool_channels` (linux/ethtool.h).
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// The number of receive queues `name` has now, from ethtool's channel counts
+/// (`SIOCETHTOOL`/`ETHTOOL_GCHANNELS`): receive-only channels plus combined channels. A
+/// veth reports `rx_count` = its real number of rx queues (1 unless created with
+/// `numrxqueues`), a multi-queue NIC usually reports combined channels. Drivers without
+/// `get_channels` have one queue as far as AF_XDP is concerned; for them this returns 1.
+pub fn rx_queue_count(name: &str) -> io::Result<u32> {
+    if_nametoindex(name)?; // a clear NotFound first
+    let sock = ioctl_socket()?;
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..Default::default()
+    };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
+    // SAFETY: SIOCETHTOOL reads the command from, and writes the answer to, `ch`, which
+    // lives until the call returns; `ifr` names the interface (NUL-terminated: the name is
+    // shorter than IFNAMSIZ and the rest of the array is zero).
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Ok(1),
+            _ => Err(e),
+        };
+    }
+    Ok((ch.rx_count + ch.combined_count).max(1))
+}
+
+/// Move the **calling thread** into the network namespace `name`, i.e. the one
+/// `ip netns add NAME` created and bind-mounted at `/run/netns/NAME` (`/var/run/netns` is the
+/// same directory on Debian). Uses `setns(fd, CLONE_NEWNET)`.
+///
+/// Only this thread changes namespace; the rest of the process stays where it was. Call it
+/// first thing in a thread dedicated to that namespace: sockets, interface indices and BPF
+/// links created by the thread afterwards belong to `name`. Needs CAP_SYS_ADMIN.
+pub fn enter_netns(name: &str) -> io::Result<()> {
+    if name.is_empty() || name.contains(['/', '\0']) || name == "." || name == ".." {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad network namespace name {name:?}"),
+        ));
+    }
+    let path = format!("/run/netns/{name}");
+    let f = File::open(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("network namespace '{name}': cannot open {path}: {e}"),
+        )
+    })?;
+    // SAFETY: setns(2) on a descriptor we own for the duration of the call.
+    cvt(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("setns into network namespace '{name}': {e} (needs CAP_SYS_ADMIN)"),
+        )
+    })?;
+    Ok(())
+}
+
+/// An identifier of the calling thread's network namespace: the (device, inode) pair of
+/// `/proc/thread-self/ns/net`, equal for two threads exactly when they share the namespace.
+pub fn netns_id() -> io::Result<(u64, u64)> {
+    let m = std::fs::metadata("/proc/thread-self/ns/net")?;
+    Ok((m.dev(), m.ino()))
+}

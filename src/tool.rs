@@ -1,0 +1,516 @@
+//! The command-line tools' logic (`ferroce perf`, `ferroce devinfo`), kept in the library so
+//! that it is tested like the rest; `src/bin/ferroce.rs` only parses arguments.
+
+use crate::cm::perftest::{Role, Session, PORT};
+use crate::io::backend::{self, BackendKind};
+use crate::io::netdev::{self, Netdev};
+use crate::io::PcapTap;
+use crate::nic::{Nic, NicOptions, PollMode};
+use crate::perf::{self, PerfConfig, Report};
+use crate::verbs::{gid_of, DeviceConfig};
+use crate::wire::MacAddr;
+use std::io::Write;
+use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `ferroce perf` beyond the test parameters.
+#[derive(Clone, Debug)]
+pub struct PerfRun {
+    pub cfg: PerfConfig,
+    /// Server when `None`.
+    pub host: Option<String>,
+    pub port: u16,
+    pub dev: String,
+    pub backend: BackendKind,
+    /// GID index (`-x`); `None`: the first IPv4 GID.
+    pub gid_index: Option<u8>,
+    pub pcap: Option<PathBuf>,
+    pub busy_poll: bool,
+    pub json: bool,
+}
+
+/// The GID index to use: the given one, or the first IPv4 entry.
+pub fn pick_gid(dev: &Netdev, want: Option<u8>) -> Result<u8, String> {
+    match want {
+        Some(i) if usize::from(i) < dev.gids.len() => Ok(i),
+        Some(i) => Err(format!(
+            "GID index {i} not in {}'s table ({} entries)",
+            dev.name,
+            dev.gids.len()
+        )),
+        None => dev
+            .gids
+            .iter()
+            .position(|g| g.is_ipv4())
+            .or(if dev.gids.is_empty() { None } else { Some(0) })
+            .map(|i| i as u8)
+            .ok_or_else(|| format!("{} has no IP address", dev.name)),
+    }
+}
+
+/// Run `ferroce perf`. Output goes to `out`; the error is a one-line message.
+pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
+    let dev = netdev::netdev(&o.dev).map_err(|e| e.to_string())?;
+    let gid_index = pick_gid(&dev, o.gid_index)?;
+    let local = dev.gids[usize::from(gid_index)];
+    let mut cfg = o.cfg.clone();
+    cfg.gid_index = gid_index;
+    let link_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
+    if cfg.mtu.bytes() > link_mtu.bytes() {
+        cfg.mtu = link_mtu;
+    }
+    let pkt = backend::open(o.backend, &dev, local)
+        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+    let mut dcfg = DeviceConfig::new(dev.mac, local);
+    dcfg.gids = dev.gids.clone();
+    let opts = NicOptions {
+        poll: if o.busy_poll {
+            PollMode::Busy
+        } else {
+            PollMode::Adaptive {
+                spins: 2000,
+                max_sleep: Duration::from_millis(1),
+            }
+        },
+        batch: 64,
+    };
+    let nic = match &o.pcap {
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let tap = PcapTap::new(pkt, std::io::BufWriter::new(f)).map_err(|e| e.to_string())?;
+            Nic::start(dcfg, tap, opts)
+        }
+        None => Nic::start(dcfg, pkt, opts),
+    }
+    .map_err(|e| format!("starting the NIC: {e}"))?;
+    let udp = o.backend == BackendKind::Udp;
+    let ifname = dev.name.clone();
+    let resolve = move |ip: IpAddr| -> Option<MacAddr> {
+        if udp {
+            Some(MacAddr::ZERO) // the kernel resolves and builds the Ethernet header
+        } else {
+            netdev::resolve(ip, Some(&ifname), Duration::from_secs(2))
+        }
+    };
+    let stream = match &o.host {
+        None => {
+            let l = TcpListener::bind(("::", o.port))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
+                .map_err(|e| format!("listen on port {}: {e}", o.port))?;
+            writeln!(out, "\n************************************\n* Waiting for client to connect... *\n************************************").ok();
+            l.accept().map_err(|e| e.to_string())?.0
+        }
+        Some(h) => {
+            let addr = (h.as_str(), o.port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{h}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{h}: no address"))?;
+            let mut last = None;
+            let mut s = None;
+            for _ in 0..50 {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(c) => {
+                        s = Some(c);
+                        break;
+                    }
+                    Err(e) => {
+                        last = Some(e);
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+            s.ok_or_else(|| {
+                format!(
+                    "connect to {addr}: {}",
+                    last.map(|e| e.to_string()).unwrap_or_default()
+                )
+            })?
+        }
+    };
+    let role = if o.host.is_some() {
+        Role::Client
+    } else {
+        Role::Server
+    };
+    let mut ses = Session::new(stream, role, cfg.timeout);
+    let (report, ours, theirs) =
+        perf::run(&nic, &cfg, &mut ses, &resolve).map_err(|e| e.to_string())?;
+    let (dc, qc, io) = nic.counters();
+    if o.json {
+        let v = serde_json::json!({ "test": format!("{:?}", cfg.test), "backend": o.backend.name(), "device": nic.describe(),
+            "mtu": cfg.mtu.bytes(), "report": report, "device_counters": dc, "qp_counters": qc, "io": io });
+        writeln!(out, "{v}").ok();
+    } else {
+        let bar = "---------------------------------------------------------------------------------------";
+        writeln!(out, "{bar}\n                    {}\n Device         : {} ({})\n Number of qps   : {}\t\tTransport type : IB\n Connection type : RC\t\tUsing SRQ      : OFF\n TX depth        : {}\n Mtu             : {}[B]\n Link type       : Ethernet\n GID index       : {gid_index}\n Data ex. method : Ethernet\n{bar}",
+            cfg.test.title(), dev.name, nic.describe(), ours.len(), cfg.tx_depth, cfg.mtu.bytes()).ok();
+        for l in perf::address_lines(&ours, &theirs) {
+            writeln!(out, "{l}").ok();
+        }
+        writeln!(out, "{bar}\n{}", perf::header(&cfg)).ok();
+        for l in perf::lines(&report) {
+            writeln!(out, "{l}").ok();
+        }
+        writeln!(out, "{bar}").ok();
+        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={}",
+            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped).ok();
+    }
+    let empty = matches!(&report, Report::Bw(v) if v.is_empty())
+        || matches!(&report, Report::Lat(v) if v.is_empty() && role == Role::Client);
+    nic.shutdown();
+    if empty {
+        return Err("no results".into());
+    }
+    Ok(())
+}
+
+/// `ferroce devinfo`: devices, ports and GID tables, in the spirit of `ibv_devinfo -v`.
+pub fn devinfo(only: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
+    let devs: Vec<Netdev> = match only {
+        Some(n) => vec![netdev::netdev(n).map_err(|e| e.to_string())?],
+        None => netdev::netdevs(),
+    };
+    for d in devs {
+        let mtu = d.mtu.unwrap_or(1500);
+        writeln!(out, "hca_id:\tferroce_{}\n\ttransport:\t\t\tInfiniBand (0)\n\tnode_guid:\t\t\t{}\n\tvendor_id:\t\t\t0x0000\n\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t{} ({})\n\t\t\tlink_layer:\t\tEthernet\n\t\t\tnetdev:\t\t\t{} (mtu {mtu}, {})",
+            d.name, guid(&d.mac), netdev::ib_mtu_for(mtu).bytes(), netdev::ib_mtu_for(mtu).to_ibv(), d.name, d.mac).ok();
+        for (i, g) in d.gids.iter().enumerate() {
+            let gid = gid_of(*g);
+            let s: Vec<String> = gid
+                .chunks(2)
+                .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+                .collect();
+            writeln!(out, "\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({g})", s.join(":")).ok();
+        }
+    }
+    Ok(())
+}
+
+/// The EUI-64 node GUID of a MAC address, as Linux derives it.
+fn guid(m: &MacAddr) -> String {
+    let b = m.0;
+    format!(
+        "{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
+        b[0] ^ 2,
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5]
+    )
+}
+
+/// The perftest port.
+pub const DEFAULT_PORT: u16 = PORT;
+
+/// Options of `ferroce pingpong` (the flags of `ibv_rc_pingpong`).
+#[derive(Clone, Debug)]
+pub struct PingpongRun {
+    pub host: Option<String>,
+    pub port: u16,
+    pub dev: String,
+    pub backend: BackendKind,
+    /// `-g`: GID index (default: the first IPv4 GID).
+    pub gid_index: Option<u8>,
+    /// `-m`
+    pub mtu: crate::rc::state::Mtu,
+    /// `-s`
+    pub size: u32,
+    /// `-r`
+    pub rx_depth: u32,
+    /// `-n`
+    pub iters: u64,
+    /// `-l`: service level (carried for compatibility; RoCE maps it to the traffic class).
+    pub sl: u8,
+    /// `-e`: sleep on completion events instead of busy polling.
+    pub events: bool,
+    /// `-c`: validate received buffers.
+    pub validate: bool,
+    pub pcap: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+const PAGE: usize = 4096;
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+/// Run `ferroce pingpong`, compatible on the wire and in its output with `ibv_rc_pingpong`.
+pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> {
+    use crate::cm::pingpong::{self as pp, Dest};
+    use crate::rc::state::{AccessFlags, QpCap};
+    use crate::verbs::{RcParams, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus};
+    use crate::wire::QpNumber;
+    let dev = netdev::netdev(&o.dev).map_err(|e| e.to_string())?;
+    let gid_index = pick_gid(&dev, o.gid_index)?;
+    let local = dev.gids[usize::from(gid_index)];
+    let pkt = backend::open(o.backend, &dev, local)
+        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+    let mut dcfg = DeviceConfig::new(dev.mac, local);
+    dcfg.gids = dev.gids.clone();
+    let opts = NicOptions {
+        poll: PollMode::Adaptive {
+            spins: 2000,
+            max_sleep: Duration::from_millis(1),
+        },
+        batch: 64,
+    };
+    let nic = match &o.pcap {
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            Nic::start(
+                dcfg,
+                PcapTap::new(pkt, std::io::BufWriter::new(f)).map_err(|e| e.to_string())?,
+                opts,
+            )
+        }
+        None => Nic::start(dcfg, pkt, opts),
+    }
+    .map_err(|e| e.to_string())?;
+    let size = o.size as usize;
+    let pd = nic.alloc_pd();
+    let cq = nic
+        .create_cq(o.rx_depth as usize + 1)
+        .map_err(|e| e.to_string())?;
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: o.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = crate::nic::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
+    let mr = nic
+        .reg_mr(pd, size.max(1), AccessFlags::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    // As rc_pingpong: the buffer is filled with 0x7b; with -c the first byte of each page is
+    // set to `page index % sizeof(char)`, which is 0, and checked on every receive.
+    mr.fill(0x7b);
+    if o.validate {
+        for i in (0..size).step_by(PAGE) {
+            mr.write(i, &[0]).map_err(|e| e.to_string())?;
+        }
+    }
+    let psn = ((std::process::id().wrapping_mul(2_654_435_761)) ^ 0x5a5a5a) & 0xff_ffff;
+    let gid = gid_of(local);
+    let ours = Dest {
+        lid: 0,
+        qpn: qp.get(),
+        psn,
+        gid,
+    };
+    let ifname = dev.name.clone();
+    let udp = o.backend == BackendKind::Udp;
+    let connect = |t: &Dest| -> Result<(), String> {
+        let ip = crate::verbs::ip_of_gid(t.gid);
+        let mac = if udp {
+            Some(MacAddr::ZERO)
+        } else {
+            netdev::resolve(ip, Some(&ifname), Duration::from_secs(2))
+        };
+        let mac = mac.ok_or_else(|| format!("cannot resolve the MAC address of {ip}"))?;
+        let p = RcParams {
+            mtu: o.mtu,
+            access: AccessFlags::empty(),
+            sgid_index: gid_index,
+            local_psn: psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            traffic_class: 0,
+        };
+        nic.connect_rc(
+            qp,
+            &RemoteQp {
+                qpn: QpNumber::new(t.qpn),
+                gid: t.gid,
+                mac,
+                psn: t.psn,
+            },
+            &p,
+        )
+        .map_err(|e| format!("Failed to modify QP: {e}"))
+    };
+    let mut posted_recv = 0u32;
+    for _ in 0..o.rx_depth {
+        nic.post_recv(
+            qp,
+            RecvWr {
+                wr_id: RECV_WRID,
+                sg_list: vec![Sge {
+                    addr: mr.addr(),
+                    length: o.size,
+                    lkey: mr.lkey(),
+                }],
+            },
+        )
+        .map_err(|e| format!("Couldn't post receive: {e}"))?;
+        posted_recv += 1;
+    }
+    let fmt_dest = |d: &Dest| {
+        format!(
+            "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            d.lid,
+            d.qpn,
+            d.psn,
+            crate::verbs::ip_of_gid(d.gid)
+        )
+    };
+    writeln!(out, "  local address:  {}", fmt_dest(&ours)).ok();
+    let theirs = match &o.host {
+        None => {
+            let l = TcpListener::bind(("::", o.port))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
+            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+            let theirs = pp::server_exchange(&mut s, &ours, o.timeout, |t| {
+                connect(t).map_err(|e| crate::cm::CmError::Malformed {
+                    what: "connection",
+                    detail: e,
+                })
+            })
+            .map_err(|e| format!("Couldn't get remote LID: {e}"))?;
+            pp::wait_done(&mut s, o.timeout).map_err(|e| e.to_string())?;
+            theirs
+        }
+        Some(h) => {
+            let addr = (h.as_str(), o.port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{h}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{h}: no address"))?;
+            let mut s = None;
+            for _ in 0..50 {
+                if let Ok(c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    s = Some(c);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let mut s = s.ok_or_else(|| format!("Couldn't connect to {h}:{}", o.port))?;
+            let theirs = pp::client_exchange(&mut s, &ours, o.timeout)
+                .map_err(|e| format!("Couldn't get remote LID: {e}"))?;
+            pp::send_done(&mut s).map_err(|e| e.to_string())?;
+            connect(&theirs)?;
+            theirs
+        }
+    };
+    writeln!(out, "  remote address: {}", fmt_dest(&theirs)).ok();
+    let send = |nic: &Nic| {
+        nic.post_send(
+            qp,
+            SendWr::new(
+                SEND_WRID,
+                SendOp::Send,
+                vec![Sge {
+                    addr: mr.addr(),
+                    length: o.size,
+                    lkey: mr.lkey(),
+                }],
+            ),
+        )
+    };
+    let mut pending = RECV_WRID;
+    let t0 = std::time::Instant::now();
+    if o.host.is_some() {
+        send(&nic).map_err(|e| format!("Couldn't post send: {e}"))?;
+        pending |= SEND_WRID;
+    }
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut wcs = Vec::new();
+    let mut last = std::time::Instant::now();
+    while rcnt < o.iters || scnt < o.iters {
+        wcs.clear();
+        if o.events {
+            nic.wait_cq(cq, Duration::from_millis(100))
+                .map_err(|e| e.to_string())?;
+        }
+        nic.poll_cq(cq, &mut wcs, 2).map_err(|e| e.to_string())?;
+        if wcs.is_empty() {
+            if last.elapsed() > o.timeout {
+                return Err(format!(
+                    "no completion for {:?} (received {rcnt}, sent {scnt})",
+                    o.timeout
+                ));
+            }
+            std::hint::spin_loop();
+            continue;
+        }
+        last = std::time::Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    wc.status, wc.status as u32, wc.wr_id
+                ));
+            }
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    posted_recv -= 1;
+                    if posted_recv <= 1 {
+                        while posted_recv < o.rx_depth {
+                            nic.post_recv(
+                                qp,
+                                RecvWr {
+                                    wr_id: RECV_WRID,
+                                    sg_list: vec![Sge {
+                                        addr: mr.addr(),
+                                        length: o.size,
+                                        lkey: mr.lkey(),
+                                    }],
+                                },
+                            )
+                            .map_err(|e| format!("Couldn't post receive: {e}"))?;
+                            posted_recv += 1;
+                        }
+                    }
+                    if o.validate {
+                        for i in (0..size).step_by(PAGE) {
+                            let mut b = [0u8];
+                            mr.read(i, &mut b).map_err(|e| e.to_string())?;
+                            if b[0] != 0 {
+                                return Err(format!(
+                                    "invalid data in page {} of received buffer",
+                                    i / PAGE
+                                ));
+                            }
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending &= !wc.wr_id;
+            if scnt < o.iters && pending == 0 {
+                send(&nic).map_err(|e| format!("Couldn't post send: {e}"))?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = t0.elapsed().as_micros().max(1) as f64;
+    let bytes = o.size as u64 * o.iters * 2;
+    writeln!(
+        out,
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    )
+    .ok();
+    writeln!(
+        out,
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / o.iters as f64
+    )
+    .ok();
+    // Let the last ACKs leave before the engine stops.
+    std::thread::sleep(Duration::from_millis(50));
+    nic.shutdown();
+    Ok(())
+}
