@@ -11,8 +11,9 @@
 //!    `"%04x:%04x:%06x:%06x:%08x:%016llx:" + 16 × "%02x:" + "%08x:"` of lid, out_reads, qpn,
 //!    psn, rkey, vaddr, gid bytes, srqn, NUL-terminated;
 //! 6. the key message again as a barrier (twice before the traffic, once after it);
-//! 7. bandwidth tests only: 5 × 8 bytes, big-endian: size, iterations, peak, average, message
-//!    rate (the doubles byte-swapped as `hton_double` does);
+//! 7. bandwidth tests only: 5 rounds of 8 bytes, big-endian: size, iterations, peak, average,
+//!    message rate (the doubles byte-swapped as `hton_double` does), each round answered before
+//!    the next is sent;
 //! 8. close: a last key barrier, then each side writes `"done\0"`.
 
 use super::{read_exact, write_all, CmError};
@@ -226,11 +227,16 @@ impl Session {
         KeyMsg::from_wire(&t).map(|_| ())
     }
 
-    /// Step 7: bandwidth reports.
+    /// Step 7: bandwidth reports — five `ctx_xchg_data` rounds of 8 bytes each (size,
+    /// iterations, peak, average, message rate), as a perftest peer sends them: a peer waits
+    /// for our 8-byte answer before it writes its next field.
     pub fn bw_reports(&mut self, ours: &BwReport) -> Result<BwReport, CmError> {
-        let t = self.xchg(&ours.to_wire(), "bandwidth report")?;
+        let w = ours.to_wire();
         let mut b = [0u8; 40];
-        b.copy_from_slice(&t);
+        for i in 0..5 {
+            let t = self.xchg(&w[i * 8..i * 8 + 8], "bandwidth report")?;
+            b[i * 8..i * 8 + 8].copy_from_slice(&t);
+        }
         Ok(BwReport::from_wire(&b))
     }
 
@@ -357,6 +363,48 @@ mod tests {
         assert_eq!(mtu, Mtu::M1024);
         assert_eq!(theirs, vec![key(0x11)]);
         assert_eq!(r.size, 9);
+    }
+
+    #[test]
+    fn bw_reports_go_as_five_answered_rounds() {
+        // A perftest client writes 8 bytes and waits for 8 back before the next field
+        // (captured from ib_write_bw on rxe against ferroce).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut ses = Session::new(s, Role::Server, Duration::from_secs(5));
+            ses.bw_reports(&BwReport {
+                size: 1,
+                iters: 2,
+                bw_peak: 3.0,
+                bw_avg: 4.0,
+                msg_rate: 5.0,
+            })
+            .unwrap()
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let mine = BwReport {
+            size: 65536,
+            iters: 200,
+            bw_peak: 0.5,
+            bw_avg: 0.25,
+            msg_rate: 0.1,
+        }
+        .to_wire();
+        let mut theirs = [0u8; 40];
+        for i in 0..5 {
+            write_all(&mut c, &mine[i * 8..i * 8 + 8]).unwrap();
+            read_exact(
+                &mut c,
+                &mut theirs[i * 8..i * 8 + 8],
+                "field",
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        }
+        assert_eq!(BwReport::from_wire(&theirs).bw_avg, 4.0);
+        assert_eq!(srv.join().unwrap().iters, 200);
     }
 
     #[test]

@@ -14,6 +14,16 @@ enum Acked {
     Missing(Psn),
 }
 
+/// Where a READ response or ATOMIC ACK falls once the WQEs before it are acknowledged.
+enum RespAt {
+    /// In the oldest outstanding WQE.
+    Head,
+    /// After an older READ/ATOMIC that has not had its response (a retry from it was started).
+    Gap,
+    /// In no outstanding WQE.
+    Nowhere,
+}
+
 impl Qp {
     /// Acknowledge every SEND/WRITE PSN up to and including `p`.
     fn ack_through(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> Acked {
@@ -182,26 +192,26 @@ impl Qp {
     }
 
     /// Complete the SEND/WRITE WQEs wholly before `p` (a response at `p` acknowledges them) and
-    /// return whether the head WQE now contains `p`.
-    fn implicit_ack_before(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> bool {
+    /// say where `p` falls now.
+    fn implicit_ack_before(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> RespAt {
         loop {
             let Some(w) = self.sq.front() else {
-                return false;
+                return RespAt::Nowhere;
             };
             if !w.assigned {
-                return false;
+                return RespAt::Nowhere;
             }
             if w.contains(p) {
-                return true;
+                return RespAt::Head;
             }
             if !w.first_psn.before(p) {
-                return false;
+                return RespAt::Nowhere;
             }
             if w.op.is_rd_atomic() {
                 // A later response arrived but this one's did not: resend it.
                 let q = w.first_psn.add(w.read_done / self.mtu());
                 self.gap_retry(ctx, q);
-                return false;
+                return RespAt::Gap;
             }
             self.req.una = w.last_psn().next();
             self.complete_send_head(ctx, WcStatus::Success);
@@ -211,16 +221,22 @@ impl Qp {
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
         let p = r.bth.psn;
-        if !self.implicit_ack_before(ctx, p) {
-            if self.state == crate::rc::state::QpState::Err {
+        match self.implicit_ack_before(ctx, p) {
+            RespAt::Head => {}
+            // Out of order (an earlier response is missing or late): the retry is started,
+            // this one is dropped; the retried request brings it again.
+            RespAt::Gap => return,
+            RespAt::Nowhere => {
+                if self.state == crate::rc::state::QpState::Err {
+                    return;
+                }
+                if self.sq.front().is_some_and(|w| w.first_psn.after(p)) {
+                    self.counters.dup_responses += 1;
+                } else {
+                    self.fail_head(ctx, WcStatus::BadRespErr);
+                }
                 return;
             }
-            if self.sq.front().is_some_and(|w| w.first_psn.after(p)) {
-                self.counters.dup_responses += 1;
-            } else {
-                self.fail_head(ctx, WcStatus::BadRespErr);
-            }
-            return;
         }
         let mtu = self.mtu();
         let w = &self.sq[0];
@@ -276,11 +292,16 @@ impl Qp {
 
     fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
         let p = r.bth.psn;
-        if !self.implicit_ack_before(ctx, p) {
-            if self.state != crate::rc::state::QpState::Err {
-                self.fail_head(ctx, WcStatus::BadRespErr);
+        match self.implicit_ack_before(ctx, p) {
+            RespAt::Head => {}
+            // Out of order: dropped, the retry from the missing response is started.
+            RespAt::Gap => return,
+            RespAt::Nowhere => {
+                if self.state != crate::rc::state::QpState::Err {
+                    self.fail_head(ctx, WcStatus::BadRespErr);
+                }
+                return;
             }
-            return;
         }
         let w = &self.sq[0];
         let ok = w.op.is_atomic()

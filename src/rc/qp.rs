@@ -292,7 +292,14 @@ impl Qp {
     pub(crate) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
         self.sq_retired += 1;
-        self.req.send_idx = self.req.send_idx.saturating_sub(1);
+        if self.req.send_idx == 0 {
+            // The requester was (re)sending this very WQE (a go-back-N retry overtaken by the
+            // ACK that completes it): go on from the start of the next one, not with this
+            // one's offset and PSN.
+            self.enter_wqe(0);
+        } else {
+            self.req.send_idx -= 1;
+        }
         if w.assigned && w.op.is_rd_atomic() {
             self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
         }

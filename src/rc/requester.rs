@@ -81,7 +81,7 @@ impl Qp {
     }
 
     /// Point the send pointer at the start (or resume point) of WQE `idx`.
-    fn enter_wqe(&mut self, idx: usize) {
+    pub(crate) fn enter_wqe(&mut self, idx: usize) {
         self.req.send_idx = idx;
         if let Some(w) = self.sq.get(idx) {
             if w.assigned {
@@ -265,7 +265,14 @@ impl Qp {
         let now = ctx.now;
         if self.req.rnr_at.is_some_and(|t| t <= now) {
             self.req.rnr_at = None;
-            let p = self.req.rnr_psn;
+            // An ACK may have come past the NAKed PSN while we waited (a retransmitted or
+            // duplicated copy got through): resend from the oldest unacknowledged PSN then,
+            // or retry_from would find no WQE there and skip the outstanding ones.
+            let p = if self.req.rnr_psn.before(self.req.una) {
+                self.req.una
+            } else {
+                self.req.rnr_psn
+            };
             self.retry_from(p);
             self.req.retrans_at = None;
         }

@@ -58,10 +58,22 @@ pub fn lossy(loss: f64) -> LinkConfig {
 
 /// Connect QPs `x` (on A) and `y` (on B) with the given parameters.
 pub fn connect(p: &mut Pair, x: &End, y: &End, params: &RcParams, psn_a: u32, psn_b: u32) {
-    let ra = p.a.local_end(x.qp, 0, psn_a).unwrap();
-    let rb = p.b.local_end(y.qp, 0, psn_b).unwrap();
+    connect_qps(p, x.qp, y.qp, params, psn_a, psn_b);
+}
+
+/// Connect QP `qa` on A and QP `qb` on B (starting send PSNs `psn_a` and `psn_b`).
+pub fn connect_qps(
+    p: &mut Pair,
+    qa: QpNumber,
+    qb: QpNumber,
+    params: &RcParams,
+    psn_a: u32,
+    psn_b: u32,
+) {
+    let ra = p.a.local_end(qa, 0, psn_a).unwrap();
+    let rb = p.b.local_end(qb, 0, psn_b).unwrap();
     p.a.connect_rc(
-        x.qp,
+        qa,
         &rb,
         &RcParams {
             local_psn: psn_a,
@@ -70,7 +82,7 @@ pub fn connect(p: &mut Pair, x: &End, y: &End, params: &RcParams, psn_a: u32, ps
     )
     .unwrap();
     p.b.connect_rc(
-        y.qp,
+        qb,
         &ra,
         &RcParams {
             local_psn: psn_b,
@@ -105,4 +117,22 @@ pub fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
         length: len as u32,
         lkey: mr.lkey(),
     }
+}
+
+/// One delivered frame of a [`Pair::trace`], decoded: (time, from A?, transport headers,
+/// payload length).
+pub type TracedPacket = (ferroce::time::Instant, bool, ferroce::wire::RoceRepr, usize);
+
+/// The frames the pair's trace recorded (`p.trace = Some(vec![])` before driving), decoded
+/// with [`ferroce::wire::parse_frame`]; frames that do not parse (corrupted) are left out.
+pub fn decoded_trace(p: &Pair) -> Vec<TracedPacket> {
+    p.trace
+        .as_ref()
+        .expect("trace not enabled")
+        .iter()
+        .filter_map(|(t, from_a, f)| {
+            let x = ferroce::wire::parse_frame(f).ok()?;
+            Some((*t, *from_a, x.repr.roce, x.payload.len()))
+        })
+        .collect()
 }
