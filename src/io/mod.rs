@@ -9,6 +9,7 @@
 //!
 //! All `unsafe` code of the crate lives in [`sys`] (ring mmaps, `bpf(2)`, `setsockopt`).
 
+pub mod af_packet;
 pub mod backend;
 pub mod ebpf;
 pub mod fault;
@@ -16,14 +17,17 @@ pub mod loopback;
 pub mod netdev;
 pub mod pcap;
 pub mod sys;
+pub mod udp;
 pub mod xdp;
 
 use std::io;
 use std::time::Duration;
 
+pub use af_packet::{AfPacketConfig, AfPacketDevice, AfPacketTx};
 pub use fault::{FaultConfig, FaultInjector};
 pub use loopback::Loopback;
 pub use pcap::PcapTap;
+pub use udp::{UdpConfig, UdpDevice};
 pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, ZeroCopy};
 
 /// What a device carries.

@@ -15,6 +15,9 @@
 pub mod bpf;
 pub mod net;
 pub mod netlink;
+pub mod packet;
+pub mod sockutil;
+pub mod udp;
 pub mod xsk;
 
 pub use net::{enter_netns, if_nametoindex, netns_id, rx_queue_count};

@@ -1,0 +1,352 @@
+//! The classic BPF program attached to the packet socket (`SO_ATTACH_FILTER`), so that the
+//! receive ring only ever sees RoCE v2: UDP destination port 4791 over
+//!
+//! - IPv4 with any valid header length (IHL 5..15; the UDP header is found with the
+//!   `ldx 4*([k]&0xf)` "MSH" load), not a non-first fragment (those carry no UDP header);
+//! - IPv6 whose next header is UDP (no extension headers — RoCE v2 uses none);
+//!
+//! each either untagged or inside one 802.1Q tag (present in the frame only when the driver
+//! does not strip it; a stripped tag is invisible to the filter and the frame looks untagged).
+//! Everything else returns 0 (drop). An accepted frame is kept whole (return `0xFFFF_FFFF`).
+//!
+//! The program is assembled here from symbolic labels; [`run`] is a reference interpreter of
+//! the handful of instructions it uses, so the filter is tested without a kernel.
+
+use crate::wire::ROCE_V2_PORT;
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Insn {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+// Opcode parts (linux/filter.h, linux/bpf_common.h).
+const LD: u16 = 0x00;
+const LDX: u16 = 0x01;
+const ALU: u16 = 0x04;
+const JMP: u16 = 0x05;
+const RET: u16 = 0x06;
+const MISC: u16 = 0x07;
+const W: u16 = 0x00;
+const H: u16 = 0x08;
+const B: u16 = 0x10;
+const ABS: u16 = 0x20;
+const IND: u16 = 0x40;
+const MSH: u16 = 0xa0;
+const JEQ: u16 = 0x10;
+const JGE: u16 = 0x30;
+const JSET: u16 = 0x40;
+const K: u16 = 0x00;
+const TXA: u16 = 0x80;
+
+/// Snap length returned for an accepted frame: all of it.
+pub const ACCEPT: u32 = u32::MAX;
+
+/// Jump targets while assembling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Next,
+    Label(&'static str),
+}
+
+struct Asm {
+    insns: Vec<(Insn, Target, Target)>,
+    labels: Vec<(&'static str, usize)>,
+}
+
+impl Asm {
+    fn new() -> Self {
+        Asm {
+            insns: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+    fn label(&mut self, name: &'static str) {
+        self.labels.push((name, self.insns.len()));
+    }
+    fn op(&mut self, code: u16, k: u32) {
+        self.insns.push((
+            Insn {
+                code,
+                jt: 0,
+                jf: 0,
+                k,
+            },
+            Target::Next,
+            Target::Next,
+        ));
+    }
+    fn jmp(&mut self, code: u16, k: u32, jt: Target, jf: Target) {
+        self.insns.push((
+            Insn {
+                code: JMP | code | K,
+                jt: 0,
+                jf: 0,
+                k,
+            },
+            jt,
+            jf,
+        ));
+    }
+    fn finish(self) -> Vec<Insn> {
+        let find = |name: &str| {
+            self.labels
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, at)| *at)
+                .unwrap_or_else(|| panic!("bpf: undefined label {name}"))
+        };
+        self.insns
+            .iter()
+            .enumerate()
+            .map(|(pc, (insn, jt, jf))| {
+                let rel = |t: &Target| -> u8 {
+                    match t {
+                        Target::Next => 0,
+                        Target::Label(l) => {
+                            let to = find(l);
+                            assert!(to > pc, "bpf: backward jump to {l}");
+                            u8::try_from(to - pc - 1).expect("bpf: jump too far")
+                        }
+                    }
+                };
+                Insn {
+                    jt: rel(jt),
+                    jf: rel(jf),
+                    ..*insn
+                }
+            })
+            .collect()
+    }
+}
+
+/// The RoCE v2 filter program (see the module documentation).
+pub fn roce_v2() -> Vec<Insn> {
+    use Target::{Label as L, Next as N};
+    let port = u32::from(ROCE_V2_PORT);
+    let mut a = Asm::new();
+    a.op(LD | H | ABS, 12);
+    a.jmp(JEQ, 0x8100, L("vlan"), N);
+    // Two copies of the IP part: `l` is the offset of the IP header.
+    for (l, v4, v6, pfx) in [(14u32, "v4", "v6", ""), (18u32, "qv4", "qv6", "q")] {
+        if pfx == "q" {
+            a.label("vlan");
+            a.op(LD | H | ABS, 16);
+        }
+        a.jmp(JEQ, 0x0800, L(v4), N);
+        a.jmp(JEQ, 0x86dd, L(v6), L("drop"));
+        a.label(v4);
+        a.op(LD | B | ABS, l + 9); // protocol
+        a.jmp(JEQ, 17, N, L("drop"));
+        a.op(LD | H | ABS, l + 6); // flags + fragment offset
+        a.jmp(JSET, 0x1fff, L("drop"), N);
+        a.op(LDX | B | MSH, l); // X = 4 * IHL
+        a.op(MISC | TXA, 0);
+        a.jmp(JGE, 20, N, L("drop"));
+        a.op(LD | H | IND, l + 2); // UDP destination port at l + X + 2
+        a.jmp(JEQ, port, L("accept"), L("drop"));
+        a.label(v6);
+        a.op(LD | B | ABS, l + 6); // next header
+        a.jmp(JEQ, 17, N, L("drop"));
+        a.op(LD | H | ABS, l + 40 + 2);
+        a.jmp(JEQ, port, L("accept"), L("drop"));
+    }
+    a.label("accept");
+    a.op(RET | K, ACCEPT);
+    a.label("drop");
+    a.op(RET | K, 0);
+    a.finish()
+}
+
+/// Run `prog` over `pkt` like the kernel's classic BPF interpreter (only the instructions
+/// [`roce_v2`] uses; anything else, a load out of bounds or falling off the end drops).
+pub fn run(prog: &[Insn], pkt: &[u8]) -> u32 {
+    let (mut acc, mut x) = (0u32, 0u32);
+    let mut pc = 0usize;
+    let load = |off: u32, size: usize| -> Option<u32> {
+        let o = off as usize;
+        let b = pkt.get(o..o.checked_add(size)?)?;
+        Some(b.iter().fold(0u32, |v, &c| (v << 8) | u32::from(c)))
+    };
+    while let Some(i) = prog.get(pc) {
+        pc += 1;
+        let size = match i.code & 0x18 {
+            W => 4,
+            H => 2,
+            _ => 1,
+        };
+        match i.code & 0x07 {
+            LD => {
+                let off = match i.code & 0xe0 {
+                    ABS => Some(i.k),
+                    IND => x.checked_add(i.k),
+                    _ => return 0,
+                };
+                match off.and_then(|o| load(o, size)) {
+                    Some(v) => acc = v,
+                    None => return 0,
+                }
+            }
+            LDX if i.code & 0xe0 == MSH => match load(i.k, 1) {
+                Some(v) => x = 4 * (v & 0xf),
+                None => return 0,
+            },
+            MISC if i.code & 0xf8 == TXA => acc = x,
+            JMP => {
+                let taken = match i.code & 0xf0 {
+                    JEQ => acc == i.k,
+                    JGE => acc >= i.k,
+                    JSET => acc & i.k != 0,
+                    _ => return 0,
+                };
+                pc += usize::from(if taken { i.jt } else { i.jf });
+            }
+            RET => return i.k,
+            ALU => return 0,
+            _ => return 0,
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn frame(v6: bool, vlan: bool, dport: u16) -> Vec<u8> {
+        let ip = if v6 {
+            IpRepr::V6(Ipv6Repr {
+                src: Ipv6Addr::LOCALHOST,
+                dst: Ipv6Addr::LOCALHOST,
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                flow_label: 0,
+                hop_limit: 64,
+            })
+        } else {
+            IpRepr::V4(Ipv4Repr {
+                src: Ipv4Addr::LOCALHOST,
+                dst: Ipv4Addr::LOCALHOST,
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                ident: 1,
+                dont_frag: true,
+                ttl: 64,
+            })
+        };
+        let f = FrameRepr {
+            eth: Some(EthernetRepr {
+                dst: MacAddr([2; 6]),
+                src: MacAddr([4; 6]),
+                vlan: vlan.then_some(VlanTag {
+                    pcp: 3,
+                    dei: false,
+                    vid: 5,
+                }),
+                ethertype: 0,
+            }),
+            ip,
+            udp: UdpRepr {
+                src_port: 0xc000,
+                dst_port: ROCE_V2_PORT,
+                checksum: 0,
+            },
+            roce: RoceRepr::new(
+                BthRepr::new(Opcode::RC_SEND_ONLY, QpNumber::new(0x11), Psn::new(1)),
+                ExtRepr::default(),
+                8,
+            ),
+        };
+        let mut b = vec![0u8; f.buffer_len()];
+        f.emit(&mut b, &[7; 8]).unwrap();
+        // Rewrite the destination port after the fact for the negative cases.
+        let l = if vlan { 18 } else { 14 };
+        let u = l + if v6 { 40 } else { 20 };
+        b[u + 2..u + 4].copy_from_slice(&dport.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn accepts_roce_v2_in_every_framing() {
+        let p = roce_v2();
+        for v6 in [false, true] {
+            for vlan in [false, true] {
+                assert_eq!(
+                    run(&p, &frame(v6, vlan, 4791)),
+                    ACCEPT,
+                    "v6 {v6} vlan {vlan}"
+                );
+                for port in [4790u16, 4792, 53, 0, 0x12b7 << 1] {
+                    assert_eq!(run(&p, &frame(v6, vlan, port)), 0, "port {port}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ipv4_options_fragments_and_junk() {
+        let p = roce_v2();
+        // IHL 6: insert 4 bytes of options (NOP NOP NOP EOL) and move the rest along.
+        let f = frame(false, false, 4791);
+        let mut o = f[..34].to_vec();
+        o[14] = 0x46;
+        o.extend_from_slice(&[1, 1, 1, 0]);
+        o.extend_from_slice(&f[34..]);
+        assert_eq!(run(&p, &o), ACCEPT);
+        // The port at the IHL-5 position must not be what is checked.
+        let mut o2 = o.clone();
+        o2[38 + 2..38 + 4].copy_from_slice(&4790u16.to_be_bytes());
+        assert_eq!(run(&p, &o2), 0);
+        // IHL below 5 is malformed.
+        let mut bad = f.clone();
+        bad[14] = 0x44;
+        assert_eq!(run(&p, &bad), 0);
+        // A non-first fragment carries no UDP header; a first fragment (MF) does.
+        let mut frag = f.clone();
+        frag[14 + 6] = 0x00;
+        frag[14 + 7] = 0x10;
+        assert_eq!(run(&p, &frag), 0);
+        let mut first = f.clone();
+        first[14 + 6] = 0x20;
+        assert_eq!(run(&p, &first), ACCEPT);
+        // TCP to 4791, ARP, IPv6 with a hop-by-hop header, short frames.
+        let mut tcp = f.clone();
+        tcp[14 + 9] = 6;
+        assert_eq!(run(&p, &tcp), 0);
+        let mut arp = f.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(run(&p, &arp), 0);
+        let mut hbh = frame(true, false, 4791);
+        hbh[14 + 6] = 0;
+        assert_eq!(run(&p, &hbh), 0);
+        // Cut before the end of the destination port: dropped (the kernel's loads fail the
+        // same way). A frame cut after it is accepted: the filter does not judge lengths.
+        for n in 0..14 + 20 + 4 {
+            assert_eq!(run(&p, &f[..n]), 0, "truncated to {n}");
+        }
+        assert_eq!(run(&p, &f[..14 + 20 + 4]), ACCEPT);
+        // A double tag (QinQ inside 802.1Q) is not looked into.
+        let q = frame(false, true, 4791);
+        let mut qq = q[..16].to_vec();
+        qq.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+        qq.extend_from_slice(&q[16..]);
+        assert_eq!(run(&p, &qq), 0);
+    }
+
+    #[test]
+    fn program_is_well_formed() {
+        let p = roce_v2();
+        assert!(p.len() < 64);
+        for (pc, i) in p.iter().enumerate() {
+            if i.code & 0x07 == JMP {
+                assert!(pc + 1 + usize::from(i.jt.max(i.jf)) < p.len());
+            }
+        }
+        assert_eq!(p.last().unwrap().code, RET | K);
+    }
+}

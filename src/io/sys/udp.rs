@@ -1,0 +1,425 @@
+//! Batched UDP socket I/O: `recvmmsg(2)` with ancillary data (destination address, TOS /
+//! traffic class, TTL / hop limit) and `sendmmsg(2)` with a per-datagram TOS / traffic class.
+//!
+//! The message headers hold raw pointers, so they are built on the stack for each call from
+//! buffers the caller owns ([`RecvSlot`]); nothing pointer-bearing is kept between calls.
+//! The control messages are parsed by [`parse_control`], safe code over the bytes the kernel
+//! wrote (bounds-checked like everything else the kernel hands over).
+
+use super::sockutil::cvt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Largest batch one call moves.
+pub const MAX_BATCH: usize = 64;
+
+// Option numbers (linux/in.h, linux/in6.h, linux/udp.h); ABI-stable.
+pub const IP_TOS: libc::c_int = 1;
+pub const IP_TTL: libc::c_int = 2;
+pub const IP_PKTINFO: libc::c_int = 8;
+pub const IP_MTU_DISCOVER: libc::c_int = 10;
+pub const IP_RECVTTL: libc::c_int = 12;
+pub const IP_RECVTOS: libc::c_int = 13;
+pub const IP_PMTUDISC_DO: libc::c_int = 2;
+pub const IPV6_UNICAST_HOPS: libc::c_int = 16;
+pub const IPV6_MTU_DISCOVER: libc::c_int = 23;
+pub const IPV6_V6ONLY: libc::c_int = 26;
+pub const IPV6_RECVPKTINFO: libc::c_int = 49;
+pub const IPV6_PKTINFO: libc::c_int = 50;
+pub const IPV6_RECVHOPLIMIT: libc::c_int = 51;
+pub const IPV6_HOPLIMIT: libc::c_int = 52;
+pub const IPV6_RECVTCLASS: libc::c_int = 66;
+pub const IPV6_TCLASS: libc::c_int = 67;
+pub const IPV6_PMTUDISC_DO: libc::c_int = 2;
+pub const SOL_UDP: libc::c_int = 17;
+pub const UDP_NO_CHECK6_RX: libc::c_int = 102;
+
+/// Control buffer, aligned for `struct cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Ctrl([u8; 128]);
+
+/// One receive buffer of a batch: the datagram goes to `buf[data_off..]`, so the caller can
+/// write headers in front of it without moving it.
+pub struct RecvSlot {
+    pub buf: Box<[u8]>,
+    pub data_off: usize,
+    /// Bytes of datagram received by the last call (valid for the slots it filled).
+    pub len: usize,
+    /// The datagram was longer than the buffer (`MSG_TRUNC`); `len` is what fit.
+    pub truncated: bool,
+    ctrl: Ctrl,
+    ctrl_len: usize,
+    name: libc::sockaddr_storage,
+    name_len: libc::socklen_t,
+}
+
+impl RecvSlot {
+    /// A slot of `cap` bytes receiving at offset `data_off` (`< cap`).
+    pub fn new(cap: usize, data_off: usize) -> Self {
+        assert!(
+            data_off < cap,
+            "receive slot: header room {data_off} >= {cap}"
+        );
+        RecvSlot {
+            buf: vec![0u8; cap].into_boxed_slice(),
+            data_off,
+            len: 0,
+            truncated: false,
+            ctrl: Ctrl([0; 128]),
+            ctrl_len: 0,
+            // SAFETY: sockaddr_storage is plain data; all-zero is valid (AF_UNSPEC).
+            name: unsafe { std::mem::zeroed() },
+            name_len: 0,
+        }
+    }
+
+    /// The sender's address and port.
+    pub fn source(&self) -> Option<SocketAddr> {
+        sockaddr_to_std(&self.name, self.name_len)
+    }
+
+    /// The control messages the kernel wrote.
+    pub fn control(&self) -> &[u8] {
+        &self.ctrl.0[..self.ctrl_len.min(self.ctrl.0.len())]
+    }
+
+    /// The received datagram.
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.data_off..self.data_off + self.len]
+    }
+}
+
+fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, and sockaddr_storage
+            // is large and aligned enough for any sockaddr.
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// A C socket address for `a`, and its length.
+fn std_to_sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: plain data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_flowinfo = v6.flowinfo().to_be();
+            sin6.sin6_scope_id = v6.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Receive up to `slots.len()` (at most [`MAX_BATCH`]) datagrams without blocking. Returns
+/// how many slots were filled (0 when nothing was waiting).
+pub fn recv_batch(fd: BorrowedFd<'_>, slots: &mut [RecvSlot]) -> io::Result<usize> {
+    let n = slots.len().min(MAX_BATCH);
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: plain data, all-zero valid.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: plain data, all-zero valid.
+    let mut hdr: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    for (i, s) in slots[..n].iter_mut().enumerate() {
+        let room = &mut s.buf[s.data_off..];
+        iov[i].iov_base = room.as_mut_ptr().cast();
+        iov[i].iov_len = room.len();
+        let h = &mut hdr[i].msg_hdr;
+        h.msg_iov = &mut iov[i];
+        h.msg_iovlen = 1;
+        h.msg_name = (&mut s.name as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_control = s.ctrl.0.as_mut_ptr().cast();
+        h.msg_controllen = s.ctrl.0.len() as _;
+    }
+    // SAFETY: every header points into its own slot's buffer, name and control storage,
+    // with their true lengths; all outlive the call, and nothing else aliases them.
+    let r = unsafe {
+        libc::recvmmsg(
+            fd.as_raw_fd(),
+            hdr.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    let got = match cvt(r) {
+        Ok(k) => k as usize,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for (i, s) in slots[..got.min(n)].iter_mut().enumerate() {
+        let h = &hdr[i];
+        let room = s.buf.len() - s.data_off;
+        s.len = (h.msg_len as usize).min(room);
+        s.truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        s.ctrl_len = (h.msg_hdr.msg_controllen as usize).min(s.ctrl.0.len());
+        s.name_len = h.msg_hdr.msg_namelen;
+    }
+    Ok(got.min(n))
+}
+
+/// One datagram to send.
+#[derive(Clone, Copy, Debug)]
+pub struct SendItem<'a> {
+    pub data: &'a [u8],
+    pub dst: SocketAddr,
+    /// IPv4 TOS / IPv6 traffic class byte for this datagram (DSCP and ECN).
+    pub tclass: Option<u8>,
+}
+
+/// Send up to [`MAX_BATCH`] datagrams with one `sendmmsg`. Returns how many the kernel took
+/// (an error only when it took none: the error of the first one).
+pub fn send_batch(fd: BorrowedFd<'_>, items: &[SendItem<'_>]) -> io::Result<usize> {
+    let n = items.len().min(MAX_BATCH);
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: plain data, all-zero valid.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: plain data, all-zero valid.
+    let mut hdr: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: plain data, all-zero valid.
+    let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut ctrls = [Ctrl([0; 128]); MAX_BATCH];
+    for (i, it) in items[..n].iter().enumerate() {
+        iov[i].iov_base = it.data.as_ptr() as *mut libc::c_void;
+        iov[i].iov_len = it.data.len();
+        let (ss, len) = std_to_sockaddr(&it.dst);
+        names[i] = ss;
+        let h = &mut hdr[i].msg_hdr;
+        h.msg_iov = &mut iov[i];
+        h.msg_iovlen = 1;
+        h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = len;
+        if let Some(tc) = it.tclass {
+            let (level, ty) = match it.dst {
+                SocketAddr::V4(_) => (libc::IPPROTO_IP, IP_TOS),
+                SocketAddr::V6(_) => (libc::IPPROTO_IPV6, IPV6_TCLASS),
+            };
+            let clen = write_int_cmsg(&mut ctrls[i].0, level, ty, libc::c_int::from(tc));
+            h.msg_control = ctrls[i].0.as_mut_ptr().cast();
+            h.msg_controllen = clen as _;
+        }
+    }
+    // SAFETY: every header points at its own iovec (→ the caller's data, read only), name
+    // and control buffer, with their true lengths; all outlive the call.
+    let r = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            hdr.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    cvt(r).map(|k| k as usize)
+}
+
+const fn cmsg_align(n: usize) -> usize {
+    let a = std::mem::size_of::<usize>();
+    (n + a - 1) & !(a - 1)
+}
+const CMSG_HDR: usize = cmsg_align(std::mem::size_of::<libc::cmsghdr>());
+
+/// Write one control message carrying an `int` into `buf`; returns its space.
+fn write_int_cmsg(buf: &mut [u8], level: libc::c_int, ty: libc::c_int, v: libc::c_int) -> usize {
+    let len = CMSG_HDR + 4;
+    let space = cmsg_align(len);
+    let w = std::mem::size_of::<usize>();
+    buf[..space].fill(0);
+    buf[..w].copy_from_slice(&len.to_ne_bytes());
+    buf[w..w + 4].copy_from_slice(&level.to_ne_bytes());
+    buf[w + 4..w + 8].copy_from_slice(&ty.to_ne_bytes());
+    buf[CMSG_HDR..CMSG_HDR + 4].copy_from_slice(&v.to_ne_bytes());
+    space
+}
+
+/// What the receive control messages said about one datagram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// The destination address in the IP header (`IP_PKTINFO.ipi_addr` /
+    /// `IPV6_PKTINFO.ipi6_addr`).
+    pub dst: Option<IpAddr>,
+    /// IPv4 TOS byte / IPv6 traffic class (DSCP and ECN).
+    pub tclass: Option<u8>,
+    /// IPv4 TTL / IPv6 hop limit.
+    pub ttl: Option<u8>,
+}
+
+/// Parse the control messages of a received datagram. Unknown or malformed ones are ignored;
+/// nothing is read outside `ctrl`.
+pub fn parse_control(ctrl: &[u8]) -> RecvInfo {
+    let w = std::mem::size_of::<usize>();
+    let mut info = RecvInfo::default();
+    let mut off = 0usize;
+    let int_at = |d: &[u8]| -> Option<i32> {
+        d.get(..4)
+            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    while let Some(h) = off.checked_add(CMSG_HDR).and_then(|e| ctrl.get(off..e)) {
+        let mut lb = [0u8; 8];
+        lb[..w].copy_from_slice(&h[..w]);
+        let len = if w == 8 {
+            u64::from_ne_bytes(lb) as usize
+        } else {
+            u32::from_ne_bytes([lb[0], lb[1], lb[2], lb[3]]) as usize
+        };
+        let level = i32::from_ne_bytes([h[w], h[w + 1], h[w + 2], h[w + 3]]);
+        let ty = i32::from_ne_bytes([h[w + 4], h[w + 5], h[w + 6], h[w + 7]]);
+        if len < CMSG_HDR {
+            break;
+        }
+        let Some(data) = off
+            .checked_add(len)
+            .and_then(|e| ctrl.get(off + CMSG_HDR..e))
+        else {
+            break;
+        };
+        match (level, ty) {
+            (libc::IPPROTO_IP, IP_PKTINFO) if data.len() >= 12 => {
+                info.dst = Some(IpAddr::V4(Ipv4Addr::new(
+                    data[8], data[9], data[10], data[11],
+                )));
+            }
+            (libc::IPPROTO_IP, IP_TOS) if !data.is_empty() => info.tclass = Some(data[0]),
+            (libc::IPPROTO_IP, IP_TTL) => {
+                info.ttl = int_at(data).and_then(|v| u8::try_from(v).ok());
+            }
+            (libc::IPPROTO_IPV6, IPV6_PKTINFO) if data.len() >= 16 => {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(&data[..16]);
+                info.dst = Some(IpAddr::V6(Ipv6Addr::from(a)));
+            }
+            (libc::IPPROTO_IPV6, IPV6_TCLASS) => {
+                info.tclass = int_at(data).and_then(|v| u8::try_from(v).ok());
+            }
+            (libc::IPPROTO_IPV6, IPV6_HOPLIMIT) => {
+                info.ttl = int_at(data).and_then(|v| u8::try_from(v).ok());
+            }
+            _ => {}
+        }
+        off = match off.checked_add(cmsg_align(len)) {
+            Some(o) => o,
+            None => break,
+        };
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+        let w = std::mem::size_of::<usize>();
+        let len = CMSG_HDR + data.len();
+        let mut v = vec![0u8; cmsg_align(len)];
+        v[..w].copy_from_slice(&len.to_ne_bytes());
+        v[w..w + 4].copy_from_slice(&level.to_ne_bytes());
+        v[w + 4..w + 8].copy_from_slice(&ty.to_ne_bytes());
+        v[CMSG_HDR..CMSG_HDR + data.len()].copy_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn parses_ipv4_and_ipv6_control_messages() {
+        let mut c = cmsg(libc::IPPROTO_IP, IP_TOS, &[0x8b]);
+        c.extend(cmsg(libc::IPPROTO_IP, IP_TTL, &63i32.to_ne_bytes()));
+        let mut pk = vec![0u8; 12];
+        pk[8..12].copy_from_slice(&[10, 61, 2, 2]);
+        c.extend(cmsg(libc::IPPROTO_IP, IP_PKTINFO, &pk));
+        assert_eq!(
+            parse_control(&c),
+            RecvInfo {
+                dst: Some("10.61.2.2".parse().unwrap()),
+                tclass: Some(0x8b),
+                ttl: Some(63)
+            }
+        );
+        let mut p6 = vec![0u8; 20];
+        p6[..16].copy_from_slice(&"fd61:2::2".parse::<Ipv6Addr>().unwrap().octets());
+        let mut c = cmsg(libc::IPPROTO_IPV6, IPV6_PKTINFO, &p6);
+        c.extend(cmsg(libc::IPPROTO_IPV6, IPV6_TCLASS, &3i32.to_ne_bytes()));
+        c.extend(cmsg(
+            libc::IPPROTO_IPV6,
+            IPV6_HOPLIMIT,
+            &62i32.to_ne_bytes(),
+        ));
+        assert_eq!(
+            parse_control(&c),
+            RecvInfo {
+                dst: Some("fd61:2::2".parse().unwrap()),
+                tclass: Some(3),
+                ttl: Some(62)
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_control_is_ignored_without_panicking() {
+        let good = cmsg(libc::IPPROTO_IP, IP_TOS, &[1]);
+        for n in 0..good.len() {
+            let _ = parse_control(&good[..n]);
+        }
+        let mut bad = good.clone();
+        bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes()[..8]);
+        assert_eq!(parse_control(&bad), RecvInfo::default());
+        let mut zero = good.clone();
+        zero[..8].fill(0);
+        assert_eq!(parse_control(&zero), RecvInfo::default());
+        let mut buf = [0u8; 64];
+        let n = write_int_cmsg(&mut buf, libc::IPPROTO_IPV6, IPV6_TCLASS, 0xb8);
+        assert_eq!(parse_control(&buf[..n]).tclass, Some(0xb8));
+    }
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for a in ["10.61.1.2:4791", "[fd61:1::2]:4791"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let (ss, len) = std_to_sockaddr(&a);
+            assert_eq!(sockaddr_to_std(&ss, len), Some(a));
+        }
+    }
+}
