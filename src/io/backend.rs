@@ -35,13 +35,13 @@ pub fn open(kind: BackendKind, dev: &Netdev, local: IpAddr) -> io::Result<Box<dy
             &dev.name,
             super::xdp::XdpOptions::default(),
         )?),
-        // PENDING-MERGE: the AF_PACKET and UDP backends land in the next commit.
-        BackendKind::Packet | BackendKind::Udp => {
-            let _ = (local, eth_mtu);
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "backend not built yet",
-            ));
+        BackendKind::Packet => Box::new(super::af_packet::AfPacketDevice::open(
+            &super::af_packet::AfPacketConfig::new(&dev.name),
+        )?),
+        BackendKind::Udp => {
+            let mut c = super::udp::UdpConfig::new(local);
+            c.mtu = eth_mtu;
+            Box::new(super::udp::UdpDevice::open(&c)?)
         }
     })
 }

@@ -773,7 +773,9 @@ impl Device {
             }
         };
         if let Some(e) = p.repr.eth {
-            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST {
+            // The all-zero MAC is what a socket backend synthesises (the kernel took the real
+            // Ethernet header off); it never appears on a real wire.
+            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && e.dst != MacAddr::ZERO {
                 self.counters.address_drops += 1;
                 return;
             }
