@@ -57,72 +57,8 @@ pub fn run(
             None
         }
     };
-    let tests: [(Test, u32, u64); 3] = if quick {
-        [
-            (Test::WriteBw, 65536, 500),
-            (Test::ReadBw, 65536, 500),
-            (Test::SendLat, 2, 500),
-        ]
-    } else {
-        [
-            (Test::WriteBw, 65536, 5000),
-            (Test::ReadBw, 65536, 5000),
-            (Test::SendLat, 2, 5000),
-        ]
-    };
     writeln!(out, "ferroce demo: two devices (10.0.0.1 {} and 10.0.0.2 {}) over the in-memory loopback backend", a.describe(), b.describe())?;
-    let mut reports = Vec::new();
-    for (test, size, iters) in tests {
-        let cfg = PerfConfig {
-            test,
-            size,
-            iters,
-            mtu: Mtu::M4096,
-            report_gbits: true,
-            progress: false,
-            ..PerfConfig::default()
-        };
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        let port = l.local_addr()?.port();
-        let (server, client) = std::thread::scope(|s| {
-            let srv = s.spawn(|| -> Result<Report, String> {
-                let (st, _) = l.accept().map_err(|e| e.to_string())?;
-                let mut ses = Session::new(st, Role::Server, cfg.timeout);
-                perf::run(&b, &cfg, &mut ses, &resolve)
-                    .map(|r| r.0)
-                    .map_err(|e| e.to_string())
-            });
-            let cli = (|| -> Result<Report, String> {
-                let st = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-                let mut ses = Session::new(st, Role::Client, cfg.timeout);
-                perf::run(&a, &cfg, &mut ses, &resolve)
-                    .map(|r| r.0)
-                    .map_err(|e| e.to_string())
-            })();
-            (
-                srv.join()
-                    .unwrap_or_else(|_| Err("server thread panicked".into())),
-                cli,
-            )
-        });
-        let client = client.map_err(|e| format!("{}: client: {e}", test.title()))?;
-        server.map_err(|e| format!("{}: server: {e}", test.title()))?;
-        writeln!(out, "---------------------------------------------------------------------------------------")?;
-        writeln!(
-            out,
-            "                    {}  (ferroce <-> ferroce, loopback backend, MTU 4096)",
-            test.title()
-        )?;
-        writeln!(out, "{}", perf::header(&cfg))?;
-        for line in perf::lines(&client) {
-            writeln!(out, "{line}")?;
-        }
-        reports.push((test, client));
-    }
-    writeln!(
-        out,
-        "---------------------------------------------------------------------------------------"
-    )?;
+    let reports = run_tests(out, &a, &b, &resolve, quick, None, 0)?;
     let (da, qa, ia) = a.counters();
     let (_, qb, _) = b.counters();
     writeln!(
@@ -137,7 +73,116 @@ pub fn run(
     )?;
     a.shutdown();
     b.shutdown();
-    // The capture: run inspect over it.
+    check_capture(out, pcap, reports)
+}
+
+/// The three tests, server on `b`, client on `a`. With `ns`, the control connection's sockets
+/// are made in the namespaces (B listens on 10.99.0.2, A connects to it).
+fn run_tests(
+    out: &mut dyn Write,
+    a: &Nic,
+    b: &Nic,
+    resolve: &(dyn Fn(IpAddr) -> Option<MacAddr> + Sync),
+    quick: bool,
+    ns: Option<&[String; 2]>,
+    gid_index: u8,
+) -> Result<Vec<(Test, Report)>, Box<dyn std::error::Error>> {
+    let n = if quick { 500 } else { 5000 };
+    let tests: [(Test, u32, u64); 3] = [
+        (Test::WriteBw, 65536, n),
+        (Test::ReadBw, 65536, n),
+        (Test::SendLat, 2, n),
+    ];
+    let mut reports = Vec::new();
+    for (test, size, iters) in tests {
+        let cfg = PerfConfig {
+            test,
+            size,
+            iters,
+            mtu: Mtu::M4096,
+            report_gbits: true,
+            progress: false,
+            gid_index,
+            ..PerfConfig::default()
+        };
+        let cfg = &cfg;
+        let (server, client) = std::thread::scope(|s| {
+            let (ptx, prx) = std::sync::mpsc::channel::<Result<u16, String>>();
+            let srv = s.spawn(move || -> Result<Report, String> {
+                if let Some(ns) = ns {
+                    crate::io::sys::enter_netns(&ns[1]).map_err(|e| e.to_string())?;
+                }
+                let host = if ns.is_some() {
+                    "10.99.0.2"
+                } else {
+                    "127.0.0.1"
+                };
+                let l = match TcpListener::bind((host, 0)) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ptx.send(Err(e.to_string()));
+                        return Err(e.to_string());
+                    }
+                };
+                let _ = ptx.send(l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()));
+                let (st, _) = l.accept().map_err(|e| e.to_string())?;
+                let mut ses = Session::new(st, Role::Server, cfg.timeout);
+                perf::run(b, cfg, &mut ses, resolve)
+                    .map(|r| r.0)
+                    .map_err(|e| e.to_string())
+            });
+            let cli = s
+                .spawn(move || -> Result<Report, String> {
+                    let port = prx.recv().map_err(|e| e.to_string())??;
+                    if let Some(ns) = ns {
+                        crate::io::sys::enter_netns(&ns[0]).map_err(|e| e.to_string())?;
+                    }
+                    let host = if ns.is_some() {
+                        "10.99.0.2"
+                    } else {
+                        "127.0.0.1"
+                    };
+                    let st = TcpStream::connect((host, port)).map_err(|e| e.to_string())?;
+                    let mut ses = Session::new(st, Role::Client, cfg.timeout);
+                    perf::run(a, cfg, &mut ses, resolve)
+                        .map(|r| r.0)
+                        .map_err(|e| e.to_string())
+                })
+                .join()
+                .unwrap_or_else(|_| Err("client thread panicked".into()));
+            (
+                srv.join()
+                    .unwrap_or_else(|_| Err("server thread panicked".into())),
+                cli,
+            )
+        });
+        let client = client.map_err(|e| format!("{}: client: {e}", test.title()))?;
+        server.map_err(|e| format!("{}: server: {e}", test.title()))?;
+        writeln!(out, "---------------------------------------------------------------------------------------")?;
+        writeln!(
+            out,
+            "                    {}  (ferroce <-> ferroce, MTU 4096)",
+            test.title()
+        )?;
+        writeln!(out, "{}", perf::header(cfg))?;
+        for line in perf::lines(&client) {
+            writeln!(out, "{line}")?;
+        }
+        reports.push((test, client));
+    }
+    writeln!(
+        out,
+        "---------------------------------------------------------------------------------------"
+    )?;
+    Ok(reports)
+}
+
+/// Run inspect over the capture.
+fn check_capture(
+    out: &mut dyn Write,
+    pcap: &Path,
+    reports: Vec<(Test, Report)>,
+) -> Result<DemoResult, Box<dyn std::error::Error>> {
     let f = std::fs::File::open(pcap)?;
     let mut sum = crate::inspect::Summary {
         file: pcap.display().to_string(),
@@ -158,4 +203,163 @@ pub fn run(
         capture_packets: sum.roce_packets,
         capture_clean: sum.clean() && sum.roce_packets > 0,
     })
+}
+
+/// Two network namespaces joined by a veth pair, removed on drop.
+struct NetnsPair {
+    names: [String; 2],
+}
+
+fn run_ip(args: &[&str]) -> Result<(), String> {
+    let o = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e} (install iproute2)"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+impl NetnsPair {
+    fn new() -> Result<NetnsPair, String> {
+        let tag = std::process::id() % 100_000;
+        let names = [
+            format!("ferroce-demo-a{tag}"),
+            format!("ferroce-demo-b{tag}"),
+        ];
+        let me = NetnsPair {
+            names: names.clone(),
+        };
+        for n in &names {
+            run_ip(&["netns", "add", n])?;
+            run_ip(&["-n", n, "link", "set", "lo", "up"])?;
+        }
+        run_ip(&[
+            "link", "add", "fdemo0", "netns", &names[0], "type", "veth", "peer", "name", "fdemo1",
+            "netns", &names[1],
+        ])?;
+        for (i, n) in names.iter().enumerate() {
+            let dev = format!("fdemo{i}");
+            let mac = format!("02:fe:de:00:00:0{}", i + 1);
+            run_ip(&[
+                "-n", n, "link", "set", &dev, "address", &mac, "mtu", "9000", "up",
+            ])?;
+            run_ip(&[
+                "-n",
+                n,
+                "addr",
+                "add",
+                &format!("10.99.0.{}/24", i + 1),
+                "dev",
+                &dev,
+            ])?;
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = run_ip(&["netns", "del", n]);
+        }
+    }
+}
+
+/// `ferroce demo --netns`: the same tests between two network namespaces joined by a veth pair
+/// (MTU 9000, path MTU 4096), each side an AF_XDP device. Needs root.
+pub fn run_netns(
+    out: &mut dyn Write,
+    pcap: &Path,
+    quick: bool,
+) -> Result<DemoResult, Box<dyn std::error::Error>> {
+    use crate::io::netdev;
+    use crate::io::xdp::{XdpDevice, XdpOptions};
+    let ns = NetnsPair::new()?;
+    let (tx_a, rx_a) = std::sync::mpsc::channel::<Result<Nic, String>>();
+    let (tx_b, rx_b) = std::sync::mpsc::channel::<Result<Nic, String>>();
+    // Each NIC is created by a thread that entered its namespace (its engine thread inherits it).
+    let start = |i: usize,
+                 name: String,
+                 tx: std::sync::mpsc::Sender<Result<Nic, String>>,
+                 pcap: Option<std::path::PathBuf>|
+     -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let r = (|| -> Result<Nic, String> {
+                crate::io::sys::enter_netns(&name).map_err(|e| format!("entering {name}: {e}"))?;
+                let dev = netdev::netdev(&format!("fdemo{i}")).map_err(|e| e.to_string())?;
+                let x = XdpDevice::open_all_queues(&dev.name, XdpOptions::default())
+                    .map_err(|e| e.to_string())?;
+                let mut cfg = DeviceConfig::new(
+                    dev.mac,
+                    dev.gids
+                        .iter()
+                        .copied()
+                        .find(|g| g.is_ipv4())
+                        .ok_or("no IPv4 address")?,
+                );
+                cfg.gids = dev.gids.clone();
+                let opts = NicOptions {
+                    poll: PollMode::Adaptive {
+                        spins: 200,
+                        max_sleep: std::time::Duration::from_millis(1),
+                    },
+                    batch: 64,
+                };
+                match pcap {
+                    Some(p) => {
+                        let f = std::io::BufWriter::new(
+                            std::fs::File::create(&p).map_err(|e| e.to_string())?,
+                        );
+                        Nic::start(cfg, PcapTap::new(x, f).map_err(|e| e.to_string())?, opts)
+                            .map_err(|e| e.to_string())
+                    }
+                    None => Nic::start(cfg, x, opts).map_err(|e| e.to_string()),
+                }
+            })();
+            let _ = tx.send(r);
+        })
+    };
+    start(0, ns.names[0].clone(), tx_a, Some(pcap.to_path_buf()))
+        .join()
+        .map_err(|_| "thread panicked")?;
+    start(1, ns.names[1].clone(), tx_b, None)
+        .join()
+        .map_err(|_| "thread panicked")?;
+    let a = rx_a.recv()??;
+    let b = rx_b.recv()??;
+    let mac = |i: u8| MacAddr([0x02, 0xfe, 0xde, 0, 0, i]);
+    let resolve = |addr: IpAddr| match addr {
+        IpAddr::V4(v) if v == Ipv4Addr::new(10, 99, 0, 1) => Some(mac(1)),
+        IpAddr::V4(v) if v == Ipv4Addr::new(10, 99, 0, 2) => Some(mac(2)),
+        _ => None,
+    };
+    writeln!(
+        out,
+        "ferroce demo --netns: namespaces {} and {} joined by a veth pair (MTU 9000); {} and {}",
+        ns.names[0],
+        ns.names[1],
+        a.describe(),
+        b.describe()
+    )?;
+    // GID 0 is the IPv6 link-local address there (Linux's order); 1 is the IPv4 one.
+    let gid = a
+        .with_device(|d| d.config().gids.iter().position(|g| g.is_ipv4()))
+        .unwrap_or(0) as u8;
+    let reports = run_tests(out, &a, &b, &resolve, quick, Some(&ns.names), gid)?;
+    let (_, qa, _) = a.counters();
+    writeln!(
+        out,
+        "counters A: tx_packets={} rx_packets={} retransmits={} timeouts={}",
+        qa.tx_packets, qa.rx_packets, qa.retransmits, qa.timeouts
+    )?;
+    a.shutdown();
+    b.shutdown();
+    check_capture(out, pcap, reports)
 }

@@ -95,3 +95,56 @@ fn bad_flag_is_a_one_line_error() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+#[test]
+fn demo_runs_and_its_capture_is_clean() {
+    let pcap = std::env::temp_dir().join(format!("ferroce-demo-test-{}.pcap", std::process::id()));
+    let (code, out, err) = ferroce(&["demo", "--quick", "--pcap", pcap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for t in [
+        "RDMA_Write BW Test",
+        "RDMA_Read BW Test",
+        "Send Latency Test",
+    ] {
+        assert!(out.contains(t), "{out}");
+    }
+    assert!(out.contains("icrc_bad=0 malformed=0"), "{out}");
+    // And the capture passes inspect on its own.
+    let (code, out, _) = ferroce(&["inspect", "-q", pcap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_file(pcap);
+}
+
+#[test]
+fn demo_across_namespaces_over_af_xdp() {
+    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
+    assert!(std::fs::metadata("/proc/self").is_ok());
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or("1").to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        uid, "0",
+        "ferroce demo --netns needs root (this test must run as root)"
+    );
+    let pcap = std::env::temp_dir().join(format!("ferroce-demo-netns-{}.pcap", std::process::id()));
+    let (code, out, err) = ferroce(&[
+        "demo",
+        "--netns",
+        "--quick",
+        "--pcap",
+        pcap.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("af_xdp("), "{out}");
+    assert!(out.contains("icrc_bad=0 malformed=0"), "{out}");
+    let left = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&left.stdout)
+        .contains(&format!("ferroce-demo-a{}", std::process::id() % 100_000)));
+    let _ = std::fs::remove_file(pcap);
+}

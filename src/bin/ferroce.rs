@@ -47,6 +47,9 @@ enum Cmd {
         /// Fewer iterations (for tests).
         #[arg(long)]
         quick: bool,
+        /// Run across two network namespaces joined by a veth pair, over AF_XDP (root).
+        #[arg(long)]
+        netns: bool,
     },
     /// perftest-style benchmarks (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat,
     /// read-lat) against another ferroce or the real ib_* tools. Server without HOST.
@@ -294,9 +297,14 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Demo { pcap, quick } => {
+        Cmd::Demo { pcap, quick, netns } => {
             let mut out = io::stdout();
-            match ferroce::demo::run(&mut out, &pcap, quick) {
+            let r = if netns {
+                ferroce::demo::run_netns(&mut out, &pcap, quick)
+            } else {
+                ferroce::demo::run(&mut out, &pcap, quick)
+            };
+            match r {
                 Ok(r) if r.capture_clean => ExitCode::SUCCESS,
                 Ok(_) => {
                     eprintln!("ferroce: demo: the capture has bad or malformed packets");
