@@ -1,8 +1,9 @@
 //! Wire-layer benchmarks. Each figure is a pair run side by side in one process; the README
 //! reports the ratios (`tools/bench-report`), never absolute thresholds.
 //!
-//! - `icrc/<size>/{ferroce_icrc,crc32fast_raw}`: ICRC verification (masked headers fed from a
-//!   stack buffer, payload in place) vs. a plain CRC-32 over the same bytes without masking.
+//! - `icrc/<size>/{ferroce_icrc,ferroce_icrc_in_place,crc32fast_raw}`: ICRC verification
+//!   (masked headers fed from a stack buffer, payload in place; or the variant fields masked in
+//!   place in a writable buffer and restored) vs. a plain CRC-32 over the same bytes.
 //! - `parse/<size>/{parse_verify,decode_only}`: full Ethernet→ICRC parse of one frame.
 //! - `outer/{ferroce_views,etherparse}`: parsing Ethernet+IPv4+UDP with our views vs etherparse.
 
@@ -62,6 +63,16 @@ fn icrc(c: &mut Criterion) {
                 b.iter(|| {
                     let f = black_box(&f[..]);
                     let c = icrc::compute(&f[o.ip..o.udp], &f[o.udp..o.bth], &f[o.bth..o.icrc]);
+                    black_box(c == p.icrc_stored)
+                })
+            },
+        );
+        let mut fm = f.clone();
+        g.bench_function(
+            BenchmarkId::new(format!("{size}"), "ferroce_icrc_in_place"),
+            |b| {
+                b.iter(|| {
+                    let c = icrc::compute_in_place(black_box(&mut fm), o.ip, o.udp, o.bth, o.icrc);
                     black_box(c == p.icrc_stored)
                 })
             },

@@ -82,6 +82,62 @@ pub fn compute(ip_hdr: &[u8], udp_hdr: &[u8], transport: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// The ICRC of a packet in a buffer the caller may write to: the variant fields are set to
+/// ones in place, the CRC runs over the contiguous bytes `[ip, end)` in one call (the fast
+/// path of `crc32fast`, so masking costs next to nothing), and the fields are restored before
+/// returning. `ip`, `udp`, `bth` are the offsets of the IP, UDP and BTH headers; `end` is where
+/// the ICRC starts. The buffer is unchanged afterwards. Offsets that do not fit the buffer
+/// fall back to [`compute`].
+pub fn compute_in_place(buf: &mut [u8], ip: usize, udp: usize, bth_at: usize, end: usize) -> u32 {
+    let ok = ip < udp && udp + 8 <= bth_at && bth_at + bth::HEADER_LEN <= end && end <= buf.len();
+    if !ok {
+        let (a, b, c) = (
+            buf.get(ip..udp.min(buf.len())).unwrap_or(&[]),
+            buf.get(udp..bth_at.min(buf.len())).unwrap_or(&[]),
+            buf.get(bth_at..end.min(buf.len())).unwrap_or(&[]),
+        );
+        return compute(a, b, c);
+    }
+    // Positions of the variant bytes.
+    let v4 = buf[ip] >> 4 == 4;
+    let mut pos = [0usize; 9];
+    let mut n = 0;
+    let mut add = |p: usize| {
+        pos[n] = p;
+        n += 1;
+    };
+    if v4 {
+        for o in [1, 8, 10, 11] {
+            add(ip + o);
+        }
+    } else {
+        for o in [1, 2, 3, 7] {
+            add(ip + o);
+        }
+    }
+    add(udp + 6);
+    add(udp + 7);
+    add(bth_at + bth::ECN_BYTE);
+    let mut saved = [0u8; 9];
+    for i in 0..n {
+        saved[i] = buf[pos[i]];
+        buf[pos[i]] = 0xff;
+    }
+    // IPv6: the low nibble of byte 0 is the top of the traffic class.
+    let b0 = buf[ip];
+    if !v4 {
+        buf[ip] |= 0x0f;
+    }
+    let mut h = Hasher::new_with_initial(SEED);
+    h.update(&buf[ip..end]);
+    let crc = h.finalize();
+    buf[ip] = b0;
+    for i in 0..n {
+        buf[pos[i]] = saved[i];
+    }
+    crc
+}
+
 /// The ICRC stored at the end of `transport_with_icrc` (little-endian), if it is long enough.
 pub fn stored(transport_with_icrc: &[u8]) -> Option<u32> {
     let n = transport_with_icrc.len();
@@ -317,6 +373,35 @@ mod tests {
         ip6[6] = 17;
         ip6[7] = 9;
         assert_eq!(compute(&ip6, &udp, &t), reference(&ip6, &udp, &t));
+    }
+
+    #[test]
+    fn in_place_equals_segmented_and_restores_the_buffer() {
+        let mut v4 = vec![0u8; 14];
+        v4.extend_from_slice(&[
+            0x45, 0x01, 0x00, 0x40, 0x04, 0x78, 0x40, 0x00, 0x40, 0x11, 0xb4, 0xd5, 0xc0, 0xa8, 0,
+            7, 0xc0, 0xa8, 0, 7,
+        ]);
+        v4.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0x00, 0x2c, 0xac, 0xa2]);
+        v4.extend((0..300u32).map(|i| (i * 13) as u8));
+        let end = v4.len();
+        let before = v4.clone();
+        let seg = compute(&v4[14..34], &v4[34..42], &v4[42..end]);
+        assert_eq!(compute_in_place(&mut v4, 14, 34, 42, end), seg);
+        assert_eq!(v4, before);
+        let mut v6 = vec![0u8; 40];
+        v6[0] = 0x6a;
+        v6[1] = 0xbc;
+        v6[6] = 17;
+        v6.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0x00, 0x2c, 0xac, 0xa2]);
+        v6.extend((0..100u32).map(|i| i as u8));
+        let end = v6.len();
+        let before = v6.clone();
+        let seg = compute(&v6[..40], &v6[40..48], &v6[48..end]);
+        assert_eq!(compute_in_place(&mut v6, 0, 40, 48, end), seg);
+        assert_eq!(v6, before);
+        // Nonsense offsets fall back without panicking.
+        let _ = compute_in_place(&mut v6, 50, 10, 5, 1000);
     }
 
     #[test]

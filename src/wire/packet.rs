@@ -243,11 +243,8 @@ impl FrameRepr {
         let hdr = bth::HEADER_LEN + roce.ext.emit(roce.bth.opcode, &mut t[bth::HEADER_LEN..])?;
         fill(&mut t[hdr..hdr + roce.payload_len])?;
         t[hdr + roce.payload_len..t_len - icrc::LEN].fill(0);
-        let crc = icrc::compute(
-            &buf[ip_start..udp_start],
-            &buf[udp_start..off],
-            &buf[off..off + t_len - icrc::LEN],
-        );
+        // One CRC pass over the contiguous frame, the variant fields masked in place.
+        let crc = icrc::compute_in_place(buf, ip_start, udp_start, off, off + t_len - icrc::LEN);
         buf[off + t_len - icrc::LEN..off + t_len].copy_from_slice(&icrc::to_wire(crc));
         Ok(n)
     }
