@@ -7,6 +7,7 @@
 //! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` may allow it.
 
 pub mod capture;
+pub mod cc;
 pub mod cm;
 pub mod demo;
 pub mod golden;

@@ -62,12 +62,226 @@ enum Cmd {
         #[arg(short = 'd', long = "ib-dev")]
         dev: Option<String>,
     },
+    /// Simulations that need no network: `ferroce sim incast`.
+    Sim {
+        #[command(subcommand)]
+        cmd: SimCmd,
+    },
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
         #[arg(long, default_value = "captures")]
         out: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum SimCmd {
+    /// N senders into one receiver through one switch port (virtual time, seeded): DCQCN
+    /// or no congestion control, RED/ECN marking, optional PFC. Prints one summary line
+    /// `utilization=… jain=… max_queue_kb=… drops=… cnps=… …` (see docs/dcqcn.md).
+    Incast(IncastArgs),
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum CcArg {
+    Dcqcn,
+    None,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum PresetArg {
+    Paper,
+    Connectx,
+}
+
+#[derive(clap::Args)]
+struct IncastArgs {
+    /// Number of senders.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    senders: u32,
+    /// Congestion control.
+    #[arg(long, value_enum, default_value = "dcqcn")]
+    cc: CcArg,
+    /// DCQCN parameters: the paper's or ConnectX firmware defaults (the NP interval follows:
+    /// 50 µs or 4 µs, unless --np-interval-us is given).
+    #[arg(long, value_enum, default_value = "paper")]
+    preset: PresetArg,
+    /// Link rate of every port (Gb/s).
+    #[arg(long, default_value_t = 100.0)]
+    link_gbps: f64,
+    /// Simulated time (ms).
+    #[arg(long, default_value_t = 10.0)]
+    duration_ms: f64,
+    /// Write the time series here as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Plot goodput, rate, α and queue against time to this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Seed of the ECN marking decisions.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// RED Kmin (KB): no marking at or below.
+    #[arg(long, default_value_t = 5.0)]
+    kmin_kb: f64,
+    /// RED Kmax (KB): every ECT packet marked above.
+    #[arg(long, default_value_t = 200.0)]
+    kmax_kb: f64,
+    /// RED marking probability at Kmax.
+    #[arg(long, default_value_t = 0.01)]
+    pmax: f64,
+    /// Switch buffer for the port (KB).
+    #[arg(long, default_value_t = 12000.0)]
+    buffer_kb: f64,
+    /// Enable PFC (pause all senders at --xoff-kb, resume at --xon-kb).
+    #[arg(long)]
+    pfc: bool,
+    /// PFC XOFF threshold (KB).
+    #[arg(long, default_value_t = 1000.0)]
+    xoff_kb: f64,
+    /// PFC XON threshold (KB).
+    #[arg(long, default_value_t = 900.0)]
+    xon_kb: f64,
+    /// Base round-trip time (µs).
+    #[arg(long, default_value_t = 8.0)]
+    rtt_us: f64,
+    /// RoCE payload per packet (bytes); frames add 58 bytes of headers.
+    #[arg(long, default_value_t = 4096)]
+    mtu: u32,
+    /// Minimum interval between CNPs per flow at the receiver (µs).
+    #[arg(long)]
+    np_interval_us: Option<f64>,
+    /// Time-series resolution (µs).
+    #[arg(long, default_value_t = 20.0)]
+    sample_us: f64,
+    /// Random extra delay of each frame to the switch, up to this (ns).
+    #[arg(long, default_value_t = 64)]
+    jitter_ns: u64,
+    /// Start the last sender this late (ms) and report its convergence time
+    /// (join_convergence_ms): when its goodput averaged over 5 ms first comes within 10 %
+    /// of its fair share.
+    #[arg(long)]
+    join_ms: Option<f64>,
+}
+
+fn run_incast(a: IncastArgs) -> ExitCode {
+    use ferroce::cc::{dcqcn::Params, CcConfig};
+    use ferroce::sim::incast::{self, IncastConfig, Pfc};
+    use ferroce::sim::Red;
+    use ferroce::time::Duration;
+    fn fail(msg: String) -> ExitCode {
+        eprintln!("ferroce: sim incast: {msg}");
+        ExitCode::from(2)
+    }
+    let us = |v: f64| Duration::from_nanos((v * 1e3).round() as u64);
+    let kb = |v: f64| (v * 1000.0).round() as u64;
+    let positive = [
+        ("--link-gbps", a.link_gbps),
+        ("--duration-ms", a.duration_ms),
+        ("--sample-us", a.sample_us),
+        ("--buffer-kb", a.buffer_kb),
+        ("--rtt-us", a.rtt_us),
+    ];
+    for (name, v) in positive {
+        if !v.is_finite() || v <= 0.0 {
+            return fail(format!("{name} must be a positive number, not {v}"));
+        }
+    }
+    let non_negative = [
+        ("--kmin-kb", a.kmin_kb),
+        ("--kmax-kb", a.kmax_kb),
+        ("--xoff-kb", a.xoff_kb),
+        ("--xon-kb", a.xon_kb),
+        ("--np-interval-us", a.np_interval_us.unwrap_or(0.0)),
+        ("--join-ms", a.join_ms.unwrap_or(0.0)),
+    ];
+    for (name, v) in non_negative {
+        if !v.is_finite() || v < 0.0 {
+            return fail(format!("{name} must be a number >= 0, not {v}"));
+        }
+    }
+    if !(0.0..=1.0).contains(&a.pmax) {
+        return fail(format!("--pmax must be in [0, 1], not {}", a.pmax));
+    }
+    if a.kmin_kb > a.kmax_kb {
+        return fail("--kmin-kb must not exceed --kmax-kb".into());
+    }
+    if a.pfc && a.xon_kb > a.xoff_kb {
+        return fail("--xon-kb must not exceed --xoff-kb".into());
+    }
+    if a.duration_ms > 60_000.0 {
+        return fail("--duration-ms is limited to 60000".into());
+    }
+    if !(64..=9000).contains(&a.mtu) {
+        return fail(format!("--mtu must be in 64..=9000, not {}", a.mtu));
+    }
+    let link_bps = (a.link_gbps * 1e9).round() as u64;
+    let mut cfg = IncastConfig::new(a.senders as usize, link_bps);
+    cfg.frame_bytes = a.mtu as usize + 58;
+    cfg.pacer_burst_bytes = 2 * cfg.frame_bytes as u64;
+    cfg.duration = us(a.duration_ms * 1000.0);
+    cfg.sample_interval = us(a.sample_us);
+    cfg.rtt = us(a.rtt_us);
+    cfg.seed = a.seed;
+    cfg.jitter = Duration::from_nanos(a.jitter_ns);
+    cfg.buffer_bytes = kb(a.buffer_kb);
+    cfg.red = Some(Red::new(
+        kb(a.kmin_kb) as usize,
+        kb(a.kmax_kb) as usize,
+        a.pmax,
+    ));
+    cfg.pfc = a.pfc.then(|| Pfc {
+        xoff_bytes: kb(a.xoff_kb),
+        xon_bytes: kb(a.xon_kb),
+    });
+    let (params, np) = match a.preset {
+        PresetArg::Paper => (Params::paper(), 50.0),
+        PresetArg::Connectx => (Params::connectx(), 4.0),
+    };
+    cfg.cc = match a.cc {
+        CcArg::Dcqcn => CcConfig::Dcqcn(params),
+        CcArg::None => CcConfig::None,
+    };
+    cfg.np_interval = us(a.np_interval_us.unwrap_or(np));
+    if let Some(j) = a.join_ms {
+        if j >= a.duration_ms {
+            return fail("--join-ms must be less than --duration-ms".into());
+        }
+        let mut starts = vec![Duration::ZERO; cfg.senders];
+        starts[cfg.senders - 1] = us(j * 1000.0);
+        cfg.starts = starts;
+    }
+    let result = match incast::run(&cfg) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if let Some(path) = &a.csv {
+        let r = File::create(path).and_then(|f| incast::write_csv(&result, BufWriter::new(f)));
+        if let Err(e) = r {
+            eprintln!("ferroce: sim incast: {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    if let Some(path) = &a.plot {
+        if let Err(e) = incast::write_png(&result, path, 1200, 1400) {
+            eprintln!("ferroce: sim incast: {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    let mut line = result.summary().to_string();
+    if a.join_ms.is_some() {
+        let conv = result.convergence_time(cfg.senders - 1, Duration::from_millis(5), 0.1);
+        match conv {
+            Some(d) => line.push_str(&format!(
+                " join_convergence_ms={:.3}",
+                d.as_nanos() as f64 / 1e6
+            )),
+            None => line.push_str(" join_convergence_ms=never"),
+        }
+    }
+    println!("{line}");
+    ExitCode::SUCCESS
 }
 
 #[derive(clap::Args)]
@@ -288,6 +502,9 @@ fn main() -> ExitCode {
             quiet,
         } => run_inspect(&files, json, verbose, quiet),
         Cmd::Golden { out } => run_golden(&out),
+        Cmd::Sim {
+            cmd: SimCmd::Incast(a),
+        } => run_incast(a),
         Cmd::Perf(a) => run_perf(a),
         Cmd::Pingpong(a) => run_pingpong(a),
         Cmd::Devinfo { dev } => match ferroce::tool::devinfo(dev.as_deref(), &mut io::stdout()) {

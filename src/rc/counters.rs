@@ -40,6 +40,9 @@ pub struct QpCounters {
     pub recv_completions: u64,
     /// CE-marked packets received (ECN).
     pub ce_rcvd: u64,
+    /// CNPs this QP sent (as a notification point) and handled (as a reaction point).
+    pub cnps_sent: u64,
+    pub cnps_handled: u64,
 }
 
 impl QpCounters {
@@ -70,7 +73,9 @@ impl QpCounters {
             acks_rcvd,
             send_completions,
             recv_completions,
-            ce_rcvd
+            ce_rcvd,
+            cnps_sent,
+            cnps_handled
         );
     }
 }

@@ -239,6 +239,16 @@ pub(crate) struct Qp {
     pub rq_retired: u64,
     /// On the device's list of QPs touched since the runtime last looked.
     pub touched: bool,
+    /// Congestion control of what this QP sends (the DCQCN reaction point, or none).
+    pub cc: Box<dyn crate::cc::RateControl>,
+    /// Paces this QP's payload-carrying packets at `cc`'s rate.
+    pub pacer: crate::cc::Pacer,
+    /// Held back by the pacer until then.
+    pub pace_at: Option<Instant>,
+    /// The notification point for what this QP receives (None: never send CNPs).
+    pub np: Option<crate::cc::dcqcn::NotificationPoint>,
+    /// A CNP is owed to the peer.
+    pub cnp_due: bool,
 }
 
 /// What the QP wants sent next: the transport part and where its payload comes from.
@@ -275,11 +285,51 @@ impl Qp {
         }
     }
 
-    /// The earliest deadline of this QP's timers.
+    /// The earliest deadline of this QP's timers (retransmission, RNR wait, pacing, and the
+    /// congestion controller's own timers).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        match (self.req.retrans_at, self.req.rnr_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [
+            self.req.retrans_at,
+            self.req.rnr_at,
+            self.pace_at,
+            self.cc.next_timer(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Pacing gate for a payload-carrying packet of about `bytes` bytes: true if it must wait
+    /// (and `pace_at` then says until when).
+    pub(crate) fn paced_out(&mut self, now: Instant, bytes: usize) -> bool {
+        if self.pacer.is_unlimited() {
+            return false;
+        }
+        let at = self.pacer.earliest_send(now, bytes);
+        if at > now {
+            self.pace_at = Some(at);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Keep the pacer at the controller's current rate.
+    pub(crate) fn sync_rate(&mut self, now: Instant) {
+        let r = self.cc.rate_bps();
+        if r != self.pacer.rate_bps() {
+            self.pacer.set_rate(now, r);
+        }
+    }
+
+    /// Congestion-control timers that are due.
+    pub(crate) fn on_cc_timer(&mut self, now: Instant) {
+        if self.pace_at.is_some_and(|t| t <= now) {
+            self.pace_at = None;
+        }
+        if self.cc.next_timer().is_some_and(|t| t <= now) {
+            self.cc.on_timer(now);
+            self.sync_rate(now);
         }
     }
 
@@ -415,7 +465,13 @@ impl Qp {
 
     /// Whether the QP has a packet to send now.
     pub(crate) fn has_tx_work(&self) -> bool {
-        !self.resp.resp_q.is_empty() || self.requester_ready()
+        self.cnp_due
+            || (self.pace_at.is_none() && (!self.resp.resp_q.is_empty() || self.requester_ready()))
+            || self
+                .resp
+                .resp_q
+                .front()
+                .is_some_and(|r| !matches!(r, RespItem::Read { .. }))
     }
 }
 

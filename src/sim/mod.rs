@@ -3,6 +3,8 @@
 //! ECN marking, all reproducible from a seed. For deterministic tests and benchmarks, in
 //! addition to (never instead of) the real packet paths.
 
+pub mod fabric;
+pub mod incast;
 pub mod net;
 pub mod pair;
 

@@ -56,6 +56,14 @@ pub struct DeviceConfig {
     pub max_cqe: u32,
     /// Most unacknowledged packets per QP (the go-back-N window).
     pub max_inflight: u32,
+    /// Congestion control of every QP's transmissions (default: none, line rate, unpaced).
+    /// With DCQCN, data packets are sent ECN-capable (ECT(0)) and paced at the QP's rate.
+    pub cc: crate::cc::CcConfig,
+    /// The port's line rate in bits per second (DCQCN's highest rate).
+    pub line_rate_bps: u64,
+    /// The notification point: at most one CNP per QP per this interval for CE-marked packets
+    /// received (ConnectX: 4 µs; the DCQCN paper: 50 µs). `None`: never send CNPs.
+    pub cnp_interval: Option<crate::time::Duration>,
 }
 
 impl DeviceConfig {
@@ -72,6 +80,9 @@ impl DeviceConfig {
             max_inline: 512,
             max_cqe: 1 << 22,
             max_inflight: crate::rc::qp::DEFAULT_MAX_INFLIGHT,
+            cc: crate::cc::CcConfig::None,
+            line_rate_bps: 100_000_000_000,
+            cnp_interval: Some(crate::time::Duration::from_micros(4)),
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -385,6 +396,18 @@ impl Device {
             sq_retired: 0,
             rq_retired: 0,
             touched: false,
+            cc: self.cfg.cc.build(self.cfg.line_rate_bps),
+            pacer: match self.cfg.cc {
+                crate::cc::CcConfig::None => crate::cc::Pacer::unlimited(),
+                // A burst of two full frames keeps the pacer accurate without stalling batches.
+                _ => crate::cc::Pacer::new(self.cfg.line_rate_bps, 2 * 4200),
+            },
+            pace_at: None,
+            np: self
+                .cfg
+                .cnp_interval
+                .map(crate::cc::dcqcn::NotificationPoint::new),
+            cnp_due: false,
         };
         self.qps.insert(qpn, Box::new(qp));
         Ok(QpNumber::new(qpn))
@@ -662,6 +685,11 @@ impl Device {
         (self.counters, t)
     }
 
+    /// The QP's current sending rate (bits/s) under its congestion control.
+    pub fn qp_rate_bps(&self, qpn: QpNumber) -> Option<u64> {
+        self.qps.get(&qpn.get()).map(|q| q.cc.rate_bps())
+    }
+
     pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
         self.qps.get(&qpn.get()).map(|q| q.counters)
     }
@@ -750,6 +778,7 @@ impl Device {
             }
             qp.timer_armed = None;
             if qp.next_deadline().is_some_and(|d| d <= now) {
+                qp.on_cc_timer(now);
                 let mut ctx = Ctx {
                     now,
                     mrs: &self.mrs,
@@ -820,7 +849,22 @@ impl Device {
             return;
         }
         if b.opcode == wire::Opcode::CNP {
+            // The reaction point: a CNP names the QP whose packets were marked (its DestQP is
+            // our QPN, as the peer's notification point addresses it).
             self.counters.cnps_rcvd += 1;
+            let qpn = b.dest_qp.get();
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                self.counters.unknown_qp_drops += 1;
+                return;
+            };
+            if qp.path.is_none_or(|p| p.dst_ip != src) {
+                self.counters.address_drops += 1;
+                return;
+            }
+            qp.cc.on_cnp(now);
+            qp.sync_rate(now);
+            qp.counters.cnps_handled += 1;
+            self.schedule(qpn);
             return;
         }
         if b.opcode.transport() != Transport::Rc {
@@ -839,7 +883,11 @@ impl Device {
         qp.counters.rx_packets += 1;
         qp.counters.rx_bytes += payload.len() as u64;
         if ecn == Ecn::Ce {
+            // The notification point: a congested path; CNPs to the sender, spaced.
             qp.counters.ce_rcvd += 1;
+            if qp.np.as_mut().is_some_and(|np| np.on_ce(now)) {
+                qp.cnp_due = true;
+            }
         }
         let mut ctx = Ctx {
             now,
@@ -868,20 +916,59 @@ impl Device {
                 cqs: &mut self.cqs,
                 dev: &mut self.counters,
             };
-            let desc = match qp.next_response_packet() {
-                Some(d) => Some(d),
-                None => qp.next_request_packet(&mut ctx),
+            // What goes next: a CNP owed to the peer (never paced), an ACK/NAK/ATOMIC ACK (not
+            // paced), or data — a READ response or a request — paced at the QP's rate.
+            let mtu_frame = qp.mtu() as usize + 100;
+            let front_is_data = matches!(
+                qp.resp.resp_q.front(),
+                Some(crate::rc::qp::RespItem::Read { .. })
+            );
+            let (desc, kind) = if qp.cnp_due && qp.path.is_some() {
+                qp.cnp_due = false;
+                let mut bth = wire::BthRepr::new(
+                    wire::Opcode::CNP,
+                    QpNumber::new(qp.attr.dest_qp_num),
+                    Psn::new(0),
+                );
+                bth.becn = true;
+                let repr = wire::RoceRepr::new(bth, wire::ExtRepr::default(), 0);
+                (
+                    Some(crate::rc::qp::TxDesc {
+                        repr,
+                        payload: PayloadSrc::None,
+                    }),
+                    TxKind::Cnp,
+                )
+            } else if !qp.resp.resp_q.is_empty() && !front_is_data {
+                (qp.next_response_packet(), TxKind::Control)
+            } else if (front_is_data || qp.requester_ready()) && qp.paced_out(now, mtu_frame) {
+                (None, TxKind::Data)
+            } else {
+                let d = match qp.next_response_packet() {
+                    Some(d) => Some(d),
+                    None => qp.next_request_packet(&mut ctx),
+                };
+                (d, TxKind::Data)
             };
             let out = match (desc, qp.path) {
                 (Some(d), Some(path)) => {
+                    // CNPs as a ConnectX sends them (roce-facts.md): DSCP 48, ECT(0), UDP source
+                    // port 0. Data is ECN-capable when congestion control is on.
+                    let (dscp, ecn, sport) = match kind {
+                        TxKind::Cnp => (48, Ecn::Ect0, 0),
+                        TxKind::Data if !matches!(self.cfg.cc, crate::cc::CcConfig::None) => {
+                            (path.dscp, Ecn::Ect0, path.udp_sport)
+                        }
+                        _ => (path.dscp, path.ecn, path.udp_sport),
+                    };
                     let ip = match (path.src_ip, path.dst_ip) {
                         (IpAddr::V4(s), IpAddr::V4(t)) => {
                             self.ip_id = self.ip_id.wrapping_add(1);
                             IpRepr::V4(Ipv4Repr {
                                 src: s,
                                 dst: t,
-                                dscp: path.dscp,
-                                ecn: path.ecn,
+                                dscp,
+                                ecn,
                                 ident: self.ip_id,
                                 dont_frag: true,
                                 ttl: path.hop_limit,
@@ -890,8 +977,8 @@ impl Device {
                         (s, t) => IpRepr::V6(Ipv6Repr {
                             src: v6(s),
                             dst: v6(t),
-                            dscp: path.dscp,
-                            ecn: path.ecn,
+                            dscp,
+                            ecn,
                             flow_label: path.flow_label,
                             hop_limit: path.hop_limit,
                         }),
@@ -905,7 +992,7 @@ impl Device {
                         }),
                         ip,
                         udp: UdpRepr {
-                            src_port: path.udp_sport,
+                            src_port: sport,
                             dst_port: ROCE_V2_PORT,
                             checksum: 0,
                         },
@@ -946,6 +1033,15 @@ impl Device {
                             }
                             qp.counters.tx_packets += 1;
                             qp.counters.tx_bytes += f.roce.payload_len as u64;
+                            match kind {
+                                TxKind::Cnp => qp.counters.cnps_sent += 1,
+                                TxKind::Data => {
+                                    qp.pacer.on_send(now, n);
+                                    qp.cc.on_sent(now, n);
+                                    qp.sync_rate(now);
+                                }
+                                TxKind::Control => {}
+                            }
                             Some(n)
                         }
                         Err(_) => {
@@ -973,6 +1069,14 @@ impl Device {
         }
         None
     }
+}
+
+/// What kind of packet `poll_transmit` is building.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TxKind {
+    Cnp,
+    Control,
+    Data,
 }
 
 fn v6(a: IpAddr) -> Ipv6Addr {

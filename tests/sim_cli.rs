@@ -1,0 +1,158 @@
+//! `ferroce sim incast` as a user runs it: one summary line, files written, one-line errors.
+
+use std::process::Command;
+
+fn ferroce(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The value of `key=` in a summary line.
+fn field(line: &str, key: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn incast_prints_exactly_one_summary_line() {
+    let (code, out, err) = ferroce(&["sim", "incast", "--senders", "4", "--duration-ms", "100"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let line = out.trim_end();
+    assert!(line.starts_with("utilization="), "{line}");
+    let keys: Vec<&str> = line
+        .split_whitespace()
+        .map(|kv| kv.split('=').next().unwrap())
+        .collect();
+    assert_eq!(
+        &keys[..5],
+        &["utilization", "jain", "max_queue_kb", "drops", "cnps"]
+    );
+    assert!(field(line, "utilization") >= 0.95, "{line}");
+    assert!(field(line, "jain") >= 0.99, "{line}");
+    assert!(field(line, "cnps") > 0.0, "{line}");
+}
+
+#[test]
+fn incast_without_cc_fills_the_buffer_or_pauses() {
+    let (code, out, _) = ferroce(&[
+        "sim",
+        "incast",
+        "--senders",
+        "8",
+        "--cc",
+        "none",
+        "--duration-ms",
+        "2",
+        "--buffer-kb",
+        "2000",
+    ]);
+    assert_eq!(code, 0);
+    assert!(field(&out, "drops") > 0.0, "{out}");
+    assert!(field(&out, "max_queue_kb") > 1990.0, "{out}");
+    assert!(out.contains("cc=none"), "{out}");
+    let (code, out, _) = ferroce(&[
+        "sim",
+        "incast",
+        "--senders",
+        "8",
+        "--cc",
+        "none",
+        "--duration-ms",
+        "2",
+        "--pfc",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(field(&out, "drops"), 0.0, "{out}");
+    assert!(field(&out, "pfc_pauses") > 0.0, "{out}");
+}
+
+#[test]
+fn incast_writes_csv_and_png_and_reports_a_join() {
+    let dir = std::env::temp_dir().join(format!("ferroce-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("x.csv");
+    let png = dir.join("x.png");
+    let (code, out, err) = ferroce(&[
+        "sim",
+        "incast",
+        "--senders",
+        "2",
+        "--preset",
+        "connectx",
+        "--link-gbps",
+        "40",
+        "--duration-ms",
+        "3",
+        "--join-ms",
+        "1",
+        "--seed",
+        "9",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("join_convergence_ms="), "{out}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("t_us,queue_kb,queue_max_kb,pfc_paused,f0_gbps"));
+    assert_eq!(text.lines().count(), 1 + 150);
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn incast_bad_arguments_are_one_line_errors() {
+    for args in [
+        &["sim", "incast"][..],
+        &["sim", "incast", "--senders", "0"][..],
+        &["sim", "incast", "--senders", "x"][..],
+        &["sim", "incast", "--senders", "2", "--cc", "cubic"][..],
+        &["sim", "incast", "--senders", "2", "--preset", "mine"][..],
+        &["sim", "incast", "--senders", "2", "--link-gbps", "-1"][..],
+        &["sim", "incast", "--senders", "2", "--duration-ms", "0"][..],
+        &["sim", "incast", "--senders", "2", "--pmax", "1.5"][..],
+        &["sim", "incast", "--senders", "2", "--kmin-kb", "300"][..],
+        &[
+            "sim",
+            "incast",
+            "--senders",
+            "2",
+            "--pfc",
+            "--xon-kb",
+            "2000",
+        ][..],
+        &["sim", "incast", "--senders", "2", "--join-ms", "20"][..],
+        &["sim", "incast", "--senders", "2", "--bogus"][..],
+    ] {
+        let (code, out, err) = ferroce(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("ferroce: "), "{args:?}: {err}");
+    }
+    // An unwritable output file: a one-line error, status 1.
+    let (code, _, err) = ferroce(&[
+        "sim",
+        "incast",
+        "--senders",
+        "2",
+        "--duration-ms",
+        "1",
+        "--csv",
+        "/nonexistent/x.csv",
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
