@@ -28,6 +28,12 @@ pub struct PerfRun {
     pub pcap: Option<PathBuf>,
     pub busy_poll: bool,
     pub json: bool,
+    /// Congestion control of our QPs (DCQCN reaction point) and the notification point's
+    /// CNP interval (None: send no CNPs).
+    pub cc: crate::cc::CcConfig,
+    pub cnp_interval: Option<Duration>,
+    /// The port's line rate for DCQCN (bits/s).
+    pub line_rate_bps: u64,
 }
 
 /// The GID index to use: the given one, or the first IPv4 entry.
@@ -64,6 +70,9 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
+    dcfg.cc = o.cc.clone();
+    dcfg.cnp_interval = o.cnp_interval;
+    dcfg.line_rate_bps = o.line_rate_bps;
     let opts = NicOptions {
         poll: if o.busy_poll {
             PollMode::Busy
@@ -154,8 +163,8 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
             writeln!(out, "{l}").ok();
         }
         writeln!(out, "{bar}").ok();
-        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={}",
-            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped).ok();
+        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} ce_rcvd={} cnps_sent={} cnps_handled={} cc={}",
+            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, qc.ce_rcvd, qc.cnps_sent, qc.cnps_handled, o.cc.name()).ok();
     }
     let empty = matches!(&report, Report::Bw(v) if v.is_empty())
         || matches!(&report, Report::Lat(v) if v.is_empty() && role == Role::Client);

@@ -342,6 +342,30 @@ struct PerfArgs {
     /// Seconds to wait for the peer at each step of the exchange.
     #[arg(long, default_value_t = 20)]
     timeout: u64,
+    /// Congestion control of our sends: none, or DCQCN (data sent ECT(0), paced).
+    #[arg(long, value_enum, default_value = "none")]
+    cc: PerfCc,
+    /// DCQCN parameters: the paper's or ConnectX firmware defaults.
+    #[arg(long = "cc-preset", value_enum, default_value = "paper")]
+    cc_preset: PerfPreset,
+    /// Line rate for DCQCN (Gb/s).
+    #[arg(long = "line-gbps", default_value_t = 10.0)]
+    line_gbps: f64,
+    /// Minimum interval between CNPs per QP (µs); 0 disables CNPs.
+    #[arg(long = "cnp-interval-us", default_value_t = 4)]
+    cnp_interval_us: u64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum PerfCc {
+    None,
+    Dcqcn,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum PerfPreset {
+    Paper,
+    Connectx,
 }
 
 #[derive(clap::Args)]
@@ -456,6 +480,18 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         pcap: a.pcap,
         busy_poll: a.busy,
         json: a.json,
+        cc: match (a.cc, a.cc_preset) {
+            (PerfCc::None, _) => ferroce::cc::CcConfig::None,
+            (PerfCc::Dcqcn, PerfPreset::Paper) => {
+                ferroce::cc::CcConfig::Dcqcn(ferroce::cc::dcqcn::Params::paper())
+            }
+            (PerfCc::Dcqcn, PerfPreset::Connectx) => {
+                ferroce::cc::CcConfig::Dcqcn(ferroce::cc::dcqcn::Params::connectx())
+            }
+        },
+        cnp_interval: (a.cnp_interval_us > 0)
+            .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
+        line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,
     };
     match ferroce::tool::run_perf(&run, &mut io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
