@@ -70,13 +70,23 @@ fn all_access() -> AccessFlags {
 }
 
 fn device(i: u8) -> Device {
-    Device::new(
-        DeviceConfig::new(
-            MacAddr([2, 0, 0, 0, 0, i]),
-            IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
-        )
-        .with_seed(u64::from(i)),
+    device_cc(i, false)
+}
+
+/// Line rate of the congestion-control cases.
+const LINE_BPS: u64 = 100_000_000_000;
+
+fn device_cc(i: u8, dcqcn: bool) -> Device {
+    let mut c = DeviceConfig::new(
+        MacAddr([2, 0, 0, 0, 0, i]),
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
     )
+    .with_seed(u64::from(i));
+    if dcqcn {
+        c.cc = ferroce::cc::CcConfig::Dcqcn(ferroce::cc::dcqcn::Params::paper());
+        c.line_rate_bps = LINE_BPS;
+    }
+    Device::new(c)
 }
 
 /// How frames move between the two devices.
@@ -102,6 +112,8 @@ struct Shape {
     /// WRs per post batch (the last one signaled).
     batch: usize,
     drive: Drive,
+    /// DCQCN on (paced at the 100 Gb/s line rate) and virtual time advancing at line rate.
+    cc: Option<bool>,
 }
 
 /// Two devices with `nqps` connected RC QP pairs, A → B traffic.
@@ -128,8 +140,9 @@ struct Rig {
 
 impl Rig {
     fn new(shape: Shape) -> Rig {
-        let mut a = device(1);
-        let mut b = device(2);
+        let dcqcn = shape.cc == Some(true);
+        let mut a = device_cc(1, dcqcn);
+        let mut b = device_cc(2, dcqcn);
         let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
         let cq_a = a.create_cq(1 << 16).unwrap();
         let cq_b = b.create_cq(1 << 16).unwrap();
@@ -298,6 +311,24 @@ impl Rig {
                 posted += k as u64;
             }
             let moved = self.pump();
+            if self.shape.cc.is_some() {
+                // Time passes at the line rate for the frames moved (4 KiB frames: ~336 ns at
+                // 100 Gb/s), so the pacer runs on every packet without holding any back.
+                let ns = moved * (MSG_4K as u64 + 100) * 8 * 1_000_000_000 / LINE_BPS;
+                self.now += ferroce::time::Duration::from_nanos(ns.max(1));
+                if moved == 0 {
+                    // Held back by the pacer: sleep until it allows the next packet.
+                    if let Some(t) = [self.a.poll_timeout(), self.b.poll_timeout()]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                    {
+                        self.now = self.now.max(t);
+                    }
+                }
+                self.a.handle_timeout(self.now);
+                self.b.handle_timeout(self.now);
+            }
             self.wcs.clear();
             self.a
                 .poll_cq(self.cq_a, &mut self.wcs, usize::MAX)
@@ -320,7 +351,7 @@ impl Rig {
                 }
             }
             assert!(
-                moved > 0 || progress,
+                moved > 0 || progress || self.shape.cc.is_some(),
                 "stalled: {:?} / {:?}",
                 self.a.counters(),
                 self.b.counters()
@@ -406,6 +437,7 @@ fn memory_report() {
         nqps: 1,
         batch: 64,
         drive: Drive::Burst,
+        cc: None,
     });
     r.run(4 * u64::from(SQ_DEPTH));
     let used_a = r.a.qp_memory(r.qa[0]).unwrap();
@@ -416,6 +448,7 @@ fn memory_report() {
         nqps: 1,
         batch: 64,
         drive: Drive::Burst,
+        cc: None,
     });
     s.run(4 * u64::from(SQ_DEPTH));
     let used_recv = s.b.qp_memory(s.qb[0]).unwrap();
@@ -472,6 +505,7 @@ const CASES: &[(&str, Shape)] = &[
             nqps: 1,
             batch: 64,
             drive: Drive::Burst,
+            cc: None,
         },
     ),
     (
@@ -482,6 +516,7 @@ const CASES: &[(&str, Shape)] = &[
             nqps: BIG_QPS,
             batch: 64,
             drive: Drive::Burst,
+            cc: None,
         },
     ),
     (
@@ -492,6 +527,7 @@ const CASES: &[(&str, Shape)] = &[
             nqps: 1,
             batch: 1,
             drive: Drive::Lockstep,
+            cc: None,
         },
     ),
     (
@@ -502,6 +538,29 @@ const CASES: &[(&str, Shape)] = &[
             nqps: BIG_QPS,
             batch: 1,
             drive: Drive::Lockstep,
+            cc: None,
+        },
+    ),
+    (
+        "write_4k_cc_off",
+        Shape {
+            op: Op::Write,
+            msg: MSG_4K,
+            nqps: 1,
+            batch: 64,
+            drive: Drive::Burst,
+            cc: Some(false),
+        },
+    ),
+    (
+        "write_4k_cc_dcqcn",
+        Shape {
+            op: Op::Write,
+            msg: MSG_4K,
+            nqps: 1,
+            batch: 64,
+            drive: Drive::Burst,
+            cc: Some(true),
         },
     ),
     (
@@ -512,6 +571,7 @@ const CASES: &[(&str, Shape)] = &[
             nqps: 1,
             batch: 64,
             drive: Drive::Burst,
+            cc: None,
         },
     ),
 ];

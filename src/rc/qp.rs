@@ -314,8 +314,13 @@ impl Qp {
         }
     }
 
-    /// Keep the pacer at the controller's current rate.
+    /// Keep the pacer at the controller's current rate. Without congestion control the pacer
+    /// is unlimited and stays so (the no-CC controller reports the line rate, which must not
+    /// turn pacing on).
     pub(crate) fn sync_rate(&mut self, now: Instant) {
+        if self.pacer.is_unlimited() {
+            return;
+        }
         let r = self.cc.rate_bps();
         if r != self.pacer.rate_bps() {
             self.pacer.set_rate(now, r);
