@@ -578,6 +578,9 @@ fn push_error(inner: &Inner, dev: &Device, qpn: QpNumber, wr_id: u64) {
             solicited: false,
         });
         c.len.fetch_add(1, Ordering::AcqRel);
+        // Wake a `wait_cq` sleeper, as for any other completion.
+        let _g = lock(&c.lock);
+        c.cv.notify_all();
     }
 }
 

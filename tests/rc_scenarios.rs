@@ -766,6 +766,55 @@ fn partial_write_retried_after_loss() {
 }
 
 #[test]
+fn ack_overtaking_a_retry_inside_a_long_write_moves_the_send_pointer() {
+    // A 100-packet WRITE (AckReq on PSN 63 and on the last). A has sent the first 64 packets
+    // when its ACK timer fires (B's ACK of PSN 63 is late): go-back-N rewinds the send pointer
+    // to PSN 0 and one packet is resent. Then the late ACK arrives and acknowledges all 64
+    // packets ever sent (una == hwm, so no timer stays armed). The send pointer must move past
+    // the acknowledged PSNs; left behind una, the requester would never send PSN 64..99 (found
+    // by tests/testbed_rc.rs with 1 % loss: a 257-packet SEND that never completed).
+    let mut s = Scen::new(params(), 0);
+    let len = 100 * 256;
+    let data = pattern(len, 9);
+    s.ea.mr.write(0, &data).unwrap();
+    s.post_send(1, s.write_op(0), 0, len);
+    let mut buf = vec![0u8; 9000];
+    let mut now = Instant::ZERO;
+    for _ in 0..64 {
+        let n = s.a.poll_transmit(now, &mut buf).expect("a WRITE packet");
+        s.b.handle_frame(now, &buf[..n]);
+    }
+    let n = s.b.poll_transmit(now, &mut buf).expect("B's ACK of PSN 63");
+    let late_ack = buf[..n].to_vec();
+    assert_eq!(
+        wire::parse_frame(&late_ack).unwrap().repr.roce.bth.psn,
+        Psn::new(63)
+    );
+    now = s.a.poll_timeout().expect("the ACK timer");
+    s.a.handle_timeout(now);
+    let n =
+        s.a.poll_transmit(now, &mut buf)
+            .expect("the retry's first packet");
+    assert_eq!(
+        wire::parse_frame(&buf[..n]).unwrap().repr.roce.bth.psn,
+        Psn::new(0)
+    );
+    s.b.handle_frame(now, &buf[..n]); // a duplicate for B
+    while let Some(n) = s.b.poll_transmit(now, &mut buf) {
+        s.a.handle_frame(now, &buf[..n]); // B's re-ACK of PSN 63
+    }
+    s.a.handle_frame(now, &late_ack);
+    // From here on a plain lossless exchange finishes the WRITE.
+    s.now = now;
+    s.run(Duration::from_millis(50));
+    assert_eq!(s.wcs_a(), vec![(1, WcStatus::Success)]);
+    assert_eq!(s.a.qp_counters(s.ea.qp).unwrap().timeouts, 1);
+    let mut got = vec![0u8; len];
+    s.eb.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
+#[test]
 fn partial_read_retried_after_loss() {
     // A 4-packet READ loses its second response: A asks again from the first missing byte (a
     // READ request for the remaining 744 bytes at PSN 11); B replays from its saved resource.

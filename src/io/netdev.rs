@@ -38,7 +38,8 @@ pub fn gid_order(addrs: &[IpAddr]) -> Vec<IpAddr> {
     ll.chain(v4).chain(v6).copied().collect()
 }
 
-/// Look an interface up by name (in the current network namespace).
+/// Look an interface up by name, in the calling thread's network namespace (a thread that
+/// entered another namespace sees that namespace's interfaces, MTUs and neighbours).
 pub fn netdev(name: &str) -> io::Result<Netdev> {
     let ifs = pnet_datalink::interfaces();
     let i = ifs.into_iter().find(|i| i.name == name).ok_or_else(|| {
@@ -49,9 +50,9 @@ pub fn netdev(name: &str) -> io::Result<Netdev> {
     })?;
     let mac = i.mac.map(|m| MacAddr(m.octets())).unwrap_or(MacAddr::ZERO);
     let addrs: Vec<IpAddr> = i.ips.iter().map(|n| n.ip()).collect();
-    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
+    // An ioctl, not /sys/class/net/NAME/mtu: sysfs shows the namespace it was mounted in,
+    // not the calling thread's (see `sys::if_mtu`).
+    let mtu = super::sys::if_mtu(name).ok();
     Ok(Netdev {
         name: i.name,
         index: i.index,
@@ -120,9 +121,18 @@ pub fn ndp_lookup(out: &str, ip: Ipv6Addr) -> Option<MacAddr> {
     None
 }
 
+/// The calling thread's ARP table. `/proc/net` is a link to `/proc/self/net`, which shows the
+/// namespace of the process's main thread; `/proc/thread-self/net` (Linux 3.17) shows this
+/// thread's, which differs when the thread entered another namespace.
+fn arp_table() -> Option<String> {
+    std::fs::read_to_string("/proc/thread-self/net/arp")
+        .or_else(|_| std::fs::read_to_string("/proc/net/arp"))
+        .ok()
+}
+
 fn kernel_lookup(ip: IpAddr, dev: Option<&str>) -> Option<MacAddr> {
     match ip {
-        IpAddr::V4(v4) => arp_lookup(&std::fs::read_to_string("/proc/net/arp").ok()?, v4, dev),
+        IpAddr::V4(v4) => arp_lookup(&arp_table()?, v4, dev),
         IpAddr::V6(v6) => {
             let out = std::process::Command::new("ip")
                 .args(["-6", "neigh", "show", &v6.to_string()])

@@ -48,6 +48,13 @@ impl Qp {
                 if !p.before(self.req.una) {
                     self.req.una = p.next();
                     progress = true;
+                    // A go-back-N retry may have rewound the send pointer into this WQE below
+                    // what is now acknowledged: resume after it. Left behind `una`, the pointer
+                    // is outside the window forever, and when `una` reached `hwm` no timer is
+                    // armed either: the QP would never send again.
+                    if self.req.send_idx == 0 && self.req.send_psn.before(self.req.una) {
+                        self.retry_from(self.req.una);
+                    }
                 }
                 break;
             }

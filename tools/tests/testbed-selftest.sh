@@ -197,6 +197,18 @@ check "input-drop on: UDP socket in B gets nothing" expect_none "$B4"
 check "input-drop on: tcpdump (AF_PACKET) in B still sees it" expect_seen_by_tcpdump "$B4"
 check "input-drop off" TB input-drop off
 check "input-drop off: UDP socket in B receives again" expect_all "$B4"
+check "input-drop on a (A only)" TB input-drop on a
+check "input-drop on a: UDP socket in B still receives" expect_all "$B4"
+has_host_drop() { ip netns exec "${PREFIX}$1" nft list table inet ferroce_host >/dev/null 2>&1; }
+check "input-drop on a: the rule is in A" has_host_drop a
+check "input-drop on b (now both)" TB input-drop on b
+check "input-drop on b: UDP socket in B gets nothing" expect_none "$B4"
+check "input-drop off a (B keeps its rule)" TB input-drop off a
+no_host_drop_a() { ! has_host_drop a; }
+check "input-drop off a: A has no rule" no_host_drop_a
+check "input-drop off a: B still drops" expect_none "$B4"
+check "input-drop off" TB input-drop off
+check_rc "bad input: input-drop on c -> exit 2" 2 TB input-drop on c
 
 check_rc "bad input: loss 101 -> exit 2" 2 TB loss 101
 check_rc "bad input: loss abc -> exit 2" 2 TB loss abc

@@ -95,6 +95,28 @@ pub fn rx_queue_count(name: &str) -> io::Result<u32> {
     Ok((ch.rx_count + ch.combined_count).max(1))
 }
 
+/// The MTU of interface `name` in the calling thread's network namespace (`SIOCGIFMTU`).
+///
+/// Not `/sys/class/net/NAME/mtu`: sysfs shows the namespace it was mounted in, not the
+/// calling thread's, so a thread that entered another namespace would read the MTU of a
+/// same-named interface of the host (or find none).
+pub fn if_mtu(name: &str) -> io::Result<u32> {
+    if_nametoindex(name)?; // validates the name (length, characters) and gives a clear NotFound
+    let sock = ioctl_socket()?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFMTU reads the NUL-terminated name from `ifr` (shorter than IFNAMSIZ, the
+    // rest of the array is zero) and writes the MTU into its union; `ifr` lives until the call
+    // returns.
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut ifr) })?;
+    // SAFETY: after a successful SIOCGIFMTU the union holds `ifru_mtu`.
+    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| io::Error::other(format!("{name}: negative MTU {mtu}")))
+}
+
 /// Move the **calling thread** into the network namespace `name`, i.e. the one
 /// `ip netns add NAME` created and bind-mounted at `/run/netns/NAME` (`/var/run/netns` is the
 /// same directory on Debian). Uses `setns(fd, CLONE_NEWNET)`.
@@ -131,4 +153,19 @@ pub fn enter_netns(name: &str) -> io::Result<()> {
 pub fn netns_id() -> io::Result<(u64, u64)> {
     let m = std::fs::metadata("/proc/thread-self/ns/net")?;
     Ok((m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_of_loopback_and_of_a_missing_interface() {
+        // Every network namespace has `lo`; Linux gives it 65536 (older kernels 16436).
+        let mtu = if_mtu("lo").expect("lo");
+        assert!(mtu >= 1280, "lo has MTU {mtu}");
+        let e = if_mtu("nosuch0").expect_err("no such interface");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(if_mtu("bad/name").is_err());
+    }
 }
