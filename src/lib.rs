@@ -14,6 +14,7 @@ pub mod golden;
 pub mod inspect;
 pub mod io;
 pub mod nic;
+pub mod pattern;
 pub mod perf;
 pub mod rc;
 pub mod sim;

@@ -99,6 +99,10 @@ pub struct PerfConfig {
     pub timeout: Duration,
     /// Print a progress line every second on long runs.
     pub progress: bool,
+    /// Check payloads byte for byte (see [`Verify`]).
+    pub verify: bool,
+    /// Seed of the pattern ferroce sends with `verify` (write-bw / send-bw client).
+    pub verify_seed: u64,
 }
 
 impl Default for PerfConfig {
@@ -117,6 +121,8 @@ impl Default for PerfConfig {
             gid_index: 0,
             timeout: Duration::from_secs(20),
             progress: true,
+            verify: false,
+            verify_seed: 0x5eed,
         }
     }
 }
@@ -134,6 +140,8 @@ pub enum PerfError {
     Stalled(Duration),
     #[error("cannot resolve the MAC address of {0}")]
     Neighbour(IpAddr),
+    #[error("data check failed: {0}")]
+    Verify(String),
 }
 
 /// One line of results.
@@ -168,6 +176,12 @@ pub enum Report {
 }
 
 /// The verbs objects one side of a test uses.
+///
+/// The memory is laid out as perftest lays out its own (`alloc_ctx`, `set_up_connection`):
+/// each QP has a send half and a receive half of `half` bytes, `max(size, page)` rounded up to
+/// a cache line, and the key message advertises the **receive half**. A perftest peer targets
+/// exactly that address and, for messages of at most half a page, walks forward through the
+/// page (`increase_rem_addr`), so the receive half must be at least a page long.
 pub struct Endpoint<'a> {
     pub nic: &'a Nic,
     pub cq: Cq,
@@ -175,7 +189,40 @@ pub struct Endpoint<'a> {
     pub mr: MemoryRegion,
     /// Bytes of the MR each QP uses (its send half and receive half).
     pub slot: usize,
+    /// Bytes of each half.
+    pub half: usize,
     pub psns: Vec<u32>,
+    /// With `verify`, read-bw's destination: one message-sized slot per send queue entry.
+    pub vbuf: Option<MemoryRegion>,
+}
+
+/// perftest's cycle buffer (the page size it exchanges) and cache line.
+pub const PAGE: usize = 4096;
+pub const CACHE_LINE: usize = 64;
+
+/// perftest's `INC(BUFF_SIZE(size, page), line)`: the size of each half of a QP's buffer.
+pub fn perftest_half(size: usize, page: usize, line: usize) -> usize {
+    let b = size.max(page);
+    let line = line.max(1);
+    b.div_ceil(line) * line
+}
+
+/// Move a fresh QP to INIT (as `ibv_modify_qp` to INIT right after `ibv_create_qp`), so that
+/// receives can be posted before the connection is made.
+pub fn qp_to_init(nic: &Nic, qpn: QpNumber, access: AccessFlags) -> Result<(), VerbsError> {
+    use crate::verbs::{QpAttr, QpAttrMask, QpState};
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: access,
+        ..QpAttr::default()
+    };
+    nic.modify_qp(
+        qpn,
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
 }
 
 fn sizes(cfg: &PerfConfig) -> Vec<u32> {
@@ -210,16 +257,34 @@ pub fn setup<'a>(nic: &'a Nic, cfg: &PerfConfig) -> Result<Endpoint<'a>, PerfErr
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let slot = max_size(cfg) * 2;
+    let half = perftest_half(max_size(cfg), PAGE, CACHE_LINE);
+    let slot = half * 2;
     let all = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let mr = nic.reg_mr(pd, slot * qps as usize, all)?;
+    if cfg.verify {
+        // What ferroce sends (write-bw, send-bw): pattern message q in QP q's send half.
+        for q in 0..qps as usize {
+            let len = max_size(cfg);
+            let p = crate::pattern::expected(len, cfg.verify_seed, q as u64, false);
+            mr.write(q * slot, &p)
+                .map_err(|_| PerfError::Verify("pattern does not fit".into()))?;
+        }
+    }
+    let vbuf = if cfg.verify && matches!(cfg.test, Test::ReadBw | Test::AtomicBw) {
+        let n = cfg.tx_depth as usize * qps as usize * max_size(cfg);
+        Some(nic.reg_mr(pd, n, AccessFlags::LOCAL_WRITE)?)
+    } else {
+        None
+    };
     let mut v = Vec::new();
     let mut psns = Vec::new();
     for i in 0..qps {
-        v.push(crate::nic::create_rc_qp(nic, pd, cq, cap)?);
+        let q = crate::nic::create_rc_qp(nic, pd, cq, cap)?;
+        qp_to_init(nic, q, RcParams::default().access)?;
+        v.push(q);
         // perftest draws PSNs with lrand48; any 24-bit value will do.
         psns.push((0x1f_0000u32.wrapping_mul(i + 7) ^ (std::process::id() << 4)) & 0xff_ffff);
     }
@@ -229,7 +294,9 @@ pub fn setup<'a>(nic: &'a Nic, cfg: &PerfConfig) -> Result<Endpoint<'a>, PerfErr
         qps: v,
         mr,
         slot,
+        half,
         psns,
+        vbuf,
     })
 }
 
@@ -252,7 +319,8 @@ impl Endpoint<'_> {
                 qpn: q.get(),
                 psn: self.psns[i],
                 rkey: self.mr.rkey().0,
-                vaddr: self.mr.addr() + (i * self.slot) as u64,
+                // The receive half, as perftest advertises it.
+                vaddr: self.mr.addr() + (i * self.slot + self.half) as u64,
                 gid,
                 srqn: 0,
             })
@@ -321,12 +389,174 @@ fn units(cfg: &PerfConfig, bytes_per_s: f64) -> f64 {
     }
 }
 
+/// What `verify` checked, for the report.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct VerifyReport {
+    /// Messages whose every byte was compared.
+    pub messages: u64,
+    /// Bytes compared.
+    pub bytes: u64,
+    /// What the bytes were compared with.
+    pub against: String,
+}
+
+/// read-bw's check of each message read from a perftest peer: perftest filled its buffer
+/// with `(char)rand()` after `srand(time(NULL))`, and advertised the receive half, which is
+/// `(qps + q) * half` bytes into that stream.
+struct ReadCheck {
+    seed: Option<u32>,
+    want: Vec<Vec<u8>>,
+    tmp: Vec<u8>,
+    report: VerifyReport,
+}
+
+impl ReadCheck {
+    fn check(
+        &mut self,
+        ep: &Endpoint<'_>,
+        cfg: &PerfConfig,
+        peer_half: usize,
+        q: usize,
+        i: u64,
+        size: u32,
+    ) -> Result<(), PerfError> {
+        let Some(vbuf) = &ep.vbuf else {
+            return Ok(());
+        };
+        let nq = ep.qps.len();
+        let len = size as usize;
+        let off = (q * cfg.tx_depth as usize + (i % u64::from(cfg.tx_depth)) as usize) * len;
+        self.tmp.resize(len, 0);
+        vbuf.read(off, &mut self.tmp)
+            .map_err(|e| PerfError::Verify(e.to_string()))?;
+        let stream_off = (nq + q) * peer_half;
+        if self.seed.is_none() {
+            let now = crate::pattern::unix_now();
+            let seed = crate::pattern::find_glibc_seed(&self.tmp, stream_off, now, 900, 300)
+                .ok_or_else(|| {
+                    PerfError::Verify(format!(
+                        "message {i} of QP {q} is not perftest's srand(time)/rand() fill at offset {stream_off} for any second within 900 s before to 300 s after now (first bytes {:02x?})",
+                        &self.tmp[..len.min(8)]
+                    ))
+                })?;
+            self.seed = Some(seed);
+            self.report.against = format!(
+                "the peer's buffer as perftest fills it: glibc srand({seed}) then (char)rand() per byte, from byte {stream_off}"
+            );
+        }
+        if self.want.len() <= q {
+            let seed = self.seed.unwrap_or(0);
+            self.want = (0..nq)
+                .map(|k| crate::pattern::glibc_bytes(seed, (nq + k) * peer_half, len))
+                .collect();
+        }
+        if let Some((at, got, want, n)) = crate::pattern::first_mismatch(&self.tmp, &self.want[q]) {
+            return Err(PerfError::Verify(format!(
+                "READ {i} of QP {q}: {n} of {len} bytes differ, the first at byte {at}: got {got:#04x}, expected {want:#04x}"
+            )));
+        }
+        self.report.messages += 1;
+        self.report.bytes += len as u64;
+        Ok(())
+    }
+}
+
+/// atomic-bw's check (`verify`): every ATOMIC gets its own result slot and is signaled, and
+/// the original values it returns must tell that each operation ran exactly once, in order:
+/// - FETCH_AND_ADD (add 1): result i is result 0 + i;
+/// - CMP_AND_SWAP: operation 0 compares with 0 and swaps in 0 (it only reads), then
+///   operation i compares with `c(i-1)` and swaps in `c(i)` (`c(0)` = result 0,
+///   `c(k) = c(0) + k * K`), so each must succeed and return `c(i-1)`; a swap done twice or
+///   not at all breaks the chain;
+/// - result 0, the peer's memory before the test, must be perftest's `(char)rand()` fill
+///   after `srand(time(NULL))` at the advertised address.
+struct AtomicCheck {
+    base: Vec<Option<u64>>,
+    seed: Option<u32>,
+    report: VerifyReport,
+}
+
+const CAS_STEP: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl AtomicCheck {
+    fn chain(base: u64, k: u64) -> u64 {
+        base.wrapping_add(k.wrapping_mul(CAS_STEP))
+    }
+
+    fn check(
+        &mut self,
+        ep: &Endpoint<'_>,
+        cfg: &PerfConfig,
+        peer_half: usize,
+        q: usize,
+        i: u64,
+    ) -> Result<(), PerfError> {
+        let Some(vbuf) = &ep.vbuf else {
+            return Ok(());
+        };
+        let off = (q * cfg.tx_depth as usize + (i % u64::from(cfg.tx_depth)) as usize) * 8;
+        let mut b = [0u8; 8];
+        vbuf.read(off, &mut b)
+            .map_err(|e| PerfError::Verify(e.to_string()))?;
+        // The original value arrives in host byte order: the bytes of the peer's memory.
+        let r = u64::from_ne_bytes(b);
+        if i == 0 {
+            let nq = ep.qps.len();
+            let stream_off = (nq + q) * peer_half;
+            let seed = match self.seed {
+                Some(s) => s,
+                None => {
+                    let now = crate::pattern::unix_now();
+                    let s = crate::pattern::find_glibc_seed(&b, stream_off, now, 900, 300)
+                        .ok_or_else(|| {
+                            PerfError::Verify(format!(
+                                "QP {q}: the peer's memory before the first ATOMIC ({b:02x?}) is not perftest's srand(time)/rand() fill at offset {stream_off} for any second within 900 s before to 300 s after now"
+                            ))
+                        })?;
+                    self.seed = Some(s);
+                    s
+                }
+            };
+            let want = crate::pattern::glibc_bytes(seed, stream_off, 8);
+            if want != b {
+                return Err(PerfError::Verify(format!(
+                    "QP {q}: first ATOMIC returned {b:02x?}, the peer's buffer holds {want:02x?}"
+                )));
+            }
+            self.base[q] = Some(r);
+            self.report.against = format!(
+                "exactly-once {} results, the first equal to the peer's buffer as perftest fills it (glibc srand({seed}), from byte {stream_off})",
+                if cfg.cmp_swap { "CMP_AND_SWAP chain" } else { "FETCH_AND_ADD +1" }
+            );
+        } else {
+            let base = self.base[q].ok_or_else(|| {
+                PerfError::Verify(format!("QP {q}: ATOMIC {i} completed before ATOMIC 0"))
+            })?;
+            let want = if cfg.cmp_swap {
+                Self::chain(base, i - 1)
+            } else {
+                base.wrapping_add(i)
+            };
+            if r != want {
+                return Err(PerfError::Verify(format!(
+                    "QP {q}: ATOMIC {i} returned {r:#018x}, expected {want:#018x} (an operation ran twice, not at all, or out of order)"
+                )));
+            }
+        }
+        self.report.messages += 1;
+        self.report.bytes += 8;
+        Ok(())
+    }
+}
+
 /// The active side of a bandwidth test for one size.
 fn bw_active(
     ep: &Endpoint<'_>,
     cfg: &PerfConfig,
     theirs: &[KeyMsg],
     size: u32,
+    peer_half: usize,
+    verify: &mut Option<VerifyReport>,
 ) -> Result<BwLine, PerfError> {
     let nq = ep.qps.len();
     let per_qp = cfg.iters;
@@ -334,7 +564,24 @@ fn bw_active(
     let mut posted = vec![0u64; nq];
     let mut done = vec![0u64; nq];
     let mut outstanding = vec![0u32; nq];
-    let signal_every = (cfg.tx_depth / 4).max(1) as u64;
+    let mut rcheck = (ep.vbuf.is_some() && cfg.test == Test::ReadBw).then(|| ReadCheck {
+        seed: None,
+        want: Vec::new(),
+        tmp: Vec::new(),
+        report: VerifyReport::default(),
+    });
+    let mut acheck = (ep.vbuf.is_some() && cfg.test == Test::AtomicBw).then(|| AtomicCheck {
+        base: vec![None; nq],
+        seed: None,
+        report: VerifyReport::default(),
+    });
+    // With a read or atomic check every request is signaled, so that each is checked when it
+    // completes.
+    let signal_every = if rcheck.is_some() || acheck.is_some() {
+        1
+    } else {
+        (cfg.tx_depth / 4).max(1) as u64
+    };
     let mut wcs = Vec::with_capacity(256);
     let t0 = Instant::now();
     let mut last_progress = t0;
@@ -350,13 +597,19 @@ fn bw_active(
                 && outstanding[q] < cfg.tx_depth
             {
                 let i = posted[q];
+                // The CMP_AND_SWAP chain needs the first result before the second operation.
+                let chain_base = acheck.as_ref().and_then(|a| a.base[q]);
+                if cfg.cmp_swap && acheck.is_some() && i > 0 && chain_base.is_none() {
+                    break;
+                }
                 let last = deadline.is_none() && i + 1 == per_qp;
                 let flags = if (i + 1) % signal_every == 0 || last {
                     SendFlags::SIGNALED
                 } else {
                     SendFlags::empty()
                 };
-                let remote = theirs[q].vaddr + (ep.slot / 2) as u64;
+                // Exactly the address the peer advertised (its receive half).
+                let remote = theirs[q].vaddr;
                 let rkey = RKey(theirs[q].rkey);
                 let (op, len) = match cfg.test {
                     Test::WriteBw => (
@@ -374,15 +627,24 @@ fn bw_active(
                         size,
                     ),
                     Test::SendBw => (SendOp::Send, size),
-                    Test::AtomicBw if cfg.cmp_swap => (
-                        SendOp::AtomicCmpSwp {
-                            remote_addr: remote,
-                            rkey,
-                            compare: 0,
-                            swap: i,
-                        },
-                        8,
-                    ),
+                    Test::AtomicBw if cfg.cmp_swap => {
+                        let (compare, swap) = match chain_base {
+                            Some(b) if i > 0 => {
+                                (AtomicCheck::chain(b, i - 1), AtomicCheck::chain(b, i))
+                            }
+                            _ if acheck.is_some() => (0, 0),
+                            _ => (0, i),
+                        };
+                        (
+                            SendOp::AtomicCmpSwp {
+                                remote_addr: remote,
+                                rkey,
+                                compare,
+                                swap,
+                            },
+                            8,
+                        )
+                    }
                     _ => (
                         SendOp::AtomicFetchAdd {
                             remote_addr: remote,
@@ -392,15 +654,21 @@ fn bw_active(
                         8,
                     ),
                 };
-                let off = if cfg.test == Test::ReadBw {
-                    ep.slot / 2
-                } else {
-                    0
+                let sge = match (&ep.vbuf, cfg.test) {
+                    (Some(vb), Test::ReadBw | Test::AtomicBw) => Sge {
+                        addr: vb.addr()
+                            + ((q * cfg.tx_depth as usize + (i % u64::from(cfg.tx_depth)) as usize)
+                                * len as usize) as u64,
+                        length: len,
+                        lkey: vb.lkey(),
+                    },
+                    (_, Test::ReadBw) => ep.sge(q, ep.half, len),
+                    _ => ep.sge(q, 0, len),
                 };
                 let wr = SendWr {
                     wr_id: (q as u64) << 48 | i,
                     op,
-                    sg_list: vec![ep.sge(q, off, len)],
+                    sg_list: vec![sge],
                     flags,
                 };
                 match ep.nic.post_send(ep.qps[q], wr) {
@@ -434,6 +702,12 @@ fn bw_active(
             let n = i + 1 - done[q];
             done[q] = i + 1;
             outstanding[q] -= n as u32;
+            if let Some(rc) = rcheck.as_mut() {
+                rc.check(ep, cfg, peer_half, q, i, size)?;
+            }
+            if let Some(ac) = acheck.as_mut() {
+                ac.check(ep, cfg, peer_half, q, i)?;
+            }
         }
         let total = target_done(&done);
         marks.push((last_change, total));
@@ -467,6 +741,12 @@ fn bw_active(
     }
     let avg = total as f64 / elapsed;
     let peak = peak.max(avg);
+    if let Some(rc) = rcheck {
+        *verify = Some(rc.report);
+    }
+    if let Some(ac) = acheck {
+        *verify = Some(ac.report);
+    }
     Ok(BwLine {
         bytes: size,
         iterations: total / nq as u64,
@@ -476,13 +756,13 @@ fn bw_active(
     })
 }
 
-/// The passive side of send-bw: keep receives posted until `expect` messages arrived.
-fn bw_receiver(
+/// send-bw's receiver posts its receives before the last barrier, as perftest does
+/// (`ctx_set_recv_wqes` before `ctx_hand_shake`), so the sender never meets an empty queue.
+fn post_initial_recvs(
     ep: &Endpoint<'_>,
     cfg: &PerfConfig,
     size: u32,
-    expect: Option<u64>,
-) -> Result<u64, PerfError> {
+) -> Result<Vec<u64>, PerfError> {
     let nq = ep.qps.len();
     let depth = cfg.tx_depth.max(64);
     let mut next = vec![0u64; nq];
@@ -492,15 +772,28 @@ fn bw_receiver(
                 ep.qps[q],
                 RecvWr {
                     wr_id: (q as u64) << 48 | *n,
-                    sg_list: vec![ep.sge(q, ep.slot / 2, size.max(1))],
+                    sg_list: vec![ep.sge(q, ep.half, size.max(1))],
                 },
             )?;
             *n += 1;
         }
     }
+    Ok(next)
+}
+
+/// The passive side of send-bw: keep receives posted until `expect` messages arrived.
+fn bw_receiver(
+    ep: &Endpoint<'_>,
+    cfg: &PerfConfig,
+    _size: u32,
+    expect: Option<u64>,
+    mut next: Vec<u64>,
+) -> Result<(u64, Vec<u64>, f64), PerfError> {
+    let rlen = max_size(cfg) as u32;
     let mut got = 0u64;
     let mut wcs = Vec::new();
-    let mut last = Instant::now();
+    let t0 = Instant::now();
+    let mut last = t0;
     let stop_after = cfg
         .duration
         .map(|d| Instant::now() + d + Duration::from_secs(2));
@@ -531,13 +824,13 @@ fn bw_receiver(
                 ep.qps[q],
                 RecvWr {
                     wr_id: (q as u64) << 48 | next[q],
-                    sg_list: vec![ep.sge(q, ep.slot / 2, size.max(1))],
+                    sg_list: vec![ep.sge(q, ep.half, rlen)],
                 },
             )?;
             next[q] += 1;
         }
     }
-    Ok(got)
+    Ok((got, next, last.duration_since(t0).as_secs_f64()))
 }
 
 fn lat_stats(size: u32, mut us: Vec<f64>) -> LatLine {
@@ -567,7 +860,12 @@ fn lat_stats(size: u32, mut us: Vec<f64>) -> LatLine {
     }
 }
 
-/// Wait for one completion (busy-polling: this is a latency test) and check it.
+/// How long a latency test busy-polls its CQ before it sleeps on it. Spinning for ever
+/// starves the engine thread when cores are scarce (a shared host, a QEMU peer on the same
+/// cores): the engine then waits a scheduler slice, milliseconds, for every packet.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
+/// Wait for one completion (busy-polling first: this is a latency test) and check it.
 fn wait_one(
     ep: &Endpoint<'_>,
     buf: &mut Vec<WorkCompletion>,
@@ -580,10 +878,15 @@ fn wait_one(
             check(&buf[0])?;
             return Ok(buf[0]);
         }
-        if t0.elapsed() > timeout {
+        let waited = t0.elapsed();
+        if waited > timeout {
             return Err(PerfError::Stalled(timeout));
         }
-        std::hint::spin_loop();
+        if waited < SPIN_BEFORE_SLEEP {
+            std::hint::spin_loop();
+        } else {
+            ep.nic.wait_cq(ep.cq, Duration::from_millis(1))?;
+        }
     }
 }
 
@@ -599,20 +902,12 @@ fn lat_run(
     let mut samples = Vec::with_capacity(iters as usize);
     let mut buf = Vec::new();
     let q = ep.qps[0];
-    let remote = theirs.vaddr + (ep.slot / 2) as u64;
+    let remote = theirs.vaddr;
     let rkey = RKey(theirs.rkey);
     let len = size.max(1);
     match cfg.test {
         Test::SendLat => {
-            for i in 0..2u64 {
-                ep.nic.post_recv(
-                    q,
-                    RecvWr {
-                        wr_id: i,
-                        sg_list: vec![ep.sge(0, ep.slot / 2, len)],
-                    },
-                )?;
-            }
+            // The receives were posted before the last barrier (see `run`).
             for i in 0..iters {
                 let t0 = Instant::now();
                 if role == Role::Client {
@@ -628,7 +923,7 @@ fn lat_run(
                             q,
                             RecvWr {
                                 wr_id: wc.wr_id,
-                                sg_list: vec![ep.sge(0, ep.slot / 2, len)],
+                                sg_list: vec![ep.sge(0, ep.half, len)],
                             },
                         )?;
                         if role == Role::Server {
@@ -645,22 +940,34 @@ fn lat_run(
             }
         }
         Test::WriteLat => {
-            // The last byte of each message carries the iteration number; the receiver spins on
-            // its own memory until it changes (as perftest does).
-            let mark_off = ep.slot / 2 + len as usize - 1;
+            // The last byte of each message carries the iteration number as perftest's
+            // `(char)++scnt` (1, 2, ..., 255, 0, 1, ...); the receiver spins on its own memory
+            // (the receive half) until it has the value it expects (`(char)rcnt`). In
+            // ib_write_lat the server writes first and the client answers (seen against
+            // perftest 4.5-0.17 on rxe, rxe to rxe as well): a client that wrote first would
+            // get ahead, and its second write would overwrite the first before the server
+            // looked for it.
+            let mark_off = ep.half + len as usize - 1;
             for i in 0..iters {
-                let tag = (i % 255 + 1) as u8;
+                let tag = (i + 1) as u8;
                 let t0 = Instant::now();
                 let wait_tag = |t: Instant| -> Result<(), PerfError> {
+                    let spin_from = Instant::now();
                     while ep.mr.with_bytes(|b| b[mark_off]) != tag {
                         if t.elapsed() > cfg.timeout {
                             return Err(PerfError::Stalled(cfg.timeout));
                         }
-                        std::hint::spin_loop();
+                        // No completion tells of a remote WRITE: spin, then let the engine
+                        // have the core (see SPIN_BEFORE_SLEEP).
+                        if spin_from.elapsed() < SPIN_BEFORE_SLEEP {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::sleep(Duration::from_micros(20));
+                        }
                     }
                     Ok(())
                 };
-                if role == Role::Server {
+                if role == Role::Client {
                     wait_tag(t0)?;
                 }
                 ep.mr
@@ -678,7 +985,7 @@ fn lat_run(
                     ),
                 )?;
                 wait_one(ep, &mut buf, cfg.timeout)?;
-                if role == Role::Client {
+                if role == Role::Server {
                     wait_tag(t0)?;
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
@@ -709,43 +1016,136 @@ fn lat_run(
     Ok(Some(lat_stats(size, samples)))
 }
 
-/// Run a test over an established control session; prints nothing.
+/// The passive side's check after write-bw / send-bw from a perftest client: the client
+/// sends from the start of its own buffer (QP q from `q * max(size, page)`), which perftest
+/// filled with `(char)rand()` after `srand(time(NULL))`, so the last message received must
+/// be those bytes. (Every message carries the same bytes, so only the last one is seen here.)
+fn passive_check(
+    ep: &Endpoint<'_>,
+    size: u32,
+    peer_page: usize,
+) -> Result<VerifyReport, PerfError> {
+    let len = size as usize;
+    let mut rep = VerifyReport::default();
+    let mut seed = None;
+    for q in 0..ep.qps.len() {
+        let mut got = vec![0u8; len];
+        ep.mr
+            .read(q * ep.slot + ep.half, &mut got)
+            .map_err(|e| PerfError::Verify(e.to_string()))?;
+        let off = q * len.max(peer_page);
+        let s = match seed {
+            Some(s) => s,
+            None => {
+                let now = crate::pattern::unix_now();
+                let s = crate::pattern::find_glibc_seed(&got, off, now, 900, 300).ok_or_else(|| {
+                    PerfError::Verify(format!(
+                        "the last message received on QP {q} is not perftest's srand(time)/rand() fill at offset {off} for any second within 900 s before to 300 s after now (first bytes {:02x?})",
+                        &got[..len.min(8)]
+                    ))
+                })?;
+                seed = Some(s);
+                rep.against = format!(
+                    "the peer's send buffer as perftest fills it: glibc srand({s}) then (char)rand() per byte"
+                );
+                s
+            }
+        };
+        let want = crate::pattern::glibc_bytes(s, off, len);
+        if let Some((at, g, w, n)) = crate::pattern::first_mismatch(&got, &want) {
+            return Err(PerfError::Verify(format!(
+                "QP {q}: {n} of {len} received bytes differ, the first at byte {at}: got {g:#04x}, expected {w:#04x}"
+            )));
+        }
+        rep.messages += 1;
+        rep.bytes += len as u64;
+    }
+    Ok(rep)
+}
+
+/// Run a test over an established control session; prints nothing. Returns the report, both
+/// sides' key messages and, with `verify`, what was checked.
+#[allow(clippy::type_complexity)]
 pub fn run(
     nic: &Nic,
     cfg: &PerfConfig,
     ses: &mut Session,
     resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
-) -> Result<(Report, Vec<KeyMsg>, Vec<KeyMsg>), PerfError> {
+) -> Result<(Report, Vec<KeyMsg>, Vec<KeyMsg>, Option<VerifyReport>), PerfError> {
+    if cfg.verify && cfg.all_sizes {
+        return Err(PerfError::Verify(
+            "--verify needs one message size (not -a)".into(),
+        ));
+    }
     let ep = setup(nic, cfg)?;
     let mtu = ses.handshake(cfg.mtu)?;
+    let peer_page = (ses.peer_page as usize).clamp(64, 1 << 20);
+    let peer_line = (ses.peer_cache_line as usize).clamp(1, 4096);
+    let peer_half = perftest_half(max_size(cfg), peer_page, peer_line);
     let ours = ep.keys(cfg)?;
     let theirs = ses.exchange_keys(&ours)?;
     ep.connect(cfg, mtu, &theirs, resolve)?;
+    // Receives go up before the last barrier: after it the peer may send at once.
+    let mut recv_next = None;
+    match (cfg.test, ses.role) {
+        (Test::SendBw, Role::Server) => {
+            recv_next = Some(post_initial_recvs(&ep, cfg, max_size(cfg) as u32)?);
+        }
+        (Test::SendLat, _) => {
+            let len = max_size(cfg) as u32;
+            for i in 0..2u64 {
+                ep.nic.post_recv(
+                    ep.qps[0],
+                    RecvWr {
+                        wr_id: i,
+                        sg_list: vec![ep.sge(0, ep.half, len)],
+                    },
+                )?;
+            }
+        }
+        _ => {}
+    }
     ses.barrier(&ours[0])?;
     ses.barrier(&ours[0])?;
-    let long = Session {
+    // The rest of the exchange waits for the whole test: a longer timeout.
+    let mut long = Session {
         stream: ses.stream.try_clone().map_err(CmError::from)?,
         role: ses.role,
         timeout: cfg.timeout + cfg.duration.unwrap_or_default() + Duration::from_secs(600),
+        peer_page: ses.peer_page,
+        peer_cache_line: ses.peer_cache_line,
     };
-    let mut long = long;
+    let mut verify = None;
     let report = if cfg.test.is_bw() {
         let mut lines = Vec::new();
         for size in sizes(cfg) {
+            // send_bw syncs once more after the receiver posted its receives; it has no
+            // barrier after the test and no report exchange (each side prints what it
+            // measured), unlike write_bw / read_bw / atomic_bw.
+            let send = cfg.test == Test::SendBw;
+            if send {
+                long.barrier(&ours[0])?;
+            }
             let line = match (ses.role, cfg.test) {
-                (Role::Client, _) => bw_active(&ep, cfg, &theirs, size)?,
+                (Role::Client, _) => bw_active(&ep, cfg, &theirs, size, peer_half, &mut verify)?,
                 (Role::Server, Test::SendBw) => {
                     let expect = cfg
                         .duration
                         .is_none()
                         .then_some(cfg.iters * ep.qps.len() as u64);
-                    let n = bw_receiver(&ep, cfg, size, expect)?;
+                    let next = match recv_next.take() {
+                        Some(n) => n,
+                        None => post_initial_recvs(&ep, cfg, max_size(cfg) as u32)?,
+                    };
+                    let (n, next, secs) = bw_receiver(&ep, cfg, size, expect, next)?;
+                    recv_next = Some(next);
+                    let rate = n as f64 / secs.max(1e-9);
                     BwLine {
                         bytes: size,
                         iterations: n / ep.qps.len() as u64,
-                        bw_peak: 0.0,
-                        bw_avg: 0.0,
-                        msg_rate_mpps: 0.0,
+                        bw_peak: units(cfg, rate * f64::from(size)),
+                        bw_avg: units(cfg, rate * f64::from(size)),
+                        msg_rate_mpps: rate / 1e6,
                     }
                 }
                 (Role::Server, _) => BwLine {
@@ -756,7 +1156,17 @@ pub fn run(
                     msg_rate_mpps: 0.0,
                 },
             };
+            if send {
+                if cfg.verify && ses.role == Role::Server {
+                    verify = Some(passive_check(&ep, size, peer_page)?);
+                }
+                lines.push(line);
+                continue;
+            }
             long.barrier(&ours[0])?;
+            if cfg.verify && ses.role == Role::Server && cfg.test == Test::WriteBw {
+                verify = Some(passive_check(&ep, size, peer_page)?);
+            }
             let r = long.bw_reports(&BwReport {
                 size: u64::from(size),
                 iters: line.iterations,
@@ -781,14 +1191,23 @@ pub fn run(
     } else {
         let mut lines = Vec::new();
         for size in sizes(cfg) {
+            // The latency tests sync once more per size before they run (send_lat after
+            // posting its receives, "so the client won't send packets before the server has
+            // posted his receive wqes"; write_lat and read_lat as well): keys, two barriers,
+            // this one, the run, the closing barrier.
+            long.barrier(&ours[0])?;
             if let Some(l) = lat_run(&ep, cfg, &theirs[0], size, ses.role)? {
                 lines.push(l);
             }
         }
         Report::Lat(lines)
     };
-    ses.close(&ours[0])?;
-    Ok((report, ours, theirs))
+    // A passive read-lat server reaches this at once and waits for the client's whole run.
+    // ib_write_lat has no closing exchange: it closes the connection after its run.
+    if cfg.test != Test::WriteLat {
+        long.close(&ours[0])?;
+    }
+    Ok((report, ours, theirs, verify))
 }
 
 /// perftest's result header.

@@ -144,17 +144,27 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         Role::Server
     };
     let mut ses = Session::new(stream, role, cfg.timeout);
-    let (report, ours, theirs) =
-        perf::run(&nic, &cfg, &mut ses, &resolve).map_err(|e| e.to_string())?;
+    let res = perf::run(&nic, &cfg, &mut ses, &resolve);
+    let (report, ours, theirs, verify) = match res {
+        Ok(r) => r,
+        Err(e) => {
+            // The counters say what the engine saw before the failure.
+            let (dc, qc, io) = nic.counters();
+            writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={}",
+                qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped).ok();
+            nic.shutdown();
+            return Err(e.to_string());
+        }
+    };
     let (dc, qc, io) = nic.counters();
     if o.json {
         let v = serde_json::json!({ "test": format!("{:?}", cfg.test), "backend": o.backend.name(), "device": nic.describe(),
-            "mtu": cfg.mtu.bytes(), "report": report, "device_counters": dc, "qp_counters": qc, "io": io });
+            "mtu": cfg.mtu.bytes(), "report": report, "verify": verify, "device_counters": dc, "qp_counters": qc, "io": io });
         writeln!(out, "{v}").ok();
     } else {
         let bar = "---------------------------------------------------------------------------------------";
         writeln!(out, "{bar}\n                    {}\n Device         : {} ({})\n Number of qps   : {}\t\tTransport type : IB\n Connection type : RC\t\tUsing SRQ      : OFF\n TX depth        : {}\n Mtu             : {}[B]\n Link type       : Ethernet\n GID index       : {gid_index}\n Data ex. method : Ethernet\n{bar}",
-            cfg.test.title(), dev.name, nic.describe(), ours.len(), cfg.tx_depth, cfg.mtu.bytes()).ok();
+            if cfg.cmp_swap && cfg.test == perf::Test::AtomicBw { "Atomic CMP_AND_SWAP BW Test" } else { cfg.test.title() }, dev.name, nic.describe(), ours.len(), cfg.tx_depth, cfg.mtu.bytes()).ok();
         for l in perf::address_lines(&ours, &theirs) {
             writeln!(out, "{l}").ok();
         }
@@ -163,8 +173,15 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
             writeln!(out, "{l}").ok();
         }
         writeln!(out, "{bar}").ok();
-        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} ce_rcvd={} cnps_sent={} cnps_handled={} cc={}",
-            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, qc.ce_rcvd, qc.cnps_sent, qc.cnps_handled, o.cc.name()).ok();
+        if cfg.verify {
+            match &verify {
+                Some(v) => writeln!(out, " verify: ok: {} messages, {} bytes compared byte for byte with {}", v.messages, v.bytes, v.against).ok(),
+                None if role == Role::Client && matches!(cfg.test, perf::Test::WriteBw | perf::Test::SendBw) => writeln!(out, " verify: sent pattern seed={:#x} (message q of QP q; check the payloads in a capture)", cfg.verify_seed).ok(),
+                None => writeln!(out, " verify: nothing to check in this role").ok(),
+            };
+        }
+        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={} ce_rcvd={} cnps_sent={} cnps_handled={} cc={}",
+            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped, qc.ce_rcvd, qc.cnps_sent, qc.cnps_handled, o.cc.name()).ok();
     }
     let empty = matches!(&report, Report::Bw(v) if v.is_empty())
         || matches!(&report, Report::Lat(v) if v.is_empty() && role == Role::Client);
@@ -237,6 +254,9 @@ pub struct PingpongRun {
     pub events: bool,
     /// `-c`: validate received buffers.
     pub validate: bool,
+    /// Check every byte of every echo (see `ferroce pingpong --verify`).
+    pub verify: bool,
+    pub verify_seed: u64,
     pub pcap: Option<PathBuf>,
     pub timeout: Duration,
 }
@@ -290,6 +310,10 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
         max_inline_data: 0,
     };
     let qp = crate::nic::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
+    // As rc_pingpong: the QP goes to INIT at creation, so that the receives can be posted
+    // before the exchange.
+    crate::perf::qp_to_init(&nic, qp, AccessFlags::empty())
+        .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
     let mr = nic
         .reg_mr(pd, size.max(1), AccessFlags::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
@@ -423,9 +447,52 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
             ),
         )
     };
+    // --verify: message k that we send is pattern k; the peer echoes it, so receive k (client)
+    // or k+1 (server: receive 0 is the client's initial buffer) must equal it.
+    let mut verified = 0u64;
+    let mut sent_msgs = 0u64;
+    let initial: Vec<u8> = {
+        let mut v = vec![0x7bu8; size];
+        if o.validate {
+            for i in (0..size).step_by(PAGE) {
+                v[i] = 0;
+            }
+        }
+        v
+    };
+    let fill_next = |k: u64| -> Result<(), String> {
+        if o.verify {
+            let p = crate::pattern::expected(size, o.verify_seed, k, true);
+            mr.write(0, &p).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let check_echo = |r: u64| -> Result<(), String> {
+        let (want, what) = if o.host.is_none() && r == 0 {
+            (
+                initial.clone(),
+                "the client's first message (ibv_rc_pingpong's initial buffer)".to_string(),
+            )
+        } else {
+            let k = if o.host.is_none() { r - 1 } else { r };
+            (
+                crate::pattern::expected(size, o.verify_seed, k, true),
+                format!("the echo of our message {k}"),
+            )
+        };
+        let got = mr.to_vec();
+        match crate::pattern::first_mismatch(&got[..size], &want) {
+            None => Ok(()),
+            Some((at, g, w, n)) => Err(format!(
+                "verify: receive {r}, {what}: {n} of {size} bytes differ, the first at byte {at}: got {g:#04x}, expected {w:#04x}"
+            )),
+        }
+    };
     let mut pending = RECV_WRID;
     let t0 = std::time::Instant::now();
     if o.host.is_some() {
+        fill_next(sent_msgs)?;
+        sent_msgs += 1;
         send(&nic).map_err(|e| format!("Couldn't post send: {e}"))?;
         pending |= SEND_WRID;
     }
@@ -440,13 +507,21 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
         }
         nic.poll_cq(cq, &mut wcs, 2).map_err(|e| e.to_string())?;
         if wcs.is_empty() {
-            if last.elapsed() > o.timeout {
+            let idle = last.elapsed();
+            if idle > o.timeout {
                 return Err(format!(
                     "no completion for {:?} (received {rcnt}, sent {scnt})",
                     o.timeout
                 ));
             }
-            std::hint::spin_loop();
+            // Busy-poll as rc_pingpong does, but only briefly: a thread that spins for ever
+            // starves the engine when cores are scarce (see perf::SPIN_BEFORE_SLEEP).
+            if idle < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else {
+                nic.wait_cq(cq, Duration::from_millis(1))
+                    .map_err(|e| e.to_string())?;
+            }
             continue;
         }
         last = std::time::Instant::now();
@@ -478,6 +553,10 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
                             posted_recv += 1;
                         }
                     }
+                    if o.verify {
+                        check_echo(rcnt)?;
+                        verified += 1;
+                    }
                     if o.validate {
                         for i in (0..size).step_by(PAGE) {
                             let mut b = [0u8];
@@ -496,6 +575,8 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
             }
             pending &= !wc.wr_id;
             if scnt < o.iters && pending == 0 {
+                fill_next(sent_msgs)?;
+                sent_msgs += 1;
                 send(&nic).map_err(|e| format!("Couldn't post send: {e}"))?;
                 pending = RECV_WRID | SEND_WRID;
             }
@@ -518,6 +599,14 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
         usec / o.iters as f64
     )
     .ok();
+    if o.verify {
+        writeln!(
+            out,
+            "verify: ok: {verified} received messages of {size} bytes equal what was expected byte for byte (pattern seed {:#x})",
+            o.verify_seed
+        )
+        .ok();
+    }
     // Let the last ACKs leave before the engine stops.
     std::thread::sleep(Duration::from_millis(50));
     nic.shutdown();

@@ -354,6 +354,15 @@ struct PerfArgs {
     /// Minimum interval between CNPs per QP (µs); 0 disables CNPs.
     #[arg(long = "cnp-interval-us", default_value_t = 4)]
     cnp_interval_us: u64,
+    /// Check payloads byte for byte against a perftest peer: read-bw (client) checks every
+    /// message read against perftest's buffer fill (glibc srand(time(NULL)) + rand()), the
+    /// write-bw / send-bw server checks what arrived the same way, and the write-bw / send-bw
+    /// client sends a known pattern (--verify-seed) for a capture check.
+    #[arg(long)]
+    verify: bool,
+    /// Seed of the pattern sent with --verify.
+    #[arg(long, default_value_t = 0x5eed)]
+    verify_seed: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
@@ -414,6 +423,15 @@ struct PingpongArgs {
     /// Seconds to wait for the peer.
     #[arg(long, default_value_t = 20)]
     timeout: u64,
+    /// Check every byte of every message against an ibv_rc_pingpong peer, which sends back
+    /// the buffer it has just received: each message ferroce sends is a fresh pattern (first
+    /// byte of each 4 KiB page 0, as -c wants) and the echo must equal it; a ferroce server
+    /// also checks the client's first message (0x7b, pages starting with 0 under -c).
+    #[arg(long)]
+    verify: bool,
+    /// Seed of the --verify pattern.
+    #[arg(long, default_value_t = 0x5eed)]
+    verify_seed: u64,
 }
 
 fn run_pingpong(a: PingpongArgs) -> ExitCode {
@@ -430,6 +448,8 @@ fn run_pingpong(a: PingpongArgs) -> ExitCode {
         sl: a.sl,
         events: a.events,
         validate: a.chk,
+        verify: a.verify,
+        verify_seed: a.verify_seed,
         pcap: a.pcap,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
@@ -469,6 +489,8 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         gid_index: 0,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
         progress: !a.json,
+        verify: a.verify,
+        verify_seed: a.verify_seed,
     };
     let run = ferroce::tool::PerfRun {
         cfg,

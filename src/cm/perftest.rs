@@ -10,11 +10,17 @@
 //! 5. per QP, the key message, 108 bytes with a GID (59 without):
 //!    `"%04x:%04x:%06x:%06x:%08x:%016llx:" + 16 × "%02x:" + "%08x:"` of lid, out_reads, qpn,
 //!    psn, rkey, vaddr, gid bytes, srqn, NUL-terminated;
-//! 6. the key message again as a barrier (twice before the traffic, once after it);
-//! 7. bandwidth tests only: 5 rounds of 8 bytes, big-endian: size, iterations, peak, average,
-//!    message rate (the doubles byte-swapped as `hton_double` does), each round answered before
-//!    the next is sent;
-//! 8. close: a last key barrier, then each side writes `"done\0"`.
+//! 6. the key message again as a barrier, twice before the traffic; then, per test family
+//!    (seen against perftest 4.5-0.17 on Linux rxe):
+//!    - write_bw, read_bw, atomic_bw: the traffic, a barrier, the bandwidth reports (7.);
+//!    - send_bw: a third barrier once the receiver has posted its receives, the traffic, and
+//!      no barrier or report after it (each side prints what it measured itself);
+//!    - send_lat, write_lat, read_lat: a third barrier (per size), the traffic, no report;
+//! 7. write_bw / read_bw / atomic_bw only: 5 rounds of 8 bytes, big-endian: size, iterations,
+//!    peak, average, message rate (the doubles byte-swapped as `hton_double` does), each round
+//!    answered before the next is sent;
+//! 8. close: a last key barrier, then each side writes `"done\0"` (write_lat: none of this,
+//!    it closes the connection after its run).
 
 use super::{read_exact, write_all, CmError};
 use crate::rc::state::Mtu;
@@ -149,6 +155,10 @@ pub struct Session {
     pub stream: TcpStream,
     pub role: Role,
     pub timeout: Duration,
+    /// The peer's cycle buffer (page size) and cache line size from the handshake: perftest
+    /// lays out its buffers with them (each half is `max(size, page)` rounded up to a line).
+    pub peer_page: u32,
+    pub peer_cache_line: u32,
 }
 
 impl Session {
@@ -158,6 +168,8 @@ impl Session {
             stream,
             role,
             timeout,
+            peer_page: 4096,
+            peer_cache_line: 64,
         }
     }
 
@@ -195,8 +207,11 @@ impl Session {
                 detail: format!("{ver:?} (need 5.x or later)"),
             });
         }
-        self.xchg(&4096u32.to_be_bytes(), "page size")?;
-        self.xchg(&64u32.to_be_bytes(), "cache line size")?;
+        let page = self.xchg(&4096u32.to_be_bytes(), "page size")?;
+        let line = self.xchg(&64u32.to_be_bytes(), "cache line size")?;
+        let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        self.peer_page = be(&page);
+        self.peer_cache_line = be(&line);
         let ours = [b'0' + mtu_enum(mtu), 0];
         let t = self.xchg(&ours, "MTU")?;
         let their = t[0].wrapping_sub(b'0');
