@@ -18,6 +18,7 @@ pub mod pattern;
 pub mod perf;
 pub mod rc;
 pub mod sim;
+pub mod switch;
 pub mod time;
 pub mod tool;
 pub mod verbs;

@@ -103,6 +103,9 @@ pub struct PerfConfig {
     pub verify: bool,
     /// Seed of the pattern ferroce sends with `verify` (write-bw / send-bw client).
     pub verify_seed: u64,
+    /// `-u`: the QPs' local ACK timeout, 4.096 µs × 2^t (0: none; perftest's default 14,
+    /// 67 ms).
+    pub qp_timeout: u8,
 }
 
 impl Default for PerfConfig {
@@ -123,6 +126,7 @@ impl Default for PerfConfig {
             progress: true,
             verify: false,
             verify_seed: 0x5eed,
+            qp_timeout: 14,
         }
     }
 }
@@ -354,6 +358,7 @@ impl Endpoint<'_> {
                 local_psn: self.psns[i],
                 max_rd_atomic: t.out_reads.clamp(1, 16) as u8,
                 max_dest_rd_atomic: 16,
+                timeout: cfg.qp_timeout.min(31),
                 ..RcParams::default()
             };
             self.nic.connect_rc(*q, &remote, &p)?;

@@ -67,6 +67,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SimCmd,
     },
+    /// A userspace L2 learning switch over AF_PACKET with a DCQCN congestion point: a
+    /// bottleneck rate, a buffer (tail drop) and RED/ECN marking on every egress port (root).
+    ///
+    /// Runs until SIGINT/SIGTERM or --duration-s, then prints per-port counters.
+    Switch(SwitchArgs),
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
@@ -351,6 +356,13 @@ struct PerfArgs {
     /// Line rate for DCQCN (Gb/s).
     #[arg(long = "line-gbps", default_value_t = 10.0)]
     line_gbps: f64,
+    /// Multiply DCQCN's timer periods (K, T, the rate-reduction period) by this factor: for
+    /// testbeds whose round trip is milliseconds, not microseconds.
+    #[arg(long = "cc-time-scale", default_value_t = 1.0)]
+    cc_time_scale: f64,
+    /// QP local ACK timeout: 4.096 µs × 2^N (perftest's -u; 0: none).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
     /// Minimum interval between CNPs per QP (µs); 0 disables CNPs.
     #[arg(long = "cnp-interval-us", default_value_t = 4)]
     cnp_interval_us: u64,
@@ -375,6 +387,101 @@ enum PerfCc {
 enum PerfPreset {
     Paper,
     Connectx,
+}
+
+#[derive(clap::Args)]
+struct SwitchArgs {
+    /// An interface to switch between (repeat: at least two).
+    #[arg(long = "port", value_name = "IFACE", required = true)]
+    ports: Vec<String>,
+    /// Enter this network namespace (/run/netns/NAME) first.
+    #[arg(long)]
+    netns: Option<String>,
+    /// Bottleneck rate of every egress port (Gb/s, counting 24 bytes of Ethernet overhead per
+    /// frame); 0: unlimited.
+    #[arg(long = "rate-gbps", default_value_t = 0.0)]
+    rate_gbps: f64,
+    /// Buffer of every egress queue (KB, tail drop).
+    #[arg(long = "buffer-kb", default_value_t = 1000.0)]
+    buffer_kb: f64,
+    /// RED: no ECN marking at or below this backlog (KB). Needs --kmax-kb.
+    #[arg(long = "kmin-kb", requires = "kmax_kb")]
+    kmin_kb: Option<f64>,
+    /// RED: every ECT frame marked above this backlog (KB). Needs --kmin-kb.
+    #[arg(long = "kmax-kb", requires = "kmin_kb")]
+    kmax_kb: Option<f64>,
+    /// RED: marking probability at Kmax.
+    #[arg(long, default_value_t = 0.01)]
+    pmax: f64,
+    /// Seed of the marking decisions.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop after this many seconds.
+    #[arg(long = "duration-s")]
+    duration_s: Option<f64>,
+    /// Record the traffic of --pcap-port (both directions, after marking) to this file.
+    #[arg(long, requires = "pcap_port")]
+    pcap: Option<PathBuf>,
+    /// The port --pcap records.
+    #[arg(long = "pcap-port", value_name = "IFACE", requires = "pcap")]
+    pcap_port: Option<String>,
+    /// Stop recording after this many frames.
+    #[arg(long = "pcap-max-frames")]
+    pcap_max_frames: Option<u64>,
+    /// Write the final counters as JSON to this file (- for standard output).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Busy-poll (one core at 100 %) instead of sleeping when idle.
+    #[arg(long)]
+    busy: bool,
+    /// Print a progress line this often (seconds).
+    #[arg(long = "stats-interval-s")]
+    stats_interval_s: Option<f64>,
+    /// Receive through a TPACKET_V3 ring (no copy, but up to 1 ms of batching delay)
+    /// instead of recvmmsg.
+    #[arg(long = "rx-ring")]
+    rx_ring: bool,
+}
+
+fn run_switch(a: SwitchArgs) -> ExitCode {
+    use ferroce::switch::{self, PcapConfig, QueueConfig, SwitchConfig, SwitchPoll};
+    let kb = |v: f64| (v.max(0.0) * 1000.0).round() as usize;
+    let secs = |v: f64| std::time::Duration::from_secs_f64(v.max(0.0));
+    let mut cfg = SwitchConfig::new(a.ports);
+    cfg.netns = a.netns;
+    cfg.queue = QueueConfig {
+        rate_bps: (a.rate_gbps > 0.0).then_some((a.rate_gbps * 1e9) as u64),
+        buffer_bytes: kb(a.buffer_kb),
+        red: match (a.kmin_kb, a.kmax_kb) {
+            (Some(lo), Some(hi)) => Some(ferroce::sim::Red::new(kb(lo), kb(hi), a.pmax)),
+            _ => None,
+        },
+        seed: a.seed,
+    };
+    cfg.duration = a.duration_s.map(secs);
+    cfg.pcap = match (a.pcap, a.pcap_port) {
+        (Some(path), Some(port)) => Some(PcapConfig {
+            path,
+            port,
+            max_frames: a.pcap_max_frames,
+        }),
+        _ => None,
+    };
+    cfg.json = a.json;
+    cfg.poll = if a.busy {
+        SwitchPoll::Busy
+    } else {
+        SwitchPoll::Adaptive { spins: 2000 }
+    };
+    cfg.stats_interval = a.stats_interval_s.map(secs);
+    cfg.rx_ring = a.rx_ring;
+    match switch::run(&cfg, &mut io::stdout()) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroce: switch: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -491,6 +598,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         progress: !a.json,
         verify: a.verify,
         verify_seed: a.verify_seed,
+        qp_timeout: a.qp_timeout,
     };
     let run = ferroce::tool::PerfRun {
         cfg,
@@ -504,12 +612,12 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         json: a.json,
         cc: match (a.cc, a.cc_preset) {
             (PerfCc::None, _) => ferroce::cc::CcConfig::None,
-            (PerfCc::Dcqcn, PerfPreset::Paper) => {
-                ferroce::cc::CcConfig::Dcqcn(ferroce::cc::dcqcn::Params::paper())
-            }
-            (PerfCc::Dcqcn, PerfPreset::Connectx) => {
-                ferroce::cc::CcConfig::Dcqcn(ferroce::cc::dcqcn::Params::connectx())
-            }
+            (PerfCc::Dcqcn, PerfPreset::Paper) => ferroce::cc::CcConfig::Dcqcn(
+                ferroce::cc::dcqcn::Params::paper().time_scaled(a.cc_time_scale),
+            ),
+            (PerfCc::Dcqcn, PerfPreset::Connectx) => ferroce::cc::CcConfig::Dcqcn(
+                ferroce::cc::dcqcn::Params::connectx().time_scaled(a.cc_time_scale),
+            ),
         },
         cnp_interval: (a.cnp_interval_us > 0)
             .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
@@ -565,6 +673,7 @@ fn main() -> ExitCode {
         } => run_incast(a),
         Cmd::Perf(a) => run_perf(a),
         Cmd::Pingpong(a) => run_pingpong(a),
+        Cmd::Switch(a) => run_switch(a),
         Cmd::Devinfo { dev } => match ferroce::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

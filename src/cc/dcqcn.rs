@@ -156,6 +156,20 @@ impl Params {
         self.line_rate_bps = bps;
         self
     }
+
+    /// The same parameters on a slower time scale: the α period K, the rate-increase
+    /// period T and the rate-reduction monitor period multiplied by `factor` (≥ 0; rates,
+    /// steps and the byte counter unchanged). For networks whose round trip is far longer
+    /// than a data centre's few microseconds (a software testbed whose hosts see packets
+    /// in millisecond batches): with the paper's 55 µs timers, a flow that gets one CNP per
+    /// millisecond recovers to the line rate between two CNPs and never slows down.
+    pub fn time_scaled(mut self, factor: f64) -> Self {
+        let f = factor.max(0.0);
+        self.alpha_period = self.alpha_period.mul_f64(f);
+        self.rate_increase_period = self.rate_increase_period.mul_f64(f);
+        self.rate_reduce_period = self.rate_reduce_period.mul_f64(f);
+        self
+    }
 }
 
 /// Counters of one reaction point.

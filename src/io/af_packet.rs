@@ -42,12 +42,25 @@
 pub mod filter;
 pub mod ring;
 
-use super::sys::packet::{PacketSocket, RingReq, RxRing, TxFill, TxRing};
+use super::sys::packet::{PacketSocket, RecvMeta, RingReq, RxRing, TxFill, TxRing};
 use super::{IoStats, PacketDevice};
 use ring::{Block, Cursor};
 use std::cell::Cell;
 use std::io;
 use std::time::Duration;
+
+/// How frames are received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfPacketRx {
+    /// The TPACKET_V3 ring (no copy; a block reaches user space when it is full or its
+    /// retire timer fires, so a lightly loaded ring adds up to `rx_retire_ms` of delay).
+    Ring,
+    /// `recvmmsg(2)` into `batch` (1..=64) device buffers, with `PACKET_AUXDATA` for VLAN
+    /// tags: one copy per frame, but every frame is available as soon as it arrives. Needs
+    /// [`AfPacketTx::Sendmmsg`]. What a switch wants: no batching delay on sparse traffic
+    /// (ACKs, CNPs).
+    Recvmmsg { batch: usize },
+}
 
 /// How frames are sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +82,8 @@ pub struct AfPacketConfig {
     pub rx_blocks: usize,
     /// Hand a partly filled block to user space after this many milliseconds.
     pub rx_retire_ms: u32,
+    /// The receive path (the ring fields above apply to [`AfPacketRx::Ring`]).
+    pub rx: AfPacketRx,
     pub tx: AfPacketTx,
     /// Request `PACKET_QDISC_BYPASS` (ignored if the kernel refuses it).
     pub qdisc_bypass: bool,
@@ -85,6 +100,7 @@ impl AfPacketConfig {
             rx_block_size: 1 << 18,
             rx_blocks: 16,
             rx_retire_ms: 1,
+            rx: AfPacketRx::Ring,
             tx: AfPacketTx::Sendmmsg { batch: 64 },
             qdisc_bypass: true,
             filter: true,
@@ -104,12 +120,26 @@ enum Tx {
     },
 }
 
+enum Rx {
+    Ring {
+        ring: RxRing,
+        walker: RxWalker,
+    },
+    Mmsg {
+        bufs: Vec<Box<[u8]>>,
+        meta: Vec<RecvMeta>,
+        /// Frames received but not yet delivered (a batch that ended early): `next..got`.
+        next: usize,
+        got: usize,
+        scratch: Vec<u8>,
+    },
+}
+
 /// A packet device on an AF_PACKET socket (see the module documentation).
 pub struct AfPacketDevice {
     sock: PacketSocket,
-    rx: RxRing,
+    rx: Rx,
     tx: Tx,
-    walker: RxWalker,
     capacity: usize,
     stats: IoStats,
     /// Kernel drops read so far (`PACKET_STATISTICS` resets on read).
@@ -149,7 +179,28 @@ impl AfPacketDevice {
         if cfg.rx_blocks == 0 || cfg.rx_blocks > 1 << 16 {
             return Err(invalid(format!("rx_blocks {} out of range", cfg.rx_blocks)));
         }
-        sock.set_tpacket_v3()?;
+        let mmsg_rx = match cfg.rx {
+            AfPacketRx::Ring => None,
+            AfPacketRx::Recvmmsg { batch } => {
+                if batch == 0 || batch > super::sys::packet::MAX_RECV_BATCH {
+                    return Err(invalid(format!("recvmmsg batch {batch} out of range")));
+                }
+                if !matches!(cfg.tx, AfPacketTx::Sendmmsg { .. }) {
+                    return Err(invalid(
+                        "recvmmsg receive needs sendmmsg transmit (no rings)".into(),
+                    ));
+                }
+                Some(batch)
+            }
+        };
+        if mmsg_rx.is_none() {
+            sock.set_tpacket_v3()?;
+        } else {
+            sock.set_auxdata()?;
+            // Room for bursts while the owner is descheduled (the kernel counts overflows as
+            // drops in PACKET_STATISTICS).
+            let _ = sock.set_rcvbuf(cfg.rx_block_size.saturating_mul(cfg.rx_blocks));
+        }
         if cfg.filter {
             sock.attach_filter(&filter::roce_v2())?;
         }
@@ -188,7 +239,32 @@ impl AfPacketDevice {
                 None
             }
         };
-        let (rx, tx_ring) = sock.map_rings(rx_req, tx_req)?;
+        let (rx, tx_ring) = match mmsg_rx {
+            None => {
+                let (ring, tx_ring) = sock.map_rings(rx_req, tx_req)?;
+                (
+                    Rx::Ring {
+                        ring,
+                        walker: RxWalker::new(max_frame + 4),
+                    },
+                    tx_ring,
+                )
+            }
+            Some(batch) => (
+                Rx::Mmsg {
+                    // Room for a frame longer than the MTU allows, so that one is seen as
+                    // truncated rather than passed on cut.
+                    bufs: (0..batch)
+                        .map(|_| vec![0u8; max_frame + 1].into_boxed_slice())
+                        .collect(),
+                    meta: vec![RecvMeta::default(); batch],
+                    next: 0,
+                    got: 0,
+                    scratch: Vec::with_capacity(max_frame + 4),
+                },
+                None,
+            ),
+        };
         let (tx, capacity, tx_desc) = match (cfg.tx, tx_ring) {
             (AfPacketTx::Ring { .. }, Some(ring)) => {
                 let cap = ring.capacity().min(max_frame);
@@ -215,19 +291,24 @@ impl AfPacketDevice {
             }
         };
         sock.bind(ifindex)?;
+        let rx_desc = match mmsg_rx {
+            None => format!(
+                "tpacket_v3 rx {}x{}KiB/{}ms",
+                cfg.rx_blocks,
+                cfg.rx_block_size / 1024,
+                cfg.rx_retire_ms
+            ),
+            Some(b) => format!("rx recvmmsg x{b}"),
+        };
         let desc = format!(
-            "af_packet({} mtu {mtu}, tpacket_v3 rx {}x{}KiB/{}ms, {tx_desc}{})",
+            "af_packet({} mtu {mtu}, {rx_desc}, {tx_desc}{})",
             cfg.ifname,
-            cfg.rx_blocks,
-            cfg.rx_block_size / 1024,
-            cfg.rx_retire_ms,
             if qdisc_bypass { ", qdisc bypass" } else { "" }
         );
         Ok(AfPacketDevice {
             sock,
             rx,
             tx,
-            walker: RxWalker::new(max_frame + 4),
             capacity,
             stats: IoStats::default(),
             kernel_drops: Cell::new(0),
@@ -238,7 +319,10 @@ impl AfPacketDevice {
 
     /// Blocks or frames the kernel handed over that failed validation.
     pub fn ring_errors(&self) -> u64 {
-        self.walker.ring_errors
+        match &self.rx {
+            Rx::Ring { walker, .. } => walker.ring_errors,
+            Rx::Mmsg { .. } => 0,
+        }
     }
 
     /// Whether `PACKET_QDISC_BYPASS` is in effect.
@@ -354,7 +438,53 @@ impl RxWalker {
 
 impl PacketDevice for AfPacketDevice {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-        Ok(self.walker.recv(&mut self.rx, max, &mut self.stats, f))
+        match &mut self.rx {
+            Rx::Ring { ring, walker } => Ok(walker.recv(ring, max, &mut self.stats, f)),
+            Rx::Mmsg {
+                bufs,
+                meta,
+                next,
+                got,
+                scratch,
+            } => {
+                let mut n = 0;
+                while n < max {
+                    if *next == *got {
+                        *next = 0;
+                        *got = self.sock.recv_frames(bufs, meta)?;
+                        if *got == 0 {
+                            break;
+                        }
+                    }
+                    let i = *next;
+                    *next += 1;
+                    let m = meta[i];
+                    if m.truncated || m.len < 14 {
+                        self.stats.rx_dropped += 1;
+                        continue;
+                    }
+                    let data = &bufs[i][..m.len];
+                    self.stats.rx_frames += 1;
+                    n += 1;
+                    match m.vlan {
+                        Some((tci, tpid)) => {
+                            scratch.clear();
+                            scratch.extend_from_slice(&data[..12]);
+                            scratch.extend_from_slice(&tpid.to_be_bytes());
+                            scratch.extend_from_slice(&tci.to_be_bytes());
+                            scratch.extend_from_slice(&data[12..]);
+                            self.stats.rx_bytes += scratch.len() as u64;
+                            f(scratch);
+                        }
+                        None => {
+                            self.stats.rx_bytes += data.len() as u64;
+                            f(data);
+                        }
+                    }
+                }
+                Ok(n)
+            }
+        }
     }
 
     fn send_batch(
@@ -460,8 +590,10 @@ impl PacketDevice for AfPacketDevice {
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        if self.walker.readable(&self.rx) {
-            return Ok(());
+        match &self.rx {
+            Rx::Ring { ring, walker } if walker.readable(ring) => return Ok(()),
+            Rx::Mmsg { next, got, .. } if next < got => return Ok(()),
+            _ => {}
         }
         self.sock.wait_readable(timeout).map(drop)
     }

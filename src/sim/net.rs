@@ -842,8 +842,10 @@ fn ip_offset(frame: &[u8]) -> Option<(usize, bool)> {
     None
 }
 
-/// Mark an ECT IP frame CE in place. Returns whether the frame was changed.
-fn mark_ce(frame: &mut [u8]) -> bool {
+/// Mark an ECT IP frame CE in place (Ethernet, up to two VLAN tags, IPv4 or IPv6; the IPv4
+/// header checksum is fixed). Returns whether the frame was changed: false for a frame that
+/// is not IP or not ECN-capable. `ferroce switch` marks with it too.
+pub fn mark_ce(frame: &mut [u8]) -> bool {
     let Some((off, v6)) = ip_offset(frame) else {
         return false;
     };

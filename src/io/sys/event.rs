@@ -69,6 +69,43 @@ pub fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<boo
     Ok(r > 0)
 }
 
+/// Like [`poll_readable`], but the timeout is kept to the microsecond (`ppoll(2)`), not
+/// rounded up to milliseconds: for a loop that must wake at a precise instant (a switch
+/// port's next departure) without spinning until then.
+pub fn poll_readable_precise(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `p` is a live array of `p.len()` pollfd structures and `ts` a valid timespec;
+    // no signal mask is passed.
+    let r = unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! - [`xsk`]: the AF_XDP socket, its UMEM and its four rings.
 //! - [`net`]: interface names and indices, queue counts (ethtool), network namespaces.
 //! - [`event`]: eventfd and poll, for sleeping engine threads.
+//! - [`signal`]: SIGINT/SIGTERM as a flag (clean exit of long-running tools).
 //!
 //! Every raw file descriptor is held in a [`std::os::fd::OwnedFd`] (or a newtype around one),
 //! so that it is closed exactly once, on drop.
@@ -16,6 +17,7 @@ pub mod bpf;
 pub mod net;
 pub mod netlink;
 pub mod packet;
+pub mod signal;
 pub mod sockutil;
 pub mod udp;
 pub mod xsk;

@@ -29,6 +29,7 @@ use std::time::Duration;
 // linux/if_packet.h (ABI-stable values).
 const SOL_PACKET: libc::c_int = 263;
 const PACKET_RX_RING: libc::c_int = 5;
+const PACKET_AUXDATA: libc::c_int = 8;
 const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_VERSION: libc::c_int = 10;
 const PACKET_TX_RING: libc::c_int = 13;
@@ -40,6 +41,8 @@ const ETH_P_ALL: u16 = 0x0003;
 
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 /// TX slot states.
 pub const TP_STATUS_AVAILABLE: u32 = 0;
 pub const TP_STATUS_SEND_REQUEST: u32 = 1;
@@ -88,6 +91,33 @@ struct TpacketStatsV3 {
     tp_packets: u32,
     tp_drops: u32,
     tp_freeze_q_cnt: u32,
+}
+
+/// `struct tpacket_auxdata` (the `PACKET_AUXDATA` control message).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct TpacketAuxdata {
+    tp_status: u32,
+    tp_len: u32,
+    tp_snaplen: u32,
+    tp_mac: u16,
+    tp_net: u16,
+    tp_vlan_tci: u16,
+    tp_vlan_tpid: u16,
+}
+
+/// Most frames one [`PacketSocket::recv_frames`] call receives.
+pub const MAX_RECV_BATCH: usize = 64;
+
+/// What [`PacketSocket::recv_frames`] says about one received frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Bytes written to the buffer.
+    pub len: usize,
+    /// The frame was longer than the buffer (the rest was discarded).
+    pub truncated: bool,
+    /// A VLAN tag the kernel took out of the frame into its metadata: (TCI, TPID).
+    pub vlan: Option<(u16, u16)>,
 }
 
 /// `struct ifreq` with the union used as an `int` (ifindex, MTU).
@@ -349,6 +379,110 @@ impl PacketSocket {
             )
         };
         cvt(r).map(|k| k as usize)
+    }
+
+    /// Ask for `PACKET_AUXDATA` with every received frame (VLAN tags the kernel stripped,
+    /// the original length); needed by [`Self::recv_frames`].
+    pub fn set_auxdata(&self) -> io::Result<()> {
+        set_int(self.as_fd(), SOL_PACKET, PACKET_AUXDATA, 1)
+    }
+
+    /// Ask for a receive buffer of `bytes` (`SO_RCVBUFFORCE` if allowed, else `SO_RCVBUF`,
+    /// which the kernel caps at `net.core.rmem_max`).
+    pub fn set_rcvbuf(&self, bytes: usize) -> io::Result<()> {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        set_int(self.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v)
+            .or_else(|_| set_int(self.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, v))
+    }
+
+    /// Receive up to `bufs.len()` (at most [`MAX_RECV_BATCH`]) frames without waiting, one
+    /// per buffer, with one `recvmmsg(2)`; `meta[i]` describes the frame in `bufs[i]`. For a
+    /// socket without a receive ring: each frame is available as soon as the kernel queues
+    /// it (no block to fill or retire). Returns how many were received (0 when none was
+    /// waiting).
+    pub fn recv_frames(&self, bufs: &mut [Box<[u8]>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        const MAX: usize = MAX_RECV_BATCH;
+        // CMSG_SPACE(sizeof(struct tpacket_auxdata)) with room to spare, 8-byte aligned.
+        const CTL: usize = 64;
+        let n = bufs.len().min(meta.len()).min(MAX);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: iovec and mmsghdr are plain data; all-zero (null pointers) is valid.
+        let mut iov: [libc::iovec; MAX] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut hdr: [libc::mmsghdr; MAX] = unsafe { std::mem::zeroed() };
+        let mut ctl = [[0u64; CTL / 8]; MAX];
+        for i in 0..n {
+            iov[i].iov_base = bufs[i].as_mut_ptr().cast();
+            iov[i].iov_len = bufs[i].len();
+            hdr[i].msg_hdr.msg_iov = &mut iov[i];
+            hdr[i].msg_hdr.msg_iovlen = 1;
+            hdr[i].msg_hdr.msg_control = ctl[i].as_mut_ptr().cast();
+            hdr[i].msg_hdr.msg_controllen = CTL as _;
+        }
+        // SAFETY: `hdr[..n]` point at `iov[..n]` (the caller's buffers, writable for their
+        // lengths) and at `ctl[..n]` (CTL bytes each); all outlive the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                hdr.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let got = r as usize;
+        for i in 0..got {
+            let h = &hdr[i].msg_hdr;
+            let len = (hdr[i].msg_len as usize).min(bufs[i].len());
+            let mut m = RecvMeta {
+                len,
+                truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+                vlan: None,
+            };
+            // SAFETY: `h` is the header the kernel just filled; its control pointer and
+            // length describe `ctl[i]`, and the CMSG macros stay within them.
+            let mut c = unsafe { libc::CMSG_FIRSTHDR(h) };
+            while !c.is_null() {
+                // SAFETY: `c` is a control message header inside `ctl[i]` (CMSG_FIRSTHDR /
+                // CMSG_NXTHDR return null otherwise).
+                let (level, ty, clen) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len) };
+                let need = std::mem::size_of::<TpacketAuxdata>();
+                // SAFETY: CMSG_LEN is arithmetic on a constant.
+                if level == SOL_PACKET
+                    && ty == PACKET_AUXDATA
+                    && clen >= unsafe { libc::CMSG_LEN(need as u32) } as usize
+                {
+                    // SAFETY: the message holds a whole tpacket_auxdata (checked above); it
+                    // may be unaligned for u32, hence read_unaligned.
+                    let aux: TpacketAuxdata =
+                        unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+                    if aux.tp_len as usize > len {
+                        m.truncated = true;
+                    }
+                    if aux.tp_status & TP_STATUS_VLAN_VALID != 0 {
+                        let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                            aux.tp_vlan_tpid
+                        } else {
+                            0x8100
+                        };
+                        m.vlan = Some((aux.tp_vlan_tci, tpid));
+                    }
+                }
+                // SAFETY: `c` is a valid header of `h`'s control buffer.
+                c = unsafe { libc::CMSG_NXTHDR(h, c) };
+            }
+            meta[i] = m;
+        }
+        Ok(got)
     }
 
     /// Wait until the socket is readable (for a V3 ring: a block was handed to user space).
