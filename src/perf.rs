@@ -1025,19 +1025,39 @@ fn lat_run(
 /// sends from the start of its own buffer (QP q from `q * max(size, page)`), which perftest
 /// filled with `(char)rand()` after `srand(time(NULL))`, so the last message received must
 /// be those bytes. (Every message carries the same bytes, so only the last one is seen here.)
+/// A ferroce client run with `--verify` sends message q of its own pattern on QP q instead
+/// (same `--verify-seed` on both sides): that is accepted too, for every QP or for none.
 fn passive_check(
     ep: &Endpoint<'_>,
+    cfg: &PerfConfig,
     size: u32,
     peer_page: usize,
 ) -> Result<VerifyReport, PerfError> {
     let len = size as usize;
     let mut rep = VerifyReport::default();
     let mut seed = None;
+    let mut got_all = Vec::with_capacity(ep.qps.len());
     for q in 0..ep.qps.len() {
         let mut got = vec![0u8; len];
         ep.mr
             .read(q * ep.slot + ep.half, &mut got)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
+        got_all.push(got);
+    }
+    if got_all
+        .iter()
+        .enumerate()
+        .all(|(q, got)| *got == crate::pattern::expected(len, cfg.verify_seed, q as u64, false))
+    {
+        rep.messages = got_all.len() as u64;
+        rep.bytes = (got_all.len() * len) as u64;
+        rep.against = format!(
+            "ferroce's pattern (seed {:#x}, message q on QP q)",
+            cfg.verify_seed
+        );
+        return Ok(rep);
+    }
+    for (q, got) in got_all.into_iter().enumerate() {
         let off = q * len.max(peer_page);
         let s = match seed {
             Some(s) => s,
@@ -1163,14 +1183,14 @@ pub fn run(
             };
             if send {
                 if cfg.verify && ses.role == Role::Server {
-                    verify = Some(passive_check(&ep, size, peer_page)?);
+                    verify = Some(passive_check(&ep, cfg, size, peer_page)?);
                 }
                 lines.push(line);
                 continue;
             }
             long.barrier(&ours[0])?;
             if cfg.verify && ses.role == Role::Server && cfg.test == Test::WriteBw {
-                verify = Some(passive_check(&ep, size, peer_page)?);
+                verify = Some(passive_check(&ep, cfg, size, peer_page)?);
             }
             let r = long.bw_reports(&BwReport {
                 size: u64::from(size),

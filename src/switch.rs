@@ -671,6 +671,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
     let mut idle = 0u32;
     let mut last_stats = t0;
     let mut last_tx = 0u64;
+    let mut last_rx_bytes: Vec<u64> = vec![0; core.port_count()];
     const BATCH: usize = 64;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         let el = t0.elapsed();
@@ -725,12 +726,23 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     .map(|i| core.counters(i).ce_marked)
                     .sum();
                 let drops: u64 = (0..core.port_count()).map(|i| core.counters(i).drops).sum();
+                // What each port received in this interval (Mb/s): a sender's port shows
+                // that sender's rate, which is what the incast experiment compares.
+                let rx_mbps: Vec<String> = (0..core.port_count())
+                    .map(|i| {
+                        let b = core.counters(i).rx_bytes;
+                        let r = (b - last_rx_bytes[i]) as f64 * 8.0 / secs / 1e6;
+                        last_rx_bytes[i] = b;
+                        format!("{r:.1}")
+                    })
+                    .collect();
                 writeln!(
                     out,
-                    "  ... {:.1} s: {:.0} frames/s forwarded, queues [{}] KB, ce_marked {marks}, drops {drops}",
+                    "  ... {:.1} s: {:.0} frames/s forwarded, queues [{}] KB, rx_mbps [{}], ce_marked {marks}, drops {drops}",
                     el.as_secs_f64(),
                     (tx - last_tx) as f64 / secs,
-                    q.join(" ")
+                    q.join(" "),
+                    rx_mbps.join(" ")
                 )
                 .ok();
                 out.flush().ok();

@@ -135,6 +135,9 @@ fn incast_bad_arguments_are_one_line_errors() {
         ][..],
         &["sim", "incast", "--senders", "2", "--join-ms", "20"][..],
         &["sim", "incast", "--senders", "2", "--bogus"][..],
+        &["sim", "incast", "--senders", "2", "--dcqcn", "bogus=1"][..],
+        &["sim", "incast", "--senders", "2", "--dcqcn", "g"][..],
+        &["sim", "incast", "--senders", "2", "--dcqcn", "g=1.5"][..],
     ] {
         let (code, out, err) = ferroce(args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -155,4 +158,22 @@ fn incast_bad_arguments_are_one_line_errors() {
     ]);
     assert_eq!(code, 1);
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn incast_dcqcn_overrides_take_effect() {
+    // min_dec_factor=1 forbids every rate cut: DCQCN then controls nothing and the queue
+    // grows as without congestion control.
+    let base = ["sim", "incast", "--senders", "8", "--duration-ms", "3"];
+    let (code, out, err) = ferroce(&base);
+    assert_eq!(code, 0, "{err}");
+    let mut args = base.to_vec();
+    args.extend(["--dcqcn", "min_dec_factor=1"]);
+    let (code2, out2, err2) = ferroce(&args);
+    assert_eq!(code2, 0, "{err2}");
+    let (q, q2) = (
+        field(out.trim(), "max_queue_kb"),
+        field(out2.trim(), "max_queue_kb"),
+    );
+    assert!(q2 > 2.0 * q, "with cuts {q} KB, without {q2} KB");
 }

@@ -112,6 +112,12 @@ struct IncastArgs {
     /// 50 µs or 4 µs, unless --np-interval-us is given).
     #[arg(long, value_enum, default_value = "paper")]
     preset: PresetArg,
+    /// Override a DCQCN parameter (repeatable): KEY=VALUE with KEY one of g, initial_alpha,
+    /// alpha_update (on-cnp|periodic), alpha_period_us, rate_increase_period_us, byte_counter,
+    /// stages, rai_mbps, rhai_mbps, min_rate_mbps, min_dec_factor, clamp_target
+    /// (always|after-timer-increase), rate_reduce_period_us, time_scale.
+    #[arg(long = "dcqcn", value_name = "KEY=VALUE")]
+    dcqcn: Vec<String>,
     /// Link rate of every port (Gb/s).
     #[arg(long, default_value_t = 100.0)]
     link_gbps: f64,
@@ -244,6 +250,10 @@ fn run_incast(a: IncastArgs) -> ExitCode {
         PresetArg::Paper => (Params::paper(), 50.0),
         PresetArg::Connectx => (Params::connectx(), 4.0),
     };
+    let params = match params.with_overrides(&a.dcqcn) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("--dcqcn: {e}")),
+    };
     cfg.cc = match a.cc {
         CcArg::Dcqcn => CcConfig::Dcqcn(params),
         CcArg::None => CcConfig::None,
@@ -360,6 +370,12 @@ struct PerfArgs {
     /// testbeds whose round trip is milliseconds, not microseconds.
     #[arg(long = "cc-time-scale", default_value_t = 1.0)]
     cc_time_scale: f64,
+    /// Override a DCQCN parameter (repeatable): KEY=VALUE with KEY one of g, initial_alpha,
+    /// alpha_update (on-cnp|periodic), alpha_period_us, rate_increase_period_us, byte_counter,
+    /// stages, rai_mbps, rhai_mbps, min_rate_mbps, min_dec_factor, clamp_target
+    /// (always|after-timer-increase), rate_reduce_period_us, time_scale.
+    #[arg(long = "dcqcn", value_name = "KEY=VALUE")]
+    dcqcn: Vec<String>,
     /// QP local ACK timeout: 4.096 µs × 2^N (perftest's -u; 0: none).
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
@@ -600,6 +616,22 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         verify_seed: a.verify_seed,
         qp_timeout: a.qp_timeout,
     };
+    let cc = match (a.cc, a.cc_preset) {
+        (PerfCc::None, _) => ferroce::cc::CcConfig::None,
+        (PerfCc::Dcqcn, preset) => {
+            let p = match preset {
+                PerfPreset::Paper => ferroce::cc::dcqcn::Params::paper(),
+                PerfPreset::Connectx => ferroce::cc::dcqcn::Params::connectx(),
+            };
+            match p.time_scaled(a.cc_time_scale).with_overrides(&a.dcqcn) {
+                Ok(p) => ferroce::cc::CcConfig::Dcqcn(p),
+                Err(e) => {
+                    eprintln!("ferroce: perf: --dcqcn: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let run = ferroce::tool::PerfRun {
         cfg,
         host: a.host,
@@ -610,15 +642,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         pcap: a.pcap,
         busy_poll: a.busy,
         json: a.json,
-        cc: match (a.cc, a.cc_preset) {
-            (PerfCc::None, _) => ferroce::cc::CcConfig::None,
-            (PerfCc::Dcqcn, PerfPreset::Paper) => ferroce::cc::CcConfig::Dcqcn(
-                ferroce::cc::dcqcn::Params::paper().time_scaled(a.cc_time_scale),
-            ),
-            (PerfCc::Dcqcn, PerfPreset::Connectx) => ferroce::cc::CcConfig::Dcqcn(
-                ferroce::cc::dcqcn::Params::connectx().time_scaled(a.cc_time_scale),
-            ),
-        },
+        cc,
         cnp_interval: (a.cnp_interval_us > 0)
             .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
         line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,

@@ -157,6 +157,96 @@ impl Params {
         self
     }
 
+    /// The names [`set`](Self::set) accepts, with their units.
+    pub const KEYS: &'static [&'static str] = &[
+        "g",
+        "initial_alpha",
+        "alpha_update=on-cnp|periodic",
+        "alpha_period_us",
+        "rate_increase_period_us",
+        "byte_counter",
+        "stages",
+        "rai_mbps",
+        "rhai_mbps",
+        "min_rate_mbps",
+        "min_dec_factor",
+        "clamp_target=always|after-timer-increase",
+        "rate_reduce_period_us",
+        "time_scale",
+    ];
+
+    /// Override one parameter by name (the CLI's `--dcqcn KEY=VALUE`): see [`KEYS`](Self::KEYS).
+    /// `time_scale` applies [`time_scaled`](Self::time_scaled). Rates in Mb/s, periods in µs.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num(key: &str, v: &str) -> Result<f64, String> {
+            match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+                _ => Err(format!("{key}: '{v}' is not a non-negative number")),
+            }
+        }
+        let us = |v: &str| num(key, v).map(|x| Duration::from_nanos((x * 1e3).round() as u64));
+        let mbps = |v: &str| num(key, v).map(|x| (x * 1e6).round() as u64);
+        match key {
+            "g" | "initial_alpha" | "min_dec_factor" => {
+                let x = num(key, value)?;
+                if x > 1.0 {
+                    return Err(format!("{key}: {x} is not in [0, 1]"));
+                }
+                match key {
+                    "g" => self.g = x,
+                    "initial_alpha" => self.initial_alpha = x,
+                    _ => self.min_dec_factor = x,
+                }
+            }
+            "alpha_update" => {
+                self.alpha_update = match value {
+                    "on-cnp" => AlphaUpdate::OnCnp,
+                    "periodic" => AlphaUpdate::Periodic,
+                    _ => return Err(format!("alpha_update: '{value}' (on-cnp|periodic)")),
+                }
+            }
+            "clamp_target" => {
+                self.clamp_target = match value {
+                    "always" => ClampTarget::Always,
+                    "after-timer-increase" => ClampTarget::AfterTimerIncrease,
+                    _ => {
+                        return Err(format!(
+                            "clamp_target: '{value}' (always|after-timer-increase)"
+                        ))
+                    }
+                }
+            }
+            "alpha_period_us" => self.alpha_period = us(value)?,
+            "rate_increase_period_us" => self.rate_increase_period = us(value)?,
+            "rate_reduce_period_us" => self.rate_reduce_period = us(value)?,
+            "byte_counter" => self.byte_counter = num(key, value)? as u64,
+            "stages" => self.stages = num(key, value)? as u32,
+            "rai_mbps" => self.rai_bps = mbps(value)?,
+            "rhai_mbps" => self.rhai_bps = mbps(value)?,
+            "min_rate_mbps" => self.min_rate_bps = mbps(value)?.max(1),
+            "time_scale" => *self = self.clone().time_scaled(num(key, value)?),
+            _ => {
+                return Err(format!(
+                    "unknown DCQCN parameter '{key}' (one of: {})",
+                    Self::KEYS.join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply `KEY=VALUE` overrides in order.
+    pub fn with_overrides<S: AsRef<str>>(mut self, kvs: &[S]) -> Result<Self, String> {
+        for kv in kvs {
+            let kv = kv.as_ref();
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("'{kv}' is not KEY=VALUE"))?;
+            self.set(k.trim(), v.trim())?;
+        }
+        Ok(self)
+    }
+
     /// The same parameters on a slower time scale: the α period K, the rate-increase
     /// period T and the rate-reduction monitor period multiplied by `factor` (≥ 0; rates,
     /// steps and the byte counter unchanged). For networks whose round trip is far longer

@@ -392,3 +392,27 @@ fn np_spaces_cnps_by_the_interval() {
     let mut np = NotificationPoint::new(Duration::ZERO);
     assert!((0..10).all(|_| np.on_ce(us(5))));
 }
+
+#[test]
+fn overrides_by_name() {
+    let p = Params::paper()
+        .with_overrides(&[
+            "rai_mbps=1",
+            "rate_increase_period_us=550",
+            "stages=3",
+            "alpha_update=periodic",
+            "g=0.5",
+        ])
+        .unwrap();
+    assert_eq!(p.rai_bps, 1_000_000);
+    assert_eq!(p.rate_increase_period, Duration::from_micros(550));
+    assert_eq!(p.stages, 3);
+    assert_eq!(p.alpha_update, AlphaUpdate::Periodic);
+    assert_eq!(p.g, 0.5);
+    let s = Params::paper().with_overrides(&["time_scale=10"]).unwrap();
+    assert_eq!(s.alpha_period, Duration::from_micros(550));
+    assert!(Params::paper().with_overrides(&["bogus=1"]).is_err());
+    assert!(Params::paper().with_overrides(&["g=2"]).is_err());
+    assert!(Params::paper().with_overrides(&["g"]).is_err());
+    assert!(Params::paper().with_overrides(&["rai_mbps=-1"]).is_err());
+}
