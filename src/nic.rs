@@ -40,7 +40,19 @@ pub enum PollMode {
     Busy,
     /// Spin for a while, then sleep in the packet device for at most `max_sleep`.
     Adaptive { spins: u32, max_sleep: Duration },
+    /// The engine runs in the application's own calls (`poll_cq`, `wait_cq`, `get_cq_event`,
+    /// `post_send`, `post_recv` and [`Nic::progress`]), one thread at a time (a thread that
+    /// finds another one driving it skips): no hand-off between threads on the fast path,
+    /// hence the lowest latency when cores are scarce. A background thread takes over only
+    /// while no application thread has called in for [`INLINE_TAKEOVER`] (a passive side
+    /// blocked elsewhere, timers): it then sleeps in the packet device and drives the engine
+    /// when frames arrive or a timer is due.
+    Inline,
 }
+
+/// [`PollMode::Inline`]: how long the application may leave the engine alone before the
+/// background thread drives it.
+pub const INLINE_TAKEOVER: Duration = Duration::from_micros(200);
 
 /// Runtime options.
 #[derive(Clone, Copy, Debug)]
@@ -108,6 +120,18 @@ struct Inner {
     /// Rung by application threads when the engine sleeps (see `engine_loop`).
     wake: crate::io::sys::event::EventFd,
     sleeping: AtomicBool,
+    /// [`PollMode::Inline`]: the packet device, driven by application threads.
+    inline: Option<Mutex<InlineEngine>>,
+    /// [`PollMode::Inline`]: when an application thread last drove the engine (ns since
+    /// `epoch`).
+    last_app_drive: AtomicU64,
+}
+
+struct InlineEngine {
+    pkt: Box<dyn PacketDevice>,
+    opts: NicOptions,
+    cq_list: Vec<Cq>,
+    next_timer: Option<Instant>,
 }
 
 /// A running software RNIC.
@@ -139,8 +163,31 @@ impl Nic {
             io_errors: AtomicU64::new(0),
             wake: crate::io::sys::event::EventFd::new()?,
             sleeping: AtomicBool::new(false),
+            inline: None,
+            last_app_drive: AtomicU64::new(0),
         });
         let describe = pkt.describe();
+        if opts.poll == PollMode::Inline {
+            let mut inner = inner;
+            let fd = pkt.poll_fd();
+            if let Some(i) = Arc::get_mut(&mut inner) {
+                i.inline = Some(Mutex::new(InlineEngine {
+                    pkt: Box::new(pkt),
+                    opts,
+                    cq_list: Vec::new(),
+                    next_timer: None,
+                }));
+            }
+            let th = inner.clone();
+            let thread = std::thread::Builder::new()
+                .name("ferroce-nic-bg".into())
+                .spawn(move || inline_background(&th, fd))?;
+            return Ok(Nic {
+                inner,
+                thread: Some(thread),
+                describe,
+            });
+        }
         let th = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferroce-nic".into())
@@ -305,8 +352,68 @@ impl Nic {
         Ok(())
     }
 
+    /// [`PollMode::Inline`]: run the engine now (receive, QPs, timers, transmit, completions)
+    /// until it finds nothing more to do, at most a few rounds; returns the work done. A no-op
+    /// (0) with an engine thread, or while another thread is driving the engine.
+    pub fn progress(&self) -> usize {
+        if self.inner.inline.is_none() {
+            return 0;
+        }
+        self.inner.last_app_drive.store(
+            self.inner.epoch.elapsed().as_nanos() as u64,
+            Ordering::Relaxed,
+        );
+        inline_progress(&self.inner)
+    }
+
+    /// [`PollMode::Inline`]: drive the engine until `ready()` or `deadline`, sleeping in the
+    /// packet device (at most until the next timer) when there is nothing to do.
+    fn inline_wait(&self, deadline: std::time::Instant, ready: &dyn Fn() -> bool) -> bool {
+        let Some(m) = &self.inner.inline else {
+            return ready();
+        };
+        let mut idle_since = std::time::Instant::now();
+        loop {
+            if self.progress() > 0 {
+                idle_since = std::time::Instant::now();
+            }
+            if ready() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // Spin briefly (the answer is usually microseconds away), then sleep in the
+            // device until a frame arrives, the next timer or the deadline.
+            if now.duration_since(idle_since) < Duration::from_micros(20) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let Ok(mut e) = m.try_lock() else {
+                std::thread::yield_now();
+                continue;
+            };
+            let e = &mut *e;
+            let mut wait = (deadline - now).min(Duration::from_millis(1));
+            if let Some(t) = e.next_timer {
+                let at = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
+                wait = wait.min(Duration::from_nanos(
+                    t.as_nanos().saturating_sub(at.as_nanos()),
+                ));
+            }
+            if e.pkt.wait_readable(Some(wait)).is_err() {
+                self.inner.io_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Wake the engine if it sleeps (a system call only then).
     fn ring(&self) {
+        if self.inner.inline.is_some() {
+            self.progress();
+            return;
+        }
         if self.inner.sleeping.load(Ordering::SeqCst) {
             self.inner.wake.signal();
         }
@@ -330,6 +437,9 @@ impl Nic {
         max: usize,
     ) -> Result<usize, VerbsError> {
         let c = self.cq(cq)?;
+        if self.inner.inline.is_some() && c.len.load(Ordering::Acquire) < max {
+            self.progress();
+        }
         let mut n = 0;
         while n < max {
             let Some(wc) = c.q.pop() else { break };
@@ -344,6 +454,9 @@ impl Nic {
     pub fn wait_cq(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
         let c = self.cq(cq)?;
         let deadline = std::time::Instant::now() + timeout;
+        if self.inner.inline.is_some() {
+            return Ok(self.inline_wait(deadline, &|| c.len.load(Ordering::Acquire) > 0));
+        }
         let mut g = lock(&c.lock);
         while c.len.load(Ordering::Acquire) == 0 {
             let now = std::time::Instant::now();
@@ -376,6 +489,16 @@ impl Nic {
     pub fn get_cq_event(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
         let c = self.cq(cq)?;
         let deadline = std::time::Instant::now() + timeout;
+        if self.inner.inline.is_some() {
+            let take = || {
+                let e = c.events.load(Ordering::Acquire);
+                e > 0
+                    && c.events
+                        .compare_exchange(e, e - 1, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+            };
+            return Ok(self.inline_wait(deadline, &take));
+        }
         let mut g = lock(&c.lock);
         loop {
             let e = c.events.load(Ordering::Acquire);
@@ -437,93 +560,13 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
     let mut cq_list: Vec<Cq> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
         let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
-        let mut work = 0usize;
-        let next_timer;
-        {
-            let mut dev = lock(&inner.dev);
-            while let Some(db) = inner.doorbell.pop() {
-                work += 1;
-                match db {
-                    Doorbell::Send(q, wr) => {
-                        let id = wr.wr_id;
-                        if dev.post_send(q, wr).is_err() {
-                            // The shadow accepted it but the QP changed meanwhile.
-                            push_error(inner, &dev, q, id);
-                        }
-                    }
-                    Doorbell::Recv(q, wr) => {
-                        let _ = dev.post_recv(q, wr);
-                    }
-                }
-            }
-            match pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)) {
-                Ok(n) => work += n,
-                Err(_) => {
-                    inner.io_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if dev.poll_timeout().is_some_and(|t| t <= now) {
-                dev.handle_timeout(now);
-                work += 1;
-            }
-            match pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)) {
-                Ok(n) => work += n,
-                Err(_) => {
-                    inner.io_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            let qps = inner.qps.read().unwrap_or_else(|e| e.into_inner());
-            dev.drain_touched(|qpn, st, sr, rr| {
-                if let Some(sh) = qps.get(&qpn.get()) {
-                    sh.state.store(state_code(st), Ordering::Release);
-                    sh.sq_retired.store(sr, Ordering::Release);
-                    sh.rq_retired.store(rr, Ordering::Release);
-                }
-            });
-            drop(qps);
-            cq_list.clear();
-            cq_list.extend(dev.cq_ids());
-            if !cq_list.is_empty() {
-                let cqs = inner.cqs.read().unwrap_or_else(|e| e.into_inner());
-                let mut tmp = Vec::new();
-                for &cq in &cq_list {
-                    let Some(c) = cqs.get(cq.0 as usize) else {
-                        continue;
-                    };
-                    let room = c.depth.saturating_sub(c.len.load(Ordering::Acquire));
-                    tmp.clear();
-                    let _ = dev.poll_cq(cq, &mut tmp, room);
-                    if tmp.is_empty() {
-                        continue;
-                    }
-                    let mut fire = false;
-                    for wc in tmp.drain(..) {
-                        match c.armed.load(Ordering::Acquire) {
-                            1 => fire = true,
-                            2 if wc.solicited || wc.status != WcStatus::Success => fire = true,
-                            _ => {}
-                        }
-                        c.q.push(wc);
-                        c.len.fetch_add(1, Ordering::AcqRel);
-                    }
-                    if fire {
-                        c.armed.store(0, Ordering::Release);
-                        c.events.fetch_add(1, Ordering::AcqRel);
-                    }
-                    let _g = lock(&c.lock);
-                    c.cv.notify_all();
-                    work += 1;
-                }
-            }
-            next_timer = dev.poll_timeout();
-            *lock(&inner.io_stats) = pkt.stats();
-        }
+        let (work, next_timer) = engine_step(inner, pkt, opts, &mut cq_list);
         if work > 0 {
             idle = 0;
             continue;
         }
         match opts.poll {
-            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
             PollMode::Adaptive { spins, max_sleep } => {
                 idle += 1;
                 if idle <= spins {
@@ -556,6 +599,156 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
             }
         }
     }
+}
+/// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
+fn inline_progress(inner: &Inner) -> usize {
+    let Some(m) = &inner.inline else {
+        return 0;
+    };
+    let Ok(mut e) = m.try_lock() else {
+        return 0;
+    };
+    let e = &mut *e;
+    let mut total = 0;
+    for _ in 0..4 {
+        let (work, next) = engine_step(inner, &mut *e.pkt, e.opts, &mut e.cq_list);
+        e.next_timer = next;
+        total += work;
+        if work == 0 {
+            break;
+        }
+    }
+    total
+}
+
+/// [`PollMode::Inline`]'s background thread: asleep while the application drives the
+/// engine; after [`INLINE_TAKEOVER`] without it, waits in the packet device's descriptor (or
+/// sleeps briefly, without one) until frames arrive, the next timer or 1 ms, and drives.
+fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
+    let takeover = INLINE_TAKEOVER.as_nanos() as u64;
+    while !inner.stop.load(Ordering::Acquire) {
+        let now = inner.epoch.elapsed().as_nanos() as u64;
+        let since = now.saturating_sub(inner.last_app_drive.load(Ordering::Relaxed));
+        if since < takeover {
+            std::thread::sleep(Duration::from_nanos(takeover - since));
+            continue;
+        }
+        let mut wait = Duration::from_millis(1);
+        if let Some(t) = inner
+            .inline
+            .as_ref()
+            .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer))
+        {
+            wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
+        }
+        let r = match fd {
+            Some(fd) => {
+                crate::io::sys::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
+            }
+            None => {
+                std::thread::sleep(wait.min(Duration::from_micros(50)));
+                Ok(())
+            }
+        };
+        if r.is_err() {
+            inner.io_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        inner.wake.drain();
+        inline_progress(inner);
+    }
+}
+
+/// One engine round: doorbells, a receive batch, timers, a transmit batch, QP state shadows
+/// and completions. Returns the work done and the next timer.
+fn engine_step(
+    inner: &Inner,
+    pkt: &mut dyn PacketDevice,
+    opts: NicOptions,
+    cq_list: &mut Vec<Cq>,
+) -> (usize, Option<Instant>) {
+    let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+    let mut work = 0usize;
+    let next_timer;
+    {
+        let mut dev = lock(&inner.dev);
+        while let Some(db) = inner.doorbell.pop() {
+            work += 1;
+            match db {
+                Doorbell::Send(q, wr) => {
+                    let id = wr.wr_id;
+                    if dev.post_send(q, wr).is_err() {
+                        // The shadow accepted it but the QP changed meanwhile.
+                        push_error(inner, &dev, q, id);
+                    }
+                }
+                Doorbell::Recv(q, wr) => {
+                    let _ = dev.post_recv(q, wr);
+                }
+            }
+        }
+        match pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)) {
+            Ok(n) => work += n,
+            Err(_) => {
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if dev.poll_timeout().is_some_and(|t| t <= now) {
+            dev.handle_timeout(now);
+            work += 1;
+        }
+        match pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)) {
+            Ok(n) => work += n,
+            Err(_) => {
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let qps = inner.qps.read().unwrap_or_else(|e| e.into_inner());
+        dev.drain_touched(|qpn, st, sr, rr| {
+            if let Some(sh) = qps.get(&qpn.get()) {
+                sh.state.store(state_code(st), Ordering::Release);
+                sh.sq_retired.store(sr, Ordering::Release);
+                sh.rq_retired.store(rr, Ordering::Release);
+            }
+        });
+        drop(qps);
+        cq_list.clear();
+        cq_list.extend(dev.cq_ids());
+        if !cq_list.is_empty() {
+            let cqs = inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+            let mut tmp = Vec::new();
+            for &cq in cq_list.iter() {
+                let Some(c) = cqs.get(cq.0 as usize) else {
+                    continue;
+                };
+                let room = c.depth.saturating_sub(c.len.load(Ordering::Acquire));
+                tmp.clear();
+                let _ = dev.poll_cq(cq, &mut tmp, room);
+                if tmp.is_empty() {
+                    continue;
+                }
+                let mut fire = false;
+                for wc in tmp.drain(..) {
+                    match c.armed.load(Ordering::Acquire) {
+                        1 => fire = true,
+                        2 if wc.solicited || wc.status != WcStatus::Success => fire = true,
+                        _ => {}
+                    }
+                    c.q.push(wc);
+                    c.len.fetch_add(1, Ordering::AcqRel);
+                }
+                if fire {
+                    c.armed.store(0, Ordering::Release);
+                    c.events.fetch_add(1, Ordering::AcqRel);
+                }
+                let _g = lock(&c.lock);
+                c.cv.notify_all();
+                work += 1;
+            }
+        }
+        next_timer = dev.poll_timeout();
+        *lock(&inner.io_stats) = pkt.stats();
+    }
+    (work, next_timer)
 }
 
 /// A request the device refused after the shadow accepted it: report it as a completion.

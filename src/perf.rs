@@ -964,6 +964,10 @@ fn lat_run(
                         }
                         // No completion tells of a remote WRITE: spin, then let the engine
                         // have the core (see SPIN_BEFORE_SLEEP).
+                        // With an inline engine this thread is what runs it.
+                        if ep.nic.progress() > 0 {
+                            continue;
+                        }
                         if spin_from.elapsed() < SPIN_BEFORE_SLEEP {
                             std::hint::spin_loop();
                         } else {

@@ -14,6 +14,18 @@ use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How the NIC runtime polls (see [`PollMode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Poll {
+    /// An engine thread that spins, then sleeps.
+    #[default]
+    Adaptive,
+    /// An engine thread that never sleeps.
+    Busy,
+    /// The application's thread drives the engine ([`PollMode::Inline`]).
+    Inline,
+}
+
 /// Options of `ferroce perf` beyond the test parameters.
 #[derive(Clone, Debug)]
 pub struct PerfRun {
@@ -26,7 +38,7 @@ pub struct PerfRun {
     /// GID index (`-x`); `None`: the first IPv4 GID.
     pub gid_index: Option<u8>,
     pub pcap: Option<PathBuf>,
-    pub busy_poll: bool,
+    pub poll: Poll,
     pub json: bool,
     /// Congestion control of our QPs (DCQCN reaction point) and the notification point's
     /// CNP interval (None: send no CNPs).
@@ -74,13 +86,13 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     dcfg.cnp_interval = o.cnp_interval;
     dcfg.line_rate_bps = o.line_rate_bps;
     let opts = NicOptions {
-        poll: if o.busy_poll {
-            PollMode::Busy
-        } else {
-            PollMode::Adaptive {
+        poll: match o.poll {
+            Poll::Busy => PollMode::Busy,
+            Poll::Inline => PollMode::Inline,
+            Poll::Adaptive => PollMode::Adaptive {
                 spins: 2000,
                 max_sleep: Duration::from_millis(1),
-            }
+            },
         },
         batch: 64,
     };

@@ -159,6 +159,13 @@ fn adaptive_sleep() {
     });
 }
 
+/// The application's threads drive the engine; B is passive until its `get_cq_event`, so the
+/// background thread must take over for it (ACKs for 200 WRITEs).
+#[test]
+fn inline_engine() {
+    run(PollMode::Inline);
+}
+
 #[test]
 fn post_errors_are_synchronous() {
     let (la, _lb) = Loopback::pair(16, 9000).unwrap();

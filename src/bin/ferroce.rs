@@ -348,8 +348,14 @@ struct PerfArgs {
     /// Write every frame sent and received to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
-    /// Busy-poll (lowest latency, one core at 100 %) instead of adaptive sleeping.
-    #[arg(long)]
+    /// The engine's polling: adaptive (an engine thread that spins, then sleeps), busy (an
+    /// engine thread at 100 % of a core), inline (the test's own thread drives the engine: no
+    /// thread hand-off, lowest latency when cores are few) or auto (inline for the latency
+    /// tests, adaptive for the bandwidth tests).
+    #[arg(long, value_enum, default_value = "auto")]
+    poll: PollArg,
+    /// Same as --poll busy.
+    #[arg(long, conflicts_with = "poll")]
     busy: bool,
     /// One JSON object with the results and counters.
     #[arg(long)]
@@ -397,6 +403,14 @@ struct PerfArgs {
 enum PerfCc {
     None,
     Dcqcn,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum PollArg {
+    Auto,
+    Adaptive,
+    Busy,
+    Inline,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
@@ -640,7 +654,21 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         backend: a.backend,
         gid_index: a.gid_index,
         pcap: a.pcap,
-        busy_poll: a.busy,
+        poll: match (a.busy, a.poll) {
+            (true, _) | (_, PollArg::Busy) => ferroce::tool::Poll::Busy,
+            (_, PollArg::Inline) => ferroce::tool::Poll::Inline,
+            (_, PollArg::Auto)
+                if matches!(
+                    a.test,
+                    ferroce::perf::Test::SendLat
+                        | ferroce::perf::Test::WriteLat
+                        | ferroce::perf::Test::ReadLat
+                ) =>
+            {
+                ferroce::tool::Poll::Inline
+            }
+            _ => ferroce::tool::Poll::Adaptive,
+        },
         json: a.json,
         cc,
         cnp_interval: (a.cnp_interval_us > 0)
