@@ -78,7 +78,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     if cfg.mtu.bytes() > link_mtu.bytes() {
         cfg.mtu = link_mtu;
     }
-    let pkt = backend::open(o.backend, &dev, local)
+    let pkt = backend::open_with(o.backend, &dev, local, o.poll == Poll::Inline)
         .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
