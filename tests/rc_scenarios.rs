@@ -846,6 +846,51 @@ fn partial_read_retried_after_loss() {
 }
 
 #[test]
+fn after_a_timeout_only_the_oldest_wqe_is_resent_until_acknowledged() {
+    // Three one-packet READs; every response is lost. On the local ACK timeout A resends only
+    // the oldest READ (a slow responder must not get the whole window of duplicates on each
+    // timeout), and the other two once that one has its response. (B stamps each response
+    // with its MSN when it transmits it: all three requests have been executed by then.)
+    let mut s = Scen::new(params(), 10);
+    let data = pattern(300, 7);
+    s.eb.mr.write(8192, &data).unwrap();
+    s.drop = Box::new(|d, _, i| d == Dir::BtoA && i < 3);
+    for k in 0..3u64 {
+        s.post_send(k + 1, s.read_op(8192 + 100 * k), 100 * k as usize, 100);
+    }
+    s.run(Duration::from_millis(10));
+    assert_eq!(
+        s.wcs_a(),
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    let mut got = vec![0u8; 300];
+    s.ea.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert_eq!(s.a.qp_counters(s.ea.qp).unwrap().timeouts, 1);
+    expect(
+        &s,
+        "
+        0us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=10 A reth[va=0x7fec4a3d2000 rkey=0x7c596e26 len=100] len=0
+        0us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=11 A reth[va=0x7fec4a3d2064 rkey=0x7c596e26 len=100] len=0
+        0us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=12 A reth[va=0x7fec4a3d20c8 rkey=0x7c596e26 len=100] len=0
+        1us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=10 aeth[ACK credits=0 msn=3] len=100 [dropped]
+        1us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=11 aeth[ACK credits=0 msn=3] len=100 [dropped]
+        1us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=12 aeth[ACK credits=0 msn=3] len=100 [dropped]
+        1048us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=10 A reth[va=0x7fec4a3d2000 rkey=0x7c596e26 len=100] len=0
+        1049us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=10 aeth[ACK credits=0 msn=3] len=100
+        1050us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=11 A reth[va=0x7fec4a3d2064 rkey=0x7c596e26 len=100] len=0
+        1050us A>B RC_RDMA_READ_REQUEST qp=0x000011 psn=12 A reth[va=0x7fec4a3d20c8 rkey=0x7c596e26 len=100] len=0
+        1051us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=11 aeth[ACK credits=0 msn=3] len=100
+        1051us B>A RC_RDMA_READ_RESPONSE_ONLY qp=0x000011 psn=12 aeth[ACK credits=0 msn=3] len=100
+        ",
+    );
+}
+
+#[test]
 fn psn_wraps_at_2_pow_24() {
     let mut s = Scen::new(params(), 0xff_fffe);
     let data = pattern(1000, 7);

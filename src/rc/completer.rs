@@ -70,6 +70,13 @@ impl Qp {
         {
             self.req.gap_retry = None;
         }
+        if self
+            .req
+            .recovery_until
+            .is_some_and(|r| !self.req.una.before_or_eq(r))
+        {
+            self.req.recovery_until = None;
+        }
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.retrans_at = if self.req.una == self.req.hwm {

@@ -139,6 +139,12 @@ pub(crate) struct Requester {
     /// A retransmission from this PSN was started because a response showed a gap: further
     /// out-of-order responses of the same burst do not start (and pay for) another one.
     pub gap_retry: Option<Psn>,
+    /// After a local ACK timeout: resend only the oldest outstanding WQE (whose last PSN this
+    /// is) until it is acknowledged, then the rest. A responder that is merely slow (a long
+    /// queue of READ responses) would otherwise get the whole window of duplicates on every
+    /// timeout, queue them behind the originals, answer later still and time out again: a
+    /// retry storm that ends in RETRY_EXC_ERR. IBTA leaves how much to resend to the requester.
+    pub recovery_until: Option<Psn>,
     /// The window (see [`DEFAULT_MAX_INFLIGHT`]).
     pub max_inflight: u32,
 }

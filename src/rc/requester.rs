@@ -62,6 +62,13 @@ impl Qp {
         // PSN (a READ request is one packet, whatever it reserves).
         let window_open = self.req.send_psn.distance_from(self.req.una) < self.req.max_inflight;
         if w.assigned {
+            if self
+                .req
+                .recovery_until
+                .is_some_and(|r| w.first_psn.after(r))
+            {
+                return false;
+            }
             return window_open || w.op.is_rd_atomic();
         }
         if self.state == QpState::Sqd {
@@ -291,6 +298,7 @@ impl Qp {
             self.req.retry_left -= 1;
             let una = self.req.una;
             self.retry_from(una);
+            self.req.recovery_until = self.sq.front().filter(|w| w.assigned).map(|w| w.last_psn());
             self.req.retrans_at = self.ack_timeout().map(|d| now + d);
         }
     }
