@@ -526,6 +526,15 @@ impl Nic {
         (d, q, *lock(&self.inner.io_stats))
     }
 
+    /// Seconds since the NIC started, and every QP's congestion-control state now (see
+    /// [`Device::cc_snapshot`]).
+    #[allow(clippy::type_complexity)]
+    pub fn cc_snapshot(&self) -> (f64, Vec<(QpNumber, u64, Option<f64>, u64, u64)>) {
+        let el = self.inner.epoch.elapsed();
+        let now = Instant::from_nanos(el.as_nanos() as u64);
+        (el.as_secs_f64(), self.with_device(|d| d.cc_snapshot(now)))
+    }
+
     pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
         self.with_device(|d| d.qp_counters(qpn))
     }

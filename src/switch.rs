@@ -738,11 +738,15 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     .collect();
                 writeln!(
                     out,
-                    "  ... {:.1} s: {:.0} frames/s forwarded, queues [{}] KB, rx_mbps [{}], ce_marked {marks}, drops {drops}",
+                    "  ... {:.1} s: {:.0} frames/s forwarded, queues [{}] KB, rx_mbps [{}], ce_marked {marks}, drops {drops}, unix {:.3}",
                     el.as_secs_f64(),
                     (tx - last_tx) as f64 / secs,
                     q.join(" "),
-                    rx_mbps.join(" ")
+                    rx_mbps.join(" "),
+                    SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0)
                 )
                 .ok();
                 out.flush().ok();

@@ -46,6 +46,10 @@ pub struct PerfRun {
     pub cnp_interval: Option<Duration>,
     /// The port's line rate for DCQCN (bits/s).
     pub line_rate_bps: u64,
+    /// Write every QP's rate, α, CNPs handled and CE marks received as CSV here, sampled
+    /// every `cc_sample` during the test.
+    pub cc_csv: Option<PathBuf>,
+    pub cc_sample: Duration,
 }
 
 /// The GID index to use: the given one, or the first IPv4 entry.
@@ -156,7 +160,45 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         Role::Server
     };
     let mut ses = Session::new(stream, role, cfg.timeout);
-    let res = perf::run(&nic, &cfg, &mut ses, &resolve);
+    let sampling = std::sync::atomic::AtomicBool::new(o.cc_csv.is_some());
+    let mut samples: Vec<String> = Vec::new();
+    let res = std::thread::scope(|sc| {
+        let sampler = o.cc_csv.as_ref().map(|_| {
+            sc.spawn(|| {
+                let mut rows = Vec::new();
+                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (_, v) = nic.cc_snapshot();
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0);
+                    for (q, rate, alpha, cnps, ce) in v {
+                        rows.push(format!(
+                            "{t:.6},{:#08x},{rate},{},{cnps},{ce}",
+                            q.get(),
+                            alpha.map(|a| format!("{a:.6}")).unwrap_or_default()
+                        ));
+                    }
+                    std::thread::sleep(o.cc_sample);
+                }
+                rows
+            })
+        });
+        let r = perf::run(&nic, &cfg, &mut ses, &resolve);
+        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = sampler {
+            samples = h.join().unwrap_or_default();
+        }
+        r
+    });
+    if let Some(p) = &o.cc_csv {
+        let mut text = String::from("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n");
+        for r in &samples {
+            text.push_str(r);
+            text.push('\n');
+        }
+        std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
     let (report, ours, theirs, verify) = match res {
         Ok(r) => r,
         Err(e) => {

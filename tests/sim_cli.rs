@@ -177,3 +177,61 @@ fn incast_dcqcn_overrides_take_effect() {
     );
     assert!(q2 > 2.0 * q, "with cuts {q} KB, without {q2} KB");
 }
+
+#[test]
+fn cc_plot_draws_perf_csvs_and_rejects_other_files() {
+    let dir = std::env::temp_dir().join(format!("ferroce-ccplot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("cc1.csv");
+    let mut text = String::from("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n");
+    for i in 0..50 {
+        let t = 1_796_000_000.0 + f64::from(i) * 0.01;
+        text.push_str(&format!(
+            "{t:.6},0x000011,{},{:.3},{i},0\n",
+            1_000_000_000 - i * 10_000_000,
+            1.0 - f64::from(i) / 100.0
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let log = dir.join("switch.log");
+    std::fs::write(
+        &log,
+        "switching between s1, r\n  ... 0.5 s: 10 frames/s forwarded, queues [0 12] KB, rx_mbps [100.0 1.0], ce_marked 3, drops 0, unix 1796000000.100\n",
+    )
+    .unwrap();
+    let png = dir.join("out.png");
+    let (code, _, err) = ferroce(&[
+        "cc-plot",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--switch-log",
+        log.to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+    // Not a --cc-csv file, a missing file, a malformed line: one-line errors, status 2.
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "a,b\n1,2\n").unwrap();
+    let broken = dir.join("broken.csv");
+    std::fs::write(
+        &broken,
+        "t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n1.0,0x11,x,,0,0\n",
+    )
+    .unwrap();
+    for f in [bad, dir.join("missing.csv"), broken] {
+        let (code, out, err) = ferroce(&[
+            "cc-plot",
+            "--csv",
+            f.to_str().unwrap(),
+            "--out",
+            png.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(out.is_empty());
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("ferroce: cc-plot: "), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

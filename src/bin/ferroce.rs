@@ -72,6 +72,10 @@ enum Cmd {
     ///
     /// Runs until SIGINT/SIGTERM or --duration-s, then prints per-port counters.
     Switch(SwitchArgs),
+    /// Plot DCQCN on real packets: the CSVs of `ferroce perf --cc-csv` (one per sender) and,
+    /// optionally, the progress lines of `ferroce switch --stats-interval-s` as one PNG
+    /// (rate and α per QP, the switch queue and each port's receive rate).
+    CcPlot(CcPlotArgs),
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
@@ -382,6 +386,13 @@ struct PerfArgs {
     /// (always|after-timer-increase), rate_reduce_period_us, time_scale.
     #[arg(long = "dcqcn", value_name = "KEY=VALUE")]
     dcqcn: Vec<String>,
+    /// Write every QP's DCQCN state over time as CSV (t_unix_s, qpn, rate_bps, alpha,
+    /// cnps_handled, ce_rcvd), sampled every --cc-sample-ms; `ferroce cc-plot` plots it.
+    #[arg(long = "cc-csv")]
+    cc_csv: Option<PathBuf>,
+    /// Sampling period of --cc-csv (ms).
+    #[arg(long = "cc-sample-ms", default_value_t = 10.0)]
+    cc_sample_ms: f64,
     /// QP local ACK timeout: 4.096 µs × 2^N (perftest's -u; 0: none).
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
@@ -417,6 +428,19 @@ enum PollArg {
 enum PerfPreset {
     Paper,
     Connectx,
+}
+
+#[derive(clap::Args)]
+struct CcPlotArgs {
+    /// A CSV written by `ferroce perf --cc-csv` (repeat for several senders).
+    #[arg(long = "csv", required = true)]
+    csvs: Vec<PathBuf>,
+    /// The output of `ferroce switch --stats-interval-s` (queues and per-port rates).
+    #[arg(long = "switch-log")]
+    switch_log: Option<PathBuf>,
+    /// The PNG to write.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -674,6 +698,8 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         cnp_interval: (a.cnp_interval_us > 0)
             .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
         line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,
+        cc_csv: a.cc_csv,
+        cc_sample: std::time::Duration::from_secs_f64((a.cc_sample_ms.clamp(0.1, 60_000.0)) / 1e3),
     };
     match ferroce::tool::run_perf(&run, &mut io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -726,6 +752,13 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => run_perf(a),
         Cmd::Pingpong(a) => run_pingpong(a),
         Cmd::Switch(a) => run_switch(a),
+        Cmd::CcPlot(a) => match cc_plot(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ferroce: cc-plot: {e}");
+                ExitCode::from(2)
+            }
+        },
         Cmd::Devinfo { dev } => match ferroce::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -869,4 +902,129 @@ fn inspect_one(
         writeln!(out, "{}", sum.line())?;
     }
     Ok(sum)
+}
+
+/// `ferroce cc-plot`: see [`CcPlotArgs`].
+fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
+    use ferroce::sim::incast::{write_panels_png, Panel};
+    type Pts = Vec<(f64, f64)>;
+    type Series = Vec<(String, Pts)>;
+    let (mut rate, mut alpha): (Series, Series) = (Vec::new(), Vec::new());
+    let mut t0 = f64::INFINITY;
+    let mut t1 = 0f64;
+    for (i, p) in a.csvs.iter().enumerate() {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut lines = text.lines();
+        if lines.next() != Some("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd") {
+            return Err(format!(
+                "{}: not a `ferroce perf --cc-csv` file",
+                p.display()
+            ));
+        }
+        let mut per_qp: std::collections::BTreeMap<String, (Pts, Pts)> = Default::default();
+        for (n, l) in lines.enumerate() {
+            let f: Vec<&str> = l.split(',').collect();
+            let bad = || format!("{}: line {}: malformed", p.display(), n + 2);
+            if f.len() != 6 {
+                return Err(bad());
+            }
+            let t: f64 = f[0].parse().map_err(|_| bad())?;
+            let r: f64 = f[2].parse().map_err(|_| bad())?;
+            if !t.is_finite() || !r.is_finite() {
+                return Err(bad());
+            }
+            t0 = t0.min(t);
+            t1 = t1.max(t);
+            let e = per_qp.entry(f[1].to_string()).or_default();
+            e.0.push((t, r / 1e6));
+            if let Ok(al) = f[3]
+                .parse::<f64>()
+                .map(|a| if a.is_finite() { a } else { 0.0 })
+            {
+                e.1.push((t, al));
+            }
+        }
+        for (q, (r, al)) in per_qp {
+            let name = format!("sender {} qp {q}", i + 1);
+            rate.push((name.clone(), r));
+            if !al.is_empty() {
+                alpha.push((name, al));
+            }
+        }
+    }
+    let (mut queue, mut rx): (Series, Series) = (Vec::new(), Vec::new());
+    if let Some(p) = &a.switch_log {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let list = |l: &str, key: &str| -> Option<Vec<f64>> {
+            let i = l.find(key)? + key.len();
+            let j = l[i..].find(']')? + i;
+            l[i..j].split_whitespace().map(|x| x.parse().ok()).collect()
+        };
+        for l in text.lines() {
+            let (Some(q), Some(r), Some(t)) = (
+                list(l, "queues ["),
+                list(l, "rx_mbps ["),
+                l.rsplit("unix ")
+                    .next()
+                    .and_then(|x| x.trim().parse::<f64>().ok()),
+            ) else {
+                continue;
+            };
+            if !l.contains("unix ") {
+                continue;
+            }
+            if !t.is_finite() || q.iter().chain(&r).any(|v| !v.is_finite()) {
+                continue;
+            }
+            t0 = t0.min(t);
+            t1 = t1.max(t);
+            for (k, v) in q.iter().enumerate() {
+                if queue.len() <= k {
+                    queue.push((format!("port {}", k + 1), Vec::new()));
+                }
+                queue[k].1.push((t, *v));
+            }
+            for (k, v) in r.iter().enumerate() {
+                if rx.len() <= k {
+                    rx.push((format!("port {}", k + 1), Vec::new()));
+                }
+                rx[k].1.push((t, *v));
+            }
+        }
+    }
+    if !t0.is_finite() {
+        return Err("no samples".into());
+    }
+    let shift = |s: Series| -> Series {
+        s.into_iter()
+            .map(|(n, pts)| (n, pts.into_iter().map(|(t, v)| (t - t0, v)).collect()))
+            .collect()
+    };
+    let mut panels = vec![Panel {
+        title: "DCQCN sending rate R_C per QP".into(),
+        y_desc: "Mb/s".into(),
+        series: shift(rate),
+    }];
+    if !alpha.is_empty() {
+        panels.push(Panel {
+            title: "alpha per QP".into(),
+            y_desc: "alpha".into(),
+            series: shift(alpha),
+        });
+    }
+    if !rx.is_empty() {
+        panels.push(Panel {
+            title: "received by the switch per port (a sender's port: its rate)".into(),
+            y_desc: "Mb/s".into(),
+            series: shift(rx),
+        });
+        panels.push(Panel {
+            title: "switch egress queue per port (ports in --port order)".into(),
+            y_desc: "KB".into(),
+            series: shift(queue),
+        });
+    }
+    let h = 260 * panels.len() as u32;
+    write_panels_png(&a.out, 1000, h, "time (s)", t1 - t0, &panels)
+        .map_err(|e| format!("{}: {e}", a.out.display()))
 }

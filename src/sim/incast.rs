@@ -56,7 +56,7 @@
 
 mod output;
 
-pub use output::{write_csv, write_png};
+pub use output::{write_csv, write_panels_png, write_png, Panel};
 
 use super::net::{Red, SplitMix64};
 use crate::cc::dcqcn::NotificationPoint;

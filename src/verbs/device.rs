@@ -690,6 +690,26 @@ impl Device {
         self.qps.get(&qpn.get()).map(|q| q.cc.rate_bps())
     }
 
+    /// Every QP's congestion-control state at `now`: (QPN, rate in bits/s, α if the
+    /// controller has one, CNPs handled, CE-marked packets received), by QPN.
+    pub fn cc_snapshot(&self, now: Instant) -> Vec<(QpNumber, u64, Option<f64>, u64, u64)> {
+        let mut v: Vec<_> = self
+            .qps
+            .iter()
+            .map(|(&n, q)| {
+                (
+                    QpNumber::new(n),
+                    q.cc.rate_bps(),
+                    q.cc.alpha(now),
+                    q.counters.cnps_handled,
+                    q.counters.ce_rcvd,
+                )
+            })
+            .collect();
+        v.sort_by_key(|e| e.0.get());
+        v
+    }
+
     pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
         self.qps.get(&qpn.get()).map(|q| q.counters)
     }

@@ -72,6 +72,49 @@ where
     DB::ErrorType: 'static,
 {
     let t_max = result.config.duration.as_nanos() as f64 / 1e6;
+    panel_xy(area, title, "time (ms)", t_max, y_desc, series)
+}
+
+/// A panel of a figure made by [`write_panels_png`]: a title, the y axis' name and one named
+/// line per series of (x, y) points.
+pub struct Panel {
+    pub title: String,
+    pub y_desc: String,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// Stack `panels` vertically in one PNG, all against the same x axis (`x_desc`, 0..x_max).
+pub fn write_panels_png(
+    path: &Path,
+    width: u32,
+    height: u32,
+    x_desc: &str,
+    x_max: f64,
+    panels: &[Panel],
+) -> io::Result<()> {
+    register_font();
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let areas = root.split_evenly((panels.len().max(1), 1));
+    for (a, p) in areas.iter().zip(panels) {
+        panel_xy(a, &p.title, x_desc, x_max, &p.y_desc, &p.series)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+fn panel_xy<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_desc: &str,
+    t_max: f64,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> io::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let t_max = t_max.max(1e-9);
     let y_max = series
         .iter()
         .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
@@ -88,7 +131,7 @@ where
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("time (ms)")
+        .x_desc(x_desc)
         .y_desc(y_desc)
         .light_line_style(WHITE.mix(0.0))
         .draw()
