@@ -125,7 +125,15 @@ struct Inner {
     /// [`PollMode::Inline`]: when an application thread last drove the engine (ns since
     /// `epoch`).
     last_app_drive: AtomicU64,
+    /// When the engine last copied the packet device's counters into `io_stats` (ns since
+    /// `epoch`); a request for a fresh copy; copies made so far.
+    stats_at: AtomicU64,
+    stats_req: AtomicBool,
+    stats_gen: AtomicU64,
 }
+
+/// How often the engine refreshes the packet device's counters (see `engine_step`).
+const STATS_PERIOD_NS: u64 = 10_000_000;
 
 struct InlineEngine {
     pkt: Box<dyn PacketDevice>,
@@ -165,6 +173,9 @@ impl Nic {
             sleeping: AtomicBool::new(false),
             inline: None,
             last_app_drive: AtomicU64::new(0),
+            stats_at: AtomicU64::new(0),
+            stats_req: AtomicBool::new(false),
+            stats_gen: AtomicU64::new(0),
         });
         let describe = pkt.describe();
         if opts.poll == PollMode::Inline {
@@ -408,6 +419,13 @@ impl Nic {
         }
     }
 
+    /// Wake a sleeping engine thread.
+    fn ring_engine(&self) {
+        if self.inner.sleeping.load(Ordering::SeqCst) {
+            self.inner.wake.signal();
+        }
+    }
+
     /// Wake the engine if it sleeps (a system call only then).
     fn ring(&self) {
         if self.inner.inline.is_some() {
@@ -522,6 +540,18 @@ impl Nic {
 
     /// Device counters, QP totals and the packet device's counters.
     pub fn counters(&self) -> (DeviceCounters, QpCounters, IoStats) {
+        // Ask the engine for fresh packet-device counters and wait (briefly) for them.
+        let gen = self.inner.stats_gen.load(Ordering::Acquire);
+        self.inner.stats_req.store(true, Ordering::Release);
+        let t0 = std::time::Instant::now();
+        while self.inner.stats_gen.load(Ordering::Acquire) == gen
+            && t0.elapsed() < Duration::from_millis(50)
+        {
+            if self.progress() == 0 {
+                self.ring_engine();
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
         let (d, q) = self.with_device(|d| d.counters());
         (d, q, *lock(&self.inner.io_stats))
     }
@@ -755,7 +785,16 @@ fn engine_step(
             }
         }
         next_timer = dev.poll_timeout();
-        *lock(&inner.io_stats) = pkt.stats();
+        // The packet device's counters cost a system call (the kernel's drop counters):
+        // refresh them every STATS_PERIOD, or at once when `counters()` asks.
+        let t = now.as_nanos();
+        if inner.stats_req.swap(false, Ordering::AcqRel)
+            || t.saturating_sub(inner.stats_at.load(Ordering::Relaxed)) >= STATS_PERIOD_NS
+        {
+            inner.stats_at.store(t, Ordering::Relaxed);
+            *lock(&inner.io_stats) = pkt.stats();
+            inner.stats_gen.fetch_add(1, Ordering::AcqRel);
+        }
     }
     (work, next_timer)
 }
