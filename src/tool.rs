@@ -162,7 +162,28 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     let mut ses = Session::new(stream, role, cfg.timeout);
     let sampling = std::sync::atomic::AtomicBool::new(o.cc_csv.is_some());
     let mut samples: Vec<String> = Vec::new();
+    let publishing = std::sync::atomic::AtomicBool::new(true);
+    let stats_path =
+        std::path::Path::new(STATS_DIR).join(format!("{}-{}.json", dev.name, std::process::id()));
+    let what = format!("ferroce perf: {}", cfg.test.title());
     let res = std::thread::scope(|sc| {
+        // Publish the counters for `ferroce devinfo` (best effort: skipped where /run is not
+        // writable).
+        let publisher = sc.spawn(|| {
+            let ok = std::fs::create_dir_all(STATS_DIR).is_ok();
+            while ok && publishing.load(std::sync::atomic::Ordering::Relaxed) {
+                if publish_stats(&nic, &stats_path, &dev.name, &what).is_err() {
+                    break;
+                }
+                for _ in 0..20 {
+                    if !publishing.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            let _ = std::fs::remove_file(&stats_path);
+        });
         let sampler = o.cc_csv.as_ref().map(|_| {
             sc.spawn(|| {
                 let mut rows = Vec::new();
@@ -186,6 +207,8 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         });
         let r = perf::run(&nic, &cfg, &mut ses, &resolve);
         sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+        publishing.store(false, std::sync::atomic::Ordering::Relaxed);
+        let _ = publisher.join();
         if let Some(h) = sampler {
             samples = h.join().unwrap_or_default();
         }
@@ -264,8 +287,86 @@ pub fn devinfo(only: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
                 .collect();
             writeln!(out, "\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({g})", s.join(":")).ok();
         }
+        let live = live_counters(&d.name);
+        if live.is_empty() {
+            writeln!(
+                out,
+                "\t\t\tcounters:\t\tno ferroce process running on {}",
+                d.name
+            )
+            .ok();
+        }
+        for j in live {
+            let age = unix_now() - j["updated_unix"].as_f64().unwrap_or(0.0);
+            writeln!(
+                out,
+                "\t\t\tcounters:\t\tpid {} ({}, {}, {age:.1} s ago)",
+                j["pid"],
+                j["tool"].as_str().unwrap_or("?"),
+                j["backend"].as_str().unwrap_or("?")
+            )
+            .ok();
+            for key in ["qp_counters", "device_counters", "io"] {
+                if let Some(m) = j[key].as_object() {
+                    let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    writeln!(out, "\t\t\t  {key}: {}", kv.join(" ")).ok();
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// Where running `ferroce perf` processes publish their counters (one JSON file per process,
+/// `<netdev>-<pid>.json`, rewritten every second, removed at exit): `ferroce devinfo` shows
+/// them, like `rdma stat` shows a kernel RNIC's.
+pub const STATS_DIR: &str = "/run/ferroce";
+
+/// This process's network namespace (`net:[inode]`): interface names repeat across
+/// namespaces, so devinfo shows only the counters of processes in its own.
+fn netns_id() -> String {
+    std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn publish_stats(nic: &Nic, path: &std::path::Path, dev: &str, what: &str) -> std::io::Result<()> {
+    let (dc, qc, io) = nic.counters();
+    let v = serde_json::json!({ "pid": std::process::id(), "netns": netns_id(), "dev": dev,
+        "tool": what, "backend": nic.describe(), "updated_unix": unix_now(),
+        "device_counters": dc, "qp_counters": qc, "io": io });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, v.to_string())?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The counters published by running ferroce processes on `dev` in this namespace.
+fn live_counters(dev: &str) -> Vec<serde_json::Value> {
+    let mine = netns_id();
+    let Ok(rd) = std::fs::read_dir(STATS_DIR) else {
+        return Vec::new();
+    };
+    let mut v: Vec<serde_json::Value> = rd
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(|j| j["dev"] == dev && j["netns"] == mine.as_str())
+        .filter(|j| {
+            j["pid"]
+                .as_u64()
+                .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        })
+        .collect();
+    v.sort_by_key(|j| j["pid"].as_u64());
+    v
 }
 
 /// The EUI-64 node GUID of a MAC address, as Linux derives it.

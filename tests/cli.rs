@@ -148,3 +148,74 @@ fn demo_across_namespaces_over_af_xdp() {
         .contains(&format!("ferroce-demo-a{}", std::process::id() % 100_000)));
     let _ = std::fs::remove_file(pcap);
 }
+
+#[test]
+fn devinfo_shows_the_counters_of_a_running_perf_in_its_namespace_only() {
+    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
+    let tb = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
+    let p = "dv";
+    let sh = |args: &[&str]| {
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    let up = sh(&[&tb, "up", "--prefix", p, "--drop-roce-input"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let bin = env!("CARGO_BIN_EXE_ferroce");
+    let perf = |ns: &str, host: Option<&str>| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", ns, bin, "perf", "write-bw"]);
+        if let Some(h) = host {
+            c.arg(h);
+        }
+        c.args(["-d", "eth0", "--backend", "xdp", "-D", "3", "-s", "4096"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut server = perf("dvb", None);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut client = perf("dva", Some("10.61.2.2"));
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let devinfo = |ns: &str| {
+        String::from_utf8_lossy(
+            &sh(&["ip", "netns", "exec", ns, bin, "devinfo", "-d", "eth0"]).stdout,
+        )
+        .into_owned()
+    };
+    let during_a = devinfo("dva");
+    let during_r = sh(&["ip", "netns", "exec", "dvr", bin, "devinfo"]);
+    let (c_ok, s_ok) = (client.wait().unwrap(), server.wait().unwrap());
+    let after_a = devinfo("dva");
+    let _ = sh(&[&tb, "down", "--prefix", p]);
+    assert!(c_ok.success() && s_ok.success());
+    // While it runs: the client's counters, with packets sent, in A's namespace only.
+    let line = during_a
+        .lines()
+        .find(|l| l.contains("counters:") && l.contains("RDMA_Write BW Test"))
+        .unwrap_or_else(|| panic!("no live counters in\n{during_a}"));
+    // `ip netns exec` execs ferroce: the same pid.
+    assert!(line.contains(&format!("pid {} (", client.id())), "{line}");
+    let tx: u64 = during_a
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("tx_packets="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(tx > 0, "{during_a}");
+    let r = String::from_utf8_lossy(&during_r.stdout);
+    assert!(
+        !r.contains("RDMA_Write BW Test"),
+        "R sees A's counters:\n{r}"
+    );
+    // After it ended: nothing left behind.
+    assert!(
+        after_a.contains("no ferroce process running on eth0"),
+        "{after_a}"
+    );
+}
