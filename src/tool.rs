@@ -429,15 +429,14 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
     let dev = netdev::netdev(&o.dev).map_err(|e| e.to_string())?;
     let gid_index = pick_gid(&dev, o.gid_index)?;
     let local = dev.gids[usize::from(gid_index)];
-    let pkt = backend::open(o.backend, &dev, local)
+    // Ping-pong is a latency test: the application's thread drives the engine (no thread
+    // hand-off), and AF_PACKET receives without the ring's batching delay.
+    let pkt = backend::open_with(o.backend, &dev, local, true)
         .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
     let opts = NicOptions {
-        poll: PollMode::Adaptive {
-            spins: 2000,
-            max_sleep: Duration::from_millis(1),
-        },
+        poll: PollMode::Inline,
         batch: 64,
     };
     let nic = match &o.pcap {
