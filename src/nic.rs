@@ -11,9 +11,12 @@
 //!   `req_notify_cq` + `get_cq_event` give libibverbs' armed-notification semantics.
 //! - **Control verbs** (`reg_mr`, `create_qp`, `modify_qp`, ...) take the device lock, which the
 //!   engine holds only for one loop iteration.
-//! - The engine **busy-polls** (lowest latency, one core) or **adaptively sleeps**: after a
-//!   run of idle iterations it waits in the packet device's `wait_readable` for at most the
-//!   next timer or a short bound.
+//! - The engine **busy-polls** (one core at 100 %) or **adaptively sleeps**: after a run of
+//!   idle iterations it waits in the packet device's `wait_readable` for at most the next
+//!   timer or a short bound. Or it runs **inline** ([`PollMode::Inline`]): in the
+//!   application's own verbs calls, with a background thread that takes over only while the
+//!   application leaves it alone (the lowest latency when cores are few: no thread hand-off
+//!   on the fast path; `ferroce perf`'s latency tests and `ferroce pingpong` use it).
 //! - Dropping the [`Nic`] (or [`Nic::shutdown`]) stops the thread and drops the packet device,
 //!   which restores the interface (an AF_XDP device detaches its XDP program).
 
