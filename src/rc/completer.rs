@@ -89,7 +89,14 @@ impl Qp {
     /// A gap seen in responses: resend from `p` once per gap (see `Requester::gap_retry`).
     fn gap_retry(&mut self, ctx: &mut Ctx<'_>, p: Psn) {
         if self.req.gap_retry == Some(p) {
+            // More of the stream that was in flight before the retry: the responder is alive
+            // and working through its queue, our retried request is behind it. Restart the
+            // local ACK timer (without refilling the retry count): a slow responder with a
+            // deep queue of READ responses must not exhaust the retries while it drains it.
             self.counters.dup_responses += 1;
+            if self.req.retrans_at.is_some() {
+                self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+            }
             return;
         }
         self.req.gap_retry = Some(p);

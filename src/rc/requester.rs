@@ -289,7 +289,9 @@ impl Qp {
                 return;
             }
             self.counters.timeouts += 1;
-            self.req.gap_retry = None;
+            // The retry below resends from `una`: responses of the old stream that still
+            // arrive past that point are the same gap, not a new one (see `gap_retry`).
+            self.req.gap_retry = Some(self.req.una);
             if self.req.retry_left == 0 {
                 self.complete_send_head(ctx, crate::verbs::WcStatus::RetryExcErr);
                 self.enter_error(ctx);
