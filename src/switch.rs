@@ -743,10 +743,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     (tx - last_tx) as f64 / secs,
                     q.join(" "),
                     rx_mbps.join(" "),
-                    SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map(|d| d.as_secs_f64())
-                        .unwrap_or(0.0)
+                    wall().as_secs_f64()
                 )
                 .ok();
                 out.flush().ok();

@@ -4,9 +4,10 @@
 use crate::cm::perftest::{Role, Session, PORT};
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev::{self, Netdev};
-use crate::io::PcapTap;
+use crate::io::{IoStats, PcapTap};
 use crate::nic::{Nic, NicOptions, PollMode};
 use crate::perf::{self, PerfConfig, Report};
+use crate::rc::counters::{DeviceCounters, QpCounters};
 use crate::verbs::{gid_of, DeviceConfig};
 use crate::wire::MacAddr;
 use std::io::Write;
@@ -189,10 +190,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
                 let mut rows = Vec::new();
                 while sampling.load(std::sync::atomic::Ordering::Relaxed) {
                     let (_, v) = nic.cc_snapshot();
-                    let t = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs_f64())
-                        .unwrap_or(0.0);
+                    let t = unix_now();
                     for (q, rate, alpha, cnps, ce) in v {
                         rows.push(format!(
                             "{t:.6},{:#08x},{rate},{},{cnps},{ce}",
@@ -227,8 +225,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         Err(e) => {
             // The counters say what the engine saw before the failure.
             let (dc, qc, io) = nic.counters();
-            writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={}",
-                qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped).ok();
+            writeln!(out, "{}", counters_line(&dc, &qc, &io)).ok();
             nic.shutdown();
             return Err(e.to_string());
         }
@@ -257,8 +254,16 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
                 None => writeln!(out, " verify: nothing to check in this role").ok(),
             };
         }
-        writeln!(out, " counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={} ce_rcvd={} cnps_sent={} cnps_handled={} cc={}",
-            qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped, qc.ce_rcvd, qc.cnps_sent, qc.cnps_handled, o.cc.name()).ok();
+        writeln!(
+            out,
+            "{} ce_rcvd={} cnps_sent={} cnps_handled={} cc={}",
+            counters_line(&dc, &qc, &io),
+            qc.ce_rcvd,
+            qc.cnps_sent,
+            qc.cnps_handled,
+            o.cc.name()
+        )
+        .ok();
     }
     let empty = matches!(&report, Report::Bw(v) if v.is_empty())
         || matches!(&report, Report::Lat(v) if v.is_empty() && role == Role::Client);
@@ -315,6 +320,12 @@ pub fn devinfo(only: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// perf's ` counters:` line (the part printed after a failure too; see `tools/interop-rxe`).
+fn counters_line(dc: &DeviceCounters, qc: &QpCounters, io: &IoStats) -> String {
+    format!(" counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={}",
+        qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped)
 }
 
 /// Where running `ferroce perf` processes publish their counters (one JSON file per process,

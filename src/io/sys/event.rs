@@ -43,36 +43,22 @@ impl EventFd {
 /// Wait until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
 /// whether any was readable. EINTR counts as a spurious wake-up.
 pub fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ms = match timeout {
-        None => -1,
-        // Round up so that a short wait does not become a busy loop of zero-timeout polls.
-        Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
-    };
-    // SAFETY: `p` is a live array of `p.len()` pollfd structures.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(false)
-        } else {
-            Err(e)
-        };
-    }
-    Ok(r > 0)
+    // Round up to whole milliseconds (poll(2)'s unit), so that a short wait does not become
+    // a busy loop of zero-timeout polls.
+    let ms = timeout
+        .map(|d| Duration::from_millis(d.as_micros().div_ceil(1000).min(i32::MAX as u128) as u64));
+    ppoll_readable(fds, ms)
 }
 
 /// Like [`poll_readable`], but the timeout is kept to the microsecond (`ppoll(2)`), not
 /// rounded up to milliseconds: for a loop that must wake at a precise instant (a switch
 /// port's next departure) without spinning until then.
 pub fn poll_readable_precise(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
+    ppoll_readable(fds, Some(timeout))
+}
+
+/// `ppoll(2)` for POLLIN on `fds` with `timeout` (`None`: forever), no signal mask.
+fn ppoll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -81,17 +67,20 @@ pub fn poll_readable_precise(fds: &[RawFd], timeout: Duration) -> io::Result<boo
             revents: 0,
         })
         .collect();
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `p` is a live array of `p.len()` pollfd structures and `ts` a valid timespec;
-    // no signal mask is passed.
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `p` is a live array of `p.len()` pollfd structures; `tsp` is null or points to
+    // `ts`, a valid timespec that outlives the call; no signal mask is passed.
     let r = unsafe {
         libc::ppoll(
             p.as_mut_ptr(),
             p.len() as libc::nfds_t,
-            &ts,
+            tsp,
             std::ptr::null(),
         )
     };
