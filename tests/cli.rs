@@ -219,3 +219,36 @@ fn devinfo_shows_the_counters_of_a_running_perf_in_its_namespace_only() {
         "{after_a}"
     );
 }
+
+#[test]
+fn unusable_durations_are_one_line_errors() {
+    for args in [
+        &["perf", "write-bw", "-d", "lo", "--cc-sample-ms", "nan"][..],
+        &["perf", "write-bw", "-d", "lo", "--cc-sample-ms", "1e300"][..],
+        &[
+            "switch",
+            "--port",
+            "a",
+            "--port",
+            "b",
+            "--duration-s",
+            "1e300",
+        ][..],
+        &[
+            "switch",
+            "--port",
+            "a",
+            "--port",
+            "b",
+            "--stats-interval-s",
+            "nan",
+        ][..],
+        &["switch", "--port", "a", "--port", "b", "--duration-s=-1"][..],
+    ] {
+        let (code, out, err) = ferroce(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("ferroce: "), "{args:?}: {err}");
+    }
+}

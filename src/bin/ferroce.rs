@@ -497,10 +497,32 @@ struct SwitchArgs {
     rx_ring: bool,
 }
 
+/// A CLI duration in seconds: finite, not negative, representable.
+fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, String> {
+    if v < 0.0 {
+        return Err(format!("{flag}: {v} is negative"));
+    }
+    std::time::Duration::try_from_secs_f64(v)
+        .map_err(|_| format!("{flag}: {v} is not a usable number of seconds"))
+}
+
 fn run_switch(a: SwitchArgs) -> ExitCode {
     use ferroce::switch::{self, PcapConfig, QueueConfig, SwitchConfig, SwitchPoll};
     let kb = |v: f64| (v.max(0.0) * 1000.0).round() as usize;
-    let secs = |v: f64| std::time::Duration::from_secs_f64(v.max(0.0));
+    let secs = |flag: &str, v: Option<f64>| match v.map(|v| seconds(flag, v)).transpose() {
+        Ok(d) => Ok(d),
+        Err(e) => {
+            eprintln!("ferroce: switch: {e}");
+            Err(ExitCode::from(2))
+        }
+    };
+    let (duration, stats_interval) = match (
+        secs("--duration-s", a.duration_s),
+        secs("--stats-interval-s", a.stats_interval_s),
+    ) {
+        (Ok(d), Ok(s)) => (d, s),
+        (Err(c), _) | (_, Err(c)) => return c,
+    };
     let mut cfg = SwitchConfig::new(a.ports);
     cfg.netns = a.netns;
     cfg.queue = QueueConfig {
@@ -512,7 +534,7 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
         },
         seed: a.seed,
     };
-    cfg.duration = a.duration_s.map(secs);
+    cfg.duration = duration;
     cfg.pcap = match (a.pcap, a.pcap_port) {
         (Some(path), Some(port)) => Some(PcapConfig {
             path,
@@ -527,7 +549,7 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
     } else {
         SwitchPoll::Adaptive { spins: 2000 }
     };
-    cfg.stats_interval = a.stats_interval_s.map(secs);
+    cfg.stats_interval = stats_interval;
     cfg.rx_ring = a.rx_ring;
     match switch::run(&cfg, &mut io::stdout()) {
         Ok(_) => ExitCode::SUCCESS,
@@ -670,6 +692,16 @@ fn run_perf(a: PerfArgs) -> ExitCode {
             }
         }
     };
+    let cc_sample = match seconds("--cc-sample-ms", a.cc_sample_ms / 1e3) {
+        Ok(d) => d.clamp(
+            std::time::Duration::from_micros(100),
+            std::time::Duration::from_secs(60),
+        ),
+        Err(e) => {
+            eprintln!("ferroce: perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let run = ferroce::tool::PerfRun {
         cfg,
         host: a.host,
@@ -699,7 +731,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
             .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
         line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,
         cc_csv: a.cc_csv,
-        cc_sample: std::time::Duration::from_secs_f64((a.cc_sample_ms.clamp(0.1, 60_000.0)) / 1e3),
+        cc_sample,
     };
     match ferroce::tool::run_perf(&run, &mut io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
