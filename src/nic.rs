@@ -362,7 +362,12 @@ impl Nic {
         }
         sh.rq_posted.store(posted + 1, Ordering::Relaxed);
         self.inner.doorbell.push(Doorbell::Recv(qpn, wr));
-        self.ring();
+        // An inline engine takes a receive with its next round (the application's next verb
+        // call that drives it, or the background thread): posting one sends nothing, and
+        // running a round here would only delay the application's next send.
+        if self.inner.inline.is_none() {
+            self.ring();
+        }
         Ok(())
     }
 
@@ -602,7 +607,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
     let mut cq_list: Vec<Cq> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
         let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
-        let (work, next_timer) = engine_step(inner, pkt, opts, &mut cq_list);
+        let (work, next_timer, _) = engine_step(inner, pkt, opts, &mut cq_list);
         if work > 0 {
             idle = 0;
             continue;
@@ -653,10 +658,10 @@ fn inline_progress(inner: &Inner) -> usize {
     let e = &mut *e;
     let mut total = 0;
     for _ in 0..4 {
-        let (work, next) = engine_step(inner, &mut *e.pkt, e.opts, &mut e.cq_list);
+        let (work, next, more) = engine_step(inner, &mut *e.pkt, e.opts, &mut e.cq_list);
         e.next_timer = next;
         total += work;
-        if work == 0 {
+        if !more {
             break;
         }
     }
@@ -701,15 +706,17 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
 }
 
 /// One engine round: doorbells, a receive batch, timers, a transmit batch, QP state shadows
-/// and completions. Returns the work done and the next timer.
+/// and completions. Returns the work done, the next timer, and whether another round may
+/// find more right away (doorbells rung meanwhile, or a full receive or transmit batch).
 fn engine_step(
     inner: &Inner,
     pkt: &mut dyn PacketDevice,
     opts: NicOptions,
     cq_list: &mut Vec<Cq>,
-) -> (usize, Option<Instant>) {
+) -> (usize, Option<Instant>, bool) {
     let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
     let mut work = 0usize;
+    let mut more = false;
     let next_timer;
     {
         let mut dev = lock(&inner.dev);
@@ -729,7 +736,10 @@ fn engine_step(
             }
         }
         match pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)) {
-            Ok(n) => work += n,
+            Ok(n) => {
+                work += n;
+                more |= n >= opts.batch;
+            }
             Err(_) => {
                 inner.io_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -739,7 +749,10 @@ fn engine_step(
             work += 1;
         }
         match pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)) {
-            Ok(n) => work += n,
+            Ok(n) => {
+                work += n;
+                more |= n >= opts.batch;
+            }
             Err(_) => {
                 inner.io_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -799,7 +812,8 @@ fn engine_step(
             inner.stats_gen.fetch_add(1, Ordering::AcqRel);
         }
     }
-    (work, next_timer)
+    more |= !inner.doorbell.is_empty();
+    (work, next_timer, more)
 }
 
 /// A request the device refused after the shadow accepted it: report it as a completion.

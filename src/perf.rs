@@ -912,36 +912,47 @@ fn lat_run(
     let len = size.max(1);
     match cfg.test {
         Test::SendLat => {
-            // The receives were posted before the last barrier (see `run`).
+            // The receives were posted before the last barrier (see `run`). Completions are
+            // counted in whatever order they come: with a delayed ACK the peer's next message
+            // can arrive before the ACK that completes our last send.
+            let (mut sends, mut recvs) = (0u64, 0u64);
+            let mut take = |sends: &mut u64, recvs: &mut u64| -> Result<(), PerfError> {
+                let wc = wait_one(ep, &mut buf, cfg.timeout)?;
+                if wc.opcode == crate::verbs::WcOpcode::Recv {
+                    *recvs += 1;
+                    ep.nic.post_recv(
+                        q,
+                        RecvWr {
+                            wr_id: wc.wr_id,
+                            sg_list: vec![ep.sge(0, ep.half, len)],
+                        },
+                    )?;
+                } else {
+                    *sends += 1;
+                }
+                Ok(())
+            };
+            // Like ib_send_lat, an iteration ends with the peer's message; our send's
+            // completion only has to come before the next send (one send in flight).
             for i in 0..iters {
                 let t0 = Instant::now();
-                if role == Role::Client {
-                    ep.nic
-                        .post_send(q, SendWr::new(i, SendOp::Send, vec![ep.sge(0, 0, size)]))?;
-                }
-                // Collect our send's completion and the peer's message, in either order.
-                let mut need = if role == Role::Client { 2 } else { 1 };
-                while need > 0 {
-                    let wc = wait_one(ep, &mut buf, cfg.timeout)?;
-                    if wc.opcode == crate::verbs::WcOpcode::Recv {
-                        ep.nic.post_recv(
-                            q,
-                            RecvWr {
-                                wr_id: wc.wr_id,
-                                sg_list: vec![ep.sge(0, ep.half, len)],
-                            },
-                        )?;
-                        if role == Role::Server {
-                            ep.nic.post_send(
-                                q,
-                                SendWr::new(i, SendOp::Send, vec![ep.sge(0, 0, size)]),
-                            )?;
-                            wait_one(ep, &mut buf, cfg.timeout)?;
-                        }
+                if role == Role::Server {
+                    // Answer message i once it is here (and our last answer is complete).
+                    while recvs <= i || sends < i {
+                        take(&mut sends, &mut recvs)?;
                     }
-                    need -= 1;
+                }
+                ep.nic
+                    .post_send(q, SendWr::new(i, SendOp::Send, vec![ep.sge(0, 0, size)]))?;
+                if role == Role::Client {
+                    while recvs <= i || sends < i {
+                        take(&mut sends, &mut recvs)?;
+                    }
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+            while sends < iters {
+                take(&mut sends, &mut recvs)?;
             }
         }
         Test::WriteLat => {
@@ -979,6 +990,12 @@ fn lat_run(
                 if role == Role::Client {
                     wait_tag(t0)?;
                 }
+                // Our previous WRITE's completion: its ACK comes with or right behind the
+                // peer's WRITE just seen (a delayed ACK follows the peer's next request), so it
+                // is not waited for before the peer's answer, as in ib_write_lat.
+                if i > 0 {
+                    wait_one(ep, &mut buf, cfg.timeout)?;
+                }
                 ep.mr
                     .write(len as usize - 1, &[tag])
                     .map_err(|_| PerfError::Stalled(cfg.timeout))?;
@@ -993,12 +1010,12 @@ fn lat_run(
                         vec![ep.sge(0, 0, len)],
                     ),
                 )?;
-                wait_one(ep, &mut buf, cfg.timeout)?;
                 if role == Role::Server {
                     wait_tag(t0)?;
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
+            wait_one(ep, &mut buf, cfg.timeout)?;
         }
         _ => {
             if role == Role::Server {

@@ -45,6 +45,8 @@ pub struct PerfRun {
     /// CNP interval (None: send no CNPs).
     pub cc: crate::cc::CcConfig,
     pub cnp_interval: Option<Duration>,
+    /// Delayed ACK (see [`DeviceConfig::ack_delay`]).
+    pub ack_delay: Option<Duration>,
     /// The port's line rate for DCQCN (bits/s).
     pub line_rate_bps: u64,
     /// Write every QP's rate, α, CNPs handled and CE marks received as CSV here, sampled
@@ -89,6 +91,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     dcfg.gids = dev.gids.clone();
     dcfg.cc = o.cc.clone();
     dcfg.cnp_interval = o.cnp_interval;
+    dcfg.ack_delay = o.ack_delay;
     dcfg.line_rate_bps = o.line_rate_bps;
     let opts = NicOptions {
         poll: match o.poll {

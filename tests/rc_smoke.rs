@@ -13,11 +13,16 @@ struct Side {
 }
 
 fn side(i: u8) -> Side {
-    let cfg = DeviceConfig::new(
+    side_with(i, None)
+}
+
+fn side_with(i: u8, ack_delay: Option<Duration>) -> Side {
+    let mut cfg = DeviceConfig::new(
         MacAddr([2, 0, 0, 0, 0, i]),
         IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
     )
     .with_seed(i as u64);
+    cfg.ack_delay = ack_delay;
     let mut dev = Device::new(cfg);
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096).unwrap();
@@ -300,4 +305,107 @@ fn send_write_read_atomic() {
         u64::from_ne_bytes(got[40000..40008].try_into().unwrap()),
         99
     );
+}
+
+/// The opcode of an emitted frame.
+fn opcode(frame: &[u8]) -> ferroce::wire::Opcode {
+    ferroce::wire::packet::parse_frame(frame)
+        .expect("our own frame parses")
+        .repr
+        .roce
+        .bth
+        .opcode
+}
+
+fn post_recv(s: &mut Side, mr: &MemoryRegion, wr_id: u64) {
+    s.dev
+        .post_recv(
+            s.qp,
+            RecvWr {
+                wr_id,
+                sg_list: vec![Sge {
+                    addr: mr.addr(),
+                    length: 64,
+                    lkey: mr.lkey(),
+                }],
+            },
+        )
+        .unwrap();
+}
+
+fn post_send(s: &mut Side, mr: &MemoryRegion, wr_id: u64) {
+    s.dev
+        .post_send(
+            s.qp,
+            SendWr::new(
+                wr_id,
+                SendOp::Send,
+                vec![Sge {
+                    addr: mr.addr(),
+                    length: 8,
+                    lkey: mr.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+}
+
+#[test]
+fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
+    use ferroce::wire::Opcode;
+    let delay = Duration::from_micros(20);
+    let (mut a, mut b) = (side_with(1, Some(delay)), side_with(2, Some(delay)));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let t0 = Instant::from_nanos(1_000_000);
+
+    // Nobody answers: B's ACK waits exactly `delay`, then goes by itself.
+    post_recv(&mut b, &mb, 1);
+    post_send(&mut a, &ma, 2);
+    let n = a.dev.poll_transmit(t0, &mut buf).expect("the SEND");
+    assert_eq!(opcode(&buf[..n]), Opcode::RC_SEND_ONLY);
+    b.dev.handle_frame(t0, &buf[..n]);
+    assert!(b.dev.poll_transmit(t0, &mut buf).is_none(), "ACK held");
+    assert_eq!(
+        b.dev.poll_timeout(),
+        Some(t0 + delay),
+        "the hold is a timer"
+    );
+    let early = t0 + (delay - Duration::from_nanos(1));
+    b.dev.handle_timeout(early);
+    assert!(b.dev.poll_transmit(early, &mut buf).is_none());
+    b.dev.handle_timeout(t0 + delay);
+    let n = b.dev.poll_transmit(t0 + delay, &mut buf).expect("the ACK");
+    assert_eq!(opcode(&buf[..n]), Opcode::RC_ACK);
+    a.dev.handle_frame(t0 + delay, &buf[..n]);
+    assert!(poll(&mut a).iter().any(|w| w.wr_id == 2));
+    assert!(poll(&mut b).iter().any(|w| w.wr_id == 1));
+
+    // A ping-pong: B's reply leaves first, its ACK right behind it in the same round.
+    let t1 = t0 + Duration::from_millis(1);
+    post_recv(&mut a, &ma, 3);
+    post_recv(&mut b, &mb, 4);
+    post_send(&mut a, &ma, 5);
+    let n = a.dev.poll_transmit(t1, &mut buf).unwrap();
+    b.dev.handle_frame(t1, &buf[..n]);
+    assert!(b.dev.poll_transmit(t1, &mut buf).is_none(), "ACK held");
+    post_send(&mut b, &mb, 6);
+    let n = b.dev.poll_transmit(t1, &mut buf).unwrap();
+    assert_eq!(opcode(&buf[..n]), Opcode::RC_SEND_ONLY, "the reply first");
+    a.dev.handle_frame(t1, &buf[..n]);
+    let n = b.dev.poll_transmit(t1, &mut buf).unwrap();
+    assert_eq!(opcode(&buf[..n]), Opcode::RC_ACK, "then the ACK");
+    a.dev.handle_frame(t1, &buf[..n]);
+    assert!(b.dev.poll_transmit(t1, &mut buf).is_none());
+    let wa: Vec<u64> = poll(&mut a).iter().map(|w| w.wr_id).collect();
+    assert!(wa.contains(&3) && wa.contains(&5), "{wa:?}");
+    // A holds its own ACK of the reply, and lets it go at the deadline.
+    assert!(a.dev.poll_transmit(t1, &mut buf).is_none());
+    let mut now = t1;
+    drive(&mut a, &mut b, &mut now);
+    assert!(now >= t1 + delay);
+    let wb: Vec<u64> = poll(&mut b).iter().map(|w| w.wr_id).collect();
+    assert!(wb.contains(&4) && wb.contains(&6), "{wb:?}");
 }

@@ -399,6 +399,11 @@ struct PerfArgs {
     /// Minimum interval between CNPs per QP (µs); 0 disables CNPs.
     #[arg(long = "cnp-interval-us", default_value_t = 4)]
     cnp_interval_us: u64,
+    /// Delayed ACK: hold a lone ACK up to N µs so that it follows this QP's next request
+    /// (0: ACK at once). Default: 20 for the latency tests (the reply leaves before the
+    /// ACK), 0 for the bandwidth tests.
+    #[arg(long = "ack-delay-us", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    ack_delay_us: Option<u64>,
     /// Check payloads byte for byte against a perftest peer: read-bw (client) checks every
     /// message read against perftest's buffer fill (glibc srand(time(NULL)) + rand()), the
     /// write-bw / send-bw server checks what arrived the same way, and the write-bw / send-bw
@@ -702,6 +707,11 @@ fn run_perf(a: PerfArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let latency_test = matches!(
+        a.test,
+        ferroce::perf::Test::SendLat | ferroce::perf::Test::WriteLat | ferroce::perf::Test::ReadLat
+    );
+    let ack_delay_us = a.ack_delay_us.unwrap_or(if latency_test { 20 } else { 0 });
     let run = ferroce::tool::PerfRun {
         cfg,
         host: a.host,
@@ -713,22 +723,14 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         poll: match (a.busy, a.poll) {
             (true, _) | (_, PollArg::Busy) => ferroce::tool::Poll::Busy,
             (_, PollArg::Inline) => ferroce::tool::Poll::Inline,
-            (_, PollArg::Auto)
-                if matches!(
-                    a.test,
-                    ferroce::perf::Test::SendLat
-                        | ferroce::perf::Test::WriteLat
-                        | ferroce::perf::Test::ReadLat
-                ) =>
-            {
-                ferroce::tool::Poll::Inline
-            }
+            (_, PollArg::Auto) if latency_test => ferroce::tool::Poll::Inline,
             _ => ferroce::tool::Poll::Adaptive,
         },
         json: a.json,
         cc,
         cnp_interval: (a.cnp_interval_us > 0)
             .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
+        ack_delay: (ack_delay_us > 0).then(|| std::time::Duration::from_micros(ack_delay_us)),
         line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,
         cc_csv: a.cc_csv,
         cc_sample,

@@ -255,6 +255,11 @@ pub(crate) struct Qp {
     pub np: Option<crate::cc::dcqcn::NotificationPoint>,
     /// A CNP is owed to the peer.
     pub cnp_due: bool,
+    /// Delayed ACK ([`crate::verbs::DeviceConfig::ack_delay`]): a lone ACK waiting in the
+    /// response queue is held back until then, or until this QP sends a request packet (the
+    /// ACK then follows it in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs;
+    /// the requester's local ACK timeout (milliseconds) is far above the hold.
+    pub ack_hold: Option<Instant>,
 }
 
 /// What the QP wants sent next: the transport part and where its payload comes from.
@@ -299,6 +304,7 @@ impl Qp {
             self.req.rnr_at,
             self.pace_at,
             self.cc.next_timer(),
+            self.ack_hold.filter(|_| self.lone_ack()),
         ]
         .into_iter()
         .flatten()
@@ -337,6 +343,9 @@ impl Qp {
     pub(crate) fn on_cc_timer(&mut self, now: Instant) {
         if self.pace_at.is_some_and(|t| t <= now) {
             self.pace_at = None;
+        }
+        if self.ack_hold.is_some_and(|t| t <= now) {
+            self.ack_hold = None;
         }
         if self.cc.next_timer().is_some_and(|t| t <= now) {
             self.cc.on_timer(now);
@@ -476,13 +485,36 @@ impl Qp {
 
     /// Whether the QP has a packet to send now.
     pub(crate) fn has_tx_work(&self) -> bool {
+        let held = self.ack_hold.is_some() && self.lone_ack();
         self.cnp_due
-            || (self.pace_at.is_none() && (!self.resp.resp_q.is_empty() || self.requester_ready()))
-            || self
-                .resp
-                .resp_q
-                .front()
-                .is_some_and(|r| !matches!(r, RespItem::Read { .. }))
+            || (self.pace_at.is_none()
+                && ((!self.resp.resp_q.is_empty() && !held) || self.requester_ready()))
+            || (!held
+                && self
+                    .resp
+                    .resp_q
+                    .front()
+                    .is_some_and(|r| !matches!(r, RespItem::Read { .. })))
+    }
+
+    /// The response queue holds exactly one positive ACK (nothing that must go first).
+    pub(crate) fn lone_ack(&self) -> bool {
+        self.resp.resp_q.len() == 1
+            && matches!(self.resp.resp_q.front(), Some(RespItem::Ack { syndrome, .. }) if syndrome.is_ack())
+    }
+
+    /// After a request was handled: start holding a new lone ACK for `delay`.
+    pub(crate) fn hold_ack(&mut self, now: Instant, delay: Duration) {
+        if !self.lone_ack() {
+            self.ack_hold = None;
+        } else if self.ack_hold.is_none() {
+            self.ack_hold = Some(now + delay);
+        }
+    }
+
+    /// Whether a lone ACK is still held back at `now`.
+    pub(crate) fn ack_held(&self, now: Instant) -> bool {
+        self.ack_hold.is_some_and(|t| now < t) && self.lone_ack()
     }
 }
 

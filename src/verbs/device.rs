@@ -64,6 +64,10 @@ pub struct DeviceConfig {
     /// The notification point: at most one CNP per QP per this interval for CE-marked packets
     /// received (ConnectX: 4 µs; the DCQCN paper: 50 µs). `None`: never send CNPs.
     pub cnp_interval: Option<crate::time::Duration>,
+    /// Delayed ACK: hold a lone ACK up to this long so that it follows the QP's next request
+    /// packet instead of going first (a ping-pong's reply leaves one transmission earlier;
+    /// fewer ACKs). `None` (default): every ACK goes out in the engine round that made it.
+    pub ack_delay: Option<crate::time::Duration>,
 }
 
 impl DeviceConfig {
@@ -83,6 +87,7 @@ impl DeviceConfig {
             cc: crate::cc::CcConfig::None,
             line_rate_bps: 100_000_000_000,
             cnp_interval: Some(crate::time::Duration::from_micros(4)),
+            ack_delay: None,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -403,6 +408,7 @@ impl Device {
                 _ => crate::cc::Pacer::new(self.cfg.line_rate_bps, 2 * 4200),
             },
             pace_at: None,
+            ack_hold: None,
             np: self
                 .cfg
                 .cnp_interval
@@ -919,6 +925,9 @@ impl Device {
             qp.on_response(&mut ctx, r, payload);
         } else {
             qp.on_request(&mut ctx, r, payload);
+            if let Some(d) = self.cfg.ack_delay {
+                qp.hold_ack(now, d);
+            }
         }
         self.schedule(qpn);
     }
@@ -943,6 +952,7 @@ impl Device {
                 qp.resp.resp_q.front(),
                 Some(crate::rc::qp::RespItem::Read { .. })
             );
+            let held = qp.ack_held(now);
             let (desc, kind) = if qp.cnp_due && qp.path.is_some() {
                 qp.cnp_due = false;
                 let mut bth = wire::BthRepr::new(
@@ -959,12 +969,18 @@ impl Device {
                     }),
                     TxKind::Cnp,
                 )
-            } else if !qp.resp.resp_q.is_empty() && !front_is_data {
+            } else if !qp.resp.resp_q.is_empty() && !front_is_data && !held {
                 (qp.next_response_packet(), TxKind::Control)
             } else if (front_is_data || qp.requester_ready()) && qp.paced_out(now, mtu_frame) {
                 (None, TxKind::Data)
             } else {
-                let d = match qp.next_response_packet() {
+                // A held ACK waits behind the request (it is released once that is sent).
+                let resp = if held {
+                    None
+                } else {
+                    qp.next_response_packet()
+                };
+                let d = match resp {
                     Some(d) => Some(d),
                     None => qp.next_request_packet(&mut ctx),
                 };
@@ -1053,6 +1069,7 @@ impl Device {
                             }
                             qp.counters.tx_packets += 1;
                             qp.counters.tx_bytes += f.roce.payload_len as u64;
+                            qp.ack_hold = None;
                             match kind {
                                 TxKind::Cnp => qp.counters.cnps_sent += 1,
                                 TxKind::Data => {
