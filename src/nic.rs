@@ -57,6 +57,11 @@ pub enum PollMode {
 /// background thread drives it.
 pub const INLINE_TAKEOVER: Duration = Duration::from_micros(200);
 
+/// [`PollMode::Inline`]: the longest the background thread sleeps between looks while the
+/// application drives (it starts at [`INLINE_TAKEOVER`] and doubles): the engine is left
+/// alone at most this long plus `INLINE_TAKEOVER` after the application stops calling in.
+pub const INLINE_CHECK_MAX: Duration = Duration::from_millis(2);
+
 /// Runtime options.
 #[derive(Clone, Copy, Debug)]
 pub struct NicOptions {
@@ -673,13 +678,20 @@ fn inline_progress(inner: &Inner) -> usize {
 /// sleeps briefly, without one) until frames arrive, the next timer or 1 ms, and drives.
 fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
     let takeover = INLINE_TAKEOVER.as_nanos() as u64;
+    // While the application keeps driving, look less and less often (up to every
+    // INLINE_CHECK_MAX): on a machine whose cores all spin, each wake-up of this thread
+    // preempts a spinning one, and that shows in the latency tail.
+    let max_check = INLINE_CHECK_MAX.as_nanos() as u64;
+    let mut check = takeover;
     while !inner.stop.load(Ordering::Acquire) {
         let now = inner.epoch.elapsed().as_nanos() as u64;
         let since = now.saturating_sub(inner.last_app_drive.load(Ordering::Relaxed));
         if since < takeover {
-            std::thread::sleep(Duration::from_nanos(takeover - since));
+            std::thread::sleep(Duration::from_nanos((takeover - since).max(check)));
+            check = (check * 2).min(max_check);
             continue;
         }
+        check = takeover;
         let mut wait = Duration::from_millis(1);
         if let Some(t) = inner
             .inline

@@ -252,3 +252,112 @@ fn unusable_durations_are_one_line_errors() {
         assert!(err.starts_with("ferroce: "), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
+    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
+    let tb = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
+    let p = "dl";
+    let sh = |args: &[&str]| {
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .unwrap()
+    };
+    let up = sh(&[&tb, "up", "--prefix", p, "--drop-roce-input"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let bin = env!("CARGO_BIN_EXE_ferroce");
+    let dir = std::env::temp_dir();
+    let mut failures = Vec::new();
+    let mut captures = Vec::new();
+    for test in ["send-lat", "write-lat", "read-lat"] {
+        let pcap = dir.join(format!("ferroce-lat-{}-{test}.pcap", std::process::id()));
+        let perf = |ns: &str, host: Option<&str>, pcap: Option<&std::path::Path>| {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns, bin, "perf", test]);
+            if let Some(h) = host {
+                c.arg(h);
+            }
+            c.args(["-d", "eth0", "--backend", "xdp", "-n", "300", "-s", "2"]);
+            if let Some(f) = pcap {
+                c.arg("--pcap").arg(f);
+            }
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let server = perf("dlb", None, Some(&pcap));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let client = perf("dla", Some("10.61.2.2"), None);
+        let (c, s) = (
+            client.wait_with_output().unwrap(),
+            server.wait_with_output().unwrap(),
+        );
+        if !c.status.success() || !s.status.success() {
+            failures.push(format!(
+                "{test}: client {}\n{}\nserver {}\n{}",
+                c.status,
+                String::from_utf8_lossy(&c.stderr),
+                s.status,
+                String::from_utf8_lossy(&s.stderr)
+            ));
+        }
+        captures.push((test, pcap));
+    }
+    let _ = sh(&[&tb, "down", "--prefix", p]);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for (test, pcap) in captures {
+        // B's capture, in order: (sent by B, opcode name).
+        let j = sh(&[bin, "inspect", "--json", pcap.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&pcap);
+        let text = String::from_utf8_lossy(&j.stdout).into_owned();
+        let frames: Vec<(bool, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let i = l.find("\"op\":\"")? + 6;
+                let op = l[i..].split('"').next()?.to_string();
+                Some((l.contains("\"src\":\"10.61.2.2\""), op))
+            })
+            .collect();
+        assert!(text.contains("\"icrc\":\"ok\"") && !text.contains("\"icrc\":\"bad\""));
+        let sent: Vec<&str> = frames
+            .iter()
+            .filter(|(b, _)| *b)
+            .map(|(_, o)| o.as_str())
+            .collect();
+        if test == "read-lat" {
+            // The responder answers READs with READ responses, no ACKs at all.
+            assert_eq!(sent.len(), 300, "{sent:?}");
+            assert!(
+                sent.iter().all(|o| *o == "RC_RDMA_READ_RESPONSE_ONLY"),
+                "{sent:?}"
+            );
+            continue;
+        }
+        const ACK: &str = "RC_ACKNOWLEDGE";
+        let requests = sent.iter().filter(|o| **o != ACK).count();
+        let acks = sent.iter().filter(|o| **o == ACK).count();
+        assert_eq!(requests, 300, "{test}: {sent:?}");
+        assert_eq!(acks, 300, "{test}: one ACK per request of A: {sent:?}");
+        // After each request of A, what B sent next: its answer (the ACK held behind it)
+        // or the ACK (the delay ran out first, as it may when a scheduler slice intervenes).
+        let mut reply_first = 0;
+        for (k, (by_b, op)) in frames.iter().enumerate() {
+            if *by_b || op == ACK {
+                continue;
+            }
+            if let Some((_, next)) = frames[k + 1..].iter().find(|(b, _)| *b) {
+                reply_first += usize::from(next != ACK);
+            }
+        }
+        assert!(
+            reply_first >= 200,
+            "{test}: only {reply_first} of 300 answers left before the ACK: {frames:?}"
+        );
+    }
+}

@@ -712,6 +712,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         ferroce::perf::Test::SendLat | ferroce::perf::Test::WriteLat | ferroce::perf::Test::ReadLat
     );
     let ack_delay_us = a.ack_delay_us.unwrap_or(if latency_test { 20 } else { 0 });
+    let server = a.host.is_none();
     let run = ferroce::tool::PerfRun {
         cfg,
         host: a.host,
@@ -723,6 +724,11 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         poll: match (a.busy, a.poll) {
             (true, _) | (_, PollArg::Busy) => ferroce::tool::Poll::Busy,
             (_, PollArg::Inline) => ferroce::tool::Poll::Inline,
+            // read-lat's server has no application loop (the READs are answered by the
+            // engine alone): a busy-polling engine thread, as a NIC would answer them.
+            (_, PollArg::Auto) if a.test == ferroce::perf::Test::ReadLat && server => {
+                ferroce::tool::Poll::Busy
+            }
             (_, PollArg::Auto) if latency_test => ferroce::tool::Poll::Inline,
             _ => ferroce::tool::Poll::Adaptive,
         },
