@@ -85,7 +85,10 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     if cfg.mtu.bytes() > link_mtu.bytes() {
         cfg.mtu = link_mtu;
     }
-    let pkt = backend::open_with(o.backend, &dev, local, o.poll == Poll::Inline)
+    // Latency tests (and the inline engine) receive without batching delays: AF_PACKET's
+    // TPACKET_V3 block timer would hold each frame ~1 ms.
+    let low_latency = o.poll == Poll::Inline || !o.cfg.test.is_bw();
+    let pkt = backend::open_with(o.backend, &dev, local, low_latency)
         .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
