@@ -28,26 +28,70 @@ fn ip(i: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, i))
 }
 
+/// One capture file written by several taps in turn (the demo's two phases).
+#[derive(Clone)]
+struct SharedFile(std::sync::Arc<std::sync::Mutex<std::io::BufWriter<std::fs::File>>>);
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+    }
+}
+
+/// Drops the first `skip` bytes written: a second tap's pcap file header (24 bytes), so that
+/// its frames continue the first tap's file.
+struct SkipHeader<W> {
+    w: W,
+    skip: usize,
+}
+
+impl<W: Write> Write for SkipHeader<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.skip.min(buf.len());
+        self.skip -= k;
+        if k == buf.len() {
+            return Ok(k);
+        }
+        Ok(k + self.w.write(&buf[k..])?)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// Length of a pcap file header.
+const PCAP_HEADER_LEN: usize = 24;
+
 /// Run the demo, writing the human-readable output to `out` and the capture to `pcap`.
+///
+/// Two phases, each with its own pair of devices over a fresh loopback pair, as `ferroce perf`
+/// would run them: the bandwidth tests with an engine thread per device (it pipelines), the
+/// latency test with the test threads driving the engines (`PollMode::Inline`) and a 20 µs
+/// delayed ACK. Device A's frames of both phases go to the one capture.
 pub fn run(
     out: &mut dyn Write,
     pcap: &Path,
     quick: bool,
 ) -> Result<DemoResult, Box<dyn std::error::Error>> {
-    let (la, lb) = Loopback::pair(8192, 9000)?;
-    let file = std::io::BufWriter::new(std::fs::File::create(pcap)?);
-    let tap = PcapTap::new(la, file)?;
-    // Two engines and two test threads share this machine's cores: the engines sleep when
-    // idle (woken by packets or doorbells) so that the test threads can spin.
-    let opts = NicOptions {
+    let file = SharedFile(std::sync::Arc::new(std::sync::Mutex::new(
+        std::io::BufWriter::new(std::fs::File::create(pcap)?),
+    )));
+    // Bandwidth: the engines sleep when idle (woken by packets or doorbells) so that the test
+    // threads can spin on this machine's cores.
+    let threads = NicOptions {
         poll: PollMode::Adaptive {
             spins: 200,
             max_sleep: std::time::Duration::from_millis(1),
         },
         batch: 64,
     };
-    let a = Nic::start(DeviceConfig::new(MAC_A, ip(1)), tap, opts)?;
-    let b = Nic::start(DeviceConfig::new(MAC_B, ip(2)), lb, opts)?;
+    let inline = NicOptions {
+        poll: PollMode::Inline,
+        batch: 64,
+    };
     let resolve = |addr: IpAddr| {
         if addr == ip(1) {
             Some(MAC_A)
@@ -57,22 +101,72 @@ pub fn run(
             None
         }
     };
-    writeln!(out, "ferroce demo: two devices (10.0.0.1 {} and 10.0.0.2 {}) over the in-memory loopback backend", a.describe(), b.describe())?;
-    let reports = run_tests(out, &a, &b, &resolve, quick, None, 0)?;
-    let (da, qa, ia) = a.counters();
-    let (_, qb, _) = b.counters();
+    let phases: [(&[Test], NicOptions, Option<std::time::Duration>); 2] = [
+        (&[Test::WriteBw, Test::ReadBw], threads, None),
+        (
+            &[Test::SendLat],
+            inline,
+            Some(std::time::Duration::from_micros(20)),
+        ),
+    ];
+    let mut reports = Vec::new();
+    // A: tx, rx, retransmits, seq NAKs, RNR NAKs, ACKs received, ICRC drops; B: tx, rx,
+    // duplicates, ACKs sent; A's loopback device: frames sent, received.
+    let mut c = [0u64; 13];
+    for (k, (tests, opts, ack_delay)) in phases.into_iter().enumerate() {
+        let (la, lb) = Loopback::pair(8192, 9000)?;
+        let skip = if k == 0 { 0 } else { PCAP_HEADER_LEN };
+        let tap = PcapTap::new(
+            la,
+            SkipHeader {
+                w: file.clone(),
+                skip,
+            },
+        )?;
+        let mut ca = DeviceConfig::new(MAC_A, ip(1));
+        let mut cb = DeviceConfig::new(MAC_B, ip(2));
+        ca.ack_delay = ack_delay;
+        cb.ack_delay = ack_delay;
+        let a = Nic::start(ca, tap, opts)?;
+        let b = Nic::start(cb, lb, opts)?;
+        if k == 0 {
+            writeln!(out, "ferroce demo: two devices (10.0.0.1 {} and 10.0.0.2 {}) over the in-memory loopback backend", a.describe(), b.describe())?;
+        }
+        reports.extend(run_tests(out, &a, &b, &resolve, quick, None, tests)?);
+        let (da, qa, ia) = a.counters();
+        let (_, qb, _) = b.counters();
+        for (x, v) in c.iter_mut().zip([
+            qa.tx_packets,
+            qa.rx_packets,
+            qa.retransmits,
+            qa.seq_naks_rcvd,
+            qa.rnr_naks_rcvd,
+            qa.acks_rcvd,
+            da.icrc_drops,
+            qb.tx_packets,
+            qb.rx_packets,
+            qb.duplicates,
+            qb.acks_sent,
+            ia.tx_frames,
+            ia.rx_frames,
+        ]) {
+            *x += v;
+        }
+        a.shutdown();
+        b.shutdown();
+    }
+    rule(out)?;
+    file.clone().flush()?;
     writeln!(
         out,
         "counters A: tx_packets={} rx_packets={} retransmits={} seq_naks={} rnr_naks={} acks_rcvd={} icrc_drops={} | B: tx_packets={} rx_packets={} duplicates={} acks_sent={}",
-        qa.tx_packets, qa.rx_packets, qa.retransmits, qa.seq_naks_rcvd, qa.rnr_naks_rcvd, qa.acks_rcvd, da.icrc_drops, qb.tx_packets, qb.rx_packets, qb.duplicates, qb.acks_sent
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10]
     )?;
     writeln!(
         out,
         "loopback device A: {} frames sent, {} received",
-        ia.tx_frames, ia.rx_frames
+        c[11], c[12]
     )?;
-    a.shutdown();
-    b.shutdown();
     check_capture(out, pcap, reports)
 }
 
@@ -84,17 +178,18 @@ fn run_tests(
     b: &Nic,
     resolve: &(dyn Fn(IpAddr) -> Option<MacAddr> + Sync),
     quick: bool,
-    ns: Option<&[String; 2]>,
-    gid_index: u8,
+    ns: Option<(&[String; 2], u8)>,
+    tests: &[Test],
 ) -> Result<Vec<(Test, Report)>, Box<dyn std::error::Error>> {
-    let n = if quick { 500 } else { 5000 };
-    let tests: [(Test, u32, u64); 3] = [
-        (Test::WriteBw, 65536, n),
-        (Test::ReadBw, 65536, n),
-        (Test::SendLat, 2, n),
-    ];
+    // Across namespaces: the namespace names and the GID index of the IPv4 address.
+    let (ns, gid_index) = match ns {
+        Some((n, g)) => (Some(n), g),
+        None => (None, 0),
+    };
+    let iters = if quick { 500 } else { 5000 };
     let mut reports = Vec::new();
-    for (test, size, iters) in tests {
+    for &test in tests {
+        let size = if test.is_bw() { 65536 } else { 2 };
         let cfg = PerfConfig {
             test,
             size,
@@ -170,11 +265,14 @@ fn run_tests(
         }
         reports.push((test, client));
     }
+    Ok(reports)
+}
+
+fn rule(out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
         "---------------------------------------------------------------------------------------"
-    )?;
-    Ok(reports)
+    )
 }
 
 /// Run inspect over the capture.
@@ -352,7 +450,16 @@ pub fn run_netns(
     let gid = a
         .with_device(|d| d.config().gids.iter().position(|g| g.is_ipv4()))
         .unwrap_or(0) as u8;
-    let reports = run_tests(out, &a, &b, &resolve, quick, Some(&ns.names), gid)?;
+    let reports = run_tests(
+        out,
+        &a,
+        &b,
+        &resolve,
+        quick,
+        Some((&ns.names, gid)),
+        &[Test::WriteBw, Test::ReadBw, Test::SendLat],
+    )?;
+    rule(out)?;
     let (_, qa, _) = a.counters();
     writeln!(
         out,
