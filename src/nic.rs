@@ -419,13 +419,12 @@ impl Nic {
                 continue;
             };
             let e = &mut *e;
-            let mut wait = (deadline - now).min(Duration::from_millis(1));
-            if let Some(t) = e.next_timer {
-                let at = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
-                wait = wait.min(Duration::from_nanos(
-                    t.as_nanos().saturating_sub(at.as_nanos()),
-                ));
-            }
+            let at = self.inner.epoch.elapsed().as_nanos() as u64;
+            let wait = until_timer(
+                (deadline - now).min(Duration::from_millis(1)),
+                e.next_timer,
+                at,
+            );
             if e.pkt.wait_readable(Some(wait)).is_err() {
                 self.inner.io_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -625,12 +624,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
                     std::hint::spin_loop();
                     continue;
                 }
-                let mut wait = max_sleep;
-                if let Some(t) = next_timer {
-                    wait = wait.min(Duration::from_nanos(
-                        t.as_nanos().saturating_sub(now.as_nanos()),
-                    ));
-                }
+                let wait = until_timer(max_sleep, next_timer, now.as_nanos());
                 // Announce the sleep, then look once more: a doorbell rung before the flag was
                 // visible is seen here, one rung after it signals the eventfd (no lost wake-up).
                 inner.sleeping.store(true, Ordering::SeqCst);
@@ -692,14 +686,11 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
             continue;
         }
         check = takeover;
-        let mut wait = Duration::from_millis(1);
-        if let Some(t) = inner
+        let next = inner
             .inline
             .as_ref()
-            .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer))
-        {
-            wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
-        }
+            .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer));
+        let wait = until_timer(Duration::from_millis(1), next, now);
         let r = match fd {
             Some(fd) => {
                 crate::io::sys::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
@@ -714,6 +705,15 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
         }
         inner.wake.drain();
         inline_progress(inner);
+    }
+}
+
+/// How long an idle engine may sleep: at most `cap`, and not past the next timer (`now` and
+/// the timer in nanoseconds since the engine's epoch).
+fn until_timer(cap: Duration, next_timer: Option<Instant>, now: u64) -> Duration {
+    match next_timer {
+        Some(t) => cap.min(Duration::from_nanos(t.as_nanos().saturating_sub(now))),
+        None => cap,
     }
 }
 
@@ -868,4 +868,26 @@ pub fn create_rc_qp(
         cap,
         sq_sig_all: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_waits_stop_at_the_next_timer() {
+        let cap = Duration::from_millis(1);
+        assert_eq!(until_timer(cap, None, 5_000), cap);
+        let t = Instant::from_nanos(5_000 + 300_000);
+        assert_eq!(until_timer(cap, Some(t), 5_000), Duration::from_micros(300));
+        assert_eq!(
+            until_timer(cap, Some(Instant::from_nanos(5_000 + 9_000_000)), 5_000),
+            cap
+        );
+        // A timer already due: no sleep at all.
+        assert_eq!(
+            until_timer(cap, Some(Instant::from_nanos(1_000)), 5_000),
+            Duration::ZERO
+        );
+    }
 }
