@@ -409,3 +409,111 @@ fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
     let wb: Vec<u64> = poll(&mut b).iter().map(|w| w.wr_id).collect();
     assert!(wb.contains(&4) && wb.contains(&6), "{wb:?}");
 }
+
+/// A READ whose responder has a deep queue: one response is lost, the requester asks again
+/// from the gap, and its new request waits behind the rest of the old stream. The stale
+/// responses that keep coming prove the responder alive: they restart the local ACK timer
+/// (without refilling the retry count), so the READ is not failed with RETRY_EXC_ERR while
+/// the responder drains its queue, however long that takes; the data arrives intact.
+#[test]
+fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 1 << 16, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 16, all).unwrap();
+    let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 7) as u8).collect();
+    mb.write(0, &pattern).unwrap();
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 65536,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 9000];
+    let mut now = Instant::from_nanos(1_000_000);
+    let n = a
+        .dev
+        .poll_transmit(now, &mut buf)
+        .expect("the READ request");
+    b.dev.handle_frame(now, &buf[..n]);
+    let mut stream = Vec::new();
+    while let Some(n) = b.dev.poll_transmit(now, &mut buf) {
+        stream.push(buf[..n].to_vec());
+    }
+    assert_eq!(stream.len(), 64, "64 responses of 1 KiB");
+    // Responses 0..10 arrive, 10 is lost, 11 shows the gap: A asks again from 10.
+    for f in &stream[..10] {
+        a.dev.handle_frame(now, f);
+    }
+    a.dev.handle_frame(now, &stream[11]);
+    let n = a
+        .dev
+        .poll_transmit(now, &mut buf)
+        .expect("READ again from the gap");
+    let retried = buf[..n].to_vec();
+    assert!(a.dev.poll_transmit(now, &mut buf).is_none());
+    // The rest of the old stream trickles in, 40 ms apart (the local ACK timeout is 67 ms):
+    // 2 s in all, far beyond 7 retries of 67 ms.
+    for f in &stream[12..] {
+        now += Duration::from_millis(40);
+        a.dev.handle_timeout(now);
+        a.dev.handle_frame(now, f);
+        assert!(
+            a.dev.poll_transmit(now, &mut buf).is_none(),
+            "no retry while the old stream is still coming"
+        );
+    }
+    let c = a.dev.qp_counters(a.qp).unwrap();
+    assert_eq!(c.timeouts, 0, "{c:?}");
+    assert_eq!(a.dev.query_qp(a.qp).unwrap().0, QpState::Rts);
+    assert!(poll(&mut a).is_empty(), "not complete yet");
+    // Now B reaches the retried request and answers it: the READ completes, byte-exact.
+    b.dev.handle_frame(now, &retried);
+    let mut n_resp = 0;
+    while let Some(n) = b.dev.poll_transmit(now, &mut buf) {
+        a.dev.handle_frame(now, &buf[..n]);
+        n_resp += 1;
+    }
+    assert_eq!(n_resp, 54, "responses 10..64 again");
+    let wc = poll(&mut a);
+    assert_eq!(wc.len(), 1, "{wc:?}");
+    assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+    let mut got = vec![0u8; 65536];
+    ma.read(0, &mut got).unwrap();
+    assert!(got == pattern, "READ data differs");
+
+    // Control: the same silence without stale responses is a timeout (the timer is real).
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 1024,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    assert!(a.dev.poll_transmit(now, &mut buf).is_some());
+    now += Duration::from_millis(200);
+    a.dev.handle_timeout(now);
+    assert_eq!(a.dev.qp_counters(a.qp).unwrap().timeouts, 1);
+}
