@@ -717,6 +717,15 @@ fn until_timer(cap: Duration, next_timer: Option<Instant>, now: u64) -> Duration
     }
 }
 
+/// Frames a receive or transmit batch moved; a failed batch moved none and is counted in
+/// `io_errors`.
+fn batch_count(inner: &Inner, r: std::io::Result<usize>) -> usize {
+    r.unwrap_or_else(|_| {
+        inner.io_errors.fetch_add(1, Ordering::Relaxed);
+        0
+    })
+}
+
 /// One engine round: doorbells, a receive batch, timers, a transmit batch, QP state shadows
 /// and completions. Returns the work done, the next timer, and whether another round may
 /// find more right away (doorbells rung meanwhile, or a full receive or transmit batch).
@@ -747,28 +756,22 @@ fn engine_step(
                 }
             }
         }
-        match pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)) {
-            Ok(n) => {
-                work += n;
-                more |= n >= opts.batch;
-            }
-            Err(_) => {
-                inner.io_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        let n = batch_count(
+            inner,
+            pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)),
+        );
+        work += n;
+        more |= n >= opts.batch;
         if dev.poll_timeout().is_some_and(|t| t <= now) {
             dev.handle_timeout(now);
             work += 1;
         }
-        match pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)) {
-            Ok(n) => {
-                work += n;
-                more |= n >= opts.batch;
-            }
-            Err(_) => {
-                inner.io_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        let n = batch_count(
+            inner,
+            pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)),
+        );
+        work += n;
+        more |= n >= opts.batch;
         let qps = inner.qps.read().unwrap_or_else(|e| e.into_inner());
         dev.drain_touched(|qpn, st, sr, rr| {
             if let Some(sh) = qps.get(&qpn.get()) {

@@ -18,6 +18,50 @@ fn root(p: &str) -> String {
     format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Run a command to its end (`args[0]` the program).
+fn sh(args: &[&str]) -> std::process::Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap()
+}
+
+/// `tools/testbed up` with `prefix` (hosts `{prefix}a`, `{prefix}b`, router `{prefix}r`);
+/// panics with the script's error if it fails.
+fn testbed_up(prefix: &str) {
+    let up = sh(&[
+        &root("tools/testbed"),
+        "up",
+        "--prefix",
+        prefix,
+        "--drop-roce-input",
+    ]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+}
+
+fn testbed_down(prefix: &str) {
+    let _ = sh(&[&root("tools/testbed"), "down", "--prefix", prefix]);
+}
+
+/// `ip netns exec NS ferroce perf TEST [HOST] -d eth0 --backend xdp`, to add to and spawn.
+fn perf_in(ns: &str, test: &str, host: Option<&str>) -> Command {
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        ns,
+        env!("CARGO_BIN_EXE_ferroce"),
+        "perf",
+        test,
+    ]);
+    if let Some(h) = host {
+        c.arg(h);
+    }
+    c.args(["-d", "eth0", "--backend", "xdp"]);
+    c
+}
+
 #[test]
 fn inspect_default_capture_is_clean() {
     let (code, out, _) = ferroce(&["inspect"]);
@@ -152,28 +196,12 @@ fn demo_across_namespaces_over_af_xdp() {
 #[test]
 fn devinfo_shows_the_counters_of_a_running_perf_in_its_namespace_only() {
     // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
-    let tb = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
     let p = "dv";
-    let sh = |args: &[&str]| {
-        std::process::Command::new(args[0])
-            .args(&args[1..])
-            .output()
-            .unwrap()
-    };
-    let up = sh(&[&tb, "up", "--prefix", p, "--drop-roce-input"]);
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    testbed_up(p);
     let bin = env!("CARGO_BIN_EXE_ferroce");
     let perf = |ns: &str, host: Option<&str>| {
-        let mut c = std::process::Command::new("ip");
-        c.args(["netns", "exec", ns, bin, "perf", "write-bw"]);
-        if let Some(h) = host {
-            c.arg(h);
-        }
-        c.args(["-d", "eth0", "--backend", "xdp", "-D", "3", "-s", "4096"])
+        perf_in(ns, "write-bw", host)
+            .args(["-D", "3", "-s", "4096"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -193,7 +221,7 @@ fn devinfo_shows_the_counters_of_a_running_perf_in_its_namespace_only() {
     let during_r = sh(&["ip", "netns", "exec", "dvr", bin, "devinfo"]);
     let (c_ok, s_ok) = (client.wait().unwrap(), server.wait().unwrap());
     let after_a = devinfo("dva");
-    let _ = sh(&[&tb, "down", "--prefix", p]);
+    testbed_down(p);
     assert!(c_ok.success() && s_ok.success());
     // While it runs: the client's counters, with packets sent, in A's namespace only.
     let line = during_a
@@ -256,20 +284,8 @@ fn unusable_durations_are_one_line_errors() {
 #[test]
 fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
     // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
-    let tb = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
     let p = "dl";
-    let sh = |args: &[&str]| {
-        std::process::Command::new(args[0])
-            .args(&args[1..])
-            .output()
-            .unwrap()
-    };
-    let up = sh(&[&tb, "up", "--prefix", p, "--drop-roce-input"]);
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    testbed_up(p);
     let bin = env!("CARGO_BIN_EXE_ferroce");
     let dir = std::env::temp_dir();
     let mut failures = Vec::new();
@@ -277,12 +293,8 @@ fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
     for test in ["send-lat", "write-lat", "read-lat"] {
         let pcap = dir.join(format!("ferroce-lat-{}-{test}.pcap", std::process::id()));
         let perf = |ns: &str, host: Option<&str>, pcap: Option<&std::path::Path>| {
-            let mut c = std::process::Command::new("ip");
-            c.args(["netns", "exec", ns, bin, "perf", test]);
-            if let Some(h) = host {
-                c.arg(h);
-            }
-            c.args(["-d", "eth0", "--backend", "xdp", "-n", "300", "-s", "2"]);
+            let mut c = perf_in(ns, test, host);
+            c.args(["-n", "300", "-s", "2"]);
             if let Some(f) = pcap {
                 c.arg("--pcap").arg(f);
             }
@@ -309,7 +321,7 @@ fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
         }
         captures.push((test, pcap));
     }
-    let _ = sh(&[&tb, "down", "--prefix", p]);
+    testbed_down(p);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     for (test, pcap) in captures {
         // B's capture, in order: (sent by B, opcode name).

@@ -424,23 +424,27 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     let mb = b.dev.reg_mr(b.pd, 1 << 16, all).unwrap();
     let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 7) as u8).collect();
     mb.write(0, &pattern).unwrap();
-    a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                1,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 65536,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
-        .unwrap();
+    // READ `len` bytes of B's region into A's, from offset 0.
+    let post_read = |a: &mut Side, wr_id: u64, len: u32| {
+        a.dev
+            .post_send(
+                a.qp,
+                SendWr::new(
+                    wr_id,
+                    SendOp::RdmaRead {
+                        remote_addr: mb.addr(),
+                        rkey: mb.rkey(),
+                    },
+                    vec![Sge {
+                        addr: ma.addr(),
+                        length: len,
+                        lkey: ma.lkey(),
+                    }],
+                ),
+            )
+            .unwrap()
+    };
+    post_read(&mut a, 1, 65536);
     let mut buf = vec![0u8; 9000];
     let mut now = Instant::from_nanos(1_000_000);
     let n = a
@@ -495,23 +499,7 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     assert!(got == pattern, "READ data differs");
 
     // Control: the same silence without stale responses is a timeout (the timer is real).
-    a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                2,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 1024,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
-        .unwrap();
+    post_read(&mut a, 2, 1024);
     assert!(a.dev.poll_transmit(now, &mut buf).is_some());
     now += Duration::from_millis(200);
     a.dev.handle_timeout(now);

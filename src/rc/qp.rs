@@ -304,7 +304,7 @@ impl Qp {
             self.req.rnr_at,
             self.pace_at,
             self.cc.next_timer(),
-            self.ack_hold.filter(|_| self.lone_ack()),
+            self.ack_held_until(),
         ]
         .into_iter()
         .flatten()
@@ -485,7 +485,7 @@ impl Qp {
 
     /// Whether the QP has a packet to send now.
     pub(crate) fn has_tx_work(&self) -> bool {
-        let held = self.ack_hold.is_some() && self.lone_ack();
+        let held = self.ack_held_until().is_some();
         self.cnp_due
             || (self.pace_at.is_none()
                 && ((!self.resp.resp_q.is_empty() && !held) || self.requester_ready()))
@@ -498,7 +498,7 @@ impl Qp {
     }
 
     /// The response queue holds exactly one positive ACK (nothing that must go first).
-    pub(crate) fn lone_ack(&self) -> bool {
+    fn lone_ack(&self) -> bool {
         self.resp.resp_q.len() == 1
             && matches!(self.resp.resp_q.front(), Some(RespItem::Ack { syndrome, .. }) if syndrome.is_ack())
     }
@@ -512,9 +512,15 @@ impl Qp {
         }
     }
 
+    /// Until when a lone ACK is held back (a hold set for an ACK that has since gone, or that
+    /// has company in the queue, holds nothing).
+    fn ack_held_until(&self) -> Option<Instant> {
+        self.ack_hold.filter(|_| self.lone_ack())
+    }
+
     /// Whether a lone ACK is still held back at `now`.
     pub(crate) fn ack_held(&self, now: Instant) -> bool {
-        self.ack_hold.is_some_and(|t| now < t) && self.lone_ack()
+        self.ack_held_until().is_some_and(|t| now < t)
     }
 }
 
