@@ -1,25 +1,31 @@
 //! ferroce: a pure-Rust userspace RoCE v2 software RDMA NIC.
 //!
-//! Layers (see README.md for the diagram):
-//! - [`wire`]: zero-copy header views, `Repr` parse/emit pairs, the opcode table, PSN arithmetic, ICRC.
-//! - [`time`]: the virtual/real time types every sans-IO state machine takes as an argument.
+//! Layers, top to bottom (dependencies point down; see `docs/architecture.md`):
+//! - [`apps`] (feature `cli`): the applications behind the `ferroce` command line.
+//! - [`runtime`]: engine threads, lock-free doorbells and completion queues around a device.
+//! - [`verbs`]: the public API in libibverbs' shape and the sans-IO device engine.
+//! - [`rc`]: the Reliable Connection transport (requester, completer, responder).
+//! - [`cc`]: congestion control (DCQCN) behind one trait, and the pacer.
+//! - [`oob`]: the out-of-band TCP exchanges of ibv_rc_pingpong and perftest.
+//! - [`wire`]: zero-copy header views, `Repr` parse/emit pairs, the opcode table, PSN
+//!   arithmetic, ICRC.
+//!
+//! Beside them: [`io`] (packet backends: AF_XDP, AF_PACKET, UDP socket, loopback; pcap tap
+//! and fault injector), [`pcap`] (capture files, golden captures, inspect), [`sim`] (the seeded
+//! network simulator and the incast model) and [`time`] (the time types every sans-IO state
+//! machine takes as an argument).
 //!
 //! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` may allow it.
 
-pub mod capture;
+#[cfg(feature = "cli")]
+pub mod apps;
 pub mod cc;
-pub mod cm;
-pub mod demo;
-pub mod golden;
-pub mod inspect;
 pub mod io;
-pub mod nic;
-pub mod pattern;
-pub mod perf;
+pub mod oob;
+pub mod pcap;
 pub mod rc;
+pub mod runtime;
 pub mod sim;
-pub mod switch;
 pub mod time;
-pub mod tool;
 pub mod verbs;
 pub mod wire;

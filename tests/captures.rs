@@ -1,8 +1,8 @@
 //! The captures shipped in `captures/` and the independent fixtures.
 
-use ferroce::capture;
-use ferroce::golden::Golden;
-use ferroce::inspect::{analyse, Analysis, Summary};
+use ferroce::apps::inspect::{analyse, Analysis, Summary};
+use ferroce::pcap::capture;
+use ferroce::pcap::golden::Golden;
 use std::path::Path;
 
 fn summarise(path: &Path) -> Summary {
@@ -22,7 +22,7 @@ fn root() -> &'static Path {
 fn golden_captures_are_reproducible() {
     for g in Golden::ALL {
         let mut fresh = Vec::new();
-        ferroce::golden::write(g, &mut fresh).unwrap();
+        ferroce::pcap::golden::write(g, &mut fresh).unwrap();
         let committed = std::fs::read(root().join("captures").join(g.file_name())).unwrap();
         assert!(
             fresh == committed,

@@ -3,7 +3,7 @@
 mod common;
 use common::ALL;
 use ferroce::io::Loopback;
-use ferroce::nic::{Nic, NicOptions, PollMode};
+use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
 use ferroce::wire::MacAddr;
 use std::net::{IpAddr, Ipv4Addr};
@@ -29,8 +29,8 @@ fn run(poll: PollMode) {
     };
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
-    let qa = ferroce::nic::create_rc_qp(&a, pa, ca, cap).unwrap();
-    let qb = ferroce::nic::create_rc_qp(&b, pb, cb, cap).unwrap();
+    let qa = ferroce::runtime::create_rc_qp(&a, pa, ca, cap).unwrap();
+    let qb = ferroce::runtime::create_rc_qp(&b, pb, cb, cap).unwrap();
     let (ma, mb) = (
         a.reg_mr(pa, 1 << 20, ALL).unwrap(),
         b.reg_mr(pb, 1 << 20, ALL).unwrap(),
@@ -179,7 +179,7 @@ fn post_errors_are_synchronous() {
         max_recv_sge: 1,
         max_inline_data: 16,
     };
-    let q = ferroce::nic::create_rc_qp(&a, pd, cq, cap).unwrap();
+    let q = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
     let mr = a.reg_mr(pd, 4096, ALL).unwrap();
     let s = Sge {
         addr: mr.addr(),

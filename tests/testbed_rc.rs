@@ -68,8 +68,8 @@ use ferroce::io::sys::enter_netns;
 use ferroce::io::{
     AfPacketConfig, AfPacketDevice, FaultConfig, FaultInjector, IoStats, PacketDevice, PcapTap,
 };
-use ferroce::nic::{Nic, NicOptions, PollMode};
 use ferroce::rc::counters::{DeviceCounters, QpCounters};
+use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
 use ferroce::wire::{
     icrc, BthRepr, Ecn, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, MacAddr, Opcode, Psn,
@@ -404,7 +404,7 @@ fn host(
         "{}: netdev() must describe the namespace's own eth0",
         spec.ns
     );
-    let gid_index = ferroce::tool::pick_gid(&dev, None)?;
+    let gid_index = ferroce::apps::tool::pick_gid(&dev, None)?;
     let local = dev.gids[usize::from(gid_index)];
     let mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
     if dev.mtu != Some(1500) || mtu != Mtu::M1024 {
@@ -438,7 +438,7 @@ fn host(
         max_recv_sge: 4,
         max_inline_data: 64,
     };
-    let qp = ferroce::nic::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
+    let qp = ferroce::runtime::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
     let mr = nic
         .reg_mr(pd, MR_LEN, ALL_ACCESS)
         .map_err(|e| e.to_string())?;

@@ -1,8 +1,8 @@
 //! The `ferroce` command-line tool.
 
 use clap::{Parser, Subcommand};
-use ferroce::capture::{self, CaptureError};
-use ferroce::inspect::{self, Summary};
+use ferroce::apps::inspect::{self, Summary};
+use ferroce::pcap::capture::{self, CaptureError};
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -276,14 +276,15 @@ fn run_incast(a: IncastArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     if let Some(path) = &a.csv {
-        let r = File::create(path).and_then(|f| incast::write_csv(&result, BufWriter::new(f)));
+        let r = File::create(path)
+            .and_then(|f| ferroce::apps::incast_plot::write_csv(&result, BufWriter::new(f)));
         if let Err(e) = r {
             eprintln!("ferroce: sim incast: {}: {e}", path.display());
             return ExitCode::from(1);
         }
     }
     if let Some(path) = &a.plot {
-        if let Err(e) = incast::write_png(&result, path, 1200, 1400) {
+        if let Err(e) = ferroce::apps::incast_plot::write_png(&result, path, 1200, 1400) {
             eprintln!("ferroce: sim incast: {}: {e}", path.display());
             return ExitCode::from(1);
         }
@@ -307,7 +308,7 @@ fn run_incast(a: IncastArgs) -> ExitCode {
 struct PerfArgs {
     /// write-bw | read-bw | send-bw | atomic-bw | send-lat | write-lat | read-lat
     #[arg(value_parser = parse_test)]
-    test: ferroce::perf::Test,
+    test: ferroce::apps::perf::Test,
     /// The server to connect to (client role); without it, act as the server.
     host: Option<String>,
     /// Network interface.
@@ -512,7 +513,7 @@ fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, String> {
 }
 
 fn run_switch(a: SwitchArgs) -> ExitCode {
-    use ferroce::switch::{self, PcapConfig, QueueConfig, SwitchConfig, SwitchPoll};
+    use ferroce::apps::switch::{self, PcapConfig, QueueConfig, SwitchConfig, SwitchPoll};
     let kb = |v: f64| (v.max(0.0) * 1000.0).round() as usize;
     let secs = |flag: &str, v: Option<f64>| match v.map(|v| seconds(flag, v)).transpose() {
         Ok(d) => Ok(d),
@@ -623,7 +624,7 @@ struct PingpongArgs {
 }
 
 fn run_pingpong(a: PingpongArgs) -> ExitCode {
-    let run = ferroce::tool::PingpongRun {
+    let run = ferroce::apps::tool::PingpongRun {
         host: a.host,
         port: a.port,
         dev: a.dev,
@@ -641,7 +642,7 @@ fn run_pingpong(a: PingpongArgs) -> ExitCode {
         pcap: a.pcap,
         timeout: std::time::Duration::from_secs(a.timeout.max(1)),
     };
-    match ferroce::tool::run_pingpong(&run, &mut io::stdout()) {
+    match ferroce::apps::tool::run_pingpong(&run, &mut io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferroce: pingpong: {e}");
@@ -650,8 +651,8 @@ fn run_pingpong(a: PingpongArgs) -> ExitCode {
     }
 }
 
-fn parse_test(s: &str) -> Result<ferroce::perf::Test, String> {
-    ferroce::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat, read-lat)"))
+fn parse_test(s: &str) -> Result<ferroce::apps::perf::Test, String> {
+    ferroce::apps::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat, read-lat)"))
 }
 
 fn parse_mtu(s: &str) -> Result<u32, String> {
@@ -663,7 +664,7 @@ fn parse_mtu(s: &str) -> Result<u32, String> {
 
 fn run_perf(a: PerfArgs) -> ExitCode {
     let is_bw = a.test.is_bw();
-    let cfg = ferroce::perf::PerfConfig {
+    let cfg = ferroce::apps::perf::PerfConfig {
         test: a.test,
         size: a.size,
         all_sizes: a.all,
@@ -709,11 +710,13 @@ fn run_perf(a: PerfArgs) -> ExitCode {
     };
     let latency_test = matches!(
         a.test,
-        ferroce::perf::Test::SendLat | ferroce::perf::Test::WriteLat | ferroce::perf::Test::ReadLat
+        ferroce::apps::perf::Test::SendLat
+            | ferroce::apps::perf::Test::WriteLat
+            | ferroce::apps::perf::Test::ReadLat
     );
     let ack_delay_us = a.ack_delay_us.unwrap_or(if latency_test { 20 } else { 0 });
     let server = a.host.is_none();
-    let run = ferroce::tool::PerfRun {
+    let run = ferroce::apps::tool::PerfRun {
         cfg,
         host: a.host,
         port: a.port,
@@ -722,15 +725,15 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         gid_index: a.gid_index,
         pcap: a.pcap,
         poll: match (a.busy, a.poll) {
-            (true, _) | (_, PollArg::Busy) => ferroce::tool::Poll::Busy,
-            (_, PollArg::Inline) => ferroce::tool::Poll::Inline,
+            (true, _) | (_, PollArg::Busy) => ferroce::apps::tool::Poll::Busy,
+            (_, PollArg::Inline) => ferroce::apps::tool::Poll::Inline,
             // read-lat's server has no application loop (the READs are answered by the
             // engine alone): a busy-polling engine thread, as a NIC would answer them.
-            (_, PollArg::Auto) if a.test == ferroce::perf::Test::ReadLat && server => {
-                ferroce::tool::Poll::Busy
+            (_, PollArg::Auto) if a.test == ferroce::apps::perf::Test::ReadLat && server => {
+                ferroce::apps::tool::Poll::Busy
             }
-            (_, PollArg::Auto) if latency_test => ferroce::tool::Poll::Inline,
-            _ => ferroce::tool::Poll::Adaptive,
+            (_, PollArg::Auto) if latency_test => ferroce::apps::tool::Poll::Inline,
+            _ => ferroce::apps::tool::Poll::Adaptive,
         },
         json: a.json,
         cc,
@@ -741,7 +744,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         cc_csv: a.cc_csv,
         cc_sample,
     };
-    match ferroce::tool::run_perf(&run, &mut io::stdout()) {
+    match ferroce::apps::tool::run_perf(&run, &mut io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferroce: perf: {e}");
@@ -799,19 +802,21 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Devinfo { dev } => match ferroce::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("ferroce: devinfo: {e}");
-                ExitCode::from(2)
+        Cmd::Devinfo { dev } => {
+            match ferroce::apps::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ferroce: devinfo: {e}");
+                    ExitCode::from(2)
+                }
             }
-        },
+        }
         Cmd::Demo { pcap, quick, netns } => {
             let mut out = io::stdout();
             let r = if netns {
-                ferroce::demo::run_netns(&mut out, &pcap, quick)
+                ferroce::apps::demo::run_netns(&mut out, &pcap, quick)
             } else {
-                ferroce::demo::run(&mut out, &pcap, quick)
+                ferroce::apps::demo::run(&mut out, &pcap, quick)
             };
             match r {
                 Ok(r) if r.capture_clean => ExitCode::SUCCESS,
@@ -833,11 +838,11 @@ fn run_golden(out: &Path) -> ExitCode {
         eprintln!("ferroce: cannot create {}: {e}", out.display());
         return ExitCode::from(2);
     }
-    for g in ferroce::golden::Golden::ALL {
+    for g in ferroce::pcap::golden::Golden::ALL {
         let path = out.join(g.file_name());
         let r = File::create(&path)
             .map_err(CaptureError::from)
-            .and_then(|w| ferroce::golden::write(g, BufWriter::new(w)));
+            .and_then(|w| ferroce::pcap::golden::write(g, BufWriter::new(w)));
         match r {
             Ok(n) => println!("{}: {n} packets", path.display()),
             Err(e) => {
@@ -946,7 +951,7 @@ fn inspect_one(
 
 /// `ferroce cc-plot`: see [`CcPlotArgs`].
 fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
-    use ferroce::sim::incast::{write_panels_png, Panel};
+    use ferroce::apps::incast_plot::{write_panels_png, Panel};
     type Pts = Vec<(f64, f64)>;
     type Series = Vec<(String, Pts)>;
     let (mut rate, mut alpha): (Series, Series) = (Vec::new(), Vec::new());

@@ -6,7 +6,8 @@ use std::io;
 use std::net::IpAddr;
 
 /// The backends a user can pick.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BackendKind {
     /// AF_XDP with an XDP program that redirects UDP 4791 (root; native mode where the driver
     /// has it, generic otherwise; zero-copy where available).

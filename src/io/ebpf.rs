@@ -472,7 +472,7 @@ pub fn interpret(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::golden::{self, Framing};
+    use crate::pcap::golden::{self, Framing};
     use crate::wire::Opcode;
 
     fn roce(framing: Framing) -> Vec<u8> {

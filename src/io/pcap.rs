@@ -2,7 +2,7 @@
 //! with timestamps (what `--pcap FILE` does). Frames are written as they cross the wrapper.
 
 use super::{IoStats, Medium, PacketDevice};
-use crate::capture::PcapSink;
+use crate::pcap::capture::PcapSink;
 use std::io::{self, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,7 +15,7 @@ pub struct PcapTap<D, W: Write> {
 }
 
 impl<D: PacketDevice, W: Write + Send> PcapTap<D, W> {
-    pub fn new(inner: D, w: W) -> Result<Self, crate::capture::CaptureError> {
+    pub fn new(inner: D, w: W) -> Result<Self, crate::pcap::capture::CaptureError> {
         Ok(PcapTap {
             inner,
             sink: PcapSink::new(w)?,

@@ -52,11 +52,7 @@
 //! [`IncastResult::convergence_time`] measures how long a flow that started late takes to
 //! reach a tolerance of its fair share.
 //!
-//! [`write_csv`] and [`write_png`] write the time series.
-
-mod output;
-
-pub use output::{write_csv, write_panels_png, write_png, Panel};
+//! `ferroce sim incast` writes the time series as CSV and PNG (`apps::incast_plot`).
 
 use super::net::{Red, SplitMix64};
 use crate::cc::dcqcn::NotificationPoint;

@@ -279,35 +279,3 @@ fn jain_index_known_values() {
     assert_eq!(jain_index(&[1.0, 3.0]), 0.8);
     assert_eq!(jain_index(&[]), 1.0);
 }
-
-#[test]
-fn csv_and_png_outputs() {
-    let r = run(&config(2, G100, 2)).unwrap();
-    let mut csv = Vec::new();
-    write_csv(&r, &mut csv).unwrap();
-    let text = String::from_utf8(csv).unwrap();
-    let mut lines = text.lines();
-    assert_eq!(
-        lines.next().unwrap(),
-        "t_us,queue_kb,queue_max_kb,pfc_paused,f0_gbps,f0_rate_gbps,f0_alpha,\
-         f1_gbps,f1_rate_gbps,f1_alpha"
-    );
-    let rows: Vec<&str> = lines.collect();
-    assert_eq!(rows.len(), r.samples.len());
-    assert!(rows.iter().all(|l| l.split(',').count() == 10));
-    assert!(rows[0].starts_with("20.000,"));
-
-    let dir = std::env::temp_dir().join(format!("ferroce-incast-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let png = dir.join("incast.png");
-    write_png(&r, &png, 800, 900).unwrap();
-    let bytes = std::fs::read(&png).unwrap();
-    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(bytes.len() > 10_000);
-    // Without α (no CC) there is one panel fewer; it still works.
-    let mut c = config(2, G100, 1);
-    c.cc = CcConfig::None;
-    let r = run(&c).unwrap();
-    write_png(&r, &dir.join("none.png"), 600, 600).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-}

@@ -4,7 +4,7 @@
 //! frames, and property tests of determinism and conservation.
 
 use super::*;
-use crate::golden::{self, Framing, Golden};
+use crate::pcap::golden::{self, Framing, Golden};
 use crate::wire::{parse_frame, FrameRepr, IpRepr, Opcode, RoceRepr, VlanTag};
 use proptest::prelude::*;
 

@@ -48,9 +48,9 @@
 //!
 //! Needs CAP_NET_RAW (AF_PACKET), and CAP_SYS_ADMIN to enter a network namespace.
 
-use crate::capture::PcapSink;
 use crate::io::af_packet::AfPacketRx;
 use crate::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, PacketDevice};
+use crate::pcap::capture::PcapSink;
 use crate::sim::{mark_ce, Red, SplitMix64};
 use crate::time::Instant;
 use crate::wire::MacAddr;

@@ -1,16 +1,16 @@
 //! perftest-style tests over a running [`Nic`]: `write-bw`, `read-bw`, `send-bw`,
 //! `atomic-bw`, `send-lat`, `write-lat`, `read-lat`, with perftest's out-of-band exchange
-//! ([`crate::cm::perftest`]) so either end can be ferroce or the real `ib_*` tool.
+//! ([`crate::oob::perftest`]) so either end can be ferroce or the real `ib_*` tool.
 //!
 //! Roles as in perftest: the server waits for a connection on TCP 18515, the client connects.
 //! In the bandwidth tests the client is the active side (for `send-bw` the server posts the
 //! receives); in the latency tests both sides take part in each round trip (`read-lat`:
 //! only the client).
 
-use crate::cm::perftest::{BwReport, KeyMsg, Role, Session};
-use crate::cm::CmError;
-use crate::nic::Nic;
+use crate::oob::perftest::{BwReport, KeyMsg, Role, Session};
+use crate::oob::CmError;
 use crate::rc::state::{AccessFlags, Mtu, QpCap};
+use crate::runtime::Nic;
 use crate::verbs::{
     gid_of, ip_of_gid, Cq, MemoryRegion, RcParams, RecvWr, RemoteQp, SendFlags, SendOp, SendWr,
     Sge, VerbsError, WcStatus, WorkCompletion,
@@ -272,7 +272,7 @@ pub fn setup<'a>(nic: &'a Nic, cfg: &PerfConfig) -> Result<Endpoint<'a>, PerfErr
         // What ferroce sends (write-bw, send-bw): pattern message q in QP q's send half.
         for q in 0..qps as usize {
             let len = max_size(cfg);
-            let p = crate::pattern::expected(len, cfg.verify_seed, q as u64, false);
+            let p = crate::apps::pattern::expected(len, cfg.verify_seed, q as u64, false);
             mr.write(q * slot, &p)
                 .map_err(|_| PerfError::Verify("pattern does not fit".into()))?;
         }
@@ -286,7 +286,7 @@ pub fn setup<'a>(nic: &'a Nic, cfg: &PerfConfig) -> Result<Endpoint<'a>, PerfErr
     let mut v = Vec::new();
     let mut psns = Vec::new();
     for i in 0..qps {
-        let q = crate::nic::create_rc_qp(nic, pd, cq, cap)?;
+        let q = crate::runtime::create_rc_qp(nic, pd, cq, cap)?;
         qp_to_init(nic, q, RcParams::default().access)?;
         v.push(q);
         // perftest draws PSNs with lrand48; any 24-bit value will do.
@@ -436,8 +436,8 @@ impl ReadCheck {
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let stream_off = (nq + q) * peer_half;
         if self.seed.is_none() {
-            let now = crate::pattern::unix_now();
-            let seed = crate::pattern::find_glibc_seed(&self.tmp, stream_off, now, 900, 300)
+            let now = crate::apps::pattern::unix_now();
+            let seed = crate::apps::pattern::find_glibc_seed(&self.tmp, stream_off, now, 900, 300)
                 .ok_or_else(|| {
                     PerfError::Verify(format!(
                         "message {i} of QP {q} is not perftest's srand(time)/rand() fill at offset {stream_off} for any second within 900 s before to 300 s after now (first bytes {:02x?})",
@@ -452,10 +452,12 @@ impl ReadCheck {
         if self.want.len() <= q {
             let seed = self.seed.unwrap_or(0);
             self.want = (0..nq)
-                .map(|k| crate::pattern::glibc_bytes(seed, (nq + k) * peer_half, len))
+                .map(|k| crate::apps::pattern::glibc_bytes(seed, (nq + k) * peer_half, len))
                 .collect();
         }
-        if let Some((at, got, want, n)) = crate::pattern::first_mismatch(&self.tmp, &self.want[q]) {
+        if let Some((at, got, want, n)) =
+            crate::apps::pattern::first_mismatch(&self.tmp, &self.want[q])
+        {
             return Err(PerfError::Verify(format!(
                 "READ {i} of QP {q}: {n} of {len} bytes differ, the first at byte {at}: got {got:#04x}, expected {want:#04x}"
             )));
@@ -511,8 +513,8 @@ impl AtomicCheck {
             let seed = match self.seed {
                 Some(s) => s,
                 None => {
-                    let now = crate::pattern::unix_now();
-                    let s = crate::pattern::find_glibc_seed(&b, stream_off, now, 900, 300)
+                    let now = crate::apps::pattern::unix_now();
+                    let s = crate::apps::pattern::find_glibc_seed(&b, stream_off, now, 900, 300)
                         .ok_or_else(|| {
                             PerfError::Verify(format!(
                                 "QP {q}: the peer's memory before the first ATOMIC ({b:02x?}) is not perftest's srand(time)/rand() fill at offset {stream_off} for any second within 900 s before to 300 s after now"
@@ -522,7 +524,7 @@ impl AtomicCheck {
                     s
                 }
             };
-            let want = crate::pattern::glibc_bytes(seed, stream_off, 8);
+            let want = crate::apps::pattern::glibc_bytes(seed, stream_off, 8);
             if want != b {
                 return Err(PerfError::Verify(format!(
                     "QP {q}: first ATOMIC returned {b:02x?}, the peer's buffer holds {want:02x?}"
@@ -1065,11 +1067,9 @@ fn passive_check(
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         got_all.push(got);
     }
-    if got_all
-        .iter()
-        .enumerate()
-        .all(|(q, got)| *got == crate::pattern::expected(len, cfg.verify_seed, q as u64, false))
-    {
+    if got_all.iter().enumerate().all(|(q, got)| {
+        *got == crate::apps::pattern::expected(len, cfg.verify_seed, q as u64, false)
+    }) {
         rep.messages = got_all.len() as u64;
         rep.bytes = (got_all.len() * len) as u64;
         rep.against = format!(
@@ -1083,8 +1083,8 @@ fn passive_check(
         let s = match seed {
             Some(s) => s,
             None => {
-                let now = crate::pattern::unix_now();
-                let s = crate::pattern::find_glibc_seed(&got, off, now, 900, 300).ok_or_else(|| {
+                let now = crate::apps::pattern::unix_now();
+                let s = crate::apps::pattern::find_glibc_seed(&got, off, now, 900, 300).ok_or_else(|| {
                     PerfError::Verify(format!(
                         "the last message received on QP {q} is not perftest's srand(time)/rand() fill at offset {off} for any second within 900 s before to 300 s after now (first bytes {:02x?})",
                         &got[..len.min(8)]
@@ -1097,8 +1097,8 @@ fn passive_check(
                 s
             }
         };
-        let want = crate::pattern::glibc_bytes(s, off, len);
-        if let Some((at, g, w, n)) = crate::pattern::first_mismatch(&got, &want) {
+        let want = crate::apps::pattern::glibc_bytes(s, off, len);
+        if let Some((at, g, w, n)) = crate::apps::pattern::first_mismatch(&got, &want) {
             return Err(PerfError::Verify(format!(
                 "QP {q}: {n} of {len} received bytes differ, the first at byte {at}: got {g:#04x}, expected {w:#04x}"
             )));

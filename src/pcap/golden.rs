@@ -6,7 +6,7 @@
 //! RD RESYNC (0x55) is left out: it carries no operation a checker can show, and neither
 //! tshark 4.0 nor the independent checker decodes it (both call it reserved).
 
-use crate::capture::PcapSink;
+use crate::pcap::capture::PcapSink;
 use crate::wire::ext::{AtomicEthRepr, DethRepr, RethRepr};
 use crate::wire::opcode::{Headers, OpFlags};
 use crate::wire::{
@@ -195,14 +195,17 @@ pub fn frame(framing: Framing, i: usize, op: Opcode) -> (FrameRepr, Vec<u8>) {
 }
 
 /// Write golden capture `g` into `w`. Returns the number of frames.
-pub fn write<W: std::io::Write>(g: Golden, w: W) -> Result<usize, crate::capture::CaptureError> {
+pub fn write<W: std::io::Write>(
+    g: Golden,
+    w: W,
+) -> Result<usize, crate::pcap::capture::CaptureError> {
     let mut sink = PcapSink::new(w)?;
     let ops = g.opcodes();
     for (i, &op) in ops.iter().enumerate() {
         let (f, payload) = frame(g.framing, i, op);
         let mut buf = vec![0u8; f.buffer_len()];
         f.emit(&mut buf, &payload)
-            .map_err(|e| crate::capture::CaptureError::Corrupt(e.to_string()))?;
+            .map_err(|e| crate::pcap::capture::CaptureError::Corrupt(e.to_string()))?;
         if let IpRepr::V6(_) = f.ip {
             // RFC 8200 §8.1: IPv6 UDP needs a real checksum (rxe sends 0, which tshark flags).
             let udp_at = f.eth.map_or(0, |e| e.buffer_len()) + f.ip.buffer_len();

@@ -1,13 +1,13 @@
 //! The command-line tools' logic (`ferroce perf`, `ferroce devinfo`), kept in the library so
 //! that it is tested like the rest; `src/bin/ferroce.rs` only parses arguments.
 
-use crate::cm::perftest::{Role, Session, PORT};
+use crate::apps::perf::{self, PerfConfig, Report};
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev::{self, Netdev};
 use crate::io::{IoStats, PcapTap};
-use crate::nic::{Nic, NicOptions, PollMode};
-use crate::perf::{self, PerfConfig, Report};
+use crate::oob::perftest::{Role, Session, PORT};
 use crate::rc::counters::{DeviceCounters, QpCounters};
+use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{gid_of, DeviceConfig};
 use crate::wire::MacAddr;
 use std::io::Write;
@@ -439,7 +439,7 @@ const SEND_WRID: u64 = 2;
 
 /// Run `ferroce pingpong`, compatible on the wire and in its output with `ibv_rc_pingpong`.
 pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> {
-    use crate::cm::pingpong::{self as pp, Dest};
+    use crate::oob::pingpong::{self as pp, Dest};
     use crate::rc::state::{AccessFlags, QpCap};
     use crate::verbs::{RcParams, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus};
     use crate::wire::QpNumber;
@@ -480,10 +480,10 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qp = crate::nic::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
+    let qp = crate::runtime::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
     // As rc_pingpong: the QP goes to INIT at creation, so that the receives can be posted
     // before the exchange.
-    crate::perf::qp_to_init(&nic, qp, AccessFlags::empty())
+    crate::apps::perf::qp_to_init(&nic, qp, AccessFlags::empty())
         .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
     let mr = nic
         .reg_mr(pd, size.max(1), AccessFlags::LOCAL_WRITE)
@@ -572,7 +572,7 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
                 .map_err(|e| format!("Couldn't listen to port {}: {e}", o.port))?;
             let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
             let theirs = pp::server_exchange(&mut s, &ours, o.timeout, |t| {
-                connect(t).map_err(|e| crate::cm::CmError::Malformed {
+                connect(t).map_err(|e| crate::oob::CmError::Malformed {
                     what: "connection",
                     detail: e,
                 })
@@ -633,7 +633,7 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
     };
     let fill_next = |k: u64| -> Result<(), String> {
         if o.verify {
-            let p = crate::pattern::expected(size, o.verify_seed, k, true);
+            let p = crate::apps::pattern::expected(size, o.verify_seed, k, true);
             mr.write(0, &p).map_err(|e| e.to_string())?;
         }
         Ok(())
@@ -647,12 +647,12 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
         } else {
             let k = if o.host.is_none() { r - 1 } else { r };
             (
-                crate::pattern::expected(size, o.verify_seed, k, true),
+                crate::apps::pattern::expected(size, o.verify_seed, k, true),
                 format!("the echo of our message {k}"),
             )
         };
         let got = mr.to_vec();
-        match crate::pattern::first_mismatch(&got[..size], &want) {
+        match crate::apps::pattern::first_mismatch(&got[..size], &want) {
             None => Ok(()),
             Some((at, g, w, n)) => Err(format!(
                 "verify: receive {r}, {what}: {n} of {size} bytes differ, the first at byte {at}: got {g:#04x}, expected {w:#04x}"

@@ -4,7 +4,7 @@
 //! with a 10 KB ASCII subset of DejaVu Sans embedded in the binary
 //! (`assets/fonts/`, Bitstream Vera licence), so it needs no system fonts.
 
-use super::IncastResult;
+use crate::sim::incast::IncastResult;
 use plotters::prelude::*;
 use std::io::{self, Write};
 use std::path::Path;
@@ -46,7 +46,7 @@ pub fn write_csv(result: &IncastResult, mut out: impl Write) -> io::Result<()> {
     out.flush()
 }
 
-static FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans-ascii.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-ascii.ttf");
 
 fn register_font() {
     static ONCE: Once = Once::new();
@@ -175,7 +175,7 @@ pub fn write_png(result: &IncastResult, path: &Path, width: u32, height: u32) ->
     let ms = |t: crate::time::Instant| t.as_nanos() as f64 / 1e6;
     let n = result.flows.len();
     let per_flow =
-        |f: &dyn Fn(&super::FlowSample) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+        |f: &dyn Fn(&crate::sim::incast::FlowSample) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
             (0..n)
                 .map(|i| {
                     let pts = result
@@ -235,4 +235,51 @@ pub fn write_png(result: &IncastResult, path: &Path, width: u32, height: u32) ->
     )?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cc::CcConfig;
+    use crate::sim::incast::{run, IncastConfig};
+
+    const G100: u64 = 100_000_000_000;
+
+    fn config(senders: usize, link_bps: u64, ms: u64) -> IncastConfig {
+        let mut c = IncastConfig::new(senders, link_bps);
+        c.duration = crate::time::Duration::from_millis(ms);
+        c
+    }
+
+    #[test]
+    fn csv_and_png_outputs() {
+        let r = run(&config(2, G100, 2)).unwrap();
+        let mut csv = Vec::new();
+        write_csv(&r, &mut csv).unwrap();
+        let text = String::from_utf8(csv).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            "t_us,queue_kb,queue_max_kb,pfc_paused,f0_gbps,f0_rate_gbps,f0_alpha,\
+             f1_gbps,f1_rate_gbps,f1_alpha"
+        );
+        let rows: Vec<&str> = lines.collect();
+        assert_eq!(rows.len(), r.samples.len());
+        assert!(rows.iter().all(|l| l.split(',').count() == 10));
+        assert!(rows[0].starts_with("20.000,"));
+
+        let dir = std::env::temp_dir().join(format!("ferroce-incast-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = dir.join("incast.png");
+        write_png(&r, &png, 800, 900).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(bytes.len() > 10_000);
+        // Without α (no CC) there is one panel fewer; it still works.
+        let mut c = config(2, G100, 1);
+        c.cc = CcConfig::None;
+        let r = run(&c).unwrap();
+        write_png(&r, &dir.join("none.png"), 600, 600).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,7 +1,7 @@
 //! `ferroce inspect`: decode every RoCE v2 packet of a capture, validate its ICRC and its
 //! lengths, and summarise. Wireshark shows the ICRC but never checks it; this does.
 
-use crate::capture::{linktype, CapturedFrame};
+use crate::pcap::capture::{linktype, CapturedFrame};
 use crate::wire::packet::{decode_frame, decode_ip, ParsedFrame};
 use crate::wire::{self, IpRepr, Opcode, ROCE_V2_PORT};
 use serde::Serialize;

@@ -3,11 +3,11 @@
 //! out-of-band exchange over 127.0.0.1, print perftest-style results and the counters, write
 //! a capture of every frame and run `inspect` over it.
 
-use crate::cm::perftest::{Role, Session};
+use crate::apps::perf::{self, PerfConfig, Report, Test};
 use crate::io::{Loopback, PcapTap};
-use crate::nic::{Nic, NicOptions, PollMode};
-use crate::perf::{self, PerfConfig, Report, Test};
+use crate::oob::perftest::{Role, Session};
 use crate::rc::state::Mtu;
+use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::DeviceConfig;
 use crate::wire::MacAddr;
 use std::io::Write;
@@ -282,13 +282,13 @@ fn check_capture(
     reports: Vec<(Test, Report)>,
 ) -> Result<DemoResult, Box<dyn std::error::Error>> {
     let f = std::fs::File::open(pcap)?;
-    let mut sum = crate::inspect::Summary {
+    let mut sum = crate::apps::inspect::Summary {
         file: pcap.display().to_string(),
         ..Default::default()
     };
-    for fr in crate::capture::open(std::io::BufReader::new(f))? {
+    for fr in crate::pcap::capture::open(std::io::BufReader::new(f))? {
         let fr = fr?;
-        sum.add(&crate::inspect::analyse(&fr));
+        sum.add(&crate::apps::inspect::analyse(&fr));
     }
     writeln!(
         out,

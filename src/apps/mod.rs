@@ -1,0 +1,12 @@
+//! The applications behind the `ferroce` command line: perftest-compatible `perf`,
+//! `ibv_rc_pingpong`-compatible `pingpong`, `devinfo`, `demo`, the software `switch` with
+//! ECN marking, and the DCQCN plots. They are built only with the `cli` feature (the
+//! default), which brings clap, plotters and serde_json; the library below them needs none.
+
+pub mod demo;
+pub mod incast_plot;
+pub mod inspect;
+pub mod pattern;
+pub mod perf;
+pub mod switch;
+pub mod tool;
