@@ -159,6 +159,58 @@ fn demo_runs_and_its_capture_is_clean() {
     let _ = std::fs::remove_file(pcap);
 }
 
+/// `ferroce ARGS` with `RUST_LOG` set to `log` (or removed).
+fn ferroce_log(args: &[&str], log: Option<&str>) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
+    c.args(args);
+    match log {
+        Some(v) => c.env("RUST_LOG", v),
+        None => c.env_remove("RUST_LOG"),
+    };
+    let out = c.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn rust_log_prints_the_library_events_on_stderr_and_is_off_by_default() {
+    let pcap = std::env::temp_dir().join(format!("ferroce-log-test-{}.pcap", std::process::id()));
+    let args = ["demo", "--quick", "--pcap", pcap.to_str().unwrap()];
+    // Off by default: nothing from the library on stderr.
+    let (_, _, err) = ferroce_log(&args, None);
+    assert!(
+        !err.contains("ferroce::"),
+        "events without RUST_LOG:\n{err}"
+    );
+    // RUST_LOG=ferroce=debug: the runtime's and the backends' events, with their targets.
+    let (_, out, err) = ferroce_log(&args, Some("ferroce=debug"));
+    for event in [
+        "ferroce::io::loopback: loopback pair open",
+        "ferroce::runtime: NIC starting",
+        "ferroce::runtime: engine thread running",
+        "ferroce::runtime: engine thread stopping",
+        "ferroce::runtime: NIC stopped",
+    ] {
+        assert!(err.contains(event), "no {event:?} in stderr:\n{err}");
+    }
+    assert!(err.contains("DEBUG") && err.contains("INFO"), "{err}");
+    // Events go to stderr only: stdout is the report.
+    assert!(!out.contains("ferroce::"), "{out}");
+    // The filter filters: at info the debug events are gone.
+    let (_, _, err) = ferroce_log(&args, Some("ferroce=info"));
+    assert!(err.contains("ferroce::runtime: NIC starting"), "{err}");
+    assert!(!err.contains("DEBUG"), "{err}");
+    let _ = std::fs::remove_file(pcap);
+    // A directive that does not parse is a one-line error.
+    let (code, _, err) = ferroce_log(&["inspect", "-q"], Some("ferroce=loudest"));
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("ferroce: RUST_LOG="), "{err}");
+}
+
 #[test]
 fn demo_across_namespaces_over_af_xdp() {
     // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.

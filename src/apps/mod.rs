@@ -6,6 +6,7 @@
 pub mod demo;
 pub mod incast_plot;
 pub mod inspect;
+pub mod logging;
 pub mod pattern;
 pub mod perf;
 pub mod switch;

@@ -12,7 +12,10 @@ use std::process::ExitCode;
 #[command(
     name = "ferroce",
     version,
-    about = "A pure-Rust userspace RoCE v2 software RDMA NIC"
+    about = "A pure-Rust userspace RoCE v2 software RDMA NIC",
+    after_help = "Logging: RUST_LOG=ferroce=debug (or trace, or per module: \
+                  ferroce::io=debug,ferroce::runtime=trace) prints the library's events to \
+                  standard error; off by default."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -781,6 +784,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = ferroce::apps::logging::init_from_env() {
+        eprintln!("ferroce: {e}");
+        return ExitCode::from(2);
+    }
     match cli.cmd {
         Cmd::Inspect {
             files,

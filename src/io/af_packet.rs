@@ -156,6 +156,12 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
+impl Drop for AfPacketDevice {
+    fn drop(&mut self) {
+        tracing::info!(device = %self.desc, stats = ?self.stats, "AF_PACKET device closed");
+    }
+}
+
 impl AfPacketDevice {
     /// Open the device on `cfg.ifname`. Needs `CAP_NET_RAW`.
     pub fn open(cfg: &AfPacketConfig) -> io::Result<Self> {
@@ -305,6 +311,7 @@ impl AfPacketDevice {
             cfg.ifname,
             if qdisc_bypass { ", qdisc bypass" } else { "" }
         );
+        tracing::info!(device = %desc, ifindex, "AF_PACKET device open");
         Ok(AfPacketDevice {
             sock,
             rx,

@@ -37,6 +37,7 @@ impl Loopback {
         let (to_a_tx, to_a_rx) = bounded(depth);
         let ea = Arc::new(EventFd::new()?);
         let eb = Arc::new(EventFd::new()?);
+        tracing::debug!(depth, capacity, "loopback pair open");
         let mk = |tx, rx, recycle_rx, recycle_tx, ready, peer_ready| Loopback {
             tx,
             rx,

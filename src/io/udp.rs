@@ -118,6 +118,12 @@ pub struct UdpDevice {
     last_ident: HashMap<Ipv4Addr, (u16, bool)>,
 }
 
+impl Drop for UdpDevice {
+    fn drop(&mut self) {
+        tracing::info!(local = %self.local, port = self.port, stats = ?self.stats, "UDP device closed");
+    }
+}
+
 impl UdpDevice {
     /// Bind and configure the socket.
     pub fn open(cfg: &UdpConfig) -> io::Result<Self> {
@@ -171,6 +177,7 @@ impl UdpDevice {
         let tx = (0..cfg.batch)
             .map(|_| vec![0u8; capacity].into_boxed_slice())
             .collect();
+        tracing::info!(local = %cfg.local, port, batch = cfg.batch, mtu = cfg.mtu, "UDP device open");
         Ok(UdpDevice {
             sock,
             local: cfg.local,

@@ -223,6 +223,12 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
+        tracing::info!(
+            ifname = %self.ifname,
+            method = self.method(),
+            "XDP program {}",
+            if matches!(self.hook, Hook::Adopted) { "left attached (adopted)" } else { "detached" }
+        );
         match &self.hook {
             // Closing the link (dropping the LinkFd right after this) detaches the program.
             Hook::Link { .. } | Hook::Adopted => {}
@@ -283,10 +289,19 @@ fn attachment(ifname: &str, ifindex: u32, opts: &XdpOptions) -> io::Result<Arc<A
         .query_xdp(ifindex)
         .map_err(|e| ctx(e.into(), format!("querying XDP state of {ifname}")))?;
     let a = if let Some(id) = q.any_prog_id() {
-        adopt(ifname, ifindex, netns, id, q.attached)?
+        adopt(ifname, ifindex, netns, id, q.attached).inspect_err(|e| {
+            tracing::warn!(ifname, prog_id = id, error = %e, "XDP: not adopting the attached program");
+        })?
     } else {
         attach_new(ifname, ifindex, netns, nl, opts)?
     };
+    tracing::info!(
+        ifname,
+        ifindex,
+        mode = a.mode.as_str(),
+        method = a.method(),
+        "XDP program attached"
+    );
     let a = Arc::new(a);
     reg.push(Arc::downgrade(&a));
     Ok(a)
@@ -439,6 +454,7 @@ fn attach_new(
                             ),
                         ));
                     }
+                    tracing::debug!(ifname, mode = mode.as_str(), method = method_name, error = %e, "XDP attach attempt failed");
                     tried.push(format!("{} mode via {method_name}: {e}", mode.as_str()));
                 }
             }
@@ -744,6 +760,7 @@ impl XdpDevice {
             dev.zero_copy = !queue.copy_mode;
             dev.queues.push(queue);
         }
+        tracing::info!(ifname, queues = ?queues, zero_copy = dev.zero_copy, "AF_XDP device open");
         Ok(dev)
     }
 
@@ -902,6 +919,7 @@ fn open_queue(attach: &Attachment, q: u32, opts: &XdpOptions) -> io::Result<Queu
     })?;
     let multi_buffer = sock.bind_flags() & bind_flags::USE_SG != 0;
     let copy_mode = !sock.is_zero_copy().map_err(|e| ctx(e, "XDP_OPTIONS"))?;
+    tracing::debug!(ifname = %name, queue = q, zero_copy = !copy_mode, multi_buffer, "AF_XDP socket bound");
 
     // Into the XSKMAP at the queue's index: from now on the program redirects here.
     attach
@@ -966,6 +984,7 @@ impl Drop for XdpDevice {
         for q in &self.queues {
             let _ = self.attach.map.delete_u32(q.id);
         }
+        tracing::info!(ifname = %self.attach.ifname, queues = self.queues.len(), stats = ?self.stats, "AF_XDP device closed");
     }
 }
 

@@ -186,6 +186,7 @@ impl Nic {
             stats_gen: AtomicU64::new(0),
         });
         let describe = pkt.describe();
+        tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, "NIC starting");
         if opts.poll == PollMode::Inline {
             let mut inner = inner;
             let fd = pkt.poll_fd();
@@ -596,6 +597,11 @@ impl Nic {
         self.inner.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+            tracing::info!(
+                device = %self.describe,
+                io_errors = self.io_errors(),
+                "NIC stopped"
+            );
         }
     }
 }
@@ -607,6 +613,7 @@ impl Drop for Nic {
 }
 
 fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
+    tracing::debug!(device = %pkt.describe(), "engine thread running");
     let mut idle = 0u32;
     let mut cq_list: Vec<Cq> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
@@ -645,6 +652,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
             }
         }
     }
+    tracing::debug!(device = %pkt.describe(), stats = ?pkt.stats(), "engine thread stopping");
 }
 /// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
 fn inline_progress(inner: &Inner) -> usize {
@@ -677,6 +685,7 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
     // preempts a spinning one, and that shows in the latency tail.
     let max_check = INLINE_CHECK_MAX.as_nanos() as u64;
     let mut check = takeover;
+    tracing::debug!("inline engine's background thread running");
     while !inner.stop.load(Ordering::Acquire) {
         let now = inner.epoch.elapsed().as_nanos() as u64;
         let since = now.saturating_sub(inner.last_app_drive.load(Ordering::Relaxed));
@@ -706,6 +715,7 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
         inner.wake.drain();
         inline_progress(inner);
     }
+    tracing::debug!("inline engine's background thread stopping");
 }
 
 /// How long an idle engine may sleep: at most `cap`, and not past the next timer (`now` and
@@ -720,7 +730,8 @@ fn until_timer(cap: Duration, next_timer: Option<Instant>, now: u64) -> Duration
 /// Frames a receive or transmit batch moved; a failed batch moved none and is counted in
 /// `io_errors`.
 fn batch_count(inner: &Inner, r: std::io::Result<usize>) -> usize {
-    r.unwrap_or_else(|_| {
+    r.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "packet batch failed");
         inner.io_errors.fetch_add(1, Ordering::Relaxed);
         0
     })
