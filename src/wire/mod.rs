@@ -34,6 +34,7 @@ pub mod eth;
 pub mod ext;
 pub mod icrc;
 pub mod ip;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod pretty;
@@ -80,6 +81,10 @@ pub enum Layer {
     CnpReserved,
     Payload,
     Icrc,
+    /// The common MAD header (QP1 payloads).
+    Mad,
+    /// A MAD's attribute data (a CM message, ClassPortInfo, the RDMA-CM header).
+    MadAttribute,
 }
 
 impl fmt::Display for Layer {
@@ -104,6 +109,8 @@ impl fmt::Display for Layer {
             Layer::CnpReserved => "CNP reserved",
             Layer::Payload => "payload",
             Layer::Icrc => "ICRC",
+            Layer::Mad => "MAD header",
+            Layer::MadAttribute => "MAD attribute",
         };
         f.write_str(s)
     }
@@ -169,6 +176,9 @@ pub enum Error {
     /// A value does not fit its field (e.g. a payload longer than UDP can carry).
     #[error("{0} does not fit its field")]
     FieldOverflow(&'static str),
+    /// A MAD of another management class than the parser reads (e.g. not CM).
+    #[error("MAD class 0x{0:02x} is not the expected class")]
+    MadClass(u8),
     /// The output buffer is shorter than `buffer_len()`.
     #[error("emit buffer too small: need {needed} bytes, have {had}")]
     BufferTooSmall { needed: usize, had: usize },
