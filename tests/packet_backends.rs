@@ -9,7 +9,7 @@
 //! Throughput lines (`frames/s`) are printed, not asserted: run with `--nocapture` to see
 //! them.
 
-use ferroce::io::sys::enter_netns;
+use ferroce::io::enter_netns;
 use ferroce::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, Medium, PacketDevice};
 use ferroce::io::{UdpConfig, UdpDevice};
 use ferroce::wire::*;

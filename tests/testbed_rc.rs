@@ -63,8 +63,8 @@
 //! larger than perftest's). Rates are printed (`--nocapture`), never asserted.
 
 use ferroce::io::backend::{self, BackendKind};
+use ferroce::io::enter_netns;
 use ferroce::io::netdev;
-use ferroce::io::sys::enter_netns;
 use ferroce::io::{
     AfPacketConfig, AfPacketDevice, FaultConfig, FaultInjector, IoStats, PacketDevice, PcapTap,
 };

@@ -24,14 +24,15 @@
 //! It prints the throughput A→B for 1024-byte-payload frames (not asserted).
 
 use ferroce::io::ebpf::{self, action};
-use ferroce::io::sys::{bpf, enter_netns, netlink};
-use ferroce::io::{AttachMethod, PacketDevice, XdpDevice, XdpMode, XdpOptions, ZeroCopy};
+use ferroce::io::enter_netns;
+use ferroce::io::{
+    AttachMethod, PacketDevice, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy,
+};
 use ferroce::wire::{
     parse_frame, BthRepr, Ecn, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr,
     MacAddr, Opcode, PKey, Psn, QpNumber, RoceRepr, UdpRepr, VlanTag,
 };
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -703,18 +704,9 @@ fn af_xdp_between_two_namespaces() {
     // is refused.
     let attach_as = |name: &'static str| {
         in_ns("fxa", move || {
-            let map = bpf::create_xskmap(ebpf::MAP_NAME, 4).unwrap();
-            let insns: Vec<[u8; 8]> = ebpf::xsk_redirect_program(map.as_raw_fd())
-                .into_iter()
-                .map(|i| i.to_bytes())
-                .collect();
-            let prog = bpf::load_xdp_program(&insns, name, c"GPL", 0).unwrap();
-            let ifindex = ferroce::io::sys::if_nametoindex("eth0").unwrap();
-            netlink::RtNetlink::open()
-                .unwrap()
-                .set_xdp(ifindex, prog.as_raw_fd(), netlink::XDP_FLAGS_SKB_MODE, None)
-                .unwrap();
-            // prog, map and the netlink socket are closed here; the attachment stays.
+            let prog = XdpProgram::ferroce_redirect(name).unwrap();
+            prog.attach_netlink("eth0", XdpMode::Generic).unwrap();
+            // The program's and the map's descriptors are closed here; the attachment stays.
         })
     };
     attach_as(ebpf::PROGRAM_NAME);
@@ -773,8 +765,11 @@ fn af_xdp_between_two_namespaces() {
 fn a_rejected_program_comes_with_the_verifier_log() {
     require_root();
     // `exit` without setting R0: the verifier refuses ("R0 !read_ok").
-    let exit = [[0x95u8, 0, 0, 0, 0, 0, 0, 0]];
-    let e = ferroce::io::sys::bpf::load_xdp_program(&exit, "ferroce_bad", c"GPL", 0)
+    let exit = [ebpf::Insn {
+        code: 0x95,
+        ..Default::default()
+    }];
+    let e = XdpProgram::load(&exit, "ferroce_bad")
         .expect_err("the verifier accepts an exit without R0");
     println!("{e}");
     assert!(e.log.contains("R0"), "verifier log: {}", e.log);

@@ -205,7 +205,7 @@ fn run_tests(
             let (ptx, prx) = std::sync::mpsc::channel::<Result<u16, String>>();
             let srv = s.spawn(move || -> Result<Report, String> {
                 if let Some(ns) = ns {
-                    crate::io::sys::enter_netns(&ns[1]).map_err(|e| e.to_string())?;
+                    crate::io::enter_netns(&ns[1]).map_err(|e| e.to_string())?;
                 }
                 let host = if ns.is_some() {
                     "10.99.0.2"
@@ -230,7 +230,7 @@ fn run_tests(
                 .spawn(move || -> Result<Report, String> {
                     let port = prx.recv().map_err(|e| e.to_string())??;
                     if let Some(ns) = ns {
-                        crate::io::sys::enter_netns(&ns[0]).map_err(|e| e.to_string())?;
+                        crate::io::enter_netns(&ns[0]).map_err(|e| e.to_string())?;
                     }
                     let host = if ns.is_some() {
                         "10.99.0.2"
@@ -390,7 +390,7 @@ pub fn run_netns(
      -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             let r = (|| -> Result<Nic, String> {
-                crate::io::sys::enter_netns(&name).map_err(|e| format!("entering {name}: {e}"))?;
+                crate::io::enter_netns(&name).map_err(|e| format!("entering {name}: {e}"))?;
                 let dev = netdev::netdev(&format!("fdemo{i}")).map_err(|e| e.to_string())?;
                 let x = XdpDevice::open_all_queues(&dev.name, XdpOptions::default())
                     .map_err(|e| e.to_string())?;

@@ -616,9 +616,9 @@ pub fn validate(cfg: &SwitchConfig) -> Result<(), String> {
 pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, String> {
     validate(cfg)?;
     if let Some(ns) = &cfg.netns {
-        crate::io::sys::enter_netns(ns).map_err(|e| e.to_string())?;
+        crate::io::enter_netns(ns).map_err(|e| e.to_string())?;
     }
-    let stop = crate::io::sys::signal::stop_on_sigint_sigterm()
+    let stop = crate::io::stop_on_sigint_sigterm()
         .map_err(|e| format!("installing the SIGINT/SIGTERM handler: {e}"))?;
     let mut devs = Vec::new();
     for name in &cfg.ports {
@@ -767,7 +767,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     // adds a little burstiness; spinning would take a core from the hosts.
                     let wait = Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos()));
                     if wait > Duration::from_micros(20) {
-                        crate::io::sys::event::poll_readable_precise(&fds, wait)
+                        crate::io::event::poll_readable_precise(&fds, wait)
                             .map_err(|e| format!("poll: {e}"))?;
                     } else {
                         std::hint::spin_loop();
@@ -779,7 +779,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     if let Some(d) = cfg.duration {
                         wait = wait.min(d.saturating_sub(t0.elapsed()));
                     }
-                    crate::io::sys::event::poll_readable(&fds, Some(wait))
+                    crate::io::event::poll_readable(&fds, Some(wait))
                         .map_err(|e| format!("poll: {e}"))?;
                 }
             }

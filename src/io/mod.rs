@@ -7,7 +7,10 @@
 //! device buffer to write a frame into. Both work in batches, so one system call (or one ring
 //! doorbell) moves many frames.
 //!
-//! All `unsafe` code of the crate lives in [`sys`] (ring mmaps, `bpf(2)`, `setsockopt`).
+//! All `unsafe` code of the crate lives in the private module `sys` (ring mmaps, `bpf(2)`,
+//! netlink, `setsockopt`, eventfd, `poll(2)`, `setns(2)`, signals); what the layers above need
+//! of it is re-exported here, safe: [`enter_netns`], [`netns_id`], [`if_nametoindex`], the
+//! [`event`] module and [`stop_on_sigint_sigterm`].
 
 pub mod af_packet;
 pub mod backend;
@@ -16,7 +19,7 @@ pub mod fault;
 pub mod loopback;
 pub mod netdev;
 pub mod pcap;
-pub mod sys;
+mod sys;
 pub mod udp;
 pub mod xdp;
 
@@ -28,7 +31,16 @@ pub use fault::{FaultConfig, FaultInjector};
 pub use loopback::Loopback;
 pub use pcap::PcapTap;
 pub use udp::{UdpConfig, UdpDevice};
-pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, ZeroCopy};
+pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy};
+
+pub use sys::signal::{stop_on_sigint_sigterm, stop_requested};
+pub use sys::{enter_netns, if_nametoindex, netns_id};
+
+/// Sleeping until a descriptor is readable, and waking a sleeper: an eventfd counter and the
+/// one `poll(2)` wrapper of the crate.
+pub mod event {
+    pub use super::sys::event::{poll_readable, poll_readable_precise, EventFd};
+}
 
 /// What a device carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -43,7 +43,8 @@
 //! IPv6 has no ID and its flow label is masked: nothing to solve. Senders that use IPv4
 //! options cannot be verified (the socket does not report them).
 
-use super::sys::sockutil::{poll_readable, set_int};
+use super::sys::event::poll_readable;
+use super::sys::sockutil::set_int;
 use super::sys::udp::{self as sysudp, RecvSlot, SendItem};
 use super::{IoStats, Medium, PacketDevice};
 use crate::wire::eth::{self, EthernetRepr};
@@ -547,7 +548,7 @@ impl PacketDevice for UdpDevice {
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        poll_readable(self.sock.as_fd(), timeout).map(drop)
+        poll_readable(&[self.sock.as_fd()], timeout).map(drop)
     }
 
     fn frame_capacity(&self) -> usize {

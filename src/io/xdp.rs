@@ -76,12 +76,13 @@
 
 use super::ebpf::{self, MAP_NAME, PROGRAM_NAME};
 use super::sys::bpf::{self, LinkFd, MapFd, ProgFd};
+use super::sys::event::poll_readable;
 use super::sys::netlink::{
     RtNetlink, XdpAttached, XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XDP_FLAGS_UPDATE_IF_NOEXIST,
 };
 use super::sys::xsk::{
-    bind_flags, poll_readable, XdpDesc, XskConfig, XskError, XskSocket, XskStats,
-    XDP_PACKET_HEADROOM, XDP_PKT_CONTD,
+    bind_flags, XdpDesc, XskConfig, XskError, XskSocket, XskStats, XDP_PACKET_HEADROOM,
+    XDP_PKT_CONTD,
 };
 use super::sys::{if_nametoindex, netns_id, rx_queue_count};
 use super::{IoStats, PacketDevice};
@@ -466,6 +467,79 @@ fn attach_new(
     )))
 }
 
+/// The verifier's (or the kernel's) refusal of a program [`XdpProgram::load`] was given,
+/// with the verifier log.
+pub use super::sys::bpf::ProgLoadError;
+
+/// An XDP program loaded into the kernel (`BPF_PROG_LOAD`), e.g. one assembled with
+/// [`ebpf`], which can be attached to an interface so that it outlives this process.
+///
+/// [`XdpDevice`] loads and attaches ferroce's own program by itself and removes it when the
+/// last device of the interface closes. This type is for the other cases: attaching
+/// ferroce's program ahead of time, by a privileged step, for later devices to adopt (an
+/// [`XdpDevice`] finding a program named [`PROGRAM_NAME`] uses it and leaves it attached), or
+/// loading any other program. Dropping it closes the descriptors; an attached program stays.
+#[derive(Debug)]
+pub struct XdpProgram {
+    prog: ProgFd,
+    /// The XSKMAP of ferroce's program (kept open while the program is held here).
+    _map: Option<MapFd>,
+}
+
+impl XdpProgram {
+    /// Load `insns` as an XDP program named `name` (the kernel keeps 15 bytes), GPL licensed.
+    /// Needs CAP_BPF (or root).
+    ///
+    /// # Errors
+    /// The verifier's rejection with its log in [`ProgLoadError::log`], or a privilege error.
+    pub fn load(insns: &[ebpf::Insn], name: &str) -> Result<XdpProgram, ProgLoadError> {
+        let raw: Vec<[u8; 8]> = insns.iter().map(|i| i.to_bytes()).collect();
+        let prog = bpf::load_xdp_program(&raw, name, c"GPL", 0)?;
+        Ok(XdpProgram { prog, _map: None })
+    }
+
+    /// ferroce's redirect program ([`ebpf::xsk_redirect_program`]) with a new, empty XSKMAP
+    /// named [`MAP_NAME`], loaded under `name` (normally [`PROGRAM_NAME`]; any other name makes
+    /// it a program [`XdpDevice::open`] will not adopt).
+    pub fn ferroce_redirect(name: &str) -> io::Result<XdpProgram> {
+        let map = bpf::create_xskmap(MAP_NAME, XSKMAP_ENTRIES)
+            .map_err(|e| ctx(e, "creating the XSKMAP (BPF_MAP_CREATE)"))?;
+        let insns = ebpf::xsk_redirect_program(map.as_raw_fd());
+        let mut p =
+            Self::load(&insns, name).map_err(|e| ctx(e.into(), "loading the XDP program"))?;
+        p._map = Some(map);
+        Ok(p)
+    }
+
+    /// The program's kernel id (as `ip link` and `bpftool` show it).
+    pub fn id(&self) -> io::Result<u32> {
+        Ok(self.prog.info()?.id)
+    }
+
+    /// Attach the program to `ifname` (in the calling thread's network namespace) with netlink
+    /// (`IFLA_XDP`), in native or generic mode ([`XdpMode::Auto`]: native), only if the
+    /// interface runs no XDP program. Unlike a BPF link, this attachment outlives the
+    /// program's descriptors and the process: it stays until
+    /// `ip link set dev IFNAME xdpgeneric off` (or `xdpdrv off`). Needs CAP_NET_ADMIN.
+    pub fn attach_netlink(&self, ifname: &str, mode: XdpMode) -> io::Result<()> {
+        let ifindex = if_nametoindex(ifname)?;
+        let flag = match mode {
+            XdpMode::Generic => ActiveMode::Generic.flag(),
+            XdpMode::Auto | XdpMode::Native => ActiveMode::Native.flag(),
+        };
+        let nl = RtNetlink::open().map_err(|e| ctx(e, "netlink socket"))?;
+        nl.set_xdp(
+            ifindex,
+            self.prog.as_raw_fd(),
+            flag | XDP_FLAGS_UPDATE_IF_NOEXIST,
+            None,
+        )
+        .map_err(|e| ctx(e.into(), format!("attaching XDP to {ifname}")))?;
+        tracing::info!(ifname, mode = ?mode, "XDP program attached with netlink (left attached)");
+        Ok(())
+    }
+}
+
 /// One receive queue: an AF_XDP socket, its UMEM and the bookkeeping of its frames.
 ///
 /// UMEM layout: frames `0..rx_frames` circulate between the fill and rx rings; after them
@@ -729,13 +803,13 @@ pub struct XdpDevice {
 
 impl XdpDevice {
     /// Open queue `queue` of `ifname` (in the calling thread's network namespace; use
-    /// [`crate::io::sys::enter_netns`] in a dedicated thread for another one). Needs root
+    /// [`crate::io::enter_netns`] in a dedicated thread for another one). Needs root
     /// (CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW).
     pub fn open(ifname: &str, queue: u32, opts: XdpOptions) -> io::Result<XdpDevice> {
         Self::open_queues(ifname, &[queue], opts)
     }
 
-    /// Open every receive queue `ifname` has now (see [`rx_queue_count`]).
+    /// Open every receive queue `ifname` has now (the channel count ethtool reports).
     pub fn open_all_queues(ifname: &str, opts: XdpOptions) -> io::Result<XdpDevice> {
         let n = rx_queue_count(ifname)
             .map_err(|e| ctx(e, format!("counting the queues of {ifname}")))?;

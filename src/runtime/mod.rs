@@ -126,7 +126,7 @@ struct Inner {
     io_stats: Mutex<IoStats>,
     io_errors: AtomicU64,
     /// Rung by application threads when the engine sleeps (see `engine_loop`).
-    wake: crate::io::sys::event::EventFd,
+    wake: crate::io::event::EventFd,
     sleeping: AtomicBool,
     /// [`PollMode::Inline`]: the packet device, driven by application threads.
     inline: Option<Mutex<InlineEngine>>,
@@ -177,7 +177,7 @@ impl Nic {
             epoch: std::time::Instant::now(),
             io_stats: Mutex::new(IoStats::default()),
             io_errors: AtomicU64::new(0),
-            wake: crate::io::sys::event::EventFd::new()?,
+            wake: crate::io::event::EventFd::new()?,
             sleeping: AtomicBool::new(false),
             inline: None,
             last_app_drive: AtomicU64::new(0),
@@ -638,7 +638,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
                 if inner.doorbell.is_empty() && !inner.stop.load(Ordering::Acquire) {
                     let r = match pkt.poll_fd() {
                         Some(fd) => {
-                            crate::io::sys::event::poll_readable(&[fd, inner.wake.fd()], Some(wait))
+                            crate::io::event::poll_readable(&[fd, inner.wake.fd()], Some(wait))
                                 .map(|_| ())
                         }
                         None => pkt.wait_readable(Some(wait.min(Duration::from_micros(50)))),
@@ -702,7 +702,7 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
         let wait = until_timer(Duration::from_millis(1), next, now);
         let r = match fd {
             Some(fd) => {
-                crate::io::sys::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
+                crate::io::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
             }
             None => {
                 std::thread::sleep(wait.min(Duration::from_micros(50)));

@@ -1,5 +1,6 @@
 //! eventfd(2) and poll(2): how an idle engine thread sleeps until a packet arrives or an
-//! application thread rings its doorbell.
+//! application thread rings its doorbell, and how every backend waits for its descriptors
+//! (the one `poll` wrapper of the crate).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -41,28 +42,32 @@ impl EventFd {
 }
 
 /// Wait until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
-/// whether any was readable. EINTR counts as a spurious wake-up.
-pub fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
-    // Round up to whole milliseconds (poll(2)'s unit), so that a short wait does not become
-    // a busy loop of zero-timeout polls.
-    let ms = timeout
-        .map(|d| Duration::from_millis(d.as_micros().div_ceil(1000).min(i32::MAX as u128) as u64));
+/// whether any descriptor reported an event (readable, or an error or hang-up, which a read
+/// then reports). EINTR counts as a spurious wake-up (`Ok(false)`).
+///
+/// The timeout is rounded up to whole milliseconds, `poll(2)`'s unit, so that a short wait
+/// does not become a busy loop of zero-timeout polls; see [`poll_readable_precise`].
+pub fn poll_readable<F: AsRawFd>(fds: &[F], timeout: Option<Duration>) -> io::Result<bool> {
+    let ms = timeout.map(|d| {
+        let ms = d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128);
+        Duration::from_millis(ms as u64)
+    });
     ppoll_readable(fds, ms)
 }
 
-/// Like [`poll_readable`], but the timeout is kept to the microsecond (`ppoll(2)`), not
+/// Like [`poll_readable`], but the timeout is kept to the nanosecond (`ppoll(2)`), not
 /// rounded up to milliseconds: for a loop that must wake at a precise instant (a switch
 /// port's next departure) without spinning until then.
-pub fn poll_readable_precise(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
+pub fn poll_readable_precise<F: AsRawFd>(fds: &[F], timeout: Duration) -> io::Result<bool> {
     ppoll_readable(fds, Some(timeout))
 }
 
 /// `ppoll(2)` for POLLIN on `fds` with `timeout` (`None`: forever), no signal mask.
-fn ppoll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> {
+fn ppoll_readable<F: AsRawFd>(fds: &[F], timeout: Option<Duration>) -> io::Result<bool> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         })
@@ -75,7 +80,8 @@ fn ppoll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<bool> 
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `p` is a live array of `p.len()` pollfd structures; `tsp` is null or points to
-    // `ts`, a valid timespec that outlives the call; no signal mask is passed.
+    // `ts`, a valid timespec that outlives the call; no signal mask is passed. A descriptor
+    // that is not open is no memory hazard: the kernel reports POLLNVAL for it.
     let r = unsafe {
         libc::ppoll(
             p.as_mut_ptr(),
@@ -107,5 +113,21 @@ mod tests {
         assert!(poll_readable(&[e.fd()], Some(Duration::from_millis(1000))).unwrap());
         e.drain();
         assert!(!poll_readable(&[e.fd()], Some(Duration::ZERO)).unwrap());
+    }
+
+    #[test]
+    fn sockets_and_eventfds_in_one_wait() {
+        use std::os::fd::AsFd;
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let e = EventFd::new().unwrap();
+        let fds = [a.as_fd().as_raw_fd(), e.fd()];
+        assert!(!poll_readable(&fds, Some(Duration::ZERO)).unwrap());
+        assert!(!poll_readable_precise(&[a.as_fd()], Duration::from_micros(10)).unwrap());
+        b.send_to(b"x", a.local_addr().unwrap()).unwrap();
+        assert!(poll_readable(&[a.as_fd()], Some(Duration::from_secs(5))).unwrap());
+        assert!(poll_readable_precise(&fds, Duration::from_secs(5)).unwrap());
+        // A descriptor that is not open is reported (POLLNVAL), not waited on.
+        assert!(poll_readable(&[1_000_000i32], Some(Duration::from_secs(5))).unwrap());
     }
 }

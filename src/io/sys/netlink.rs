@@ -54,8 +54,6 @@ pub const XDP_FLAGS_UPDATE_IF_NOEXIST: u32 = 1 << 0;
 pub const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 /// `XDP_FLAGS_DRV_MODE`: native XDP, run by the driver before an sk_buff exists.
 pub const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
-/// `XDP_FLAGS_HW_MODE`: offloaded to the NIC.
-pub const XDP_FLAGS_HW_MODE: u32 = 1 << 3;
 /// `XDP_FLAGS_REPLACE`: replace (or remove) only if the attached program is
 /// `IFLA_XDP_EXPECTED_FD`'s.
 pub const XDP_FLAGS_REPLACE: u32 = 1 << 4;

@@ -16,7 +16,9 @@
 //!   checked against the mapping's length; what the kernel writes inside a block is parsed by
 //!   the safe `io::af_packet::ring` module, which trusts none of it.
 
-use super::sockutil::{cvt, poll_readable, set_int, setsockopt};
+use super::cvt;
+use super::event::poll_readable;
+use super::sockutil::{set_int, setsockopt, Mmsg, MsgBufs};
 use crate::io::af_packet::filter::Insn;
 use crate::io::af_packet::ring::BLOCK_STATUS_OFFSET;
 use std::io;
@@ -358,27 +360,13 @@ impl PacketSocket {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: iovec and mmsghdr are plain data; all-zero (null pointers) is valid.
-        let mut iov: [libc::iovec; MAX] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut hdr: [libc::mmsghdr; MAX] = unsafe { std::mem::zeroed() };
-        for i in 0..n {
-            iov[i].iov_base = frames[i].as_ptr() as *mut libc::c_void;
-            iov[i].iov_len = frames[i].len();
-            hdr[i].msg_hdr.msg_iov = &mut iov[i];
-            hdr[i].msg_hdr.msg_iovlen = 1;
+        let mut m = Mmsg::<MAX>::new();
+        for (i, f) in frames[..n].iter().enumerate() {
+            m.set(i, MsgBufs::data(f.as_ptr() as *mut libc::c_void, f.len()));
         }
-        // SAFETY: `hdr[..n]` point at `iov[..n]`, which point at the caller's frames; all
-        // outlive the call, and the kernel only reads them (no names, no control data).
-        let r = unsafe {
-            libc::sendmmsg(
-                self.fd.as_raw_fd(),
-                hdr.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        cvt(r).map(|k| k as usize)
+        // SAFETY: the messages point at the caller's frames, which outlive the call; the
+        // kernel only reads them (no names, no control data).
+        unsafe { m.send(self.as_fd(), n) }
     }
 
     /// Ask for `PACKET_AUXDATA` with every received frame (VLAN tags the kernel stripped,
@@ -408,41 +396,20 @@ impl PacketSocket {
         if n == 0 {
             return Ok(0);
         }
-        // SAFETY: iovec and mmsghdr are plain data; all-zero (null pointers) is valid.
-        let mut iov: [libc::iovec; MAX] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut hdr: [libc::mmsghdr; MAX] = unsafe { std::mem::zeroed() };
         let mut ctl = [[0u64; CTL / 8]; MAX];
-        for i in 0..n {
-            iov[i].iov_base = bufs[i].as_mut_ptr().cast();
-            iov[i].iov_len = bufs[i].len();
-            hdr[i].msg_hdr.msg_iov = &mut iov[i];
-            hdr[i].msg_hdr.msg_iovlen = 1;
-            hdr[i].msg_hdr.msg_control = ctl[i].as_mut_ptr().cast();
-            hdr[i].msg_hdr.msg_controllen = CTL as _;
+        let mut m = Mmsg::<MAX>::new();
+        for (i, (b, c)) in bufs[..n].iter_mut().zip(ctl.iter_mut()).enumerate() {
+            let mut mb = MsgBufs::data(b.as_mut_ptr().cast(), b.len());
+            mb.control = c.as_mut_ptr().cast();
+            mb.control_len = CTL;
+            m.set(i, mb);
         }
-        // SAFETY: `hdr[..n]` point at `iov[..n]` (the caller's buffers, writable for their
-        // lengths) and at `ctl[..n]` (CTL bytes each); all outlive the call.
-        let r = unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                hdr.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-                _ => Err(e),
-            };
-        }
-        let got = r as usize;
+        // SAFETY: the messages point at the caller's buffers (borrowed mutably for the call,
+        // writable for their lengths) and at `ctl[..n]` (CTL bytes each); all outlive it.
+        let got = unsafe { m.recv(self.as_fd(), n)? };
         for i in 0..got {
-            let h = &hdr[i].msg_hdr;
-            let len = (hdr[i].msg_len as usize).min(bufs[i].len());
+            let h = &m.header(i).msg_hdr;
+            let len = (m.header(i).msg_len as usize).min(bufs[i].len());
             let mut m = RecvMeta {
                 len,
                 truncated: h.msg_flags & libc::MSG_TRUNC != 0,
@@ -487,7 +454,7 @@ impl PacketSocket {
 
     /// Wait until the socket is readable (for a V3 ring: a block was handed to user space).
     pub fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        poll_readable(self.as_fd(), timeout)
+        poll_readable(&[self.as_fd()], timeout)
     }
 
     /// Read (and reset) the kernel's counters.
@@ -604,10 +571,6 @@ pub struct RxRing {
 impl RxRing {
     pub fn block_count(&self) -> usize {
         self.block_nr
-    }
-
-    pub fn block_size(&self) -> usize {
-        self.block_size
     }
 
     /// Whether block `i` is currently owned by user space (without borrowing it).

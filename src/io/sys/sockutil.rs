@@ -1,18 +1,9 @@
 //! Small socket helpers shared by the packet and UDP backends: `setsockopt`/`getsockopt` of
-//! plain integers and structs, `poll` for one descriptor, errno conversion.
+//! plain integers and structs, and the headers of a `sendmmsg(2)`/`recvmmsg(2)` batch.
 
+use super::cvt;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::time::Duration;
-
-/// Turn a `-1` return into the `errno` error.
-pub(super) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 /// `setsockopt(fd, level, name, &val, sizeof val)` for a plain-data `T` (an integer or a
 /// `#[repr(C)]` struct without padding the kernel would misread).
@@ -46,47 +37,131 @@ pub fn set_int(
     setsockopt(fd, level, name, &val)
 }
 
-/// `getsockopt` of an `int` option.
-pub fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    cvt(r).map(|_| v)
+/// The buffers of one message of a `sendmmsg(2)`/`recvmmsg(2)` batch: the data, and
+/// optionally the peer address and the control (ancillary) data, each a pointer and a length
+/// into storage the caller keeps alive, and does not touch, until the system call returns.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MsgBufs {
+    pub data: *mut libc::c_void,
+    pub data_len: usize,
+    /// Null: no address (a connected or packet socket).
+    pub name: *mut libc::c_void,
+    pub name_len: libc::socklen_t,
+    /// Null: no control data.
+    pub control: *mut libc::c_void,
+    pub control_len: usize,
 }
 
-/// Wait until `fd` is readable or `timeout` passes (`None`: indefinitely). Returns whether it
-/// became readable. `EINTR` counts as a (spurious) wake-up.
-pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
-    let ms = match timeout {
-        None => -1,
-        Some(t) => {
-            // Round up so that a short timeout does not become a busy 0 ms poll.
-            let ms = t.as_micros().div_ceil(1000);
-            libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+impl MsgBufs {
+    /// Just the data (no address, no control data).
+    pub fn data(data: *mut libc::c_void, data_len: usize) -> MsgBufs {
+        MsgBufs {
+            data,
+            data_len,
+            name: std::ptr::null_mut(),
+            name_len: 0,
+            control: std::ptr::null_mut(),
+            control_len: 0,
         }
-    };
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
     }
-    Ok(r > 0 && p.revents & (libc::POLLIN | libc::POLLERR) != 0)
+}
+
+/// The iovecs and message headers of a batch of up to `N` messages, one iovec each: the one
+/// place `sendmmsg(2)` and `recvmmsg(2)` arguments are built (UDP and packet sockets).
+pub(super) struct Mmsg<const N: usize> {
+    iov: [libc::iovec; N],
+    hdr: [libc::mmsghdr; N],
+}
+
+impl<const N: usize> Mmsg<N> {
+    /// A batch with every header empty.
+    pub fn new() -> Self {
+        Mmsg {
+            // SAFETY: iovec and mmsghdr are plain data; all-zero (null pointers) is valid.
+            iov: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            hdr: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    /// Describe message `i` (`i < N`).
+    pub fn set(&mut self, i: usize, b: MsgBufs) {
+        self.iov[i].iov_base = b.data;
+        self.iov[i].iov_len = b.data_len;
+        let h = &mut self.hdr[i].msg_hdr;
+        h.msg_iovlen = 1;
+        h.msg_name = b.name;
+        h.msg_namelen = b.name_len;
+        h.msg_control = b.control;
+        h.msg_controllen = b.control_len as _;
+    }
+
+    /// The header of message `i` as the kernel left it (`msg_len`, `msg_flags`, the lengths
+    /// of the address and control data received).
+    pub fn header(&self, i: usize) -> &libc::mmsghdr {
+        &self.hdr[i]
+    }
+
+    /// Point every header of `..n` at its iovec (here, where `self` no longer moves).
+    fn link(&mut self, n: usize) -> usize {
+        let n = n.min(N);
+        for i in 0..n {
+            self.hdr[i].msg_hdr.msg_iov = &mut self.iov[i];
+        }
+        n
+    }
+
+    /// `sendmmsg(fd, messages ..n, MSG_DONTWAIT)`: how many the kernel took (an error only
+    /// when it took none).
+    ///
+    /// # Safety
+    /// Every buffer given to [`Self::set`] for the messages `..n` must be valid for reads of
+    /// its length until this returns.
+    pub unsafe fn send(&mut self, fd: BorrowedFd<'_>, n: usize) -> io::Result<usize> {
+        let n = self.link(n);
+        // SAFETY: the headers point at `self.iov` and at the caller's buffers, valid for
+        // their lengths per this function's contract; the kernel only reads them.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                self.hdr.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        cvt(r).map(|k| k as usize)
+    }
+
+    /// `recvmmsg(fd, messages ..n, MSG_DONTWAIT)`: how many messages were received, 0 when
+    /// none was waiting (or the call was interrupted).
+    ///
+    /// # Safety
+    /// Every buffer given to [`Self::set`] for the messages `..n` must be valid for writes of
+    /// its length, and not otherwise accessed, until this returns.
+    pub unsafe fn recv(&mut self, fd: BorrowedFd<'_>, n: usize) -> io::Result<usize> {
+        let n = self.link(n);
+        // SAFETY: the headers point at `self.iov` and at the caller's buffers, writable for
+        // their lengths and unaliased per this function's contract.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                self.hdr.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        match cvt(r) {
+            Ok(k) => Ok((k as usize).min(n)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
 }

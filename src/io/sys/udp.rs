@@ -6,10 +6,10 @@
 //! The control messages are parsed by [`parse_control`], safe code over the bytes the kernel
 //! wrote (bounds-checked like everything else the kernel hands over).
 
-use super::sockutil::cvt;
+use super::sockutil::{Mmsg, MsgBufs};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
 /// Largest batch one call moves.
 pub const MAX_BATCH: usize = 64;
@@ -24,7 +24,6 @@ pub const IP_RECVTOS: libc::c_int = 13;
 pub const IP_PMTUDISC_DO: libc::c_int = 2;
 pub const IPV6_UNICAST_HOPS: libc::c_int = 16;
 pub const IPV6_MTU_DISCOVER: libc::c_int = 23;
-pub const IPV6_V6ONLY: libc::c_int = 26;
 pub const IPV6_RECVPKTINFO: libc::c_int = 49;
 pub const IPV6_PKTINFO: libc::c_int = 50;
 pub const IPV6_RECVHOPLIMIT: libc::c_int = 51;
@@ -83,11 +82,6 @@ impl RecvSlot {
     /// The control messages the kernel wrote.
     pub fn control(&self) -> &[u8] {
         &self.ctrl.0[..self.ctrl_len.min(self.ctrl.0.len())]
-    }
-
-    /// The received datagram.
-    pub fn data(&self) -> &[u8] {
-        &self.buf[self.data_off..self.data_off + self.len]
     }
 }
 
@@ -157,48 +151,37 @@ pub fn recv_batch(fd: BorrowedFd<'_>, slots: &mut [RecvSlot]) -> io::Result<usiz
     if n == 0 {
         return Ok(0);
     }
-    // SAFETY: plain data, all-zero valid.
-    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: plain data, all-zero valid.
-    let mut hdr: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut m = Mmsg::<MAX_BATCH>::new();
     for (i, s) in slots[..n].iter_mut().enumerate() {
         let room = &mut s.buf[s.data_off..];
-        iov[i].iov_base = room.as_mut_ptr().cast();
-        iov[i].iov_len = room.len();
-        let h = &mut hdr[i].msg_hdr;
-        h.msg_iov = &mut iov[i];
-        h.msg_iovlen = 1;
-        h.msg_name = (&mut s.name as *mut libc::sockaddr_storage).cast();
-        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        h.msg_control = s.ctrl.0.as_mut_ptr().cast();
-        h.msg_controllen = s.ctrl.0.len() as _;
+        m.set(
+            i,
+            MsgBufs {
+                data: room.as_mut_ptr().cast(),
+                data_len: room.len(),
+                name: (&mut s.name as *mut libc::sockaddr_storage).cast(),
+                name_len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+                control: s.ctrl.0.as_mut_ptr().cast(),
+                control_len: s.ctrl.0.len(),
+            },
+        );
     }
-    // SAFETY: every header points into its own slot's buffer, name and control storage,
-    // with their true lengths; all outlive the call, and nothing else aliases them.
-    let r = unsafe {
-        libc::recvmmsg(
-            fd.as_raw_fd(),
-            hdr.as_mut_ptr(),
-            n as libc::c_uint,
-            libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
-        )
-    };
-    let got = match cvt(r) {
-        Ok(k) => k as usize,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for (i, s) in slots[..got.min(n)].iter_mut().enumerate() {
-        let h = &hdr[i];
+    // SAFETY: every message points into its own slot's buffer, name and control storage,
+    // with their true lengths; the slots are borrowed mutably for the call, so nothing else
+    // reads or writes them.
+    let got = unsafe { m.recv(fd, n)? };
+    for (i, s) in slots[..got].iter_mut().enumerate() {
+        let h = m.header(i);
         let room = s.buf.len() - s.data_off;
         s.len = (h.msg_len as usize).min(room);
         s.truncated = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-        s.ctrl_len = (h.msg_hdr.msg_controllen as usize).min(s.ctrl.0.len());
+        // size_t on glibc, socklen_t on musl.
+        #[allow(clippy::unnecessary_cast)]
+        let ctrl_len = h.msg_hdr.msg_controllen as usize;
+        s.ctrl_len = ctrl_len.min(s.ctrl.0.len());
         s.name_len = h.msg_hdr.msg_namelen;
     }
-    Ok(got.min(n))
+    Ok(got)
 }
 
 /// One datagram to send.
@@ -218,43 +201,28 @@ pub fn send_batch(fd: BorrowedFd<'_>, items: &[SendItem<'_>]) -> io::Result<usiz
         return Ok(0);
     }
     // SAFETY: plain data, all-zero valid.
-    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: plain data, all-zero valid.
-    let mut hdr: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: plain data, all-zero valid.
     let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
     let mut ctrls = [Ctrl([0; 128]); MAX_BATCH];
+    let mut m = Mmsg::<MAX_BATCH>::new();
     for (i, it) in items[..n].iter().enumerate() {
-        iov[i].iov_base = it.data.as_ptr() as *mut libc::c_void;
-        iov[i].iov_len = it.data.len();
         let (ss, len) = std_to_sockaddr(&it.dst);
         names[i] = ss;
-        let h = &mut hdr[i].msg_hdr;
-        h.msg_iov = &mut iov[i];
-        h.msg_iovlen = 1;
-        h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-        h.msg_namelen = len;
+        let mut b = MsgBufs::data(it.data.as_ptr() as *mut libc::c_void, it.data.len());
+        b.name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+        b.name_len = len;
         if let Some(tc) = it.tclass {
             let (level, ty) = match it.dst {
                 SocketAddr::V4(_) => (libc::IPPROTO_IP, IP_TOS),
                 SocketAddr::V6(_) => (libc::IPPROTO_IPV6, IPV6_TCLASS),
             };
-            let clen = write_int_cmsg(&mut ctrls[i].0, level, ty, libc::c_int::from(tc));
-            h.msg_control = ctrls[i].0.as_mut_ptr().cast();
-            h.msg_controllen = clen as _;
+            b.control_len = write_int_cmsg(&mut ctrls[i].0, level, ty, libc::c_int::from(tc));
+            b.control = ctrls[i].0.as_mut_ptr().cast();
         }
+        m.set(i, b);
     }
-    // SAFETY: every header points at its own iovec (→ the caller's data, read only), name
-    // and control buffer, with their true lengths; all outlive the call.
-    let r = unsafe {
-        libc::sendmmsg(
-            fd.as_raw_fd(),
-            hdr.as_mut_ptr(),
-            n as libc::c_uint,
-            libc::MSG_DONTWAIT,
-        )
-    };
-    cvt(r).map(|k| k as usize)
+    // SAFETY: every message points at the caller's data (read only), its own name and its
+    // own control buffer, with their true lengths; all outlive the call.
+    unsafe { m.send(fd, n) }
 }
 
 const fn cmsg_align(n: usize) -> usize {

@@ -59,7 +59,6 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// `XDP_PACKET_HEADROOM`: the kernel keeps this many bytes free in front of every received
 /// frame (for `bpf_xdp_adjust_head`), so a received frame starts 256 bytes into its chunk.
@@ -250,11 +249,6 @@ impl<T: Copy> ProducerRing<T> {
         }
     }
 
-    /// Number of slots.
-    pub fn size(&self) -> u32 {
-        self.mem.size
-    }
-
     /// Free slots, refreshing the consumer index only when the cached view has fewer than
     /// `want` (saves a shared cache line read per batch).
     pub fn free(&mut self, want: u32) -> u32 {
@@ -379,14 +373,11 @@ impl<T: Copy> ConsumerRing<T> {
         // Release: our slot reads happen-before the producer may overwrite them.
         self.mem.consumer().store(self.cons, Ordering::Release);
     }
-
-    pub fn needs_wakeup(&self) -> bool {
-        self.mem.flags().load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
-    }
 }
 
 /// A ring in ordinary heap memory with the kernel's layout (indices then slots): for tests
-/// of the ring logic without a socket (miri runs them), and for simulations.
+/// of the ring logic without a socket (miri runs them).
+#[cfg(test)]
 struct HeapRing<T> {
     /// producer, consumer, flags.
     idx: [AtomicU32; 3],
@@ -397,10 +388,13 @@ struct HeapRing<T> {
 }
 
 // SAFETY: the slots are only accessed through the SPSC protocol of the two ring ends.
+#[cfg(test)]
 unsafe impl<T: Send> Send for HeapRing<T> {}
 // SAFETY: as above; the indices are atomics.
+#[cfg(test)]
 unsafe impl<T: Send> Sync for HeapRing<T> {}
 
+#[cfg(test)]
 impl<T> Drop for HeapRing<T> {
     fn drop(&mut self) {
         let slice = std::ptr::slice_from_raw_parts_mut(self.descs.as_ptr(), self.size as usize);
@@ -413,6 +407,7 @@ impl<T> Drop for HeapRing<T> {
 /// Build the two ends of a ring of `size` slots (a power of two) in heap memory whose
 /// producer and consumer indices both start at `start` (tests start near `u32::MAX` to
 /// exercise wrap-around). Returns (producer end, consumer end).
+#[cfg(test)]
 pub fn heap_ring<T: Copy + Default + Send + 'static>(
     size: u32,
     start: u32,
@@ -452,7 +447,6 @@ pub fn heap_ring<T: Copy + Default + Send + 'static>(
 pub struct Umem {
     map: Mmap,
     frame_size: u32,
-    frame_count: u32,
 }
 
 impl Umem {
@@ -469,24 +463,14 @@ impl Umem {
             -1,
             0,
         )?;
-        Ok(Umem {
-            map,
-            frame_size,
-            frame_count,
-        })
+        Ok(Umem { map, frame_size })
     }
 
     pub fn frame_size(&self) -> u32 {
         self.frame_size
     }
-    pub fn frame_count(&self) -> u32 {
-        self.frame_count
-    }
     pub fn len(&self) -> usize {
         self.map.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.map.len == 0
     }
 
     /// The start of the frame containing UMEM offset `addr`.
@@ -855,34 +839,6 @@ impl XskSocket {
             tx_ring_empty_descs: s.tx_ring_empty_descs,
         })
     }
-}
-
-/// `poll(2)` the descriptors for readability, up to `timeout` (`None`: indefinitely).
-/// Returns whether any is readable; an interrupted wait counts as a (spurious) wake-up.
-pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<bool> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|f| libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ms = match timeout {
-        None => -1,
-        // Round up so that a short timeout still waits rather than spinning.
-        Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
-    };
-    // SAFETY: `p` holds p.len() valid pollfd entries for the duration of the call.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(r > 0)
 }
 
 #[cfg(test)]
