@@ -128,15 +128,23 @@ fn missing_file_is_a_one_line_error() {
 }
 
 #[test]
-fn bad_flag_is_a_one_line_error() {
-    for args in [
-        &["inspect", "--bogus"][..],
-        &["frobnicate"][..],
-        &["inspect", "--json", "--verbose"][..],
+fn bad_flag_gets_claps_whole_message() {
+    for (args, what) in [
+        (&["inspect", "--bogus"][..], "unexpected argument '--bogus'"),
+        (&["frobnicate"][..], "unrecognized subcommand 'frobnicate'"),
+        (
+            &["inspect", "--json", "--verbose"][..],
+            "cannot be used with",
+        ),
     ] {
-        let (code, _, err) = ferroce(args);
+        let (code, out, err) = ferroce(args);
         assert_eq!(code, 2, "{args:?}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(
+            err.starts_with("error: ") && err.contains(what),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("try '--help'"), "{args:?}: {err}");
     }
 }
 

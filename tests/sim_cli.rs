@@ -114,13 +114,25 @@ fn incast_writes_csv_and_png_and_reports_a_join() {
 
 #[test]
 fn incast_bad_arguments_are_one_line_errors() {
+    // What clap checks: its whole message (naming the argument), status 2.
     for args in [
         &["sim", "incast"][..],
         &["sim", "incast", "--senders", "0"][..],
         &["sim", "incast", "--senders", "x"][..],
         &["sim", "incast", "--senders", "2", "--cc", "cubic"][..],
         &["sim", "incast", "--senders", "2", "--preset", "mine"][..],
+        &["sim", "incast", "--senders", "2", "--bogus"][..],
         &["sim", "incast", "--senders", "2", "--link-gbps", "-1"][..],
+    ] {
+        let (code, out, err) = ferroce(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains("try '--help'"), "{args:?}: {err}");
+    }
+    // What the command checks: one line, status 2.
+    for args in [
+        &["sim", "incast", "--senders", "2", "--link-gbps=-1"][..],
         &["sim", "incast", "--senders", "2", "--duration-ms", "0"][..],
         &["sim", "incast", "--senders", "2", "--pmax", "1.5"][..],
         &["sim", "incast", "--senders", "2", "--kmin-kb", "300"][..],
@@ -133,8 +145,16 @@ fn incast_bad_arguments_are_one_line_errors() {
             "--xon-kb",
             "2000",
         ][..],
-        &["sim", "incast", "--senders", "2", "--join-ms", "20"][..],
-        &["sim", "incast", "--senders", "2", "--bogus"][..],
+        &[
+            "sim",
+            "incast",
+            "--senders",
+            "2",
+            "--duration-ms",
+            "10",
+            "--join-ms",
+            "20",
+        ][..],
         &["sim", "incast", "--senders", "2", "--dcqcn", "bogus=1"][..],
         &["sim", "incast", "--senders", "2", "--dcqcn", "g"][..],
         &["sim", "incast", "--senders", "2", "--dcqcn", "g=1.5"][..],

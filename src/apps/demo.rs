@@ -77,7 +77,9 @@ pub fn run(
     quick: bool,
 ) -> Result<DemoResult, Box<dyn std::error::Error>> {
     let file = SharedFile(std::sync::Arc::new(std::sync::Mutex::new(
-        std::io::BufWriter::new(std::fs::File::create(pcap)?),
+        std::io::BufWriter::new(
+            std::fs::File::create(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?,
+        ),
     )));
     // Bandwidth: the engines sleep when idle (woken by packets or doorbells) so that the test
     // threads can spin on this machine's cores.

@@ -93,6 +93,9 @@ pub fn write_panels_png(
     panels: &[Panel],
 ) -> io::Result<()> {
     register_font();
+    // Fail with the file system's own error (not the drawing backend's) if the PNG cannot
+    // be written.
+    std::fs::File::create(path)?;
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let areas = root.split_evenly((panels.len().max(1), 1));
@@ -165,6 +168,9 @@ where
 /// the switch backlog.
 pub fn write_png(result: &IncastResult, path: &Path, width: u32, height: u32) -> io::Result<()> {
     register_font();
+    // Fail with the file system's own error (not the drawing backend's) if the PNG cannot
+    // be written.
+    std::fs::File::create(path)?;
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let has_alpha = result

@@ -3,6 +3,7 @@
 //! ECN marking, and the DCQCN plots. They are built only with the `cli` feature (the
 //! default), which brings clap, plotters and serde_json; the library below them needs none.
 
+pub mod addr;
 pub mod demo;
 pub mod incast_plot;
 pub mod inspect;

@@ -11,7 +11,7 @@ use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{gid_of, DeviceConfig};
 use crate::wire::MacAddr;
 use std::io::Write;
-use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -134,11 +134,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
             l.accept().map_err(|e| e.to_string())?.0
         }
         Some(h) => {
-            let addr = (h.as_str(), o.port)
-                .to_socket_addrs()
-                .map_err(|e| format!("{h}: {e}"))?
-                .next()
-                .ok_or_else(|| format!("{h}: no address"))?;
+            let addr = crate::apps::addr::resolve_host(h, o.port)?;
             let mut last = None;
             let mut s = None;
             for _ in 0..50 {
@@ -582,11 +578,7 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> 
             theirs
         }
         Some(h) => {
-            let addr = (h.as_str(), o.port)
-                .to_socket_addrs()
-                .map_err(|e| format!("{h}: {e}"))?
-                .next()
-                .ok_or_else(|| format!("{h}: no address"))?;
+            let addr = crate::apps::addr::resolve_host(h, o.port)?;
             let mut s = None;
             for _ in 0..50 {
                 if let Ok(c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {

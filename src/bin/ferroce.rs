@@ -231,6 +231,36 @@ fn run_incast(a: IncastArgs) -> ExitCode {
     if a.duration_ms > 60_000.0 {
         return fail("--duration-ms is limited to 60000".into());
     }
+    // Upper bounds that keep the run finite and the integer conversions exact.
+    let at_most = [
+        ("--link-gbps", a.link_gbps, 10_000.0),
+        ("--rtt-us", a.rtt_us, 1e6),
+        ("--np-interval-us", a.np_interval_us.unwrap_or(0.0), 1e6),
+        ("--buffer-kb", a.buffer_kb, 1e9),
+        ("--kmin-kb", a.kmin_kb, 1e9),
+        ("--kmax-kb", a.kmax_kb, 1e9),
+        ("--xoff-kb", a.xoff_kb, 1e9),
+        ("--xon-kb", a.xon_kb, 1e9),
+    ];
+    for (name, v, max) in at_most {
+        if v > max {
+            return fail(format!("{name} is limited to {max}, not {v}"));
+        }
+    }
+    if a.sample_us > a.duration_ms * 1000.0 {
+        return fail(format!(
+            "--sample-us ({}) must not exceed the run (--duration-ms {} = {} us)",
+            a.sample_us,
+            a.duration_ms,
+            a.duration_ms * 1000.0
+        ));
+    }
+    if a.jitter_ns > 1_000_000_000 {
+        return fail(format!(
+            "--jitter-ns is limited to 1e9, not {}",
+            a.jitter_ns
+        ));
+    }
     if !(64..=9000).contains(&a.mtu) {
         return fail(format!("--mtu must be in 64..=9000, not {}", a.mtu));
     }
@@ -312,7 +342,9 @@ struct PerfArgs {
     /// write-bw | read-bw | send-bw | atomic-bw | send-lat | write-lat | read-lat
     #[arg(value_parser = parse_test)]
     test: ferroce::apps::perf::Test,
-    /// The server to connect to (client role); without it, act as the server.
+    /// The server to connect to (client role): an IPv4 or IPv6 address or a host name;
+    /// without it, act as the server.
+    #[arg(value_parser = ferroce::apps::addr::check_host)]
     host: Option<String>,
     /// Network interface.
     #[arg(short = 'd', long = "ib-dev")]
@@ -321,31 +353,31 @@ struct PerfArgs {
     #[arg(long, value_enum, default_value = "xdp")]
     backend: ferroce::io::backend::BackendKind,
     /// Message size in bytes.
-    #[arg(short = 's', long, default_value_t = 65536)]
+    #[arg(short = 's', long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..))]
     size: u32,
     /// Run all sizes 2 B .. 8 MiB.
     #[arg(short = 'a', long = "all")]
     all: bool,
     /// Iterations.
-    #[arg(short = 'n', long = "iters")]
+    #[arg(short = 'n', long = "iters", value_parser = clap::value_parser!(u64).range(1..))]
     iters: Option<u64>,
     /// Run for this many seconds (bandwidth tests).
-    #[arg(short = 'D', long = "duration")]
+    #[arg(short = 'D', long = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     duration: Option<u64>,
     /// Number of QPs (bandwidth tests).
-    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     qps: u32,
     /// Path MTU (256..4096); capped by the link.
     #[arg(short = 'm', long = "mtu", default_value_t = 4096, value_parser = parse_mtu)]
     mtu: u32,
     /// Send queue depth.
-    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     tx_depth: u32,
     /// Report Gb/s instead of MB/s.
     #[arg(long = "report_gbits", alias = "report-gbits")]
     report_gbits: bool,
     /// TCP port of the out-of-band exchange.
-    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    #[arg(short = 'p', long = "port", default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
     /// GID index (default: the first IPv4 GID).
     #[arg(short = 'x', long = "gid-index")]
@@ -369,7 +401,7 @@ struct PerfArgs {
     #[arg(long)]
     json: bool,
     /// Seconds to wait for the peer at each step of the exchange.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Congestion control of our sends: none, or DCQCN (data sent ECT(0), paced).
     #[arg(long, value_enum, default_value = "none")]
@@ -378,11 +410,11 @@ struct PerfArgs {
     #[arg(long = "cc-preset", value_enum, default_value = "paper")]
     cc_preset: PerfPreset,
     /// Line rate for DCQCN (Gb/s).
-    #[arg(long = "line-gbps", default_value_t = 10.0)]
+    #[arg(long = "line-gbps", default_value_t = 10.0, value_parser = positive_number)]
     line_gbps: f64,
     /// Multiply DCQCN's timer periods (K, T, the rate-reduction period) by this factor: for
     /// testbeds whose round trip is milliseconds, not microseconds.
-    #[arg(long = "cc-time-scale", default_value_t = 1.0)]
+    #[arg(long = "cc-time-scale", default_value_t = 1.0, value_parser = positive_number)]
     cc_time_scale: f64,
     /// Override a DCQCN parameter (repeatable): KEY=VALUE with KEY one of g, initial_alpha,
     /// alpha_update (on-cnp|periodic), alpha_period_us, rate_increase_period_us, byte_counter,
@@ -506,6 +538,15 @@ struct SwitchArgs {
     rx_ring: bool,
 }
 
+/// A finite number greater than zero (a rate, a scale factor).
+fn positive_number(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err("must be a finite number greater than 0".into()),
+        Err(_) => Err("not a number".into()),
+    }
+}
+
 /// A CLI duration in seconds: finite, not negative, representable.
 fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, String> {
     if v < 0.0 {
@@ -515,8 +556,44 @@ fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, String> {
         .map_err(|_| format!("{flag}: {v} is not a usable number of seconds"))
 }
 
+/// The numbers of `ferroce switch`, checked before any port is opened.
+fn check_switch_args(a: &SwitchArgs) -> Result<(), String> {
+    if !a.rate_gbps.is_finite() || !(0.0..=10_000.0).contains(&a.rate_gbps) {
+        return Err(format!(
+            "--rate-gbps must be 0 (unlimited) to 10000, not {}",
+            a.rate_gbps
+        ));
+    }
+    if !a.buffer_kb.is_finite() || a.buffer_kb <= 0.0 || a.buffer_kb > 1e9 {
+        return Err(format!(
+            "--buffer-kb must be greater than 0 and at most 1e9, not {}",
+            a.buffer_kb
+        ));
+    }
+    for (name, v) in [("--kmin-kb", a.kmin_kb), ("--kmax-kb", a.kmax_kb)] {
+        if let Some(v) = v {
+            if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+                return Err(format!("{name} must be 0 to 1e9, not {v}"));
+            }
+        }
+    }
+    if let (Some(lo), Some(hi)) = (a.kmin_kb, a.kmax_kb) {
+        if lo > hi {
+            return Err(format!("--kmin-kb ({lo}) must not exceed --kmax-kb ({hi})"));
+        }
+    }
+    if !(0.0..=1.0).contains(&a.pmax) {
+        return Err(format!("--pmax must be in [0, 1], not {}", a.pmax));
+    }
+    Ok(())
+}
+
 fn run_switch(a: SwitchArgs) -> ExitCode {
     use ferroce::apps::switch::{self, PcapConfig, QueueConfig, SwitchConfig, SwitchPoll};
+    if let Err(e) = check_switch_args(&a) {
+        eprintln!("ferroce: switch: {e}");
+        return ExitCode::from(2);
+    }
     let kb = |v: f64| (v.max(0.0) * 1000.0).round() as usize;
     let secs = |flag: &str, v: Option<f64>| match v.map(|v| seconds(flag, v)).transpose() {
         Ok(d) => Ok(d),
@@ -571,10 +648,12 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
 
 #[derive(clap::Args)]
 struct PingpongArgs {
-    /// The server to connect to; without it, act as the server.
+    /// The server to connect to (an IPv4 or IPv6 address or a host name); without it, act
+    /// as the server.
+    #[arg(value_parser = ferroce::apps::addr::check_host)]
     host: Option<String>,
     /// Listen on / connect to this TCP port.
-    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    #[arg(short = 'p', long = "port", default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
     /// Network interface.
     #[arg(short = 'd', long = "ib-dev")]
@@ -595,7 +674,7 @@ struct PingpongArgs {
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(2..=32768))]
     rx_depth: u32,
     /// Number of exchanges.
-    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    #[arg(short = 'n', long = "iters", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     iters: u64,
     /// Service level value.
     #[arg(short = 'l', long = "sl", default_value_t = 0)]
@@ -613,7 +692,7 @@ struct PingpongArgs {
     #[arg(long)]
     pcap: Option<PathBuf>,
     /// Seconds to wait for the peer.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Check every byte of every message against an ibv_rc_pingpong peer, which sends back
     /// the buffer it has just received: each message ferroce sends is a fresh pattern (first
@@ -764,24 +843,10 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            let msg = e.to_string();
-            let first = msg
-                .lines()
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            eprintln!("ferroce: {first} (see ferroce --help)");
-            return ExitCode::from(2);
+            // clap's whole message (what is wrong, the valid values, the usage line) on
+            // stderr, help and version on stdout; clap's exit status (2 for a usage error).
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     if let Err(e) = ferroce::apps::logging::init_from_env() {

@@ -57,8 +57,22 @@ pub fn open_with(
         }
         BackendKind::Udp => {
             let mut c = super::udp::UdpConfig::new(local);
-            c.mtu = eth_mtu;
-            Box::new(super::udp::UdpDevice::open(&c)?)
+            // A UDP datagram carries at most 65535 bytes of IP packet; loopback's MTU is 65536
+            // and RoCE frames are far smaller (path MTU 4096 at most).
+            c.mtu = eth_mtu.min(65535);
+            let port = c.port;
+            Box::new(super::udp::UdpDevice::open(&c).map_err(|e| {
+                if e.kind() == io::ErrorKind::AddrInUse {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "UDP port {port} on {local} is in use (by another RoCE endpoint on this host: a ferroce process or the kernel's rdma_rxe); one host runs one RoCE endpoint per address"
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?)
         }
     })
 }

@@ -134,10 +134,23 @@ impl UdpDevice {
                 "UdpDevice needs a specific local address (it is covered by the ICRC)",
             ));
         }
-        if cfg.batch == 0 || cfg.batch > sysudp::MAX_BATCH || cfg.mtu < 128 || cfg.mtu > 65535 {
+        if cfg.batch == 0 || cfg.batch > sysudp::MAX_BATCH {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("bad UdpConfig: batch {} mtu {}", cfg.batch, cfg.mtu),
+                format!(
+                    "the UDP backend's batch must be 1 to {} frames, not {}",
+                    sysudp::MAX_BATCH,
+                    cfg.batch
+                ),
+            ));
+        }
+        if !(128..=65535).contains(&cfg.mtu) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the UDP backend needs an IP MTU of 128 to 65535 bytes (a UDP datagram's limit), not {}",
+                    cfg.mtu
+                ),
             ));
         }
         let sock = std::net::UdpSocket::bind(SocketAddr::new(cfg.local, cfg.port))?;
