@@ -433,3 +433,52 @@ fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
         );
     }
 }
+
+#[test]
+fn inspect_reads_standard_input() {
+    let file = root("captures/golden-ipv6.pcap");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ferroce"))
+            .args(args)
+            .stdin(std::fs::File::open(&file).unwrap())
+            .output()
+            .unwrap()
+    };
+    let o = run(&["inspect", "-"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.lines().count(), 64, "{text}");
+    assert!(text.lines().last().is_some_and(|l| l
+        .starts_with("(standard input): packets=63 roce=63")
+        && l.contains("icrc_ok=63")));
+    // The same packets as from the file.
+    let (_, from_file, _) = ferroce(&["inspect", &file]);
+    let body = |t: &str| t.lines().take(63).map(String::from).collect::<Vec<_>>();
+    assert_eq!(body(&text), body(&from_file));
+    // Standard input cannot be read twice.
+    let o = run(&["inspect", "-", "-"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
+}
+
+#[test]
+fn inspect_stops_quietly_when_its_reader_goes_away() {
+    use std::io::BufRead;
+    // ~360 KB of output, far more than a pipe holds: writes go on after the reader left.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .args(["inspect", &root("captures/rxe-reference/atomic_bw.pcap")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader (as `head -1` would) is dropped here.
+    assert!(first.contains("RC_FETCH_ADD"), "{first}");
+    let o = c.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.is_empty(), "{err}");
+    assert_eq!(o.status.code(), Some(0));
+}

@@ -27,9 +27,11 @@ enum Cmd {
     /// Decode every RoCE v2 packet of pcap/pcapng captures and validate ICRCs and lengths.
     ///
     /// Exit status: 0 when every RoCE packet is well formed with a good ICRC, 1 otherwise,
-    /// 2 when a file cannot be read.
+    /// 2 when a file cannot be read. When the reader of the output goes away
+    /// (`ferroce inspect FILE | head`), it stops quietly with status 0.
     Inspect {
-        /// Capture files (pcap or pcapng). Default: the capture shipped in captures/.
+        /// Capture files (pcap or pcapng); `-` reads standard input. Default: the capture
+        /// shipped in captures/.
         files: Vec<PathBuf>,
         /// One JSON object per RoCE packet, then one summary object per file.
         #[arg(long)]
@@ -936,37 +938,62 @@ fn run_inspect(files: &[PathBuf], json: bool, verbose: bool, quiet: bool) -> Exi
     } else {
         (files, false)
     };
+    if files.iter().filter(|p| p.as_os_str() == "-").count() > 1 {
+        eprintln!("ferroce: inspect: standard input (-) can be read only once");
+        return ExitCode::from(2);
+    }
+    // The reader of our output went away (`ferroce inspect FILE | head`): stop quietly, as
+    // other Unix tools do when their output pipe closes.
+    let closed = |e: &io::Error| e.kind() == io::ErrorKind::BrokenPipe;
     for path in files {
-        let reader: Box<dyn io::Read> = if embedded {
-            Box::new(DEFAULT_CAPTURE)
+        let (reader, name): (Box<dyn io::Read>, &Path) = if embedded {
+            (Box::new(DEFAULT_CAPTURE), path)
+        } else if path.as_os_str() == "-" {
+            (
+                Box::new(BufReader::new(io::stdin().lock())),
+                Path::new("(standard input)"),
+            )
         } else {
             match File::open(path) {
-                Ok(f) => Box::new(BufReader::new(f)),
+                Ok(f) => (Box::new(BufReader::new(f)), path),
                 Err(e) => {
-                    let _ = out.flush();
+                    if let Err(e) = out.flush() {
+                        if closed(&e) {
+                            return ExitCode::SUCCESS;
+                        }
+                    }
                     eprintln!("ferroce: {}: {e}", path.display());
                     status = 2;
                     continue;
                 }
             }
         };
-        match inspect_one(&mut out, path, reader, json, verbose, quiet) {
+        match inspect_one(&mut out, name, reader, json, verbose, quiet) {
             Ok(s) => {
                 if !s.clean() && status == 0 {
                     status = 1;
                 }
             }
+            Err(CaptureError::Io(e)) if closed(&e) => return ExitCode::SUCCESS,
             Err(e) => {
-                let _ = out.flush();
-                eprintln!("ferroce: {}: {e}", path.display());
+                if let Err(e) = out.flush() {
+                    if closed(&e) {
+                        return ExitCode::SUCCESS;
+                    }
+                }
+                eprintln!("ferroce: {}: {e}", name.display());
                 status = 2;
             }
         }
     }
-    if out.flush().is_err() {
-        return ExitCode::from(2);
+    match out.flush() {
+        Ok(()) => ExitCode::from(status),
+        Err(e) if closed(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroce: inspect: writing the output: {e}");
+            ExitCode::from(2)
+        }
     }
-    ExitCode::from(status)
 }
 
 fn inspect_one(
