@@ -6,6 +6,8 @@
 //! - [`verbs`]: the public API in libibverbs' shape and the sans-IO device engine.
 //! - [`rc`]: the Reliable Connection transport (requester, completer, responder).
 //! - [`cc`]: congestion control (DCQCN) behind one trait, and the pacer.
+//! - [`cm`]: connection management: the IB CM (REQ/REP/RTU, DREQ/DREP, SIDR over QP1's MADs)
+//!   and RDMA-CM on top, sans-IO.
 //! - [`oob`]: the out-of-band TCP exchanges of ibv_rc_pingpong and perftest.
 //! - [`wire`]: zero-copy header views, `Repr` parse/emit pairs, the opcode table, PSN
 //!   arithmetic, ICRC.
@@ -20,7 +22,9 @@
 #[cfg(feature = "cli")]
 pub mod apps;
 pub mod cc;
+pub mod cm;
 pub mod io;
+pub mod keys;
 pub mod oob;
 pub mod pcap;
 pub mod rc;
