@@ -44,6 +44,30 @@ fn incast_prints_exactly_one_summary_line() {
 }
 
 #[test]
+fn incast_default_run_reports_the_steady_state_first() {
+    // The first number is the steady state's: the default run is long enough for DCQCN to
+    // recover from the incast of 8 senders (at 10 ms the window was still the transient).
+    let (code, out, err) = ferroce(&["sim", "incast", "--senders", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty(), "{err}");
+    let line = out.trim_end();
+    assert!(line.starts_with("utilization="), "{line}");
+    assert!(field(line, "utilization") >= 0.99, "{line}");
+    assert!(line.ends_with(" steady=yes"), "{line}");
+    // The whole run's figure, start-up included, is printed beside it and is lower.
+    assert!(
+        field(line, "run_utilization") < field(line, "utilization"),
+        "{line}"
+    );
+    // A run too short says so, on the line and on standard error.
+    let (code, out, err) = ferroce(&["sim", "incast", "--senders", "8", "--duration-ms", "10"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim_end().ends_with(" steady=no"), "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not yet in a steady state") && err.contains("--duration-ms"));
+}
+
+#[test]
 fn incast_without_cc_fills_the_buffer_or_pauses() {
     let (code, out, _) = ferroce(&[
         "sim",

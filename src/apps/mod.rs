@@ -5,6 +5,7 @@
 
 pub mod addr;
 pub mod demo;
+pub mod incast;
 pub mod incast_plot;
 pub mod inspect;
 pub mod logging;

@@ -93,7 +93,10 @@ enum Cmd {
 enum SimCmd {
     /// N senders into one receiver through one switch port (virtual time, seeded): DCQCN
     /// or no congestion control, RED/ECN marking, optional PFC. Prints one summary line
-    /// `utilization=… jain=… max_queue_kb=… drops=… cnps=… …` (see docs/dcqcn.md).
+    /// `utilization=… jain=… max_queue_kb=… drops=… cnps=… …` measured over the second half
+    /// of the run, ending with `run_utilization=…` (the whole run, start-up included) and
+    /// `steady=yes|no` (see docs/dcqcn.md); a run too short to be steady also says so on
+    /// standard error.
     Incast(IncastArgs),
 }
 
@@ -130,8 +133,10 @@ struct IncastArgs {
     /// Link rate of every port (Gb/s).
     #[arg(long, default_value_t = 100.0)]
     link_gbps: f64,
-    /// Simulated time (ms).
-    #[arg(long, default_value_t = 10.0)]
+    /// Simulated time (ms). The summary's utilisation, fairness and queue are measured over
+    /// the second half (the steady state); 100 ms leaves DCQCN time to recover from the
+    /// initial incast at 100 Gb/s.
+    #[arg(long, default_value_t = 100.0)]
     duration_ms: f64,
     /// Write the time series here as CSV.
     #[arg(long)]
@@ -335,7 +340,19 @@ fn run_incast(a: IncastArgs) -> ExitCode {
             None => line.push_str(" join_convergence_ms=never"),
         }
     }
+    let st = ferroce::apps::incast::steadiness(&result);
+    line.push_str(&format!(
+        " run_utilization={:.4} steady={}",
+        st.whole_run,
+        if st.is_steady() { "yes" } else { "no" }
+    ));
     println!("{line}");
+    if !st.is_steady() {
+        eprintln!(
+            "ferroce: sim incast: note: not yet in a steady state: utilization {:.4} then {:.4} over the two halves of the window (the second half of the run); run longer (--duration-ms)",
+            st.window_first_half, st.window_second_half
+        );
+    }
     ExitCode::SUCCESS
 }
 
