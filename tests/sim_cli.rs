@@ -1,5 +1,6 @@
 //! `ferroce sim incast` as a user runs it: one summary line, files written, one-line errors.
 
+use ferroce::apps::cc_csv;
 use std::process::Command;
 
 fn ferroce(args: &[&str]) -> (i32, String, String) {
@@ -227,14 +228,13 @@ fn cc_plot_draws_perf_csvs_and_rejects_other_files() {
     let dir = std::env::temp_dir().join(format!("ferroce-ccplot-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let csv = dir.join("cc1.csv");
-    let mut text = String::from("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n");
-    for i in 0..50 {
+    let mut text = format!("{}\n", cc_csv::HEADER);
+    for i in 0..50u32 {
         let t = 1_796_000_000.0 + f64::from(i) * 0.01;
-        text.push_str(&format!(
-            "{t:.6},0x000011,{},{:.3},{i},0\n",
-            1_000_000_000 - i * 10_000_000,
-            1.0 - f64::from(i) / 100.0
-        ));
+        let rate = 1_000_000_000 - u64::from(i) * 10_000_000;
+        let alpha = 1.0 - f64::from(i) / 100.0;
+        text.push_str(&cc_csv::row(t, 0x11, rate, Some(alpha), i.into(), 0));
+        text.push('\n');
     }
     std::fs::write(&csv, text).unwrap();
     let log = dir.join("switch.log");
@@ -259,11 +259,7 @@ fn cc_plot_draws_perf_csvs_and_rejects_other_files() {
     let bad = dir.join("bad.csv");
     std::fs::write(&bad, "a,b\n1,2\n").unwrap();
     let broken = dir.join("broken.csv");
-    std::fs::write(
-        &broken,
-        "t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n1.0,0x11,x,,0,0\n",
-    )
-    .unwrap();
+    std::fs::write(&broken, format!("{}\n1.0,0x11,x,,0,0\n", cc_csv::HEADER)).unwrap();
     for f in [bad, dir.join("missing.csv"), broken] {
         let (code, out, err) = ferroce(&[
             "cc-plot",

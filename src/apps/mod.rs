@@ -4,6 +4,7 @@
 //! default), which brings clap, plotters and serde_json; the library below them needs none.
 
 pub mod addr;
+pub mod cc_csv;
 pub mod demo;
 pub mod incast;
 pub mod incast_plot;

@@ -12,24 +12,28 @@
 //!   the ingress port is filtered).
 //!
 //! **The congestion point.** Every egress port has one FIFO queue drained by a *virtual link*
-//! of the bottleneck rate: each frame admitted is scheduled to start when the link finishes
-//! the previous one, and takes its length plus [`WIRE_OVERHEAD`] bytes (preamble, FCS,
-//! inter-frame gap) at the line rate, as on Ethernet. A frame is handed to the kernel when its
-//! virtual start time has come. The backlog is the link's outstanding work,
-//! `(busy_until − now) × rate`, so the queue the marking sees, the rate and the drops do not
-//! depend on when this thread happens to run: on a loaded machine a late round sends
-//! everything that became due meanwhile (a token bucket with a small burst would instead lose
-//! the capacity of every moment the thread was descheduled). On enqueue, with the backlog the
-//! frame finds (itself not included):
+//! of the bottleneck rate: the simulator's egress queue ([`crate::sim::EgressQueue`], one
+//! implementation for the simulator, the incast model and this switch). Each frame admitted
+//! is scheduled to start when the link finishes the previous one, and takes its length plus
+//! [`WIRE_OVERHEAD`] bytes (preamble, FCS, inter-frame gap) at the line rate, as on Ethernet.
+//! A frame is handed to the kernel when its virtual start time has come. The backlog is the
+//! link's outstanding work in those wire bytes (the frames not fully sent by the virtual
+//! link, the one on the wire counted whole), so the queue the marking sees, the rate and the
+//! drops do not depend on when this thread happens to run: on a loaded machine a late round
+//! sends everything that became due meanwhile (a token bucket with a small burst would
+//! instead lose the capacity of every moment the thread was descheduled). Without a rate
+//! limit the backlog is the frame bytes held here, not yet handed to the kernel. On enqueue,
+//! with the backlog the frame finds (itself not included):
 //!
 //! 1. **tail drop** if the backlog plus the frame would exceed the buffer (a frame that finds
 //!    the queue empty is always taken);
 //! 2. **RED/ECN** ([`Red::probability`], the same profile as the simulator's): with that
-//!    probability, drawn from a seeded [`SplitMix64`], an ECN-capable (ECT(0)/ECT(1)) IPv4 or
-//!    IPv6 frame, untagged or with one or two 802.1Q/802.1ad tags, is marked CE in place
-//!    ([`crate::sim::mark_ce`]: `wire::ip::set_ecn` at the IP header's offset, IPv4 checksum
-//!    fixed; the ICRC masks the ECN bits and stays valid). A frame that is not ECN-capable is
-//!    forwarded unmarked (counted in `red_not_ect`), never dropped by RED.
+//!    probability, drawn from a seeded [`SplitMix64`] (one draw per frame that can be
+//!    marked), an ECN-capable (ECT(0)/ECT(1)) IPv4 or IPv6 frame, untagged or with one or two
+//!    802.1Q/802.1ad tags, is marked CE in place ([`crate::sim::mark_ce`]:
+//!    `wire::ip::set_ecn` at the IP header's offset, IPv4 checksum fixed; the ICRC masks the
+//!    ECN bits and stays valid). A frame that is not ECN-capable is forwarded unmarked
+//!    (counted in `red_not_ect`), never dropped by RED.
 //!
 //! The decisions are made by [`SwitchCore`], a sans-IO state machine (frames in, frames out,
 //! time as an argument) that the unit tests drive without sockets; [`run`] is the I/O loop:
@@ -51,7 +55,7 @@
 use crate::io::af_packet::AfPacketRx;
 use crate::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, PacketDevice};
 use crate::pcap::capture::PcapSink;
-use crate::sim::{mark_ce, Red, SplitMix64};
+use crate::sim::{mark_ce, Admission, EgressConfig, EgressQueue, Red, SplitMix64, Verdict};
 use crate::time::Instant;
 use crate::wire::MacAddr;
 use std::collections::{HashMap, VecDeque};
@@ -124,20 +128,13 @@ pub struct PortCounters {
 /// A frame waiting in an egress queue.
 type Frame = Vec<u8>;
 
-/// Picoseconds per second.
-const PS: u128 = 1_000_000_000_000;
-
-fn ps(t: Instant) -> u64 {
-    t.as_nanos().saturating_mul(1000)
-}
-
 struct Port {
-    /// Frames with the virtual instant (ps) their transmission starts.
-    queue: VecDeque<(u64, Frame)>,
+    /// Frames with the virtual instant their transmission starts.
+    queue: VecDeque<(Instant, Frame)>,
     /// Frame bytes in `queue`.
     queue_bytes: usize,
-    /// When the virtual link finishes the last frame admitted (ps).
-    busy_until: u64,
+    /// The virtual link (with a rate limit): backlog in wire bytes, start times.
+    link: EgressQueue,
     /// Largest frame the port can send.
     capacity: usize,
     c: PortCounters,
@@ -151,6 +148,17 @@ pub struct SwitchCore {
     rng: SplitMix64,
     /// Spare frame buffers (no allocation per frame in the steady state).
     pool: Vec<Frame>,
+}
+
+impl QueueConfig {
+    /// The egress queue of a port.
+    fn egress(&self) -> EgressConfig {
+        EgressConfig {
+            rate_bps: self.rate_bps,
+            limit_bytes: Some(self.buffer_bytes as u64),
+            red: self.red,
+        }
+    }
 }
 
 impl PortCounters {
@@ -171,13 +179,14 @@ impl SwitchCore {
             rate_bps: cfg.rate_bps.filter(|&r| r > 0),
             ..cfg
         };
+        let egress = cfg.egress();
         SwitchCore {
             ports: capacities
                 .iter()
                 .map(|&capacity| Port {
                     queue: VecDeque::new(),
                     queue_bytes: 0,
-                    busy_until: 0,
+                    link: EgressQueue::new(egress),
                     capacity,
                     c: PortCounters::default(),
                 })
@@ -216,15 +225,12 @@ impl SwitchCore {
         self.ports[port].queue_bytes
     }
 
-    /// The backlog of `port` at `now`: the bytes its link has still to send (frames and
-    /// their wire overhead); without a rate limit, the frame bytes held.
+    /// The backlog of `port` at `now`: the bytes its link has still to send (frames not
+    /// fully sent, with their wire overhead); without a rate limit, the frame bytes held.
     pub fn backlog_bytes(&self, now: Instant, port: usize) -> usize {
         let p = &self.ports[port];
         match self.cfg.rate_bps {
-            Some(r) => {
-                let left = u128::from(p.busy_until.saturating_sub(ps(now)));
-                usize::try_from((left * u128::from(r)).div_ceil(8 * PS)).unwrap_or(usize::MAX)
-            }
+            Some(_) => usize::try_from(p.link.backlog(now)).unwrap_or(usize::MAX),
             None => p.queue_bytes,
         }
     }
@@ -275,9 +281,10 @@ impl SwitchCore {
         }
     }
 
-    /// Tail drop, RED/ECN marking, then the queue.
+    /// Tail drop and RED/ECN marking (the egress queue's), then the queue.
     fn enqueue(&mut self, now: Instant, out: usize, frame: &[u8]) {
         let backlog = self.backlog_bytes(now, out);
+        let egress = self.cfg.egress();
         let p = &mut self.ports[out];
         let len = frame.len();
         if len > p.capacity {
@@ -286,58 +293,54 @@ impl SwitchCore {
         }
         p.c.arrivals += 1;
         p.c.queue_sum_bytes = p.c.queue_sum_bytes.saturating_add(backlog as u64);
-        if backlog > 0 && backlog + len > self.cfg.buffer_bytes {
+        let rng = &mut self.rng;
+        let draw = || rng.next_u64();
+        let admitted = match self.cfg.rate_bps {
+            // The virtual link: the frame with its wire overhead.
+            Some(_) => match p.link.offer(now, (len + WIRE_OVERHEAD) as u64, draw) {
+                Verdict::Dropped { .. } => None,
+                Verdict::Queued { mark, start, .. } => {
+                    p.c.max_queue_bytes = p.link.max_backlog();
+                    Some((mark, start))
+                }
+            },
+            // No rate: the frames held here are the backlog.
+            None => match egress.admit(backlog as u64, len as u64, draw) {
+                Admission::Drop => None,
+                Admission::Accept { mark } => {
+                    p.c.max_queue_bytes = p.c.max_queue_bytes.max((p.queue_bytes + len) as u64);
+                    Some((mark, now))
+                }
+            },
+        };
+        let Some((mark, start)) = admitted else {
             p.c.drops += 1;
             return;
-        }
+        };
         let mut buf = self.pool.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(frame);
-        if let Some(red) = self.cfg.red {
-            let prob = red.probability(backlog);
-            // One draw per frame that reaches this point, so the decisions depend only on the
-            // seed and the sequence of backlogs.
-            let x = self.rng.next_f64();
-            if prob > 0.0 && (prob >= 1.0 || x < prob) {
-                if mark_ce(&mut buf) {
-                    p.c.ce_marked += 1;
-                } else {
-                    p.c.red_not_ect += 1;
-                }
+        if mark {
+            if mark_ce(&mut buf) {
+                p.c.ce_marked += 1;
+            } else {
+                p.c.red_not_ect += 1;
             }
         }
-        let start = match self.cfg.rate_bps {
-            Some(r) => {
-                let t = ps(now);
-                let start = p.busy_until.max(t);
-                let bits = (len + WIRE_OVERHEAD) as u128 * 8 * PS;
-                let dur = u64::try_from(bits.div_ceil(u128::from(r))).unwrap_or(u64::MAX);
-                p.busy_until = start.saturating_add(dur);
-                let left = u128::from(p.busy_until - t);
-                let depth = (left * u128::from(r)).div_ceil(8 * PS);
-                p.c.max_queue_bytes = p.c.max_queue_bytes.max(depth as u64);
-                start
-            }
-            None => {
-                p.c.max_queue_bytes = p.c.max_queue_bytes.max((p.queue_bytes + len) as u64);
-                0
-            }
-        };
         p.queue_bytes += len;
         p.queue.push_back((start, buf));
     }
 
     /// The instant the head frame of `port` starts on its link (`None`: the queue is empty).
     pub fn next_departure(&self, port: usize) -> Option<Instant> {
-        let (start, _) = self.ports[port].queue.front()?;
-        Some(Instant::from_nanos(start.div_ceil(1000)))
+        self.ports[port].queue.front().map(|&(start, _)| start)
     }
 
     /// Take the head frame of `port` if its transmission has started by `now`. Give the
     /// buffer back with [`Self::recycle`] once sent.
     pub fn pop_ready(&mut self, now: Instant, port: usize) -> Option<Frame> {
         let p = &mut self.ports[port];
-        if p.queue.front()?.0 > ps(now) {
+        if p.queue.front()?.0 > now {
             return None;
         }
         let (_, f) = p.queue.pop_front()?;

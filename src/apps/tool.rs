@@ -1,6 +1,7 @@
 //! The command-line tools' logic (`ferroce perf`, `ferroce devinfo`), kept in the library so
 //! that it is tested like the rest; `src/bin/ferroce.rs` only parses arguments.
 
+use crate::apps::cc_csv;
 use crate::apps::perf::{self, PerfConfig, Report};
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev::{self, Netdev};
@@ -194,11 +195,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
                     let (_, v) = nic.cc_snapshot();
                     let t = unix_now();
                     for (q, rate, alpha, cnps, ce) in v {
-                        rows.push(format!(
-                            "{t:.6},{:#08x},{rate},{},{cnps},{ce}",
-                            q.get(),
-                            alpha.map(|a| format!("{a:.6}")).unwrap_or_default()
-                        ));
+                        rows.push(cc_csv::row(t, q.get(), rate, alpha, cnps, ce));
                     }
                     std::thread::sleep(o.cc_sample);
                 }
@@ -215,7 +212,7 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
         r
     });
     if let Some(p) = &o.cc_csv {
-        let mut text = String::from("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd\n");
+        let mut text = format!("{}\n", cc_csv::HEADER);
         for r in &samples {
             text.push_str(r);
             text.push('\n');

@@ -1076,7 +1076,7 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
     for (i, p) in a.csvs.iter().enumerate() {
         let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         let mut lines = text.lines();
-        if lines.next() != Some("t_unix_s,qpn,rate_bps,alpha,cnps_handled,ce_rcvd") {
+        if lines.next() != Some(ferroce::apps::cc_csv::HEADER) {
             return Err(format!(
                 "{}: not a `ferroce perf --cc-csv` file",
                 p.display()

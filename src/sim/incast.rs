@@ -54,13 +54,14 @@
 //!
 //! `ferroce sim incast` writes the time series as CSV and PNG (`apps::incast_plot`).
 
-use super::net::{Red, SplitMix64};
+use super::net::SplitMix64;
+use super::queue::{EgressConfig, EgressQueue, Red, Serialiser, Verdict};
 use crate::cc::dcqcn::NotificationPoint;
 use crate::cc::{CcConfig, Pacer, RateControl};
 use crate::time::{Duration, Instant};
 use core::cmp::Ordering;
 use core::fmt;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 /// PFC thresholds on the switch queue (bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -464,75 +465,6 @@ impl Ord for Event {
     }
 }
 
-/// Serialisation with a carried sub-nanosecond remainder (exact in the long run).
-#[derive(Debug, Default)]
-struct Serialiser {
-    bps: u64,
-    carry: u64,
-}
-
-impl Serialiser {
-    fn ns(&mut self, bytes: usize, continuing: bool) -> u64 {
-        if !continuing {
-            self.carry = 0;
-        }
-        let num = bytes as u128 * 8_000_000_000 + u128::from(self.carry);
-        let bps = u128::from(self.bps);
-        self.carry = (num % bps) as u64;
-        (num / bps) as u64
-    }
-}
-
-/// The switch port: a FIFO of frames with analytically known departure times.
-#[derive(Debug, Default)]
-struct Port {
-    /// (finish time, bytes admitted up to and including this frame).
-    queue: VecDeque<(Instant, u64)>,
-    admitted: u64,
-    departed: u64,
-    busy_until: Instant,
-    ser: Serialiser,
-}
-
-impl Port {
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(finish, cum)) = self.queue.front() {
-            if finish > now {
-                break;
-            }
-            self.departed = cum;
-            self.queue.pop_front();
-        }
-    }
-
-    /// Backlog at `now` (after `expire(now)`).
-    fn backlog(&self) -> u64 {
-        self.admitted - self.departed
-    }
-
-    /// Admit a frame at `now`; returns when its last bit leaves.
-    fn enqueue(&mut self, now: Instant, bytes: usize) -> Instant {
-        let continuing = self.busy_until >= now;
-        let start = self.busy_until.max(now);
-        let finish = start + Duration::from_nanos(self.ser.ns(bytes, continuing));
-        self.busy_until = finish;
-        self.admitted += bytes as u64;
-        self.queue.push_back((finish, self.admitted));
-        finish
-    }
-
-    /// When the backlog will have fallen to `level` if nothing more arrives.
-    fn time_to_drain_to(&self, level: u64) -> Option<Instant> {
-        if self.backlog() <= level {
-            return None;
-        }
-        let i = self
-            .queue
-            .partition_point(|&(_, cum)| self.admitted - cum > level);
-        self.queue.get(i).map(|&(t, _)| t)
-    }
-}
-
 struct Sender {
     cc: Box<dyn RateControl>,
     pacer: Pacer,
@@ -554,7 +486,8 @@ struct Sim {
     heap: BinaryHeap<Event>,
     seq: u64,
     senders: Vec<Sender>,
-    port: Port,
+    /// The switch port: one FIFO shared by all flows, draining at `link_bps`.
+    port: EgressQueue,
     rng: SplitMix64,
     paused: bool,
     paused_since: Instant,
@@ -626,7 +559,8 @@ impl Sim {
             s.cc.on_sent(now, frame);
             s.pacer.set_rate(now, s.cc.rate_bps());
             let continuing = s.nic_free >= now;
-            s.nic_free = now + Duration::from_nanos(s.nic.ns(frame, continuing));
+            let ns = s.nic.ns(self.cfg.link_bps, frame as u64, continuing);
+            s.nic_free = now + Duration::from_nanos(ns);
             s.totals.sent += 1;
             s.last_arrival = s.last_arrival.max(s.nic_free + leg + extra);
             arrive = Some(s.last_arrival);
@@ -639,23 +573,18 @@ impl Sim {
 
     fn arrive(&mut self, i: usize, now: Instant) {
         let frame = self.cfg.frame_bytes;
-        self.port.expire(now);
-        let q = self.port.backlog();
-        if q > 0 && q + frame as u64 > self.cfg.buffer_bytes {
-            self.senders[i].totals.dropped += 1;
-            return;
-        }
-        let marked = match self.cfg.red {
-            Some(red) => {
-                let p = red.probability(usize::try_from(q).unwrap_or(usize::MAX));
-                // Draw only when it matters, so runs without marking use no randomness.
-                p > 0.0 && self.rng.chance(p)
+        // The queue draws only when marking is possible, so runs without marking use no
+        // randomness.
+        let rng = &mut self.rng;
+        let (marked, finish) = match self.port.offer(now, frame as u64, || rng.next_u64()) {
+            Verdict::Dropped { .. } => {
+                self.senders[i].totals.dropped += 1;
+                return;
             }
-            None => false,
+            Verdict::Queued { mark, finish, .. } => (mark, finish),
         };
-        let finish = self.port.enqueue(now, frame);
         let delivered = finish + self.leg;
-        let depth = self.port.backlog();
+        let depth = self.port.backlog(now);
         self.result.max_queue_bytes = self.result.max_queue_bytes.max(depth);
         let bin = (now.as_nanos() / self.bin_ns) as usize;
         if let Some(m) = self.result.queue_max_bins.get_mut(bin) {
@@ -684,13 +613,13 @@ impl Sim {
                 self.push(now + self.leg, Kind::Pause);
             }
             if self.pfc_asserted && self.pfc_check_at.is_none() {
-                self.arm_pfc_check(pfc);
+                self.arm_pfc_check(now, pfc);
             }
         }
     }
 
-    fn arm_pfc_check(&mut self, pfc: Pfc) {
-        if let Some(t) = self.port.time_to_drain_to(pfc.xon_bytes) {
+    fn arm_pfc_check(&mut self, now: Instant, pfc: Pfc) {
+        if let Some(t) = self.port.drain_time(now, pfc.xon_bytes) {
             self.pfc_check_at = Some(t);
             self.push(t, Kind::PfcCheck);
         }
@@ -703,11 +632,11 @@ impl Sim {
         if !self.pfc_asserted {
             return;
         }
-        if self.port.backlog() <= pfc.xon_bytes {
+        if self.port.backlog(now) <= pfc.xon_bytes {
             self.pfc_asserted = false;
             self.push(now + self.leg, Kind::Resume);
         } else {
-            self.arm_pfc_check(pfc);
+            self.arm_pfc_check(now, pfc);
         }
     }
 
@@ -738,10 +667,10 @@ impl Sim {
             .get(idx)
             .copied()
             .unwrap_or(0)
-            .max(self.port.backlog());
+            .max(self.port.backlog(now));
         self.result.samples.push(Sample {
             t: now,
-            queue_bytes: self.port.backlog(),
+            queue_bytes: self.port.backlog(now),
             queue_max_bytes: queue_max,
             pfc_paused: self.paused,
             flows,
@@ -829,10 +758,7 @@ pub fn run(cfg: &IncastConfig) -> Result<IncastResult, String> {
                 np: NotificationPoint::new(cfg.np_interval),
                 start: cfg.start_of(i),
                 nic_free: Instant::ZERO,
-                nic: Serialiser {
-                    bps: cfg.link_bps,
-                    carry: 0,
-                },
+                nic: Serialiser::default(),
                 last_arrival: Instant::ZERO,
                 gen: 0,
                 wake_at: None,
@@ -857,13 +783,11 @@ pub fn run(cfg: &IncastConfig) -> Result<IncastResult, String> {
         heap: BinaryHeap::new(),
         seq: 0,
         senders,
-        port: Port {
-            ser: Serialiser {
-                bps: cfg.link_bps,
-                carry: 0,
-            },
-            ..Port::default()
-        },
+        port: EgressQueue::new(EgressConfig {
+            rate_bps: Some(cfg.link_bps),
+            limit_bytes: Some(cfg.buffer_bytes),
+            red: cfg.red,
+        }),
         rng: SplitMix64::new(cfg.seed),
         paused: false,
         paused_since: Instant::ZERO,

@@ -9,6 +9,8 @@ pub mod fabric;
 pub mod incast;
 pub mod net;
 pub mod pair;
+pub mod queue;
 
 pub use net::*;
 pub use pair::{Family, Pair};
+pub use queue::{Admission, EgressConfig, EgressQueue, Verdict};

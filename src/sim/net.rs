@@ -76,13 +76,15 @@
 //! assert!(net.poll_deliver(t).is_none());
 //! ```
 
+pub use super::queue::Red;
+use super::queue::{hit, unit_f64, EgressConfig, EgressQueue, Verdict};
 use crate::time::{Duration, Instant};
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
 use crate::wire::ip::{read_ecn, set_ecn};
 use crate::wire::Ecn;
 use core::cmp::Ordering;
 use core::fmt;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// The SplitMix64 increment (the golden ratio in 64 bits).
 const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -98,22 +100,10 @@ const fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A uniform `f64` in `[0, 1)` from the top 53 bits of `x`.
-#[inline]
-fn unit_f64(x: u64) -> f64 {
-    (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
 /// A value in `0..n` from `x` (Lemire's multiply-shift; the bias is below `n / 2^64`).
 #[inline]
 fn scale(x: u64, n: u64) -> u64 {
     ((u128::from(x) * u128::from(n)) >> 64) as u64
-}
-
-/// True with probability `p` given a uniform `x`. `p <= 0` (or NaN) never, `p >= 1` always.
-#[inline]
-fn hit(x: u64, p: f64) -> bool {
-    p > 0.0 && (p >= 1.0 || unit_f64(x) < p)
 }
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): a tiny, fast, seedable PRNG whose every seed,
@@ -231,44 +221,6 @@ impl fmt::Debug for EndpointId {
 impl fmt::Display for EndpointId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
-    }
-}
-
-/// RED-style ECN marking by instantaneous queue depth, as DCQCN switches do: no marking at or
-/// below `kmin_bytes` of backlog, a probability rising linearly to `pmax` at `kmax_bytes`,
-/// and every ECT frame marked above `kmax_bytes`. The depth is the backlog the frame finds
-/// on arrival, itself not included.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Red {
-    /// Backlog at or below which nothing is marked.
-    pub kmin_bytes: usize,
-    /// Backlog above which every ECT frame is marked.
-    pub kmax_bytes: usize,
-    /// Marking probability at `kmax_bytes`.
-    pub pmax: f64,
-}
-
-impl Red {
-    /// A RED profile.
-    pub const fn new(kmin_bytes: usize, kmax_bytes: usize, pmax: f64) -> Self {
-        Red {
-            kmin_bytes,
-            kmax_bytes,
-            pmax,
-        }
-    }
-
-    /// The marking probability for a frame that finds `queue_bytes` of backlog.
-    pub fn probability(&self, queue_bytes: usize) -> f64 {
-        if queue_bytes <= self.kmin_bytes {
-            0.0
-        } else if queue_bytes > self.kmax_bytes {
-            1.0
-        } else {
-            // kmin < queue <= kmax, so the span is positive.
-            let span = (self.kmax_bytes - self.kmin_bytes) as f64;
-            self.pmax * (queue_bytes - self.kmin_bytes) as f64 / span
-        }
     }
 }
 
@@ -462,51 +414,17 @@ struct Link {
     config: LinkConfig,
     stream: Stream,
     stats: LinkStats,
-    /// When the last admitted frame finishes serialising.
-    busy_until: Instant,
-    /// Sub-nanosecond remainder of serialisation times, in units of 1/bps ns, carried from
-    /// frame to frame while the link stays busy so that the long-run rate is exact.
-    carry: u64,
-    /// Frames not yet fully serialised: (finish time, `admitted` just after this frame).
-    queue: VecDeque<(Instant, u64)>,
-    /// Bytes ever admitted into `queue`.
-    admitted: u64,
-    /// Bytes of the frames that have left `queue`.
-    departed: u64,
+    /// The link's queue and serialisation (configured from `config` at every send).
+    queue: EgressQueue,
 }
 
-impl Link {
-    /// Retire the frames whose serialisation ended at or before `now`.
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(finish, cum)) = self.queue.front() {
-            if finish > now {
-                break;
-            }
-            self.departed = cum;
-            self.queue.pop_front();
-        }
-    }
-
-    /// The backlog at `now` without retiring anything.
-    fn backlog_at(&self, now: Instant) -> u64 {
-        let done = self.queue.partition_point(|&(finish, _)| finish <= now);
-        let departed = match done {
-            0 => self.departed,
-            i => self.queue[i - 1].1,
-        };
-        self.admitted - departed
-    }
-
-    /// Nanoseconds to serialise `len` bytes at the current rate, carrying the remainder.
-    fn serialisation_ns(&mut self, len: usize) -> u64 {
-        match self.config.bandwidth_bps {
-            Some(bps) if bps > 0 => {
-                let num = len as u128 * 8 * 1_000_000_000 + u128::from(self.carry);
-                let bps = u128::from(bps);
-                self.carry = (num % bps) as u64;
-                u64::try_from(num / bps).unwrap_or(u64::MAX)
-            }
-            _ => 0,
+impl LinkConfig {
+    /// The queue part of the configuration.
+    fn egress(&self) -> EgressConfig {
+        EgressConfig {
+            rate_bps: self.bandwidth_bps,
+            limit_bytes: self.queue_limit_bytes.map(|l| l as u64),
+            red: self.red,
         }
     }
 }
@@ -612,11 +530,7 @@ impl Network {
             config,
             stream: Stream::new(self.seed, from, to),
             stats: LinkStats::default(),
-            busy_until: Instant::ZERO,
-            carry: 0,
-            queue: VecDeque::new(),
-            admitted: 0,
-            departed: 0,
+            queue: EgressQueue::new(config.egress()),
         });
         self.index.insert((from, to), i);
     }
@@ -668,43 +582,24 @@ impl Network {
         link.stats.sent += 1;
         link.stats.bytes_sent += len;
 
-        // 1. The queue.
-        link.expire(now);
-        let backlog = link.admitted - link.departed;
-        if let Some(limit) = cfg.queue_limit_bytes {
-            if backlog > 0 && backlog + len > limit as u64 {
+        // 1. The queue: tail drop, RED by the backlog the frame finds, serialisation.
+        link.queue.set_config(cfg.egress());
+        let (red_mark, finish) = match link.queue.offer(now, len, || stream.draw(n, Slot::Red)) {
+            Verdict::Dropped { .. } => {
                 link.stats.dropped_queue += 1;
                 return;
             }
-        }
+            Verdict::Queued { mark, finish, .. } => (mark, finish),
+        };
+        link.stats.max_queue_bytes = link.queue.max_backlog();
 
-        // 2. Marking, by the queue the frame joins.
-        let mut mark = hit(stream.draw(n, Slot::CeMark), cfg.ce_mark);
-        if let Some(red) = cfg.red {
-            let depth = usize::try_from(backlog).unwrap_or(usize::MAX);
-            mark |= hit(stream.draw(n, Slot::Red), red.probability(depth));
-        }
+        // 2. Marking, by the queue the frame joins or at random.
+        let mark = hit(stream.draw(n, Slot::CeMark), cfg.ce_mark) | red_mark;
         if mark && mark_ce(&mut frame) {
             link.stats.ce_marked += 1;
         }
 
-        // 3. Serialisation.
-        let start = if now > link.busy_until {
-            link.carry = 0;
-            now
-        } else {
-            link.busy_until
-        };
-        let finish = start + Duration::from_nanos(link.serialisation_ns(frame.len()));
-        link.busy_until = finish;
-        if finish > now {
-            link.admitted += len;
-            link.queue.push_back((finish, link.admitted));
-            let depth = link.admitted - link.departed;
-            link.stats.max_queue_bytes = link.stats.max_queue_bytes.max(depth);
-        }
-
-        // 4. The wire.
+        // 3. The wire.
         if hit(stream.draw(n, Slot::Loss), cfg.loss) {
             link.stats.dropped_loss += 1;
             return;
@@ -715,7 +610,7 @@ impl Network {
             link.stats.corrupted += 1;
         }
 
-        // 5. Arrival.
+        // 4. Arrival.
         let arrive = finish + cfg.latency;
         let mut at = arrive + jitter(stream.draw(n, Slot::Jitter), cfg.jitter);
         if hit(stream.draw(n, Slot::Reorder), cfg.reorder) {
@@ -801,7 +696,7 @@ impl Network {
     /// If there is no such link.
     #[track_caller]
     pub fn queue_bytes(&self, from: EndpointId, to: EndpointId, now: Instant) -> u64 {
-        self.links[self.link_index(from, to)].backlog_at(now)
+        self.links[self.link_index(from, to)].queue.backlog(now)
     }
 
     /// When the link `from → to` finishes serialising what it holds (its idle time, if that
@@ -811,7 +706,7 @@ impl Network {
     /// If there is no such link.
     #[track_caller]
     pub fn busy_until(&self, from: EndpointId, to: EndpointId) -> Instant {
-        self.links[self.link_index(from, to)].busy_until
+        self.links[self.link_index(from, to)].queue.busy_until()
     }
 }
 
