@@ -9,7 +9,9 @@
 //! Throughput lines (`frames/s`) are printed, not asserted: run with `--nocapture` to see
 //! them.
 
-use ferroce::io::enter_netns;
+mod common;
+
+use common::net::{prime_neighbours, require_root, spawn_in_ns};
 use ferroce::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, Medium, PacketDevice};
 use ferroce::io::{UdpConfig, UdpDevice};
 use ferroce::wire::*;
@@ -17,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::process::Command;
 use std::sync::mpsc;
 use std::sync::Mutex;
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 const PREFIX: &str = "fp";
@@ -37,21 +39,6 @@ fn b6() -> Ipv6Addr {
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-fn require_root() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("?")
-        .to_string();
-    assert!(
-        euid == "0",
-        "tests/packet_backends.rs must run as root (network namespaces, AF_PACKET); \
-         effective uid is {euid}. Run `sudo cargo test --release --test packet_backends`."
-    );
-}
-
 /// The testbed, up for the life of the value.
 struct Testbed {
     _lock: std::sync::MutexGuard<'static, ()>,
@@ -69,7 +56,10 @@ fn testbed_cmd(args: &[&str]) -> std::process::Output {
 
 impl Testbed {
     fn up(extra: &[&str]) -> Testbed {
-        require_root();
+        require_root(
+            "packet_backends",
+            "network namespaces, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_RAW",
+        );
         let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut args = vec!["up", "--force"];
         args.extend_from_slice(extra);
@@ -81,7 +71,18 @@ impl Testbed {
             String::from_utf8_lossy(&out.stderr)
         );
         let tb = Testbed { _lock: lock };
-        prime_neighbours();
+        // R resolves A and B (v4 and v6), so that no frame of a burst waits for ARP/ND.
+        prime_neighbours(
+            &[
+                (&host_ns('a'), IpAddr::V4(B4)),
+                (&host_ns('a'), IpAddr::V6(b6())),
+                (&host_ns('b'), IpAddr::V4(A4)),
+                (&host_ns('b'), IpAddr::V6(a6())),
+            ],
+            &host_ns('r'),
+            &[A4.into(), B4.into(), a6().into(), b6().into()],
+            Duration::from_secs(10),
+        );
         tb
     }
 }
@@ -98,42 +99,9 @@ impl Drop for Testbed {
     }
 }
 
-/// Run `f` in a new thread inside namespace `<prefix><host>`.
-fn in_ns<T: Send + 'static>(host: char, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
-    let ns = format!("{PREFIX}{host}");
-    thread::Builder::new()
-        .name(ns.clone())
-        .spawn(move || {
-            enter_netns(&ns).unwrap_or_else(|e| panic!("enter {ns}: {e}"));
-            f()
-        })
-        .unwrap()
-}
-
-/// Resolve R's neighbour entries for A and B (v4 and v6) before a burst, so that no frame is
-/// lost waiting for ARP/ND in R.
-fn prime_neighbours() {
-    for (host, dsts) in [
-        ('a', [IpAddr::V4(B4), IpAddr::V6(b6())]),
-        ('b', [IpAddr::V4(A4), IpAddr::V6(a6())]),
-    ] {
-        in_ns(host, move || {
-            for d in dsts {
-                let bind: IpAddr = if d.is_ipv4() {
-                    Ipv4Addr::UNSPECIFIED.into()
-                } else {
-                    Ipv6Addr::UNSPECIFIED.into()
-                };
-                let s = UdpSocket::bind((bind, 0)).unwrap();
-                for _ in 0..3 {
-                    let _ = s.send_to(b"prime", (d, 9));
-                }
-            }
-        })
-        .join()
-        .unwrap();
-    }
-    thread::sleep(Duration::from_millis(300));
+/// The namespace of host `a`, `b` or `r` (the router).
+fn host_ns(host: char) -> String {
+    format!("{PREFIX}{host}")
 }
 
 fn payload_for(psn: u32, len: usize) -> Vec<u8> {
@@ -294,7 +262,7 @@ fn exchange(
     want: usize,
 ) -> (Vec<Vec<u8>>, Box<dyn PacketDevice>) {
     let (ready_tx, ready_rx) = mpsc::channel();
-    let rx = in_ns(rx_host, move || {
+    let rx = spawn_in_ns(&host_ns(rx_host), move || {
         let mut dev = open_rx();
         ready_tx.send(()).unwrap();
         let got = collect(
@@ -308,7 +276,7 @@ fn exchange(
     ready_rx
         .recv_timeout(Duration::from_secs(5))
         .expect("receiver did not come up");
-    let tx = in_ns(tx_host, move || {
+    let tx = spawn_in_ns(&host_ns(tx_host), move || {
         let mut dev = open_tx();
         send_all(&mut *dev, &frames);
         dev
@@ -416,7 +384,7 @@ fn af_packet_a_to_b_through_r_with_filter() {
             // (A socket never sees its own transmissions anyway.) Nothing comes back from B:
             // its input drop means no ICMP either.
             let dst = if v6 { IpAddr::V6(b6()) } else { IpAddr::V4(B4) };
-            in_ns('a', move || {
+            spawn_in_ns(&host_ns('a'), move || {
                 let bind: IpAddr = if dst.is_ipv6() {
                     a6().into()
                 } else {
@@ -598,7 +566,7 @@ fn af_packet_to_udp_socket_solves_the_ident() {
         let expect = frames.clone();
         let (tx_rx, rx_rx) = mpsc::channel();
         // Receive with a concrete UdpDevice to read its ident statistics.
-        let rx = in_ns('b', move || {
+        let rx = spawn_in_ns(&host_ns('b'), move || {
             let local: IpAddr = if v6 { b6().into() } else { B4.into() };
             let mut dev = UdpDevice::open(&UdpConfig::new(local)).unwrap();
             tx_rx.send(()).unwrap();
@@ -611,9 +579,11 @@ fn af_packet_to_udp_socket_solves_the_ident() {
             (got, dev.ident_stats())
         });
         rx_rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        in_ns('a', move || send_all(&mut *afp("eth0", MMSG), &frames))
-            .join()
-            .unwrap();
+        spawn_in_ns(&host_ns('a'), move || {
+            send_all(&mut *afp("eth0", MMSG), &frames)
+        })
+        .join()
+        .unwrap();
         let (got, ids) = rx.join().unwrap();
         assert_eq!(got.len(), n as usize, "every datagram delivered (v6={v6})");
         let mut bad = 0;
@@ -723,7 +693,7 @@ fn udp_socket_to_af_packet_has_a_valid_icrc_on_the_wire() {
 fn rate(label: &str, open_rx: Opener, open_tx: Opener, frame: Vec<u8>, secs: f64) {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let rx = in_ns('b', move || {
+    let rx = spawn_in_ns(&host_ns('b'), move || {
         let mut dev = open_rx();
         ready_tx.send(()).unwrap();
         let mut n = 0u64;
@@ -752,7 +722,7 @@ fn rate(label: &str, open_rx: Opener, open_tx: Opener, frame: Vec<u8>, secs: f64
         (n, dt, dev.stats())
     });
     ready_rx.recv().unwrap();
-    let tx = in_ns('a', move || {
+    let tx = spawn_in_ns(&host_ns('a'), move || {
         let mut dev = open_tx();
         let start = Instant::now();
         let mut sent = 0u64;
@@ -791,7 +761,7 @@ fn rate(label: &str, open_rx: Opener, open_tx: Opener, frame: Vec<u8>, secs: f64
 /// Transmit-only rate of an AF_PACKET TX mode: frames go to a MAC nobody has, so R drops them
 /// on arrival and the sender's time is (almost) all its own TX path. Printed, not asserted.
 fn tx_only_rate(open_tx: Opener, secs: f64) -> (f64, String) {
-    in_ns('a', move || {
+    spawn_in_ns(&host_ns('a'), move || {
         let mut dev = open_tx();
         let frame = Spec {
             len: 1024,
@@ -892,7 +862,7 @@ fn throughput_1024_byte_payload_frames() {
 fn stress(open_tx: Opener, frames_total: u32) -> (u64, u64, u64, String) {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let rx = in_ns('b', move || {
+    let rx = spawn_in_ns(&host_ns('b'), move || {
         let mut dev = afp("eth0", MMSG);
         ready_tx.send(()).unwrap();
         let (mut ok, mut bad) = (0u64, 0u64);
@@ -926,7 +896,7 @@ fn stress(open_tx: Opener, frames_total: u32) -> (u64, u64, u64, String) {
         (ok, bad)
     });
     ready_rx.recv().unwrap();
-    let tx = in_ns('a', move || {
+    let tx = spawn_in_ns(&host_ns('a'), move || {
         let mut dev = open_tx();
         let mut psn = 0u32;
         let base = Spec {

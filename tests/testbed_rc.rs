@@ -62,8 +62,10 @@
 //! The QPs' local ACK timeout is [`ACK_TIMEOUT`] (a protocol parameter; see there why it is
 //! larger than perftest's). Rates are printed (`--nocapture`), never asserted.
 
+mod common;
+
+use common::net::{join, prime_neighbours, require_root, spawn_in_ns};
 use ferroce::io::backend::{self, BackendKind};
-use ferroce::io::enter_netns;
 use ferroce::io::netdev;
 use ferroce::io::{
     AfPacketConfig, AfPacketDevice, FaultConfig, FaultInjector, IoStats, PacketDevice, PcapTap,
@@ -122,23 +124,6 @@ const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_ATOMIC);
 
 // ---- root, testbed ---------------------------------------------------------------------------
-
-fn require_root() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("?")
-        .to_string();
-    assert!(
-        euid == "0",
-        "tests/testbed_rc.rs must run as root (network namespaces, BPF, AF_XDP, AF_PACKET: \
-         CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW); effective uid is {euid}. Run \
-         `sudo cargo test --release --test testbed_rc`. These tests fail instead of skipping so \
-         that a CI without root cannot pass them silently."
-    );
-}
 
 fn script() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/tools/testbed")
@@ -238,7 +223,11 @@ struct Bed {
 
 impl Bed {
     fn take(drop: InputDrop) -> Bed {
-        require_root();
+        require_root(
+            "testbed_rc",
+            "network namespaces, BPF, AF_XDP, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_ADMIN, \
+             CAP_BPF, CAP_NET_RAW",
+        );
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = UP.get_or_init(bring_up) {
             panic!("{e}");
@@ -254,7 +243,14 @@ impl Bed {
         for (host, on) in [("a", drop.a), ("b", drop.b)] {
             must_testbed(&["input-drop", if on { "on" } else { "off" }, host]);
         }
-        prime_neighbours();
+        // R resolves A and B (and A and B resolve R) before traffic, so that no frame waits
+        // for ARP in R.
+        prime_neighbours(
+            &[(NS_A, B4.into()), (NS_B, A4.into())],
+            NS_R,
+            &[A4.into(), B4.into()],
+            HANG,
+        );
         Bed { _serial: serial }
     }
 }
@@ -262,54 +258,6 @@ impl Bed {
 impl Drop for Bed {
     fn drop(&mut self) {
         let _ = testbed(&["loss", "0"]);
-    }
-}
-
-/// Run `f` in a new thread inside namespace `ns`.
-fn in_ns<T: Send + 'static>(
-    ns: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> thread::JoinHandle<T> {
-    thread::Builder::new()
-        .name(ns.to_string())
-        .spawn(move || {
-            enter_netns(ns).unwrap_or_else(|e| panic!("enter_netns({ns}): {e}"));
-            f()
-        })
-        .expect("spawn")
-}
-
-fn join<T>(h: thread::JoinHandle<T>) -> T {
-    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
-}
-
-/// Make R resolve A and B (and A and B resolve R) before traffic, so that no frame waits for
-/// ARP in R: a datagram to the discard port each way.
-fn prime_neighbours() {
-    for (ns, dst) in [(NS_A, B4), (NS_B, A4)] {
-        join(in_ns(ns, move || {
-            let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
-            for _ in 0..2 {
-                let _ = s.send_to(b"prime", (dst, 9));
-            }
-        }));
-    }
-    let t0 = Instant::now();
-    loop {
-        let out = Command::new("ip")
-            .args(["-n", NS_R, "neigh", "show"])
-            .output()
-            .expect("ip neigh");
-        let s = String::from_utf8_lossy(&out.stdout);
-        let known = |ip: &str| {
-            s.lines()
-                .any(|l| l.starts_with(&format!("{ip} ")) && l.contains("lladdr"))
-        };
-        if known("10.61.1.2") && known("10.61.2.2") {
-            return;
-        }
-        assert!(t0.elapsed() < HANG, "R never resolved A and B:\n{s}");
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -485,8 +433,8 @@ fn host(
 fn connect(a: Spec, b: Spec) -> Pair {
     let (a_tx, b_rx) = mpsc::channel();
     let (b_tx, a_rx) = mpsc::channel();
-    let ha = in_ns(a.ns, move || host(a, a_tx, a_rx));
-    let hb = in_ns(b.ns, move || host(b, b_tx, b_rx));
+    let ha = spawn_in_ns(a.ns, move || host(a, a_tx, a_rx));
+    let hb = spawn_in_ns(b.ns, move || host(b, b_tx, b_rx));
     let (ra, rb) = (join(ha), join(hb));
     match (ra, rb) {
         (Ok(a), Ok(b)) => Pair { a, b },
@@ -1531,7 +1479,7 @@ fn garbage_during_transfer(kind: BackendKind) {
     let (b_qp, b_addr, b_rkey) = (p.b.qp, p.b.mr.addr(), p.b.mr.rkey());
     let injector = {
         let (stop, started, done) = (stop.clone(), started.clone(), done.clone());
-        in_ns(NS_R, move || {
+        spawn_in_ns(NS_R, move || {
             // Start once the transfer is under way.
             while started.load(Ordering::Acquire) < 4 && !stop.load(Ordering::Acquire) {
                 thread::sleep(Duration::from_millis(1));

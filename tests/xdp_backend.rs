@@ -23,8 +23,10 @@
 //!
 //! It prints the throughput A→B for 1024-byte-payload frames (not asserted).
 
+mod common;
+
+use common::net::{in_ns, require_root};
 use ferroce::io::ebpf::{self, action};
-use ferroce::io::enter_netns;
 use ferroce::io::{
     AttachMethod, PacketDevice, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy,
 };
@@ -46,21 +48,6 @@ const A_V4: Ipv4Addr = Ipv4Addr::new(10, 61, 1, 2);
 const B_V4: Ipv4Addr = Ipv4Addr::new(10, 61, 2, 2);
 const A_V6: Ipv6Addr = Ipv6Addr::new(0xfd61, 1, 0, 0, 0, 0, 0, 2);
 const B_V6: Ipv6Addr = Ipv6Addr::new(0xfd61, 2, 0, 0, 0, 0, 0, 2);
-
-fn require_root() {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("Uid line");
-    assert_eq!(
-        euid, "0",
-        "tests/xdp_backend.rs needs root (network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, \
-         CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW). Run it as root: this test fails instead of \
-         skipping so that a CI without root cannot pass it silently."
-    );
-}
 
 fn run(cmd: &[&str]) -> (bool, String) {
     let out = Command::new(cmd[0])
@@ -107,16 +94,6 @@ impl Drop for Testbed {
     fn drop(&mut self) {
         let _ = run(&[&self.script, "down", "--prefix", PREFIX]);
     }
-}
-
-/// Run `f` in a fresh thread inside network namespace `ns`.
-fn in_ns<T: Send + 'static>(ns: &'static str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        enter_netns(ns).unwrap_or_else(|e| panic!("enter_netns({ns}): {e}"));
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
 }
 
 fn open(ns: &'static str, all: bool, opts: XdpOptions) -> XdpDevice {
@@ -508,7 +485,10 @@ fn throughput(a: XdpDevice, b: XdpDevice, secs: f64) -> (XdpDevice, XdpDevice) {
 
 #[test]
 fn af_xdp_between_two_namespaces() {
-    require_root();
+    require_root(
+        "xdp_backend",
+        "network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW",
+    );
     let tb = Testbed::up();
 
     // Errors are clear.
@@ -763,7 +743,10 @@ fn af_xdp_between_two_namespaces() {
 
 #[test]
 fn a_rejected_program_comes_with_the_verifier_log() {
-    require_root();
+    require_root(
+        "xdp_backend",
+        "network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW",
+    );
     // `exit` without setting R0: the verifier refuses ("R0 !read_ok").
     let exit = [ebpf::Insn {
         code: 0x95,

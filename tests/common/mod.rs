@@ -1,5 +1,8 @@
-//! Shared helpers for the RC tests over the simulator.
+//! Shared helpers of the integration tests: the RC tests over the simulator (here) and the
+//! tests that run as root in network namespaces ([`net`]).
 #![allow(dead_code)]
+
+pub mod net;
 
 use ferroce::sim::{LinkConfig, Pair};
 use ferroce::time::Duration;
