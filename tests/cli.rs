@@ -482,3 +482,90 @@ fn inspect_stops_quietly_when_its_reader_goes_away() {
     assert!(err.is_empty(), "{err}");
     assert_eq!(o.status.code(), Some(0));
 }
+
+#[test]
+fn devinfo_port_state_follows_the_interface() {
+    // Needs root (a network namespace with its loopback and a veth pair).
+    let ns = format!("fdv{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| {
+        let o = sh(&[&["ip", "-n", &ns][..], args].concat());
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let added = sh(&["ip", "netns", "add", &ns]);
+    assert!(
+        added.status.success(),
+        "ip netns add (needs root): {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let devinfo = |dev: &str| {
+        let o = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            env!("CARGO_BIN_EXE_ferroce"),
+            "devinfo",
+            "-v",
+            "-d",
+            dev,
+        ]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let state = |text: &str| -> String {
+        text.lines()
+            .filter(|l| l.contains("state:") || l.contains("netdev:"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
+    let down = devinfo("ferroce_lo"); // a new namespace's loopback is down; the hca_id
+    ip(&["link", "set", "lo", "up"]);
+    let up = devinfo("lo"); // the interface name
+    ip(&["link", "set", "v0", "up"]); // its peer v1 stays down: no carrier
+    let no_carrier = devinfo("ferroce_v0");
+    ip(&["link", "set", "v1", "up"]);
+    let both_up = devinfo("v0");
+    let _ = sh(&["ip", "netns", "del", &ns]);
+    for (text, port, phys, link) in [
+        (&down, "PORT_DOWN (1)", "DISABLED (3)", "down)"),
+        (&up, "PORT_ACTIVE (4)", "LINK_UP (5)", "up)"),
+        (
+            &no_carrier,
+            "PORT_DOWN (1)",
+            "DISABLED (3)",
+            "up, no carrier)",
+        ),
+        (&both_up, "PORT_ACTIVE (4)", "LINK_UP (5)", "up)"),
+    ] {
+        let s = state(text);
+        assert!(s.contains(&format!("state: {port}")), "{s}\n{text}");
+        assert!(s.contains(&format!("phys_state: {phys}")), "{s}");
+        assert!(s.ends_with(link), "{s}");
+    }
+    assert!(down.starts_with("hca_id:\tferroce_lo\n"), "{down}");
+}
+
+#[test]
+fn devinfo_names_its_devices_and_lists_them() {
+    let (code, list, _) = ferroce(&["devinfo", "-l"]);
+    assert_eq!(code, 0);
+    let names: Vec<&str> = list.lines().skip(1).map(str::trim).collect();
+    assert!(list.starts_with(&format!("{} HCA", names.len())), "{list}");
+    assert!(names.contains(&"ferroce_lo"), "{list}");
+    // -d takes the name it prints and the interface's, with the same result.
+    let (c1, by_hca, _) = ferroce(&["devinfo", "-d", "ferroce_lo"]);
+    let (c2, by_if, _) = ferroce(&["devinfo", "-d", "lo"]);
+    assert_eq!((c1, c2), (0, 0));
+    assert_eq!(by_hca, by_if);
+    assert!(by_hca.starts_with("hca_id:\tferroce_lo\n"), "{by_hca}");
+    // Loopback is up and running.
+    assert!(
+        by_hca.contains("\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"),
+        "{by_hca}"
+    );
+}

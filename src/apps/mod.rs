@@ -6,6 +6,7 @@
 pub mod addr;
 pub mod cc_csv;
 pub mod demo;
+pub mod devinfo;
 pub mod incast;
 pub mod incast_plot;
 pub mod inspect;

@@ -1,4 +1,4 @@
-//! The command-line tools' logic (`ferroce perf`, `ferroce devinfo`), kept in the library so
+//! The command-line tools' logic (`ferroce perf`, `ferroce pingpong`), kept in the library so
 //! that it is tested like the rest; `src/bin/ferroce.rs` only parses arguments.
 
 use crate::apps::cc_csv;
@@ -273,52 +273,33 @@ pub fn run_perf(o: &PerfRun, out: &mut dyn Write) -> Result<(), String> {
     Ok(())
 }
 
-/// `ferroce devinfo`: devices, ports and GID tables, in the spirit of `ibv_devinfo -v`.
-pub fn devinfo(only: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
-    let devs: Vec<Netdev> = match only {
-        Some(n) => vec![netdev::netdev(n).map_err(|e| e.to_string())?],
-        None => netdev::netdevs(),
-    };
-    for d in devs {
-        let mtu = d.mtu.unwrap_or(1500);
-        writeln!(out, "hca_id:\tferroce_{}\n\ttransport:\t\t\tInfiniBand (0)\n\tnode_guid:\t\t\t{}\n\tvendor_id:\t\t\t0x0000\n\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t{} ({})\n\t\t\tlink_layer:\t\tEthernet\n\t\t\tnetdev:\t\t\t{} (mtu {mtu}, {})",
-            d.name, guid(&d.mac), netdev::ib_mtu_for(mtu).bytes(), netdev::ib_mtu_for(mtu).to_ibv(), d.name, d.mac).ok();
-        for (i, g) in d.gids.iter().enumerate() {
-            let gid = gid_of(*g);
-            let s: Vec<String> = gid
-                .chunks(2)
-                .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-                .collect();
-            writeln!(out, "\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({g})", s.join(":")).ok();
-        }
-        let live = live_counters(&d.name);
-        if live.is_empty() {
-            writeln!(
-                out,
-                "\t\t\tcounters:\t\tno ferroce process running on {}",
-                d.name
-            )
-            .ok();
-        }
-        for j in live {
-            let age = unix_now() - j["updated_unix"].as_f64().unwrap_or(0.0);
-            writeln!(
-                out,
-                "\t\t\tcounters:\t\tpid {} ({}, {}, {age:.1} s ago)",
-                j["pid"],
-                j["tool"].as_str().unwrap_or("?"),
-                j["backend"].as_str().unwrap_or("?")
-            )
-            .ok();
-            for key in ["qp_counters", "device_counters", "io"] {
-                if let Some(m) = j[key].as_object() {
-                    let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    writeln!(out, "\t\t\t  {key}: {}", kv.join(" ")).ok();
-                }
+/// The live counters of the `ferroce perf` processes running on `dev` in this namespace, as
+/// `ferroce devinfo` prints them below the device (one `counters:` line per process, then its
+/// QP, device and I/O counters), or a line saying there is none.
+pub(crate) fn live_counter_lines(dev: &str) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let live = live_counters(dev);
+    if live.is_empty() {
+        let _ = writeln!(s, "\t\t\tcounters:\t\tno ferroce process running on {dev}");
+    }
+    for j in live {
+        let age = unix_now() - j["updated_unix"].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            s,
+            "\t\t\tcounters:\t\tpid {} ({}, {}, {age:.1} s ago)",
+            j["pid"],
+            j["tool"].as_str().unwrap_or("?"),
+            j["backend"].as_str().unwrap_or("?")
+        );
+        for key in ["qp_counters", "device_counters", "io"] {
+            if let Some(m) = j[key].as_object() {
+                let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(s, "\t\t\t  {key}: {}", kv.join(" "));
             }
         }
     }
-    Ok(())
+    s
 }
 
 /// perf's ` counters:` line (the part printed after a failure too; see `tools/interop-rxe`).
@@ -377,20 +358,6 @@ fn live_counters(dev: &str) -> Vec<serde_json::Value> {
         .collect();
     v.sort_by_key(|j| j["pid"].as_u64());
     v
-}
-
-/// The EUI-64 node GUID of a MAC address, as Linux derives it.
-fn guid(m: &MacAddr) -> String {
-    let b = m.0;
-    format!(
-        "{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
-        b[0] ^ 2,
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5]
-    )
 }
 
 /// The perftest port.

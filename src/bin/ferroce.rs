@@ -61,11 +61,22 @@ enum Cmd {
     Perf(PerfArgs),
     /// An RC ping-pong compatible with ibv_rc_pingpong (same flags, messages and output).
     Pingpong(PingpongArgs),
-    /// Devices, ports and GID tables (in the spirit of ibv_devinfo).
+    /// ferroce's devices (one per network interface, `ferroce_<interface>`), their port, GID
+    /// table and the live counters of running `ferroce perf` processes, in the shape of
+    /// ibv_devinfo.
     Devinfo {
-        /// Only this interface.
+        /// Only this device: `ferroce_<interface>` (as printed) or the interface name.
         #[arg(short = 'd', long = "ib-dev")]
         dev: Option<String>,
+        /// The port (only 1 exists; accepted for compatibility).
+        #[arg(short = 'i', long = "ib-port", value_parser = clap::value_parser!(u8).range(1..=1))]
+        _ib_port: Option<u8>,
+        /// More port attributes (GID table length, physical state).
+        #[arg(short, long)]
+        verbose: bool,
+        /// Print only the device names.
+        #[arg(short, long, conflicts_with = "verbose")]
+        list: bool,
     },
     /// Simulations that need no network: `ferroce sim incast`.
     Sim {
@@ -893,8 +904,11 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Devinfo { dev } => {
-            match ferroce::apps::tool::devinfo(dev.as_deref(), &mut io::stdout()) {
+        Cmd::Devinfo {
+            dev, verbose, list, ..
+        } => {
+            let o = ferroce::apps::devinfo::DevinfoOptions { dev, verbose, list };
+            match ferroce::apps::devinfo::run(&o, &mut io::stdout()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("ferroce: devinfo: {e}");
