@@ -344,6 +344,15 @@ impl Cm {
         Ok(id)
     }
 
+    /// Change a listener's backlog (REQs already waiting stay).
+    pub fn set_backlog(&mut self, id: ListenId, backlog: usize) -> Result<(), CmError> {
+        let sid = self.listen_ids.get(&id).ok_or(CmError::NoSuchListener)?;
+        if let Some(l) = self.listeners.get_mut(sid) {
+            l.backlog = backlog;
+        }
+        Ok(())
+    }
+
     /// Stop listening. Connections already handed to the consumer are not touched.
     pub fn unlisten(&mut self, id: ListenId) -> Result<(), CmError> {
         let sid = self.listen_ids.remove(&id).ok_or(CmError::NoSuchListener)?;

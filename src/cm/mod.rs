@@ -25,7 +25,9 @@
 //! a seed is configured.
 
 pub mod ib;
+pub mod rdma;
 pub mod types;
 
 pub use ib::{Cm, Transmit};
+pub use rdma::RdmaCm;
 pub use types::*;

@@ -7,6 +7,7 @@
 //! timers; tests read each side's events between steps and answer them, like an application.
 
 use super::net::{EndpointId, LinkConfig, Network};
+use crate::cm::rdma::RdmaCm;
 use crate::cm::{Cm, MadAddr, Transmit};
 use crate::time::{Duration, Instant};
 use crate::wire::mad::cm::CmMadRepr;
@@ -36,6 +37,21 @@ impl MadEndpoint for Cm {
     }
     fn handle_timeout(&mut self, now: Instant) {
         Cm::handle_timeout(self, now)
+    }
+}
+
+impl MadEndpoint for RdmaCm {
+    fn handle_mad(&mut self, now: Instant, src: MadAddr, bytes: &[u8]) {
+        RdmaCm::handle_mad(self, now, src, bytes)
+    }
+    fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        RdmaCm::poll_transmit(self, now)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        RdmaCm::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        RdmaCm::handle_timeout(self, now)
     }
 }
 
