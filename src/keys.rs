@@ -1,29 +1,46 @@
-//! Unpredictable identifiers for the protocol layers: communication IDs and transaction IDs
-//! of the connection manager (and any other key a layer below `verbs` needs).
+//! The one place the library draws what a peer must not guess: memory keys (L_Key, R_Key) and
+//! the virtual addresses of memory regions (`verbs::Device`), communication and transaction IDs
+//! (the connection manager), initial PSNs.
 //!
-//! A [`KeyGen`] is SplitMix64 (the same generator `verbs::Device` uses for memory keys) seeded
-//! from the operating system's per-process random source, or from a fixed seed for
-//! reproducible tests and simulations. It is not cryptographic: it makes identifiers that a
-//! peer cannot guess from the ones it has seen by counting, which is what the IBTA asks of
-//! communication IDs (a stale or forged message must not match a new connection by luck).
+//! A [`KeyGen`] is a [`SplitMix64`] stream seeded from the operating system's per-process
+//! random source, or from a fixed seed for reproducible tests and simulations. It is not
+//! cryptographic: it makes identifiers that a peer cannot guess from the ones it has seen by
+//! counting, which is what the IBTA asks of communication IDs (a stale or forged message must
+//! not match a new connection by luck), but a peer that sees a few outputs (keys travel in
+//! packets) could predict the next. Every such draw goes through this type, so that replacing
+//! the generator by a cryptographic one is a change here alone.
 
-/// A generator of 32- and 64-bit keys.
+use crate::rng::SplitMix64;
+
+/// A generator of keys and identifiers.
 #[derive(Clone, Debug)]
-pub struct KeyGen(u64);
+pub struct KeyGen(SplitMix64);
 
 impl KeyGen {
     /// A generator with a fixed seed (`Some`) or an unpredictable one (`None`).
     pub fn new(seed: Option<u64>) -> Self {
-        KeyGen(seed.unwrap_or_else(os_seed))
+        KeyGen(SplitMix64::new(seed.unwrap_or_else(os_seed)))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
+    }
+
+    /// A non-zero memory key for which `taken` is false: bits 16..48 of a draw (the bits
+    /// `verbs::Device` has always used, so a seeded device keeps its keys).
+    pub fn mr_key(&mut self, mut taken: impl FnMut(u32) -> bool) -> u32 {
+        loop {
+            let k = (self.next_u64() >> 16) as u32;
+            if k != 0 && !taken(k) {
+                return k;
+            }
+        }
+    }
+
+    /// A random 24-bit packet sequence number.
+    pub fn psn(&mut self) -> u32 {
+        (self.next_u64() >> 40) as u32
     }
 
     /// The next 32 random bits.
@@ -57,6 +74,18 @@ fn os_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draws_come_from_the_seeded_stream() {
+        // SplitMix64's reference outputs for seed 0 (see rng.rs), in the bits each draw uses.
+        let mut k = KeyGen::new(Some(0));
+        assert_eq!(
+            k.mr_key(|_| false),
+            (0xe220_a839_7b1d_cdaf_u64 >> 16) as u32
+        );
+        assert_eq!(k.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+        assert_eq!(k.psn(), 0x0006_c45d);
+    }
 
     #[test]
     fn seeded_is_reproducible_and_unseeded_differs() {

@@ -70,9 +70,9 @@ use ferroce::io::netdev;
 use ferroce::io::{
     AfPacketConfig, AfPacketDevice, FaultConfig, FaultInjector, IoStats, PacketDevice, PcapTap,
 };
-use ferroce::rc::counters::{DeviceCounters, QpCounters};
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
+use ferroce::verbs::{DeviceCounters, QpCounters};
 use ferroce::wire::{
     icrc, BthRepr, Ecn, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, MacAddr, Opcode, Psn,
     QpNumber, RethRepr, RoceRepr, UdpRepr, ROCE_V2_PORT,

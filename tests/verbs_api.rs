@@ -2,9 +2,9 @@
 
 mod common;
 use common::*;
-use ferroce::rc::state::ModifyQpError;
 use ferroce::sim::Pair;
 use ferroce::time::Duration;
+use ferroce::verbs::ModifyQpError;
 use ferroce::verbs::*;
 
 fn pair() -> (Pair, End, End) {

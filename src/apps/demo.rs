@@ -6,9 +6,9 @@
 use crate::apps::perf::{self, PerfConfig, Report, Test};
 use crate::io::{Loopback, PcapTap};
 use crate::oob::perftest::{Role, Session};
-use crate::rc::state::Mtu;
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::DeviceConfig;
+use crate::verbs::Mtu;
 use crate::wire::MacAddr;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};

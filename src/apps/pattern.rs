@@ -8,12 +8,7 @@
 //!   instead), so the bytes of a perftest peer's memory are known once the second it started
 //!   is known: [`find_glibc_seed`] finds it from the data.
 
-/// splitmix64's output function.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use crate::rng::{mix64 as mix, GAMMA};
 
 /// The page size whose first byte `ibv_rc_pingpong -c` checks (it must be 0).
 pub const PINGPONG_PAGE: usize = 4096;
@@ -21,9 +16,9 @@ pub const PINGPONG_PAGE: usize = 4096;
 /// Fill `buf` with message `index` of the pattern of `seed`. With `zero_pages`, the first byte of
 /// every 4 KiB page is 0 (what `ibv_rc_pingpong -c` checks on the server side).
 pub fn fill(buf: &mut [u8], seed: u64, index: u64, zero_pages: bool) {
-    let base = mix(seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let base = mix(seed ^ index.wrapping_mul(GAMMA));
     for (w, chunk) in buf.chunks_mut(8).enumerate() {
-        let v = mix(base.wrapping_add((w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        let v = mix(base.wrapping_add((w as u64).wrapping_mul(GAMMA)));
         chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
     }
     if zero_pages {

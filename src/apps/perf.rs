@@ -9,12 +9,12 @@
 
 use crate::oob::perftest::{BwReport, KeyMsg, Role, Session};
 use crate::oob::CmError;
-use crate::rc::state::{AccessFlags, Mtu, QpCap};
 use crate::runtime::Nic;
 use crate::verbs::{
     gid_of, ip_of_gid, Cq, MemoryRegion, RcParams, RecvWr, RemoteQp, SendFlags, SendOp, SendWr,
     Sge, VerbsError, WcStatus, WorkCompletion,
 };
+use crate::verbs::{AccessFlags, Mtu, QpCap};
 use crate::wire::{MacAddr, QpNumber, RKey};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};

@@ -7,9 +7,9 @@ use crate::io::backend::{self, BackendKind};
 use crate::io::netdev::{self, Netdev};
 use crate::io::{IoStats, PcapTap};
 use crate::oob::perftest::{Role, Session, PORT};
-use crate::rc::counters::{DeviceCounters, QpCounters};
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{gid_of, DeviceConfig};
+use crate::verbs::{DeviceCounters, QpCounters};
 use crate::wire::MacAddr;
 use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -373,7 +373,7 @@ pub struct PingpongRun {
     /// `-g`: GID index (default: the first IPv4 GID).
     pub gid_index: Option<u8>,
     /// `-m`
-    pub mtu: crate::rc::state::Mtu,
+    pub mtu: crate::verbs::Mtu,
     /// `-s`
     pub size: u32,
     /// `-r`
@@ -400,7 +400,7 @@ const SEND_WRID: u64 = 2;
 /// Run `ferroce pingpong`, compatible on the wire and in its output with `ibv_rc_pingpong`.
 pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), String> {
     use crate::oob::pingpong::{self as pp, Dest};
-    use crate::rc::state::{AccessFlags, QpCap};
+    use crate::verbs::{AccessFlags, QpCap};
     use crate::verbs::{RcParams, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus};
     use crate::wire::QpNumber;
     let dev = netdev::netdev(&o.dev).map_err(|e| e.to_string())?;

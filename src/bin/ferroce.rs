@@ -742,7 +742,7 @@ fn run_pingpong(a: PingpongArgs) -> ExitCode {
         dev: a.dev,
         backend: a.backend,
         gid_index: a.gid,
-        mtu: ferroce::rc::state::Mtu::from_bytes(a.mtu).unwrap_or_default(),
+        mtu: ferroce::verbs::Mtu::from_bytes(a.mtu).unwrap_or_default(),
         size: a.size,
         rx_depth: a.rx_depth,
         iters: a.iters.max(1),
@@ -769,7 +769,7 @@ fn parse_test(s: &str) -> Result<ferroce::apps::perf::Test, String> {
 
 fn parse_mtu(s: &str) -> Result<u32, String> {
     let v: u32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    ferroce::rc::state::Mtu::from_bytes(v)
+    ferroce::verbs::Mtu::from_bytes(v)
         .map(|_| v)
         .ok_or_else(|| format!("MTU {v} is not one of 256, 512, 1024, 2048, 4096"))
 }
@@ -783,7 +783,7 @@ fn run_perf(a: PerfArgs) -> ExitCode {
         iters: a.iters.unwrap_or(if is_bw { 5000 } else { 1000 }),
         duration: a.duration.map(std::time::Duration::from_secs),
         qps: a.qps.max(1),
-        mtu: ferroce::rc::state::Mtu::from_bytes(a.mtu).unwrap_or_default(),
+        mtu: ferroce::verbs::Mtu::from_bytes(a.mtu).unwrap_or_default(),
         tx_depth: a.tx_depth.max(1),
         report_gbits: a.report_gbits,
         cmp_swap: a.atomic == "CMP_AND_SWAP",

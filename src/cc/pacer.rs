@@ -161,7 +161,7 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::SplitMix64;
+    use crate::rng::SplitMix64;
 
     /// Send greedily (each packet at the first instant allowed) until `horizon_ns`;
     /// returns (bytes sent, instant of the last packet in ns).

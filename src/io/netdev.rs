@@ -72,8 +72,8 @@ pub fn netdevs() -> Vec<Netdev> {
 
 /// The path MTU (payload bytes per packet, an IBTA value) an Ethernet MTU allows, as Linux
 /// does for RoCE: 1500 → 1024, 9000 → 4096.
-pub fn ib_mtu_for(eth_mtu: u32) -> crate::rc::state::Mtu {
-    use crate::rc::state::Mtu;
+pub fn ib_mtu_for(eth_mtu: u32) -> crate::ib::Mtu {
+    use crate::ib::Mtu;
     // Room for IPv6 (40) + UDP (8) + BTH and the largest request headers (12 + 16 + 4) + ICRC (4).
     let room = eth_mtu.saturating_sub(40 + 8 + 32 + 4);
     [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256]
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn mtu_mapping() {
-        use crate::rc::state::Mtu;
+        use crate::ib::Mtu;
         assert_eq!(ib_mtu_for(1500), Mtu::M1024);
         assert_eq!(ib_mtu_for(9000), Mtu::M4096);
         assert_eq!(ib_mtu_for(4200), Mtu::M4096);

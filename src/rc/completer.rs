@@ -2,8 +2,9 @@
 //! or errors (IBTA 9.7.5.2, 9.9.2; the checks follow rxe's check-PSN → check-ACK → read /
 //! atomic / write-send → update order).
 
-use super::qp::{scatter, Ctx, Qp};
-use crate::verbs::WcStatus;
+use super::qp::Qp;
+use crate::ib::mr::scatter;
+use crate::ib::{Ctx, WcStatus};
 use crate::wire::{NakCode, OpFlags, Opcode, Psn, RoceRepr, Syndrome};
 
 /// What acknowledging up to a PSN found.
@@ -32,7 +33,7 @@ impl Qp {
             if !w.assigned {
                 break;
             }
-            if w.op.is_rd_atomic() {
+            if w.wqe.op.is_rd_atomic() {
                 if !p.before(w.first_psn) {
                     let mtu = self.mtu();
                     return Acked::Missing(w.first_psn.add(w.read_done / mtu));
@@ -135,7 +136,7 @@ impl Qp {
 
     /// A response packet (ACK, READ response, ATOMIC ACK) for this QP's requester.
     pub(crate) fn on_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
-        use crate::rc::state::QpState;
+        use crate::ib::QpState;
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.counters.state_drops += 1;
             return;
@@ -228,7 +229,7 @@ impl Qp {
             if !w.first_psn.before(p) {
                 return RespAt::Nowhere;
             }
-            if w.op.is_rd_atomic() {
+            if w.wqe.op.is_rd_atomic() {
                 // A later response arrived but this one's did not: resend it.
                 let q = w.first_psn.add(w.read_done / self.mtu());
                 self.gap_retry(ctx, q);
@@ -248,7 +249,7 @@ impl Qp {
             // this one is dropped; the retried request brings it again.
             RespAt::Gap => return,
             RespAt::Nowhere => {
-                if self.state == crate::rc::state::QpState::Err {
+                if self.state == crate::ib::QpState::Err {
                     return;
                 }
                 if self.sq.front().is_some_and(|w| w.first_psn.after(p)) {
@@ -261,7 +262,7 @@ impl Qp {
         }
         let mtu = self.mtu();
         let w = &self.sq[0];
-        if !w.op.is_read() {
+        if !w.wqe.op.is_read() {
             self.fail_head(ctx, WcStatus::BadRespErr);
             return;
         }
@@ -275,7 +276,7 @@ impl Qp {
             self.gap_retry(ctx, expected);
             return;
         }
-        let remaining = w.len - w.read_done;
+        let remaining = w.wqe.len - w.read_done;
         let last = remaining <= mtu;
         // After a retry two response streams may overlap: the retried request's (starting with
         // FIRST/ONLY at its PSN) and stragglers of the original (MIDDLE/LAST). Both carry the
@@ -298,7 +299,7 @@ impl Qp {
             self.fail_head(ctx, WcStatus::BadRespErr);
             return;
         }
-        if let Err(status) = scatter(ctx.mrs, &w.sges, u64::from(w.read_done), payload) {
+        if let Err(status) = scatter(ctx.mrs, &w.wqe.sges, u64::from(w.read_done), payload) {
             self.fail_head(ctx, status);
             return;
         }
@@ -318,14 +319,14 @@ impl Qp {
             // Out of order: dropped, the retry from the missing response is started.
             RespAt::Gap => return,
             RespAt::Nowhere => {
-                if self.state != crate::rc::state::QpState::Err {
+                if self.state != crate::ib::QpState::Err {
                     self.fail_head(ctx, WcStatus::BadRespErr);
                 }
                 return;
             }
         }
         let w = &self.sq[0];
-        let ok = w.op.is_atomic()
+        let ok = w.wqe.op.is_atomic()
             && w.first_psn == p
             && r.ext.aeth.is_some_and(|a| a.syndrome.is_ack())
             && r.ext.atomic_ack.is_some();
@@ -335,7 +336,7 @@ impl Qp {
         }
         let orig = r.ext.atomic_ack.unwrap_or(0);
         // The original value lands in local memory in host byte order, as rxe and mlx5 do.
-        if let Err(status) = scatter(ctx.mrs, &w.sges, 0, &orig.to_ne_bytes()) {
+        if let Err(status) = scatter(ctx.mrs, &w.wqe.sges, 0, &orig.to_ne_bytes()) {
             self.fail_head(ctx, status);
             return;
         }

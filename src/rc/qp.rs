@@ -1,16 +1,16 @@
 //! One RC queue pair: the state shared by its requester, completer and responder.
 
-use super::counters::{DeviceCounters, QpCounters};
-use super::state::{QpAttr, QpCap, QpState};
+use crate::ib::counters::QpCounters;
+use crate::ib::cq::Cq;
+use crate::ib::mr::{MrShared, Pd};
+use crate::ib::path::Path;
+use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::ib::wqe::{RecvWqe, SendWqe};
+use crate::ib::wr::SendOp;
+use crate::ib::{Ctx, QpAttr, QpCap, QpState};
 use crate::time::{Duration, Instant};
-use crate::verbs::cq::{Cq, CqState};
-use crate::verbs::mr::{MrShared, Pd};
-use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use crate::verbs::wr::{SendFlags, SendOp, Sge};
-use crate::verbs::MrTable;
-use crate::wire::{Ecn, MacAddr, Psn, QpNumber, RoceRepr};
+use crate::wire::{Psn, QpNumber, RoceRepr};
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Most PSNs a requester keeps unacknowledged by default: go-back-N resends up to this many
@@ -22,51 +22,10 @@ pub(crate) const ACKREQ_EVERY: u32 = 64;
 /// Bound on queued responses (ACKs, read replies) per QP: a flood of duplicates cannot grow it.
 pub(crate) const MAX_RESP_QUEUE: usize = 256;
 
-/// What the QPs of a device share while they run: memory regions, CQs, device counters, now.
-pub(crate) struct Ctx<'a> {
-    pub now: Instant,
-    pub mrs: &'a MrTable,
-    pub cqs: &'a mut [Option<CqState>],
-    pub dev: &'a mut DeviceCounters,
-}
-
-impl Ctx<'_> {
-    pub(crate) fn complete(&mut self, cq: Cq, wc: WorkCompletion) {
-        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
-            let before = c.overruns;
-            c.push(wc);
-            if c.overruns != before {
-                self.dev.cq_overruns += 1;
-            }
-        }
-    }
-}
-
-/// The resolved path of a connected QP: everything the outer headers need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Path {
-    pub src_mac: MacAddr,
-    pub dst_mac: MacAddr,
-    pub src_ip: IpAddr,
-    pub dst_ip: IpAddr,
-    pub udp_sport: u16,
-    pub dscp: u8,
-    pub ecn: Ecn,
-    pub hop_limit: u8,
-    pub flow_label: u32,
-}
-
-/// A posted send work request and its progress.
+/// An entry of the send queue: the posted request and the requester's progress on it.
 #[derive(Debug)]
-pub(crate) struct SendWqe {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub sges: Vec<Sge>,
-    pub flags: SendFlags,
-    /// Data copied at post time for INLINE requests.
-    pub inline: Option<Box<[u8]>>,
-    pub len: u32,
-    pub signaled: bool,
+pub(crate) struct SqEntry {
+    pub wqe: SendWqe,
     /// PSNs assigned (the WQE has been started).
     pub assigned: bool,
     pub first_psn: Psn,
@@ -77,37 +36,25 @@ pub(crate) struct SendWqe {
     /// READ: the PSN of the latest READ request sent for this WQE (a retry restarts the
     /// response sequence there with FIRST/ONLY).
     pub read_req_psn: Psn,
-    /// A local error found when the request was posted, reported when it is reached.
-    pub local_err: Option<WcStatus>,
 }
 
-impl SendWqe {
+impl SqEntry {
+    pub(crate) fn new(wqe: SendWqe) -> SqEntry {
+        SqEntry {
+            wqe,
+            assigned: false,
+            first_psn: Psn::default(),
+            npkts: 0,
+            read_done: 0,
+            read_req_psn: Psn::default(),
+        }
+    }
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts.saturating_sub(1))
     }
     pub(crate) fn contains(&self, p: Psn) -> bool {
         self.assigned && p.distance_from(self.first_psn) < self.npkts
     }
-    pub(crate) fn wc_opcode(&self) -> WcOpcode {
-        match self.op {
-            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
-                WcOpcode::Send
-            }
-            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-            SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
-            SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
-        }
-    }
-}
-
-/// A posted receive work request.
-#[derive(Debug)]
-pub(crate) struct RecvWqe {
-    pub wr_id: u64,
-    pub sges: Vec<Sge>,
-    pub len: u64,
-    pub local_err: Option<WcStatus>,
 }
 
 /// The requester's (and completer's) progress over the send queue.
@@ -230,7 +177,7 @@ pub(crate) struct Qp {
     pub state: QpState,
     pub attr: QpAttr,
     pub path: Option<Path>,
-    pub sq: VecDeque<SendWqe>,
+    pub sq: VecDeque<SqEntry>,
     pub rq: VecDeque<RecvWqe>,
     pub req: Requester,
     pub resp: Responder,
@@ -255,7 +202,7 @@ pub(crate) struct Qp {
     pub np: Option<crate::cc::dcqcn::NotificationPoint>,
     /// A CNP is owed to the peer.
     pub cnp_due: bool,
-    /// Delayed ACK ([`crate::verbs::DeviceConfig::ack_delay`]): a lone ACK waiting in the
+    /// Delayed ACK (the device's `ack_delay`): a lone ACK waiting in the
     /// response queue is held back until then, or until this QP sends a request packet (the
     /// ACK then follows it in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs;
     /// the requester's local ACK timeout (milliseconds) is far above the hold.
@@ -354,8 +301,8 @@ impl Qp {
     }
 
     /// Whether a send completion is generated for `w` on success.
-    fn signal(&self, w: &SendWqe) -> bool {
-        w.signaled || self.sq_sig_all
+    fn signal(&self, w: &SqEntry) -> bool {
+        w.wqe.signaled || self.sq_sig_all
     }
 
     /// Complete the oldest send WQE with `status` (pops it).
@@ -370,20 +317,20 @@ impl Qp {
         } else {
             self.req.send_idx -= 1;
         }
-        if w.assigned && w.op.is_rd_atomic() {
+        if w.assigned && w.wqe.op.is_rd_atomic() {
             self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
         }
         if status != WcStatus::Success || self.signal(&w) {
-            let byte_len = match w.op {
+            let byte_len = match w.wqe.op {
                 SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. } => 8,
-                _ => w.len,
+                _ => w.wqe.len,
             };
             ctx.complete(
                 self.send_cq,
                 WorkCompletion {
-                    wr_id: w.wr_id,
+                    wr_id: w.wqe.wr_id,
                     status,
-                    opcode: w.wc_opcode(),
+                    opcode: w.wqe.op.wc_opcode(),
                     byte_len: if status == WcStatus::Success {
                         byte_len
                     } else {
@@ -521,71 +468,5 @@ impl Qp {
     /// Whether a lone ACK is still held back at `now`.
     pub(crate) fn ack_held(&self, now: Instant) -> bool {
         self.ack_held_until().is_some_and(|t| now < t)
-    }
-}
-
-/// Gather `dst.len()` bytes starting at byte `off` of a scatter/gather list.
-pub(crate) fn gather(
-    mrs: &MrTable,
-    sges: &[Sge],
-    mut off: u64,
-    dst: &mut [u8],
-) -> Result<(), WcStatus> {
-    let mut done = 0usize;
-    for s in sges {
-        if done == dst.len() {
-            break;
-        }
-        let sl = u64::from(s.length);
-        if off >= sl {
-            off -= sl;
-            continue;
-        }
-        let take = ((sl - off) as usize).min(dst.len() - done);
-        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
-        let mo = mr
-            .offset_of(s.addr + off, take as u64)
-            .ok_or(WcStatus::LocProtErr)?;
-        dst[done..done + take].copy_from_slice(&mr.bytes()[mo..mo + take]);
-        done += take;
-        off = 0;
-    }
-    if done == dst.len() {
-        Ok(())
-    } else {
-        Err(WcStatus::LocLenErr)
-    }
-}
-
-/// Scatter `src` into a scatter/gather list starting at byte `off`.
-pub(crate) fn scatter(
-    mrs: &MrTable,
-    sges: &[Sge],
-    mut off: u64,
-    src: &[u8],
-) -> Result<(), WcStatus> {
-    let mut done = 0usize;
-    for s in sges {
-        if done == src.len() {
-            break;
-        }
-        let sl = u64::from(s.length);
-        if off >= sl {
-            off -= sl;
-            continue;
-        }
-        let take = ((sl - off) as usize).min(src.len() - done);
-        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
-        let mo = mr
-            .offset_of(s.addr + off, take as u64)
-            .ok_or(WcStatus::LocProtErr)?;
-        mr.bytes_mut()[mo..mo + take].copy_from_slice(&src[done..done + take]);
-        done += take;
-        off = 0;
-    }
-    if done == src.len() {
-        Ok(())
-    } else {
-        Err(WcStatus::LocLenErr)
     }
 }

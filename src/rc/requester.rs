@@ -1,9 +1,9 @@
 //! The requester: turns send WQEs into request packets (IBTA 9.7.4), and go-back-N
 //! retransmission from a PSN.
 
-use super::qp::{Ctx, PayloadSrc, Qp, TxDesc, ACKREQ_EVERY};
-use super::state::QpState;
-use crate::verbs::wr::{SendFlags, SendOp};
+use super::qp::{PayloadSrc, Qp, TxDesc, ACKREQ_EVERY};
+use crate::ib::wr::{SendFlags, SendOp};
+use crate::ib::{Ctx, QpState, WcStatus};
 use crate::wire::ext::{AtomicEthRepr, RethRepr};
 use crate::wire::{BthRepr, ExtRepr, Opcode, Psn, QpNumber, RoceRepr};
 
@@ -69,19 +69,19 @@ impl Qp {
             {
                 return false;
             }
-            return window_open || w.op.is_rd_atomic();
+            return window_open || w.wqe.op.is_rd_atomic();
         }
         if self.state == QpState::Sqd {
             return false;
         }
-        if w.local_err.is_some() {
+        if w.wqe.local_err.is_some() {
             // Reported once everything before it has completed.
             return self.req.una == self.req.next_psn;
         }
-        if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
+        if w.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
             return false;
         }
-        if w.op.is_rd_atomic() {
+        if w.wqe.op.is_rd_atomic() {
             return self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1));
         }
         self.req.next_psn.distance_from(self.req.una) < self.req.max_inflight
@@ -93,7 +93,7 @@ impl Qp {
         if let Some(w) = self.sq.get(idx) {
             if w.assigned {
                 let mtu = self.attr.path_mtu.bytes();
-                let (off, psn) = if w.op.is_read() {
+                let (off, psn) = if w.wqe.op.is_read() {
                     (w.read_done, w.first_psn.add(w.read_done / mtu))
                 } else {
                     (0, w.first_psn)
@@ -119,7 +119,7 @@ impl Qp {
         };
         self.enter_wqe(idx);
         let w = &self.sq[idx];
-        if !w.op.is_rd_atomic() {
+        if !w.wqe.op.is_rd_atomic() {
             let k = p.distance_from(w.first_psn);
             self.req.send_off = k * self.mtu();
             self.req.send_psn = p;
@@ -135,7 +135,7 @@ impl Qp {
         let mtu = self.mtu();
         let idx = self.req.send_idx;
         if !self.sq[idx].assigned {
-            if let Some(status) = self.sq[idx].local_err {
+            if let Some(status) = self.sq[idx].wqe.local_err {
                 // Everything before it has completed (requester_ready checked): report it.
                 self.complete_send_head(ctx, status);
                 self.enter_error(ctx);
@@ -145,10 +145,10 @@ impl Qp {
             let w = &mut self.sq[idx];
             w.assigned = true;
             w.first_psn = next;
-            w.npkts = psns_for(&w.op, w.len, mtu);
+            w.npkts = psns_for(&w.wqe.op, w.wqe.len, mtu);
             w.read_req_psn = next;
             self.req.next_psn = next.add(w.npkts);
-            if w.op.is_rd_atomic() {
+            if w.wqe.op.is_rd_atomic() {
                 self.req.rd_atomic_outstanding += 1;
             }
             self.enter_wqe(idx);
@@ -160,20 +160,20 @@ impl Qp {
         let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, dest, psn);
         let mut ext = ExtRepr::default();
         let (payload_len, payload, done_with_wqe, psns_used);
-        match w.op {
+        match w.wqe.op {
             SendOp::RdmaRead { remote_addr, rkey } => {
                 bth.opcode = Opcode::RC_READ_REQUEST;
                 ext.reth = Some(RethRepr {
                     va: remote_addr + u64::from(off),
                     rkey,
-                    dma_len: w.len - off,
+                    dma_len: w.wqe.len - off,
                 });
                 bth.ack_req = true;
                 w.read_req_psn = psn;
                 payload_len = 0;
                 payload = PayloadSrc::None;
                 done_with_wqe = true;
-                psns_used = (w.len - off).div_ceil(mtu).max(1);
+                psns_used = (w.wqe.len - off).div_ceil(mtu).max(1);
             }
             SendOp::AtomicCmpSwp {
                 remote_addr,
@@ -207,9 +207,9 @@ impl Qp {
                 (payload_len, payload, done_with_wqe, psns_used) = (0, PayloadSrc::None, true, 1);
             }
             ref op => {
-                let plen = (w.len - off).min(mtu);
+                let plen = (w.wqe.len - off).min(mtu);
                 let first = off == 0;
-                let last = off + plen == w.len;
+                let last = off + plen == w.wqe.len;
                 bth.opcode = next_opcode(op, first, last);
                 match *op {
                     SendOp::RdmaWrite { remote_addr, rkey }
@@ -219,7 +219,7 @@ impl Qp {
                         ext.reth = Some(RethRepr {
                             va: remote_addr,
                             rkey,
-                            dma_len: w.len,
+                            dma_len: w.wqe.len,
                         });
                     }
                     _ => {}
@@ -232,7 +232,7 @@ impl Qp {
                         SendOp::SendWithInv { invalidate_rkey } => ext.ieth = Some(invalidate_rkey),
                         _ => {}
                     }
-                    bth.solicited = w.flags.contains(SendFlags::SOLICITED);
+                    bth.solicited = w.wqe.flags.contains(SendFlags::SOLICITED);
                 }
                 self.req.pkts_since_ackreq += 1;
                 bth.ack_req = last || self.req.pkts_since_ackreq >= ACKREQ_EVERY;
@@ -293,7 +293,7 @@ impl Qp {
             // arrive past that point are the same gap, not a new one (see `gap_retry`).
             self.req.gap_retry = Some(self.req.una);
             if self.req.retry_left == 0 {
-                self.complete_send_head(ctx, crate::verbs::WcStatus::RetryExcErr);
+                self.complete_send_head(ctx, WcStatus::RetryExcErr);
                 self.enter_error(ctx);
                 return;
             }

@@ -6,12 +6,10 @@
 //! queue gets an RNR NAK; an invalid request, a remote access error and a remote operational
 //! error are fatal: one NAK, then the QP moves to the error state.
 
-use super::qp::{
-    scatter, Ctx, InMsg, PayloadSrc, Qp, RecvWqe, Resource, RespItem, TxDesc, MAX_RESP_QUEUE,
-};
-use super::state::{AccessFlags, QpState};
-use crate::verbs::mr::MrShared;
-use crate::verbs::wc::{WcOpcode, WcStatus};
+use super::qp::{InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, MAX_RESP_QUEUE};
+use crate::ib::mr::{scatter, MrShared};
+use crate::ib::wc::{WcOpcode, WcStatus};
+use crate::ib::{AccessFlags, Ctx, QpState};
 use crate::wire::{
     AethRepr, BthRepr, CreditCode, ExtRepr, NakCode, OpFlags, Opcode, Psn, QpNumber, RnrTimer,
     RoceRepr, Syndrome,
@@ -614,6 +612,3 @@ impl Qp {
         }
     }
 }
-
-#[allow(dead_code)]
-fn _assert_recv_wqe_used(_: &RecvWqe) {}

@@ -21,13 +21,13 @@
 //!   which restores the interface (an AF_XDP device detaches its XDP program).
 
 use crate::io::{IoStats, PacketDevice};
-use crate::rc::counters::{DeviceCounters, QpCounters};
-use crate::rc::state::{QpAttr, QpAttrMask, QpState};
 use crate::time::Instant;
 use crate::verbs::{
     Cq, Device, DeviceConfig, MemoryRegion, NotifyMode, Pd, QpInitAttr, RcParams, RecvWr, RemoteQp,
     SendFlags, SendWr, VerbsError, WcStatus, WorkCompletion,
 };
+use crate::verbs::{DeviceCounters, QpCounters};
+use crate::verbs::{QpAttr, QpAttrMask, QpState};
 use crate::wire::QpNumber;
 use crossbeam::queue::SegQueue;
 use std::collections::HashMap;
@@ -89,7 +89,7 @@ enum Doorbell {
 
 /// What the application side knows about a QP without taking the device lock.
 struct QpShadow {
-    cap: crate::rc::state::QpCap,
+    cap: crate::verbs::QpCap,
     state: AtomicU8,
     sq_posted: AtomicU64,
     sq_retired: AtomicU64,
@@ -237,7 +237,7 @@ impl Nic {
         &self,
         pd: Pd,
         len: usize,
-        access: crate::rc::state::AccessFlags,
+        access: crate::verbs::AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
         self.with_device(|d| d.reg_mr(pd, len, access))
     }
@@ -873,7 +873,7 @@ pub fn create_rc_qp(
     nic: &Nic,
     pd: Pd,
     cq: Cq,
-    cap: crate::rc::state::QpCap,
+    cap: crate::verbs::QpCap,
 ) -> Result<QpNumber, VerbsError> {
     nic.create_qp(QpInitAttr {
         pd,

@@ -77,7 +77,7 @@
 //! ```
 
 pub use super::queue::Red;
-use super::queue::{hit, unit_f64, EgressConfig, EgressQueue, Verdict};
+use super::queue::{EgressConfig, EgressQueue, Verdict};
 use crate::time::{Duration, Instant};
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
 use crate::wire::ip::{read_ecn, set_ecn};
@@ -86,80 +86,11 @@ use core::cmp::Ordering;
 use core::fmt;
 use std::collections::{BTreeMap, BinaryHeap};
 
-/// The SplitMix64 increment (the golden ratio in 64 bits).
-const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-
 /// Ethertype of an 802.1ad service tag (outer tag of a QinQ frame).
 const ETHERTYPE_QINQ: u16 = 0x88a8;
 
-/// The SplitMix64 output function.
-#[inline]
-const fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A value in `0..n` from `x` (Lemire's multiply-shift; the bias is below `n / 2^64`).
-#[inline]
-fn scale(x: u64, n: u64) -> u64 {
-    ((u128::from(x) * u128::from(n)) >> 64) as u64
-}
-
-/// SplitMix64 (Steele, Lea and Flood, 2014): a tiny, fast, seedable PRNG whose every seed,
-/// zero included, gives a full-period stream. Not cryptographic. The network uses it
-/// counter-style (see the module documentation); tests and workloads can use it directly
-/// to draw reproducible sizes, gaps and payloads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator whose stream is fixed by `seed`.
-    pub const fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(GAMMA);
-        mix64(self.state)
-    }
-
-    /// A uniform value in `[0, 1)` with 53 bits of precision.
-    #[inline]
-    pub fn next_f64(&mut self) -> f64 {
-        unit_f64(self.next_u64())
-    }
-
-    /// A uniform value in `0..n` (0 when `n` is 0).
-    #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
-        scale(self.next_u64(), n)
-    }
-
-    /// True with probability `p` (clamped to `[0, 1]`; NaN counts as 0).
-    #[inline]
-    pub fn chance(&mut self, p: f64) -> bool {
-        hit(self.next_u64(), p)
-    }
-
-    /// Fill `buf` with random bytes.
-    pub fn fill_bytes(&mut self, buf: &mut [u8]) {
-        let mut chunks = buf.chunks_exact_mut(8);
-        for c in &mut chunks {
-            c.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let rest = chunks.into_remainder();
-        if !rest.is_empty() {
-            let r = self.next_u64().to_le_bytes();
-            let n = rest.len();
-            rest.copy_from_slice(&r[..n]);
-        }
-    }
-}
+pub use crate::rng::SplitMix64;
+use crate::rng::{hit, mix64, scale, GAMMA};
 
 /// The random decisions taken about one frame; each has its own slot in the link's stream.
 #[derive(Clone, Copy)]

@@ -54,6 +54,7 @@
 //! assert_eq!(q.backlog(Instant::from_nanos(16_000)), 1_000);
 //! ```
 
+use crate::rng::hit;
 use crate::time::{Duration, Instant};
 use std::collections::VecDeque;
 
@@ -93,18 +94,6 @@ impl Red {
             self.pmax * (queue_bytes - self.kmin_bytes) as f64 / span
         }
     }
-}
-
-/// A uniform `f64` in `[0, 1)` from the top 53 bits of `x`.
-#[inline]
-pub(crate) fn unit_f64(x: u64) -> f64 {
-    (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// True with probability `p` given a uniform `x`. `p <= 0` (or NaN) never, `p >= 1` always.
-#[inline]
-pub(crate) fn hit(x: u64, p: f64) -> bool {
-    p > 0.0 && (p >= 1.0 || unit_f64(x) < p)
 }
 
 /// An egress queue's policy and rate. `EgressConfig::default()` is an unlimited link with no

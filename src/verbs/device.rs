@@ -13,16 +13,19 @@
 //! Verbs calls (`post_send`, `modify_qp`, ...) only queue work; packets leave on the next
 //! `poll_transmit`. Completions are read with [`Device::poll_cq`].
 
-use super::cq::{Cq, CqState, NotifyMode};
-use super::mr::{LKey, MemoryRegion, MrShared, Pd};
-use super::wc::{WcOpcode, WcStatus, WorkCompletion};
-use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
-use super::{KeyMap, MrTable};
-use crate::rc::counters::{DeviceCounters, QpCounters};
-use crate::rc::qp::{gather, Ctx, Path, PayloadSrc, Qp, RecvWqe, Requester, Responder, SendWqe};
-use crate::rc::state::{
-    check_modify_qp, AccessFlags, ModifyQpError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
+use crate::ib::attr::check_modify_qp;
+use crate::ib::counters::{DeviceCounters, QpCounters};
+use crate::ib::cq::{Cq, CqRing, NotifyMode};
+use crate::ib::mr::{gather, LKey, MemoryRegion, MrShared, MrTable, Pd};
+use crate::ib::path::{gid_of, Path};
+use crate::ib::wc::{WcStatus, WorkCompletion};
+use crate::ib::wqe::{RecvWqe, SendWqe};
+use crate::ib::wr::{RecvWr, SendFlags, SendWr};
+use crate::ib::{
+    AccessFlags, Ctx, KeyMap, ModifyQpError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };
+use crate::keys::KeyGen;
+use crate::rc::qp::{PayloadSrc, Qp, Requester, Responder, SqEntry};
 use crate::time::Instant;
 use crate::wire::{
     self, Ecn, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, OpFlags, Psn,
@@ -30,7 +33,7 @@ use crate::wire::{
 };
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
 /// Largest message (IBTA: 2^31 bytes).
@@ -98,23 +101,6 @@ impl DeviceConfig {
     }
 }
 
-/// The GID of an IP address (IPv4-mapped for IPv4).
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
-/// The IP address of a GID.
-pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
-    let a = Ipv6Addr::from(gid);
-    match a.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(a),
-    }
-}
-
 /// `struct ibv_qp_init_attr` for an RC QP.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr {
@@ -161,49 +147,14 @@ pub enum VerbsError {
     Busy(&'static str),
 }
 
-/// splitmix64: the device's own small generator for keys (no external RNG crate).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-fn os_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from the OS's random source per process.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    );
-    h.finish()
-}
-
-/// The UDP source port Linux rxe uses for a connected QP (flow label 0 → hash of the QPNs).
-pub fn rxe_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
-    let fl = if flow_label != 0 {
-        flow_label & 0xfffff
-    } else {
-        let v = u64::from(lqpn) * u64::from(rqpn);
-        ((v ^ (v >> 20) ^ (v >> 40)) & 0xfffff) as u32
-    };
-    (0xc000 | ((fl & 0x3fff) ^ (fl >> 14))) as u16
-}
-
 /// A software RNIC.
 pub struct Device {
     cfg: DeviceConfig,
-    rng: Rng,
+    keys: KeyGen,
     next_pd: u32,
     pds: Vec<u32>,
     mrs: MrTable,
-    cqs: Vec<Option<CqState>>,
+    cqs: Vec<Option<CqRing>>,
     qps: KeyMap<Box<Qp>>,
     next_qpn: u32,
     ready: VecDeque<u32>,
@@ -216,10 +167,9 @@ pub struct Device {
 
 impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
-        let seed = cfg.seed.unwrap_or_else(os_seed);
         Device {
+            keys: KeyGen::new(cfg.seed),
             cfg,
-            rng: Rng(seed),
             next_pd: 1,
             pds: Vec::new(),
             mrs: MrTable::default(),
@@ -253,14 +203,10 @@ impl Device {
     }
 
     fn new_key(&mut self) -> u32 {
-        loop {
-            // 24 random index bits and an 8-bit random tag: never sequential, never reused
-            // while the MR lives, never 0.
-            let k = (self.rng.next() >> 16) as u32;
-            if k != 0 && !self.mrs.contains_key(k) {
-                return k;
-            }
-        }
+        // 24 random index bits and an 8-bit random tag: never sequential, never reused while
+        // the MR lives, never 0.
+        let mrs = &self.mrs;
+        self.keys.mr_key(|k| mrs.contains_key(k))
     }
 
     /// Register `len` bytes of memory (owned by the region: see [`MemoryRegion`]).
@@ -289,7 +235,7 @@ impl Device {
             }
         };
         // A page-aligned virtual address in the style of a user mapping.
-        let va = 0x0000_7f00_0000_0000 | ((self.rng.next() & 0x00ff_ffff) << 16);
+        let va = 0x0000_7f00_0000_0000 | ((self.keys.next_u64() & 0x00ff_ffff) << 16);
         let mr = Arc::new(MrShared::new(LKey(lkey), RKey(rkey), pd, access, va, len));
         self.mrs.insert(mr.clone());
         Ok(MemoryRegion(mr))
@@ -308,11 +254,11 @@ impl Device {
         if depth == 0 || depth > self.cfg.max_cqe as usize {
             return Err(VerbsError::BadCap("CQ depth"));
         }
-        self.cqs.push(Some(CqState::new(depth)));
+        self.cqs.push(Some(CqRing::new(depth)));
         Ok(Cq((self.cqs.len() - 1) as u32))
     }
 
-    fn cq_mut(&mut self, cq: Cq) -> Result<&mut CqState, VerbsError> {
+    fn cq_mut(&mut self, cq: Cq) -> Result<&mut CqRing, VerbsError> {
         self.cqs
             .get_mut(cq.0 as usize)
             .and_then(|c| c.as_mut())
@@ -435,7 +381,7 @@ impl Device {
         Ok((qp.state, a))
     }
 
-    /// `ibv_modify_qp`: the transition table and value checks of [`crate::rc::state`], then
+    /// `ibv_modify_qp`: the transition table and value checks of [`crate::ib::attr`], then
     /// the attributes in `mask` take effect.
     pub fn modify_qp(
         &mut self,
@@ -452,38 +398,15 @@ impl Device {
             .ok_or(VerbsError::NoSuchQp(qpn))?;
         let next = check_modify_qp(QpType::Rc, qp.state, attr, mask)?;
         let path = if mask.contains(QpAttrMask::AV) {
-            let av = attr.ah_attr;
-            let src_ip =
-                *gids
-                    .get(usize::from(av.sgid_index))
-                    .ok_or(VerbsError::BadAddressVector(
-                        "sgid_index not in the GID table",
-                    ))?;
-            let dst_ip = ip_of_gid(av.dgid);
-            if src_ip.is_ipv4() != dst_ip.is_ipv4() {
-                return Err(VerbsError::BadAddressVector(
-                    "source and destination GIDs of different IP versions",
-                ));
-            }
-            let dmac = av
-                .dmac
-                .ok_or(VerbsError::BadAddressVector("destination MAC not resolved"))?;
             let dqpn = if mask.contains(QpAttrMask::DEST_QPN) {
                 attr.dest_qp_num
             } else {
                 qp.attr.dest_qp_num
             };
-            Some(Path {
-                src_mac: cfg_mac,
-                dst_mac: MacAddr(dmac),
-                src_ip,
-                dst_ip,
-                udp_sport: rxe_udp_sport(av.flow_label, qpn.get(), dqpn),
-                dscp: av.traffic_class >> 2,
-                ecn: Ecn::from_bits(av.traffic_class),
-                hop_limit: if av.hop_limit <= 1 { 64 } else { av.hop_limit },
-                flow_label: av.flow_label,
-            })
+            Some(
+                Path::resolve(&attr.ah_attr, &gids, cfg_mac, qpn.get(), dqpn)
+                    .map_err(VerbsError::BadAddressVector)?,
+            )
         } else {
             None
         };
@@ -551,29 +474,6 @@ impl Device {
 
     // ---- work requests -----------------------------------------------------------------
 
-    /// Check the scatter/gather list of a request against the MR table. Errors here are
-    /// reported as completions when the request is reached (IBTA: local protection errors
-    /// are detected while processing), not as a verb failure.
-    fn sge_error(
-        mrs: &MrTable,
-        pd: Pd,
-        sges: &[super::wr::Sge],
-        need_write: bool,
-    ) -> Option<WcStatus> {
-        for s in sges.iter().filter(|s| s.length > 0) {
-            let Some(mr) = mrs.lkey_ref(s.lkey) else {
-                return Some(WcStatus::LocProtErr);
-            };
-            if mr.pd != pd || mr.offset_of(s.addr, u64::from(s.length)).is_none() {
-                return Some(WcStatus::LocProtErr);
-            }
-            if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-                return Some(WcStatus::LocProtErr);
-            }
-        }
-        None
-    }
-
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self
@@ -602,34 +502,7 @@ impl Device {
         if inline_req && len > u64::from(qp.cap.max_inline_data) {
             return Err(VerbsError::InlineTooLarge(len));
         }
-        let mut local_err = Self::sge_error(&self.mrs, qp.pd, &wr.sg_list, wr.op.is_rd_atomic());
-        let inline = if inline_req {
-            // Copied now: the application may reuse its buffer at once. Inline data is not
-            // checked against protection domains or rights (as in libibverbs).
-            let mut data = vec![0u8; len as usize];
-            match gather_any(&self.mrs, &wr.sg_list, &mut data) {
-                Ok(()) => local_err = None,
-                Err(e) => local_err = Some(e),
-            }
-            Some(data.into_boxed_slice())
-        } else {
-            None
-        };
-        let w = SendWqe {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            sges: wr.sg_list,
-            flags: wr.flags,
-            inline,
-            len: len as u32,
-            signaled: wr.flags.contains(SendFlags::SIGNALED),
-            assigned: false,
-            first_psn: Psn::default(),
-            npkts: 0,
-            read_done: 0,
-            read_req_psn: Psn::default(),
-            local_err,
-        };
+        let w = SqEntry::new(SendWqe::new(wr, len as u32, inline_req, &self.mrs, qp.pd));
         qp.sq.push_back(w);
         if matches!(qp.state, QpState::Err | QpState::Sqe) {
             let mut ctx = Ctx {
@@ -660,14 +533,7 @@ impl Device {
         if wr.sg_list.len() > qp.cap.max_recv_sge.max(1) as usize {
             return Err(VerbsError::TooManySge(wr.sg_list.len()));
         }
-        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        let local_err = Self::sge_error(&self.mrs, qp.pd, &wr.sg_list, true);
-        qp.rq.push_back(RecvWqe {
-            wr_id: wr.wr_id,
-            sges: wr.sg_list,
-            len,
-            local_err,
-        });
+        qp.rq.push_back(RecvWqe::new(wr, &self.mrs, qp.pd));
         if qp.state == QpState::Err {
             let mut ctx = Ctx {
                 now: Instant::ZERO,
@@ -729,7 +595,7 @@ impl Device {
     pub fn qp_memory(&self, qpn: QpNumber) -> Option<usize> {
         self.qps.get(&qpn.get()).map(|q| {
             std::mem::size_of::<Qp>()
-                + q.sq.capacity() * std::mem::size_of::<SendWqe>()
+                + q.sq.capacity() * std::mem::size_of::<SqEntry>()
                 + q.rq.capacity() * std::mem::size_of::<RecvWqe>()
                 + q.resp.resp_q.capacity() * std::mem::size_of::<crate::rc::qp::RespItem>()
                 + q.resp.resources.capacity() * std::mem::size_of::<crate::rc::qp::Resource>()
@@ -1043,7 +909,7 @@ impl Device {
                             Ok(())
                         }
                         PayloadSrc::Wqe { idx, off } => {
-                            let w = &sq[*idx];
+                            let w = &sq[*idx].wqe;
                             match &w.inline {
                                 Some(data) => {
                                     dst.copy_from_slice(
@@ -1123,25 +989,6 @@ fn v6(a: IpAddr) -> Ipv6Addr {
     }
 }
 
-/// Gather for inline data: any registered MR, no protection-domain or rights check.
-fn gather_any(mrs: &MrTable, sges: &[super::wr::Sge], dst: &mut [u8]) -> Result<(), WcStatus> {
-    let mut at = 0usize;
-    for s in sges {
-        let n = s.length as usize;
-        if n == 0 {
-            continue;
-        }
-        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
-        let o = mr.offset_of(s.addr, n as u64).ok_or(WcStatus::LocProtErr)?;
-        dst[at..at + n].copy_from_slice(&mr.bytes()[o..o + n]);
-        at += n;
-    }
-    Ok(())
-}
-
-#[allow(dead_code)]
-fn _unused(_: Ipv4Addr, _: WcOpcode, _: SendOp) {}
-
 /// The far end of an RC connection, as exchanged out of band.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteQp {
@@ -1156,7 +1003,7 @@ pub struct RemoteQp {
 /// timeout 14 (≈ 67 ms), retry_cnt 7, rnr_retry 7, min_rnr_timer 12 (0.64 ms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RcParams {
-    pub mtu: crate::rc::state::Mtu,
+    pub mtu: crate::ib::Mtu,
     pub access: AccessFlags,
     pub sgid_index: u8,
     /// Our starting send PSN.
@@ -1174,7 +1021,7 @@ pub struct RcParams {
 impl Default for RcParams {
     fn default() -> Self {
         RcParams {
-            mtu: crate::rc::state::Mtu::M1024,
+            mtu: crate::ib::Mtu::M1024,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
@@ -1220,7 +1067,7 @@ impl Device {
         a.rq_psn = remote.psn;
         a.max_dest_rd_atomic = p.max_dest_rd_atomic;
         a.min_rnr_timer = p.min_rnr_timer;
-        a.ah_attr = crate::rc::state::AddressVector {
+        a.ah_attr = crate::ib::AddressVector {
             dgid: remote.gid,
             sgid_index: p.sgid_index,
             hop_limit: 64,

@@ -4,7 +4,7 @@
 //! Syndrome bits 6:5 select ACK (00), RNR NAK (01), reserved (10) or NAK (11); bits 4:0 are
 //! the credit code (ACK), the RNR timer code (RNR NAK) or the NAK code. Bit 7 is reserved.
 
-use super::{need, rd24, wr24, Layer, Result};
+use super::{need, need_room, rd24, wr24, Layer, Result};
 use core::fmt;
 
 /// Length of the AETH.
@@ -196,7 +196,7 @@ impl AethRepr {
         HEADER_LEN
     }
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        need(Layer::Aeth, buf, HEADER_LEN).map_err(super::packet::to_emit_err)?;
+        need_room(buf, HEADER_LEN)?;
         buf[0] = self.syndrome.to_byte();
         wr24(buf, 1, self.msn & 0x00ff_ffff);
         Ok(())

@@ -10,7 +10,9 @@
 //! 9..12    PSN (24)
 //! ```
 
-use super::{need, rd16, rd24, wr16, wr24, Field, Layer, Opcode, PKey, Psn, QpNumber, Result};
+use super::{
+    need, need_room, rd16, rd24, wr16, wr24, Field, Layer, Opcode, PKey, Psn, QpNumber, Result,
+};
 
 mod field {
     use super::Field;
@@ -24,7 +26,7 @@ mod field {
 }
 
 /// Length of the BTH.
-pub const HEADER_LEN: usize = 12;
+pub const HEADER_LEN: usize = super::BTH_LEN;
 /// Offset of the byte that holds FECN, BECN and six reserved bits (masked for the ICRC).
 pub const ECN_BYTE: usize = field::ECN_RSVD;
 
@@ -181,7 +183,7 @@ impl BthRepr {
 
     /// Write into the start of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        need(Layer::Bth, buf, HEADER_LEN).map_err(super::packet::to_emit_err)?;
+        need_room(buf, HEADER_LEN)?;
         buf[field::OPCODE] = self.opcode.0;
         buf[field::FLAGS] = (u8::from(self.solicited) << 7)
             | (u8::from(self.mig_req) << 6)

@@ -1,6 +1,6 @@
 //! Ethernet II with an optional 802.1Q tag.
 
-use super::{need, rd16, wr16, Error, Layer, Result};
+use super::{need, need_room, rd16, wr16, Layer, Result};
 use core::fmt;
 
 /// Ethertype of IPv4.
@@ -131,12 +131,7 @@ impl EthernetRepr {
 
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let n = self.buffer_len();
-        if buf.len() < n {
-            return Err(Error::BufferTooSmall {
-                needed: n,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, n)?;
         buf[0..6].copy_from_slice(&self.dst.0);
         buf[6..12].copy_from_slice(&self.src.0);
         match self.vlan {

@@ -17,7 +17,8 @@
 
 use super::opcode::{Ext, Headers};
 use super::{
-    need, rd24, rd32, rd64, wr24, wr32, wr64, AethRepr, Error, Opcode, QKey, QpNumber, RKey, Result,
+    need, need_room, rd24, rd32, rd64, wr24, wr32, wr64, AethRepr, Error, Opcode, QKey, QpNumber,
+    RKey, Result,
 };
 
 /// RDMA Extended Transport Header.
@@ -141,7 +142,7 @@ impl ExtRepr {
 
     /// Total length of the headers `opcode` carries (not counting the BTH).
     pub fn buffer_len(opcode: Opcode) -> usize {
-        opcode.info().header_len as usize - super::bth::HEADER_LEN
+        opcode.info().header_len as usize - super::BTH_LEN
     }
 
     /// Emit the headers of `opcode` into the start of `buf`. Fails with
@@ -151,12 +152,7 @@ impl ExtRepr {
             return Err(Error::HeaderMismatch(opcode));
         }
         let total = Self::buffer_len(opcode);
-        if buf.len() < total {
-            return Err(Error::BufferTooSmall {
-                needed: total,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, total)?;
         let mut off = 0usize;
         for ext in Ext::ALL {
             if !opcode.headers().contains(ext.flag()) {

@@ -1,7 +1,7 @@
 //! IPv4 and IPv6 headers as RoCE v2 uses them (UDP inside, no fragments, no IPv6 extension
 //! headers), and the ECN field that congestion control reads and marks.
 
-use super::{need, rd16, rd32, wr16, wr32, Error, Layer, Result};
+use super::{need, need_room, rd16, rd32, wr16, wr32, Error, Layer, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// IP protocol number of UDP.
@@ -159,12 +159,7 @@ impl Ipv4Repr {
 
     /// Emit a 20-byte header for `payload_len` bytes of UDP, with a correct checksum.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
-        if buf.len() < IPV4_HEADER_LEN {
-            return Err(Error::BufferTooSmall {
-                needed: IPV4_HEADER_LEN,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, IPV4_HEADER_LEN)?;
         let total = u16::try_from(IPV4_HEADER_LEN + payload_len)
             .map_err(|_| Error::FieldOverflow("IPv4 total length"))?;
         let b = &mut buf[..IPV4_HEADER_LEN];
@@ -232,12 +227,7 @@ impl Ipv6Repr {
     }
 
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
-        if buf.len() < IPV6_HEADER_LEN {
-            return Err(Error::BufferTooSmall {
-                needed: IPV6_HEADER_LEN,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, IPV6_HEADER_LEN)?;
         let plen =
             u16::try_from(payload_len).map_err(|_| Error::FieldOverflow("IPv6 payload length"))?;
         let tc = u32::from((self.dscp << 2) | self.ecn.bits());

@@ -201,6 +201,23 @@ pub(crate) fn need(layer: Layer, buf: &[u8], needed: usize) -> Result<()> {
     }
 }
 
+/// Check that an emit buffer holds at least `needed` bytes ([`Error::BufferTooSmall`] if not).
+#[inline]
+pub(crate) fn need_room(buf: &[u8], needed: usize) -> Result<()> {
+    if buf.len() < needed {
+        Err(Error::BufferTooSmall {
+            needed,
+            had: buf.len(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// Length of the Base Transport Header (IBTA 9.2): here, not in [`bth`], so that the opcode
+/// table can size headers without importing the BTH module that imports it.
+pub(crate) const BTH_LEN: usize = 12;
+
 #[inline]
 pub(crate) fn rd16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])

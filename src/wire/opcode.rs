@@ -201,7 +201,7 @@ impl OpInfo {
         if !self.headers.contains(ext.flag()) {
             return None;
         }
-        let mut off = super::bth::HEADER_LEN;
+        let mut off = super::BTH_LEN;
         let mut i = 0;
         while i < Ext::ALL.len() {
             let e = Ext::ALL[i];
@@ -403,7 +403,7 @@ const fn build_info(code: u8) -> OpInfo {
         status: OpStatus::Reserved,
         headers: Headers::empty(),
         flags: OpFlags::empty(),
-        header_len: super::bth::HEADER_LEN as u8,
+        header_len: super::BTH_LEN as u8,
     };
     if !op_valid(t, op) {
         return reserved;
@@ -415,7 +415,7 @@ const fn build_info(code: u8) -> OpInfo {
             status: OpStatus::Supported,
             headers: Headers::CNP_RSVD,
             flags: OpFlags::CNP.union(OpFlags::ONLY),
-            header_len: (super::bth::HEADER_LEN + 16) as u8,
+            header_len: (super::BTH_LEN + 16) as u8,
         };
     }
     let (mut headers, flags) = base_op(op);
@@ -441,7 +441,7 @@ const fn build_info(code: u8) -> OpInfo {
         }
         Transport::Cnp | Transport::Vendor => return reserved,
     };
-    let mut len = super::bth::HEADER_LEN;
+    let mut len = super::BTH_LEN;
     let mut i = 0;
     while i < Ext::ALL.len() {
         if headers.contains(Ext::ALL[i].flag()) {

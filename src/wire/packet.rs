@@ -10,16 +10,8 @@ use super::eth::{self, EthernetRepr};
 use super::ip::{IpParsed, IpRepr, Ipv4Repr, Ipv6Repr};
 use super::opcode::OpFlags;
 use super::udp::{self, UdpRepr};
-use super::{bth, icrc, BthRepr, Error, ExtRepr, Layer, Result, ROCE_V2_PORT};
+use super::{bth, icrc, need_room, BthRepr, Error, ExtRepr, Layer, Result, ROCE_V2_PORT};
 use core::ops::Range;
-
-/// Map a length error from a parse helper to the emit error a caller expects.
-pub(crate) fn to_emit_err(e: Error) -> Error {
-    match e {
-        Error::Truncated { needed, had, .. } => Error::BufferTooSmall { needed, had },
-        e => e,
-    }
-}
 
 /// Bytes of pad needed after `payload_len` bytes to reach a multiple of four.
 pub const fn pad_for(payload_len: usize) -> u8 {
@@ -139,12 +131,7 @@ impl RoceRepr {
         }
         self.check_payload()?;
         let n = self.buffer_len();
-        if buf.len() < n {
-            return Err(Error::BufferTooSmall {
-                needed: n,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, n)?;
         self.bth.emit(buf)?;
         let hdr = bth::HEADER_LEN
             + self
@@ -215,12 +202,7 @@ impl FrameRepr {
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<usize> {
         let n = self.buffer_len();
-        if buf.len() < n {
-            return Err(Error::BufferTooSmall {
-                needed: n,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, n)?;
         let roce = &self.roce;
         if roce.bth.opcode.info().is_reserved() {
             return Err(Error::UnknownOpcode(roce.bth.opcode.0));

@@ -1,7 +1,7 @@
 //! UDP header (RFC 768). RoCE v2 uses destination port 4791; the source port carries flow
 //! entropy. A zero checksum is allowed over IPv4 and is what Linux rxe sends.
 
-use super::{need, rd16, wr16, Error, Layer, Result};
+use super::{need, need_room, rd16, wr16, Error, Layer, Result};
 use std::net::IpAddr;
 
 /// Length of the UDP header.
@@ -46,12 +46,7 @@ impl UdpRepr {
     }
 
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
-        if buf.len() < HEADER_LEN {
-            return Err(Error::BufferTooSmall {
-                needed: HEADER_LEN,
-                had: buf.len(),
-            });
-        }
+        need_room(buf, HEADER_LEN)?;
         let len = u16::try_from(HEADER_LEN + payload_len)
             .map_err(|_| Error::FieldOverflow("UDP length"))?;
         wr16(buf, 0, self.src_port);

@@ -1,6 +1,7 @@
 //! Work requests, shaped like `struct ibv_send_wr` / `ibv_recv_wr`.
 
 use super::mr::LKey;
+use super::wc::WcOpcode;
 use crate::wire::RKey;
 use bitflags::bitflags;
 
@@ -91,6 +92,18 @@ impl SendOp {
             self,
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
         )
+    }
+    /// The opcode of this operation's send completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
+            SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Memory regions.
+//! Memory regions: the application's handle ([`MemoryRegion`]), the device's table of them by
+//! key, and the scatter/gather copies every transport makes in and out of them.
 //!
 //! # The memory model
 //!
@@ -18,7 +19,10 @@
 //! Addresses: an MR is given a virtual address (`addr()`), page-aligned, chosen by the device;
 //! scatter/gather entries and remote keys name bytes by that address, as in libibverbs.
 
-use crate::rc::state::AccessFlags;
+use super::attr::AccessFlags;
+use super::wc::WcStatus;
+use super::wr::Sge;
+use super::KeyMap;
 use crate::wire::RKey;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -42,6 +46,8 @@ pub enum MrError {
     },
 }
 
+/// A registered region as the device sees it: keys, rights, address and the bytes. Shared by
+/// `Arc` between the device's [`MrTable`] and the application's [`MemoryRegion`] handles.
 pub(crate) struct MrShared {
     pub(crate) lkey: LKey,
     pub(crate) rkey: RKey,
@@ -199,6 +205,140 @@ impl MemoryRegion {
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         f(&mut self.0.bytes_mut())
     }
+}
+
+/// The device's registered memory regions, by local and by remote key.
+#[derive(Default)]
+pub(crate) struct MrTable {
+    by_lkey: KeyMap<Arc<MrShared>>,
+    by_rkey: KeyMap<Arc<MrShared>>,
+}
+
+impl MrTable {
+    /// The region an R_Key names (valid or not: the caller checks [`MrShared::rkey_valid`]).
+    pub(crate) fn by_rkey(&self, k: RKey) -> Option<Arc<MrShared>> {
+        self.by_rkey.get(&k.0).cloned()
+    }
+    /// The region an L_Key names.
+    pub(crate) fn lkey_ref(&self, k: LKey) -> Option<&Arc<MrShared>> {
+        self.by_lkey.get(&k.0)
+    }
+    /// Whether `k` is in use as a local or a remote key.
+    pub(crate) fn contains_key(&self, k: u32) -> bool {
+        self.by_lkey.contains_key(&k) || self.by_rkey.contains_key(&k)
+    }
+    pub(crate) fn insert(&mut self, mr: Arc<MrShared>) {
+        self.by_lkey.insert(mr.lkey.0, mr.clone());
+        self.by_rkey.insert(mr.rkey.0, mr);
+    }
+    /// Remove the region with local key `lkey` (both keys stop resolving).
+    pub(crate) fn remove(&mut self, lkey: LKey) -> Option<Arc<MrShared>> {
+        let mr = self.by_lkey.remove(&lkey.0)?;
+        self.by_rkey.remove(&mr.rkey.0);
+        Some(mr)
+    }
+}
+
+/// Gather `dst.len()` bytes starting at byte `off` of a scatter/gather list.
+pub(crate) fn gather(
+    mrs: &MrTable,
+    sges: &[Sge],
+    mut off: u64,
+    dst: &mut [u8],
+) -> Result<(), WcStatus> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == dst.len() {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if off >= sl {
+            off -= sl;
+            continue;
+        }
+        let take = ((sl - off) as usize).min(dst.len() - done);
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let mo = mr
+            .offset_of(s.addr + off, take as u64)
+            .ok_or(WcStatus::LocProtErr)?;
+        dst[done..done + take].copy_from_slice(&mr.bytes()[mo..mo + take]);
+        done += take;
+        off = 0;
+    }
+    if done == dst.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}
+
+/// Scatter `src` into a scatter/gather list starting at byte `off`.
+pub(crate) fn scatter(
+    mrs: &MrTable,
+    sges: &[Sge],
+    mut off: u64,
+    src: &[u8],
+) -> Result<(), WcStatus> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == src.len() {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if off >= sl {
+            off -= sl;
+            continue;
+        }
+        let take = ((sl - off) as usize).min(src.len() - done);
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let mo = mr
+            .offset_of(s.addr + off, take as u64)
+            .ok_or(WcStatus::LocProtErr)?;
+        mr.bytes_mut()[mo..mo + take].copy_from_slice(&src[done..done + take]);
+        done += take;
+        off = 0;
+    }
+    if done == src.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}
+
+/// Gather a whole scatter/gather list for inline data: any registered MR, no protection-domain
+/// or rights check (as libibverbs copies inline data).
+pub(crate) fn gather_any(mrs: &MrTable, sges: &[Sge], dst: &mut [u8]) -> Result<(), WcStatus> {
+    let mut at = 0usize;
+    for s in sges {
+        let n = s.length as usize;
+        if n == 0 {
+            continue;
+        }
+        let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
+        let o = mr.offset_of(s.addr, n as u64).ok_or(WcStatus::LocProtErr)?;
+        dst[at..at + n].copy_from_slice(&mr.bytes()[o..o + n]);
+        at += n;
+    }
+    Ok(())
+}
+
+/// Check a scatter/gather list against the MR table at post time: every non-empty entry names
+/// a region of protection domain `pd` and lies inside it, and (`need_write`) the region grants
+/// local write. The error is reported as a completion when the request is reached (IBTA: local
+/// protection errors are detected while processing), not as a verb failure.
+pub(crate) fn sge_error(mrs: &MrTable, pd: Pd, sges: &[Sge], need_write: bool) -> Option<WcStatus> {
+    for s in sges.iter().filter(|s| s.length > 0) {
+        let Some(mr) = mrs.lkey_ref(s.lkey) else {
+            return Some(WcStatus::LocProtErr);
+        };
+        if mr.pd != pd || mr.offset_of(s.addr, u64::from(s.length)).is_none() {
+            return Some(WcStatus::LocProtErr);
+        }
+        if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Some(WcStatus::LocProtErr);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

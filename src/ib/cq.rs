@@ -1,4 +1,4 @@
-//! Completion queues.
+//! Completion queues: the handle applications name them by and the ring the engine fills.
 
 use super::wc::{WcStatus, WorkCompletion};
 use std::collections::VecDeque;
@@ -6,6 +6,13 @@ use std::collections::VecDeque;
 /// A completion queue handle.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Cq(pub(crate) u32);
+
+impl Cq {
+    /// The CQ's index on its device (CQs are numbered from 0 in creation order).
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
 
 /// What a CQ notification was armed for (`ibv_req_notify_cq`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -16,31 +23,32 @@ pub enum NotifyMode {
     SolicitedOnly,
 }
 
-pub(crate) struct CqState {
+/// The ring of one completion queue: at most `depth` completions, the armed notification and
+/// the events it raised.
+pub(crate) struct CqRing {
     ring: VecDeque<WorkCompletion>,
     depth: usize,
     armed: Option<NotifyMode>,
     /// Completion events raised (consumed by `get_cq_event`).
     events: u64,
-    /// Completions dropped because the CQ was full (IBV_EVENT_CQ_ERR).
-    pub(crate) overruns: u64,
 }
 
-impl CqState {
+impl CqRing {
     pub(crate) fn new(depth: usize) -> Self {
-        CqState {
+        CqRing {
             ring: VecDeque::with_capacity(depth.min(4096)),
             depth,
             armed: None,
             events: 0,
-            overruns: 0,
         }
     }
 
-    pub(crate) fn push(&mut self, wc: WorkCompletion) {
+    /// Append a completion; false if the ring is full and the completion is lost (a CQ
+    /// overrun, `IBV_EVENT_CQ_ERR`).
+    #[must_use]
+    pub(crate) fn push(&mut self, wc: WorkCompletion) -> bool {
         if self.ring.len() >= self.depth {
-            self.overruns += 1;
-            return;
+            return false;
         }
         if let Some(mode) = self.armed {
             let fire = match mode {
@@ -53,6 +61,7 @@ impl CqState {
             }
         }
         self.ring.push_back(wc);
+        true
     }
 
     pub(crate) fn poll(&mut self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {

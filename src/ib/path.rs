@@ -1,0 +1,80 @@
+//! The resolved path of a connected QP: everything the outer (Ethernet, IP, UDP) headers of
+//! its packets need, computed once when the address vector is set.
+
+use super::attr::AddressVector;
+use crate::wire::{Ecn, MacAddr};
+use std::net::{IpAddr, Ipv6Addr};
+
+/// The resolved path of a connected QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Path {
+    pub src_mac: MacAddr,
+    pub dst_mac: MacAddr,
+    pub src_ip: IpAddr,
+    pub dst_ip: IpAddr,
+    pub udp_sport: u16,
+    pub dscp: u8,
+    pub ecn: Ecn,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+}
+
+impl Path {
+    /// Resolve address vector `av` of local QP `lqpn` towards remote QP `dqpn` on a port with
+    /// MAC `mac` and GID table `gids`. Errors name what is wrong with the address vector.
+    pub(crate) fn resolve(
+        av: &AddressVector,
+        gids: &[IpAddr],
+        mac: MacAddr,
+        lqpn: u32,
+        dqpn: u32,
+    ) -> Result<Path, &'static str> {
+        let src_ip = *gids
+            .get(usize::from(av.sgid_index))
+            .ok_or("sgid_index not in the GID table")?;
+        let dst_ip = ip_of_gid(av.dgid);
+        if src_ip.is_ipv4() != dst_ip.is_ipv4() {
+            return Err("source and destination GIDs of different IP versions");
+        }
+        let dmac = av.dmac.ok_or("destination MAC not resolved")?;
+        Ok(Path {
+            src_mac: mac,
+            dst_mac: MacAddr(dmac),
+            src_ip,
+            dst_ip,
+            udp_sport: rxe_udp_sport(av.flow_label, lqpn, dqpn),
+            dscp: av.traffic_class >> 2,
+            ecn: Ecn::from_bits(av.traffic_class),
+            hop_limit: if av.hop_limit <= 1 { 64 } else { av.hop_limit },
+            flow_label: av.flow_label,
+        })
+    }
+}
+
+/// The GID of an IP address (IPv4-mapped for IPv4, as Linux numbers RoCE v2 GIDs).
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The IP address of a GID (an IPv4-mapped GID gives the IPv4 address).
+pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
+    let a = Ipv6Addr::from(gid);
+    match a.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(a),
+    }
+}
+
+/// The UDP source port Linux rxe uses for a connected QP (flow label 0 → hash of the QPNs).
+pub(crate) fn rxe_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label != 0 {
+        flow_label & 0xfffff
+    } else {
+        let v = u64::from(lqpn) * u64::from(rqpn);
+        ((v ^ (v >> 20) ^ (v >> 40)) & 0xfffff) as u32
+    };
+    (0xc000 | ((fl & 0x3fff) ^ (fl >> 14))) as u16
+}
