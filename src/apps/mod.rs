@@ -5,6 +5,7 @@
 
 pub mod addr;
 pub mod cc_csv;
+pub mod conform;
 pub mod demo;
 pub mod devinfo;
 pub mod incast;

@@ -92,12 +92,88 @@ enum Cmd {
     /// optionally, the progress lines of `ferroce switch --stats-interval-s` as one PNG
     /// (rate and α per QP, the switch queue and each port's receive rate).
     CcPlot(CcPlotArgs),
+    /// A RoCE v2 conformance tester for any implementation: takes the other side of a peer
+    /// tool's out-of-band exchange (ibv_rc_pingpong, ib_*_bw, or `ferroce conform --serve`),
+    /// then plays scripted packets and checks every response against the IBTA rule it names.
+    ///
+    /// Exit status: 0 when no test failed (passes, not applicable, inconclusive), 1 when a
+    /// test failed, 2 on bad arguments or when the interface cannot be opened.
+    Conform(ConformArgs),
     /// Write the golden captures (one packet of every opcode over IPv4, IPv6 and 802.1Q).
     Golden {
         /// Output directory.
         #[arg(long, default_value = "captures")]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ConformArgs {
+    /// The peer's address (for the out-of-band exchange).
+    host: Option<String>,
+    /// Network interface to test through.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// The peer tool's TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// What runs on the peer (as the server): ibv_rc_pingpong, ib_write_bw, ib_read_bw,
+    /// ib_send_bw, ib_atomic_bw, or `ferroce conform --serve`.
+    #[arg(long, value_enum, default_value = "ferroce")]
+    peer_tool: ferroce::apps::conform::peer::PeerTool,
+    /// Run only the tests whose id contains PATTERN (`*` wildcards; repeat or separate with
+    /// commas).
+    #[arg(long, value_name = "PATTERN")]
+    only: Vec<String>,
+    /// List the tests, their rules and which peer tools they apply to.
+    #[arg(long)]
+    list: bool,
+    /// Write TAP (version 13) to standard output instead of the table.
+    #[arg(long, conflicts_with = "junit")]
+    tap: bool,
+    /// Also write JUnit XML to FILE.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
+    /// One capture per test (TEST-ID.pcap) in DIR.
+    #[arg(long, value_name = "DIR")]
+    pcap_dir: Option<PathBuf>,
+    /// Packet backend (the UDP socket cannot send some packets; those tests are inconclusive).
+    #[arg(long, value_enum, default_value = "packet")]
+    backend: ferroce::io::backend::BackendKind,
+    /// Local GID index (default: the first IPv4 GID).
+    #[arg(short = 'x', long = "gid-index")]
+    gid: Option<u8>,
+    /// How long to wait for a response (and for silence), in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    timeout_ms: u64,
+    /// How long to keep trying to reach the peer for a new session (a tool run in a loop
+    /// restarts between sessions), in seconds.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    patience_s: u64,
+    /// Our first PSN (hexadecimal).
+    #[arg(long, default_value = "c0ffee", value_parser = parse_hex_psn)]
+    start_psn: u32,
+    /// The path MTU to offer (default: the interface's).
+    #[arg(short = 'm', long = "mtu", value_parser = parse_mtu)]
+    mtu: Option<u32>,
+    /// ibv_rc_pingpong's path MTU (its exchange does not carry it).
+    #[arg(long, default_value_t = 1024, value_parser = parse_mtu)]
+    peer_mtu: u32,
+    /// Show the details of every test, not only of failed and inconclusive ones.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// Be the ferroce peer instead (every test applies; memory and completions observable).
+    #[arg(long)]
+    serve: bool,
+    /// With --serve: the notification point's CNP interval (0: send no CNPs).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    cnp_interval_us: u64,
+    /// With --serve: responder resources offered (max_dest_rd_atomic).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=64))]
+    max_rd_atomic: u8,
+    /// With --serve: the RNR NAK timer code (0..=31).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u8).range(0..=31))]
+    min_rnr_timer: u8,
 }
 
 #[derive(Subcommand)]
@@ -896,6 +972,7 @@ fn main() -> ExitCode {
         } => run_incast(a),
         Cmd::Perf(a) => run_perf(a),
         Cmd::Pingpong(a) => run_pingpong(a),
+        Cmd::Conform(a) => run_conform(a),
         Cmd::Switch(a) => run_switch(a),
         Cmd::CcPlot(a) => match cc_plot(&a) {
             Ok(()) => ExitCode::SUCCESS,
@@ -1202,4 +1279,51 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
     let h = 260 * panels.len() as u32;
     write_panels_png(&a.out, 1000, h, "time (s)", t1 - t0, &panels)
         .map_err(|e| format!("{}: {e}", a.out.display()))
+}
+
+fn run_conform(a: ConformArgs) -> ExitCode {
+    let run = ferroce::apps::conform::cli::ConformRun {
+        host: a.host,
+        dev: a.dev,
+        port: a.port,
+        tool: a.peer_tool,
+        only: a
+            .only
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(|s| s.trim().to_string())
+            .collect(),
+        list: a.list,
+        tap: a.tap,
+        junit: a.junit,
+        pcap_dir: a.pcap_dir,
+        backend: a.backend,
+        gid_index: a.gid,
+        timeout: std::time::Duration::from_millis(a.timeout_ms),
+        patience: std::time::Duration::from_secs(a.patience_s),
+        start_psn: a.start_psn,
+        mtu: a.mtu,
+        peer_mtu: a.peer_mtu,
+        verbose: a.verbose,
+        serve: a.serve,
+        cnp_interval_us: a.cnp_interval_us,
+        max_rd_atomic: a.max_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+    };
+    match ferroce::apps::conform::cli::run(&run, &mut io::stdout(), &mut io::stderr()) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("ferroce: conform: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parse_hex_psn(s: &str) -> Result<u32, String> {
+    let v = u32::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("{s:?} is not a hexadecimal PSN"))?;
+    if v > 0xff_ffff {
+        return Err(format!("PSN {s} is wider than 24 bits"));
+    }
+    Ok(v)
 }

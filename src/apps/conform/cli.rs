@@ -1,0 +1,214 @@
+//! What `ferroce conform` does with its arguments: open the interface and the backend, run
+//! the catalogue (or serve as the ferroce peer), write the reports.
+
+use super::catalogue::Caps;
+use super::link::Link;
+use super::peer::PeerTool;
+use super::report;
+use super::serve::{self, ServeOptions};
+use super::{Options, Setup};
+use crate::io::backend::{self, BackendKind};
+use crate::io::netdev;
+use crate::runtime::{Nic, NicOptions, PollMode};
+use crate::verbs::{DeviceConfig, Mtu};
+use crate::wire::MacAddr;
+use std::io::Write;
+use std::net::{IpAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `ferroce conform` arguments, parsed.
+#[derive(Clone, Debug)]
+pub struct ConformRun {
+    pub host: Option<String>,
+    pub dev: Option<String>,
+    pub port: u16,
+    pub tool: PeerTool,
+    pub only: Vec<String>,
+    pub list: bool,
+    pub tap: bool,
+    pub junit: Option<PathBuf>,
+    pub pcap_dir: Option<PathBuf>,
+    pub backend: BackendKind,
+    pub gid_index: Option<u8>,
+    pub timeout: Duration,
+    pub patience: Duration,
+    pub start_psn: u32,
+    pub mtu: Option<u32>,
+    pub peer_mtu: u32,
+    pub verbose: bool,
+    /// Be the ferroce peer instead.
+    pub serve: bool,
+    pub cnp_interval_us: u64,
+    pub max_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+}
+
+/// Run it; returns the exit status (0 all passed, 1 a test failed) or a one-line error.
+pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, String> {
+    let raw = o.backend != BackendKind::Udp;
+    if o.list {
+        write!(out, "{}", super::listing(&Caps { raw })).map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
+    let dev_name = o
+        .dev
+        .as_deref()
+        .ok_or("-d/--ib-dev IF is required (the interface to test through)")?;
+    let dev = netdev::netdev(dev_name).map_err(|e| format!("{dev_name}: {e}"))?;
+    let gid_index = crate::apps::tool::pick_gid(&dev, o.gid_index)?;
+    let local = dev.gids[usize::from(gid_index)];
+    let link_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
+    let mtu = match o.mtu {
+        Some(m) => Mtu::from_bytes(m)
+            .ok_or_else(|| format!("MTU {m} is not one of 256, 512, 1024, 2048, 4096"))?,
+        None => link_mtu,
+    };
+    if o.serve {
+        return serve_cli(o, &dev, gid_index, local, mtu, out);
+    }
+    let host = o
+        .host
+        .clone()
+        .ok_or("the peer's address is required (ferroce conform HOST -d IF)")?;
+    if !crate::apps::conform::peer::PeerTool::ALL.contains(&o.tool) {
+        return Err("unknown peer tool".into());
+    }
+    for p in &o.only {
+        if p.is_empty() {
+            return Err("--only: empty pattern".into());
+        }
+    }
+    let total = super::catalogue::catalogue()
+        .iter()
+        .filter(|t| super::selected(t.id, &o.only))
+        .count();
+    if total == 0 {
+        return Err(format!(
+            "--only {:?} selects no test (see --list)",
+            o.only.join(",")
+        ));
+    }
+    if let Some(d) = &o.pcap_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("--pcap-dir {}: {e}", d.display()))?;
+    }
+    let pkt = backend::open_with(o.backend, &dev, local, true)
+        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+    // A raw backend leaves the kernel's UDP stack to see the peer's packets too: keep it
+    // from answering them with ICMP port unreachable (best effort; an nftables drop rule
+    // does the same, see tools/rxe-peer net-up --drop-roce-input).
+    let _guard = if raw {
+        std::net::UdpSocket::bind((local, crate::wire::ROCE_V2_PORT)).ok()
+    } else {
+        None
+    };
+    let ifname = dev.name.clone();
+    let udp = o.backend == BackendKind::Udp;
+    let resolve: Box<dyn Fn(IpAddr) -> Option<MacAddr>> = Box::new(move |ip| {
+        if udp {
+            Some(MacAddr::ZERO)
+        } else {
+            netdev::resolve(ip, Some(&ifname), Duration::from_secs(2))
+        }
+    });
+    let mut setup = Setup {
+        link: Link::new(pkt, local, raw),
+        our_mac: dev.mac,
+        our_ip: local,
+        resolve,
+        caps: Caps { raw },
+    };
+    let opts = Options {
+        host,
+        port: o.port,
+        tool: o.tool,
+        only: o.only.clone(),
+        timeout: o.timeout,
+        patience: o.patience,
+        pcap_dir: o.pcap_dir.clone(),
+        start_psn: o.start_psn & 0xff_ffff,
+        mtu,
+        peer_mtu: o.peer_mtu,
+        ..Options::default()
+    };
+    let mut k = 0;
+    let rep = super::run(&opts, &mut setup, &mut |r| {
+        k += 1;
+        let _ = writeln!(
+            err,
+            "[{k:>2}/{total}] {:<28} {:<12} {:.1} s",
+            r.id,
+            r.outcome.verdict.word(),
+            r.secs
+        );
+    });
+    if let Some(j) = &o.junit {
+        std::fs::write(j, report::junit(&rep))
+            .map_err(|e| format!("--junit {}: {e}", j.display()))?;
+    }
+    let text = if o.tap {
+        report::tap(&rep)
+    } else {
+        report::table(&rep, o.verbose)
+    };
+    out.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    Ok(super::exit_code(&rep) as u8)
+}
+
+fn serve_cli(
+    o: &ConformRun,
+    dev: &netdev::Netdev,
+    gid_index: u8,
+    local: IpAddr,
+    mtu: Mtu,
+    out: &mut dyn Write,
+) -> Result<u8, String> {
+    let pkt = backend::open_with(o.backend, dev, local, true)
+        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+    let mut cfg = DeviceConfig::new(dev.mac, local);
+    cfg.gids = dev.gids.clone();
+    let cnp = (o.cnp_interval_us > 0).then(|| Duration::from_micros(o.cnp_interval_us));
+    cfg.cnp_interval = cnp;
+    let nic = Nic::start(
+        cfg,
+        pkt,
+        NicOptions {
+            poll: PollMode::Adaptive {
+                spins: 2000,
+                max_sleep: Duration::from_millis(1),
+            },
+            batch: 64,
+        },
+    )
+    .map_err(|e| format!("starting the NIC: {e}"))?;
+    let l = TcpListener::bind(("::", o.port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
+        .map_err(|e| format!("listen on port {}: {e}", o.port))?;
+    let so = ServeOptions {
+        cnp_interval: cnp,
+        max_dest_rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        mtu,
+        sgid_index: gid_index,
+        gid: super::frames::gid_of(local),
+        knobs: String::new(),
+    };
+    writeln!(
+        out,
+        "ferroce conform peer on {} ({}), GID {local}, control port {}, knobs: {}",
+        dev.name,
+        nic.describe(),
+        o.port,
+        if so.knobs.is_empty() {
+            "none"
+        } else {
+            &so.knobs
+        }
+    )
+    .map_err(|e| e.to_string())?;
+    let _ = out.flush();
+    let stop = crate::io::sys::signal::stop_on_sigint_sigterm().map_err(|e| e.to_string())?;
+    serve::serve(&nic, &so, l, stop);
+    nic.shutdown();
+    Ok(0)
+}

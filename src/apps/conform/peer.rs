@@ -1,0 +1,774 @@
+//! The other side of each peer tool's ordinary out-of-band exchange, and what each tool's
+//! QP and memory region allow (its "profile"): the tester learns the peer's QPN, PSN, R_Key,
+//! buffer and MTU exactly as the real client would, then plays scripted packets instead of
+//! the tool's traffic.
+//!
+//! | tool | exchange | QP rights | R_Key rights | receives | peer sends to us |
+//! | --- | --- | --- | --- | --- | --- |
+//! | `ibv_rc_pingpong` (server) | 52-byte message, `done` | none | no R_Key | 500 posted | a SEND per message it receives |
+//! | `ib_write_bw` (server) | perftest | write | write | none | nothing |
+//! | `ib_read_bw` (server) | perftest | read | read | none | nothing |
+//! | `ib_send_bw` (server) | perftest | write | local only | 512 posted | nothing |
+//! | `ib_atomic_bw` (server) | perftest | atomic | atomic | none | nothing |
+//! | `ferroce conform --serve` | a line protocol (below) | chosen per test | all, plus keys lacking each right | chosen per test | SENDs on request |
+//!
+//! (perftest 4.5-0.17 sets the QP's access flags from the verb and registers its buffer
+//! with `LOCAL_WRITE` plus the verb's remote right; `ibv_rc_pingpong` leaves the QP's access
+//! flags 0; both use `min_rnr_timer` 12, perftest takes `max_dest_rd_atomic` from the
+//! `out_reads` it announces, `ibv_rc_pingpong` uses 1.)
+//!
+//! The ferroce peer's control protocol: one line per request, one line per answer (`ok
+//! key=value ...` or `err message`), over TCP; see [`super::serve`].
+
+use super::frames::ip_of_gid;
+use crate::oob::perftest::{BwReport, KeyMsg, Role, Session as PtSession};
+use crate::oob::pingpong::{self, Dest};
+use crate::verbs::Mtu;
+use crate::wire::MacAddr;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// The peer tools the tester can talk to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum PeerTool {
+    /// `ibv_rc_pingpong -g N` as the server.
+    Pingpong,
+    /// `ib_write_bw -x N` as the server.
+    PerftestWrite,
+    /// `ib_read_bw -x N` as the server.
+    PerftestRead,
+    /// `ib_send_bw -x N` as the server.
+    PerftestSend,
+    /// `ib_atomic_bw -x N` as the server.
+    PerftestAtomic,
+    /// `ferroce conform --serve` (every test applicable; memory and completions observable).
+    Ferroce,
+}
+
+impl PeerTool {
+    pub const ALL: [PeerTool; 6] = [
+        PeerTool::Pingpong,
+        PeerTool::PerftestWrite,
+        PeerTool::PerftestRead,
+        PeerTool::PerftestSend,
+        PeerTool::PerftestAtomic,
+        PeerTool::Ferroce,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerTool::Pingpong => "pingpong",
+            PeerTool::PerftestWrite => "perftest-write",
+            PeerTool::PerftestRead => "perftest-read",
+            PeerTool::PerftestSend => "perftest-send",
+            PeerTool::PerftestAtomic => "perftest-atomic",
+            PeerTool::Ferroce => "ferroce",
+        }
+    }
+    /// The real program this stands for.
+    pub fn program(self) -> &'static str {
+        match self {
+            PeerTool::Pingpong => "ibv_rc_pingpong",
+            PeerTool::PerftestWrite => "ib_write_bw",
+            PeerTool::PerftestRead => "ib_read_bw",
+            PeerTool::PerftestSend => "ib_send_bw",
+            PeerTool::PerftestAtomic => "ib_atomic_bw",
+            PeerTool::Ferroce => "ferroce conform --serve",
+        }
+    }
+}
+
+/// Remote access rights (of a QP, or of the memory region behind an R_Key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Rights {
+    pub read: bool,
+    pub write: bool,
+    pub atomic: bool,
+}
+
+impl Rights {
+    pub const NONE: Rights = Rights {
+        read: false,
+        write: false,
+        atomic: false,
+    };
+    pub const ALL: Rights = Rights {
+        read: true,
+        write: true,
+        atomic: true,
+    };
+    /// `"rwa"`-style letters.
+    pub fn letters(self) -> String {
+        let mut s = String::new();
+        if self.read {
+            s.push('r');
+        }
+        if self.write {
+            s.push('w');
+        }
+        if self.atomic {
+            s.push('a');
+        }
+        if s.is_empty() {
+            s.push('-');
+        }
+        s
+    }
+    pub fn parse(s: &str) -> Rights {
+        Rights {
+            read: s.contains('r'),
+            write: s.contains('w'),
+            atomic: s.contains('a'),
+        }
+    }
+}
+
+/// How the tester can see what the peer's memory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadBack {
+    /// Not at all.
+    None,
+    /// With RDMA READ (the R_Key allows it).
+    Read,
+    /// Eight bytes at a time with FETCH_AND_ADD of 0 (the R_Key allows atomics).
+    Atomic,
+    /// The ferroce peer's control channel reads it.
+    Control,
+}
+
+/// How the tester can count the peer's receive completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvCount {
+    None,
+    /// `ibv_rc_pingpong` answers each completed receive with one SEND.
+    Echo,
+    /// The ferroce peer's control channel reports them.
+    Control,
+}
+
+/// A memory region of the peer: R_Key, start address, length (a lower bound where the tool
+/// does not say), rights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub rkey: u32,
+    pub va: u64,
+    pub len: u64,
+    pub rights: Rights,
+}
+
+/// What the tester knows about the peer after the exchange.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub tool: PeerTool,
+    pub qpn: u32,
+    /// The PSN the peer's requester starts at.
+    pub psn: u32,
+    pub gid: [u8; 16],
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// The QP's remote access rights.
+    pub qp_rights: Rights,
+    /// The region the exchange announced (None: no R_Key announced).
+    pub region: Option<Region>,
+    /// Regions lacking one right each (the ferroce peer): no read, no write, no atomic.
+    pub lacking: Option<[Region; 3]>,
+    /// Receive WQEs posted when the session starts (None: unknown).
+    pub recvs: Option<u32>,
+    /// The peer's requester sends us messages (pingpong echoes; the ferroce peer on request).
+    pub requester: bool,
+    pub readback: ReadBack,
+    pub recv_count: RecvCount,
+    pub max_dest_rd_atomic: u32,
+    pub min_rnr_timer: u8,
+    /// The peer's CNP interval, if it says it sends CNPs.
+    pub cnp_interval: Option<Duration>,
+    /// The session can only be ended by making the peer's QP fail (the tool has no other
+    /// way to stop early: `ibv_rc_pingpong`, `ib_send_bw`).
+    pub end_by_error: bool,
+    /// One line about the peer for the report.
+    pub about: String,
+}
+
+impl PeerInfo {
+    pub fn ip(&self) -> IpAddr {
+        ip_of_gid(self.gid)
+    }
+}
+
+/// Our side of the exchange.
+#[derive(Clone, Copy, Debug)]
+pub struct Ours {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    pub mac: MacAddr,
+    /// The MTU we offer (perftest takes the smaller).
+    pub mtu: Mtu,
+}
+
+/// What a test asks of a new session (only the ferroce peer can honour the QP settings;
+/// the real tools fix them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionReq {
+    /// Our starting PSN (default: the runner's).
+    pub start_psn: Option<u32>,
+    /// The peer QP's remote access rights (ferroce peer).
+    pub qp_rights: Option<Rights>,
+    /// Receive WQEs to post (ferroce peer).
+    pub recvs: Option<u32>,
+    /// A fresh session even if the current one is usable.
+    pub fresh: bool,
+}
+
+/// An open session with the peer tool.
+pub trait Session: Send {
+    fn info(&self) -> &PeerInfo;
+    /// The ferroce peer's control channel.
+    fn control(&mut self) -> Option<&mut Control> {
+        None
+    }
+    /// The tool's closing steps, where it has them (perftest's barrier, reports and `done`).
+    fn finish(&mut self, timeout: Duration) -> Result<(), String>;
+    /// Whether the peer still holds the out-of-band connection (a perftest server or the
+    /// ferroce peer that closes it has gone away; `ibv_rc_pingpong` closes it by design).
+    fn alive(&mut self) -> bool {
+        true
+    }
+}
+
+/// Whether `s` is still open (no EOF or error pending; waiting data is left unread).
+fn still_open(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let r = match s.peek(&mut b) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    };
+    let _ = s.set_nonblocking(false);
+    r
+}
+
+/// Connect, retrying until `patience` runs out (a peer tool started in a loop may be between
+/// two runs).
+pub fn connect(addr: SocketAddr, patience: Duration) -> Result<TcpStream, String> {
+    let t0 = Instant::now();
+    loop {
+        match TcpStream::connect_timeout(
+            &addr,
+            Duration::from_secs(1).min(patience.max(Duration::from_millis(10))),
+        ) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) if t0.elapsed() >= patience => {
+                return Err(format!("connect to {addr}: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ibv_rc_pingpong
+
+struct PingpongSession {
+    info: PeerInfo,
+    _stream: TcpStream,
+}
+
+impl Session for PingpongSession {
+    fn info(&self) -> &PeerInfo {
+        &self.info
+    }
+    fn finish(&mut self, _: Duration) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn open_pingpong(
+    addr: SocketAddr,
+    ours: &Ours,
+    peer_mtu: u32,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<Box<dyn Session>, String> {
+    let mut s = connect(addr, patience)?;
+    let mine = Dest {
+        lid: 0,
+        qpn: ours.qpn,
+        psn: ours.psn,
+        gid: ours.gid,
+    };
+    let theirs = pingpong::client_exchange(&mut s, &mine, timeout)
+        .map_err(|e| format!("ibv_rc_pingpong exchange: {e}"))?;
+    pingpong::send_done(&mut s).map_err(|e| format!("ibv_rc_pingpong exchange: {e}"))?;
+    if theirs.gid == [0; 16] {
+        return Err(
+            "the peer announced an all-zero GID: run ibv_rc_pingpong with -g (RoCE needs a GID)"
+                .into(),
+        );
+    }
+    let info = PeerInfo {
+        tool: PeerTool::Pingpong,
+        qpn: theirs.qpn,
+        psn: theirs.psn,
+        gid: theirs.gid,
+        mtu: peer_mtu,
+        qp_rights: Rights::NONE,
+        region: None,
+        lacking: None,
+        recvs: Some(500),
+        requester: true,
+        readback: ReadBack::None,
+        recv_count: RecvCount::Echo,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        cnp_interval: None,
+        end_by_error: true,
+        about: format!(
+            "ibv_rc_pingpong QPN {:#08x} PSN {:#08x} GID {} (path MTU {} assumed: --peer-mtu)",
+            theirs.qpn,
+            theirs.psn,
+            ip_of_gid(theirs.gid),
+            peer_mtu
+        ),
+    };
+    Ok(Box::new(PingpongSession { info, _stream: s }))
+}
+
+// ---------------------------------------------------------------------------------------
+// perftest
+
+struct PerftestSession {
+    info: PeerInfo,
+    ses: PtSession,
+    ours: KeyMsg,
+}
+
+impl Session for PerftestSession {
+    fn info(&self) -> &PeerInfo {
+        &self.info
+    }
+    fn alive(&mut self) -> bool {
+        still_open(&self.ses.stream)
+    }
+    fn finish(&mut self, timeout: Duration) -> Result<(), String> {
+        if self.info.tool == PeerTool::PerftestSend {
+            // ib_send_bw waits for its messages before it reads the socket again.
+            return Ok(());
+        }
+        self.ses.timeout = timeout;
+        let r = BwReport {
+            size: 8,
+            iters: 0,
+            bw_peak: 0.0,
+            bw_avg: 0.0,
+            msg_rate: 0.0,
+        };
+        self.ses
+            .barrier(&self.ours)
+            .and_then(|_| self.ses.bw_reports(&r))
+            .and_then(|_| self.ses.close(&self.ours))
+            .map(drop)
+            .map_err(|e| format!("perftest closing exchange: {e}"))
+    }
+}
+
+fn open_perftest(
+    tool: PeerTool,
+    addr: SocketAddr,
+    ours: &Ours,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<Box<dyn Session>, String> {
+    let s = connect(addr, patience)?;
+    let mut ses = PtSession::new(s, Role::Client, timeout);
+    let what = |e: crate::oob::CmError| format!("perftest exchange: {e}");
+    let mtu = ses.handshake(ours.mtu).map_err(what)?;
+    let mine = KeyMsg {
+        lid: 0,
+        out_reads: 16,
+        qpn: ours.qpn,
+        psn: ours.psn,
+        rkey: 0,
+        vaddr: 0,
+        gid: ours.gid,
+        srqn: 0,
+    };
+    let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
+    let t = *theirs
+        .first()
+        .ok_or_else(|| "perftest exchange: no key message".to_string())?;
+    // "print remote" and "both QPs in RTR"; ib_send_bw adds one once its receives are up.
+    ses.barrier(&mine).map_err(what)?;
+    ses.barrier(&mine).map_err(what)?;
+    if tool == PeerTool::PerftestSend {
+        ses.barrier(&mine).map_err(what)?;
+    }
+    if t.gid == [0; 16] {
+        return Err(
+            "the peer announced an all-zero GID: run perftest with -x (RoCE needs a GID)".into(),
+        );
+    }
+    let (qp_rights, rights, recvs, readback) = match tool {
+        PeerTool::PerftestWrite => (
+            Rights {
+                write: true,
+                ..Rights::NONE
+            },
+            Rights {
+                write: true,
+                ..Rights::NONE
+            },
+            Some(0),
+            ReadBack::None,
+        ),
+        PeerTool::PerftestRead => (
+            Rights {
+                read: true,
+                ..Rights::NONE
+            },
+            Rights {
+                read: true,
+                ..Rights::NONE
+            },
+            Some(0),
+            ReadBack::Read,
+        ),
+        PeerTool::PerftestAtomic => (
+            Rights {
+                atomic: true,
+                ..Rights::NONE
+            },
+            Rights {
+                atomic: true,
+                ..Rights::NONE
+            },
+            Some(0),
+            ReadBack::Atomic,
+        ),
+        // ib_send_bw: QP REMOTE_WRITE | LOCAL_WRITE, buffer LOCAL_WRITE only.
+        _ => (
+            Rights {
+                write: true,
+                ..Rights::NONE
+            },
+            Rights::NONE,
+            None,
+            ReadBack::None,
+        ),
+    };
+    let info = PeerInfo {
+        tool,
+        qpn: t.qpn,
+        psn: t.psn,
+        gid: t.gid,
+        mtu: mtu.bytes(),
+        qp_rights,
+        region: Some(Region {
+            rkey: t.rkey,
+            va: t.vaddr,
+            // perftest's buffer is at least a page (cycle buffer) long.
+            len: u64::from(ses.peer_page.clamp(64, 1 << 20)),
+            rights,
+        }),
+        lacking: None,
+        recvs,
+        requester: false,
+        readback,
+        recv_count: RecvCount::None,
+        max_dest_rd_atomic: u32::from(t.out_reads).max(1),
+        min_rnr_timer: 12,
+        cnp_interval: None,
+        end_by_error: tool == PeerTool::PerftestSend,
+        about: format!(
+            "{} QPN {:#08x} PSN {:#08x} R_Key {:#010x} VA {:#x} out_reads {} GID {} path MTU {}",
+            tool.program(),
+            t.qpn,
+            t.psn,
+            t.rkey,
+            t.vaddr,
+            t.out_reads,
+            ip_of_gid(t.gid),
+            mtu.bytes()
+        ),
+    };
+    Ok(Box::new(PerftestSession {
+        info,
+        ses,
+        ours: mine,
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// the ferroce peer
+
+/// The ferroce peer's control channel (client side).
+pub struct Control {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+    timeout: Duration,
+    /// What `hello` said.
+    pub hello: HashMap<String, String>,
+}
+
+/// Parse `key=value` words.
+pub fn kv(line: &str) -> HashMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn hex(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
+    let v = m
+        .get(k)
+        .ok_or_else(|| format!("ferroce peer: no {k}= in its answer"))?;
+    u64::from_str_radix(v.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("ferroce peer: bad {k}={v}"))
+}
+
+impl Control {
+    pub fn connect(
+        addr: SocketAddr,
+        timeout: Duration,
+        patience: Duration,
+    ) -> Result<Control, String> {
+        let s = connect(addr, patience)?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        let w = s.try_clone().map_err(|e| e.to_string())?;
+        let mut c = Control {
+            r: BufReader::new(s),
+            w,
+            timeout,
+            hello: HashMap::new(),
+        };
+        let h = c.call("hello")?;
+        if !h.starts_with("ferroce-conform/1") {
+            return Err(format!("not a ferroce conformance peer: {h:?}"));
+        }
+        c.hello = kv(&h);
+        Ok(c)
+    }
+
+    /// Send one request and return the text after `ok `.
+    pub fn call(&mut self, req: &str) -> Result<String, String> {
+        writeln!(self.w, "{req}").map_err(|e| format!("ferroce peer: {e}"))?;
+        let mut line = String::new();
+        let t0 = Instant::now();
+        loop {
+            match self.r.read_line(&mut line) {
+                Ok(0) => return Err("ferroce peer closed the control connection".into()),
+                Ok(_) if line.ends_with('\n') => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(format!(
+                        "ferroce peer: no answer to {:?} within {:?}",
+                        req.split_whitespace().next().unwrap_or(""),
+                        self.timeout
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("ferroce peer: {e}")),
+            }
+            if t0.elapsed() > self.timeout || line.len() > 1 << 20 {
+                return Err("ferroce peer: answer too long or too slow".into());
+            }
+        }
+        let line = line.trim_end();
+        let what = req.split_whitespace().next().unwrap_or("");
+        if let Some(rest) = line.strip_prefix("ok") {
+            Ok(rest.trim_start().to_string())
+        } else if let Some(e) = line.strip_prefix("err ") {
+            Err(format!("ferroce peer refused {what:?}: {e}"))
+        } else {
+            let shown: String = line.chars().take(60).collect();
+            Err(format!(
+                "answered {what:?} with {shown:?}: not a ferroce conformance peer"
+            ))
+        }
+    }
+
+    /// Read `len` bytes of the peer's memory at `va`.
+    pub fn read_mem(&mut self, va: u64, len: usize) -> Result<Vec<u8>, String> {
+        let s = self.call(&format!("read va={va:x} len={len}"))?;
+        let h = s.trim();
+        if h.len() != 2 * len {
+            return Err(format!(
+                "ferroce peer: read returned {} hex digits",
+                h.len()
+            ));
+        }
+        (0..len)
+            .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// Receive completions so far: (successful, with an error).
+    pub fn recv_completions(&mut self) -> Result<(u64, u64), String> {
+        let m = kv(&self.call("recvs")?);
+        let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        Ok((n("ok"), n("err")))
+    }
+
+    /// Send completions so far: (successful, with an error).
+    pub fn send_completions(&mut self) -> Result<(u64, u64), String> {
+        let m = kv(&self.call("sends")?);
+        let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        Ok((n("ok"), n("err")))
+    }
+
+    /// Make the peer post a SEND of `len` bytes to us.
+    pub fn post_send(&mut self, len: usize) -> Result<(), String> {
+        self.call(&format!("post_send len={len}")).map(drop)
+    }
+
+    /// The peer QP's state (`RTS`, `ERR`, ...).
+    pub fn state(&mut self) -> Result<String, String> {
+        Ok(kv(&self.call("state")?)
+            .get("state")
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+struct FerroceSession {
+    info: PeerInfo,
+    ctl: Control,
+}
+
+impl Session for FerroceSession {
+    fn info(&self) -> &PeerInfo {
+        &self.info
+    }
+    fn alive(&mut self) -> bool {
+        still_open(&self.ctl.w)
+    }
+    fn control(&mut self) -> Option<&mut Control> {
+        Some(&mut self.ctl)
+    }
+    fn finish(&mut self, _: Duration) -> Result<(), String> {
+        let _ = self.ctl.call("bye");
+        Ok(())
+    }
+}
+
+fn open_ferroce(
+    addr: SocketAddr,
+    ours: &Ours,
+    req: &SessionReq,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<Box<dyn Session>, String> {
+    let mut ctl = Control::connect(addr, timeout, patience)?;
+    let rights = req.qp_rights.unwrap_or(Rights::ALL);
+    let recvs = req.recvs.unwrap_or(64);
+    let gid: String = ours.gid.iter().map(|b| format!("{b:02x}")).collect();
+    let mac: String = ours.mac.0.iter().map(|b| format!("{b:02x}")).collect();
+    let a = kv(&ctl.call(&format!(
+        "qp qpn={:x} psn={:x} gid={gid} mac={mac} rights={} recvs={recvs} mtu={}",
+        ours.qpn,
+        ours.psn,
+        rights.letters(),
+        ours.mtu.bytes()
+    ))?);
+    let region = |p: &str, r: Rights| -> Result<Region, String> {
+        Ok(Region {
+            rkey: hex(&a, &format!("{p}rkey"))? as u32,
+            va: hex(&a, &format!("{p}va"))?,
+            len: hex(&a, &format!("{p}len"))?,
+            rights: r,
+        })
+    };
+    let gid_hex = a.get("gid").cloned().unwrap_or_default();
+    let mut gidb = [0u8; 16];
+    if gid_hex.len() != 32 {
+        return Err("ferroce peer: bad gid=".into());
+    }
+    for (i, b) in gidb.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&gid_hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    let cnp_us = a.get("cnp_interval_us").and_then(|v| v.parse::<u64>().ok());
+    let info = PeerInfo {
+        tool: PeerTool::Ferroce,
+        qpn: hex(&a, "qpn")? as u32,
+        psn: hex(&a, "psn")? as u32,
+        gid: gidb,
+        mtu: a.get("mtu").and_then(|v| v.parse().ok()).unwrap_or(1024),
+        qp_rights: rights,
+        region: Some(region("", Rights::ALL)?),
+        lacking: Some([
+            region(
+                "noread_",
+                Rights {
+                    read: false,
+                    ..Rights::ALL
+                },
+            )?,
+            region(
+                "nowrite_",
+                Rights {
+                    write: false,
+                    ..Rights::ALL
+                },
+            )?,
+            region(
+                "noatomic_",
+                Rights {
+                    atomic: false,
+                    ..Rights::ALL
+                },
+            )?,
+        ]),
+        recvs: Some(recvs),
+        requester: true,
+        readback: ReadBack::Control,
+        recv_count: RecvCount::Control,
+        max_dest_rd_atomic: a
+            .get("max_dest_rd_atomic")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1),
+        min_rnr_timer: a
+            .get("min_rnr_timer")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12),
+        cnp_interval: cnp_us.filter(|&u| u > 0).map(Duration::from_micros),
+        end_by_error: false,
+        about: format!(
+            "ferroce peer QPN {} rights {} receives {recvs} knobs {}",
+            a.get("qpn").map(String::as_str).unwrap_or("?"),
+            rights.letters(),
+            ctl.hello.get("break").map(String::as_str).unwrap_or("none")
+        ),
+    };
+    Ok(Box::new(FerroceSession { info, ctl }))
+}
+
+/// Open a session with `tool` at `addr`.
+pub fn open(
+    tool: PeerTool,
+    addr: SocketAddr,
+    ours: &Ours,
+    req: &SessionReq,
+    peer_mtu: u32,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<Box<dyn Session>, String> {
+    match tool {
+        PeerTool::Pingpong => open_pingpong(addr, ours, peer_mtu, timeout, patience),
+        PeerTool::Ferroce => open_ferroce(addr, ours, req, timeout, patience),
+        t => open_perftest(t, addr, ours, timeout, patience),
+    }
+}
