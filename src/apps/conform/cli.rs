@@ -207,7 +207,7 @@ fn serve_cli(
     )
     .map_err(|e| e.to_string())?;
     let _ = out.flush();
-    let stop = crate::io::sys::signal::stop_on_sigint_sigterm().map_err(|e| e.to_string())?;
+    let stop = crate::io::stop_on_sigint_sigterm().map_err(|e| e.to_string())?;
     serve::serve(&nic, &so, l, stop);
     nic.shutdown();
     Ok(0)
