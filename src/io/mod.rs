@@ -19,6 +19,7 @@ pub mod fault;
 pub mod loopback;
 pub mod netdev;
 pub mod pcap;
+pub mod route;
 mod sys;
 pub mod udp;
 pub mod xdp;

@@ -1,11 +1,13 @@
 //! Interfaces and neighbours: the GID table of a port, built from its IP addresses, and the
-//! MAC address of a peer, from the kernel's neighbour table.
+//! MAC address of a peer, from the kernel's routing and neighbour tables (over rtnetlink,
+//! [`super::route`]).
 //!
 //! The GID table is ordered as Linux numbers it for a RoCE v2 port: IPv6 link-local first,
 //! then the IPv4 addresses (as IPv4-mapped GIDs `::ffff:a.b.c.d`), then the other IPv6
 //! addresses. On a host with one IPv4 and one global IPv6 address that gives rxe's indexes:
 //! 0 link-local, 1 IPv4, 2 IPv6 global.
 
+use super::route::{self, RouteError};
 use crate::wire::MacAddr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -82,100 +84,44 @@ pub fn ib_mtu_for(eth_mtu: u32) -> crate::ib::Mtu {
         .unwrap_or(Mtu::M256)
 }
 
-/// Parse `/proc/net/arp` for `ip` on `dev` (complete entries only).
-pub fn arp_lookup(table: &str, ip: Ipv4Addr, dev: Option<&str>) -> Option<MacAddr> {
-    for line in table.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || f[0].parse::<Ipv4Addr>().ok() != Some(ip) {
-            continue;
-        }
-        if dev.is_some_and(|d| d != f[5]) {
-            continue;
-        }
-        // Flags 0x2 = complete.
-        let flags = u32::from_str_radix(f[2].trim_start_matches("0x"), 16).unwrap_or(0);
-        if flags & 2 == 0 {
-            continue;
-        }
-        let mac: MacAddr = f[3].parse().ok()?;
-        if mac != MacAddr::ZERO {
-            return Some(mac);
-        }
-    }
-    None
-}
-
-/// Parse `ip -6 neigh show` output for `ip`.
-pub fn ndp_lookup(out: &str, ip: Ipv6Addr) -> Option<MacAddr> {
-    for line in out.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.first().and_then(|a| a.parse::<Ipv6Addr>().ok()) != Some(ip) {
-            continue;
-        }
-        if f.iter().any(|w| matches!(*w, "FAILED" | "INCOMPLETE")) {
-            continue;
-        }
-        let i = f.iter().position(|w| *w == "lladdr")?;
-        return f.get(i + 1)?.parse().ok();
-    }
-    None
-}
-
-/// The calling thread's ARP table. `/proc/net` is a link to `/proc/self/net`, which shows the
-/// namespace of the process's main thread; `/proc/thread-self/net` (Linux 3.17) shows this
-/// thread's, which differs when the thread entered another namespace.
-fn arp_table() -> Option<String> {
-    std::fs::read_to_string("/proc/thread-self/net/arp")
-        .or_else(|_| std::fs::read_to_string("/proc/net/arp"))
-        .ok()
-}
-
-fn kernel_lookup(ip: IpAddr, dev: Option<&str>) -> Option<MacAddr> {
-    match ip {
-        IpAddr::V4(v4) => arp_lookup(&arp_table()?, v4, dev),
-        IpAddr::V6(v6) => {
-            let out = std::process::Command::new("ip")
-                .args(["-6", "neigh", "show", &v6.to_string()])
-                .output()
-                .ok()?;
-            ndp_lookup(&String::from_utf8_lossy(&out.stdout), v6)
-        }
-    }
-}
-
-/// Parse `ip route get` output: the gateway if the route has one, else the destination itself.
-pub fn parse_route_get(out: &str, dst: IpAddr) -> IpAddr {
-    let f: Vec<&str> = out.split_whitespace().collect();
-    f.iter()
-        .position(|w| *w == "via")
-        .and_then(|i| f.get(i + 1))
-        .and_then(|g| g.parse().ok())
-        .unwrap_or(dst)
-}
-
 /// The next hop towards `dst` per the kernel's routing table (the gateway, or `dst` itself
-/// when it is on a connected subnet).
-pub fn next_hop(dst: IpAddr) -> IpAddr {
-    match std::process::Command::new("ip")
-        .args(["route", "get", &dst.to_string()])
-        .output()
-    {
-        Ok(o) if o.status.success() => parse_route_get(&String::from_utf8_lossy(&o.stdout), dst),
-        _ => dst,
-    }
+/// when it is on a connected network): `RTM_GETROUTE`, as `ip route get` asks.
+///
+/// # Errors
+/// [`RouteError::NoRoute`] when the kernel has no route to `dst`, or a netlink error.
+pub fn next_hop(dst: IpAddr) -> Result<IpAddr, RouteError> {
+    Ok(route::route_get(dst)?.next_hop())
 }
 
-/// The destination MAC address for packets to `ip`: that of the next hop (the gateway when
-/// `ip` is not on a connected subnet), from the kernel's neighbour table. If the kernel has no
-/// entry, make it resolve one: a datagram to the discard port (9) of `ip` from a plain UDP
-/// socket sends the ARP request / neighbour solicitation for the next hop; then wait up to
-/// `timeout`.
-pub fn resolve(dst: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacAddr> {
-    let ip = next_hop(dst);
-    if let Some(m) = kernel_lookup(ip, dev) {
-        return Some(m);
+/// The destination MAC address for packets to `dst` leaving through `dev` (or the route's
+/// interface): that of the next hop (the gateway when `dst` is not on a connected network),
+/// from the kernel's neighbour table (`RTM_GETNEIGH`). If the kernel has no usable entry,
+/// make it resolve one: a datagram to the discard port (9) of `dst` from a plain UDP socket
+/// sends the ARP request / neighbour solicitation for the next hop; then look again every
+/// 10 ms for up to `timeout`.
+///
+/// # Errors
+/// [`RouteError::NoRoute`] without a route, [`RouteError::NoNeighbour`] when the next hop
+/// did not answer within `timeout`, or a netlink error.
+pub fn resolve_mac(
+    dst: IpAddr,
+    dev: Option<&str>,
+    timeout: Duration,
+) -> Result<MacAddr, RouteError> {
+    let r = route::route_get(dst)?;
+    let ip = r.next_hop();
+    let ifindex = match dev {
+        Some(d) => Some(super::sys::if_nametoindex(d)?),
+        None => r.oif,
+    };
+    let lookup = || -> Result<Option<MacAddr>, RouteError> {
+        Ok(route::neighbour(ip, ifindex)?.and_then(|n| n.usable_mac()))
+    };
+    if let Some(m) = lookup()? {
+        return Ok(m);
     }
-    let bind: IpAddr = if ip.is_ipv4() {
+    tracing::debug!(%dst, next_hop = %ip, "no neighbour entry: priming with a datagram to port 9");
+    let bind: IpAddr = if dst.is_ipv4() {
         Ipv4Addr::UNSPECIFIED.into()
     } else {
         Ipv6Addr::UNSPECIFIED.into()
@@ -186,11 +132,19 @@ pub fn resolve(dst: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacA
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
         std::thread::sleep(Duration::from_millis(10));
-        if let Some(m) = kernel_lookup(ip, dev) {
-            return Some(m);
+        if let Some(m) = lookup()? {
+            return Ok(m);
         }
     }
-    None
+    Err(RouteError::NoNeighbour { dst, ip })
+}
+
+/// [`resolve_mac`], for callers that only need to know whether it worked (the reason is
+/// logged at debug level).
+pub fn resolve(dst: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacAddr> {
+    resolve_mac(dst, dev, timeout)
+        .inspect_err(|e| tracing::debug!(%dst, error = %e, "resolve"))
+        .ok()
 }
 
 #[cfg(test)]
@@ -217,48 +171,5 @@ mod tests {
         assert_eq!(ib_mtu_for(9000), Mtu::M4096);
         assert_eq!(ib_mtu_for(4200), Mtu::M4096);
         assert_eq!(ib_mtu_for(576), Mtu::M256);
-    }
-
-    #[test]
-    fn route_get_parsing() {
-        let d: IpAddr = "10.61.2.2".parse().unwrap();
-        assert_eq!(
-            parse_route_get(
-                "10.61.2.2 via 10.61.1.1 dev eth0 src 10.61.1.2 uid 0 \n    cache",
-                d
-            ),
-            "10.61.1.1".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            parse_route_get(
-                "10.61.1.1 dev eth0 src 10.61.1.2 uid 0",
-                "10.61.1.1".parse().unwrap()
-            ),
-            "10.61.1.1".parse::<IpAddr>().unwrap()
-        );
-        let d6: IpAddr = "fd61:2::2".parse().unwrap();
-        assert_eq!(parse_route_get("fd61:2::2 from :: via fd61:1::1 dev eth0 proto static src fd61:1::2 metric 1024 pref medium", d6), "fd61:1::1".parse::<IpAddr>().unwrap());
-    }
-
-    #[test]
-    fn arp_and_ndp_parsing() {
-        let t = "IP address       HW type     Flags       HW address            Mask     Device\n\
-                 10.61.1.1        0x1         0x2         02:fe:61:01:00:01     *        eth0\n\
-                 10.61.1.9        0x1         0x0         00:00:00:00:00:00     *        eth0\n";
-        assert_eq!(
-            arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth0")),
-            Some("02:fe:61:01:00:01".parse().unwrap())
-        );
-        assert_eq!(
-            arp_lookup(t, "10.61.1.1".parse().unwrap(), Some("eth1")),
-            None
-        );
-        assert_eq!(arp_lookup(t, "10.61.1.9".parse().unwrap(), None), None);
-        let n = "fd61:1::1 dev eth0 lladdr 02:fe:61:01:00:01 router REACHABLE\nfd61:1::7 dev eth0  FAILED\n";
-        assert_eq!(
-            ndp_lookup(n, "fd61:1::1".parse().unwrap()),
-            Some("02:fe:61:01:00:01".parse().unwrap())
-        );
-        assert_eq!(ndp_lookup(n, "fd61:1::7".parse().unwrap()), None);
     }
 }
