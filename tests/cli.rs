@@ -151,6 +151,7 @@ fn bad_flag_gets_claps_whole_message() {
 #[test]
 fn demo_runs_and_its_capture_is_clean() {
     let pcap = std::env::temp_dir().join(format!("ferroce-demo-test-{}.pcap", std::process::id()));
+    let _ = std::fs::remove_file(&pcap);
     let (code, out, err) = ferroce(&["demo", "--quick", "--pcap", pcap.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}\n{err}");
     for t in [
@@ -161,62 +162,96 @@ fn demo_runs_and_its_capture_is_clean() {
         assert!(out.contains(t), "{out}");
     }
     assert!(out.contains("icrc_bad=0 malformed=0"), "{out}");
-    // And the capture passes inspect on its own.
-    let (code, out, _) = ferroce(&["inspect", "-q", pcap.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}");
-    let _ = std::fs::remove_file(pcap);
-}
-
-/// `ferroce ARGS` with `RUST_LOG` set to `log` (or removed).
-fn ferroce_log(args: &[&str], log: Option<&str>) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferroce"));
-    c.args(args);
-    match log {
-        Some(v) => c.env("RUST_LOG", v),
-        None => c.env_remove("RUST_LOG"),
+    // Its path and size, what it keeps, and the next steps.
+    let size = std::fs::metadata(&pcap).unwrap().len();
+    assert!(
+        out.contains(&format!("capture: {}", pcap.display()))
+            && out.contains(&format!("({size} bytes)")),
+        "{out}"
+    );
+    assert!(out.contains("write-bw: the first 512 of "), "{out}");
+    assert!(out.contains("read-bw: the first 512 of "), "{out}");
+    assert!(out.contains("send-lat: all "), "{out}");
+    assert!(
+        out.contains(&format!("wireshark {}", pcap.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("ferroce inspect {}", pcap.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains("ferroce perf write-bw ADDRESS_OF_B -d IFACE"),
+        "{out}"
+    );
+    // And the capture passes inspect on its own: every frame of send-lat (500 SENDs each
+    // way), at most 512 frames of each bandwidth test.
+    let (code, json, _) = ferroce(&["inspect", "--json", pcap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{json}");
+    let ops: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|o: &serde_json::Value| o["kind"] != "summary")
+        .collect();
+    let count = |f: &dyn Fn(&str) -> bool| {
+        ops.iter()
+            .filter(|o| f(o["op"].as_str().unwrap_or("")))
+            .count()
     };
-    let out = c.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    assert_eq!(count(&|o| o == "RC_SEND_ONLY"), 1000);
+    let writes = count(&|o| o.starts_with("RC_RDMA_WRITE"));
+    let reads = count(&|o| o.starts_with("RC_RDMA_READ"));
+    assert!(writes > 0 && writes <= 512, "{writes}");
+    assert!(reads > 0 && reads <= 512, "{reads}");
+    let _ = std::fs::remove_file(pcap);
 }
 
 #[test]
-fn rust_log_prints_the_library_events_on_stderr_and_is_off_by_default() {
-    let pcap = std::env::temp_dir().join(format!("ferroce-log-test-{}.pcap", std::process::id()));
-    let args = ["demo", "--quick", "--pcap", pcap.to_str().unwrap()];
-    // Off by default: nothing from the library on stderr.
-    let (_, _, err) = ferroce_log(&args, None);
+fn demo_never_replaces_a_capture_unasked() {
+    let dir = std::env::temp_dir().join(format!("ferroce-demo-names-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let demo = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+            .arg("demo")
+            .arg("--quick")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // The default name, then the next free one; the first file is left as it was.
+    let (code, out, err) = demo(&[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let first = std::fs::read(dir.join("ferroce-demo.pcap")).unwrap();
+    assert!(out.contains("ferroce-demo.pcap ("), "{out}");
+    let (code, out, err) = demo(&[]);
+    assert_eq!(code, 0, "{out}{err}");
     assert!(
-        !err.contains("ferroce::"),
-        "events without RUST_LOG:\n{err}"
+        out.starts_with("ferroce-demo.pcap exists (left as it is): this run's capture goes to ferroce-demo-2.pcap\n"),
+        "{out}"
     );
-    // RUST_LOG=ferroce=debug: the runtime's and the backends' events, with their targets.
-    let (_, out, err) = ferroce_log(&args, Some("ferroce=debug"));
-    for event in [
-        "ferroce::io::loopback: loopback pair open",
-        "ferroce::runtime: NIC starting",
-        "ferroce::runtime: engine thread running",
-        "ferroce::runtime: engine thread stopping",
-        "ferroce::runtime: NIC stopped",
-    ] {
-        assert!(err.contains(event), "no {event:?} in stderr:\n{err}");
-    }
-    assert!(err.contains("DEBUG") && err.contains("INFO"), "{err}");
-    // Events go to stderr only: stdout is the report.
-    assert!(!out.contains("ferroce::"), "{out}");
-    // The filter filters: at info the debug events are gone.
-    let (_, _, err) = ferroce_log(&args, Some("ferroce=info"));
-    assert!(err.contains("ferroce::runtime: NIC starting"), "{err}");
-    assert!(!err.contains("DEBUG"), "{err}");
-    let _ = std::fs::remove_file(pcap);
-    // A directive that does not parse is a one-line error.
-    let (code, _, err) = ferroce_log(&["inspect", "-q"], Some("ferroce=loudest"));
-    assert_eq!(code, 2, "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("ferroce: RUST_LOG="), "{err}");
+    assert!(dir.join("ferroce-demo-2.pcap").exists());
+    assert_eq!(std::fs::read(dir.join("ferroce-demo.pcap")).unwrap(), first);
+    // An explicit path that exists is refused, untouched, unless --overwrite.
+    let (code, out, err) = demo(&["--pcap", "ferroce-demo.pcap"]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(
+        err,
+        "ferroce: demo: ferroce-demo.pcap exists; not replacing it (give another --pcap, or add --overwrite)\n"
+    );
+    assert_eq!(std::fs::read(dir.join("ferroce-demo.pcap")).unwrap(), first);
+    let (code, out, err) = demo(&["--pcap", "ferroce-demo.pcap", "--overwrite"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_ne!(std::fs::read(dir.join("ferroce-demo.pcap")).unwrap(), first);
+    assert!(!dir.join("ferroce-demo-3.pcap").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -1,7 +1,13 @@
 //! `ferroce demo`: two ferroce devices in one process, joined by the in-memory loopback
 //! backend (no root, no setup), run a short write-bw, read-bw and send-lat with perftest's
 //! out-of-band exchange over 127.0.0.1, print perftest-style results and the counters, write
-//! a capture of every frame and run `inspect` over it.
+//! a capture and run `inspect` over it, then say what to do next.
+//!
+//! The capture keeps every frame of the latency test and the first [`BW_CAPTURE_FRAMES`]
+//! frames of each bandwidth test (a few MB instead of the ~670 MB of every frame;
+//! [`DemoOptions::full_capture`] keeps them all). It never replaces a file silently: the
+//! default name, [`DEFAULT_CAPTURE`], moves on to the next free `ferroce-demo-N.pcap`, and an
+//! explicit path that exists is refused unless [`DemoOptions::overwrite`] says otherwise.
 
 use crate::apps::perf::{self, PerfConfig, Report, Test};
 use crate::io::{Loopback, PcapTap};
@@ -12,13 +18,112 @@ use crate::verbs::Mtu;
 use crate::wire::MacAddr;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What the demo measured.
 pub struct DemoResult {
+    /// Each test's results (the client's side).
     pub reports: Vec<(Test, Report)>,
+    /// RoCE packets in the capture.
     pub capture_packets: u64,
+    /// Whether `inspect` found every packet of the capture well formed with a good ICRC.
     pub capture_clean: bool,
+    /// Where the capture went.
+    pub capture_path: PathBuf,
+    /// Its size in bytes.
+    pub capture_bytes: u64,
+}
+
+/// How to run the demo.
+#[derive(Clone, Debug, Default)]
+pub struct DemoOptions {
+    /// Where to write the capture; `None`: [`DEFAULT_CAPTURE`] in the current directory, or
+    /// the next free `ferroce-demo-N.pcap` if it exists.
+    pub pcap: Option<PathBuf>,
+    /// Replace `pcap` if it exists (otherwise the demo refuses to start).
+    pub overwrite: bool,
+    /// Record every frame of the bandwidth tests too (hundreds of MB).
+    pub full_capture: bool,
+    /// Fewer iterations (500 instead of 5000).
+    pub quick: bool,
+}
+
+/// The capture's name when none is given.
+pub const DEFAULT_CAPTURE: &str = "ferroce-demo.pcap";
+
+/// Frames of each bandwidth test kept in the capture by default (device A's, both
+/// directions): with 64 KiB messages at MTU 4096, about the first 30 messages.
+pub const BW_CAPTURE_FRAMES: u64 = 512;
+
+/// Create the capture file without replacing anything unasked: the path and, when the default
+/// name was taken, a sentence saying which name was used instead.
+fn create_capture(o: &DemoOptions) -> Result<(std::fs::File, PathBuf, Option<String>), String> {
+    use std::fs::OpenOptions;
+    use std::io::ErrorKind;
+    if let Some(p) = &o.pcap {
+        let r = if o.overwrite {
+            std::fs::File::create(p)
+        } else {
+            OpenOptions::new().write(true).create_new(true).open(p)
+        };
+        return match r {
+            Ok(f) => Ok((f, p.clone(), None)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(format!(
+                "{} exists; not replacing it (give another --pcap, or add --overwrite)",
+                p.display()
+            )),
+            Err(e) => Err(format!("{}: {e}", p.display())),
+        };
+    }
+    for n in 1..=999u32 {
+        let p = if n == 1 {
+            PathBuf::from(DEFAULT_CAPTURE)
+        } else {
+            PathBuf::from(format!("ferroce-demo-{n}.pcap"))
+        };
+        match OpenOptions::new().write(true).create_new(true).open(&p) {
+            Ok(f) => {
+                let note = (n > 1).then(|| {
+                    format!(
+                        "{DEFAULT_CAPTURE} exists (left as it is): this run's capture goes to {}",
+                        p.display()
+                    )
+                });
+                return Ok((f, p, note));
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    Err(format!(
+        "{DEFAULT_CAPTURE} and ferroce-demo-2.pcap .. ferroce-demo-999.pcap all exist here; give --pcap FILE"
+    ))
+}
+
+/// The capture's budget and what each test left in it.
+struct Capture {
+    budget: crate::io::PcapBudget,
+    full: bool,
+    /// Per test: frames recorded, frames left out.
+    per_test: Vec<(Test, u64, u64)>,
+}
+
+impl Capture {
+    fn new(full: bool) -> Self {
+        Capture {
+            budget: crate::io::PcapBudget::new(None),
+            full,
+            per_test: Vec::new(),
+        }
+    }
+    fn start(&self, test: Test) {
+        self.budget
+            .reset((test.is_bw() && !self.full).then_some(BW_CAPTURE_FRAMES));
+    }
+    fn end(&mut self, test: Test) {
+        let (kept, left) = self.budget.counts();
+        self.per_test.push((test, kept, left));
+    }
 }
 
 const MAC_A: MacAddr = MacAddr([0x02, 0xfe, 0, 0, 0, 1]);
@@ -71,15 +176,15 @@ const PCAP_HEADER_LEN: usize = 24;
 /// would run them: the bandwidth tests with an engine thread per device (it pipelines), the
 /// latency test with the test threads driving the engines (`PollMode::Inline`) and a 20 µs
 /// delayed ACK. Device A's frames of both phases go to the one capture.
-pub fn run(
-    out: &mut dyn Write,
-    pcap: &Path,
-    quick: bool,
-) -> Result<DemoResult, Box<dyn std::error::Error>> {
+pub fn run(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, Box<dyn std::error::Error>> {
+    let (f, pcap, note) = create_capture(o)?;
+    if let Some(n) = note {
+        writeln!(out, "{n}")?;
+    }
+    let quick = o.quick;
+    let mut cap = Capture::new(o.full_capture);
     let file = SharedFile(std::sync::Arc::new(std::sync::Mutex::new(
-        std::io::BufWriter::new(
-            std::fs::File::create(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?,
-        ),
+        std::io::BufWriter::new(f),
     )));
     // Bandwidth: the engines sleep when idle (woken by packets or doorbells) so that the test
     // threads can spin on this machine's cores.
@@ -118,12 +223,13 @@ pub fn run(
     for (k, (tests, opts, ack_delay)) in phases.into_iter().enumerate() {
         let (la, lb) = Loopback::pair(8192, 9000)?;
         let skip = if k == 0 { 0 } else { PCAP_HEADER_LEN };
-        let tap = PcapTap::new(
+        let tap = PcapTap::with_budget(
             la,
             SkipHeader {
                 w: file.clone(),
                 skip,
             },
+            cap.budget.clone(),
         )?;
         let mut ca = DeviceConfig::new(MAC_A, ip(1));
         let mut cb = DeviceConfig::new(MAC_B, ip(2));
@@ -134,7 +240,15 @@ pub fn run(
         if k == 0 {
             writeln!(out, "ferroce demo: two devices (10.0.0.1 {} and 10.0.0.2 {}) over the in-memory loopback backend", a.describe(), b.describe())?;
         }
-        reports.extend(run_tests(out, &a, &b, &resolve, quick, None, tests)?);
+        reports.extend(run_tests(
+            out,
+            (&a, &b),
+            &resolve,
+            quick,
+            None,
+            tests,
+            &mut cap,
+        )?);
         let (da, qa, ia) = a.counters();
         let (_, qb, _) = b.counters();
         for (x, v) in c.iter_mut().zip([
@@ -169,19 +283,19 @@ pub fn run(
         "loopback device A: {} frames sent, {} received",
         c[11], c[12]
     )?;
-    check_capture(out, pcap, reports)
+    check_capture(out, &pcap, reports, &cap)
 }
 
 /// The three tests, server on `b`, client on `a`. With `ns`, the control connection's sockets
 /// are made in the namespaces (B listens on 10.99.0.2, A connects to it).
 fn run_tests(
     out: &mut dyn Write,
-    a: &Nic,
-    b: &Nic,
+    (a, b): (&Nic, &Nic),
     resolve: &(dyn Fn(IpAddr) -> Option<MacAddr> + Sync),
     quick: bool,
     ns: Option<(&[String; 2], u8)>,
     tests: &[Test],
+    cap: &mut Capture,
 ) -> Result<Vec<(Test, Report)>, Box<dyn std::error::Error>> {
     // Across namespaces: the namespace names and the GID index of the IPv4 address.
     let (ns, gid_index) = match ns {
@@ -203,6 +317,7 @@ fn run_tests(
             ..PerfConfig::default()
         };
         let cfg = &cfg;
+        cap.start(test);
         let (server, client) = std::thread::scope(|s| {
             let (ptx, prx) = std::sync::mpsc::channel::<Result<u16, String>>();
             let srv = s.spawn(move || -> Result<Report, String> {
@@ -253,6 +368,7 @@ fn run_tests(
                 cli,
             )
         });
+        cap.end(test);
         let client = client.map_err(|e| format!("{}: client: {e}", test.title()))?;
         server.map_err(|e| format!("{}: server: {e}", test.title()))?;
         writeln!(out, "---------------------------------------------------------------------------------------")?;
@@ -277,13 +393,15 @@ fn rule(out: &mut dyn Write) -> std::io::Result<()> {
     )
 }
 
-/// Run inspect over the capture.
+/// Run inspect over the capture, say what it holds and what to do next.
 fn check_capture(
     out: &mut dyn Write,
     pcap: &Path,
     reports: Vec<(Test, Report)>,
+    cap: &Capture,
 ) -> Result<DemoResult, Box<dyn std::error::Error>> {
-    let f = std::fs::File::open(pcap)?;
+    let f = std::fs::File::open(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
+    let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
     let mut sum = crate::apps::inspect::Summary {
         file: pcap.display().to_string(),
         ..Default::default()
@@ -292,17 +410,88 @@ fn check_capture(
         let fr = fr?;
         sum.add(&crate::apps::inspect::analyse(&fr));
     }
+    let shown = std::fs::canonicalize(pcap).unwrap_or_else(|_| pcap.to_path_buf());
     writeln!(
         out,
-        "capture {} (every frame A sent and received), checked by ferroce inspect:",
-        pcap.display()
+        "capture: {} ({}, {} frames that device A sent and received)",
+        shown.display(),
+        human_bytes(bytes),
+        cap.per_test.iter().map(|t| t.1).sum::<u64>()
     )?;
-    writeln!(out, "{}", sum.line())?;
+    let parts: Vec<String> = cap
+        .per_test
+        .iter()
+        .map(|&(t, kept, left)| {
+            if left == 0 {
+                format!("{}: all {kept} frames", test_name(t))
+            } else {
+                format!(
+                    "{}: the first {kept} of {} frames",
+                    test_name(t),
+                    kept + left
+                )
+            }
+        })
+        .collect();
+    let more = if cap.full {
+        ""
+    } else {
+        " (--full-capture keeps every frame)"
+    };
+    writeln!(out, "  {}{more}", parts.join("; "))?;
+    writeln!(out, "checked by ferroce inspect: {}", sum.line())?;
+    let p = pcap.display();
+    writeln!(out, "next:")?;
+    writeln!(
+        out,
+        "  wireshark {p}            decodes RoCE v2 (UDP 4791) as InfiniBand; shows the ICRC, does not check it"
+    )?;
+    writeln!(
+        out,
+        "  ferroce inspect {p}      one line per packet, every ICRC checked (-v: every field)"
+    )?;
+    writeln!(
+        out,
+        "  the same test across two hosts (or against perftest's ib_write_bw on either side):"
+    )?;
+    writeln!(
+        out,
+        "    host B: ferroce perf write-bw -d IFACE --backend udp          (xdp or packet with root)"
+    )?;
+    writeln!(
+        out,
+        "    host A: ferroce perf write-bw ADDRESS_OF_B -d IFACE --backend udp --pcap a.pcap"
+    )?;
     Ok(DemoResult {
         reports,
         capture_packets: sum.roce_packets,
         capture_clean: sum.clean() && sum.roce_packets > 0,
+        capture_path: pcap.to_path_buf(),
+        capture_bytes: bytes,
     })
+}
+
+/// The command-line name of a test (`write-bw`).
+fn test_name(t: Test) -> &'static str {
+    match t {
+        Test::WriteBw => "write-bw",
+        Test::ReadBw => "read-bw",
+        Test::SendBw => "send-bw",
+        Test::AtomicBw => "atomic-bw",
+        Test::SendLat => "send-lat",
+        Test::WriteLat => "write-lat",
+        Test::ReadLat => "read-lat",
+    }
+}
+
+/// `1234567` → `1.2 MB (1234567 bytes)`.
+fn human_bytes(b: u64) -> String {
+    let (v, unit) = match b {
+        0..=9_999 => return format!("{b} bytes"),
+        10_000..=999_999 => (b as f64 / 1e3, "kB"),
+        _ => (b as f64 / 1e6, "MB"),
+    };
+    format!("{v:.1} {unit} ({b} bytes)")
 }
 
 /// Two network namespaces joined by a veth pair, removed on drop.
@@ -376,11 +565,15 @@ impl Drop for NetnsPair {
 /// (MTU 9000, path MTU 4096), each side an AF_XDP device. Needs root.
 pub fn run_netns(
     out: &mut dyn Write,
-    pcap: &Path,
-    quick: bool,
+    o: &DemoOptions,
 ) -> Result<DemoResult, Box<dyn std::error::Error>> {
     use crate::io::netdev;
     use crate::io::xdp::{XdpDevice, XdpOptions};
+    let (file, pcap, note) = create_capture(o)?;
+    if let Some(n) = note {
+        writeln!(out, "{n}")?;
+    }
+    let mut cap = Capture::new(o.full_capture);
     let ns = NetnsPair::new()?;
     let (tx_a, rx_a) = std::sync::mpsc::channel::<Result<Nic, String>>();
     let (tx_b, rx_b) = std::sync::mpsc::channel::<Result<Nic, String>>();
@@ -388,7 +581,7 @@ pub fn run_netns(
     let start = |i: usize,
                  name: String,
                  tx: std::sync::mpsc::Sender<Result<Nic, String>>,
-                 pcap: Option<std::path::PathBuf>|
+                 pcap: Option<(std::fs::File, crate::io::PcapBudget)>|
      -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             let r = (|| -> Result<Nic, String> {
@@ -413,12 +606,10 @@ pub fn run_netns(
                     batch: 64,
                 };
                 match pcap {
-                    Some(p) => {
-                        let f = std::io::BufWriter::new(
-                            std::fs::File::create(&p).map_err(|e| e.to_string())?,
-                        );
-                        Nic::start(cfg, PcapTap::new(x, f).map_err(|e| e.to_string())?, opts)
-                            .map_err(|e| e.to_string())
+                    Some((f, budget)) => {
+                        let tap = PcapTap::with_budget(x, std::io::BufWriter::new(f), budget)
+                            .map_err(|e| e.to_string())?;
+                        Nic::start(cfg, tap, opts).map_err(|e| e.to_string())
                     }
                     None => Nic::start(cfg, x, opts).map_err(|e| e.to_string()),
                 }
@@ -426,9 +617,14 @@ pub fn run_netns(
             let _ = tx.send(r);
         })
     };
-    start(0, ns.names[0].clone(), tx_a, Some(pcap.to_path_buf()))
-        .join()
-        .map_err(|_| "thread panicked")?;
+    start(
+        0,
+        ns.names[0].clone(),
+        tx_a,
+        Some((file, cap.budget.clone())),
+    )
+    .join()
+    .map_err(|_| "thread panicked")?;
     start(1, ns.names[1].clone(), tx_b, None)
         .join()
         .map_err(|_| "thread panicked")?;
@@ -454,12 +650,12 @@ pub fn run_netns(
         .unwrap_or(0) as u8;
     let reports = run_tests(
         out,
-        &a,
-        &b,
+        (&a, &b),
         &resolve,
-        quick,
+        o.quick,
         Some((&ns.names, gid)),
         &[Test::WriteBw, Test::ReadBw, Test::SendLat],
+        &mut cap,
     )?;
     rule(out)?;
     let (_, qa, _) = a.counters();
@@ -470,5 +666,5 @@ pub fn run_netns(
     )?;
     a.shutdown();
     b.shutdown();
-    check_capture(out, pcap, reports)
+    check_capture(out, &pcap, reports, &cap)
 }

@@ -46,9 +46,19 @@ enum Cmd {
     /// Two ferroce devices in one process over the loopback backend: write-bw, read-bw and
     /// send-lat with perftest's exchange, the counters, and a capture checked by `inspect`.
     Demo {
-        /// Where to write the capture.
-        #[arg(long, default_value = "ferroce-demo.pcap")]
-        pcap: PathBuf,
+        /// Where to write the capture. Default: ferroce-demo.pcap in the current directory,
+        /// or ferroce-demo-2.pcap, -3, ... if it exists (an existing file is never replaced
+        /// unless --overwrite).
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+        /// Replace the --pcap file if it exists.
+        #[arg(long, requires = "pcap")]
+        overwrite: bool,
+        /// Record every frame of the bandwidth tests too (hundreds of MB); by default the
+        /// capture keeps every frame of the latency test and the first 512 frames of each
+        /// bandwidth test.
+        #[arg(long)]
+        full_capture: bool,
         /// Fewer iterations (for tests).
         #[arg(long)]
         quick: bool,
@@ -993,12 +1003,24 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Demo { pcap, quick, netns } => {
+        Cmd::Demo {
+            pcap,
+            overwrite,
+            full_capture,
+            quick,
+            netns,
+        } => {
             let mut out = io::stdout();
+            let o = ferroce::apps::demo::DemoOptions {
+                pcap,
+                overwrite,
+                full_capture,
+                quick,
+            };
             let r = if netns {
-                ferroce::apps::demo::run_netns(&mut out, &pcap, quick)
+                ferroce::apps::demo::run_netns(&mut out, &o)
             } else {
-                ferroce::apps::demo::run(&mut out, &pcap, quick)
+                ferroce::apps::demo::run(&mut out, &o)
             };
             match r {
                 Ok(r) if r.capture_clean => ExitCode::SUCCESS,

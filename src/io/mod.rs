@@ -30,7 +30,7 @@ use std::time::Duration;
 pub use af_packet::{AfPacketConfig, AfPacketDevice, AfPacketTx};
 pub use fault::{FaultConfig, FaultInjector};
 pub use loopback::Loopback;
-pub use pcap::PcapTap;
+pub use pcap::{PcapBudget, PcapTap};
 pub use udp::{UdpConfig, UdpDevice};
 pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy};
 
