@@ -275,20 +275,20 @@ impl Rig {
         let mut moved = 0;
         match self.shape.drive {
             Drive::Burst => {
-                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.a.poll_transmit(now, &mut self.buf).unwrap() {
                     self.b.handle_frame(now, &self.buf[..n]);
                     moved += 1;
                 }
-                while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.b.poll_transmit(now, &mut self.buf).unwrap() {
                     self.a.handle_frame(now, &self.buf[..n]);
                     moved += 1;
                 }
             }
             Drive::Lockstep => {
-                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.a.poll_transmit(now, &mut self.buf).unwrap() {
                     self.b.handle_frame(now, &self.buf[..n]);
                     moved += 1;
-                    while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
+                    while let Some(n) = self.b.poll_transmit(now, &mut self.buf).unwrap() {
                         self.a.handle_frame(now, &self.buf[..n]);
                         moved += 1;
                     }

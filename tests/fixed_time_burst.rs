@@ -46,11 +46,11 @@ fn a_burst_completes_at_one_instant() {
     let mut buf = vec![0u8; 9000];
     for _ in 0..1000 {
         let mut moved = false;
-        while let Some(n) = p.a.poll_transmit(now, &mut buf) {
+        while let Some(n) = p.a.poll_transmit(now, &mut buf).unwrap() {
             p.b.handle_frame(now, &buf[..n]);
             moved = true;
         }
-        while let Some(n) = p.b.poll_transmit(now, &mut buf) {
+        while let Some(n) = p.b.poll_transmit(now, &mut buf).unwrap() {
             p.a.handle_frame(now, &buf[..n]);
             moved = true;
         }

@@ -84,7 +84,7 @@ impl Scen {
                     } else {
                         &mut self.b
                     };
-                    let Some(n) = dev.poll_transmit(self.now, &mut buf) else {
+                    let Some(n) = dev.poll_transmit(self.now, &mut buf).unwrap() else {
                         break;
                     };
                     moved = true;
@@ -781,10 +781,16 @@ fn ack_overtaking_a_retry_inside_a_long_write_moves_the_send_pointer() {
     let mut buf = vec![0u8; 9000];
     let mut now = Instant::ZERO;
     for _ in 0..64 {
-        let n = s.a.poll_transmit(now, &mut buf).expect("a WRITE packet");
+        let n =
+            s.a.poll_transmit(now, &mut buf)
+                .unwrap()
+                .expect("a WRITE packet");
         s.b.handle_frame(now, &buf[..n]);
     }
-    let n = s.b.poll_transmit(now, &mut buf).expect("B's ACK of PSN 63");
+    let n =
+        s.b.poll_transmit(now, &mut buf)
+            .unwrap()
+            .expect("B's ACK of PSN 63");
     let late_ack = buf[..n].to_vec();
     assert_eq!(
         wire::parse_frame(&late_ack).unwrap().repr.roce.bth.psn,
@@ -794,13 +800,14 @@ fn ack_overtaking_a_retry_inside_a_long_write_moves_the_send_pointer() {
     s.a.handle_timeout(now);
     let n =
         s.a.poll_transmit(now, &mut buf)
+            .unwrap()
             .expect("the retry's first packet");
     assert_eq!(
         wire::parse_frame(&buf[..n]).unwrap().repr.roce.bth.psn,
         Psn::new(0)
     );
     s.b.handle_frame(now, &buf[..n]); // a duplicate for B
-    while let Some(n) = s.b.poll_transmit(now, &mut buf) {
+    while let Some(n) = s.b.poll_transmit(now, &mut buf).unwrap() {
         s.a.handle_frame(now, &buf[..n]); // B's re-ACK of PSN 63
     }
     s.a.handle_frame(now, &late_ack);
@@ -973,6 +980,38 @@ fn duplicate_atomic_returns_the_saved_result_and_is_not_executed_twice() {
         1us B>A RC_ATOMIC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] atomic_ack[orig=0x64] len=0 [dropped]
         1048us A>B RC_FETCH_ADD qp=0x000011 psn=10 A atomic[va=0x7fec4a3d0000 rkey=0x7c596e26 swap_add=0x5 cmp=0x0] len=0
         1049us B>A RC_ATOMIC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] atomic_ack[orig=0x64] len=0
+        ",
+    );
+}
+
+#[test]
+fn responder_checks_resources_before_length() {
+    // The responder's steps run in the IBTA order PSN → opcode sequence → op valid →
+    // resources → length → R_Key → execute: a SEND longer than the path MTU (256) that
+    // finds no receive WQE is answered "not ready" first; with a receive WQE posted, its
+    // retry is an invalid request.
+    let mut s = Scen::new(params(), 10);
+    let qp = s.eb.qp;
+    let send = RoceRepr::new(
+        BthRepr::new(Opcode::RC_SEND_ONLY, qp, Psn::new(10)),
+        ExtRepr::default(),
+        300,
+    );
+    s.inject(Dir::AtoB, send, &[0x33; 300]);
+    s.run(Duration::from_micros(10));
+    assert_eq!(s.state_b(), QpState::Rts);
+    s.post_recv_b(8, 1024);
+    s.inject(Dir::AtoB, send, &[0x33; 300]);
+    s.run(Duration::from_micros(10));
+    assert_eq!(s.wcs_b(), vec![(8, WcStatus::RemInvReqErr)]);
+    assert_eq!(s.state_b(), QpState::Err);
+    expect(
+        &s,
+        "
+        0us A>B RC_SEND_ONLY qp=0x000011 psn=10 len=300 [injected]
+        1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[RNR_NAK timer=10us msn=0] len=0
+        2us A>B RC_SEND_ONLY qp=0x000011 psn=10 len=300 [injected]
+        3us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[NAK INV_REQ msn=0] len=0
         ",
     );
 }

@@ -46,79 +46,26 @@ fn side_with(i: u8, ack_delay: Option<Duration>) -> Side {
 }
 
 fn connect(a: &mut Side, b: &mut Side, mtu: Mtu) {
-    let all = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    let info = |s: &Side| (s.dev.gid(0).unwrap(), s.dev.config().mac.0, s.qp);
-    let (ia, ib) = (info(a), info(b));
-    for (x, (ygid, ymac, yqp)) in [(&mut *a, ib), (&mut *b, ia)] {
-        let mut at = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: all,
-            ..Default::default()
-        };
-        x.dev
-            .modify_qp(
-                x.qp,
-                &at,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .unwrap();
-        at.qp_state = QpState::Rtr;
-        at.path_mtu = mtu;
-        at.dest_qp_num = yqp.get();
-        at.rq_psn = 0xff_fff0;
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 1;
-        at.ah_attr = AddressVector {
-            dgid: ygid,
-            sgid_index: 0,
-            hop_limit: 64,
-            dmac: Some(ymac),
-            ..Default::default()
-        };
-        x.dev
-            .modify_qp(
-                x.qp,
-                &at,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .unwrap();
+    // Both ends INIT and RTR, then both RTS, each step an explicit modify_qp.
+    let params = RcParams {
+        mtu,
+        local_psn: 0xff_fff0,
+        min_rnr_timer: 1,
+        ..RcParams::default()
+    };
+    let remote = |s: &Side| RemoteQp {
+        psn: 0xff_fff0,
+        ..s.dev.local_end(s.qp, 0, 0).unwrap()
+    };
+    let (ra, rb) = (remote(a), remote(b));
+    for (x, peer) in [(&mut *a, rb), (&mut *b, ra)] {
+        for (at, mask) in [params.init_attr(), params.rtr_attr(&peer)] {
+            x.dev.modify_qp(x.qp, &at, mask).unwrap();
+        }
     }
     for x in [&mut *a, &mut *b] {
-        let at = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 0xff_fff0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 16,
-            ..Default::default()
-        };
-        x.dev
-            .modify_qp(
-                x.qp,
-                &at,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .unwrap();
+        let (at, mask) = params.rts_attr();
+        x.dev.modify_qp(x.qp, &at, mask).unwrap();
     }
 }
 
@@ -128,12 +75,12 @@ fn drive(a: &mut Side, b: &mut Side, now: &mut Instant) -> usize {
     let mut n = 0;
     for _ in 0..1_000_000 {
         let mut moved = false;
-        while let Some(len) = a.dev.poll_transmit(*now, &mut buf) {
+        while let Some(len) = a.dev.poll_transmit(*now, &mut buf).unwrap() {
             b.dev.handle_frame(*now, &buf[..len]);
             moved = true;
             n += 1;
         }
-        while let Some(len) = b.dev.poll_transmit(*now, &mut buf) {
+        while let Some(len) = b.dev.poll_transmit(*now, &mut buf).unwrap() {
             a.dev.handle_frame(*now, &buf[..len]);
             moved = true;
             n += 1;
@@ -364,10 +311,17 @@ fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
     // Nobody answers: B's ACK waits exactly `delay`, then goes by itself.
     post_recv(&mut b, &mb, 1);
     post_send(&mut a, &ma, 2);
-    let n = a.dev.poll_transmit(t0, &mut buf).expect("the SEND");
+    let n = a
+        .dev
+        .poll_transmit(t0, &mut buf)
+        .unwrap()
+        .expect("the SEND");
     assert_eq!(opcode(&buf[..n]), Opcode::RC_SEND_ONLY);
     b.dev.handle_frame(t0, &buf[..n]);
-    assert!(b.dev.poll_transmit(t0, &mut buf).is_none(), "ACK held");
+    assert!(
+        b.dev.poll_transmit(t0, &mut buf).unwrap().is_none(),
+        "ACK held"
+    );
     assert_eq!(
         b.dev.poll_timeout(),
         Some(t0 + delay),
@@ -375,9 +329,13 @@ fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
     );
     let early = t0 + (delay - Duration::from_nanos(1));
     b.dev.handle_timeout(early);
-    assert!(b.dev.poll_transmit(early, &mut buf).is_none());
+    assert!(b.dev.poll_transmit(early, &mut buf).unwrap().is_none());
     b.dev.handle_timeout(t0 + delay);
-    let n = b.dev.poll_transmit(t0 + delay, &mut buf).expect("the ACK");
+    let n = b
+        .dev
+        .poll_transmit(t0 + delay, &mut buf)
+        .unwrap()
+        .expect("the ACK");
     assert_eq!(opcode(&buf[..n]), Opcode::RC_ACK);
     a.dev.handle_frame(t0 + delay, &buf[..n]);
     assert!(poll(&mut a).iter().any(|w| w.wr_id == 2));
@@ -388,21 +346,24 @@ fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
     post_recv(&mut a, &ma, 3);
     post_recv(&mut b, &mb, 4);
     post_send(&mut a, &ma, 5);
-    let n = a.dev.poll_transmit(t1, &mut buf).unwrap();
+    let n = a.dev.poll_transmit(t1, &mut buf).unwrap().unwrap();
     b.dev.handle_frame(t1, &buf[..n]);
-    assert!(b.dev.poll_transmit(t1, &mut buf).is_none(), "ACK held");
+    assert!(
+        b.dev.poll_transmit(t1, &mut buf).unwrap().is_none(),
+        "ACK held"
+    );
     post_send(&mut b, &mb, 6);
-    let n = b.dev.poll_transmit(t1, &mut buf).unwrap();
+    let n = b.dev.poll_transmit(t1, &mut buf).unwrap().unwrap();
     assert_eq!(opcode(&buf[..n]), Opcode::RC_SEND_ONLY, "the reply first");
     a.dev.handle_frame(t1, &buf[..n]);
-    let n = b.dev.poll_transmit(t1, &mut buf).unwrap();
+    let n = b.dev.poll_transmit(t1, &mut buf).unwrap().unwrap();
     assert_eq!(opcode(&buf[..n]), Opcode::RC_ACK, "then the ACK");
     a.dev.handle_frame(t1, &buf[..n]);
-    assert!(b.dev.poll_transmit(t1, &mut buf).is_none());
+    assert!(b.dev.poll_transmit(t1, &mut buf).unwrap().is_none());
     let wa: Vec<u64> = poll(&mut a).iter().map(|w| w.wr_id).collect();
     assert!(wa.contains(&3) && wa.contains(&5), "{wa:?}");
     // A holds its own ACK of the reply, and lets it go at the deadline.
-    assert!(a.dev.poll_transmit(t1, &mut buf).is_none());
+    assert!(a.dev.poll_transmit(t1, &mut buf).unwrap().is_none());
     let mut now = t1;
     drive(&mut a, &mut b, &mut now);
     assert!(now >= t1 + delay);
@@ -450,10 +411,11 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     let n = a
         .dev
         .poll_transmit(now, &mut buf)
+        .unwrap()
         .expect("the READ request");
     b.dev.handle_frame(now, &buf[..n]);
     let mut stream = Vec::new();
-    while let Some(n) = b.dev.poll_transmit(now, &mut buf) {
+    while let Some(n) = b.dev.poll_transmit(now, &mut buf).unwrap() {
         stream.push(buf[..n].to_vec());
     }
     assert_eq!(stream.len(), 64, "64 responses of 1 KiB");
@@ -465,9 +427,10 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     let n = a
         .dev
         .poll_transmit(now, &mut buf)
+        .unwrap()
         .expect("READ again from the gap");
     let retried = buf[..n].to_vec();
-    assert!(a.dev.poll_transmit(now, &mut buf).is_none());
+    assert!(a.dev.poll_transmit(now, &mut buf).unwrap().is_none());
     // The rest of the old stream trickles in, 40 ms apart (the local ACK timeout is 67 ms):
     // 2 s in all, far beyond 7 retries of 67 ms.
     for f in &stream[12..] {
@@ -475,7 +438,7 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
         a.dev.handle_timeout(now);
         a.dev.handle_frame(now, f);
         assert!(
-            a.dev.poll_transmit(now, &mut buf).is_none(),
+            a.dev.poll_transmit(now, &mut buf).unwrap().is_none(),
             "no retry while the old stream is still coming"
         );
     }
@@ -486,7 +449,7 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     // Now B reaches the retried request and answers it: the READ completes, byte-exact.
     b.dev.handle_frame(now, &retried);
     let mut n_resp = 0;
-    while let Some(n) = b.dev.poll_transmit(now, &mut buf) {
+    while let Some(n) = b.dev.poll_transmit(now, &mut buf).unwrap() {
         a.dev.handle_frame(now, &buf[..n]);
         n_resp += 1;
     }
@@ -500,7 +463,7 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
 
     // Control: the same silence without stale responses is a timeout (the timer is real).
     post_read(&mut a, 2, 1024);
-    assert!(a.dev.poll_transmit(now, &mut buf).is_some());
+    assert!(a.dev.poll_transmit(now, &mut buf).unwrap().is_some());
     now += Duration::from_millis(200);
     a.dev.handle_timeout(now);
     assert_eq!(a.dev.qp_counters(a.qp).unwrap().timeouts, 1);

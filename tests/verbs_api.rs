@@ -193,3 +193,43 @@ fn deregistered_region_refuses_remote_access() {
     assert_eq!(w[0].status, WcStatus::RemAccessErr);
     assert!(!b.mr.rkey_valid());
 }
+
+#[test]
+fn a_short_transmit_buffer_is_the_callers_error_and_loses_nothing() {
+    // Default RcParams: path MTU 1024 over IPv4, so a frame may take 14 + 20 + 8 + 12 + 28
+    // (the largest extension headers) + 1024 + 4 = 1110 bytes.
+    let (mut p, a, b) = pair();
+    let wr = SendWr::new(
+        7,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![sge(&a.mr, 0, 1024)],
+    );
+    p.a.post_send(a.qp, wr).unwrap();
+    let now = p.now;
+    let mut small = vec![0u8; 1109];
+    assert_eq!(
+        p.a.poll_transmit(now, &mut small),
+        Err(TransmitError::BufferTooSmall {
+            needed: 1110,
+            had: 1109
+        })
+    );
+    assert_eq!(p.a.max_frame_len(), 1110);
+    // Nothing was taken from the QP: it is still sending, and the WRITE goes with the next
+    // call that has room for it, then completes.
+    assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Rts);
+    let mut big = vec![0u8; 1110];
+    let n =
+        p.a.poll_transmit(now, &mut big)
+            .unwrap()
+            .expect("the WRITE");
+    assert_eq!(n, 14 + 20 + 8 + 12 + 16 + 1024 + 4);
+    p.b.handle_frame(now, &big[..n]);
+    p.drive_for(Duration::from_millis(10));
+    let w = poll(&mut p.a, a.cq);
+    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::Success));
+    assert_eq!(p.a.qp_counters(a.qp).unwrap().retransmits, 0);
+}

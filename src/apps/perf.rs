@@ -214,19 +214,12 @@ pub fn perftest_half(size: usize, page: usize, line: usize) -> usize {
 /// Move a fresh QP to INIT (as `ibv_modify_qp` to INIT right after `ibv_create_qp`), so that
 /// receives can be posted before the connection is made.
 pub fn qp_to_init(nic: &Nic, qpn: QpNumber, access: AccessFlags) -> Result<(), VerbsError> {
-    use crate::verbs::{QpAttr, QpAttrMask, QpState};
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: access,
-        ..QpAttr::default()
-    };
-    nic.modify_qp(
-        qpn,
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
+    let (a, mask) = crate::verbs::RcParams {
+        access,
+        ..Default::default()
+    }
+    .init_attr();
+    nic.modify_qp(qpn, &a, mask)
 }
 
 fn sizes(cfg: &PerfConfig) -> Vec<u32> {

@@ -1,11 +1,62 @@
 //! The completer: ACKs, NAKs, READ responses and ATOMIC ACKs become work completions, retries
-//! or errors (IBTA 9.7.5.2, 9.9.2; the checks follow rxe's check-PSN → check-ACK → read /
-//! atomic / write-send → update order).
+//! or errors (IBTA 9.7.5.2, 9.9.2).
+//!
+//! Its steps, in the order of [`Qp::on_response`]: check the state, check the PSN (a
+//! duplicate or a ghost is dropped), classify the response ([`Response`]), then handle it: an
+//! ACK completes SEND/WRITE WQEs ([`Qp::ack_through`]), an RNR NAK starts an RNR wait, a
+//! sequence NAK a retry, another NAK fails the oldest WQE; a READ response is placed and an
+//! ATOMIC ACK's value returned once the WQEs before them are implicitly acknowledged
+//! ([`Qp::implicit_ack_before`]).
 
 use super::qp::Qp;
+use super::requester::Retry;
+use super::timer::Timer;
 use crate::ib::mr::scatter;
-use crate::ib::{Ctx, WcStatus};
-use crate::wire::{NakCode, OpFlags, Opcode, Psn, RoceRepr, Syndrome};
+use crate::ib::{Ctx, QpState, WcStatus};
+use crate::wire::{NakCode, OpFlags, Opcode, Psn, RnrTimer, RoceRepr, Syndrome};
+
+/// What a response packet is, once its PSN is known to be outstanding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Response {
+    /// A positive ACK.
+    Ack,
+    /// Receiver not ready: wait, then resend.
+    RnrNak(RnrTimer),
+    /// PSN sequence error: resend from the NAKed PSN.
+    SequenceNak,
+    /// A fatal NAK: invalid request, remote access or operational error.
+    ErrorNak(NakCode),
+    /// A READ response (FIRST, MIDDLE, LAST or ONLY).
+    Read,
+    /// An ATOMIC ACKNOWLEDGE.
+    AtomicAck,
+    /// A reserved AETH syndrome or an opcode that is no response.
+    Bad,
+    /// An ACK without an AETH (the parser never yields one): ignored.
+    NoAeth,
+}
+
+impl Response {
+    fn classify(r: &RoceRepr) -> Response {
+        let op = r.bth.opcode;
+        if op == Opcode::RC_ACK {
+            match r.ext.aeth.map(|a| a.syndrome) {
+                Some(Syndrome::Ack(_)) => Response::Ack,
+                Some(Syndrome::RnrNak(t)) => Response::RnrNak(t),
+                Some(Syndrome::Nak(NakCode::PsnSequenceError)) => Response::SequenceNak,
+                Some(Syndrome::Nak(code)) => Response::ErrorNak(code),
+                Some(Syndrome::Reserved(_)) => Response::Bad,
+                None => Response::NoAeth,
+            }
+        } else if op.is(OpFlags::READ) {
+            Response::Read
+        } else if op == Opcode::RC_ATOMIC_ACK {
+            Response::AtomicAck
+        } else {
+            Response::Bad
+        }
+    }
+}
 
 /// What acknowledging up to a PSN found.
 enum Acked {
@@ -54,7 +105,7 @@ impl Qp {
                     // is outside the window forever, and when `una` reached `hwm` no timer is
                     // armed either: the QP would never send again.
                     if self.req.send_idx == 0 && self.req.send_psn.before(self.req.una) {
-                        self.retry_from(self.req.una);
+                        self.rewind_to(self.req.una);
                     }
                 }
                 break;
@@ -80,11 +131,11 @@ impl Qp {
         }
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
-        self.req.retrans_at = if self.req.una == self.req.hwm {
-            None
+        if self.req.una == self.req.hwm {
+            self.timers.stop(Timer::Retransmit);
         } else {
-            self.ack_timeout().map(|d| ctx.now + d)
-        };
+            self.arm_ack_timer(ctx.now);
+        }
     }
 
     /// A gap seen in responses: resend from `p` once per gap (see `Requester::gap_retry`).
@@ -95,26 +146,28 @@ impl Qp {
             // local ACK timer (without refilling the retry count): a slow responder with a
             // deep queue of READ responses must not exhaust the retries while it drains it.
             self.counters.dup_responses += 1;
-            if self.req.retrans_at.is_some() {
-                self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+            if self.timers.is_armed(Timer::Retransmit) {
+                self.arm_ack_timer(ctx.now);
             }
             return;
         }
         self.req.gap_retry = Some(p);
-        self.seq_retry(ctx, p);
+        self.seq_retry(ctx, p, Retry::Gap);
     }
 
     /// A NAK-like event: resend from `p`, or fail with RETRY_EXC_ERR when retries are spent.
-    fn seq_retry(&mut self, ctx: &mut Ctx<'_>, p: Psn) {
+    fn seq_retry(&mut self, ctx: &mut Ctx<'_>, p: Psn, why: Retry) {
         if self.req.retry_left == 0 {
+            tracing::debug!(qpn = %self.num, psn = %p, ?why, "requester: retries exhausted");
             self.fail_head(ctx, WcStatus::RetryExcErr);
             return;
         }
         self.req.retry_left -= 1;
-        self.retry_from(p);
-        self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+        self.retry_from(p, why);
+        self.arm_ack_timer(ctx.now);
     }
 
+    /// Complete the oldest WQE with the error `status`; the QP moves to the error state.
     fn fail_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         self.complete_send_head(ctx, status);
         self.enter_error(ctx);
@@ -135,12 +188,13 @@ impl Qp {
     }
 
     /// A response packet (ACK, READ response, ATOMIC ACK) for this QP's requester.
-    pub(crate) fn on_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
-        use crate::ib::QpState;
+    pub(super) fn on_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+        // Check the state.
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.counters.state_drops += 1;
             return;
         }
+        // Check the PSN: outstanding, i.e. in [una, hwm).
         let p = r.bth.psn;
         if p.before(self.req.una) {
             self.counters.dup_responses += 1;
@@ -151,66 +205,70 @@ impl Qp {
             self.counters.ghost_acks += 1;
             return;
         }
-        let op = r.bth.opcode;
-        if op == Opcode::RC_ACK {
-            let Some(aeth) = r.ext.aeth else { return };
-            match aeth.syndrome {
-                Syndrome::Ack(_) => {
-                    self.counters.acks_rcvd += 1;
-                    let a = self.ack_through(ctx, p);
-                    self.handle_acked(ctx, a);
-                }
-                Syndrome::RnrNak(t) => {
-                    self.counters.rnr_naks_rcvd += 1;
-                    let a = self.ack_through(ctx, p.sub(1));
-                    if !self.handle_acked(ctx, a) {
-                        return;
-                    }
-                    // rnr_retry 7 means retry forever (IBTA 9.7.5.2.8).
-                    if self.attr.rnr_retry != 7 {
-                        if self.req.rnr_left == 0 {
-                            self.fail_head(ctx, WcStatus::RnrRetryExcErr);
-                            return;
-                        }
-                        self.req.rnr_left -= 1;
-                    }
-                    self.req.rnr_at = Some(ctx.now + t.duration());
-                    self.req.rnr_psn = p;
-                    self.req.retrans_at = None;
-                }
-                Syndrome::Nak(NakCode::PsnSequenceError) => {
-                    self.counters.seq_naks_rcvd += 1;
-                    let a = self.ack_through(ctx, p.sub(1));
-                    if self.handle_acked(ctx, a) {
-                        self.seq_retry(ctx, p);
-                    }
-                }
-                Syndrome::Nak(code) => {
-                    self.counters.err_naks_rcvd += 1;
-                    let a = self.ack_through(ctx, p.sub(1));
-                    if self.handle_acked(ctx, a) {
-                        let status = match code {
-                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                            NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
-                            NakCode::Reserved(_) => WcStatus::BadRespErr,
-                            NakCode::PsnSequenceError => unreachable!("handled above"),
-                        };
-                        self.fail_head(ctx, status);
-                    }
-                }
-                Syndrome::Reserved(_) => self.fail_head(ctx, WcStatus::BadRespErr),
+        // Classify, then handle.
+        let kind = Response::classify(r);
+        if matches!(
+            kind,
+            Response::RnrNak(_) | Response::SequenceNak | Response::ErrorNak(_)
+        ) {
+            tracing::debug!(qpn = %self.num, psn = %p, nak = ?kind, "NAK received");
+        }
+        match kind {
+            Response::Ack => {
+                self.counters.acks_rcvd += 1;
+                let a = self.ack_through(ctx, p);
+                self.handle_acked(ctx, a);
             }
+            Response::RnrNak(t) => self.on_rnr_nak(ctx, p, t),
+            Response::SequenceNak => {
+                self.counters.seq_naks_rcvd += 1;
+                let a = self.ack_through(ctx, p.sub(1));
+                if self.handle_acked(ctx, a) {
+                    self.seq_retry(ctx, p, Retry::SequenceNak);
+                }
+            }
+            Response::ErrorNak(code) => {
+                self.counters.err_naks_rcvd += 1;
+                let a = self.ack_through(ctx, p.sub(1));
+                if self.handle_acked(ctx, a) {
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                        NakCode::Reserved(_) | NakCode::PsnSequenceError => WcStatus::BadRespErr,
+                    };
+                    self.fail_head(ctx, status);
+                }
+            }
+            Response::Read => self.on_read_response(ctx, r, payload),
+            Response::AtomicAck => self.on_atomic_ack(ctx, r),
+            Response::Bad => self.fail_head(ctx, WcStatus::BadRespErr),
+            Response::NoAeth => {}
+        }
+    }
+
+    /// An RNR NAK at PSN `p`: the WQEs before it are acknowledged; wait out its timer and
+    /// resend from `p` (rnr_retry 7 means retry forever, IBTA 9.7.5.2.8), or fail the oldest
+    /// WQE with RNR_RETRY_EXC_ERR when the RNR retries are spent.
+    fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, p: Psn, t: RnrTimer) {
+        self.counters.rnr_naks_rcvd += 1;
+        let a = self.ack_through(ctx, p.sub(1));
+        if !self.handle_acked(ctx, a) {
             return;
         }
-        if op.is(OpFlags::READ) {
-            self.on_read_response(ctx, r, payload);
-        } else if op == Opcode::RC_ATOMIC_ACK {
-            self.on_atomic_ack(ctx, r);
-        } else {
-            self.fail_head(ctx, WcStatus::BadRespErr);
+        if self.attr.rnr_retry != 7 {
+            if self.req.rnr_left == 0 {
+                tracing::debug!(qpn = %self.num, psn = %p, "requester: RNR retries exhausted");
+                self.fail_head(ctx, WcStatus::RnrRetryExcErr);
+                return;
+            }
+            self.req.rnr_left -= 1;
         }
+        tracing::debug!(qpn = %self.num, psn = %p, wait = ?t.duration(), "requester: RNR wait");
+        self.timers.set(Timer::Rnr, Some(ctx.now + t.duration()));
+        self.req.rnr_psn = p;
+        self.timers.stop(Timer::Retransmit);
     }
 
     /// Complete the SEND/WRITE WQEs wholly before `p` (a response at `p` acknowledges them) and
@@ -249,7 +307,7 @@ impl Qp {
             // this one is dropped; the retried request brings it again.
             RespAt::Gap => return,
             RespAt::Nowhere => {
-                if self.state == crate::ib::QpState::Err {
+                if self.state == QpState::Err {
                     return;
                 }
                 if self.sq.front().is_some_and(|w| w.first_psn.after(p)) {
@@ -319,7 +377,7 @@ impl Qp {
             // Out of order: dropped, the retry from the missing response is started.
             RespAt::Gap => return,
             RespAt::Nowhere => {
-                if self.state != crate::ib::QpState::Err {
+                if self.state != QpState::Err {
                     self.fail_head(ctx, WcStatus::BadRespErr);
                 }
                 return;

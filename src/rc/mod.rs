@@ -14,3 +14,4 @@ pub(crate) mod completer;
 pub(crate) mod qp;
 pub(crate) mod requester;
 pub(crate) mod responder;
+pub(crate) mod timer;

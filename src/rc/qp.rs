@@ -1,16 +1,36 @@
-//! One RC queue pair: the state shared by its requester, completer and responder.
+//! One RC queue pair: its state (private to `rc`), and the contract between the QP and the
+//! device engine that drives it.
+//!
+//! # The engine's contract with a queue pair
+//!
+//! The engine (`verbs::engine`) owns a table of QPs and calls, with the time as an argument:
+//! - [`Qp::handle_packet`] for every packet addressed to the QP (after the device's address
+//!   and header checks), [`Qp::handle_cnp`] for a congestion notification;
+//! - [`Qp::next_tx`] to learn whether (and what kind of) packet the QP would send now — the
+//!   one priority rule, used both to put the QP on the transmit list and to pick its packet —
+//!   then [`Qp::build_tx`] for the packet itself, [`Qp::write_payload`] to copy its payload into
+//!   the frame and [`Qp::on_transmitted`] once it left;
+//! - [`Qp::next_deadline`] to learn when to call [`Qp::handle_timeout`];
+//! - the verbs: [`Qp::modify`], [`Qp::post_send`], [`Qp::post_recv`], and getters.
+//!
+//! A QP never reads a clock, never touches a socket, and reports completions through the
+//! [`Ctx`] it is lent. Another QP type (UC, UD) offers the same methods.
 
+use super::timer::{Timer, TimerTable};
+use crate::cc::dcqcn::NotificationPoint;
+use crate::cc::{Pacer, RateControl};
 use crate::ib::counters::QpCounters;
 use crate::ib::cq::Cq;
-use crate::ib::mr::{MrShared, Pd};
+use crate::ib::mr::{gather, MrShared, MrTable, Pd};
 use crate::ib::path::Path;
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::SendOp;
-use crate::ib::{Ctx, QpAttr, QpCap, QpState};
+use crate::ib::{Ctx, QpAttr, QpAttrMask, QpCap, QpState};
 use crate::time::{Duration, Instant};
-use crate::wire::{Psn, QpNumber, RoceRepr};
+use crate::wire::{self, BthRepr, Ecn, ExtRepr, OpFlags, Opcode, Psn, QpNumber, RoceRepr};
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Most PSNs a requester keeps unacknowledged by default: go-back-N resends up to this many
@@ -21,6 +41,31 @@ pub(crate) const DEFAULT_MAX_INFLIGHT: u32 = 256;
 pub(crate) const ACKREQ_EVERY: u32 = 64;
 /// Bound on queued responses (ACKs, read replies) per QP: a flood of duplicates cannot grow it.
 pub(crate) const MAX_RESP_QUEUE: usize = 256;
+
+/// What the application gives `create_qp`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpInit {
+    pub pd: Pd,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub cap: QpCap,
+    /// Every send WR generates a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// What the device gives each QP it creates.
+pub(crate) struct QpConfig {
+    /// The go-back-N window (see [`DEFAULT_MAX_INFLIGHT`]).
+    pub max_inflight: u32,
+    /// Congestion control of what this QP sends (the DCQCN reaction point, or none).
+    pub cc: Box<dyn RateControl>,
+    /// Paces this QP's payload-carrying packets at `cc`'s rate.
+    pub pacer: Pacer,
+    /// The notification point for what this QP receives (`None`: never send CNPs).
+    pub np: Option<NotificationPoint>,
+    /// Delayed ACK: hold a lone ACK up to this long (`None`: never).
+    pub ack_delay: Option<Duration>,
+}
 
 /// An entry of the send queue: the posted request and the requester's progress on it.
 #[derive(Debug)]
@@ -57,7 +102,8 @@ impl SqEntry {
     }
 }
 
-/// The requester's (and completer's) progress over the send queue.
+/// The requester's (and completer's) progress over the send queue. Its timers (local ACK
+/// timeout, RNR wait) are in the QP's [`TimerTable`].
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
     /// The next PSN a new WQE will get.
@@ -75,10 +121,7 @@ pub(crate) struct Requester {
     pub hwm: Psn,
     pub retry_left: u8,
     pub rnr_left: u8,
-    /// Local ACK timeout deadline (armed while PSNs are unacknowledged).
-    pub retrans_at: Option<Instant>,
-    /// Waiting out an RNR NAK: resend from `rnr_psn` at this time.
-    pub rnr_at: Option<Instant>,
+    /// Where to resend from when the RNR wait ([`Timer::Rnr`]) ends.
     pub rnr_psn: Psn,
     pub pkts_since_ackreq: u32,
     /// READ/ATOMIC WQEs sent and not completed (bounded by max_rd_atomic).
@@ -112,7 +155,8 @@ pub(crate) enum Resource {
     },
 }
 
-/// The message a responder is in the middle of.
+/// The multi-packet message a responder is in the middle of (between its FIRST and its LAST
+/// packet).
 #[derive(Debug)]
 pub(crate) enum InMsg {
     Send {
@@ -157,59 +201,27 @@ pub(crate) struct Responder {
     pub epsn: Psn,
     /// Message sequence number (24 bits).
     pub msn: u32,
+    /// The message in progress, if the last packet executed was a FIRST or MIDDLE.
     pub in_msg: Option<InMsg>,
-    /// Kind of the message in progress, for the opcode-sequence check.
-    pub in_msg_op: Option<crate::wire::Opcode>,
     /// A sequence-error or RNR NAK was sent and the expected PSN has not arrived since.
     pub nak_sent: bool,
     pub resources: VecDeque<Resource>,
     pub resp_q: VecDeque<RespItem>,
 }
 
-/// The queue pair.
-pub(crate) struct Qp {
-    pub num: QpNumber,
-    pub pd: Pd,
-    pub send_cq: Cq,
-    pub recv_cq: Cq,
-    pub sq_sig_all: bool,
-    pub cap: QpCap,
-    pub state: QpState,
-    pub attr: QpAttr,
-    pub path: Option<Path>,
-    pub sq: VecDeque<SqEntry>,
-    pub rq: VecDeque<RecvWqe>,
-    pub req: Requester,
-    pub resp: Responder,
-    pub counters: QpCounters,
-    /// Queued in the device's ready list.
-    pub in_ready: bool,
-    /// The deadline last pushed on the device's timer heap.
-    pub timer_armed: Option<Instant>,
-    /// Send and receive WQEs retired so far (completed, with or without a completion entry;
-    /// flushed). The runtime derives the free queue slots from these.
-    pub sq_retired: u64,
-    pub rq_retired: u64,
-    /// On the device's list of QPs touched since the runtime last looked.
-    pub touched: bool,
-    /// Congestion control of what this QP sends (the DCQCN reaction point, or none).
-    pub cc: Box<dyn crate::cc::RateControl>,
-    /// Paces this QP's payload-carrying packets at `cc`'s rate.
-    pub pacer: crate::cc::Pacer,
-    /// Held back by the pacer until then.
-    pub pace_at: Option<Instant>,
-    /// The notification point for what this QP receives (None: never send CNPs).
-    pub np: Option<crate::cc::dcqcn::NotificationPoint>,
-    /// A CNP is owed to the peer.
-    pub cnp_due: bool,
-    /// Delayed ACK (the device's `ack_delay`): a lone ACK waiting in the
-    /// response queue is held back until then, or until this QP sends a request packet (the
-    /// ACK then follows it in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs;
-    /// the requester's local ACK timeout (milliseconds) is far above the hold.
-    pub ack_hold: Option<Instant>,
+/// The kind of packet a QP sends next: the order of the variants is the priority rule of
+/// [`Qp::next_tx`], and the kind decides how the frame is marked (see `verbs::frame`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxKind {
+    /// A congestion notification owed to the peer (never paced).
+    Cnp,
+    /// An ACK, NAK or ATOMIC ACKNOWLEDGE (never paced).
+    Control,
+    /// A READ response or a request: carries data, paced at the QP's rate.
+    Data,
 }
 
-/// What the QP wants sent next: the transport part and where its payload comes from.
+/// A packet the QP built: its transport part and where its payload comes from.
 pub(crate) struct TxDesc {
     pub repr: RoceRepr,
     pub payload: PayloadSrc,
@@ -230,83 +242,538 @@ pub(crate) enum PayloadSrc {
     },
 }
 
+/// Why a work request cannot be posted (what `ibv_post_send`/`ibv_post_recv` return).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PostError {
+    /// The QP's state does not accept work requests of this kind.
+    InvalidState(QpState),
+    /// The queue holds its `max_*_wr` requests.
+    QueueFull,
+}
+
+/// The queue pair.
+pub(crate) struct Qp {
+    pub(super) num: QpNumber,
+    pub(super) pd: Pd,
+    pub(super) send_cq: Cq,
+    pub(super) recv_cq: Cq,
+    pub(super) sq_sig_all: bool,
+    pub(super) cap: QpCap,
+    pub(super) state: QpState,
+    pub(super) attr: QpAttr,
+    pub(super) path: Option<Path>,
+    pub(super) sq: VecDeque<SqEntry>,
+    pub(super) rq: VecDeque<RecvWqe>,
+    pub(super) req: Requester,
+    pub(super) resp: Responder,
+    pub(super) counters: QpCounters,
+    /// Send and receive WQEs retired so far (completed, with or without a completion entry;
+    /// flushed). The runtime derives the free queue slots from these.
+    pub(super) sq_retired: u64,
+    pub(super) rq_retired: u64,
+    /// Every deadline of the QP.
+    pub(super) timers: TimerTable,
+    /// Congestion control of what this QP sends.
+    pub(super) cc: Box<dyn RateControl>,
+    /// Paces this QP's payload-carrying packets at `cc`'s rate.
+    pub(super) pacer: Pacer,
+    /// The notification point for what this QP receives (None: never send CNPs).
+    pub(super) np: Option<NotificationPoint>,
+    /// A CNP is owed to the peer.
+    pub(super) cnp_due: bool,
+    /// Delayed ACK: a lone ACK waiting in the response queue is held back up to this long
+    /// ([`Timer::AckHold`]), or until this QP sends a request packet (the ACK then follows it
+    /// in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs; the requester's
+    /// local ACK timeout (milliseconds) is far above the hold.
+    pub(super) ack_delay: Option<Duration>,
+}
+
+// ---- creation, getters -------------------------------------------------------------------
+
 impl Qp {
-    pub(crate) fn mtu(&self) -> u32 {
+    /// A new QP in the RESET state.
+    pub(crate) fn new(num: QpNumber, init: QpInit, cfg: QpConfig) -> Qp {
+        let mut timers = TimerTable::default();
+        timers.set(Timer::Cc, cfg.cc.next_timer());
+        Qp {
+            num,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            sq_sig_all: init.sq_sig_all,
+            cap: init.cap,
+            state: QpState::Reset,
+            attr: QpAttr {
+                cap: init.cap,
+                ..QpAttr::default()
+            },
+            path: None,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Requester {
+                max_inflight: cfg.max_inflight.max(1),
+                ..Requester::default()
+            },
+            resp: Responder::default(),
+            counters: QpCounters::default(),
+            sq_retired: 0,
+            rq_retired: 0,
+            timers,
+            cc: cfg.cc,
+            pacer: cfg.pacer,
+            np: cfg.np,
+            cnp_due: false,
+            ack_delay: cfg.ack_delay,
+        }
+    }
+
+    /// The QP number.
+    pub(crate) fn num(&self) -> QpNumber {
+        self.num
+    }
+    /// The state.
+    pub(crate) fn state(&self) -> QpState {
+        self.state
+    }
+    /// The attributes as last modified.
+    pub(crate) fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+    /// The queue sizes it was created with.
+    pub(crate) fn cap(&self) -> QpCap {
+        self.cap
+    }
+    /// Its protection domain.
+    pub(crate) fn pd(&self) -> Pd {
+        self.pd
+    }
+    /// The CQ of its send completions.
+    pub(crate) fn send_cq(&self) -> Cq {
+        self.send_cq
+    }
+    /// Its counters.
+    pub(crate) fn counters(&self) -> &QpCounters {
+        &self.counters
+    }
+    /// Send and receive work requests retired so far (completed or flushed).
+    pub(crate) fn retired(&self) -> (u64, u64) {
+        (self.sq_retired, self.rq_retired)
+    }
+    /// Whether a packet from `src` may be for this QP: it has a path and `src` is its peer.
+    pub(crate) fn is_peer(&self, src: IpAddr) -> bool {
+        self.path.is_some_and(|p| p.dst_ip == src)
+    }
+    /// The sending rate its congestion control allows, in bits per second.
+    pub(crate) fn rate_bps(&self) -> u64 {
+        self.cc.rate_bps()
+    }
+    /// Its congestion controller's α at `now`, if it has one.
+    pub(crate) fn cc_alpha(&self, now: Instant) -> Option<f64> {
+        self.cc.alpha(now)
+    }
+    /// Approximate bytes of memory the QP uses (its struct and queue buffers).
+    pub(crate) fn memory(&self) -> usize {
+        std::mem::size_of::<Qp>()
+            + self.sq.capacity() * std::mem::size_of::<SqEntry>()
+            + self.rq.capacity() * std::mem::size_of::<RecvWqe>()
+            + self.resp.resp_q.capacity() * std::mem::size_of::<RespItem>()
+            + self.resp.resources.capacity() * std::mem::size_of::<Resource>()
+    }
+
+    pub(super) fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()
     }
 
     /// The local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); 0 disables it.
-    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+    pub(super) fn ack_timeout(&self) -> Option<Duration> {
         match self.attr.timeout {
             0 => None,
             t => Some(Duration::from_nanos(4096u64 << u32::from(t.min(31)))),
         }
     }
+}
 
-    /// The earliest deadline of this QP's timers (retransmission, RNR wait, pacing, and the
-    /// congestion controller's own timers).
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        [
-            self.req.retrans_at,
-            self.req.rnr_at,
-            self.pace_at,
-            self.cc.next_timer(),
-            self.ack_held_until(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+// ---- the verbs: modify, post ---------------------------------------------------------------
+
+impl Qp {
+    /// `ibv_modify_qp` once the device checked the request against the transition table
+    /// (`next` is the state it moves to) and resolved the path (`path`, if the mask has the
+    /// address vector): the attributes named in `mask` take effect.
+    pub(crate) fn modify(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+        next: QpState,
+        path: Option<Path>,
+    ) {
+        let a = &mut self.attr;
+        macro_rules! set { ($($bit:ident => $f:ident),*) => { $( if mask.contains(QpAttrMask::$bit) { a.$f = attr.$f; } )* } }
+        set!(ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num, QKEY => qkey,
+             AV => ah_attr, PATH_MTU => path_mtu, TIMEOUT => timeout, RETRY_CNT => retry_cnt,
+             RNR_RETRY => rnr_retry, RQ_PSN => rq_psn, MAX_QP_RD_ATOMIC => max_rd_atomic,
+             MIN_RNR_TIMER => min_rnr_timer, SQ_PSN => sq_psn, MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+             DEST_QPN => dest_qp_num, EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
+        if let Some(p) = path {
+            self.path = Some(p);
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            self.resp.epsn = Psn::new(attr.rq_psn);
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            let p = Psn::new(attr.sq_psn);
+            self.req.next_psn = p;
+            self.req.una = p;
+            self.req.send_psn = p;
+            self.req.hwm = p;
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) {
+            self.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            self.req.rnr_left = attr.rnr_retry;
+        }
+        let prev = self.state;
+        match next {
+            QpState::Err if prev != QpState::Err => self.enter_error(ctx),
+            QpState::Reset => self.reset(),
+            _ => {}
+        }
+        self.set_state(next);
     }
 
-    /// Pacing gate for a payload-carrying packet of about `bytes` bytes: true if it must wait
-    /// (and `pace_at` then says until when).
-    pub(crate) fn paced_out(&mut self, now: Instant, bytes: usize) -> bool {
+    /// Back to a fresh QP: queues emptied without completions (as ibv does), timers stopped,
+    /// nothing owed to the peer.
+    fn reset(&mut self) {
+        self.sq_retired += self.sq.len() as u64;
+        self.rq_retired += self.rq.len() as u64;
+        self.sq.clear();
+        self.rq.clear();
+        self.req = Requester {
+            max_inflight: self.req.max_inflight,
+            ..Requester::default()
+        };
+        self.resp = Responder::default();
+        self.path = None;
+        self.attr = QpAttr {
+            cap: self.cap,
+            ..QpAttr::default()
+        };
+        let cc = self.timers.get(Timer::Cc);
+        self.timers = TimerTable::default();
+        self.timers.set(Timer::Cc, cc);
+        self.cnp_due = false;
+    }
+
+    fn set_state(&mut self, next: QpState) {
+        if next != self.state {
+            tracing::debug!(qpn = %self.num, from = %self.state, to = %next, "QP state");
+            self.state = next;
+        }
+    }
+
+    /// Whether a send work request may be posted now: the state accepts one and the send
+    /// queue has room (the first checks of `ibv_post_send`).
+    pub(crate) fn check_post_send(&self) -> Result<(), PostError> {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if self.sq.len() >= self.cap.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Queue a send work request that [`check_post_send`](Self::check_post_send) admitted
+    /// (and the device checked). In the error state it is flushed at once.
+    pub(crate) fn post_send(&mut self, ctx: &mut Ctx<'_>, wqe: SendWqe) {
+        debug_assert!(self.check_post_send().is_ok());
+        self.sq.push_back(SqEntry::new(wqe));
+        if matches!(self.state, QpState::Err | QpState::Sqe) {
+            self.flush(ctx);
+        }
+    }
+
+    /// Whether a receive work request may be posted now (the first checks of
+    /// `ibv_post_recv`).
+    pub(crate) fn check_post_recv(&self) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if self.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Queue a receive work request that [`check_post_recv`](Self::check_post_recv) admitted.
+    /// In the error state it is flushed at once.
+    pub(crate) fn post_recv(&mut self, ctx: &mut Ctx<'_>, wqe: RecvWqe) {
+        debug_assert!(self.check_post_recv().is_ok());
+        self.rq.push_back(wqe);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+    }
+}
+
+// ---- packets in ------------------------------------------------------------------------------
+
+impl Qp {
+    /// A packet for this QP (the device checked its address, P_Key, TVer and transport).
+    pub(crate) fn handle_packet(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        ecn: Ecn,
+        r: &RoceRepr,
+        payload: &[u8],
+    ) {
+        self.counters.rx_packets += 1;
+        self.counters.rx_bytes += payload.len() as u64;
+        if ecn == Ecn::Ce {
+            // The notification point: a congested path; CNPs to the sender, spaced.
+            self.counters.ce_rcvd += 1;
+            if self.np.as_mut().is_some_and(|np| np.on_ce(ctx.now)) {
+                self.cnp_due = true;
+            }
+        }
+        if r.bth.opcode.is(OpFlags::RESPONSE) {
+            self.on_response(ctx, r, payload);
+        } else {
+            self.on_request(ctx, r, payload);
+            if let Some(d) = self.ack_delay {
+                self.hold_ack(ctx.now, d);
+            }
+        }
+    }
+
+    /// A congestion notification for this QP's transmissions (the reaction point).
+    pub(crate) fn handle_cnp(&mut self, now: Instant) {
+        self.cc.on_cnp(now);
+        self.cc_changed(now);
+        self.counters.cnps_handled += 1;
+    }
+
+    /// After any call into the congestion controller: keep the pacer at its rate (without
+    /// congestion control the pacer is unlimited and stays so: the no-CC controller reports
+    /// the line rate, which must not turn pacing on) and its timer in the table.
+    fn cc_changed(&mut self, now: Instant) {
+        if !self.pacer.is_unlimited() {
+            let r = self.cc.rate_bps();
+            if r != self.pacer.rate_bps() {
+                self.pacer.set_rate(now, r);
+            }
+        }
+        self.timers.set(Timer::Cc, self.cc.next_timer());
+    }
+}
+
+// ---- packets out -------------------------------------------------------------------------
+
+impl Qp {
+    /// The kind of packet this QP would send at `now`, if any: the one priority rule of the
+    /// transmit path. A CNP owed to the peer goes first (never paced); then a control
+    /// response (ACK, NAK, ATOMIC ACK; not paced) unless it is a lone ACK held back; then
+    /// data (a READ response before a new request), paced at the QP's rate. A held ACK waits
+    /// behind the request (it is released once that is sent). When the pacer holds data back
+    /// this arms [`Timer::Pace`] and answers `None`.
+    pub(crate) fn next_tx(&mut self, now: Instant) -> Option<TxKind> {
+        self.path.as_ref()?;
+        if self.cnp_due {
+            return Some(TxKind::Cnp);
+        }
+        let front_is_data = match self.resp.resp_q.front() {
+            Some(RespItem::Read { .. }) => true,
+            Some(_) if !self.ack_held(now) => return Some(TxKind::Control),
+            _ => false,
+        };
+        if !front_is_data && !self.requester_ready() {
+            return None;
+        }
+        if self.timers.is_armed(Timer::Pace) || self.paced_out(now) {
+            return None;
+        }
+        Some(TxKind::Data)
+    }
+
+    /// Pacing gate for a data packet: true if it must wait (and [`Timer::Pace`] then says
+    /// until when). The pacer is asked about a full frame of the path MTU.
+    fn paced_out(&mut self, now: Instant) -> bool {
         if self.pacer.is_unlimited() {
             return false;
         }
-        let at = self.pacer.earliest_send(now, bytes);
+        let at = self.pacer.earliest_send(now, self.mtu() as usize + 100);
         if at > now {
-            self.pace_at = Some(at);
+            self.timers.set(Timer::Pace, Some(at));
             true
         } else {
             false
         }
     }
 
-    /// Keep the pacer at the controller's current rate. Without congestion control the pacer
-    /// is unlimited and stays so (the no-CC controller reports the line rate, which must not
-    /// turn pacing on).
-    pub(crate) fn sync_rate(&mut self, now: Instant) {
-        if self.pacer.is_unlimited() {
-            return;
-        }
-        let r = self.cc.rate_bps();
-        if r != self.pacer.rate_bps() {
-            self.pacer.set_rate(now, r);
+    /// Build the packet [`next_tx`](Self::next_tx) announced as `kind`; `None` if there is
+    /// none after all (a request whose local error was found when it was reached: its error
+    /// completion is made and the QP moves to the error state).
+    pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<TxDesc> {
+        match kind {
+            TxKind::Cnp => {
+                self.cnp_due = false;
+                let mut bth = BthRepr::new(
+                    Opcode::CNP,
+                    QpNumber::new(self.attr.dest_qp_num),
+                    Psn::new(0),
+                );
+                bth.becn = true;
+                Some(TxDesc {
+                    repr: RoceRepr::new(bth, ExtRepr::default(), 0),
+                    payload: PayloadSrc::None,
+                })
+            }
+            TxKind::Control => self.next_response_packet(),
+            TxKind::Data => match self.resp.resp_q.front() {
+                Some(RespItem::Read { .. }) => self.next_response_packet(),
+                _ => self.next_request_packet(ctx),
+            },
         }
     }
 
-    /// Congestion-control timers that are due.
-    pub(crate) fn on_cc_timer(&mut self, now: Instant) {
-        if self.pace_at.is_some_and(|t| t <= now) {
-            self.pace_at = None;
-        }
-        if self.ack_hold.is_some_and(|t| t <= now) {
-            self.ack_hold = None;
-        }
-        if self.cc.next_timer().is_some_and(|t| t <= now) {
-            self.cc.on_timer(now);
-            self.sync_rate(now);
+    /// The path packets of this QP take (`None` before the address vector is set).
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.path.as_ref()
+    }
+
+    /// Copy the payload of a packet [`build_tx`](Self::build_tx) described into `dst` (its
+    /// length). Fails with a local protection error if the memory behind a request is gone
+    /// (deregistered since it was posted).
+    pub(crate) fn write_payload(
+        &self,
+        mrs: &MrTable,
+        src: &PayloadSrc,
+        dst: &mut [u8],
+    ) -> Result<(), WcStatus> {
+        match src {
+            PayloadSrc::None => Ok(()),
+            PayloadSrc::Mr { mr, off } => {
+                dst.copy_from_slice(&mr.bytes()[*off..*off + dst.len()]);
+                Ok(())
+            }
+            PayloadSrc::Wqe { idx, off } => {
+                let w = &self.sq[*idx].wqe;
+                match &w.inline {
+                    Some(data) => {
+                        let off = *off as usize;
+                        dst.copy_from_slice(&data[off..off + dst.len()]);
+                        Ok(())
+                    }
+                    None => {
+                        gather(mrs, &w.sges, u64::from(*off), dst).map_err(|_| WcStatus::LocProtErr)
+                    }
+                }
+            }
         }
     }
 
+    /// A packet of `kind` left at `now`: `frame_len` bytes on the wire, `payload_len` of them
+    /// payload. A held ACK is released (it follows the packet), and data packets are charged
+    /// to the pacer and the congestion controller.
+    pub(crate) fn on_transmitted(
+        &mut self,
+        now: Instant,
+        kind: TxKind,
+        frame_len: usize,
+        payload_len: usize,
+    ) {
+        self.counters.tx_packets += 1;
+        self.counters.tx_bytes += payload_len as u64;
+        self.timers.stop(Timer::AckHold);
+        match kind {
+            TxKind::Cnp => self.counters.cnps_sent += 1,
+            TxKind::Data => {
+                self.pacer.on_send(now, frame_len);
+                self.cc.on_sent(now, frame_len);
+                self.cc_changed(now);
+            }
+            TxKind::Control => {}
+        }
+    }
+
+    /// A packet could not be written for a reason that is the QP's, not the caller's: the
+    /// memory behind the oldest request vanished (`status`, a local protection error), or an
+    /// internal error. Its error completion is made and the QP moves to the error state.
+    pub(crate) fn on_tx_error(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        tracing::debug!(qpn = %self.num, %status, "transmit failed: local error");
+        self.complete_send_head(ctx, status);
+        self.enter_error(ctx);
+    }
+
+    /// The response queue holds exactly one positive ACK (nothing that must go first).
+    fn lone_ack(&self) -> bool {
+        self.resp.resp_q.len() == 1
+            && matches!(self.resp.resp_q.front(), Some(RespItem::Ack { syndrome, .. }) if syndrome.is_ack())
+    }
+
+    /// After a request was handled: start holding a new lone ACK for `delay`; a hold whose
+    /// ACK has company in the queue (or has gone) stops.
+    fn hold_ack(&mut self, now: Instant, delay: Duration) {
+        if !self.lone_ack() {
+            self.timers.stop(Timer::AckHold);
+        } else if !self.timers.is_armed(Timer::AckHold) {
+            self.timers.set(Timer::AckHold, Some(now + delay));
+        }
+    }
+
+    /// Whether a lone ACK is still held back at `now`.
+    fn ack_held(&self, now: Instant) -> bool {
+        self.timers.get(Timer::AckHold).is_some_and(|t| now < t)
+    }
+}
+
+// ---- timers ----------------------------------------------------------------------------------
+
+impl Qp {
+    /// The earliest deadline of this QP's timers.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        debug_assert!(
+            !self.timers.is_armed(Timer::AckHold) || self.lone_ack(),
+            "a held ACK is alone in the response queue"
+        );
+        self.timers.next()
+    }
+
+    /// Run every timer due at `now`, in the order of [`Timer::ALL`].
+    pub(crate) fn handle_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        let now = ctx.now;
+        for t in Timer::ALL {
+            if !self.timers.expired(t, now) {
+                continue;
+            }
+            match t {
+                // The gates of the transmit path: the QP is rescheduled by the engine.
+                Timer::Pace | Timer::AckHold => self.timers.stop(t),
+                Timer::Cc => {
+                    self.cc.on_timer(now);
+                    self.cc_changed(now);
+                }
+                Timer::Rnr => {
+                    self.timers.stop(t);
+                    self.on_rnr_wait_over();
+                }
+                Timer::Retransmit => self.on_ack_timeout(ctx),
+            }
+        }
+    }
+}
+
+// ---- completions and the error state ---------------------------------------------------------
+
+impl Qp {
     /// Whether a send completion is generated for `w` on success.
     fn signal(&self, w: &SqEntry) -> bool {
         w.wqe.signaled || self.sq_sig_all
     }
 
     /// Complete the oldest send WQE with `status` (pops it).
-    pub(crate) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+    pub(super) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
         self.sq_retired += 1;
         if self.req.send_idx == 0 {
@@ -350,7 +817,7 @@ impl Qp {
 
     /// Complete a receive WQE.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn complete_recv(
+    pub(super) fn complete_recv(
         &mut self,
         ctx: &mut Ctx<'_>,
         rwqe: &RecvWqe,
@@ -358,7 +825,7 @@ impl Qp {
         opcode: WcOpcode,
         byte_len: u32,
         imm: Option<u32>,
-        inv: Option<crate::wire::RKey>,
+        inv: Option<wire::RKey>,
         solicited: bool,
     ) {
         self.rq_retired += 1;
@@ -387,12 +854,12 @@ impl Qp {
     /// Move to the error state: every outstanding work request completes with a flush error
     /// (after any error completion the caller already made), timers stop. Responses already
     /// queued (the NAK that reports the error) are still sent.
-    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
-        self.state = QpState::Err;
+    pub(super) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.set_state(QpState::Err);
         self.flush(ctx);
     }
 
-    pub(crate) fn flush(&mut self, ctx: &mut Ctx<'_>) {
+    fn flush(&mut self, ctx: &mut Ctx<'_>) {
         while !self.sq.is_empty() {
             self.complete_send_head(ctx, WcStatus::WrFlushErr);
         }
@@ -420,53 +887,15 @@ impl Qp {
                 false,
             );
         }
-        self.resp.in_msg_op = None;
-        self.req.retrans_at = None;
-        self.req.rnr_at = None;
+        self.timers.stop(Timer::Retransmit);
+        self.timers.stop(Timer::Rnr);
         self.req.rd_atomic_outstanding = 0;
         // Responses other than NAKs are pointless now.
         self.resp
             .resp_q
             .retain(|r| matches!(r, RespItem::Ack { syndrome, .. } if !syndrome.is_ack()));
-    }
-
-    /// Whether the QP has a packet to send now.
-    pub(crate) fn has_tx_work(&self) -> bool {
-        let held = self.ack_held_until().is_some();
-        self.cnp_due
-            || (self.pace_at.is_none()
-                && ((!self.resp.resp_q.is_empty() && !held) || self.requester_ready()))
-            || (!held
-                && self
-                    .resp
-                    .resp_q
-                    .front()
-                    .is_some_and(|r| !matches!(r, RespItem::Read { .. })))
-    }
-
-    /// The response queue holds exactly one positive ACK (nothing that must go first).
-    fn lone_ack(&self) -> bool {
-        self.resp.resp_q.len() == 1
-            && matches!(self.resp.resp_q.front(), Some(RespItem::Ack { syndrome, .. }) if syndrome.is_ack())
-    }
-
-    /// After a request was handled: start holding a new lone ACK for `delay`.
-    pub(crate) fn hold_ack(&mut self, now: Instant, delay: Duration) {
         if !self.lone_ack() {
-            self.ack_hold = None;
-        } else if self.ack_hold.is_none() {
-            self.ack_hold = Some(now + delay);
+            self.timers.stop(Timer::AckHold);
         }
-    }
-
-    /// Until when a lone ACK is held back (a hold set for an ACK that has since gone, or that
-    /// has company in the queue, holds nothing).
-    fn ack_held_until(&self) -> Option<Instant> {
-        self.ack_hold.filter(|_| self.lone_ack())
-    }
-
-    /// Whether a lone ACK is still held back at `now`.
-    pub(crate) fn ack_held(&self, now: Instant) -> bool {
-        self.ack_held_until().is_some_and(|t| now < t)
     }
 }

@@ -1,7 +1,14 @@
 //! The requester: turns send WQEs into request packets (IBTA 9.7.4), and go-back-N
 //! retransmission from a PSN.
+//!
+//! Its steps: [`Qp::request_gate`] says whether a packet may go now or names what it waits
+//! for ([`Wait`]); [`Qp::next_request_packet`] starts the next WQE (assigns its PSNs) or
+//! continues the current one; [`Qp::retry_from`] rewinds for a retry ([`Retry`] names why);
+//! the timers end an RNR wait ([`Qp::on_rnr_wait_over`]) or a local ACK timeout
+//! ([`Qp::on_ack_timeout`]).
 
 use super::qp::{PayloadSrc, Qp, TxDesc, ACKREQ_EVERY};
+use super::timer::Timer;
 use crate::ib::wr::{SendFlags, SendOp};
 use crate::ib::{Ctx, QpState, WcStatus};
 use crate::wire::ext::{AtomicEthRepr, RethRepr};
@@ -49,14 +56,59 @@ pub(crate) fn psns_for(op: &SendOp, len: u32, mtu: u32) -> u32 {
     }
 }
 
+/// What the requester waits for when it sends nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// The QP is not in RTS (or SQD, which finishes what was started).
+    State,
+    /// An RNR NAK is being waited out ([`Timer::Rnr`]).
+    Rnr,
+    /// Nothing to send: the send queue is sent up to its end.
+    Empty,
+    /// After a local ACK timeout only the oldest outstanding WQE is resent until it is
+    /// acknowledged (see `Requester::recovery_until`).
+    Recovery,
+    /// The go-back-N window is full.
+    Window,
+    /// SQD: no new WQE is started.
+    Drained,
+    /// A WQE with a local error waits until everything before it has completed.
+    LocalError,
+    /// A fenced WQE waits for the READs and ATOMICs before it.
+    Fence,
+    /// max_rd_atomic READs and ATOMICs are outstanding.
+    RdAtomic,
+}
+
+/// Why the requester goes back to resend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// The local ACK timer expired.
+    Timeout,
+    /// A PSN-sequence-error NAK.
+    SequenceNak,
+    /// Responses showed a gap (a READ response or ATOMIC ACK missing before a later one).
+    Gap,
+    /// An RNR wait ended.
+    Rnr,
+}
+
 impl Qp {
     /// Whether the requester can put a packet on the wire now.
-    pub(crate) fn requester_ready(&self) -> bool {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_at.is_some() {
-            return false;
+    pub(super) fn requester_ready(&self) -> bool {
+        self.request_gate().is_ok()
+    }
+
+    /// `Ok` if the requester has a packet to send now, else what it waits for.
+    pub(crate) fn request_gate(&self) -> Result<(), Wait> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return Err(Wait::State);
+        }
+        if self.timers.is_armed(Timer::Rnr) {
+            return Err(Wait::Rnr);
         }
         let Some(w) = self.sq.get(self.req.send_idx) else {
-            return false;
+            return Err(Wait::Empty);
         };
         // The go-back-N window: at most max_inflight packets past the oldest unacknowledged
         // PSN (a READ request is one packet, whatever it reserves).
@@ -67,24 +119,40 @@ impl Qp {
                 .recovery_until
                 .is_some_and(|r| w.first_psn.after(r))
             {
-                return false;
+                return Err(Wait::Recovery);
             }
-            return window_open || w.wqe.op.is_rd_atomic();
+            return if window_open || w.wqe.op.is_rd_atomic() {
+                Ok(())
+            } else {
+                Err(Wait::Window)
+            };
         }
         if self.state == QpState::Sqd {
-            return false;
+            return Err(Wait::Drained);
         }
         if w.wqe.local_err.is_some() {
             // Reported once everything before it has completed.
-            return self.req.una == self.req.next_psn;
+            return if self.req.una == self.req.next_psn {
+                Ok(())
+            } else {
+                Err(Wait::LocalError)
+            };
         }
         if w.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
-            return false;
+            return Err(Wait::Fence);
         }
         if w.wqe.op.is_rd_atomic() {
-            return self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1));
+            return if self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1)) {
+                Ok(())
+            } else {
+                Err(Wait::RdAtomic)
+            };
         }
-        self.req.next_psn.distance_from(self.req.una) < self.req.max_inflight
+        if self.req.next_psn.distance_from(self.req.una) < self.req.max_inflight {
+            Ok(())
+        } else {
+            Err(Wait::Window)
+        }
     }
 
     /// Point the send pointer at the start (or resume point) of WQE `idx`.
@@ -104,9 +172,16 @@ impl Qp {
         }
     }
 
-    /// Go-back-N: resend from PSN `p` (IBTA 9.7.7.1). A READ resumes from its first missing
-    /// response byte.
-    pub(crate) fn retry_from(&mut self, p: Psn) {
+    /// Go-back-N: resend from PSN `p` (IBTA 9.7.7.1) because of `why`. A READ resumes from its
+    /// first missing response byte.
+    pub(crate) fn retry_from(&mut self, p: Psn, why: Retry) {
+        tracing::debug!(qpn = %self.num, psn = %p, ?why, "requester: retry");
+        self.rewind_to(p);
+    }
+
+    /// Point the send pointer at PSN `p` (the start of the WQE holding it, or the packet at
+    /// `p` inside a SEND/WRITE, or a READ's first missing response byte).
+    pub(super) fn rewind_to(&mut self, p: Psn) {
         let Some(idx) = self.sq.iter().position(|w| w.contains(p)) else {
             // Nothing sent at or after p is outstanding: continue with new work.
             let idx = self
@@ -258,8 +333,8 @@ impl Qp {
             self.req.send_off = off + payload_len as u32;
             self.req.send_psn = psn.next();
         }
-        if self.req.retrans_at.is_none() {
-            self.req.retrans_at = self.ack_timeout().map(|d| ctx.now + d);
+        if !self.timers.is_armed(Timer::Retransmit) {
+            self.arm_ack_timer(ctx.now);
         }
         Some(TxDesc {
             repr: RoceRepr::new(bth, ext, payload_len),
@@ -267,42 +342,50 @@ impl Qp {
         })
     }
 
-    /// Timers: RNR wait over → resend; local ACK timeout → retry or RETRY_EXC_ERR.
-    pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+    /// (Re)start the local ACK timer at `now` (if the QP has one: timeout 0 disables it).
+    pub(super) fn arm_ack_timer(&mut self, now: crate::time::Instant) {
+        self.timers
+            .set(Timer::Retransmit, self.ack_timeout().map(|d| now + d));
+    }
+
+    /// [`Timer::Rnr`] fired: the RNR wait is over, resend.
+    pub(super) fn on_rnr_wait_over(&mut self) {
+        // An ACK may have come past the NAKed PSN while we waited (a retransmitted or
+        // duplicated copy got through): resend from the oldest unacknowledged PSN then,
+        // or retry_from would find no WQE there and skip the outstanding ones.
+        let p = if self.req.rnr_psn.before(self.req.una) {
+            self.req.una
+        } else {
+            self.req.rnr_psn
+        };
+        self.retry_from(p, Retry::Rnr);
+        self.timers.stop(Timer::Retransmit);
+    }
+
+    /// [`Timer::Retransmit`] fired: the local ACK timeout. Retry from the oldest
+    /// unacknowledged PSN, or complete the oldest WQE with RETRY_EXC_ERR when the retries are
+    /// spent.
+    pub(super) fn on_ack_timeout(&mut self, ctx: &mut Ctx<'_>) {
         let now = ctx.now;
-        if self.req.rnr_at.is_some_and(|t| t <= now) {
-            self.req.rnr_at = None;
-            // An ACK may have come past the NAKed PSN while we waited (a retransmitted or
-            // duplicated copy got through): resend from the oldest unacknowledged PSN then,
-            // or retry_from would find no WQE there and skip the outstanding ones.
-            let p = if self.req.rnr_psn.before(self.req.una) {
-                self.req.una
-            } else {
-                self.req.rnr_psn
-            };
-            self.retry_from(p);
-            self.req.retrans_at = None;
+        if self.req.una == self.req.hwm {
+            self.timers.stop(Timer::Retransmit);
+            return;
         }
-        if self.req.retrans_at.is_some_and(|t| t <= now) {
-            if self.req.una == self.req.hwm {
-                self.req.retrans_at = None;
-                return;
-            }
-            self.counters.timeouts += 1;
-            // The retry below resends from `una`: responses of the old stream that still
-            // arrive past that point are the same gap, not a new one (see `gap_retry`).
-            self.req.gap_retry = Some(self.req.una);
-            if self.req.retry_left == 0 {
-                self.complete_send_head(ctx, WcStatus::RetryExcErr);
-                self.enter_error(ctx);
-                return;
-            }
-            self.req.retry_left -= 1;
-            let una = self.req.una;
-            self.retry_from(una);
-            self.req.recovery_until = self.sq.front().filter(|w| w.assigned).map(|w| w.last_psn());
-            self.req.retrans_at = self.ack_timeout().map(|d| now + d);
+        self.counters.timeouts += 1;
+        // The retry below resends from `una`: responses of the old stream that still
+        // arrive past that point are the same gap, not a new one (see `gap_retry`).
+        self.req.gap_retry = Some(self.req.una);
+        if self.req.retry_left == 0 {
+            tracing::debug!(qpn = %self.num, psn = %self.req.una, "requester: retries exhausted");
+            self.complete_send_head(ctx, WcStatus::RetryExcErr);
+            self.enter_error(ctx);
+            return;
         }
+        self.req.retry_left -= 1;
+        let una = self.req.una;
+        self.retry_from(una, Retry::Timeout);
+        self.req.recovery_until = self.sq.front().filter(|w| w.assigned).map(|w| w.last_psn());
+        self.arm_ack_timer(now);
     }
 }
 

@@ -1,6 +1,7 @@
-//! The responder (IBTA 9.7.5.1): a pipeline of checks, in order, each ending in one NAK when
-//! it fails — PSN → opcode sequence → operation valid → resources → length → R_Key → execute
-//! → acknowledge — plus duplicate handling and the transmission of responses.
+//! The responder (IBTA 9.7.5.1): a pipeline of checks, in order, each ending in one answer
+//! when it fails — PSN → opcode sequence → operation valid → resources → length → R_Key →
+//! execute → acknowledge — plus duplicate handling and the transmission of responses.
+//! [`Qp::on_request`] reads as that pipeline; each [`Step`] is a method.
 //!
 //! Error classes (IBTA 9.9.3): a PSN gap gets one PSN-sequence-error NAK; an empty receive
 //! queue gets an RNR NAK; an invalid request, a remote access error and a remote operational
@@ -16,7 +17,28 @@ use crate::wire::{
 };
 use std::sync::Arc;
 
-/// Why a request failed, and what each side reports.
+/// The responder's steps, in the order a request goes through them (IBTA 9.7.5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The PSN against the expected one: in sequence, a duplicate, or ahead (9.7.5.1.1).
+    Psn,
+    /// FIRST/MIDDLE/LAST/ONLY against the message in progress (9.7.5.1.2).
+    OpSequence,
+    /// The operation is one this QP executes with the rights it grants (9.7.5.1.3).
+    OpValid,
+    /// A receive WQE for a SEND or a WRITE with immediate (9.7.5.1.4).
+    Resources,
+    /// The payload length against the path MTU and the packet's place in the message; the
+    /// request's own sizes and alignment (9.7.5.1.5).
+    Length,
+    /// The R_Key, its rights and bounds for WRITE, READ and ATOMIC (9.7.5.1.6, 10.6.3.2).
+    RKey,
+    /// The operation itself: data placed, READ queued, ATOMIC executed once.
+    Execute,
+}
+
+/// Why a request fatally failed, and what each side reports.
+#[derive(Clone, Copy, Debug)]
 struct Fatal {
     nak: NakCode,
     /// The status of the receive completion at the responder, if a receive WQE is involved.
@@ -35,6 +57,37 @@ const ACCESS: Fatal = Fatal {
     nak: NakCode::RemoteAccessError,
     recv_status: WcStatus::RemAccessErr,
 };
+
+/// How a request leaves the pipeline before it is acknowledged.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// Behind the expected PSN: a duplicate, answered from what was saved, never executed.
+    Duplicate,
+    /// Ahead of the expected PSN: one PSN-sequence-error NAK per gap, then silence.
+    OutOfSequence,
+    /// No receive WQE: an RNR NAK; the requester retries after the RNR timer.
+    NotReady,
+    /// A fatal error found at a step: one NAK, the QP moves to the error state.
+    Fatal(Step, Fatal),
+}
+
+impl Stop {
+    /// The step that stopped the request.
+    fn step(self) -> Step {
+        match self {
+            Stop::Duplicate | Stop::OutOfSequence => Step::Psn,
+            Stop::NotReady => Step::Resources,
+            Stop::Fatal(step, _) => step,
+        }
+    }
+}
+
+/// The memory a WRITE (first packet), READ or ATOMIC names, its R_Key checked: the region
+/// and the offset of the first byte (no region for a zero-length request).
+struct Target {
+    mr: Option<Arc<MrShared>>,
+    off: usize,
+}
 
 impl Qp {
     fn credits(&self) -> CreditCode {
@@ -68,8 +121,57 @@ impl Qp {
     }
 
     fn queue_nak(&mut self, psn: Psn, syndrome: Syndrome) {
+        tracing::debug!(qpn = %self.num, %psn, ?syndrome, "NAK sent");
         let msn = self.resp.msn;
         self.push_resp(RespItem::Ack { psn, syndrome, msn });
+    }
+
+    /// A request packet for this QP's responder: the pipeline of [`Step`]s.
+    pub(super) fn on_request(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            self.counters.state_drops += 1;
+            return;
+        }
+        if let Err(stop) = self.respond(ctx, r, payload) {
+            self.stop(ctx, r, stop);
+        }
+    }
+
+    fn respond(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) -> Result<(), Stop> {
+        let f = r.bth.opcode.flags();
+        self.check_psn(r.bth.psn)?;
+        self.check_op_sequence(f)?;
+        self.check_op_valid(r.bth.opcode, f)?;
+        self.check_resources(f)?;
+        self.check_length(r, f, payload)?;
+        let target = self.check_rkey(ctx, r, f)?;
+        self.execute(ctx, r, payload, target)
+    }
+
+    /// How a stopped request is answered.
+    fn stop(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, stop: Stop) {
+        let p = r.bth.psn;
+        tracing::trace!(qpn = %self.num, psn = %p, step = ?stop.step(), ?stop, "request stopped");
+        match stop {
+            Stop::Duplicate => self.duplicate(r),
+            Stop::OutOfSequence => {
+                // One NAK per gap, then silence until the expected PSN arrives.
+                self.counters.out_of_sequence += 1;
+                if !self.resp.nak_sent {
+                    self.resp.nak_sent = true;
+                    self.counters.seq_naks_sent += 1;
+                    let e = self.resp.epsn;
+                    self.queue_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
+                }
+            }
+            Stop::NotReady => {
+                self.counters.rnr_naks_sent += 1;
+                self.resp.nak_sent = true;
+                let t = RnrTimer::new(self.attr.min_rnr_timer);
+                self.queue_nak(p, Syndrome::RnrNak(t));
+            }
+            Stop::Fatal(_, f) => self.fatal(ctx, p, f),
+        }
     }
 
     /// A fatal request error: NAK, complete the receive WQE involved, enter the error state.
@@ -95,68 +197,44 @@ impl Qp {
         self.enter_error(ctx);
     }
 
-    /// Check an R_Key for `[va, va+len)` with `need` rights (IBTA 10.6.3.2, 9.7.5.1.7).
-    fn check_rkey(
-        &self,
-        ctx: &Ctx<'_>,
-        rkey: crate::wire::RKey,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<(Arc<MrShared>, usize)> {
-        let mr = ctx.mrs.by_rkey(rkey)?;
-        if !mr.rkey_valid() || mr.pd != self.pd || !mr.access.contains(need) {
-            return None;
-        }
-        let off = mr.offset_of(va, len)?;
-        Some((mr, off))
-    }
-
-    /// A request packet for this QP's responder.
-    pub(crate) fn on_request(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            self.counters.state_drops += 1;
-            return;
-        }
-        let op = r.bth.opcode;
-        let p = r.bth.psn;
+    /// [`Step::Psn`].
+    fn check_psn(&mut self, p: Psn) -> Result<(), Stop> {
         let d = p.diff(self.resp.epsn);
         if d > 0 {
-            // Out of sequence: one NAK per gap, then silence until the expected PSN arrives.
-            self.counters.out_of_sequence += 1;
-            if !self.resp.nak_sent {
-                self.resp.nak_sent = true;
-                self.counters.seq_naks_sent += 1;
-                let e = self.resp.epsn;
-                self.queue_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
-            }
-            return;
+            return Err(Stop::OutOfSequence);
         }
         if d < 0 {
-            self.duplicate(r);
-            return;
+            return Err(Stop::Duplicate);
         }
         self.resp.nak_sent = false;
-        let f = op.flags();
+        Ok(())
+    }
 
-        // Opcode sequence (IBTA 9.7.5.1.2): a message in progress continues with MIDDLE/LAST
-        // of the same kind; otherwise a new message starts with FIRST or ONLY.
-        let seq_ok = match self.resp.in_msg_op {
-            Some(prev) => {
+    /// [`Step::OpSequence`]: a message in progress continues with MIDDLE/LAST of the same
+    /// kind; otherwise a new message starts with FIRST or ONLY.
+    fn check_op_sequence(&self, f: OpFlags) -> Result<(), Stop> {
+        let ok = match &self.resp.in_msg {
+            Some(m) => {
+                let (send, write) = match m {
+                    InMsg::Send { .. } => (true, false),
+                    InMsg::Write { .. } => (false, true),
+                };
                 (f.contains(OpFlags::MIDDLE)
                     || (f.contains(OpFlags::LAST) && !f.contains(OpFlags::FIRST)))
-                    && (prev.is(OpFlags::SEND) == f.contains(OpFlags::SEND))
-                    && (prev.is(OpFlags::WRITE) == f.contains(OpFlags::WRITE))
+                    && send == f.contains(OpFlags::SEND)
+                    && write == f.contains(OpFlags::WRITE)
             }
             None => f.contains(OpFlags::FIRST),
         };
-        if !seq_ok {
-            self.fatal(ctx, p, INVALID);
-            return;
+        if ok {
+            Ok(())
+        } else {
+            Err(Stop::Fatal(Step::OpSequence, INVALID))
         }
+    }
 
-        // Operation valid for this QP (IBTA 9.7.5.1.3): RC opcodes we execute, and the QP's
-        // remote access rights.
+    /// [`Step::OpValid`]: RC opcodes we execute, and the QP's remote access rights.
+    fn check_op_valid(&self, op: Opcode, f: OpFlags) -> Result<(), Stop> {
         let acc = self.attr.qp_access_flags;
         let valid = if f.contains(OpFlags::SEND) {
             true
@@ -169,12 +247,27 @@ impl Qp {
         } else {
             false // FLUSH, ATOMIC_WRITE: not supported
         };
-        if !valid {
-            self.fatal(ctx, p, INVALID);
-            return;
+        if valid {
+            Ok(())
+        } else {
+            Err(Stop::Fatal(Step::OpValid, INVALID))
         }
+    }
 
-        // Packet length against the path MTU (IBTA 9.7.5.1.4 / C9-87..C9-90).
+    /// [`Step::Resources`]: a receive WQE for SEND (first packet) and WRITE with immediate.
+    fn check_resources(&self, f: OpFlags) -> Result<(), Stop> {
+        let needs_rwqe = (f.contains(OpFlags::SEND) && f.contains(OpFlags::FIRST))
+            || (f.contains(OpFlags::WRITE) && f.contains(OpFlags::IMMEDIATE));
+        if needs_rwqe && self.rq.is_empty() {
+            Err(Stop::NotReady)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// [`Step::Length`]: the payload against the path MTU (IBTA C9-87..C9-90); a READ of at
+    /// most 2^31 bytes; an ATOMIC on an 8-byte aligned address.
+    fn check_length(&self, r: &RoceRepr, f: OpFlags, payload: &[u8]) -> Result<(), Stop> {
         let mtu = self.mtu() as usize;
         let len_ok = if f.contains(OpFlags::FULL_MTU) {
             payload.len() == mtu
@@ -183,94 +276,130 @@ impl Qp {
         } else {
             payload.len() <= mtu
         };
-        if !len_ok {
-            self.fatal(ctx, p, INVALID);
-            return;
-        }
-
-        // Resources: a receive WQE for SEND (first packet) and WRITE with immediate (last).
-        let needs_rwqe = (f.contains(OpFlags::SEND) && f.contains(OpFlags::FIRST))
-            || (f.contains(OpFlags::WRITE) && f.contains(OpFlags::IMMEDIATE));
-        if needs_rwqe && self.rq.is_empty() {
-            self.counters.rnr_naks_sent += 1;
-            self.resp.nak_sent = true;
-            let t = RnrTimer::new(self.attr.min_rnr_timer);
-            self.queue_nak(p, Syndrome::RnrNak(t));
-            return;
-        }
-
-        if f.contains(OpFlags::SEND) {
-            self.exec_send(ctx, r, payload);
-        } else if f.contains(OpFlags::WRITE) {
-            self.exec_write(ctx, r, payload);
-        } else if op == Opcode::RC_READ_REQUEST {
-            self.exec_read(ctx, r);
+        let op = r.bth.opcode;
+        let request_ok = if op == Opcode::RC_READ_REQUEST {
+            r.ext.reth.is_some_and(|reth| reth.dma_len <= 1 << 31)
+        } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
+            // A misaligned atomic is an invalid request (as rxe answers it).
+            r.ext.atomic_eth.is_some_and(|a| a.va % 8 == 0)
         } else {
-            self.exec_atomic(ctx, r);
+            true
+        };
+        if len_ok && request_ok {
+            Ok(())
+        } else {
+            Err(Stop::Fatal(Step::Length, INVALID))
         }
     }
 
-    fn finish_packet(&mut self, r: &RoceRepr, ends_message: bool) {
+    /// [`Step::RKey`]: the memory a WRITE's first packet, a READ or an ATOMIC names, checked
+    /// (IBTA 10.6.3.2, 9.7.5.1.7). A zero-length WRITE or READ names no memory and has no
+    /// R_Key to check. Other packets name none (`None`).
+    fn check_rkey(&self, ctx: &Ctx<'_>, r: &RoceRepr, f: OpFlags) -> Result<Option<Target>, Stop> {
+        let op = r.bth.opcode;
+        let (rkey, va, len, need) = if f.contains(OpFlags::WRITE) && f.contains(OpFlags::FIRST)
+            || op == Opcode::RC_READ_REQUEST
+        {
+            let Some(reth) = r.ext.reth else {
+                return Err(Stop::Fatal(Step::RKey, INVALID));
+            };
+            if reth.dma_len == 0 {
+                return Ok(Some(Target { mr: None, off: 0 }));
+            }
+            let need = if f.contains(OpFlags::WRITE) {
+                AccessFlags::REMOTE_WRITE
+            } else {
+                AccessFlags::REMOTE_READ
+            };
+            (reth.rkey, reth.va, u64::from(reth.dma_len), need)
+        } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
+            let Some(a) = r.ext.atomic_eth else {
+                return Err(Stop::Fatal(Step::RKey, INVALID));
+            };
+            (a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        } else {
+            return Ok(None);
+        };
+        let mr = ctx
+            .mrs
+            .by_rkey(rkey)
+            .filter(|mr| mr.rkey_valid() && mr.pd == self.pd && mr.access.contains(need));
+        match mr.and_then(|mr| mr.offset_of(va, len).map(|off| (mr, off))) {
+            Some((mr, off)) => Ok(Some(Target { mr: Some(mr), off })),
+            None => Err(Stop::Fatal(Step::RKey, ACCESS)),
+        }
+    }
+
+    /// [`Step::Execute`], then the acknowledgement ([`acknowledge`](Self::acknowledge)).
+    fn execute(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        r: &RoceRepr,
+        payload: &[u8],
+        target: Option<Target>,
+    ) -> Result<(), Stop> {
+        let f = r.bth.opcode.flags();
+        if f.contains(OpFlags::SEND) {
+            self.exec_send(ctx, r, payload)
+        } else if f.contains(OpFlags::WRITE) {
+            self.exec_write(ctx, r, payload, target)
+        } else if r.bth.opcode == Opcode::RC_READ_REQUEST {
+            self.exec_read(r, target);
+            Ok(())
+        } else {
+            self.exec_atomic(r, target);
+            Ok(())
+        }
+    }
+
+    /// The last step: the expected PSN moves on, a message that ends counts in the MSN, and
+    /// an ACK is queued if the packet asked for one (coalesced with one already waiting).
+    fn acknowledge(&mut self, r: &RoceRepr, ends_message: bool) {
         self.resp.epsn = r.bth.psn.next();
         if ends_message {
             self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
-            self.resp.in_msg_op = None;
-        } else {
-            self.resp.in_msg_op = Some(r.bth.opcode);
         }
         if r.bth.ack_req {
             self.queue_ack(r.bth.psn);
         }
     }
 
-    fn exec_send(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+    fn exec_send(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) -> Result<(), Stop> {
         let f = r.bth.opcode.flags();
-        let p = r.bth.psn;
-        if f.contains(OpFlags::FIRST) {
-            let Some(rwqe) = self.rq.pop_front() else {
-                return;
-            };
-            if let Some(status) = rwqe.local_err {
-                self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
-                self.fatal(
-                    ctx,
-                    p,
-                    Fatal {
-                        nak: NakCode::RemoteOperationalError,
-                        recv_status: status,
-                    },
-                );
-                return;
-            }
-            self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
-        }
-        let Some(InMsg::Send { rwqe, off }) = &mut self.resp.in_msg else {
-            self.fatal(ctx, p, INVALID);
-            return;
-        };
-        if *off + payload.len() as u64 > rwqe.len {
-            self.fatal(ctx, p, LENGTH);
-            return;
-        }
-        if let Err(status) = scatter(ctx.mrs, &rwqe.sges, *off, payload) {
-            self.fatal(
-                ctx,
-                p,
+        let operational = |status| {
+            Stop::Fatal(
+                Step::Execute,
                 Fatal {
                     nak: NakCode::RemoteOperationalError,
                     recv_status: status,
                 },
-            );
-            return;
+            )
+        };
+        if f.contains(OpFlags::FIRST) {
+            // The resources step made sure there is one.
+            let Some(rwqe) = self.rq.pop_front() else {
+                return Err(Stop::NotReady);
+            };
+            let err = rwqe.local_err;
+            self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
+            if let Some(status) = err {
+                return Err(operational(status));
+            }
+        }
+        let Some(InMsg::Send { rwqe, off }) = &mut self.resp.in_msg else {
+            return Err(Stop::Fatal(Step::Execute, INVALID));
+        };
+        if *off + payload.len() as u64 > rwqe.len {
+            return Err(Stop::Fatal(Step::Execute, LENGTH));
+        }
+        if let Err(status) = scatter(ctx.mrs, &rwqe.sges, *off, payload) {
+            return Err(operational(status));
         }
         *off += payload.len() as u64;
         if !f.contains(OpFlags::LAST) {
-            self.finish_packet(r, false);
-            return;
+            self.acknowledge(r, false);
+            return Ok(());
         }
-        let Some(InMsg::Send { rwqe, off }) = self.resp.in_msg.take() else {
-            return;
-        };
         let mut inv = None;
         if let Some(rkey) = r.ext.ieth {
             // SEND with invalidate (IBTA 10.6.7.2.1): the named MR's R_Key stops working.
@@ -280,21 +409,20 @@ impl Qp {
                     inv = Some(rkey);
                 }
                 _ => {
-                    self.resp.in_msg = Some(InMsg::Send { rwqe, off });
-                    self.fatal(
-                        ctx,
-                        p,
+                    return Err(Stop::Fatal(
+                        Step::Execute,
                         Fatal {
                             nak: NakCode::InvalidRequest,
                             recv_status: WcStatus::LocAccessErr,
                         },
-                    );
-                    return;
+                    ))
                 }
             }
         }
-        self.finish_packet(r, true);
-        let se = r.bth.solicited;
+        let Some(InMsg::Send { rwqe, off }) = self.resp.in_msg.take() else {
+            return Ok(());
+        };
+        self.acknowledge(r, true);
         self.complete_recv(
             ctx,
             &rwqe,
@@ -303,31 +431,25 @@ impl Qp {
             off as u32,
             r.ext.imm,
             inv,
-            se,
+            r.bth.solicited,
         );
+        Ok(())
     }
 
-    fn exec_write(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
+    fn exec_write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        r: &RoceRepr,
+        payload: &[u8],
+        target: Option<Target>,
+    ) -> Result<(), Stop> {
         let f = r.bth.opcode.flags();
-        let p = r.bth.psn;
-        if f.contains(OpFlags::FIRST) {
-            let Some(reth) = r.ext.reth else { return };
-            let dma_len = u64::from(reth.dma_len);
-            let (mr, mr_off) = if dma_len == 0 {
-                // A zero-length WRITE names no memory: no R_Key check (IBTA 9.7.5.1.7).
-                (None, 0)
-            } else {
-                match self.check_rkey(ctx, reth.rkey, reth.va, dma_len, AccessFlags::REMOTE_WRITE) {
-                    Some((mr, off)) => (Some(mr), off),
-                    None => {
-                        self.fatal(ctx, p, ACCESS);
-                        return;
-                    }
-                }
-            };
+        if let Some(Target { mr, off }) = target {
+            // The first packet: its RETH was checked by the R_Key step.
+            let dma_len = r.ext.reth.map_or(0, |reth| u64::from(reth.dma_len));
             self.resp.in_msg = Some(InMsg::Write {
                 mr,
-                mr_off,
+                mr_off: off,
                 done: 0,
                 dma_len,
             });
@@ -339,13 +461,11 @@ impl Qp {
             dma_len,
         }) = &mut self.resp.in_msg
         else {
-            self.fatal(ctx, p, INVALID);
-            return;
+            return Err(Stop::Fatal(Step::Execute, INVALID));
         };
         let end = *done + payload.len() as u64;
         if end > *dma_len || (f.contains(OpFlags::LAST) && end != *dma_len) {
-            self.fatal(ctx, p, INVALID);
-            return;
+            return Err(Stop::Fatal(Step::Execute, INVALID));
         }
         if let Some(mr) = mr {
             let at = *mr_off + *done as usize;
@@ -353,30 +473,31 @@ impl Qp {
         }
         *done = end;
         if !f.contains(OpFlags::LAST) {
-            self.finish_packet(r, false);
-            return;
+            self.acknowledge(r, false);
+            return Ok(());
         }
         let total = *dma_len as u32;
         self.resp.in_msg = None;
-        if let Some(imm) = r.ext.imm {
-            let Some(rwqe) = self.rq.pop_front() else {
-                return;
-            };
-            self.finish_packet(r, true);
-            let se = r.bth.solicited;
-            self.complete_recv(
-                ctx,
-                &rwqe,
-                WcStatus::Success,
-                WcOpcode::RecvRdmaWithImm,
-                total,
-                Some(imm),
-                None,
-                se,
-            );
-        } else {
-            self.finish_packet(r, true);
-        }
+        let Some(imm) = r.ext.imm else {
+            self.acknowledge(r, true);
+            return Ok(());
+        };
+        // The resources step made sure there is one.
+        let Some(rwqe) = self.rq.pop_front() else {
+            return Err(Stop::NotReady);
+        };
+        self.acknowledge(r, true);
+        self.complete_recv(
+            ctx,
+            &rwqe,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            total,
+            Some(imm),
+            None,
+            r.bth.solicited,
+        );
+        Ok(())
     }
 
     fn push_resource(&mut self, res: Resource) {
@@ -387,65 +508,39 @@ impl Qp {
         self.resp.resources.push_back(res);
     }
 
-    fn exec_read(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
+    /// A READ: its resource is saved for duplicates, its responses queued. The expected PSN
+    /// moves past the PSNs the responses take; a READ is acknowledged by its responses.
+    fn exec_read(&mut self, r: &RoceRepr, target: Option<Target>) {
         let p = r.bth.psn;
-        let Some(reth) = r.ext.reth else { return };
-        if reth.dma_len > 1 << 31 {
-            self.fatal(ctx, p, INVALID);
-            return;
-        }
-        let (mr, mr_off) = if reth.dma_len == 0 {
-            (None, 0)
-        } else {
-            match self.check_rkey(
-                ctx,
-                reth.rkey,
-                reth.va,
-                u64::from(reth.dma_len),
-                AccessFlags::REMOTE_READ,
-            ) {
-                Some((mr, off)) => (Some(mr), off),
-                None => {
-                    self.fatal(ctx, p, ACCESS);
-                    return;
-                }
-            }
-        };
-        let npkts = reth.dma_len.div_ceil(self.mtu()).max(1);
+        let len = r.ext.reth.map_or(0, |reth| reth.dma_len);
+        let Target { mr, off: mr_off } = target.unwrap_or(Target { mr: None, off: 0 });
+        let npkts = len.div_ceil(self.mtu()).max(1);
         self.push_resource(Resource::Read {
             first_psn: p,
             npkts,
             mr: mr.clone(),
             mr_off,
-            len: reth.dma_len,
+            len,
         });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.add(npkts);
-        self.resp.in_msg_op = None;
         self.push_resp(RespItem::Read {
             mr,
             mr_off,
-            len: reth.dma_len,
+            len,
             first_psn: p,
             npkts,
             sent: 0,
         });
     }
 
-    fn exec_atomic(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
+    /// An ATOMIC: executed once, under the region's write lock, in host byte order as rxe
+    /// does; the original value is saved for duplicates and returned in the ATOMIC ACK.
+    fn exec_atomic(&mut self, r: &RoceRepr, target: Option<Target>) {
         let p = r.bth.psn;
-        let Some(a) = r.ext.atomic_eth else { return };
-        if a.va % 8 != 0 {
-            // Misaligned atomic (IBTA C9-... / rxe): invalid request.
-            self.fatal(ctx, p, INVALID);
-            return;
-        }
-        let Some((mr, off)) = self.check_rkey(ctx, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
-        else {
-            self.fatal(ctx, p, ACCESS);
+        let (Some(a), Some(Target { mr: Some(mr), off })) = (r.ext.atomic_eth, target) else {
             return;
         };
-        // Executed once, under the region's write lock; host byte order, as rxe does.
         let orig = {
             let mut m = mr.bytes_mut();
             let mut cur = [0u8; 8];
@@ -466,7 +561,6 @@ impl Qp {
         self.push_resource(Resource::Atomic { psn: p, orig });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.next();
-        self.resp.in_msg_op = None;
         let msn = self.resp.msn;
         self.push_resp(RespItem::AtomicAck { psn: p, orig, msn });
     }
@@ -527,7 +621,7 @@ impl Qp {
     }
 
     /// The next response packet (ACK/NAK, READ response, ATOMIC ACK), if any.
-    pub(crate) fn next_response_packet(&mut self) -> Option<TxDesc> {
+    pub(super) fn next_response_packet(&mut self) -> Option<TxDesc> {
         let dest = QpNumber::new(self.attr.dest_qp_num);
         let mtu = self.mtu();
         let credits = self.credits();

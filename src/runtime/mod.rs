@@ -24,7 +24,7 @@ use crate::io::{IoStats, PacketDevice};
 use crate::time::Instant;
 use crate::verbs::{
     Cq, Device, DeviceConfig, MemoryRegion, NotifyMode, Pd, QpInitAttr, RcParams, RecvWr, RemoteQp,
-    SendFlags, SendWr, VerbsError, WcStatus, WorkCompletion,
+    SendWr, VerbsError, WcStatus, WorkCompletion,
 };
 use crate::verbs::{DeviceCounters, QpCounters};
 use crate::verbs::{QpAttr, QpAttrMask, QpState};
@@ -325,23 +325,15 @@ impl Nic {
         self.with_device(|d| d.local_end(qpn, sgid_index, psn))
     }
 
-    /// `ibv_post_send`, without taking the device lock.
+    /// `ibv_post_send`, without taking the device lock: the checks `ibv_post_send` makes
+    /// (state, the request itself, room) against the QP's shadow.
     pub fn post_send(&self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
         let sh = self.shadow(qpn)?;
         let st = state_of(sh.state.load(Ordering::Acquire));
         if matches!(st, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::InvalidState(st));
         }
-        if wr.sg_list.len() > sh.cap.max_send_sge.max(1) as usize {
-            return Err(VerbsError::TooManySge(wr.sg_list.len()));
-        }
-        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        if wr.flags.contains(SendFlags::INLINE) && len > u64::from(sh.cap.max_inline_data) {
-            return Err(VerbsError::InlineTooLarge(len));
-        }
-        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
-            return Err(VerbsError::BadAtomicSge);
-        }
+        crate::verbs::device::check_send_wr(&wr, &sh.cap)?;
         let posted = sh.sq_posted.load(Ordering::Relaxed);
         if posted - sh.sq_retired.load(Ordering::Acquire) >= u64::from(sh.cap.max_send_wr) {
             return Err(VerbsError::QueueFull);
@@ -779,7 +771,17 @@ fn engine_step(
         }
         let n = batch_count(
             inner,
-            pkt.send_batch(opts.batch, &mut |buf| dev.poll_transmit(now, buf)),
+            pkt.send_batch(opts.batch, &mut |buf| match dev.poll_transmit(now, buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    // The packet device's frames are smaller than a QP's path MTU needs: a
+                    // configuration error. Nothing is lost; the frame waits.
+                    if inner.io_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::warn!(error = %e, "transmit buffer too small for a QP's path MTU");
+                    }
+                    None
+                }
+            }),
         );
         work += n;
         more |= n >= opts.batch;

@@ -82,7 +82,11 @@ impl Fabric {
     pub fn step(&mut self) -> bool {
         let mut moved = false;
         for i in 0..self.hosts.len() {
-            while let Some(n) = self.hosts[i].poll_transmit(self.now, &mut self.buf) {
+            while let Some(n) = self.hosts[i]
+                .poll_transmit(self.now, &mut self.buf)
+                // The buffer (16 KiB) is larger than any frame (path MTU 4096 + 98 bytes).
+                .expect("frame buffer too small")
+            {
                 self.net
                     .send(self.now, self.eps[i], self.switch, self.buf[..n].to_vec());
                 moved = true;

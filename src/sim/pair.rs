@@ -4,8 +4,8 @@
 
 use super::net::{EndpointId, LinkConfig, Network};
 use crate::time::{Duration, Instant};
-use crate::verbs::{Device, DeviceConfig};
-use crate::wire::MacAddr;
+use crate::verbs::{Device, DeviceConfig, RcParams, VerbsError};
+use crate::wire::{MacAddr, QpNumber};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Two devices, A and B, and the network between them.
@@ -66,6 +66,32 @@ impl Pair {
         }
     }
 
+    /// Connect QP `qa` on A and QP `qb` on B with `params`, A starting its sends at PSN
+    /// `psn_a` and B at `psn_b` (each end's `local_psn` is replaced by its own).
+    pub fn connect(
+        &mut self,
+        qa: QpNumber,
+        qb: QpNumber,
+        params: &RcParams,
+        psn_a: u32,
+        psn_b: u32,
+    ) -> Result<(), VerbsError> {
+        let missing = VerbsError::BadAddressVector("sgid_index not in the GID table");
+        let sgid = usize::from(params.sgid_index);
+        let ra = self.a.local_end(qa, sgid, psn_a).ok_or(missing)?;
+        let rb = self.b.local_end(qb, sgid, psn_b).ok_or(missing)?;
+        let pa = RcParams {
+            local_psn: psn_a,
+            ..*params
+        };
+        let pb = RcParams {
+            local_psn: psn_b,
+            ..*params
+        };
+        self.a.connect_rc(qa, &rb, &pa)?;
+        self.b.connect_rc(qb, &ra, &pb)
+    }
+
     /// Change the link conditions in both directions.
     pub fn set_link(&mut self, link: LinkConfig) {
         for (x, y) in [(self.ea, self.eb), (self.eb, self.ea)] {
@@ -85,13 +111,23 @@ impl Pair {
     /// nothing is left to do at all.
     pub fn step(&mut self) -> bool {
         let mut moved = false;
-        while let Some(n) = self.a.poll_transmit(self.now, &mut self.buf) {
+        while let Some(n) = self
+            .a
+            .poll_transmit(self.now, &mut self.buf)
+            // The buffer (16 KiB) is larger than any frame (path MTU 4096 + 98 bytes).
+            .expect("frame buffer too small")
+        {
             self.net
                 .send(self.now, self.ea, self.eb, self.buf[..n].to_vec());
             self.frames += 1;
             moved = true;
         }
-        while let Some(n) = self.b.poll_transmit(self.now, &mut self.buf) {
+        while let Some(n) = self
+            .b
+            .poll_transmit(self.now, &mut self.buf)
+            // The buffer (16 KiB) is larger than any frame (path MTU 4096 + 98 bytes).
+            .expect("frame buffer too small")
+        {
             self.net
                 .send(self.now, self.eb, self.ea, self.buf[..n].to_vec());
             self.frames += 1;

@@ -1,39 +1,26 @@
-//! The device: the verbs (`alloc_pd`, `reg_mr`, `create_cq`, `create_qp`, `modify_qp`,
-//! `post_send`, `post_recv`, `poll_cq`, ...) and the sans-IO engine that runs every QP.
-//!
-//! # The sans-IO contract
-//!
-//! A `Device` never reads a clock, opens a socket or spawns a thread. Its driver (the
-//! simulator, the runtime, a test) calls, in any order:
-//! - [`Device::handle_frame`]`(now, frame)` for every received Ethernet frame;
-//! - [`Device::poll_transmit`]`(now, buf)` until it returns `None`, putting each frame it
-//!   writes on the wire;
-//! - [`Device::poll_timeout`]`()` to learn when to call [`Device::handle_timeout`]`(now)`.
-//!
-//! Verbs calls (`post_send`, `modify_qp`, ...) only queue work; packets leave on the next
-//! `poll_transmit`. Completions are read with [`Device::poll_cq`].
+//! The device and its verbs: protection domains, memory regions, completion queues, queue
+//! pairs and work requests (`alloc_pd`, `reg_mr`, `create_cq`, `create_qp`, `modify_qp`,
+//! `post_send`, `post_recv`, `poll_cq`, ...). The engine that runs the QPs (packets and time)
+//! is in [`super::engine`], with the sans-IO contract.
 
+use super::engine::{Scheduler, Slot};
+use super::frame::Framer;
 use crate::ib::attr::check_modify_qp;
 use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
-use crate::ib::mr::{gather, LKey, MemoryRegion, MrShared, MrTable, Pd};
+use crate::ib::mr::{LKey, MemoryRegion, MrShared, MrTable, Pd};
 use crate::ib::path::{gid_of, Path};
-use crate::ib::wc::{WcStatus, WorkCompletion};
+use crate::ib::wc::WorkCompletion;
 use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::{RecvWr, SendFlags, SendWr};
 use crate::ib::{
     AccessFlags, Ctx, KeyMap, ModifyQpError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };
 use crate::keys::KeyGen;
-use crate::rc::qp::{PayloadSrc, Qp, Requester, Responder, SqEntry};
+use crate::rc::qp::{PostError, Qp, QpConfig, QpInit};
 use crate::time::Instant;
-use crate::wire::{
-    self, Ecn, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, OpFlags, Psn,
-    QpNumber, RKey, Transport, UdpRepr, ROCE_V2_PORT,
-};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-use std::net::{IpAddr, Ipv6Addr};
+use crate::wire::{MacAddr, QpNumber, RKey};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Largest message (IBTA: 2^31 bytes).
@@ -147,28 +134,60 @@ pub enum VerbsError {
     Busy(&'static str),
 }
 
+impl From<PostError> for VerbsError {
+    fn from(e: PostError) -> Self {
+        match e {
+            PostError::InvalidState(s) => VerbsError::InvalidState(s),
+            PostError::QueueFull => VerbsError::QueueFull,
+        }
+    }
+}
+
+/// The checks `ibv_post_send` makes of a send work request against the QP's capabilities:
+/// scatter/gather entries, message length, the atomic's one 8-byte entry, inline size.
+/// Returns the message length.
+pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError> {
+    if wr.sg_list.len() > cap.max_send_sge.max(1) as usize {
+        return Err(VerbsError::TooManySge(wr.sg_list.len()));
+    }
+    let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if len > MAX_MSG {
+        return Err(VerbsError::MessageTooLong(len));
+    }
+    if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
+        return Err(VerbsError::BadAtomicSge);
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
+    if inline && len > u64::from(cap.max_inline_data) {
+        return Err(VerbsError::InlineTooLarge(len));
+    }
+    Ok(len as u32)
+}
+
 /// A software RNIC.
 pub struct Device {
-    cfg: DeviceConfig,
+    pub(super) cfg: DeviceConfig,
     keys: KeyGen,
     next_pd: u32,
     pds: Vec<u32>,
-    mrs: MrTable,
-    cqs: Vec<Option<CqRing>>,
-    qps: KeyMap<Box<Qp>>,
+    pub(super) mrs: MrTable,
+    pub(super) cqs: Vec<Option<CqRing>>,
+    /// The QP table, by QPN: each QP with the engine's bookkeeping.
+    pub(super) qps: KeyMap<Slot>,
     next_qpn: u32,
-    ready: VecDeque<u32>,
-    timers: BinaryHeap<Reverse<(Instant, u32)>>,
-    /// QPs touched since the last `drain_touched`.
-    touched: Vec<u32>,
-    counters: DeviceCounters,
-    ip_id: u16,
+    /// The engine's transmit list, timer heap and clock.
+    pub(super) sched: Scheduler,
+    pub(super) counters: DeviceCounters,
 }
 
 impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
         Device {
             keys: KeyGen::new(cfg.seed),
+            sched: Scheduler::new(Framer::new(
+                cfg.ipv6_udp_checksum,
+                !matches!(cfg.cc, crate::cc::CcConfig::None),
+            )),
             cfg,
             next_pd: 1,
             pds: Vec::new(),
@@ -176,11 +195,7 @@ impl Device {
             cqs: Vec::new(),
             qps: KeyMap::default(),
             next_qpn: 0x11,
-            ready: VecDeque::new(),
-            timers: BinaryHeap::new(),
-            touched: Vec::new(),
             counters: DeviceCounters::default(),
-            ip_id: 0,
         }
     }
 
@@ -321,47 +336,29 @@ impl Device {
             qpn = (qpn + 1) & QpNumber::MASK;
         }
         self.next_qpn = (qpn + 1) & QpNumber::MASK;
-        let qp = Qp {
-            num: QpNumber::new(qpn),
-            pd: init.pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            sq_sig_all: init.sq_sig_all,
-            cap: c,
-            state: QpState::Reset,
-            attr: QpAttr {
-                cap: c,
-                ..QpAttr::default()
-            },
-            path: None,
-            sq: VecDeque::new(),
-            rq: VecDeque::new(),
-            req: Requester {
-                max_inflight: self.cfg.max_inflight.max(1),
-                ..Requester::default()
-            },
-            resp: Responder::default(),
-            counters: QpCounters::default(),
-            in_ready: false,
-            timer_armed: None,
-            sq_retired: 0,
-            rq_retired: 0,
-            touched: false,
+        let cfg = QpConfig {
+            max_inflight: self.cfg.max_inflight,
             cc: self.cfg.cc.build(self.cfg.line_rate_bps),
             pacer: match self.cfg.cc {
                 crate::cc::CcConfig::None => crate::cc::Pacer::unlimited(),
                 // A burst of two full frames keeps the pacer accurate without stalling batches.
                 _ => crate::cc::Pacer::new(self.cfg.line_rate_bps, 2 * 4200),
             },
-            pace_at: None,
-            ack_hold: None,
             np: self
                 .cfg
                 .cnp_interval
                 .map(crate::cc::dcqcn::NotificationPoint::new),
-            cnp_due: false,
+            ack_delay: self.cfg.ack_delay,
         };
-        self.qps.insert(qpn, Box::new(qp));
+        let init = QpInit {
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        };
+        self.qps
+            .insert(qpn, Slot::new(Qp::new(QpNumber::new(qpn), init, cfg)));
         Ok(QpNumber::new(qpn))
     }
 
@@ -374,11 +371,18 @@ impl Device {
 
     /// The QP's state and current attributes (`ibv_query_qp`).
     pub fn query_qp(&self, qpn: QpNumber) -> Result<(QpState, QpAttr), VerbsError> {
-        let qp = self.qps.get(&qpn.get()).ok_or(VerbsError::NoSuchQp(qpn))?;
-        let mut a = qp.attr;
-        a.qp_state = qp.state;
-        a.cur_qp_state = qp.state;
-        Ok((qp.state, a))
+        let qp = self.qp(qpn)?;
+        let mut a = *qp.attr();
+        a.qp_state = qp.state();
+        a.cur_qp_state = qp.state();
+        Ok((qp.state(), a))
+    }
+
+    fn qp(&self, qpn: QpNumber) -> Result<&Qp, VerbsError> {
+        self.qps
+            .get(&qpn.get())
+            .map(|s| &*s.qp)
+            .ok_or(VerbsError::NoSuchQp(qpn))
     }
 
     /// `ibv_modify_qp`: the transition table and value checks of [`crate::ib::attr`], then
@@ -389,86 +393,34 @@ impl Device {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
-        let cfg_mac = self.cfg.mac;
-        let gids = self.cfg.gids.clone();
-        let qp = self
+        let slot = self
             .qps
             .get_mut(&qpn.get())
-            .map(|b| &mut **b)
             .ok_or(VerbsError::NoSuchQp(qpn))?;
-        let next = check_modify_qp(QpType::Rc, qp.state, attr, mask)?;
+        let qp = &mut *slot.qp;
+        let next = check_modify_qp(QpType::Rc, qp.state(), attr, mask)?;
         let path = if mask.contains(QpAttrMask::AV) {
             let dqpn = if mask.contains(QpAttrMask::DEST_QPN) {
                 attr.dest_qp_num
             } else {
-                qp.attr.dest_qp_num
+                qp.attr().dest_qp_num
             };
             Some(
-                Path::resolve(&attr.ah_attr, &gids, cfg_mac, qpn.get(), dqpn)
+                Path::resolve(&attr.ah_attr, &self.cfg.gids, self.cfg.mac, qpn.get(), dqpn)
                     .map_err(VerbsError::BadAddressVector)?,
             )
         } else {
             None
         };
-        // Apply the attributes named in the mask.
-        let a = &mut qp.attr;
-        macro_rules! set { ($($bit:ident => $f:ident),*) => { $( if mask.contains(QpAttrMask::$bit) { a.$f = attr.$f; } )* } }
-        set!(ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num, QKEY => qkey,
-             AV => ah_attr, PATH_MTU => path_mtu, TIMEOUT => timeout, RETRY_CNT => retry_cnt,
-             RNR_RETRY => rnr_retry, RQ_PSN => rq_psn, MAX_QP_RD_ATOMIC => max_rd_atomic,
-             MIN_RNR_TIMER => min_rnr_timer, SQ_PSN => sq_psn, MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
-             DEST_QPN => dest_qp_num, EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
-        if let Some(p) = path {
-            qp.path = Some(p);
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            qp.resp.epsn = Psn::new(attr.rq_psn);
-        }
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            let p = Psn::new(attr.sq_psn);
-            qp.req.next_psn = p;
-            qp.req.una = p;
-            qp.req.send_psn = p;
-            qp.req.hwm = p;
-        }
-        if mask.contains(QpAttrMask::RETRY_CNT) {
-            qp.req.retry_left = attr.retry_cnt;
-        }
-        if mask.contains(QpAttrMask::RNR_RETRY) {
-            qp.req.rnr_left = attr.rnr_retry;
-        }
-        let prev = qp.state;
-        match next {
-            QpState::Err if prev != QpState::Err => {
-                let mut ctx = Ctx {
-                    now: Instant::ZERO,
-                    mrs: &self.mrs,
-                    cqs: &mut self.cqs,
-                    dev: &mut self.counters,
-                };
-                qp.enter_error(&mut ctx);
-            }
-            QpState::Reset => {
-                // Back to a fresh QP: queues emptied without completions (as ibv does).
-                qp.sq_retired += qp.sq.len() as u64;
-                qp.rq_retired += qp.rq.len() as u64;
-                qp.sq.clear();
-                qp.rq.clear();
-                qp.req = Requester {
-                    max_inflight: qp.req.max_inflight,
-                    ..Requester::default()
-                };
-                qp.resp = Responder::default();
-                qp.path = None;
-                qp.attr = QpAttr {
-                    cap: qp.cap,
-                    ..QpAttr::default()
-                };
-            }
-            _ => {}
-        }
-        qp.state = next;
-        self.schedule(qpn.get());
+        let now = self.sched.now;
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            dev: &mut self.counters,
+        };
+        qp.modify(&mut ctx, attr, mask, next, path);
+        self.schedule(qpn.get(), now);
         Ok(())
     }
 
@@ -476,73 +428,46 @@ impl Device {
 
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
-        let qp = self
+        let slot = self
             .qps
             .get_mut(&qpn.get())
-            .map(|b| &mut **b)
             .ok_or(VerbsError::NoSuchQp(qpn))?;
-        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(VerbsError::InvalidState(qp.state));
-        }
-        if qp.sq.len() >= qp.cap.max_send_wr as usize {
-            return Err(VerbsError::QueueFull);
-        }
-        if wr.sg_list.len() > qp.cap.max_send_sge.max(1) as usize {
-            return Err(VerbsError::TooManySge(wr.sg_list.len()));
-        }
-        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        if len > MAX_MSG {
-            return Err(VerbsError::MessageTooLong(len));
-        }
-        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
-            return Err(VerbsError::BadAtomicSge);
-        }
-        let inline_req =
-            wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
-        if inline_req && len > u64::from(qp.cap.max_inline_data) {
-            return Err(VerbsError::InlineTooLarge(len));
-        }
-        let w = SqEntry::new(SendWqe::new(wr, len as u32, inline_req, &self.mrs, qp.pd));
-        qp.sq.push_back(w);
-        if matches!(qp.state, QpState::Err | QpState::Sqe) {
-            let mut ctx = Ctx {
-                now: Instant::ZERO,
-                mrs: &self.mrs,
-                cqs: &mut self.cqs,
-                dev: &mut self.counters,
-            };
-            qp.flush(&mut ctx);
-        }
-        self.schedule(qpn.get());
+        let qp = &mut *slot.qp;
+        qp.check_post_send()?;
+        let len = check_send_wr(&wr, &qp.cap())?;
+        let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
+        let now = self.sched.now;
+        let mut ctx = Ctx {
+            now,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            dev: &mut self.counters,
+        };
+        let wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd());
+        qp.post_send(&mut ctx, wqe);
+        self.schedule(qpn.get(), now);
         Ok(())
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: QpNumber, wr: RecvWr) -> Result<(), VerbsError> {
-        let qp = self
+        let slot = self
             .qps
             .get_mut(&qpn.get())
-            .map(|b| &mut **b)
             .ok_or(VerbsError::NoSuchQp(qpn))?;
-        if qp.state == QpState::Reset {
-            return Err(VerbsError::InvalidState(qp.state));
-        }
-        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
-            return Err(VerbsError::QueueFull);
-        }
-        if wr.sg_list.len() > qp.cap.max_recv_sge.max(1) as usize {
+        let qp = &mut *slot.qp;
+        qp.check_post_recv()?;
+        if wr.sg_list.len() > qp.cap().max_recv_sge.max(1) as usize {
             return Err(VerbsError::TooManySge(wr.sg_list.len()));
         }
-        qp.rq.push_back(RecvWqe::new(wr, &self.mrs, qp.pd));
-        if qp.state == QpState::Err {
-            let mut ctx = Ctx {
-                now: Instant::ZERO,
-                mrs: &self.mrs,
-                cqs: &mut self.cqs,
-                dev: &mut self.counters,
-            };
-            qp.flush(&mut ctx);
-        }
+        let mut ctx = Ctx {
+            now: self.sched.now,
+            mrs: &self.mrs,
+            cqs: &mut self.cqs,
+            dev: &mut self.counters,
+        };
+        let wqe = RecvWqe::new(wr, ctx.mrs, qp.pd());
+        qp.post_recv(&mut ctx, wqe);
         Ok(())
     }
 
@@ -551,15 +476,15 @@ impl Device {
     /// Device counters with QP totals.
     pub fn counters(&self) -> (DeviceCounters, QpCounters) {
         let mut t = QpCounters::default();
-        for qp in self.qps.values() {
-            t.accumulate(&qp.counters);
+        for s in self.qps.values() {
+            t.accumulate(s.qp.counters());
         }
         (self.counters, t)
     }
 
     /// The QP's current sending rate (bits/s) under its congestion control.
     pub fn qp_rate_bps(&self, qpn: QpNumber) -> Option<u64> {
-        self.qps.get(&qpn.get()).map(|q| q.cc.rate_bps())
+        self.qp(qpn).ok().map(|q| q.rate_bps())
     }
 
     /// Every QP's congestion-control state at `now`: (QPN, rate in bits/s, α if the
@@ -567,14 +492,15 @@ impl Device {
     pub fn cc_snapshot(&self, now: Instant) -> Vec<(QpNumber, u64, Option<f64>, u64, u64)> {
         let mut v: Vec<_> = self
             .qps
-            .iter()
-            .map(|(&n, q)| {
+            .values()
+            .map(|s| {
+                let q = &s.qp;
                 (
-                    QpNumber::new(n),
-                    q.cc.rate_bps(),
-                    q.cc.alpha(now),
-                    q.counters.cnps_handled,
-                    q.counters.ce_rcvd,
+                    q.num(),
+                    q.rate_bps(),
+                    q.cc_alpha(now),
+                    q.counters().cnps_handled,
+                    q.counters().ce_rcvd,
                 )
             })
             .collect();
@@ -582,8 +508,9 @@ impl Device {
         v
     }
 
+    /// A QP's counters.
     pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
-        self.qps.get(&qpn.get()).map(|q| q.counters)
+        self.qp(qpn).ok().map(|q| *q.counters())
     }
 
     /// Number of QPs.
@@ -591,31 +518,17 @@ impl Device {
         self.qps.len()
     }
 
-    /// Approximate bytes of memory a QP uses (its struct and queue buffers).
+    /// Approximate bytes of memory a QP uses (its struct, the engine's entry and its queue
+    /// buffers).
     pub fn qp_memory(&self, qpn: QpNumber) -> Option<usize> {
-        self.qps.get(&qpn.get()).map(|q| {
-            std::mem::size_of::<Qp>()
-                + q.sq.capacity() * std::mem::size_of::<SqEntry>()
-                + q.rq.capacity() * std::mem::size_of::<RecvWqe>()
-                + q.resp.resp_q.capacity() * std::mem::size_of::<crate::rc::qp::RespItem>()
-                + q.resp.resources.capacity() * std::mem::size_of::<crate::rc::qp::Resource>()
-        })
-    }
-
-    /// Visit every QP touched since the last call: its state and how many send and receive
-    /// work requests it has retired in total (for a runtime that tracks queue occupancy).
-    pub fn drain_touched(&mut self, mut f: impl FnMut(QpNumber, QpState, u64, u64)) {
-        for qpn in self.touched.drain(..) {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                qp.touched = false;
-                f(qp.num, qp.state, qp.sq_retired, qp.rq_retired);
-            }
-        }
+        self.qp(qpn)
+            .ok()
+            .map(|q| std::mem::size_of::<Slot>() + q.memory())
     }
 
     /// The send CQ of a QP.
     pub fn send_cq_of(&self, qpn: QpNumber) -> Option<Cq> {
-        self.qps.get(&qpn.get()).map(|q| q.send_cq)
+        self.qp(qpn).ok().map(|q| q.send_cq())
     }
 
     /// Completion queues that hold completions.
@@ -625,487 +538,5 @@ impl Device {
             .enumerate()
             .filter(|(_, c)| c.as_ref().is_some_and(|c| c.len() > 0))
             .map(|(i, _)| Cq(i as u32))
-    }
-
-    // ---- the sans-IO engine ------------------------------------------------------------
-
-    /// Put the QP on the transmit list if it has something to send, and (re)arm its timer.
-    fn schedule(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        if !qp.touched {
-            qp.touched = true;
-            self.touched.push(qpn);
-        }
-        if !qp.in_ready && qp.has_tx_work() {
-            qp.in_ready = true;
-            self.ready.push_back(qpn);
-        }
-        if let Some(t) = qp.next_deadline() {
-            if qp.timer_armed.is_none_or(|a| t < a) {
-                qp.timer_armed = Some(t);
-                self.timers.push(Reverse((t, qpn)));
-            }
-        }
-    }
-
-    /// The next instant `handle_timeout` has work (may be early; never late).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((t, _))| *t)
-    }
-
-    /// Run the timers that are due.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
-            if t > now {
-                break;
-            }
-            self.timers.pop();
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                continue;
-            };
-            if qp.timer_armed != Some(t) {
-                continue; // stale entry
-            }
-            qp.timer_armed = None;
-            if qp.next_deadline().is_some_and(|d| d <= now) {
-                qp.on_cc_timer(now);
-                let mut ctx = Ctx {
-                    now,
-                    mrs: &self.mrs,
-                    cqs: &mut self.cqs,
-                    dev: &mut self.counters,
-                };
-                qp.on_timer(&mut ctx);
-            }
-            self.schedule(qpn);
-        }
-    }
-
-    /// Receive one Ethernet frame.
-    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
-        self.counters.rx_frames += 1;
-        // Decode once and judge the ICRC in place (parse_frame would move the large parsed
-        // value through one more function).
-        let p = match wire::packet::decode_frame(frame) {
-            Ok(p) if p.icrc_ok() || cfg!(fuzzing) => p,
-            Ok(_) => {
-                self.counters.icrc_drops += 1;
-                return;
-            }
-            Err(e) => {
-                self.count_parse_error(e);
-                return;
-            }
-        };
-        if let Some(e) = p.repr.eth {
-            // The all-zero MAC is what a socket backend synthesises (the kernel took the real
-            // Ethernet header off); it never appears on a real wire.
-            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && e.dst != MacAddr::ZERO {
-                self.counters.address_drops += 1;
-                return;
-            }
-        }
-        let (src, dst, ecn) = (p.repr.ip.src(), p.repr.ip.dst(), p.repr.ip.ecn());
-        self.handle_roce(now, src, dst, ecn, &p.repr.roce, p.payload);
-    }
-
-    fn count_parse_error(&mut self, e: wire::Error) {
-        match e {
-            wire::Error::BadIcrc { .. } => self.counters.icrc_drops += 1,
-            wire::Error::NotRoceV2Port(_) | wire::Error::NotUdp(_) | wire::Error::NotIp(_) => {
-                self.counters.not_roce += 1
-            }
-            _ => self.counters.malformed_drops += 1,
-        }
-    }
-
-    /// Receive one already-parsed RoCE packet (for backends that see only the UDP payload).
-    pub fn handle_roce(
-        &mut self,
-        now: Instant,
-        src: IpAddr,
-        dst: IpAddr,
-        ecn: Ecn,
-        r: &wire::RoceRepr,
-        payload: &[u8],
-    ) {
-        if !self.cfg.gids.contains(&dst) {
-            self.counters.address_drops += 1;
-            return;
-        }
-        let b = &r.bth;
-        if b.tver != 0 || (b.pkey.0 & 0x7fff) != 0x7fff {
-            self.counters.header_drops += 1;
-            return;
-        }
-        if b.opcode == wire::Opcode::CNP {
-            // The reaction point: a CNP names the QP whose packets were marked (its DestQP is
-            // our QPN, as the peer's notification point addresses it).
-            self.counters.cnps_rcvd += 1;
-            let qpn = b.dest_qp.get();
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                self.counters.unknown_qp_drops += 1;
-                return;
-            };
-            if qp.path.is_none_or(|p| p.dst_ip != src) {
-                self.counters.address_drops += 1;
-                return;
-            }
-            qp.cc.on_cnp(now);
-            qp.sync_rate(now);
-            qp.counters.cnps_handled += 1;
-            self.schedule(qpn);
-            return;
-        }
-        if b.opcode.transport() != Transport::Rc {
-            self.counters.header_drops += 1;
-            return;
-        }
-        let qpn = b.dest_qp.get();
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            self.counters.unknown_qp_drops += 1;
-            return;
-        };
-        if qp.path.is_none_or(|p| p.dst_ip != src) {
-            self.counters.address_drops += 1;
-            return;
-        }
-        qp.counters.rx_packets += 1;
-        qp.counters.rx_bytes += payload.len() as u64;
-        if ecn == Ecn::Ce {
-            // The notification point: a congested path; CNPs to the sender, spaced.
-            qp.counters.ce_rcvd += 1;
-            if qp.np.as_mut().is_some_and(|np| np.on_ce(now)) {
-                qp.cnp_due = true;
-            }
-        }
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            dev: &mut self.counters,
-        };
-        if b.opcode.is(OpFlags::RESPONSE) {
-            qp.on_response(&mut ctx, r, payload);
-        } else {
-            qp.on_request(&mut ctx, r, payload);
-            if let Some(d) = self.cfg.ack_delay {
-                qp.hold_ack(now, d);
-            }
-        }
-        self.schedule(qpn);
-    }
-
-    /// Write the next frame to send into `buf` (at least MTU + 100 bytes); returns its length.
-    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        while let Some(qpn) = self.ready.pop_front() {
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                continue;
-            };
-            qp.in_ready = false;
-            let mut ctx = Ctx {
-                now,
-                mrs: &self.mrs,
-                cqs: &mut self.cqs,
-                dev: &mut self.counters,
-            };
-            // What goes next: a CNP owed to the peer (never paced), an ACK/NAK/ATOMIC ACK (not
-            // paced), or data — a READ response or a request — paced at the QP's rate.
-            let mtu_frame = qp.mtu() as usize + 100;
-            let front_is_data = matches!(
-                qp.resp.resp_q.front(),
-                Some(crate::rc::qp::RespItem::Read { .. })
-            );
-            let held = qp.ack_held(now);
-            let (desc, kind) = if qp.cnp_due && qp.path.is_some() {
-                qp.cnp_due = false;
-                let mut bth = wire::BthRepr::new(
-                    wire::Opcode::CNP,
-                    QpNumber::new(qp.attr.dest_qp_num),
-                    Psn::new(0),
-                );
-                bth.becn = true;
-                let repr = wire::RoceRepr::new(bth, wire::ExtRepr::default(), 0);
-                (
-                    Some(crate::rc::qp::TxDesc {
-                        repr,
-                        payload: PayloadSrc::None,
-                    }),
-                    TxKind::Cnp,
-                )
-            } else if !qp.resp.resp_q.is_empty() && !front_is_data && !held {
-                (qp.next_response_packet(), TxKind::Control)
-            } else if (front_is_data || qp.requester_ready()) && qp.paced_out(now, mtu_frame) {
-                (None, TxKind::Data)
-            } else {
-                // A held ACK waits behind the request (it is released once that is sent).
-                let resp = if held {
-                    None
-                } else {
-                    qp.next_response_packet()
-                };
-                let d = match resp {
-                    Some(d) => Some(d),
-                    None => qp.next_request_packet(&mut ctx),
-                };
-                (d, TxKind::Data)
-            };
-            let out = match (desc, qp.path) {
-                (Some(d), Some(path)) => {
-                    // CNPs as a ConnectX sends them (roce-facts.md): DSCP 48, ECT(0), UDP source
-                    // port 0. Data is ECN-capable when congestion control is on.
-                    let (dscp, ecn, sport) = match kind {
-                        TxKind::Cnp => (48, Ecn::Ect0, 0),
-                        TxKind::Data if !matches!(self.cfg.cc, crate::cc::CcConfig::None) => {
-                            (path.dscp, Ecn::Ect0, path.udp_sport)
-                        }
-                        _ => (path.dscp, path.ecn, path.udp_sport),
-                    };
-                    let ip = match (path.src_ip, path.dst_ip) {
-                        (IpAddr::V4(s), IpAddr::V4(t)) => {
-                            self.ip_id = self.ip_id.wrapping_add(1);
-                            IpRepr::V4(Ipv4Repr {
-                                src: s,
-                                dst: t,
-                                dscp,
-                                ecn,
-                                ident: self.ip_id,
-                                dont_frag: true,
-                                ttl: path.hop_limit,
-                            })
-                        }
-                        (s, t) => IpRepr::V6(Ipv6Repr {
-                            src: v6(s),
-                            dst: v6(t),
-                            dscp,
-                            ecn,
-                            flow_label: path.flow_label,
-                            hop_limit: path.hop_limit,
-                        }),
-                    };
-                    let f = FrameRepr {
-                        eth: Some(EthernetRepr {
-                            dst: path.dst_mac,
-                            src: path.src_mac,
-                            vlan: None,
-                            ethertype: 0,
-                        }),
-                        ip,
-                        udp: UdpRepr {
-                            src_port: sport,
-                            dst_port: ROCE_V2_PORT,
-                            checksum: 0,
-                        },
-                        roce: d.repr,
-                    };
-                    let mrs = &self.mrs;
-                    let sq = &qp.sq;
-                    let r = f.emit_with(buf, |dst| match &d.payload {
-                        PayloadSrc::None => Ok(()),
-                        PayloadSrc::Mr { mr, off } => {
-                            dst.copy_from_slice(&mr.bytes()[*off..*off + dst.len()]);
-                            Ok(())
-                        }
-                        PayloadSrc::Wqe { idx, off } => {
-                            let w = &sq[*idx].wqe;
-                            match &w.inline {
-                                Some(data) => {
-                                    dst.copy_from_slice(
-                                        &data[*off as usize..*off as usize + dst.len()],
-                                    );
-                                    Ok(())
-                                }
-                                None => gather(mrs, &w.sges, u64::from(*off), dst)
-                                    .map_err(|_| wire::Error::FieldOverflow("local SGE")),
-                            }
-                        }
-                    });
-                    match r {
-                        Ok(n) => {
-                            if let IpRepr::V6(_) = f.ip {
-                                if self.cfg.ipv6_udp_checksum {
-                                    wire::udp::fill_checksum(
-                                        path.src_ip,
-                                        path.dst_ip,
-                                        &mut buf[14 + 40..n],
-                                    );
-                                }
-                            }
-                            qp.counters.tx_packets += 1;
-                            qp.counters.tx_bytes += f.roce.payload_len as u64;
-                            qp.ack_hold = None;
-                            match kind {
-                                TxKind::Cnp => qp.counters.cnps_sent += 1,
-                                TxKind::Data => {
-                                    qp.pacer.on_send(now, n);
-                                    qp.cc.on_sent(now, n);
-                                    qp.sync_rate(now);
-                                }
-                                TxKind::Control => {}
-                            }
-                            Some(n)
-                        }
-                        Err(_) => {
-                            // The memory behind a request vanished (deregistered): a local
-                            // protection error on the oldest request.
-                            let mut ctx = Ctx {
-                                now,
-                                mrs: &self.mrs,
-                                cqs: &mut self.cqs,
-                                dev: &mut self.counters,
-                            };
-                            qp.complete_send_head(&mut ctx, WcStatus::LocProtErr);
-                            qp.enter_error(&mut ctx);
-                            None
-                        }
-                    }
-                }
-                _ => None,
-            };
-            self.schedule(qpn);
-            if let Some(n) = out {
-                self.counters.tx_frames += 1;
-                return Some(n);
-            }
-        }
-        None
-    }
-}
-
-/// What kind of packet `poll_transmit` is building.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TxKind {
-    Cnp,
-    Control,
-    Data,
-}
-
-fn v6(a: IpAddr) -> Ipv6Addr {
-    match a {
-        IpAddr::V4(v) => v.to_ipv6_mapped(),
-        IpAddr::V6(v) => v,
-    }
-}
-
-/// The far end of an RC connection, as exchanged out of band.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteQp {
-    pub qpn: QpNumber,
-    pub gid: [u8; 16],
-    pub mac: MacAddr,
-    /// The peer's starting send PSN (our receive PSN).
-    pub psn: u32,
-}
-
-/// Connection parameters for [`Device::connect_rc`]. The defaults are perftest's:
-/// timeout 14 (≈ 67 ms), retry_cnt 7, rnr_retry 7, min_rnr_timer 12 (0.64 ms).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RcParams {
-    pub mtu: crate::ib::Mtu,
-    pub access: AccessFlags,
-    pub sgid_index: u8,
-    /// Our starting send PSN.
-    pub local_psn: u32,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub min_rnr_timer: u8,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    /// IP traffic class (DSCP << 2 | ECN) of our packets.
-    pub traffic_class: u8,
-}
-
-impl Default for RcParams {
-    fn default() -> Self {
-        RcParams {
-            mtu: crate::ib::Mtu::M1024,
-            access: AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-            sgid_index: 0,
-            local_psn: 0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
-            max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
-            traffic_class: 0,
-        }
-    }
-}
-
-impl Device {
-    /// Move a QP from RESET through INIT and RTR to RTS, connected to `remote`: the three
-    /// `modify_qp` calls every RC application makes.
-    pub fn connect_rc(
-        &mut self,
-        qpn: QpNumber,
-        remote: &RemoteQp,
-        p: &RcParams,
-    ) -> Result<(), VerbsError> {
-        use QpAttrMask as M;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: p.access,
-            ..QpAttr::default()
-        };
-        self.modify_qp(
-            qpn,
-            &a,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )?;
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = p.mtu;
-        a.dest_qp_num = remote.qpn.get();
-        a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = p.max_dest_rd_atomic;
-        a.min_rnr_timer = p.min_rnr_timer;
-        a.ah_attr = crate::ib::AddressVector {
-            dgid: remote.gid,
-            sgid_index: p.sgid_index,
-            hop_limit: 64,
-            traffic_class: p.traffic_class,
-            flow_label: 0,
-            dmac: Some(remote.mac.0),
-        };
-        self.modify_qp(
-            qpn,
-            &a,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = p.local_psn;
-        a.timeout = p.timeout;
-        a.retry_cnt = p.retry_cnt;
-        a.rnr_retry = p.rnr_retry;
-        a.max_rd_atomic = p.max_rd_atomic;
-        self.modify_qp(
-            qpn,
-            &a,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
-    }
-
-    /// This end of a QP as a [`RemoteQp`] for the peer.
-    pub fn local_end(&self, qpn: QpNumber, sgid_index: usize, psn: u32) -> Option<RemoteQp> {
-        Some(RemoteQp {
-            qpn,
-            gid: self.gid(sgid_index)?,
-            mac: self.cfg.mac,
-            psn,
-        })
     }
 }

@@ -73,26 +73,7 @@ pub fn connect_qps(
     psn_a: u32,
     psn_b: u32,
 ) {
-    let ra = p.a.local_end(qa, 0, psn_a).unwrap();
-    let rb = p.b.local_end(qb, 0, psn_b).unwrap();
-    p.a.connect_rc(
-        qa,
-        &rb,
-        &RcParams {
-            local_psn: psn_a,
-            ..*params
-        },
-    )
-    .unwrap();
-    p.b.connect_rc(
-        qb,
-        &ra,
-        &RcParams {
-            local_psn: psn_b,
-            ..*params
-        },
-    )
-    .unwrap();
+    p.connect(qa, qb, params, psn_a, psn_b).unwrap();
 }
 
 pub fn poll(dev: &mut Device, cq: Cq) -> Vec<WorkCompletion> {

@@ -1,0 +1,342 @@
+//! The sans-IO engine of a [`Device`]: packets in ([`Device::handle_frame`],
+//! [`Device::handle_roce`]), packets out ([`Device::poll_transmit`]) and time
+//! ([`Device::poll_timeout`], [`Device::handle_timeout`]).
+//!
+//! # The sans-IO contract
+//!
+//! A `Device` never reads a clock, opens a socket or spawns a thread. Its driver (the
+//! simulator, the runtime, a test) calls, in any order:
+//! - [`Device::handle_frame`]`(now, frame)` for every received Ethernet frame;
+//! - [`Device::poll_transmit`]`(now, buf)` until it returns `Ok(None)`, putting each frame it
+//!   writes on the wire;
+//! - [`Device::poll_timeout`]`()` to learn when to call [`Device::handle_timeout`]`(now)`.
+//!
+//! Verbs calls (`post_send`, `modify_qp`, ...) only queue work; packets leave on the next
+//! `poll_transmit`. Completions are read with [`Device::poll_cq`].
+//!
+//! # Inside
+//!
+//! The engine keeps, per QP, a [`Slot`]: the QP and the engine's bookkeeping about it. A QP
+//! with something to send (as [`Qp::next_tx`] says) is on the transmit list; the earliest
+//! deadline of each QP is on a timer heap (entries go stale when a QP's deadline moves; a
+//! stale entry is skipped). Received packets are demultiplexed by destination QPN after the
+//! device-wide checks (address, P_Key, TVer, transport), and frames are built by
+//! [`Framer`](super::frame::Framer) from what the QP describes.
+
+use super::device::Device;
+use super::frame::{FrameError, Framer};
+use crate::ib::QpState;
+use crate::ib::{Ctx, WcStatus};
+use crate::rc::qp::Qp;
+use crate::time::Instant;
+use crate::wire::{self, Ecn, MacAddr, QpNumber, Transport};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::IpAddr;
+
+/// Why [`Device::poll_transmit`] wrote nothing into the caller's buffer. A caller's error: the
+/// device takes nothing from the QP whose packet did not fit, and sends it on the next call
+/// with a buffer large enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TransmitError {
+    /// The buffer is shorter than the largest frame the next QP may send (its path MTU plus
+    /// headers; see [`Device::max_frame_len`]).
+    #[error("transmit buffer of {had} bytes is shorter than the {needed} bytes a frame may take")]
+    BufferTooSmall {
+        /// Bytes the frame may take.
+        needed: usize,
+        /// Bytes the buffer has.
+        had: usize,
+    },
+}
+
+/// A QP in the engine's table: the QP and the engine's bookkeeping about it.
+pub(super) struct Slot {
+    pub(super) qp: Box<Qp>,
+    /// On the transmit list.
+    in_ready: bool,
+    /// The deadline last pushed on the timer heap.
+    timer_armed: Option<Instant>,
+    /// On the list of QPs touched since the runtime last looked.
+    touched: bool,
+}
+
+impl Slot {
+    pub(super) fn new(qp: Qp) -> Slot {
+        Slot {
+            qp: Box::new(qp),
+            in_ready: false,
+            timer_armed: None,
+            touched: false,
+        }
+    }
+}
+
+/// The engine's scheduling state.
+pub(super) struct Scheduler {
+    /// QPs with something to send, in the order they got it.
+    ready: VecDeque<u32>,
+    /// (deadline, QPN), earliest first; stale entries are skipped.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// QPs touched since the last `drain_touched`.
+    touched: Vec<u32>,
+    /// The latest time the driver gave (the time of verbs calls, which take none).
+    pub(super) now: Instant,
+    /// Frame building.
+    framer: Framer,
+}
+
+impl Scheduler {
+    pub(super) fn new(framer: Framer) -> Scheduler {
+        Scheduler {
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            touched: Vec::new(),
+            now: Instant::ZERO,
+            framer,
+        }
+    }
+}
+
+impl Device {
+    /// Put the QP on the transmit list if it has something to send at `now`, and (re)arm its
+    /// timer.
+    pub(super) fn schedule(&mut self, qpn: u32, now: Instant) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let s = &mut self.sched;
+        if !slot.touched {
+            slot.touched = true;
+            s.touched.push(qpn);
+        }
+        if !slot.in_ready && slot.qp.next_tx(now).is_some() {
+            slot.in_ready = true;
+            s.ready.push_back(qpn);
+        }
+        if let Some(t) = slot.qp.next_deadline() {
+            if slot.timer_armed.is_none_or(|a| t < a) {
+                slot.timer_armed = Some(t);
+                s.timers.push(Reverse((t, qpn)));
+            }
+        }
+    }
+
+    /// Visit every QP touched since the last call: its state and how many send and receive
+    /// work requests it has retired in total (for a runtime that tracks queue occupancy).
+    pub fn drain_touched(&mut self, mut f: impl FnMut(QpNumber, QpState, u64, u64)) {
+        for qpn in self.sched.touched.drain(..) {
+            if let Some(slot) = self.qps.get_mut(&qpn) {
+                slot.touched = false;
+                let (sr, rr) = slot.qp.retired();
+                f(slot.qp.num(), slot.qp.state(), sr, rr);
+            }
+        }
+    }
+
+    /// The next instant `handle_timeout` has work (may be early; never late).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.sched.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Run the timers that are due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.sched.now = now;
+        while let Some(&Reverse((t, qpn))) = self.sched.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.sched.timers.pop();
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if slot.timer_armed != Some(t) {
+                continue; // stale entry
+            }
+            slot.timer_armed = None;
+            if slot.qp.next_deadline().is_some_and(|d| d <= now) {
+                let mut ctx = Ctx {
+                    now,
+                    mrs: &self.mrs,
+                    cqs: &mut self.cqs,
+                    dev: &mut self.counters,
+                };
+                slot.qp.handle_timeout(&mut ctx);
+            }
+            self.schedule(qpn, now);
+        }
+    }
+
+    /// Receive one Ethernet frame.
+    pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.counters.rx_frames += 1;
+        // Decode once and judge the ICRC in place (parse_frame would move the large parsed
+        // value through one more function).
+        let p = match wire::packet::decode_frame(frame) {
+            Ok(p) if p.icrc_ok() || cfg!(fuzzing) => p,
+            Ok(_) => {
+                self.counters.icrc_drops += 1;
+                return;
+            }
+            Err(e) => {
+                self.count_parse_error(e);
+                return;
+            }
+        };
+        if let Some(e) = p.repr.eth {
+            // The all-zero MAC is what a socket backend synthesises (the kernel took the real
+            // Ethernet header off); it never appears on a real wire.
+            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && e.dst != MacAddr::ZERO {
+                self.counters.address_drops += 1;
+                return;
+            }
+        }
+        let (src, dst, ecn) = (p.repr.ip.src(), p.repr.ip.dst(), p.repr.ip.ecn());
+        self.handle_roce(now, src, dst, ecn, &p.repr.roce, p.payload);
+    }
+
+    fn count_parse_error(&mut self, e: wire::Error) {
+        match e {
+            wire::Error::BadIcrc { .. } => self.counters.icrc_drops += 1,
+            wire::Error::NotRoceV2Port(_) | wire::Error::NotUdp(_) | wire::Error::NotIp(_) => {
+                self.counters.not_roce += 1
+            }
+            _ => self.counters.malformed_drops += 1,
+        }
+    }
+
+    /// Receive one already-parsed RoCE packet (for backends that see only the UDP payload).
+    pub fn handle_roce(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        ecn: Ecn,
+        r: &wire::RoceRepr,
+        payload: &[u8],
+    ) {
+        self.sched.now = now;
+        if !self.cfg.gids.contains(&dst) {
+            self.counters.address_drops += 1;
+            return;
+        }
+        let b = &r.bth;
+        if b.tver != 0 || (b.pkey.0 & 0x7fff) != 0x7fff {
+            self.counters.header_drops += 1;
+            return;
+        }
+        let is_cnp = b.opcode == wire::Opcode::CNP;
+        if is_cnp {
+            self.counters.cnps_rcvd += 1;
+        } else if b.opcode.transport() != Transport::Rc {
+            self.counters.header_drops += 1;
+            return;
+        }
+        let qpn = b.dest_qp.get();
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.counters.unknown_qp_drops += 1;
+            return;
+        };
+        if !slot.qp.is_peer(src) {
+            self.counters.address_drops += 1;
+            return;
+        }
+        if is_cnp {
+            // The reaction point: a CNP names the QP whose packets were marked (its DestQP is
+            // our QPN, as the peer's notification point addresses it).
+            slot.qp.handle_cnp(now);
+        } else {
+            let mut ctx = Ctx {
+                now,
+                mrs: &self.mrs,
+                cqs: &mut self.cqs,
+                dev: &mut self.counters,
+            };
+            slot.qp.handle_packet(&mut ctx, ecn, r, payload);
+        }
+        self.schedule(qpn, now);
+    }
+
+    /// The largest frame any QP of this device may send: a `poll_transmit` buffer of this
+    /// size never gets [`TransmitError::BufferTooSmall`].
+    pub fn max_frame_len(&self) -> usize {
+        self.qps
+            .values()
+            .filter_map(|s| {
+                let path = s.qp.path()?;
+                Some(Framer::max_frame_len(path, s.qp.attr().path_mtu.bytes()))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Write the next frame to send into `buf`; returns its length, or `None` when no QP has
+    /// anything to send now. `buf` must hold the largest frame the next QP may send (its path
+    /// MTU plus at most 98 bytes of headers: [`Device::max_frame_len`]); if it does not, the
+    /// call fails with [`TransmitError::BufferTooSmall`] and takes nothing from the QP.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, TransmitError> {
+        self.sched.now = now;
+        while let Some(qpn) = self.sched.ready.pop_front() {
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            slot.in_ready = false;
+            let qp = &mut *slot.qp;
+            let out = match (qp.next_tx(now), qp.path().copied()) {
+                (Some(kind), Some(path)) => {
+                    let needed = Framer::max_frame_len(&path, qp.attr().path_mtu.bytes());
+                    if buf.len() < needed {
+                        slot.in_ready = true;
+                        self.sched.ready.push_front(qpn);
+                        return Err(TransmitError::BufferTooSmall {
+                            needed,
+                            had: buf.len(),
+                        });
+                    }
+                    let mut ctx = Ctx {
+                        now,
+                        mrs: &self.mrs,
+                        cqs: &mut self.cqs,
+                        dev: &mut self.counters,
+                    };
+                    match qp.build_tx(&mut ctx, kind) {
+                        None => None,
+                        Some(desc) => {
+                            let payload_len = desc.repr.payload_len;
+                            let mrs = ctx.mrs;
+                            let r = self.sched.framer.emit(buf, &path, kind, desc.repr, |dst| {
+                                qp.write_payload(mrs, &desc.payload, dst)
+                            });
+                            match r {
+                                Ok(n) => {
+                                    qp.on_transmitted(now, kind, n, payload_len);
+                                    Some(n)
+                                }
+                                Err(FrameError::Payload(status)) => {
+                                    qp.on_tx_error(&mut ctx, status);
+                                    None
+                                }
+                                Err(FrameError::Wire(e)) => {
+                                    tracing::warn!(qpn, error = %e, "frame not built");
+                                    qp.on_tx_error(&mut ctx, WcStatus::LocQpOpErr);
+                                    None
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => None,
+            };
+            self.schedule(qpn, now);
+            if let Some(n) = out {
+                self.counters.tx_frames += 1;
+                return Ok(Some(n));
+            }
+        }
+        Ok(None)
+    }
+}
