@@ -453,32 +453,53 @@ pub enum ModifyQpError {
     /// The state machine has no edge `from → to` (IBTA Vol. 1 §10.3.1).
     #[error("illegal {qp_type} QP state transition {from} -> {to}")]
     IllegalTransition {
+        /// The QP's type.
         qp_type: QpType,
+        /// Its state.
         from: QpState,
+        /// The state asked for.
         to: QpState,
     },
     /// A required attribute of the transition is not in the mask (IBTA Vol. 1 §11.2.5.2).
     #[error("{qp_type} QP {from} -> {to}: missing required attributes {missing}")]
     MissingAttributes {
+        /// The QP's type.
         qp_type: QpType,
+        /// Its state.
         from: QpState,
+        /// The state asked for.
         to: QpState,
+        /// Every required attribute not in the mask.
         missing: QpAttrMask,
     },
     /// The mask carries attributes the transition neither requires nor accepts.
     #[error("{qp_type} QP {from} -> {to}: attributes not allowed in this transition: {extra}")]
     UnexpectedAttributes {
+        /// The QP's type.
         qp_type: QpType,
+        /// Its state.
         from: QpState,
+        /// The state asked for.
         to: QpState,
+        /// Every attribute in the mask the transition does not take.
         extra: QpAttrMask,
     },
     /// An attribute in the mask has a value outside its range.
     #[error("QP attribute {attr} = {value} is out of range")]
-    InvalidValue { attr: &'static str, value: u64 },
+    InvalidValue {
+        /// The field (`"retry_cnt"`, ...).
+        attr: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// [`QpAttrMask::CUR_STATE`] names a state the QP is not in.
     #[error("cur_qp_state {claimed} does not match the QP's state {actual}")]
-    CurStateMismatch { claimed: QpState, actual: QpState },
+    CurStateMismatch {
+        /// The state the request names.
+        claimed: QpState,
+        /// The QP's state.
+        actual: QpState,
+    },
     /// [`QpAttrMask::ALT_PATH`] on RoCE: automatic path migration exists only on InfiniBand.
     #[error("alternate path (IBV_QP_ALT_PATH) is not supported on RoCE")]
     AltPathUnsupported,

@@ -5,20 +5,29 @@ use serde::Serialize;
 /// Per-QP counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct QpCounters {
+    /// Packets sent (every kind: requests, responses, CNPs).
     pub tx_packets: u64,
+    /// Payload bytes sent.
     pub tx_bytes: u64,
+    /// Packets received for this QP.
     pub rx_packets: u64,
+    /// Payload bytes received.
     pub rx_bytes: u64,
     /// Packets sent again by go-back-N (timeouts, sequence-error NAKs, RNR retries).
     pub retransmits: u64,
     /// Local ACK timeouts that led to a retry or to RETRY_EXC_ERR.
     pub timeouts: u64,
+    /// PSN-sequence-error NAKs sent (one per gap).
     pub seq_naks_sent: u64,
+    /// PSN-sequence-error NAKs received.
     pub seq_naks_rcvd: u64,
+    /// RNR NAKs sent (no receive WQE).
     pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
     pub rnr_naks_rcvd: u64,
-    /// Other NAKs (invalid request, remote access, remote operational) sent / received.
+    /// Other NAKs (invalid request, remote access, remote operational) sent.
     pub err_naks_sent: u64,
+    /// Other NAKs received.
     pub err_naks_rcvd: u64,
     /// Duplicate requests received (re-ACKed or replayed, never re-executed).
     pub duplicates: u64,
@@ -34,14 +43,19 @@ pub struct QpCounters {
     pub read_replays: u64,
     /// ATOMIC results replayed for duplicate ATOMIC requests.
     pub atomic_replays: u64,
+    /// ACK packets sent (positive and NAK).
     pub acks_sent: u64,
+    /// Positive ACKs received.
     pub acks_rcvd: u64,
+    /// Send completions made (signaled, or with an error).
     pub send_completions: u64,
+    /// Receive completions made.
     pub recv_completions: u64,
     /// CE-marked packets received (ECN).
     pub ce_rcvd: u64,
-    /// CNPs this QP sent (as a notification point) and handled (as a reaction point).
+    /// CNPs this QP sent (as a notification point).
     pub cnps_sent: u64,
+    /// CNPs this QP handled (as a reaction point).
     pub cnps_handled: u64,
 }
 
@@ -83,7 +97,9 @@ impl QpCounters {
 /// Per-device counters: the receive path's drops before a packet reaches a QP, plus totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DeviceCounters {
+    /// Frames received.
     pub rx_frames: u64,
+    /// Frames sent.
     pub tx_frames: u64,
     /// Frames dropped for a bad ICRC.
     pub icrc_drops: u64,

@@ -9,7 +9,7 @@
 //! - the **objects** transports operate on: the posted form of a work request ([`wqe`]), the
 //!   completion-queue ring ([`cq`]), memory regions, the key table and the scatter/gather
 //!   copies in and out of them ([`mr`]), the resolved path of a connected QP ([`path`]),
-//!   counters ([`counters`]) and [`Ctx`], what the QPs of one device share while they run.
+//!   counters ([`counters`]) and `Ctx`, what the QPs of one device share while they run.
 //!
 //! [`crate::verbs`] re-exports the public part; applications never need to name this module.
 //!
@@ -85,6 +85,7 @@ impl Ctx<'_> {
         if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
             if !c.push(wc) {
                 self.dev.cq_overruns += 1;
+                tracing::warn!(cq = cq.0, qpn = %wc.qp_num, wr_id = wc.wr_id, "CQ overrun: completion lost");
             }
         }
     }

@@ -38,10 +38,14 @@ pub struct Pd(pub(crate) u32);
 /// Errors of MR access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MrError {
+    /// The range is not inside the region.
     #[error("range {offset}+{len} outside a region of {size} bytes")]
     OutOfBounds {
+        /// The first byte asked for.
         offset: usize,
+        /// The bytes asked for.
         len: usize,
+        /// The region's size.
         size: usize,
     },
 }
@@ -134,9 +138,11 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// The local key (scatter/gather entries name the region by it).
     pub fn lkey(&self) -> LKey {
         self.0.lkey
     }
+    /// The remote key (a peer's WRITE, READ and ATOMIC name the region by it).
     pub fn rkey(&self) -> RKey {
         self.0.rkey
     }
@@ -144,15 +150,19 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         self.0.va
     }
+    /// The region's size in bytes.
     pub fn len(&self) -> usize {
         self.0.len
     }
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.0.len == 0
     }
+    /// The rights it was registered with.
     pub fn access(&self) -> AccessFlags {
         self.0.access
     }
+    /// Its protection domain.
     pub fn pd(&self) -> Pd {
         self.0.pd
     }

@@ -7,6 +7,7 @@ use core::fmt;
 /// `enum ibv_wc_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WcStatus {
+    /// The work request completed.
     Success,
     /// Local length error: a receive buffer too small for the SEND, or a bad SGE total.
     LocLenErr,
@@ -33,6 +34,7 @@ pub enum WcStatus {
     RnrRetryExcErr,
     /// The responder NAKed with "invalid RD request".
     RemInvRdReqErr,
+    /// Any other error.
     GeneralErr,
 }
 
@@ -67,12 +69,19 @@ impl fmt::Display for WcStatus {
 /// `enum ibv_wc_opcode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
+    /// A SEND (with or without immediate or invalidate) completed.
     Send,
+    /// An RDMA WRITE completed.
     RdmaWrite,
+    /// An RDMA READ completed.
     RdmaRead,
+    /// A compare-and-swap completed.
     CompSwap,
+    /// A fetch-and-add completed.
     FetchAdd,
+    /// A SEND was received.
     Recv,
+    /// An RDMA WRITE with immediate was received.
     RecvRdmaWithImm,
 }
 
@@ -80,8 +89,11 @@ bitflags! {
     /// `enum ibv_wc_flags`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
     pub struct WcFlags: u32 {
+        /// A GRH is present (always on RoCE).
         const GRH = 1 << 0;
+        /// `imm_data` is valid.
         const WITH_IMM = 1 << 1;
+        /// `invalidated_rkey` is valid.
         const WITH_INV = 1 << 3;
     }
 }
@@ -89,8 +101,11 @@ bitflags! {
 /// One completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WorkCompletion {
+    /// The work request's identifier.
     pub wr_id: u64,
+    /// How it completed.
     pub status: WcStatus,
+    /// What completed.
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
@@ -102,6 +117,7 @@ pub struct WorkCompletion {
     pub qp_num: QpNumber,
     /// The remote QP (receive completions).
     pub src_qp: QpNumber,
+    /// Which optional fields are valid.
     pub wc_flags: WcFlags,
     /// The sender set the solicited-event bit.
     pub solicited: bool,

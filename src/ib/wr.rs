@@ -8,8 +8,11 @@ use bitflags::bitflags;
 /// One scatter/gather entry: `length` bytes at virtual address `addr` of the MR named by `lkey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
+    /// The virtual address of the first byte (inside the MR).
     pub addr: u64,
+    /// Bytes.
     pub length: u32,
+    /// The MR's local key.
     pub lkey: LKey,
 }
 
@@ -31,46 +34,70 @@ bitflags! {
 /// The operation of a send work request (`ibv_wr_opcode` plus its operands).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendOp {
+    /// SEND: the data lands in the peer's next receive WQE.
     Send,
+    /// SEND with 32 bits of immediate data, delivered in the peer's receive completion.
     SendWithImm {
+        /// The immediate data.
         imm: u32,
     },
+    /// SEND that invalidates one of the peer's R_Keys (IBTA 10.6.7.2.1).
     SendWithInv {
+        /// The R_Key the peer's responder invalidates.
         invalidate_rkey: RKey,
     },
+    /// RDMA WRITE into the peer's memory.
     RdmaWrite {
+        /// The first byte written, in the peer's MR.
         remote_addr: u64,
+        /// The peer MR's remote key.
         rkey: RKey,
     },
+    /// RDMA WRITE with immediate data (consumes a receive WQE at the peer).
     RdmaWriteWithImm {
+        /// The first byte written, in the peer's MR.
         remote_addr: u64,
+        /// The peer MR's remote key.
         rkey: RKey,
+        /// The immediate data.
         imm: u32,
     },
+    /// RDMA READ from the peer's memory into the scatter/gather list.
     RdmaRead {
+        /// The first byte read, in the peer's MR.
         remote_addr: u64,
+        /// The peer MR's remote key.
         rkey: RKey,
     },
     /// 64-bit compare and swap at an 8-byte aligned remote address; the original value lands
     /// in the (8-byte) local buffer.
     AtomicCmpSwp {
+        /// The 8-byte aligned target in the peer's MR.
         remote_addr: u64,
+        /// The peer MR's remote key.
         rkey: RKey,
+        /// The value the target is compared with.
         compare: u64,
+        /// The value written if they are equal.
         swap: u64,
     },
     /// 64-bit fetch and add.
     AtomicFetchAdd {
+        /// The 8-byte aligned target in the peer's MR.
         remote_addr: u64,
+        /// The peer MR's remote key.
         rkey: RKey,
+        /// What is added (modulo 2^64).
         add: u64,
     },
 }
 
 impl SendOp {
+    /// RDMA READ.
     pub fn is_read(&self) -> bool {
         matches!(self, SendOp::RdmaRead { .. })
     }
+    /// Compare-and-swap or fetch-and-add.
     pub fn is_atomic(&self) -> bool {
         matches!(
             self,
@@ -81,12 +108,14 @@ impl SendOp {
     pub fn is_rd_atomic(&self) -> bool {
         self.is_read() || self.is_atomic()
     }
+    /// A SEND of any kind.
     pub fn is_send(&self) -> bool {
         matches!(
             self,
             SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
         )
     }
+    /// An RDMA WRITE of any kind.
     pub fn is_write(&self) -> bool {
         matches!(
             self,
@@ -110,9 +139,14 @@ impl SendOp {
 /// A send work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
+    /// The application's identifier, returned in the completion.
     pub wr_id: u64,
+    /// The operation and its operands.
     pub op: SendOp,
+    /// The local memory: the data sent (SEND, WRITE), or where it lands (READ, an atomic's
+    /// original value: one 8-byte entry).
     pub sg_list: Vec<Sge>,
+    /// `IBV_SEND_*` flags.
     pub flags: SendFlags,
 }
 
@@ -137,6 +171,8 @@ impl SendWr {
 /// A receive work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecvWr {
+    /// The application's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Where a received message lands.
     pub sg_list: Vec<Sge>,
 }

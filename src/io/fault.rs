@@ -3,7 +3,7 @@
 //! generator (the same decisions as the simulator's links, on real traffic).
 
 use super::{IoStats, Medium, PacketDevice};
-use crate::sim::SplitMix64;
+use crate::rng::SplitMix64;
 use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;

@@ -23,7 +23,7 @@
 //!    it closes the connection after its run).
 
 use super::{read_exact, write_all, CmError};
-use crate::verbs::Mtu;
+use crate::ib::Mtu;
 use std::net::TcpStream;
 use std::time::Duration;
 

@@ -42,7 +42,12 @@ pub enum PollMode {
     /// Never sleep: lowest latency, one core at 100 %.
     Busy,
     /// Spin for a while, then sleep in the packet device for at most `max_sleep`.
-    Adaptive { spins: u32, max_sleep: Duration },
+    Adaptive {
+        /// Idle rounds spun before sleeping.
+        spins: u32,
+        /// The longest sleep.
+        max_sleep: Duration,
+    },
     /// The engine runs in the application's own calls (`poll_cq`, `wait_cq`, `get_cq_event`,
     /// `post_send`, `post_recv` and [`Nic::progress`]), one thread at a time (a thread that
     /// finds another one driving it skips): no hand-off between threads on the fast path,
@@ -65,6 +70,7 @@ pub const INLINE_CHECK_MAX: Duration = Duration::from_millis(2);
 /// Runtime options.
 #[derive(Clone, Copy, Debug)]
 pub struct NicOptions {
+    /// How the engine waits when idle.
     pub poll: PollMode,
     /// Frames per receive/transmit batch.
     pub batch: usize,
@@ -229,10 +235,12 @@ impl Nic {
         f(&mut lock(&self.inner.dev))
     }
 
+    /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Pd {
         self.with_device(|d| d.alloc_pd())
     }
 
+    /// `ibv_reg_mr`: `len` bytes owned by the region (see [`Device::reg_mr`]).
     pub fn reg_mr(
         &self,
         pd: Pd,
@@ -242,6 +250,7 @@ impl Nic {
         self.with_device(|d| d.reg_mr(pd, len, access))
     }
 
+    /// `ibv_create_cq`, with its lock-free completion queue.
     pub fn create_cq(&self, depth: usize) -> Result<Cq, VerbsError> {
         let cq = self.with_device(|d| d.create_cq(depth))?;
         let mut cqs = self.inner.cqs.write().unwrap_or_else(|e| e.into_inner());
@@ -259,6 +268,7 @@ impl Nic {
         Ok(cq)
     }
 
+    /// `ibv_create_qp`, with the QP's lock-free shadow for posting.
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
         let qpn = self.with_device(|d| d.create_qp(init))?;
         let sh = Arc::new(QpShadow {
@@ -293,6 +303,7 @@ impl Nic {
         }
     }
 
+    /// `ibv_modify_qp` (see [`Device::modify_qp`]).
     pub fn modify_qp(
         &self,
         qpn: QpNumber,
@@ -305,6 +316,7 @@ impl Nic {
         r
     }
 
+    /// RESET → INIT → RTR → RTS (see [`Device::connect_rc`]).
     pub fn connect_rc(
         &self,
         qpn: QpNumber,
@@ -317,10 +329,12 @@ impl Nic {
         r
     }
 
+    /// `ibv_query_qp`.
     pub fn query_qp(&self, qpn: QpNumber) -> Result<(QpState, QpAttr), VerbsError> {
         self.with_device(|d| d.query_qp(qpn))
     }
 
+    /// This end of a QP, for the peer (see [`Device::local_end`]).
     pub fn local_end(&self, qpn: QpNumber, sgid_index: usize, psn: u32) -> Option<RemoteQp> {
         self.with_device(|d| d.local_end(qpn, sgid_index, psn))
     }
@@ -570,6 +584,7 @@ impl Nic {
         (el.as_secs_f64(), self.with_device(|d| d.cc_snapshot(now)))
     }
 
+    /// A QP's counters.
     pub fn qp_counters(&self, qpn: QpNumber) -> Option<QpCounters> {
         self.with_device(|d| d.qp_counters(qpn))
     }

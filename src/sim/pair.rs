@@ -10,9 +10,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Two devices, A and B, and the network between them.
 pub struct Pair {
+    /// Device A (10.0.0.1 or fd00::1, MAC 02:00:00:00:00:01).
     pub a: Device,
+    /// Device B (10.0.0.2 or fd00::2, MAC 02:00:00:00:00:02).
     pub b: Device,
+    /// The simulated network between them.
     pub net: Network,
+    /// The virtual clock.
     pub now: Instant,
     ea: EndpointId,
     eb: EndpointId,
@@ -26,7 +30,9 @@ pub struct Pair {
 /// Addressing of the pair: IPv4 (10.0.0.1, 10.0.0.2) or IPv6 (fd00::1, fd00::2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
+    /// 10.0.0.1 and 10.0.0.2.
     V4,
+    /// fd00::1 and fd00::2.
     V6,
 }
 
@@ -36,6 +42,8 @@ impl Pair {
         Self::with_family(seed, link, Family::V4)
     }
 
+    /// A pair of `family` addresses with the same link in both directions; `seed` fixes the
+    /// network's randomness and (derived) each device's keys.
     pub fn with_family(seed: u64, link: LinkConfig, family: Family) -> Self {
         let ip = |i: u8| match family {
             Family::V4 => IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),

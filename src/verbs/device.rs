@@ -38,11 +38,15 @@ pub struct DeviceConfig {
     pub seed: Option<u64>,
     /// Compute the UDP checksum of IPv6 packets (RFC 8200 requires one; rxe sends 0).
     pub ipv6_udp_checksum: bool,
-    /// Limits.
+    /// Most QPs (`max_qp` of `ibv_query_device`).
     pub max_qp: u32,
+    /// Most work requests per queue (`max_qp_wr`).
     pub max_qp_wr: u32,
+    /// Most scatter/gather entries per work request (`max_sge`).
     pub max_sge: u32,
+    /// Most inline data per send work request.
     pub max_inline: u32,
+    /// Most completions per CQ (`max_cqe`).
     pub max_cqe: u32,
     /// Most unacknowledged packets per QP (the go-back-N window).
     pub max_inflight: u32,
@@ -91,9 +95,13 @@ impl DeviceConfig {
 /// `struct ibv_qp_init_attr` for an RC QP.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr {
+    /// The protection domain: the QP may use the memory regions of this PD only.
     pub pd: Pd,
+    /// Where send completions go.
     pub send_cq: Cq,
+    /// Where receive completions go.
     pub recv_cq: Cq,
+    /// Queue sizes.
     pub cap: QpCap,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
@@ -102,34 +110,49 @@ pub struct QpInitAttr {
 /// Errors a verb returns synchronously (what libibverbs returns as an errno).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum VerbsError {
+    /// No QP with this number (EINVAL).
     #[error("no such QP {0}")]
     NoSuchQp(QpNumber),
+    /// No such CQ (EINVAL).
     #[error("no such CQ")]
     NoSuchCq,
+    /// No such protection domain (EINVAL).
     #[error("no such protection domain")]
     NoSuchPd,
+    /// No such memory region (EINVAL).
     #[error("no such memory region")]
     NoSuchMr,
+    /// The QP's state does not accept this verb (EINVAL).
     #[error("QP is in state {0}, which does not accept this")]
     InvalidState(QpState),
+    /// `modify_qp` refused the request (EINVAL).
     #[error("modify_qp: {0}")]
     Modify(#[from] ModifyQpError),
+    /// The queue holds its `max_*_wr` requests (ENOMEM).
     #[error("queue full")]
     QueueFull,
+    /// More scatter/gather entries than the QP's `max_*_sge` (EINVAL).
     #[error("too many scatter/gather entries ({0})")]
     TooManySge(usize),
+    /// Inline data longer than the QP's `max_inline_data` (EINVAL).
     #[error("inline data of {0} bytes exceeds max_inline_data")]
     InlineTooLarge(u64),
+    /// A message longer than 2^31 bytes (EINVAL).
     #[error("message length {0} exceeds 2^31 bytes")]
     MessageTooLong(u64),
+    /// An atomic whose scatter/gather list is not one 8-byte entry (EINVAL).
     #[error("atomic operations take exactly one 8-byte scatter/gather entry")]
     BadAtomicSge,
+    /// The address vector cannot be resolved (EINVAL).
     #[error("address vector: {0}")]
     BadAddressVector(&'static str),
+    /// A device limit is reached (ENOMEM).
     #[error("resource limit reached: {0}")]
     NoResources(&'static str),
+    /// A capability or size outside the device's limits (EINVAL).
     #[error("invalid capability: {0}")]
     BadCap(&'static str),
+    /// The object is in use (EBUSY).
     #[error("resource busy: {0}")]
     Busy(&'static str),
 }
@@ -164,7 +187,72 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
     Ok(len as u32)
 }
 
-/// A software RNIC.
+/// A software RNIC: the verbs objects of one port and the sans-IO engine that runs its queue
+/// pairs (see [`super::engine`] for the contract with its driver).
+///
+/// Two devices, an RC connection between them, an RDMA WRITE, with the frames carried by hand
+/// (a real driver is [`crate::runtime::Nic`] over a packet backend, or [`crate::sim::Pair`]):
+///
+/// ```
+/// use ferroce::time::Instant;
+/// use ferroce::verbs::*;
+/// use ferroce::wire::MacAddr;
+///
+/// let mut dev = |i: u8| {
+///     let ip = std::net::Ipv4Addr::new(10, 0, 0, i).into();
+///     Device::new(DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, i]), ip))
+/// };
+/// let (mut a, mut b) = (dev(1), dev(2));
+/// let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
+///                   max_inline_data: 0 };
+/// let mut setup = |d: &mut Device| {
+///     let pd = d.alloc_pd();
+///     let cq = d.create_cq(16).unwrap();
+///     let qp = d.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })
+///         .unwrap();
+///     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+///     let mr = d.reg_mr(pd, 4096, access).unwrap();
+///     (cq, qp, mr)
+/// };
+/// let (cq_a, qp_a, mr_a) = setup(&mut a);
+/// let (_, qp_b, mr_b) = setup(&mut b);
+///
+/// // Exchange the ends (out of band in real life) and connect: RESET → INIT → RTR → RTS.
+/// let (end_a, end_b) = (a.local_end(qp_a, 0, 100).unwrap(), b.local_end(qp_b, 0, 200).unwrap());
+/// a.connect_rc(qp_a, &end_b, &RcParams { local_psn: 100, ..RcParams::default() }).unwrap();
+/// b.connect_rc(qp_b, &end_a, &RcParams { local_psn: 200, ..RcParams::default() }).unwrap();
+///
+/// // An RDMA WRITE of 11 bytes from A's region into B's.
+/// mr_a.write(0, b"hello, RDMA").unwrap();
+/// let sge = Sge { addr: mr_a.addr(), length: 11, lkey: mr_a.lkey() };
+/// let op = SendOp::RdmaWrite { remote_addr: mr_b.addr() + 64, rkey: mr_b.rkey() };
+/// a.post_send(qp_a, SendWr::new(7, op, vec![sge])).unwrap();
+///
+/// // Carry frames both ways until both sides are quiet.
+/// let (now, mut buf) = (Instant::ZERO, vec![0u8; a.max_frame_len()]);
+/// loop {
+///     let mut moved = false;
+///     while let Some(n) = a.poll_transmit(now, &mut buf).unwrap() {
+///         b.handle_frame(now, &buf[..n]);
+///         moved = true;
+///     }
+///     while let Some(n) = b.poll_transmit(now, &mut buf).unwrap() {
+///         a.handle_frame(now, &buf[..n]);
+///         moved = true;
+///     }
+///     if !moved {
+///         break;
+///     }
+/// }
+///
+/// // The WRITE completed (A got B's ACK) and the bytes are in B's memory.
+/// let mut wcs = Vec::new();
+/// a.poll_cq(cq_a, &mut wcs, 16).unwrap();
+/// assert_eq!((wcs[0].wr_id, wcs[0].status, wcs[0].byte_len), (7, WcStatus::Success, 11));
+/// let mut got = [0u8; 11];
+/// mr_b.read(64, &mut got).unwrap();
+/// assert_eq!(&got, b"hello, RDMA");
+/// ```
 pub struct Device {
     pub(super) cfg: DeviceConfig,
     keys: KeyGen,
@@ -181,6 +269,7 @@ pub struct Device {
 }
 
 impl Device {
+    /// A device with configuration `cfg` (no PD, MR, CQ or QP yet).
     pub fn new(cfg: DeviceConfig) -> Self {
         Device {
             keys: KeyGen::new(cfg.seed),
@@ -199,6 +288,7 @@ impl Device {
         }
     }
 
+    /// The configuration it was made with.
     pub fn config(&self) -> &DeviceConfig {
         &self.cfg
     }
@@ -210,6 +300,7 @@ impl Device {
 
     // ---- protection domains and memory regions -------------------------------------------
 
+    /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&mut self) -> Pd {
         let id = self.next_pd;
         self.next_pd += 1;
@@ -224,7 +315,23 @@ impl Device {
         self.keys.mr_key(|k| mrs.contains_key(k))
     }
 
-    /// Register `len` bytes of memory (owned by the region: see [`MemoryRegion`]).
+    /// `ibv_reg_mr`: register `len` bytes of memory, owned by the region (see
+    /// [`MemoryRegion`] for the memory model), with the given rights. Remote write and atomic
+    /// rights need local write (IBTA 10.6.3.1).
+    ///
+    /// ```
+    /// # use ferroce::verbs::*;
+    /// # let mut dev = Device::new(DeviceConfig::new(
+    /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
+    /// let pd = dev.alloc_pd();
+    /// let mr = dev.reg_mr(pd, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+    /// mr.write(0, b"readable by the peer")?;
+    /// assert_eq!(mr.len(), 4096);
+    /// assert!(mr.rkey_valid());
+    /// // Remote write without local write is refused.
+    /// assert!(dev.reg_mr(pd, 64, AccessFlags::REMOTE_WRITE).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reg_mr(
         &mut self,
         pd: Pd,
@@ -265,6 +372,8 @@ impl Device {
 
     // ---- completion queues -------------------------------------------------------------
 
+    /// `ibv_create_cq`: a completion queue of `depth` entries (1 ..= `max_cqe`). A completion
+    /// that finds it full is lost and counted (`DeviceCounters::cq_overruns`).
     pub fn create_cq(&mut self, depth: usize) -> Result<Cq, VerbsError> {
         if depth == 0 || depth > self.cfg.max_cqe as usize {
             return Err(VerbsError::BadCap("CQ depth"));
@@ -280,7 +389,8 @@ impl Device {
             .ok_or(VerbsError::NoSuchCq)
     }
 
-    /// Move up to `max` completions into `out`; returns how many.
+    /// `ibv_poll_cq`: move up to `max` completions into `out`; returns how many. (See
+    /// [`Device`] for a whole `post_send` → completion walk-through.)
     pub fn poll_cq(
         &mut self,
         cq: Cq,
@@ -311,6 +421,27 @@ impl Device {
 
     // ---- queue pairs ------------------------------------------------------------------
 
+    /// `ibv_create_qp`: an RC queue pair in the RESET state. It is brought up with
+    /// [`modify_qp`](Self::modify_qp) (or all at once with
+    /// [`connect_rc`](Self::connect_rc)).
+    ///
+    /// ```
+    /// # use ferroce::verbs::*;
+    /// # let mut dev = Device::new(DeviceConfig::new(
+    /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
+    /// let pd = dev.alloc_pd();
+    /// let cq = dev.create_cq(64)?;
+    /// let cap = QpCap { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2,
+    ///                   max_inline_data: 64 };
+    /// let qp = dev.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })?;
+    /// assert_eq!(dev.query_qp(qp)?.0, QpState::Reset);
+    ///
+    /// // RESET → INIT (receives may be posted from INIT on).
+    /// let (attr, mask) = RcParams::default().init_attr();
+    /// dev.modify_qp(qp, &attr, mask)?;
+    /// assert_eq!(dev.query_qp(qp)?.0, QpState::Init);
+    /// # Ok::<(), VerbsError>(())
+    /// ```
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
         if !self.pds.contains(&init.pd.0) {
             return Err(VerbsError::NoSuchPd);
@@ -362,6 +493,7 @@ impl Device {
         Ok(QpNumber::new(qpn))
     }
 
+    /// `ibv_destroy_qp`: the QP and its queues are gone, without completions.
     pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
         self.qps
             .remove(&qpn.get())
@@ -386,7 +518,33 @@ impl Device {
     }
 
     /// `ibv_modify_qp`: the transition table and value checks of [`crate::ib::attr`], then
-    /// the attributes in `mask` take effect.
+    /// the attributes in `mask` take effect. [`RcParams`](super::RcParams) builds the
+    /// attributes of RESET → INIT → RTR → RTS.
+    ///
+    /// ```
+    /// # use ferroce::verbs::*;
+    /// # let mut dev = Device::new(DeviceConfig::new(
+    /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
+    /// # let pd = dev.alloc_pd();
+    /// # let cq = dev.create_cq(8)?;
+    /// # let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1,
+    /// #                   max_inline_data: 0 };
+    /// # let qp = dev.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })?;
+    /// // RESET → RTS is no transition of the state machine.
+    /// let (mut attr, mask) = RcParams::default().rts_attr();
+    /// assert!(matches!(
+    ///     dev.modify_qp(qp, &attr, mask),
+    ///     Err(VerbsError::Modify(ModifyQpError::IllegalTransition { .. }))
+    /// ));
+    /// // Values are checked too: retry_cnt has 3 bits.
+    /// let (init, init_mask) = RcParams::default().init_attr();
+    /// dev.modify_qp(qp, &init, init_mask)?;
+    /// attr.qp_state = QpState::Init;
+    /// attr.retry_cnt = 8;
+    /// let r = dev.modify_qp(qp, &attr, QpAttrMask::RETRY_CNT);
+    /// assert!(r.is_err());
+    /// # Ok::<(), VerbsError>(())
+    /// ```
     pub fn modify_qp(
         &mut self,
         qpn: QpNumber,
@@ -426,7 +584,11 @@ impl Device {
 
     // ---- work requests -----------------------------------------------------------------
 
-    /// `ibv_post_send`.
+    /// `ibv_post_send`: queue a send work request; its packets leave with the next
+    /// [`poll_transmit`](Self::poll_transmit) calls and its completion (if signaled, or on
+    /// error) lands in the send CQ. Errors here are the synchronous ones `ibv_post_send`
+    /// returns; a bad local key or an SGE outside its region is reported as a completion with
+    /// a local protection error when the request is reached, as libibverbs reports it.
     pub fn post_send(&mut self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
         let slot = self
             .qps

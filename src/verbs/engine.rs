@@ -16,12 +16,12 @@
 //!
 //! # Inside
 //!
-//! The engine keeps, per QP, a [`Slot`]: the QP and the engine's bookkeeping about it. A QP
-//! with something to send (as [`Qp::next_tx`] says) is on the transmit list; the earliest
+//! The engine keeps, per QP, a `Slot`: the QP and the engine's bookkeeping about it. A QP
+//! with something to send (as the QP's `next_tx` says) is on the transmit list; the earliest
 //! deadline of each QP is on a timer heap (entries go stale when a QP's deadline moves; a
 //! stale entry is skipped). Received packets are demultiplexed by destination QPN after the
-//! device-wide checks (address, P_Key, TVer, transport), and frames are built by
-//! [`Framer`](super::frame::Framer) from what the QP describes.
+//! device-wide checks (address, P_Key, TVer, transport), and frames are built by the
+//! `Framer` (`verbs/frame.rs`) from what the QP describes.
 
 use super::device::Device;
 use super::frame::{FrameError, Framer};
