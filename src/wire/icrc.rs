@@ -221,7 +221,9 @@ fn x8n(n: usize) -> u32 {
     p
 }
 
-/// The CRC register after `bytes`, from a zero register, without final inversion.
+/// The CRC register after `bytes`, from a zero register, without final inversion (bit by
+/// bit: the definition the fast form is tested against).
+#[cfg(test)]
 fn raw_crc(bytes: &[u8]) -> u32 {
     let mut c = 0u32;
     for &b in bytes {
@@ -233,10 +235,135 @@ fn raw_crc(bytes: &[u8]) -> u32 {
     c
 }
 
+/// [`raw_crc`] through `crc32fast` (hardware CRC where the CPU has it): with the zlib
+/// convention `crc(init, m) = !update(!init, m)`, an initial value of all ones starts the
+/// register at zero, and inverting the result undoes the final inversion.
+fn raw_crc_fast(bytes: &[u8]) -> u32 {
+    let mut h = Hasher::new_with_initial(u32::MAX);
+    h.update(bytes);
+    !h.finalize()
+}
+
 /// How the CRC-32 (and so the ICRC) of a message changes when `pattern` is XORed into it at a
 /// position followed by `bytes_after` more bytes of the message: `crc(M ⊕ E) = crc(M) ⊕ this`.
 pub fn flip_delta(pattern: &[u8], bytes_after: usize) -> u32 {
-    multmodp(x8n(bytes_after), raw_crc(pattern))
+    Shift::new(bytes_after).delta(pattern)
+}
+
+/// [`flip_delta`] for one fixed `bytes_after`, with the x^(8·bytes_after) operator computed
+/// once: for patching many packets of the same length (each delta then costs one short CRC
+/// and one GF(2) multiplication, no pass over the packet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shift {
+    bytes_after: usize,
+    op: u32,
+}
+
+impl Shift {
+    /// The operator for a pattern followed by `bytes_after` bytes of the message.
+    pub fn new(bytes_after: usize) -> Shift {
+        Shift {
+            bytes_after,
+            op: x8n(bytes_after),
+        }
+    }
+
+    /// The `bytes_after` this operator was made for.
+    pub fn bytes_after(&self) -> usize {
+        self.bytes_after
+    }
+
+    /// The CRC change of XORing `pattern` into the message, its last byte followed by
+    /// `bytes_after` bytes.
+    pub fn delta(&self, pattern: &[u8]) -> u32 {
+        multmodp(self.op, raw_crc_fast(pattern))
+    }
+}
+
+/// The linear algebra of one IPv4 identification position, precomputed for one packet length:
+/// the ICRC change of every ID bit (`L_i`, see above), the elimination basis that inverts
+/// them, and the change of flipping DF. [`ident_from_delta`] builds one per call; a receiver
+/// that sees the same lengths again keeps them (the UDP backend does), and then checking an
+/// ID candidate against a mismatching ICRC costs a few XORs instead of another CRC pass.
+#[derive(Clone, Debug)]
+pub struct IdentSolver {
+    bytes_after: usize,
+    bits: [u32; 16],
+    /// Row-echelon basis indexed by pivot (highest set bit): (vector, which ID bits make it).
+    basis: [(u32, u16); 32],
+    df: u32,
+}
+
+impl IdentSolver {
+    /// For an ID field followed by `bytes_after_ident` bytes of the ICRC message (see
+    /// [`ipv4_ident_bytes_after`]).
+    pub fn new(bytes_after_ident: usize) -> IdentSolver {
+        let shift = Shift::new(bytes_after_ident);
+        let mut bits = [0u32; 16];
+        let mut basis = [(0u32, 0u16); 32];
+        for (i, slot) in bits.iter_mut().enumerate() {
+            let bit = 1u16 << i;
+            let mut v = shift.delta(&bit.to_be_bytes());
+            *slot = v;
+            let mut combo = bit;
+            while v != 0 {
+                let p = 31 - v.leading_zeros() as usize;
+                if basis[p].0 == 0 {
+                    basis[p] = (v, combo);
+                    break;
+                }
+                v ^= basis[p].0;
+                combo ^= basis[p].1;
+            }
+        }
+        // DF is bit 0x40 of header byte 6, right after the ID (bytes 4 and 5): one byte
+        // fewer follows it.
+        let df = flip_delta(&[0x40], bytes_after_ident.saturating_sub(1));
+        IdentSolver {
+            bytes_after: bytes_after_ident,
+            bits,
+            basis,
+            df,
+        }
+    }
+
+    /// The `bytes_after_ident` this solver was made for.
+    pub fn bytes_after(&self) -> usize {
+        self.bytes_after
+    }
+
+    /// The ICRC change of XORing `x` into the identification.
+    pub fn delta(&self, x: u16) -> u32 {
+        let mut d = 0;
+        for (i, l) in self.bits.iter().enumerate() {
+            if x >> i & 1 != 0 {
+                d ^= l;
+            }
+        }
+        d
+    }
+
+    /// The ICRC change of flipping DF (IPv4 header byte 6, bit 0x40).
+    pub fn df_delta(&self) -> u32 {
+        self.df
+    }
+
+    /// The ID change `x` with `delta(x) == delta`, or `None` when there is none (the packet
+    /// differs elsewhere). `Some(0)` for `delta == 0`.
+    pub fn solve(&self, delta: u32) -> Option<u16> {
+        let mut d = delta;
+        let mut x = 0u16;
+        while d != 0 {
+            let p = 31 - d.leading_zeros() as usize;
+            let (v, combo) = self.basis[p];
+            if v == 0 {
+                return None; // delta is outside the span of the ID bits: inconsistent
+            }
+            d ^= v;
+            x ^= combo;
+        }
+        Some(x)
+    }
 }
 
 /// Bytes of the ICRC message that follow the IPv4 identification field (IP header bytes 4..6),
@@ -264,35 +391,7 @@ pub fn ident_from_delta(delta: u32, bytes_after_ident: usize) -> Option<u16> {
     if delta == 0 {
         return Some(0);
     }
-    let shift = x8n(bytes_after_ident);
-    // Row-echelon basis indexed by pivot (highest set bit): (vector, which ID bits make it).
-    let mut basis = [(0u32, 0u16); 32];
-    for i in 0..16 {
-        let bit = 1u16 << i;
-        let mut v = multmodp(shift, raw_crc(&bit.to_be_bytes()));
-        let mut combo = bit;
-        while v != 0 {
-            let p = 31 - v.leading_zeros() as usize;
-            if basis[p].0 == 0 {
-                basis[p] = (v, combo);
-                break;
-            }
-            v ^= basis[p].0;
-            combo ^= basis[p].1;
-        }
-    }
-    let mut d = delta;
-    let mut x = 0u16;
-    while d != 0 {
-        let p = 31 - d.leading_zeros() as usize;
-        let (v, combo) = basis[p];
-        if v == 0 {
-            return None; // delta is outside the span of the ID bits: inconsistent
-        }
-        d ^= v;
-        x ^= combo;
-    }
-    Some(x)
+    IdentSolver::new(bytes_after_ident).solve(delta)
 }
 
 /// Solve for the IPv4 identification of a RoCE v2 packet whose ICRC is `stored`: `ip_hdr` is
@@ -473,6 +572,32 @@ mod tests {
             }
             let d = crc32fast::hash(&m) ^ crc32fast::hash(&m2);
             assert_eq!(d, flip_delta(&pat, len - at - plen));
+        }
+    }
+
+    #[test]
+    fn fast_raw_crc_and_cached_solver_agree_with_the_slow_forms() {
+        let mut r = Rng::new(7);
+        for _ in 0..300 {
+            let k = r.below(100);
+            let m = r.bytes(k);
+            assert_eq!(raw_crc_fast(&m), raw_crc(&m));
+            let n = r.below(70_000);
+            let k = 1 + r.below(48);
+            let pat = r.bytes(k);
+            assert_eq!(Shift::new(n).delta(&pat), multmodp(x8n(n), raw_crc(&pat)));
+        }
+        for _ in 0..50 {
+            let t_len = 12 + r.below(9000);
+            let after = ipv4_ident_bytes_after(20, t_len);
+            let s = IdentSolver::new(after);
+            assert_eq!(s.bytes_after(), after);
+            assert_eq!(s.df_delta(), ipv4_df_delta(20, t_len));
+            for _ in 0..20 {
+                let x = r.next() as u16;
+                assert_eq!(s.delta(x), flip_delta(&x.to_be_bytes(), after));
+                assert_eq!(s.solve(s.delta(x)), Some(x));
+            }
         }
     }
 
