@@ -12,6 +12,7 @@
 mod common;
 
 use common::net::{prime_neighbours, require_root, spawn_in_ns};
+use ferroce::io::af_packet::AfPacketRx;
 use ferroce::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, Medium, PacketDevice};
 use ferroce::io::{UdpConfig, UdpDevice};
 use ferroce::wire::*;
@@ -470,11 +471,12 @@ fn udp_case(v6: bool) {
         Spec::v4(A_MAC, RA_MAC, A4, B4)
     };
     let n = 400u32;
+    let sizes: Vec<usize> = (0..n as usize).map(|i| (i * 53) % 1400).collect();
     let frames: Vec<Vec<u8>> = (0..n)
         .map(|i| {
             Spec {
                 psn: i,
-                len: (i as usize * 53) % 1400,
+                len: sizes[i as usize],
                 ident: 0x5000 + i as u16,
                 sport: 0xd000 + i as u16,
                 ..base
@@ -503,16 +505,47 @@ fn udp_case(v6: bool) {
         assert_eq!(p.repr.ip.ecn(), Ecn::Ect0);
         assert_eq!(p.repr.ip.dscp(), 26);
         assert_eq!(p.repr.udp.src_port, ROCE_V2_PORT);
-        if let IpRepr::V4(r) = p.repr.ip {
-            assert_eq!((r.ident, r.dont_frag, r.ttl), (0, true, 63));
-        }
         let psn = p.repr.roce.bth.psn.get();
+        if let IpRepr::V4(r) = p.repr.ip {
+            // The ID the kernel gave it: 0 for a single datagram, the segment index in a GSO
+            // run (the frame verified under it: parse_frame checked the ICRC).
+            let want = run_ids(&sizes)[psn as usize];
+            assert_eq!((r.ident, r.dont_frag, r.ttl), (want, true, 63), "psn {psn}");
+        }
         assert_eq!(p.payload, payload_for(psn, p.payload.len()).as_slice());
         psns.push(psn);
     }
     psns.sort_unstable();
     assert_eq!(psns, (0..n).collect::<Vec<_>>());
     eprintln!("udp v6={v6}: {n} frames A->B, all synthesised frames verify");
+}
+
+/// The IPv4 IDs the UDP backend's kernel gives frames with RoCE payloads of `sizes` bytes
+/// sent in batches of 64: with segmentation offload, a run of equal-sized datagrams (the
+/// last may be shorter) to one destination is one GSO message whose segment i gets ID i
+/// (see `io::udp`); a lone datagram gets ID 0.
+fn run_ids(sizes: &[usize]) -> Vec<u16> {
+    let udp_payload = |n: usize| 12 + n.div_ceil(4) * 4 + 4;
+    let mut ids = vec![0u16; sizes.len()];
+    for start in (0..sizes.len()).step_by(64) {
+        let end = (start + 64).min(sizes.len());
+        let mut i = start;
+        while i < end {
+            let seg = udp_payload(sizes[i]);
+            let mut j = i + 1;
+            while j < end && udp_payload(sizes[j]) <= seg {
+                j += 1;
+                if udp_payload(sizes[j - 1]) < seg {
+                    break;
+                }
+            }
+            for (k, id) in ids[i..j].iter_mut().enumerate() {
+                *id = k as u16;
+            }
+            i = j;
+        }
+    }
+    ids
 }
 
 #[test]
@@ -632,61 +665,114 @@ fn ip_id_df(ip: &IpRepr) -> Option<(u16, bool)> {
     }
 }
 
+/// Run `cmd args` in namespace `<prefix><host>`; panics with its output if it fails.
+fn ns_cmd(host: char, cmd: &str, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &format!("{PREFIX}{host}"), cmd])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("ip netns exec {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} in {PREFIX}{host}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn udp_socket_to_af_packet_has_a_valid_icrc_on_the_wire() {
     // What the UDP backend's kernel puts on the wire, captured with AF_PACKET at the peer:
-    // the recomputed ICRC must verify, and the IPv4 ID must be 0 with DF (the assumption
-    // the recomputation rests on).
+    // every ICRC must verify under the headers the kernel wrote, IPv4 IDs being those of
+    // the kernel's segmentation (segment i of a GSO run: ID i; a lone datagram: 0) with DF —
+    // the prediction the ICRC correction rests on. Twice: as veth delivers it by default (a
+    // GSO run arrives at A as one super-frame, which the AF_PACKET device splits with
+    // PACKET_VNET_HDR, in both receive modes), and with UDP segmentation turned off on R's
+    // egress towards A (R's kernel cuts the runs into datagrams: its IDs on a real wire).
     let _tb = Testbed::up(&[]);
-    for v6 in [false, true] {
-        let base = if v6 {
-            Spec::v6(B_MAC, RB_MAC, b6(), a6())
-        } else {
-            Spec::v4(B_MAC, RB_MAC, B4, A4)
-        };
-        let n = 200u32;
-        let frames: Vec<Vec<u8>> = (0..n)
-            .map(|i| {
-                Spec {
-                    psn: i,
-                    len: (i as usize * 29) % 1300,
-                    ident: 0x7777,
-                    df: false,
-                    sport: 0xe000,
-                    ..base
-                }
-                .build()
-            })
-            .collect();
-        let open_tx: Opener = if v6 {
-            || udp(b6().into())
-        } else {
-            || udp(B4.into())
-        };
-        let (got, _) = exchange('a', || afp("eth0", MMSG), 'b', open_tx, frames, n as usize);
-        assert_eq!(got.len(), n as usize, "v6={v6}");
-        let mut psns = Vec::new();
-        for f in &got {
-            let p = parse_frame(f).unwrap_or_else(|e| panic!("kernel-sent frame: {e}"));
-            assert_eq!(p.repr.udp.src_port, ROCE_V2_PORT);
-            match p.repr.ip {
-                IpRepr::V4(r) => {
-                    assert_eq!((r.ident, r.dont_frag, r.ttl), (0, true, 63), "{r:?}");
-                    assert_eq!((r.dscp, r.ecn), (26, Ecn::Ect0));
-                }
-                IpRepr::V6(r) => {
-                    assert_eq!(r.hop_limit, 63);
-                    assert_eq!((r.dscp, r.ecn), (26, Ecn::Ect0));
-                }
-            }
-            let psn = p.repr.roce.bth.psn.get();
-            assert_eq!(p.payload, payload_for(psn, p.payload.len()).as_slice());
-            psns.push(psn);
+    let rx_modes: [(&str, Opener); 2] = [
+        ("ring", || afp("eth0", MMSG)),
+        ("recvmmsg", || {
+            let mut c = AfPacketConfig::new("eth0");
+            c.rx = AfPacketRx::Recvmmsg { batch: 64 };
+            c.tx = MMSG;
+            Box::new(AfPacketDevice::open(&c).expect("AF_PACKET recvmmsg"))
+        }),
+    ];
+    for (path, r_segments) in [("whole to A", false), ("segmented by R", true)] {
+        if r_segments {
+            ns_cmd('r', "ethtool", &["-K", "ra", "tx-udp-segmentation", "off"]);
         }
-        psns.sort_unstable();
-        assert_eq!(psns, (0..n).collect::<Vec<_>>());
-        eprintln!("udp B -> af_packet A v6={v6}: {n} kernel-built frames, ICRC valid, ID 0 + DF");
+        for (mode, open_rx) in rx_modes {
+            for v6 in [false, true] {
+                udp_to_af_packet(v6, open_rx, &format!("{path}, {mode}"));
+            }
+        }
     }
+}
+
+fn udp_to_af_packet(v6: bool, open_rx: Opener, label: &str) {
+    let base = if v6 {
+        Spec::v6(B_MAC, RB_MAC, b6(), a6())
+    } else {
+        Spec::v4(B_MAC, RB_MAC, B4, A4)
+    };
+    let n = 200u32;
+    // Growing sizes with wraps (lone datagrams and runs of two), then a run of 60 equal ones.
+    let sizes: Vec<usize> = (0..n as usize)
+        .map(|i| if i < 140 { (i * 29) % 1300 } else { 777 })
+        .collect();
+    let frames: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            Spec {
+                psn: i,
+                len: sizes[i as usize],
+                ident: 0x7777,
+                df: false,
+                sport: 0xe000,
+                ..base
+            }
+            .build()
+        })
+        .collect();
+    let open_tx: Opener = if v6 {
+        || udp(b6().into())
+    } else {
+        || udp(B4.into())
+    };
+    let (got, _) = exchange('a', open_rx, 'b', open_tx, frames, n as usize);
+    assert_eq!(got.len(), n as usize, "v6={v6} {label}");
+    let ids = run_ids(&sizes);
+    let mut psns = Vec::new();
+    for f in &got {
+        let p = parse_frame(f).unwrap_or_else(|e| panic!("kernel-sent frame ({label}): {e}"));
+        assert_eq!(p.repr.udp.src_port, ROCE_V2_PORT);
+        let psn = p.repr.roce.bth.psn.get();
+        match p.repr.ip {
+            IpRepr::V4(r) => {
+                let want = ids[psn as usize];
+                assert_eq!(
+                    (r.ident, r.dont_frag, r.ttl),
+                    (want, true, 63),
+                    "psn {psn} ({label}): {r:?}"
+                );
+                assert_eq!((r.dscp, r.ecn), (26, Ecn::Ect0));
+            }
+            IpRepr::V6(r) => {
+                assert_eq!(r.hop_limit, 63);
+                assert_eq!((r.dscp, r.ecn), (26, Ecn::Ect0));
+            }
+        }
+        assert_eq!(p.payload, payload_for(psn, p.payload.len()).as_slice());
+        psns.push(psn);
+    }
+    psns.sort_unstable();
+    assert_eq!(psns, (0..n).collect::<Vec<_>>());
+    assert!(
+        ids.iter().any(|&i| i > 1),
+        "the run of equal sizes was one GSO message"
+    );
+    eprintln!("udp B -> af_packet A v6={v6} ({label}): {n} kernel-built frames, ICRC valid");
 }
 
 /// Send `secs` worth of one 1024-byte-payload frame from A, count at B. Printed, not asserted.

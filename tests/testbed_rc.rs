@@ -931,7 +931,9 @@ fn capture_path(kind: BackendKind) -> PathBuf {
 }
 
 /// `ferroce inspect` and `tools/check-captures` on a capture.
-fn check_capture(path: &Path, min_packets: u64) {
+/// Check a capture with `ferroce inspect` (every RoCE packet well formed, ICRC good, none cut
+/// short) and tshark (`tools/check-captures`); returns the number of RoCE packets.
+fn check_capture(path: &Path, min_packets: u64) -> u64 {
     let bin = env!("CARGO_BIN_EXE_ferroce");
     let out = Command::new(bin)
         .args(["inspect", "-q"])
@@ -956,6 +958,7 @@ fn check_capture(path: &Path, min_packets: u64) {
     assert_eq!(field("truncated"), 0, "{text}");
     assert!(field("roce") >= min_packets, "{text}");
     assert_eq!(field("roce"), field("icrc_ok"), "{text}");
+    let roce = field("roce");
     let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tools/check-captures"))
         .arg("--ferroce")
         .arg(bin)
@@ -972,6 +975,7 @@ fn check_capture(path: &Path, min_packets: u64) {
         out.status.success(),
         "tools/check-captures (tshark: tools/deps.sh wire) failed:\n{text}"
     );
+    roce
 }
 
 fn every_operation_with_capture(kind: BackendKind) {
@@ -1004,6 +1008,170 @@ fn every_operation_with_capture(kind: BackendKind) {
     // Dropping the NICs stops the engines and flushes the capture.
     drop(p);
     check_capture(&cap, tx);
+}
+
+/// `tcpdump` in R on one interface, writing a pcap until dropped (SIGINT: it flushes).
+struct RouterCapture {
+    child: std::process::Child,
+    path: PathBuf,
+    log: Option<thread::JoinHandle<String>>,
+}
+
+impl RouterCapture {
+    fn start(ifname: &str) -> RouterCapture {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("testbed_rc-router-{ifname}.pcap"));
+        let _ = std::fs::remove_file(&path);
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                NS_R,
+                "tcpdump",
+                "--immediate-mode",
+                "-B",
+                "131072",
+                "-Q",
+                "out",
+                "-i",
+                ifname,
+                "-U",
+                "-s",
+                "0",
+                "-w",
+            ])
+            .arg(&path)
+            .args(["udp", "port", "4791"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump (tools/deps.sh net)");
+        // tcpdump says "listening on" once its socket is capturing.
+        let mut err = child.stderr.take().expect("tcpdump stderr");
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !String::from_utf8_lossy(&seen).contains("listening on") {
+            assert!(Instant::now() < deadline, "tcpdump did not start: {seen:?}");
+            let mut b = [0u8; 256];
+            match std::io::Read::read(&mut err, &mut b) {
+                Ok(0) => panic!("tcpdump exited: {}", String::from_utf8_lossy(&seen)),
+                Ok(n) => seen.extend_from_slice(&b[..n]),
+                Err(e) => panic!("tcpdump stderr: {e}"),
+            }
+        }
+        // Keep reading its stderr (its closing summary must not meet a closed pipe).
+        let log = thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+            String::from_utf8_lossy(&seen).into_owned() + &rest
+        });
+        RouterCapture {
+            child,
+            path,
+            log: Some(log),
+        }
+    }
+
+    /// Stop the capture and return its file.
+    fn finish(mut self) -> PathBuf {
+        self.stop();
+        self.path.clone()
+    }
+
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        if let Some(log) = self.log.take() {
+            println!(
+                "tcpdump ({}): {}",
+                self.path.display(),
+                log.join().unwrap_or_default().trim()
+            );
+        }
+    }
+}
+
+impl Drop for RouterCapture {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// UDP segmentation in R's egress devices, off for the life of the value (the testbed is
+/// shared by the tests: restored on drop).
+struct RouterSegmentation;
+
+impl RouterSegmentation {
+    fn set(on: bool) {
+        for dev in ["ra", "rb"] {
+            let st = Command::new("ip")
+                .args(["netns", "exec", NS_R, "ethtool", "-K", dev])
+                .args(["tx-udp-segmentation", if on { "on" } else { "off" }])
+                .status()
+                .expect("ethtool (tools/deps.sh net)");
+            assert!(st.success(), "ethtool -K {dev} tx-udp-segmentation");
+        }
+    }
+    fn off() -> RouterSegmentation {
+        Self::set(false);
+        RouterSegmentation
+    }
+}
+
+impl Drop for RouterSegmentation {
+    fn drop(&mut self) {
+        Self::set(true);
+    }
+}
+
+/// Every RC operation between two UDP-socket backends with segmentation offload on both
+/// ends, captured three ways: by A's pcap tap (the engine's frames: one per packet), and by
+/// tcpdump in R on both egress devices, where R's kernel cuts every GSO super-datagram into
+/// the datagrams of the wire (UDP segmentation turned off there). Every ICRC verifies in the
+/// router's captures under the IPv4 IDs the kernel gave the segments, and R forwarded exactly
+/// as many frames each way as the backends sent.
+#[test]
+fn udp_socket_gso_on_the_wire() {
+    let _bed = Bed::take(SOCKETS);
+    let _seg = RouterSegmentation::off();
+    let to_b = RouterCapture::start("rb");
+    let to_a = RouterCapture::start("ra");
+    let tap = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("testbed_rc-udp-gso-tap.pcap");
+    let _ = std::fs::remove_file(&tap);
+    let p = connect(
+        Spec {
+            ns: NS_A,
+            kind: BackendKind::Udp,
+            wrap: Wrap::Pcap(tap.clone()),
+            psn: PSN_A,
+        },
+        plain(NS_B, BackendKind::Udp, PSN_B),
+    );
+    let (one, piped) = all_operations(&p, 0x100);
+    report(
+        "udp gso",
+        &p,
+        &[("one at a time", one), ("pipelined", piped)],
+    );
+    assert_no_drops(&p.a, "A");
+    assert_no_drops(&p.b, "B");
+    let (ia, ib) = (p.a.io(), p.b.io());
+    // Both ends sent runs as GSO messages: A its WRITE/SEND payloads, B its READ responses.
+    assert!(ia.tx_offloaded > 0 && ib.tx_offloaded > 0, "{}", p.dump());
+    drop(p);
+    // Let the last frames cross R before the captures stop.
+    thread::sleep(Duration::from_millis(300));
+    let (to_b, to_a) = (to_b.finish(), to_a.finish());
+    let tapped = check_capture(&tap, ia.tx_frames);
+    assert_eq!(
+        tapped,
+        ia.tx_frames + ia.rx_frames,
+        "the tap: one frame per packet"
+    );
+    assert_eq!(check_capture(&to_b, 1), ia.tx_frames, "A -> B through R");
+    assert_eq!(check_capture(&to_a, 1), ib.tx_frames, "B -> A through R");
 }
 
 #[test]

@@ -35,14 +35,27 @@
 //! mode, so this is a theoretical concern here, but it is one more reason for the default.
 //! The ring remains available ([`AfPacketTx::Ring`]) for NICs where it may win.
 //!
+//! **Coalesced frames** ([`AfPacketConfig::gso_rx`], on by default): a UDP sender on this
+//! host that uses segmentation offload (ferroce's UDP backend does) puts one super-datagram
+//! of many RoCE packets on a host-internal path (veth, a bridge), and the packet socket on
+//! the receiving interface sees it as one oversized frame. The socket sets
+//! `PACKET_VNET_HDR`, so the kernel says which frames those are and their segment size; the
+//! device splits each into the frames the kernel's own segmentation would have produced
+//! ([`gso::split`]: same headers, segment lengths, IPv4 ID + i, fresh checksum) and hands
+//! those up, one copy each. Every frame sent then carries an empty `virtio_net_hdr` in front
+//! (added by the send paths).
+//!
 //! Needs `CAP_NET_RAW`. The kernel's own stack still sees every frame: run with the testbed's
 //! `--drop-roce-input` (or an equivalent nft rule) so that it does not answer RoCE packets
 //! with ICMP port unreachable.
 
 pub mod filter;
+pub mod gso;
 pub mod ring;
 
-use super::sys::packet::{PacketSocket, RecvMeta, RingReq, RxRing, TxFill, TxRing};
+use super::sys::packet::{
+    PacketSocket, RecvMeta, RingReq, RxRing, TxFill, TxRing, VnetHdr, VNET_HDR_LEN,
+};
 use super::{IoStats, PacketDevice};
 use ring::{Block, Cursor};
 use std::cell::Cell;
@@ -89,6 +102,9 @@ pub struct AfPacketConfig {
     pub qdisc_bypass: bool,
     /// Attach the RoCE v2 BPF filter (turn off only to debug).
     pub filter: bool,
+    /// Receive UDP GSO super-frames with their segment size (`PACKET_VNET_HDR`) and split
+    /// them (see the module docs); ignored if the kernel refuses the option.
+    pub gso_rx: bool,
 }
 
 impl AfPacketConfig {
@@ -104,6 +120,7 @@ impl AfPacketConfig {
             tx: AfPacketTx::Sendmmsg { batch: 64 },
             qdisc_bypass: true,
             filter: true,
+            gso_rx: true,
         }
     }
 }
@@ -131,8 +148,21 @@ enum Rx {
         /// Frames received but not yet delivered (a batch that ended early): `next..got`.
         next: usize,
         got: usize,
-        scratch: Vec<u8>,
+        rebuild: Rebuild,
+        /// Segments of frame `next - 1` delivered so far, when a batch ended inside a
+        /// super-frame (0: none pending).
+        seg: usize,
     },
+}
+
+/// What splitting coalesced frames did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GsoRxStats {
+    /// UDP GSO super-frames received, and the frames they were split into.
+    pub super_frames: u64,
+    pub segments: u64,
+    /// Frames with another kind of segmentation pending, or that did not split (dropped).
+    pub unsplittable: u64,
 }
 
 /// A packet device on an AF_PACKET socket (see the module documentation).
@@ -166,7 +196,7 @@ impl AfPacketDevice {
     /// Open the device on `cfg.ifname`. Needs `CAP_NET_RAW`.
     pub fn open(cfg: &AfPacketConfig) -> io::Result<Self> {
         let page = 4096usize;
-        let sock = PacketSocket::new().map_err(|e| {
+        let mut sock = PacketSocket::new().map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("AF_PACKET socket (needs CAP_NET_RAW): {e}"),
@@ -199,6 +229,9 @@ impl AfPacketDevice {
                 Some(batch)
             }
         };
+        let gso_rx = cfg.gso_rx && sock.set_vnet_hdr().is_ok();
+        // A super-frame can be as long as an IP datagram can.
+        let max_rx_frame = if gso_rx { 65_535 + 14 + 4 } else { max_frame };
         if mmsg_rx.is_none() {
             sock.set_tpacket_v3()?;
         } else {
@@ -251,7 +284,7 @@ impl AfPacketDevice {
                 (
                     Rx::Ring {
                         ring,
-                        walker: RxWalker::new(max_frame + 4),
+                        walker: RxWalker::new(max_frame + 4, gso_rx),
                     },
                     tx_ring,
                 )
@@ -261,12 +294,13 @@ impl AfPacketDevice {
                     // Room for a frame longer than the MTU allows, so that one is seen as
                     // truncated rather than passed on cut.
                     bufs: (0..batch)
-                        .map(|_| vec![0u8; max_frame + 1].into_boxed_slice())
+                        .map(|_| vec![0u8; max_rx_frame + 1].into_boxed_slice())
                         .collect(),
                     meta: vec![RecvMeta::default(); batch],
                     next: 0,
                     got: 0,
-                    scratch: Vec::with_capacity(max_frame + 4),
+                    rebuild: Rebuild::new(max_frame + 4),
+                    seg: 0,
                 },
                 None,
             ),
@@ -307,9 +341,10 @@ impl AfPacketDevice {
             Some(b) => format!("rx recvmmsg x{b}"),
         };
         let desc = format!(
-            "af_packet({} mtu {mtu}, {rx_desc}, {tx_desc}{})",
+            "af_packet({} mtu {mtu}, {rx_desc}, {tx_desc}{}{})",
             cfg.ifname,
-            if qdisc_bypass { ", qdisc bypass" } else { "" }
+            if qdisc_bypass { ", qdisc bypass" } else { "" },
+            if gso_rx { ", gso rx" } else { "" }
         );
         tracing::info!(device = %desc, ifindex, "AF_PACKET device open");
         Ok(AfPacketDevice {
@@ -322,6 +357,14 @@ impl AfPacketDevice {
             qdisc_bypass,
             desc,
         })
+    }
+
+    /// What splitting coalesced frames did.
+    pub fn gso_rx_stats(&self) -> GsoRxStats {
+        match &self.rx {
+            Rx::Ring { walker, .. } => walker.rebuild.gso,
+            Rx::Mmsg { rebuild, .. } => rebuild.gso,
+        }
     }
 
     /// Blocks or frames the kernel handed over that failed validation.
@@ -346,23 +389,115 @@ impl AfPacketDevice {
     }
 }
 
+/// What the kernel said about a received frame besides its bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameMeta {
+    /// A VLAN tag the kernel moved out of the frame into the metadata: (TCI, TPID).
+    vlan: Option<(u16, u16)>,
+    /// The `virtio_net_hdr` of a `PACKET_VNET_HDR` socket.
+    vnet: Option<VnetHdr>,
+}
+
+/// Rebuilding received frames before they go up: a VLAN tag put back, a UDP GSO super-frame
+/// split. One scratch buffer; counters of the splitting.
+struct Rebuild {
+    scratch: Vec<u8>,
+    gso: GsoRxStats,
+}
+
+impl Rebuild {
+    fn new(frame_capacity: usize) -> Self {
+        Rebuild {
+            scratch: Vec::with_capacity(frame_capacity),
+            gso: GsoRxStats::default(),
+        }
+    }
+
+    /// Hand up one received frame: as it is (with its VLAN tag put back), or for a UDP GSO
+    /// super-frame the datagrams it stands for, from segment `skip` on and at most `room`
+    /// of them (`(skip, room)`). Returns how many frames went up and whether the received
+    /// frame is done with.
+    fn hand_up(
+        &mut self,
+        data: &[u8],
+        meta: FrameMeta,
+        (skip, room): (usize, usize),
+        stats: &mut IoStats,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> (usize, bool) {
+        let gso_type = meta.vnet.map_or(0, |v| v.gso_type & 0x7f);
+        if gso_type == 0 {
+            let s = &mut self.scratch;
+            let frame = match meta.vlan {
+                Some((tci, tpid)) => {
+                    s.clear();
+                    s.extend_from_slice(&data[..12]);
+                    s.extend_from_slice(&tpid.to_be_bytes());
+                    s.extend_from_slice(&tci.to_be_bytes());
+                    s.extend_from_slice(&data[12..]);
+                    &s[..]
+                }
+                None => data,
+            };
+            stats.rx_frames += 1;
+            stats.rx_bytes += frame.len() as u64;
+            f(frame);
+            return (1, true);
+        }
+        let size = meta.vnet.map_or(0, |v| v.gso_size);
+        let split = match gso::split(data, size) {
+            Ok(sp) if gso_type == VnetHdr::GSO_UDP_L4 => sp,
+            _ => {
+                // TCP or UDP-fragmentation offload (the filter lets no such frame through),
+                // or headers that do not parse: nothing to hand up.
+                self.gso.unsplittable += 1;
+                stats.rx_dropped += 1;
+                return (0, true);
+            }
+        };
+        if skip == 0 {
+            self.gso.super_frames += 1;
+        }
+        let mut k = 0;
+        let mut i = skip;
+        while i < split.count() && k < room {
+            split.write(i, meta.vlan, &mut self.scratch);
+            stats.rx_frames += 1;
+            stats.rx_bytes += self.scratch.len() as u64;
+            stats.rx_coalesced += 1;
+            self.gso.segments += 1;
+            f(&self.scratch);
+            k += 1;
+            i += 1;
+        }
+        (k, i >= split.count())
+    }
+}
+
 /// Walks the RX ring in order: the block it is in, where in that block, and the scratch
 /// buffer for frames whose VLAN tag is put back. Safe code over [`RxRing`]; unit-tested (and
 /// run under miri) with a ring on heap memory.
 struct RxWalker {
     block: usize,
     cursor: Cursor,
-    scratch: Vec<u8>,
+    /// Segments of the frame at `cursor` delivered so far (a batch ended inside a
+    /// super-frame).
+    seg: usize,
+    /// The socket has `PACKET_VNET_HDR`: each frame's `virtio_net_hdr` sits right before it.
+    vnet: bool,
+    rebuild: Rebuild,
     /// Blocks or frames that failed validation.
     ring_errors: u64,
 }
 
 impl RxWalker {
-    fn new(frame_capacity: usize) -> Self {
+    fn new(frame_capacity: usize, vnet: bool) -> Self {
         RxWalker {
             block: 0,
             cursor: Cursor::default(),
-            scratch: Vec::with_capacity(frame_capacity),
+            seg: 0,
+            vnet,
+            rebuild: Rebuild::new(frame_capacity),
             ring_errors: 0,
         }
     }
@@ -395,7 +530,10 @@ impl RxWalker {
                 }
                 Ok(blk) => {
                     let mut it = blk.frames_from(self.cursor);
+                    // Where to resume when a batch ends inside a super-frame.
+                    let mut pending = None;
                     while n < max {
+                        let before = it.cursor();
                         match it.next() {
                             None => break,
                             Some(Err(_)) => {
@@ -407,29 +545,46 @@ impl RxWalker {
                                     stats.rx_dropped += 1;
                                     continue;
                                 }
-                                stats.rx_frames += 1;
-                                n += 1;
-                                match fr.vlan {
-                                    Some((tci, tpid)) => {
-                                        let s = &mut self.scratch;
-                                        s.clear();
-                                        s.extend_from_slice(&fr.data[..12]);
-                                        s.extend_from_slice(&tpid.to_be_bytes());
-                                        s.extend_from_slice(&tci.to_be_bytes());
-                                        s.extend_from_slice(&fr.data[12..]);
-                                        stats.rx_bytes += s.len() as u64;
-                                        f(s);
-                                    }
-                                    None => {
-                                        stats.rx_bytes += fr.data.len() as u64;
-                                        f(fr.data);
-                                    }
+                                let vnet = if self.vnet {
+                                    let b = fr.before_mac;
+                                    b.len()
+                                        .checked_sub(VNET_HDR_LEN)
+                                        .and_then(|o| VnetHdr::parse(&b[o..]))
+                                } else {
+                                    None
+                                };
+                                let meta = FrameMeta {
+                                    vlan: fr.vlan,
+                                    vnet,
+                                };
+                                let (k, done) = self.rebuild.hand_up(
+                                    fr.data,
+                                    meta,
+                                    (self.seg, max - n),
+                                    stats,
+                                    f,
+                                );
+                                n += k;
+                                if done {
+                                    self.seg = 0;
+                                } else {
+                                    self.seg += k;
+                                    pending = Some(before);
+                                    break;
                                 }
                             }
                         }
                     }
-                    self.cursor = it.cursor();
-                    it.is_done()
+                    match pending {
+                        Some(c) => {
+                            self.cursor = c;
+                            false
+                        }
+                        None => {
+                            self.cursor = it.cursor();
+                            it.is_done()
+                        }
+                    }
                 }
             };
             if !done {
@@ -452,42 +607,37 @@ impl PacketDevice for AfPacketDevice {
                 meta,
                 next,
                 got,
-                scratch,
+                rebuild,
+                seg,
             } => {
                 let mut n = 0;
                 while n < max {
-                    if *next == *got {
-                        *next = 0;
-                        *got = self.sock.recv_frames(bufs, meta)?;
-                        if *got == 0 {
-                            break;
+                    // A super-frame left half delivered is `next - 1`; else take the next.
+                    if *seg == 0 {
+                        if *next == *got {
+                            *next = 0;
+                            *got = self.sock.recv_frames(bufs, meta)?;
+                            if *got == 0 {
+                                break;
+                            }
                         }
+                        *next += 1;
                     }
-                    let i = *next;
-                    *next += 1;
+                    let i = *next - 1;
                     let m = meta[i];
                     if m.truncated || m.len < 14 {
                         self.stats.rx_dropped += 1;
+                        *seg = 0;
                         continue;
                     }
-                    let data = &bufs[i][..m.len];
-                    self.stats.rx_frames += 1;
-                    n += 1;
-                    match m.vlan {
-                        Some((tci, tpid)) => {
-                            scratch.clear();
-                            scratch.extend_from_slice(&data[..12]);
-                            scratch.extend_from_slice(&tpid.to_be_bytes());
-                            scratch.extend_from_slice(&tci.to_be_bytes());
-                            scratch.extend_from_slice(&data[12..]);
-                            self.stats.rx_bytes += scratch.len() as u64;
-                            f(scratch);
-                        }
-                        None => {
-                            self.stats.rx_bytes += data.len() as u64;
-                            f(data);
-                        }
-                    }
+                    let fm = FrameMeta {
+                        vlan: m.vlan,
+                        vnet: m.vnet,
+                    };
+                    let (k, done) =
+                        rebuild.hand_up(&bufs[i][..m.len], fm, (*seg, max - n), &mut self.stats, f);
+                    n += k;
+                    *seg = if done { 0 } else { *seg + k };
                 }
                 Ok(n)
             }
@@ -599,7 +749,7 @@ impl PacketDevice for AfPacketDevice {
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         match &self.rx {
             Rx::Ring { ring, walker } if walker.readable(ring) => return Ok(()),
-            Rx::Mmsg { next, got, .. } if next < got => return Ok(()),
+            Rx::Mmsg { next, got, seg, .. } if next < got || *seg > 0 => return Ok(()),
             _ => {}
         }
         self.sock.wait_readable(timeout).map(drop)
@@ -636,6 +786,70 @@ mod tests {
     use super::ring::build;
     use super::*;
 
+    /// A block with a UDP GSO super-frame between two plain frames, as a `PACKET_VNET_HDR`
+    /// socket gets it: the walker hands up the split datagrams in order, resumes inside the
+    /// super-frame when a batch ends there, and counts what it did.
+    #[test]
+    fn walker_splits_super_frames_and_resumes_inside_them() {
+        let (want, sup) = gso::fixture::frames(false, 7, &[300, 300, 300, 40]);
+        let seg = (want[0].len() - 42) as u16;
+        let a = frame(70, 1);
+        let z = frame(90, 2);
+        let bs = 8192;
+        let mut blk = build::block(bs, &[(&a, None), (&sup, None), (&z, None)]);
+        let offs = build::frame_offsets(&blk);
+        // The virtio_net_hdr right before each frame: none, UDP_L4 with the segment size,
+        // none.
+        let vnet = |gso_type: u8, size: u16| {
+            let mut v = [0u8; VNET_HDR_LEN];
+            v[0] = 1;
+            v[1] = gso_type;
+            v[2..4].copy_from_slice(&42u16.to_ne_bytes());
+            v[4..6].copy_from_slice(&size.to_ne_bytes());
+            v
+        };
+        let at = |o: usize| o + usize::from(build::MAC_OFF) - VNET_HDR_LEN;
+        blk[at(offs[0])..at(offs[0]) + 10].copy_from_slice(&vnet(0, 0));
+        blk[at(offs[1])..at(offs[1]) + 10].copy_from_slice(&vnet(VnetHdr::GSO_UDP_L4, seg));
+        blk[at(offs[2])..at(offs[2]) + 10].copy_from_slice(&vnet(0, 0));
+        let mut rx = RxRing::on_heap(bs, 2);
+        rx.kernel_fill(0, &blk);
+        let mut w = RxWalker::new(1600, true);
+        let mut st = IoStats::default();
+        let mut got = Vec::new();
+        // 3 frames: the plain one and two segments; the block stays ours.
+        assert_eq!(
+            w.recv(&mut rx, 3, &mut st, &mut |f| got.push(f.to_vec())),
+            3
+        );
+        assert!(rx.is_user(0));
+        assert_eq!(
+            w.recv(&mut rx, 100, &mut st, &mut |f| got.push(f.to_vec())),
+            3
+        );
+        assert!(!rx.is_user(0));
+        let mut expect = vec![a.clone()];
+        expect.extend(want.iter().cloned());
+        expect.push(z.clone());
+        assert_eq!(got, expect);
+        assert_eq!(st.rx_frames, 6);
+        let g = w.rebuild.gso;
+        assert_eq!((g.super_frames, g.segments, g.unsplittable), (1, 4, 0));
+        // A super-frame of another offload type is dropped and counted, the walk goes on.
+        let mut blk = build::block(bs, &[(&sup, None), (&z, None)]);
+        let offs = build::frame_offsets(&blk);
+        blk[at(offs[0])..at(offs[0]) + 10].copy_from_slice(&vnet(1, 1448));
+        rx.kernel_fill(1, &blk);
+        let mut got = Vec::new();
+        assert_eq!(
+            w.recv(&mut rx, 100, &mut st, &mut |f| got.push(f.to_vec())),
+            1
+        );
+        assert_eq!(got, vec![z]);
+        assert_eq!(w.rebuild.gso.unsplittable, 1);
+        assert_eq!(st.rx_dropped, 1);
+    }
+
     fn frame(n: usize, seed: u8) -> Vec<u8> {
         (0..n).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
     }
@@ -646,7 +860,7 @@ mod tests {
     fn walker_delivers_in_order_and_hands_blocks_back() {
         let bs = 2048;
         let mut rx = RxRing::on_heap(bs, 3);
-        let mut w = RxWalker::new(1600);
+        let mut w = RxWalker::new(1600, false);
         let mut st = IoStats::default();
         let f0: Vec<Vec<u8>> = (0..5).map(|i| frame(60 + i * 10, i as u8)).collect();
         let f1: Vec<Vec<u8>> = (0..3).map(|i| frame(100 + i, 50 + i as u8)).collect();

@@ -64,6 +64,12 @@ pub struct IoStats {
     pub rx_dropped: u64,
     /// Frames the backend could not send (ring full, send error).
     pub tx_dropped: u64,
+    /// Frames that went to the kernel inside a segmentation-offload message (UDP GSO: a run
+    /// of frames, one system call's worth of stack traversal).
+    pub tx_offloaded: u64,
+    /// Frames that arrived inside a coalesced datagram or super-frame (UDP GRO, a GSO
+    /// super-frame split by AF_PACKET).
+    pub rx_coalesced: u64,
 }
 
 /// A packet device.

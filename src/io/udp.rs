@@ -11,49 +11,81 @@
 //! `IPV6_TCLASS` control message (so ECN-capable transport marks survive). The kernel writes
 //! its own IP and UDP headers, which differ from the engine's in fields the ICRC covers:
 //! the UDP source port is the bound port, the source address is the bound address, the IPv4
-//! identification is **0** (`IP_MTU_DISCOVER = IP_PMTUDISC_DO` sets DF, and Linux gives DF
-//! datagrams of an unconnected socket ID 0 — `ip_select_ident_segs`; checked by a capture in
-//! `tests/packet_backends.rs`), there are no IPv4 options. So before sending, the device
-//! **recomputes the ICRC** over the headers the kernel will write and patches it into the
-//! payload (skipped when the frame already has exactly those headers). TTL / hop limit is
-//! the socket's (64) and the IPv4 checksum, UDP checksum, flow label are masked anyway.
-//! IPv6 datagrams get a real UDP checksum from the kernel.
+//! identification is the kernel's (below), there are no IPv4 options. So before sending, the
+//! device **corrects the ICRC** for the headers the kernel will write: CRC-32 is affine, so
+//! the change is the CRC of the XOR of the two headers (at most 48 bytes) shifted over the
+//! rest of the packet ([`icrc::Shift`], cached per length) — no second pass over the payload,
+//! and a frame whose ICRC was wrong (a fault injector's corruption) stays wrong. TTL / hop
+//! limit is the socket's (64) and the IPv4 checksum, UDP checksum, flow label are masked
+//! anyway. IPv6 datagrams get a real UDP checksum from the kernel.
+//!
+//! **Segmentation offload (GSO).** A run of frames of one batch to the same destination and
+//! traffic class whose payloads all have one size (the last may be shorter; at most
+//! [`sysudp::UDP_MAX_SEGMENTS`], 65,507 bytes in all) goes to the kernel as *one* message
+//! gathered from the device buffers, with a `UDP_SEGMENT` control message: the kernel builds
+//! one super-datagram that crosses the stack (and, on veth, the peer's and a router's
+//! stacks) once, and cuts it into the datagrams on the wire, each segment a complete BTH …
+//! ICRC, where it leaves the machine or reaches a device without UDP segmentation. Engines
+//! produce such runs naturally: the MIDDLE and LAST packets of a message, back-to-back small
+//! WRITEs. The IPv4 IDs of the segments are the super-datagram's plus the segment index
+//! (`inet_gso_segment`: `id++` per segment; not for TCP's fixed-ID GSO), and a DF datagram
+//! of an unconnected socket gets ID 0 (`ip_select_ident_segs`), so segment *i* of a run
+//! carries ID *i*: the device writes each ICRC for that ID. Both rules are the kernel's
+//! source, and checked by a capture of the segments in `tests/packet_backends.rs`. A single
+//! frame is a plain datagram (ID 0). When the kernel refuses a GSO message (no checksum
+//! offload on the route's device: `EIO`; a kernel without `UDP_SEGMENT`: `EINVAL` /
+//! `EMSGSIZE`), the device turns GSO off for good, rewrites the ICRCs of what is left of the
+//! batch for ID 0 and sends those frames one datagram each ([`OffloadStats::gso_refused`]).
+//! [`UdpConfig::gso`] turns it off from the start.
 //!
 //! **Receive.** `recvmmsg` with `IP_PKTINFO`/`IPV6_RECVPKTINFO` (the header's destination
-//! address), `IP_RECVTOS`/`IPV6_RECVTCLASS` (ECN, for congestion control) and
-//! `IP_RECVTTL`/`IPV6_RECVHOPLIMIT`. The datagram lands in a buffer right after room for the
-//! headers, which the device then synthesises in place: Ethernet (zero MACs), IPv4 or IPv6,
-//! UDP (source address and port from the socket, checksum 0) — no copy of the payload.
+//! address), `IP_RECVTOS`/`IPV6_RECVTCLASS` (ECN, for congestion control),
+//! `IP_RECVTTL`/`IPV6_RECVHOPLIMIT` and, with `UDP_GRO` on ([`UdpConfig::gro`]), the size of
+//! the segments of a coalesced datagram: a super-datagram from a GSO sender arrives whole
+//! (the kernel does not cut it up for this socket), as do datagrams that GRO merged, and the
+//! device splits it back into its segments. Each datagram or segment gets its headers
+//! synthesised in place, right in front of it: Ethernet (zero MACs), IPv4 or IPv6, UDP
+//! (source address and port from the socket, checksum 0) — no copy of the payload. For a
+//! segment after the first, the headers overwrite the tail of the previous segment, which
+//! has already been handed up. Receive buffers hold 64 KiB with GRO on (the MTU otherwise).
 //! IPv6 zero-checksum datagrams (what Linux rxe sends) are accepted: the socket sets
 //! `UDP_NO_CHECK6_RX` (RFC 8200 says to drop them otherwise, and Linux does).
 //!
 //! **The IPv4 identification.** The ICRC covers the sender's IPv4 ID and flags, which a UDP
 //! socket never reports. The device recovers them (see [`icrc::solve_ipv4_ident`] for the
-//! algebra): it writes a guess (ID 0 with DF — what a ferroce peer on this backend sends —
-//! or, for a source seen before, its last ID + 1, since Linux rxe's IDs count up per
-//! destination), computes the ICRC once, and if it does not match, solves the 32 GF(2)
-//! equations for the 16 ID bits from the difference, first with the guessed DF and then with
-//! DF flipped (the flip's effect on the ICRC is a constant, no second CRC pass). A solution
-//! is written into the synthesised header and the frame verifies. **Such a frame has only 16
-//! (15, counting the DF retry) bits of residual ICRC strength**: a corrupted datagram passes
-//! with probability about 2^-15 — still in addition to the UDP checksum, which the kernel
-//! has verified for IPv4 datagrams that carry one. A frame with no solution is corrupt: it
-//! goes up with ID 0 so that the engine counts an ICRC drop. [`UdpConfig::solve_ident`]
-//! turns the solver off (then only ID-0/DF and last+1 guesses verify, at full strength).
-//! IPv6 has no ID and its flow label is masked: nothing to solve. Senders that use IPv4
-//! options cannot be verified (the socket does not report them).
+//! algebra). It predicts the ID: for the segments after the first of a coalesced datagram,
+//! the previous segment's ID + 1 (GSO and GRO both count up per segment; GRO also merges
+//! DF datagrams whose IDs stay fixed, the second prediction); for a datagram or a first
+//! segment, the source's last ID + 1 (Linux rxe counts per destination, and a GSO run from a
+//! ferroce peer continues its count when the kernel cut it up before this socket) or ID 0
+//! with DF (what a ferroce peer sends a single frame with). It computes the ICRC once with
+//! the first prediction. On a mismatch it solves the 32 GF(2) equations for the 16 ID bits
+//! from the difference (per length, the equations are cached: [`icrc::IdentSolver`]), first
+//! with the predicted DF and then with DF flipped (a constant, no second CRC pass). A
+//! solution that is one of the predictions is as good as a matching ICRC (a corrupted packet
+//! hits a given ID with probability 2^-32): counted as `guessed`. Any other solution is
+//! written into the synthesised header and the frame verifies, but **such a frame has only
+//! 16 (15, counting the DF retry) bits of residual ICRC strength**: a corrupted datagram
+//! passes with probability about 2^-15 — still in addition to the UDP checksum, which the
+//! kernel has verified for IPv4 datagrams that carry one. A frame with no solution is
+//! corrupt: it goes up with ID 0 so that the engine counts an ICRC drop.
+//! [`UdpConfig::solve_ident`] turns the solver off (then only the predictions verify, at
+//! full strength). IPv6 has no ID and its flow label is masked: nothing to solve. Senders
+//! that use IPv4 options cannot be verified (the socket does not report them).
 
 use super::sys::event::poll_readable;
 use super::sys::sockutil::set_int;
-use super::sys::udp::{self as sysudp, RecvSlot, SendItem};
+use super::sys::udp::{self as sysudp, RecvInfo, RecvSlot, SendItem};
 use super::{IoStats, Medium, PacketDevice};
 use crate::wire::eth::{self, EthernetRepr};
+use crate::wire::icrc::{IdentSolver, Shift};
 use crate::wire::ip::{internet_checksum, Ipv4Repr, Ipv6Repr, PROTO_UDP};
 use crate::wire::udp::UdpRepr;
 use crate::wire::{icrc, ROCE_V2_PORT};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::Range;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
@@ -61,6 +93,8 @@ const ETH: usize = eth::HEADER_LEN;
 const IP4: usize = 20;
 const IP6: usize = 40;
 const UDP: usize = 8;
+/// The largest UDP payload of one (super-)datagram: 65,535 minus the IPv4 and UDP headers.
+const MAX_DATAGRAM: usize = 65_535 - IP4 - UDP;
 
 /// Configuration of a [`UdpDevice`].
 #[derive(Clone, Debug)]
@@ -76,6 +110,10 @@ pub struct UdpConfig {
     pub batch: usize,
     /// Recover unknown IPv4 identifications with the GF(2) solver (see the module docs).
     pub solve_ident: bool,
+    /// Send runs of equal-sized frames as one `UDP_SEGMENT` message (see the module docs).
+    pub gso: bool,
+    /// Receive coalesced datagrams (`UDP_GRO`) and split them (see the module docs).
+    pub gro: bool,
 }
 
 impl UdpConfig {
@@ -86,6 +124,8 @@ impl UdpConfig {
             mtu: 1500,
             batch: 64,
             solve_ident: true,
+            gso: true,
+            gro: true,
         }
     }
 }
@@ -93,7 +133,7 @@ impl UdpConfig {
 /// How received IPv4 identifications were found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IdentStats {
-    /// The guess (ID 0 / DF, or last + 1) verified: full 32-bit ICRC strength.
+    /// A predicted ID (see the module docs) verified: full 32-bit ICRC strength.
     pub guessed: u64,
     /// Recovered by the solver (16-bit residual strength).
     pub solved: u64,
@@ -103,6 +143,67 @@ pub struct IdentStats {
     pub unsolved: u64,
 }
 
+/// What segmentation offload did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OffloadStats {
+    /// `UDP_SEGMENT` messages sent, and the datagrams (frames) they carried.
+    pub gso_sends: u64,
+    pub gso_segments: u64,
+    /// Times the kernel refused a GSO message (GSO is then off for the device's life).
+    pub gso_refused: u64,
+    /// Coalesced datagrams received (`UDP_GRO`), and the segments they held.
+    pub gro_datagrams: u64,
+    pub gro_segments: u64,
+}
+
+/// A handful of values computed per packet length, most recently made first out.
+struct LenCache<T> {
+    items: Vec<(usize, T)>,
+    next: usize,
+}
+
+impl<T> LenCache<T> {
+    const SIZE: usize = 8;
+
+    fn new() -> Self {
+        LenCache {
+            items: Vec::with_capacity(Self::SIZE),
+            next: 0,
+        }
+    }
+
+    fn get(&mut self, key: usize, make: impl FnOnce(usize) -> T) -> &T {
+        let i = match self.items.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None if self.items.len() < Self::SIZE => {
+                self.items.push((key, make(key)));
+                self.items.len() - 1
+            }
+            None => {
+                let i = self.next;
+                self.next = (self.next + 1) % Self::SIZE;
+                self.items[i] = (key, make(key));
+                i
+            }
+        };
+        &self.items[i].1
+    }
+}
+
+/// Where the receive side is in the datagrams of the last `recvmmsg` (a batch that ended
+/// early resumes here).
+#[derive(Default)]
+struct RxCursor {
+    /// Slots filled by the last call, and the one being delivered.
+    filled: usize,
+    slot: usize,
+    /// Offset of the next segment in the slot's datagram, and its index.
+    off: usize,
+    seg: usize,
+    /// (ID, DF) found for the previous segment of this datagram.
+    prev: Option<(u16, bool)>,
+}
+
 /// A packet device on a kernel UDP socket (see the module documentation).
 pub struct UdpDevice {
     sock: std::net::UdpSocket,
@@ -110,18 +211,25 @@ pub struct UdpDevice {
     port: u16,
     v6: bool,
     rx: Vec<RecvSlot>,
+    rx_info: Vec<(Option<SocketAddr>, RecvInfo)>,
+    cur: RxCursor,
     tx: Vec<Box<[u8]>>,
     capacity: usize,
     solve_ident: bool,
+    gso: bool,
+    gro: bool,
     stats: IoStats,
     ident: IdentStats,
+    offload: OffloadStats,
     /// Last (ID, DF) seen per IPv4 source, for the next guess.
     last_ident: HashMap<Ipv4Addr, (u16, bool)>,
+    solvers: LenCache<IdentSolver>,
+    shifts: LenCache<Shift>,
 }
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
-        tracing::info!(local = %self.local, port = self.port, stats = ?self.stats, "UDP device closed");
+        tracing::info!(local = %self.local, port = self.port, stats = ?self.stats, offload = ?self.offload, "UDP device closed");
     }
 }
 
@@ -183,27 +291,39 @@ impl UdpDevice {
                 let _ = set_int(fd, libc::SOL_SOCKET, plain, 4 << 20);
             }
         }
+        // Offloads, where the kernel has them: setting the socket's default segment size to 0
+        // (none) fails on kernels without UDP_SEGMENT; UDP_GRO likewise.
+        let gso = cfg.gso && set_int(fd, sysudp::SOL_UDP, sysudp::UDP_SEGMENT, 0).is_ok();
+        let gro = cfg.gro && set_int(fd, sysudp::SOL_UDP, sysudp::UDP_GRO, 1).is_ok();
         let hdr = ETH + if v6 { IP6 } else { IP4 } + UDP;
         let capacity = cfg.mtu + ETH + 4;
+        let room = if gro { 65_535 } else { cfg.mtu };
         let rx = (0..cfg.batch)
-            .map(|_| RecvSlot::new(hdr + cfg.mtu, hdr))
+            .map(|_| RecvSlot::new(hdr + room, hdr))
             .collect();
         let tx = (0..cfg.batch)
             .map(|_| vec![0u8; capacity].into_boxed_slice())
             .collect();
-        tracing::info!(local = %cfg.local, port, batch = cfg.batch, mtu = cfg.mtu, "UDP device open");
+        tracing::info!(local = %cfg.local, port, batch = cfg.batch, mtu = cfg.mtu, gso, gro, "UDP device open");
         Ok(UdpDevice {
             sock,
             local: cfg.local,
             port,
             v6,
             rx,
+            rx_info: vec![(None, RecvInfo::default()); cfg.batch],
+            cur: RxCursor::default(),
             tx,
             capacity,
             solve_ident: cfg.solve_ident,
+            gso,
+            gro,
             stats: IoStats::default(),
             ident: IdentStats::default(),
+            offload: OffloadStats::default(),
             last_ident: HashMap::new(),
+            solvers: LenCache::new(),
+            shifts: LenCache::new(),
         })
     }
 
@@ -216,33 +336,42 @@ impl UdpDevice {
     pub fn ident_stats(&self) -> IdentStats {
         self.ident
     }
+
+    /// What segmentation offload did.
+    pub fn offload_stats(&self) -> OffloadStats {
+        self.offload
+    }
+
+    /// Whether runs of frames go out as GSO messages (configured, the kernel has
+    /// `UDP_SEGMENT`, and it has not refused one) and whether coalesced datagrams come in.
+    pub fn offloads(&self) -> (bool, bool) {
+        (self.gso, self.gro)
+    }
 }
 
 /// Where the parts of an outgoing frame are.
+#[derive(Clone, Debug)]
 struct Out {
     dst: IpAddr,
     dport: u16,
     tclass: u8,
-    payload: core::ops::Range<usize>,
-    /// The frame's headers are already exactly what the kernel will write.
-    kernel_identical: bool,
+    /// The frame's IP header, and its UDP payload (BTH … ICRC).
+    ip: Range<usize>,
+    payload: Range<usize>,
 }
 
 /// Locate destination, traffic class and UDP payload of a frame (`None`: not IP/UDP).
-fn locate(frame: &[u8], local: IpAddr, port: u16) -> Option<Out> {
+fn locate(frame: &[u8]) -> Option<Out> {
     let (e, off) = EthernetRepr::parse(frame).ok()?;
     let ip = frame.get(off..)?;
-    let (dst, tclass, hlen, plen, same_ip) = match e.ethertype {
+    let (dst, tclass, hlen, plen) = match e.ethertype {
         eth::ETHERTYPE_IPV4 => {
             let (r, p) = Ipv4Repr::parse(ip).ok()?;
-            let same =
-                IpAddr::V4(r.src) == local && r.ident == 0 && r.dont_frag && p.header_len == IP4;
             (
                 IpAddr::V4(r.dst),
                 (r.dscp << 2) | r.ecn.bits(),
                 p.header_len,
                 p.payload_len,
-                same,
             )
         }
         eth::ETHERTYPE_IPV6 => {
@@ -252,7 +381,6 @@ fn locate(frame: &[u8], local: IpAddr, port: u16) -> Option<Out> {
                 (r.dscp << 2) | r.ecn.bits(),
                 p.header_len,
                 p.payload_len,
-                IpAddr::V6(r.src) == local,
             )
         }
         _ => return None,
@@ -266,13 +394,15 @@ fn locate(frame: &[u8], local: IpAddr, port: u16) -> Option<Out> {
         dst,
         dport: u.dst_port,
         tclass,
+        ip: off..udp_off,
         payload: udp_off + UDP..udp_off + ulen,
-        kernel_identical: same_ip && u.src_port == port,
     })
 }
 
 /// Write the IP and UDP headers the kernel will put in front of `payload_len` bytes sent from
-/// `local:port` to `dst:dport` with `tclass` into `out`; returns (IP header len).
+/// `local:port` to `dst:dport` with `tclass` (IPv4: identification `ident`, DF) into `out`;
+/// returns the IP header's length (0: the address families differ).
+#[allow(clippy::too_many_arguments)]
 fn kernel_headers(
     out: &mut [u8; IP6 + UDP],
     local: IpAddr,
@@ -281,6 +411,7 @@ fn kernel_headers(
     dport: u16,
     tclass: u8,
     payload_len: usize,
+    ident: u16,
 ) -> usize {
     let udp_len = (UDP + payload_len) as u16;
     let ihl = match (local, dst) {
@@ -289,7 +420,7 @@ fn kernel_headers(
             h[0] = 0x45;
             h[1] = tclass;
             h[2..4].copy_from_slice(&((IP4 as u16) + udp_len).to_be_bytes());
-            h[4..6].copy_from_slice(&[0, 0]); // ID 0: DF datagram, unconnected socket
+            h[4..6].copy_from_slice(&ident.to_be_bytes());
             h[6..8].copy_from_slice(&[0x40, 0]); // DF
             h[8] = 64;
             h[9] = PROTO_UDP;
@@ -309,7 +440,7 @@ fn kernel_headers(
             h[24..40].copy_from_slice(&d.octets());
             IP6
         }
-        _ => 0,
+        _ => return 0,
     };
     let u = &mut out[ihl..ihl + UDP];
     u[0..2].copy_from_slice(&port.to_be_bytes());
@@ -319,7 +450,9 @@ fn kernel_headers(
     ihl
 }
 
-/// Recompute the ICRC at the end of `payload` (BTH … ICRC) for the headers the kernel writes.
+/// Recompute the ICRC at the end of `payload` (BTH … ICRC) for the headers the kernel writes
+/// for a single datagram (IPv4 ID 0). A full CRC pass: see [`UdpDevice`]'s send path for the
+/// incremental correction it uses instead.
 pub fn rewrite_icrc_for_kernel(
     payload: &mut [u8],
     local: IpAddr,
@@ -332,44 +465,198 @@ pub fn rewrite_icrc_for_kernel(
         return false;
     }
     let mut h = [0u8; IP6 + UDP];
-    let ihl = kernel_headers(&mut h, local, port, dst, dport, tclass, payload.len());
+    let ihl = kernel_headers(&mut h, local, port, dst, dport, tclass, payload.len(), 0);
     let n = payload.len() - icrc::LEN;
     let c = icrc::compute(&h[..ihl], &h[ihl..ihl + UDP], &payload[..n]);
     payload[n..].copy_from_slice(&icrc::to_wire(c));
     true
 }
 
+/// XOR `with` into `acc`, then clear the bytes the ICRC masks (IPv4 TOS, TTL, checksum;
+/// IPv6 traffic class, flow label, hop limit; the UDP checksum): what is left is the
+/// difference the ICRC sees between two IP + UDP headers of the same layout.
+fn covered_difference(acc: &mut [u8], with: &[u8], ihl: usize) {
+    for (a, b) in acc.iter_mut().zip(with) {
+        *a ^= b;
+    }
+    if ihl == IP4 {
+        for i in [1, 8, 10, 11] {
+            acc[i] = 0;
+        }
+    } else {
+        acc[0] &= 0xf0;
+        for i in [1, 2, 3, 7] {
+            acc[i] = 0;
+        }
+    }
+    acc[ihl + 6] = 0;
+    acc[ihl + 7] = 0;
+}
+
+/// Correct the ICRC of `frame` (located as `o`) for the headers the kernel writes with IPv4
+/// identification `ident`: incrementally when the frame's IP + UDP headers have the kernel's
+/// layout (the usual case), else by recomputing it. Nothing changes when the addresses'
+/// families differ or the payload is shorter than an ICRC (frames `locate` does not pass).
+fn icrc_for_kernel(
+    frame: &mut [u8],
+    o: &Out,
+    local: IpAddr,
+    port: u16,
+    ident: u16,
+    shifts: &mut LenCache<Shift>,
+) {
+    let mut k = [0u8; IP6 + UDP];
+    let ihl = kernel_headers(
+        &mut k,
+        local,
+        port,
+        o.dst,
+        o.dport,
+        o.tclass,
+        o.payload.len(),
+        ident,
+    );
+    let Some(t_len) = o.payload.len().checked_sub(icrc::LEN) else {
+        return;
+    };
+    if ihl == 0 {
+        return;
+    }
+    if o.ip.len() != ihl {
+        // IPv4 options in the engine's frame: recompute for the kernel's plain header.
+        let p = &mut frame[o.payload.clone()];
+        let c = icrc::compute(&k[..ihl], &k[ihl..ihl + UDP], &p[..t_len]);
+        p[t_len..].copy_from_slice(&icrc::to_wire(c));
+        return;
+    }
+    let mut x = [0u8; IP6 + UDP];
+    x[..ihl + UDP].copy_from_slice(&frame[o.ip.start..o.ip.end + UDP]);
+    covered_difference(&mut x[..ihl + UDP], &k[..ihl + UDP], ihl);
+    if x.iter().all(|&b| b == 0) {
+        return;
+    }
+    let d = shifts.get(t_len, Shift::new).delta(&x[..ihl + UDP]);
+    let p = &mut frame[o.payload.clone()];
+    if let Some(c) = icrc::stored(p) {
+        p[t_len..].copy_from_slice(&icrc::to_wire(c ^ d));
+    }
+}
+
+/// Move the ICRC at the end of `payload` (IPv4) from identification `from` to `to`.
+fn change_ident(payload: &mut [u8], from: u16, to: u16, shifts: &mut LenCache<Shift>) {
+    let Some(t_len) = payload.len().checked_sub(icrc::LEN) else {
+        return;
+    };
+    // The ID is IPv4 header bytes 4 and 5, followed by 14 header bytes and the UDP header.
+    let mut x = [0u8; IP4 + UDP - 4];
+    x[..2].copy_from_slice(&(from ^ to).to_be_bytes());
+    let d = shifts.get(t_len, Shift::new).delta(&x);
+    if let Some(c) = icrc::stored(payload) {
+        payload[t_len..].copy_from_slice(&icrc::to_wire(c ^ d));
+    }
+}
+
+/// Errors with which the kernel refuses a `UDP_SEGMENT` message that a plain datagram would
+/// not get: no checksum offload on the route's device (`EIO`), a segment size or count it
+/// does not take, or a kernel that does not know the control message (`EINVAL`, `EMSGSIZE`,
+/// `ENOPROTOOPT`, `EOPNOTSUPP`).
+fn gso_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
+}
+
+/// The predictions for a datagram's (or first segment's) IPv4 ID: the source's last ID + 1
+/// (and its DF), then ID 0 with DF; a new source only the latter.
+fn first_predictions(last: Option<(u16, bool)>) -> [(u16, bool); 2] {
+    match last {
+        Some((id, df)) => [(id.wrapping_add(1), df), (0, true)],
+        None => [(0, true), (0, true)],
+    }
+}
+
+/// Find the IPv4 ID and DF under which the packet verifies, given the header `ip` (ID and
+/// flags are overwritten), `udp` and `transport` (BTH … ICRC). `predicted[0]` is tried with
+/// one CRC pass, the others through the cached solver. Updates `stats`.
+fn resolve_ident(
+    ip: &mut [u8],
+    udp: &[u8],
+    transport: &[u8],
+    predicted: &[(u16, bool)],
+    solve: bool,
+    solvers: &mut LenCache<IdentSolver>,
+    stats: &mut IdentStats,
+) -> Option<(u16, bool)> {
+    let write_id = |ip: &mut [u8], id: u16, df: bool| {
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        ip[6..8].copy_from_slice(&[if df { 0x40 } else { 0 }, 0]);
+    };
+    let (gid, gdf) = predicted[0];
+    write_id(ip, gid, gdf);
+    let stored = icrc::stored(transport)?;
+    if transport.len() < icrc::LEN + 12 {
+        return None;
+    }
+    let t = &transport[..transport.len() - icrc::LEN];
+    let c = icrc::compute(ip, udp, t);
+    if c == stored {
+        stats.guessed += 1;
+        return Some((gid, gdf));
+    }
+    let s = solvers.get(icrc::ipv4_ident_bytes_after(IP4, t.len()), IdentSolver::new);
+    let d = c ^ stored;
+    // The same difference, seen from the other DF.
+    let d_flip = d ^ s.df_delta();
+    for &(id, df) in &predicted[1..] {
+        let want = if df == gdf { d } else { d_flip };
+        if s.delta(id ^ gid) == want {
+            stats.guessed += 1;
+            return Some((id, df));
+        }
+    }
+    if !solve {
+        return None;
+    }
+    if let Some(x) = s.solve(d) {
+        stats.solved += 1;
+        return Some((gid ^ x, gdf));
+    }
+    if let Some(x) = s.solve(d_flip) {
+        stats.solved += 1;
+        stats.solved_df_flipped += 1;
+        return Some((gid ^ x, !gdf));
+    }
+    None
+}
+
 impl UdpDevice {
-    /// Build Ethernet + IP + UDP in front of the datagram in `slot` (in place) and resolve
-    /// the IPv4 identification. Returns the frame's start offset in the slot's buffer.
-    fn synthesise(&mut self, k: usize) -> Option<usize> {
-        let slot = &self.rx[k];
-        let src = slot.source()?;
-        let info = sysudp::parse_control(slot.control());
-        let len = slot.len;
+    /// Build Ethernet + IP + UDP in front of the segment at `off..off + len` of the datagram
+    /// in slot `k` (in place) and resolve the IPv4 identification. Returns the frame's start
+    /// offset in the slot's buffer.
+    fn synthesise(&mut self, k: usize, off: usize, len: usize) -> Option<usize> {
+        let (src, info) = self.rx_info[k];
+        let src = src?;
         let dport = self.port;
         let dst = info.dst.unwrap_or(self.local);
         let tclass = info.tclass.unwrap_or(0);
         let ttl = info.ttl.unwrap_or(64);
         let udp_len = u16::try_from(UDP + len).ok()?;
-        let data_off = slot.data_off;
         let (ip_len, ethertype) = if self.v6 {
             (IP6, eth::ETHERTYPE_IPV6)
         } else {
             (IP4, eth::ETHERTYPE_IPV4)
         };
-        let start = data_off - UDP - ip_len - ETH;
-        let solve = self.solve_ident;
-        let guess = match src.ip() {
-            IpAddr::V4(a) => self
-                .last_ident
-                .get(&a)
-                .map(|&(id, df)| (if id == 0 { 0 } else { id.wrapping_add(1) }, df))
-                .unwrap_or((0, true)),
-            IpAddr::V6(_) => (0, true),
+        let data_at = self.rx[k].data_off + off;
+        let start = data_at - UDP - ip_len - ETH;
+        let predicted = match (src.ip(), self.cur.prev) {
+            // A later segment of a coalesced datagram: counting on, or a fixed DF ID.
+            (IpAddr::V4(_), Some((id, df))) => [(id.wrapping_add(1), df), (id, df)],
+            (IpAddr::V4(a), None) => first_predictions(self.last_ident.get(&a).copied()),
+            (IpAddr::V6(_), _) => [(0, true); 2],
         };
-        let slot = &mut self.rx[k];
-        let buf = &mut slot.buf[start..data_off + len];
+        let solve = self.solve_ident;
+        let buf = &mut self.rx[k].buf[start..data_at + len];
         buf[..12].fill(0);
         buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
         let (ip, rest) = buf[ETH..].split_at_mut(ip_len);
@@ -385,52 +672,34 @@ impl UdpDevice {
                 ip[2..4].copy_from_slice(&(IP4 as u16 + udp_len).to_be_bytes());
                 ip[8] = ttl;
                 ip[9] = PROTO_UDP;
+                ip[10..12].copy_from_slice(&[0, 0]);
                 ip[12..16].copy_from_slice(&s.octets());
                 ip[16..20].copy_from_slice(&d.octets());
-                let write_id = |ip: &mut [u8], id: u16, df: bool| {
-                    ip[4..6].copy_from_slice(&id.to_be_bytes());
-                    ip[6..8].copy_from_slice(&[if df { 0x40 } else { 0 }, 0]);
-                };
-                let (gid, gdf) = guess;
-                write_id(ip, gid, gdf);
-                let mut found = None;
-                if let Some(stored) = icrc::stored(transport) {
-                    if transport.len() >= icrc::LEN + 12 {
-                        let t = &transport[..transport.len() - icrc::LEN];
-                        let c = icrc::compute(ip, udp, t);
-                        if c == stored {
-                            found = Some((gid, gdf));
-                            self.ident.guessed += 1;
-                        } else if solve {
-                            let after = icrc::ipv4_ident_bytes_after(IP4, t.len());
-                            let d = c ^ stored;
-                            if let Some(x) = icrc::ident_from_delta(d, after) {
-                                found = Some((gid ^ x, gdf));
-                                self.ident.solved += 1;
-                            } else if let Some(x) =
-                                icrc::ident_from_delta(d ^ icrc::ipv4_df_delta(IP4, t.len()), after)
-                            {
-                                found = Some((gid ^ x, !gdf));
-                                self.ident.solved += 1;
-                                self.ident.solved_df_flipped += 1;
-                            }
-                        }
-                    }
-                }
-                match found {
-                    Some((id, df)) => {
-                        write_id(ip, id, df);
+                let found = resolve_ident(
+                    ip,
+                    udp,
+                    transport,
+                    &predicted,
+                    solve,
+                    &mut self.solvers,
+                    &mut self.ident,
+                );
+                let (id, df) = match found {
+                    Some(f) => {
                         if self.last_ident.len() >= 4096 {
                             self.last_ident.clear();
                         }
-                        self.last_ident.insert(s, (id, df));
+                        self.last_ident.insert(s, f);
+                        f
                     }
                     None => {
                         self.ident.unsolved += 1;
-                        write_id(ip, 0, true);
+                        (0, true)
                     }
-                }
-                ip[10..12].copy_from_slice(&[0, 0]);
+                };
+                self.cur.prev = found;
+                ip[4..6].copy_from_slice(&id.to_be_bytes());
+                ip[6..8].copy_from_slice(&[if df { 0x40 } else { 0 }, 0]);
                 let c = internet_checksum(ip);
                 ip[10..12].copy_from_slice(&c.to_be_bytes());
             }
@@ -447,31 +716,231 @@ impl UdpDevice {
         }
         Some(start)
     }
+
+    /// Hand up the datagrams (and segments) of the last `recvmmsg` from the cursor on, until
+    /// `max` frames were delivered in this call (`*n` counts them). `true` when all were.
+    fn deliver(&mut self, max: usize, n: &mut usize, f: &mut dyn FnMut(&[u8])) -> bool {
+        while self.cur.slot < self.cur.filled {
+            if *n >= max {
+                return false;
+            }
+            let k = self.cur.slot;
+            let len = self.rx[k].len;
+            if self.rx[k].truncated {
+                self.stats.rx_dropped += 1;
+                self.next_slot();
+                continue;
+            }
+            let seg = match self.rx_info[k].1.gro_segment {
+                Some(g) if self.gro && usize::from(g) < len => usize::from(g),
+                _ => len,
+            };
+            let off = self.cur.off;
+            let seg_len = seg.min(len - off);
+            match self.synthesise(k, off, seg_len) {
+                Some(start) => {
+                    let slot = &self.rx[k];
+                    let frame = &slot.buf[start..slot.data_off + off + seg_len];
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += frame.len() as u64;
+                    f(frame);
+                    *n += 1;
+                }
+                None => self.stats.rx_dropped += 1,
+            }
+            self.cur.off += seg_len;
+            self.cur.seg += 1;
+            if self.cur.off >= len {
+                if self.cur.seg > 1 {
+                    self.offload.gro_datagrams += 1;
+                    self.offload.gro_segments += self.cur.seg as u64;
+                    self.stats.rx_coalesced += self.cur.seg as u64;
+                }
+                self.next_slot();
+            }
+        }
+        true
+    }
+
+    fn next_slot(&mut self) {
+        self.cur.slot += 1;
+        self.cur.off = 0;
+        self.cur.seg = 0;
+        self.cur.prev = None;
+    }
+}
+
+/// Frames of one send batch grouped into messages: `(first, end)` index ranges into the
+/// batch, every frame of a range sent in one GSO message (or alone).
+struct Groups {
+    ranges: [(usize, usize); sysudp::MAX_BATCH],
+    len: usize,
+}
+
+impl Groups {
+    /// Group `outs` (`None`: a frame that cannot be sent, skipped): a run of frames to the
+    /// same destination and traffic class with equal payload sizes, the last possibly
+    /// shorter, within the kernel's segment count and datagram size (`gso`), else singles.
+    fn of(outs: &[Option<Out>], gso: bool) -> Groups {
+        let mut g = Groups {
+            ranges: [(0, 0); sysudp::MAX_BATCH],
+            len: 0,
+        };
+        let mut i = 0;
+        while i < outs.len() {
+            let Some(o) = &outs[i] else {
+                i += 1;
+                continue;
+            };
+            let seg = o.payload.len();
+            let mut end = i + 1;
+            let mut bytes = seg;
+            if gso {
+                while end < outs.len() && end - i < sysudp::UDP_MAX_SEGMENTS {
+                    let Some(p) = &outs[end] else {
+                        break;
+                    };
+                    let plen = p.payload.len();
+                    if (p.dst, p.dport, p.tclass) != (o.dst, o.dport, o.tclass)
+                        || plen > seg
+                        || bytes + plen > MAX_DATAGRAM
+                    {
+                        break;
+                    }
+                    bytes += plen;
+                    end += 1;
+                    if plen < seg {
+                        break;
+                    }
+                }
+            }
+            g.ranges[g.len] = (i, end);
+            g.len += 1;
+            i = end;
+        }
+        g
+    }
+
+    fn ranges(&self) -> &[(usize, usize)] {
+        &self.ranges[..self.len]
+    }
+}
+
+impl UdpDevice {
+    /// Send the frames `self.tx[..]` located in `outs`, grouped as `groups`, with their ICRCs
+    /// already written for the IDs of their positions. Returns the index of a group whose GSO
+    /// message the kernel refused (nothing from it on was sent), or `None` when every group
+    /// went out or was dropped.
+    fn send_groups(&mut self, outs: &[Option<Out>], groups: &Groups) -> Option<usize> {
+        let mut parts: [&[u8]; sysudp::MAX_BATCH] = [&[]; sysudp::MAX_BATCH];
+        let mut np = 0;
+        let none = SendItem {
+            parts: &[],
+            dst: SocketAddr::new(self.local, 0),
+            tclass: None,
+            segment: None,
+        };
+        let mut spans = [(0usize, 0usize); sysudp::MAX_BATCH];
+        for (gi, &(a, b)) in groups.ranges().iter().enumerate() {
+            let start = np;
+            for (o, buf) in outs[a..b].iter().zip(&self.tx[a..b]) {
+                if let Some(o) = o {
+                    parts[np] = &buf[o.payload.clone()];
+                    np += 1;
+                }
+            }
+            spans[gi] = (start, np);
+        }
+        let mut items = [none; sysudp::MAX_BATCH];
+        for (gi, &(a, b)) in groups.ranges().iter().enumerate() {
+            let o = outs[a].as_ref().expect("groups hold located frames");
+            let (s, e) = spans[gi];
+            items[gi] = SendItem {
+                parts: &parts[s..e],
+                dst: SocketAddr::new(o.dst, o.dport),
+                tclass: Some(o.tclass),
+                segment: (b - a > 1).then(|| o.payload.len() as u16),
+            };
+        }
+        let items = &items[..groups.len];
+        let mut sent = 0;
+        while sent < items.len() {
+            match sysudp::send_batch(self.sock.as_fd(), &items[sent..]) {
+                Ok(j) => {
+                    for it in &items[sent..sent + j] {
+                        self.stats.tx_frames += it.parts.len() as u64;
+                        self.stats.tx_bytes += it.parts.iter().map(|p| p.len() as u64).sum::<u64>();
+                        if it.segment.is_some() {
+                            self.offload.gso_sends += 1;
+                            self.offload.gso_segments += it.parts.len() as u64;
+                            self.stats.tx_offloaded += it.parts.len() as u64;
+                        }
+                    }
+                    sent += j.max(1);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if items[sent].segment.is_some() && gso_refusal(&e) => {
+                    return Some(sent);
+                }
+                Err(_) => {
+                    // Send buffer full, no route, message too long for the path MTU…:
+                    // drop this message and go on (never block).
+                    self.stats.tx_dropped += items[sent].parts.len() as u64;
+                    sent += 1;
+                }
+            }
+        }
+        None
+    }
+}
+
+impl UdpDevice {
+    /// After a refused GSO message: send the frames of `rest` one datagram each, their ICRCs
+    /// moved from the IDs of their positions in a run to the single datagram's ID 0.
+    fn send_singly(&mut self, outs: &[Option<Out>], rest: &[(usize, usize)]) {
+        let mut singles = Groups {
+            ranges: [(0, 0); sysudp::MAX_BATCH],
+            len: 0,
+        };
+        for &(a, b) in rest {
+            for (j, (o, buf)) in outs[a..b].iter().zip(&mut self.tx[a..b]).enumerate() {
+                let Some(o) = o else { continue };
+                if !self.v6 && j > 0 {
+                    change_ident(&mut buf[o.payload.clone()], j as u16, 0, &mut self.shifts);
+                }
+                singles.ranges[singles.len] = (a + j, a + j + 1);
+                singles.len += 1;
+            }
+        }
+        if let Some(r) = self.send_groups(outs, &singles) {
+            // Singles carry no UDP_SEGMENT, so the kernel cannot refuse one for it: count any
+            // such as dropped.
+            for &(a, b) in &singles.ranges()[r..] {
+                self.stats.tx_dropped += (b - a) as u64;
+            }
+        }
+    }
 }
 
 impl PacketDevice for UdpDevice {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         let mut n = 0;
+        if !self.deliver(max, &mut n, f) {
+            return Ok(n);
+        }
         while n < max {
+            // Each datagram is at least one frame: never receive more than can be handed up.
             let want = (max - n).min(self.rx.len());
             let got = sysudp::recv_batch(self.sock.as_fd(), &mut self.rx[..want])?;
             for k in 0..got {
-                if self.rx[k].truncated {
-                    self.stats.rx_dropped += 1;
-                    continue;
-                }
-                let Some(start) = self.synthesise(k) else {
-                    self.stats.rx_dropped += 1;
-                    continue;
-                };
                 let slot = &self.rx[k];
-                let frame = &slot.buf[start..slot.data_off + slot.len];
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += frame.len() as u64;
-                f(frame);
-                n += 1;
+                self.rx_info[k] = (slot.source(), sysudp::parse_control(slot.control()));
             }
-            if got < want {
+            self.cur = RxCursor {
+                filled: got,
+                ..RxCursor::default()
+            };
+            if !self.deliver(max, &mut n, f) || got < want {
                 break;
             }
         }
@@ -490,68 +959,46 @@ impl PacketDevice for UdpDevice {
             let mut outs: [Option<Out>; sysudp::MAX_BATCH] = [const { None }; sysudp::MAX_BATCH];
             let mut k = 0;
             while k < want {
-                let buf = &mut self.tx[k];
-                let Some(len) = fill(&mut buf[..cap]) else {
+                let Some(len) = fill(&mut self.tx[k][..cap]) else {
                     break;
                 };
-                let frame = &mut buf[..len.min(cap)];
-                outs[k] = locate(frame, self.local, self.port).filter(|o| {
-                    o.dst.is_ipv6() == self.v6
-                        && (o.kernel_identical
-                            || rewrite_icrc_for_kernel(
-                                &mut frame[o.payload.clone()],
-                                self.local,
-                                self.port,
-                                o.dst,
-                                o.dport,
-                                o.tclass,
-                            ))
-                });
+                let frame = &self.tx[k][..len.min(cap)];
+                outs[k] = locate(frame).filter(|o| o.dst.is_ipv6() == self.v6);
+                if outs[k].is_none() {
+                    self.stats.tx_dropped += 1;
+                }
                 k += 1;
             }
             if k == 0 {
                 break;
             }
             total += k;
-            let none = SendItem {
-                data: &[],
-                dst: SocketAddr::new(self.local, 0),
-                tclass: None,
-            };
-            let mut items = [none; sysudp::MAX_BATCH];
-            let mut m = 0;
-            for (buf, o) in self.tx[..k].iter().zip(&outs[..k]) {
-                match o {
-                    Some(o) => {
-                        items[m] = SendItem {
-                            data: &buf[o.payload.clone()],
-                            dst: SocketAddr::new(o.dst, o.dport),
-                            tclass: Some(o.tclass),
-                        };
-                        m += 1;
+            let outs = &outs[..k];
+            let groups = Groups::of(outs, self.gso);
+            // Each frame's ICRC for the headers the kernel writes: segment i of a GSO
+            // message carries IPv4 ID i (see the module docs), a single datagram ID 0.
+            // (`locate` checked what `icrc_for_kernel` needs: same address family, a payload
+            // of at least the ICRC.)
+            for &(a, b) in groups.ranges() {
+                for (j, i) in (a..b).enumerate() {
+                    if let Some(o) = &outs[i] {
+                        icrc_for_kernel(
+                            &mut self.tx[i],
+                            o,
+                            self.local,
+                            self.port,
+                            j as u16,
+                            &mut self.shifts,
+                        );
                     }
-                    None => self.stats.tx_dropped += 1,
                 }
             }
-            let items = &items[..m];
-            let mut sent = 0;
-            while sent < items.len() {
-                match sysudp::send_batch(self.sock.as_fd(), &items[sent..]) {
-                    Ok(j) => {
-                        for it in &items[sent..sent + j] {
-                            self.stats.tx_frames += 1;
-                            self.stats.tx_bytes += it.data.len() as u64;
-                        }
-                        sent += j.max(1);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        // Send buffer full, no route, message too long for the path MTU…:
-                        // drop this datagram and go on (never block).
-                        self.stats.tx_dropped += 1;
-                        sent += 1;
-                    }
-                }
+            if let Some(refused) = self.send_groups(outs, &groups) {
+                // The kernel refused GSO: send the rest one datagram each, from now on.
+                self.gso = false;
+                self.offload.gso_refused += 1;
+                tracing::warn!(local = %self.local, "UDP_SEGMENT refused by the kernel; sending single datagrams");
+                self.send_singly(outs, &groups.ranges()[refused..]);
             }
             if k < want {
                 break;
@@ -583,14 +1030,16 @@ impl PacketDevice for UdpDevice {
 
     fn describe(&self) -> String {
         format!(
-            "udp({}, batch {}{})",
+            "udp({}, batch {}{}{}{})",
             self.local_addr(),
             self.rx.len(),
             if self.solve_ident {
                 ", ident solver"
             } else {
                 ""
-            }
+            },
+            if self.gso { ", gso" } else { "" },
+            if self.gro { ", gro" } else { "" },
         )
     }
 }
@@ -601,7 +1050,14 @@ mod tests {
     use crate::wire::*;
     use std::net::Ipv6Addr;
 
-    fn frame(src: IpAddr, dst: IpAddr, ident: u16, sport: u16, payload: usize) -> Vec<u8> {
+    fn frame_with(
+        src: IpAddr,
+        dst: IpAddr,
+        ident: u16,
+        sport: u16,
+        psn: u32,
+        payload: usize,
+    ) -> Vec<u8> {
         let ip = match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(Ipv4Repr {
                 src: s,
@@ -636,29 +1092,39 @@ mod tests {
                 checksum: 0,
             },
             roce: RoceRepr::new(
-                BthRepr::new(Opcode::RC_SEND_ONLY, QpNumber::new(0x123), Psn::new(5)),
+                BthRepr::new(Opcode::RC_SEND_ONLY, QpNumber::new(0x123), Psn::new(psn)),
                 ExtRepr::default(),
                 payload,
             ),
         };
         let mut b = vec![0u8; f.buffer_len()];
-        let data: Vec<u8> = (0..payload).map(|i| i as u8).collect();
+        let data: Vec<u8> = (0..payload)
+            .map(|i| (i as u8) ^ (psn as u8).wrapping_mul(7))
+            .collect();
         f.emit(&mut b, &data).unwrap();
         b
     }
 
-    /// What the receiving engine sees: the frame with the kernel's headers.
-    fn as_kernel_sends(local: IpAddr, port: u16, f: &[u8]) -> Vec<u8> {
-        let mut f = f.to_vec();
-        let o = locate(&f, local, port).unwrap();
-        assert!(rewrite_icrc_for_kernel(
-            &mut f[o.payload.clone()],
-            local,
-            port,
-            o.dst,
-            o.dport,
-            o.tclass
-        ));
+    fn frame(src: IpAddr, dst: IpAddr, ident: u16, sport: u16, payload: usize) -> Vec<u8> {
+        frame_with(src, dst, ident, sport, 5, payload)
+    }
+
+    fn v4_pair() -> (IpAddr, IpAddr) {
+        (
+            Ipv4Addr::new(10, 61, 1, 2).into(),
+            Ipv4Addr::new(10, 61, 2, 2).into(),
+        )
+    }
+
+    fn v6_pair() -> (IpAddr, IpAddr) {
+        (
+            "fd61:1::2".parse::<Ipv6Addr>().unwrap().into(),
+            "fd61:2::2".parse::<Ipv6Addr>().unwrap().into(),
+        )
+    }
+
+    /// The kernel's headers for `o` sent from `local:port` with `ident`.
+    fn kernel_hdr(local: IpAddr, port: u16, o: &Out, ident: u16) -> (Vec<u8>, Vec<u8>) {
         let mut h = [0u8; IP6 + UDP];
         let ihl = kernel_headers(
             &mut h,
@@ -668,126 +1134,426 @@ mod tests {
             o.dport,
             o.tclass,
             o.payload.len(),
+            ident,
         );
-        let mut out = f[..ETH].to_vec();
-        out.extend_from_slice(&h[..ihl + UDP]);
-        out.extend_from_slice(&f[o.payload]);
-        out
+        assert!(ihl > 0);
+        (h[..ihl].to_vec(), h[ihl..ihl + UDP].to_vec())
     }
 
     #[test]
-    fn recomputed_icrc_matches_kernel_headers() {
-        let cases: [(IpAddr, IpAddr); 2] = [
-            (
-                Ipv4Addr::new(10, 61, 1, 2).into(),
-                Ipv4Addr::new(10, 61, 2, 2).into(),
-            ),
-            (
-                "fd61:1::2".parse::<Ipv6Addr>().unwrap().into(),
-                "fd61:2::2".parse::<Ipv6Addr>().unwrap().into(),
-            ),
-        ];
-        for (s, d) in cases {
-            let f = frame(s, d, 0x4242, 0xc123, 100);
-            // As emitted, the engine's headers differ from the kernel's...
-            let mut k = f.clone();
-            let o = locate(&k, s, 4791).unwrap();
-            assert!(!o.kernel_identical);
-            assert_eq!(o.dst, d);
-            assert_eq!(o.tclass, (26 << 2) | 2);
-            let mut h = [0u8; IP6 + UDP];
-            let ihl = kernel_headers(&mut h, s, 4791, o.dst, o.dport, o.tclass, o.payload.len());
-            assert!(parse_roce(&h[..ihl], &h[ihl..ihl + UDP], &k[o.payload.clone()]).is_err());
-            // ...and after the rewrite the payload verifies under the kernel's headers.
-            rewrite_icrc_for_kernel(&mut k[o.payload.clone()], s, 4791, o.dst, o.dport, o.tclass);
-            assert!(parse_roce(&h[..ihl], &h[ihl..ihl + UDP], &k[o.payload.clone()]).is_ok());
-            let whole = as_kernel_sends(s, 4791, &f);
-            let p = parse_frame(&whole).unwrap();
-            assert_eq!(p.repr.udp.src_port, 4791);
+    fn corrected_icrc_matches_kernel_headers_for_every_ident() {
+        let mut shifts = LenCache::new();
+        for (s, d) in [v4_pair(), v6_pair()] {
+            for (len, ident) in [(0, 0u16), (1, 1), (100, 7), (1000, 63), (4096, 0xffff)] {
+                let f = frame(s, d, 0x4242, 0xc123, len);
+                let o = locate(&f).unwrap();
+                assert_eq!((o.dst, o.tclass), (d, (26 << 2) | 2));
+                let (ip, udp) = kernel_hdr(s, 4791, &o, ident);
+                // As emitted, the engine's headers differ from the kernel's...
+                assert!(parse_roce(&ip, &udp, &f[o.payload.clone()]).is_err());
+                // ...and after the correction the payload verifies under the kernel's, the
+                // same ICRC as a full recomputation.
+                let mut k = f.clone();
+                icrc_for_kernel(&mut k, &o, s, 4791, ident, &mut shifts);
+                assert!(
+                    parse_roce(&ip, &udp, &k[o.payload.clone()]).is_ok(),
+                    "{s} len {len} ident {ident}"
+                );
+                let t = &k[o.payload.start..o.payload.end - 4];
+                assert_eq!(
+                    icrc::stored(&k[o.payload.clone()]),
+                    Some(icrc::compute(&ip, &udp, t))
+                );
+                if ident == 0 {
+                    let mut r = f.clone();
+                    let p = &mut r[o.payload.clone()];
+                    assert!(rewrite_icrc_for_kernel(
+                        p, s, 4791, o.dst, o.dport, o.tclass
+                    ));
+                    assert_eq!(r, k);
+                }
+                // Moving a frame to another ID later (the GSO fallback).
+                if s.is_ipv4() {
+                    change_ident(&mut k[o.payload.clone()], ident, 0, &mut shifts);
+                    let (ip0, udp0) = kernel_hdr(s, 4791, &o, 0);
+                    assert!(parse_roce(&ip0, &udp0, &k[o.payload.clone()]).is_ok());
+                }
+            }
         }
+    }
+
+    #[test]
+    fn a_corrupted_frame_stays_corrupted() {
+        // The correction is incremental: it does not bless a frame whose ICRC was wrong (the
+        // full recomputation this replaced would have).
+        let mut shifts = LenCache::new();
+        for (s, d) in [v4_pair(), v6_pair()] {
+            let mut f = frame(s, d, 9, 0xc000, 300);
+            let o = locate(&f).unwrap();
+            f[o.payload.start + 40] ^= 0x10;
+            icrc_for_kernel(&mut f, &o, s, 4791, 3, &mut shifts);
+            let (ip, udp) = kernel_hdr(s, 4791, &o, 3);
+            assert!(matches!(
+                parse_roce(&ip, &udp, &f[o.payload.clone()]),
+                Err(Error::BadIcrc { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn ipv4_options_in_the_frame_are_recomputed_away() {
+        // An engine frame with 4 bytes of IPv4 options (NOPs): the kernel writes none, so the
+        // layouts differ and the device recomputes.
+        let (s, d) = v4_pair();
+        let f = frame(s, d, 1, 0xc000, 64);
+        let mut g = f[..ETH + IP4].to_vec();
+        g.extend_from_slice(&[1, 1, 1, 1]);
+        g.extend_from_slice(&f[ETH + IP4..]);
+        g[ETH] = 0x46;
+        let total = u16::from_be_bytes([g[ETH + 2], g[ETH + 3]]) + 4;
+        g[ETH + 2..ETH + 4].copy_from_slice(&total.to_be_bytes());
+        g[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+        let c = internet_checksum(&g[ETH..ETH + 24]);
+        g[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+        let o = locate(&g).unwrap();
+        assert_eq!(o.ip.len(), 24);
+        let mut shifts = LenCache::new();
+        icrc_for_kernel(&mut g, &o, s, 4791, 2, &mut shifts);
+        let (ip, udp) = kernel_hdr(s, 4791, &o, 2);
+        assert!(parse_roce(&ip, &udp, &g[o.payload.clone()]).is_ok());
+    }
+
+    fn out(dst: u8, tclass: u8, len: usize) -> Option<Out> {
+        Some(Out {
+            dst: Ipv4Addr::new(10, 0, 0, dst).into(),
+            dport: 4791,
+            tclass,
+            ip: 14..34,
+            payload: 42..42 + len,
+        })
+    }
+
+    #[test]
+    fn groups_are_runs_of_equal_sizes_to_one_destination() {
+        let outs = vec![
+            out(1, 0, 100), // alone: the next is larger
+            out(1, 0, 200),
+            out(1, 0, 200),
+            out(1, 0, 150), // shorter: ends the run
+            out(1, 0, 150),
+            out(2, 0, 150), // another destination
+            out(2, 0, 150),
+            out(2, 4, 150), // another traffic class
+            None,           // not sendable: skipped, ends a run
+            out(2, 4, 150),
+        ];
+        let g = Groups::of(&outs, true);
+        assert_eq!(
+            g.ranges(),
+            &[(0, 1), (1, 4), (4, 5), (5, 7), (7, 8), (9, 10)]
+        );
+        let singles = Groups::of(&outs, false);
+        assert_eq!(singles.len, 9);
+        // The kernel's limits: 64 segments, 65,507 bytes.
+        let many: Vec<Option<Out>> = (0..64).map(|_| out(1, 0, 96)).collect();
+        assert_eq!(Groups::of(&many, true).ranges(), &[(0, 64)]);
+        let big: Vec<Option<Out>> = (0..20).map(|_| out(1, 0, 4112)).collect();
+        assert_eq!(Groups::of(&big, true).ranges(), &[(0, 15), (15, 20)]);
+        const { assert!(15 * 4112 <= MAX_DATAGRAM && 16 * 4112 > MAX_DATAGRAM) };
     }
 
     #[test]
     fn locate_rejects_non_roce() {
         let s: IpAddr = Ipv4Addr::new(1, 2, 3, 4).into();
         let f = frame(s, Ipv4Addr::new(5, 6, 7, 8).into(), 0, 4791, 0);
-        assert!(locate(&f, s, 4791).is_some());
+        assert!(locate(&f).is_some());
         for n in 0..f.len() - 4 {
-            let _ = locate(&f[..n], s, 4791);
+            let _ = locate(&f[..n]);
         }
         let mut arp = f.clone();
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert!(locate(&arp, s, 4791).is_none());
+        assert!(locate(&arp).is_none());
     }
 
-    /// A real kernel round trip without root: two devices on loopback (ephemeral ports, so
-    /// the frames' destination port is not 4791 and `parse_roce` checks the ICRC instead of
-    /// `parse_frame`).
-    #[test]
-    fn loopback_round_trip_verifies() {
-        for local in [
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ] {
-            let mk = || {
-                let mut c = UdpConfig::new(local);
-                c.port = 0;
-                UdpDevice::open(&c)
-            };
-            let (Ok(mut a), Ok(mut b)) = (mk(), mk()) else {
+    fn loopback_pair(local: IpAddr, gso: bool, gro: bool) -> Option<(UdpDevice, UdpDevice)> {
+        let mk = || {
+            let mut c = UdpConfig::new(local);
+            c.port = 0;
+            c.mtu = 9000;
+            c.gso = gso;
+            c.gro = gro;
+            UdpDevice::open(&c)
+        };
+        match (mk(), mk()) {
+            (Ok(a), Ok(b)) => Some((a, b)),
+            _ => {
                 eprintln!("no {local} loopback here; skipping");
-                continue;
-            };
-            let bport = b.local_addr().port();
-            let mut frames = Vec::new();
-            for i in 0..20u16 {
-                let mut f = frame(local, local, 0x9000 + i, 0xc000, usize::from(i) * 13);
-                // Point the frame at B's port (UDP header right after the IP header).
-                let u = ETH + if local.is_ipv6() { IP6 } else { IP4 };
-                f[u + 2..u + 4].copy_from_slice(&bport.to_be_bytes());
-                frames.push(f);
+                None
             }
-            let mut k = 0;
-            let sent = a
-                .send_batch(100, &mut |buf| {
+        }
+    }
+
+    /// Point frame `f` (built for `local`) at port `port` (the UDP header right after the IP
+    /// header; the ICRC covers the port, so it is recomputed).
+    fn to_port(f: &mut [u8], local: IpAddr, port: u16) {
+        let u = ETH + if local.is_ipv6() { IP6 } else { IP4 };
+        f[u + 2..u + 4].copy_from_slice(&port.to_be_bytes());
+        let n = f.len() - 4;
+        let c = icrc::compute(&f[ETH..u], &f[u..u + UDP], &f[u + UDP..n]);
+        f[n..].copy_from_slice(&icrc::to_wire(c));
+    }
+
+    fn send_frames(a: &mut UdpDevice, frames: &[Vec<u8>]) -> usize {
+        let mut k = 0;
+        let mut sent = 0;
+        while k < frames.len() {
+            sent += a
+                .send_batch(64, &mut |buf| {
                     let f = frames.get(k)?;
                     buf[..f.len()].copy_from_slice(f);
                     k += 1;
                     Some(f.len())
                 })
                 .unwrap();
-            assert_eq!(sent, 20);
-            assert_eq!(a.stats().tx_frames, 20);
-            let mut got = Vec::new();
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while got.len() < 20 && std::time::Instant::now() < deadline {
-                b.wait_readable(Some(Duration::from_millis(50))).unwrap();
-                b.recv_batch(64, &mut |f| got.push(f.to_vec())).unwrap();
-            }
-            assert_eq!(got.len(), 20, "{local}");
-            for (i, f) in got.iter().enumerate() {
-                let p = crate::wire::packet::decode_frame(f);
-                // decode_frame refuses the non-RoCE port; check the pieces by hand.
-                assert!(matches!(p, Err(Error::NotRoceV2Port(_))));
-                let ip_len = if local.is_ipv6() { IP6 } else { IP4 };
-                let ip = &f[ETH..ETH + ip_len];
-                let udp = &f[ETH + ip_len..ETH + ip_len + UDP];
-                let r = parse_roce(ip, udp, &f[ETH + ip_len + UDP..]).unwrap();
-                assert_eq!(r.repr.bth.psn, Psn::new(5));
-                assert_eq!(r.payload.len(), i * 13);
-                if local.is_ipv4() {
-                    assert_eq!(&ip[4..8], &[0, 0, 0x40, 0], "ID 0 with DF");
-                    assert_eq!(internet_checksum(ip), 0);
-                    // ECN came through IP_RECVTOS.
-                    assert_eq!(ip[1], (26 << 2) | 2);
+        }
+        sent
+    }
+
+    fn receive(b: &mut UdpDevice, want: usize, max: usize) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while got.len() < want && std::time::Instant::now() < deadline {
+            b.wait_readable(Some(Duration::from_millis(50))).unwrap();
+            let n = b.recv_batch(max, &mut |f| got.push(f.to_vec())).unwrap();
+            assert!(n <= max, "recv_batch handed up {n} > {max} frames");
+        }
+        got
+    }
+
+    /// The pieces of a frame the device synthesised: (IP header, UDP header, transport).
+    fn pieces(f: &[u8], v6: bool) -> (&[u8], &[u8], &[u8]) {
+        let ip_len = if v6 { IP6 } else { IP4 };
+        (
+            &f[ETH..ETH + ip_len],
+            &f[ETH + ip_len..ETH + ip_len + UDP],
+            &f[ETH + ip_len + UDP..],
+        )
+    }
+
+    /// A real kernel round trip without root: two devices on loopback (ephemeral ports, so
+    /// the frames' destination port is not 4791 and `parse_roce` checks the ICRC instead of
+    /// `parse_frame`). Frames of growing sizes: no runs, single datagrams (ID 0).
+    #[test]
+    fn loopback_round_trip_verifies() {
+        for local in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ] {
+            for offload in [false, true] {
+                let Some((mut a, mut b)) = loopback_pair(local, offload, offload) else {
+                    continue;
+                };
+                let bport = b.local_addr().port();
+                let frames: Vec<Vec<u8>> = (0..20u16)
+                    .map(|i| {
+                        let mut f = frame(local, local, 0x9000 + i, 0xc000, usize::from(i) * 13);
+                        to_port(&mut f, local, bport);
+                        f
+                    })
+                    .collect();
+                assert_eq!(send_frames(&mut a, &frames), 20);
+                assert_eq!(a.stats().tx_frames, 20);
+                assert_eq!(a.offload_stats().gso_sends, 0);
+                let got = receive(&mut b, 20, 64);
+                assert_eq!(got.len(), 20, "{local}");
+                for (i, f) in got.iter().enumerate() {
+                    let p = crate::wire::packet::decode_frame(f);
+                    // decode_frame refuses the non-RoCE port; check the pieces by hand.
+                    assert!(matches!(p, Err(Error::NotRoceV2Port(_))));
+                    let (ip, udp, t) = pieces(f, local.is_ipv6());
+                    let r = parse_roce(ip, udp, t).unwrap();
+                    assert_eq!(r.repr.bth.psn, Psn::new(5));
+                    assert_eq!(r.payload.len(), i * 13);
+                    if local.is_ipv4() {
+                        assert_eq!(&ip[4..8], &[0, 0, 0x40, 0], "ID 0 with DF");
+                        assert_eq!(internet_checksum(ip), 0);
+                        // ECN came through IP_RECVTOS.
+                        assert_eq!(ip[1], (26 << 2) | 2);
+                    }
+                    assert_eq!(u16::from_be_bytes([udp[0], udp[1]]), a.local_addr().port());
                 }
-                assert_eq!(u16::from_be_bytes([udp[0], udp[1]]), a.local_addr().port());
+                assert_eq!(
+                    b.ident_stats().guessed,
+                    if local.is_ipv4() { 20 } else { 0 }
+                );
+                assert_eq!(b.medium(), Medium::UdpSocket);
             }
-            assert_eq!(
-                b.ident_stats().guessed,
-                if local.is_ipv4() { 20 } else { 0 }
+        }
+    }
+
+    /// Runs of equal-sized frames through the kernel's segmentation offload on loopback (which
+    /// passes a GSO super-datagram along whole): with `UDP_GRO` the receiver gets it whole
+    /// and splits it; without, the kernel cuts it up for the socket. Either way every frame
+    /// arrives once, in order, byte for byte, and verifies with the IPv4 ID the kernel gave
+    /// it (segment i: ID i), predicted at full strength.
+    #[test]
+    fn loopback_gso_runs_arrive_as_frames() {
+        for local in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ] {
+            for gro in [true, false] {
+                let Some((mut a, mut b)) = loopback_pair(local, true, gro) else {
+                    continue;
+                };
+                assert_eq!(
+                    a.offloads(),
+                    (true, gro),
+                    "this kernel has UDP_SEGMENT/UDP_GRO"
+                );
+                let bport = b.local_addr().port();
+                // 3 runs: 40 × 1000 B, then 15 × 4096 B + a shorter last, then 64 × 64 B.
+                let mut sizes = vec![1000usize; 40];
+                sizes.extend(std::iter::repeat_n(4096, 15));
+                sizes.push(100);
+                sizes.extend(std::iter::repeat_n(64, 64));
+                let frames: Vec<Vec<u8>> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| {
+                        let mut f = frame_with(local, local, 0x100, 0xc000, i as u32, n);
+                        to_port(&mut f, local, bport);
+                        f
+                    })
+                    .collect();
+                assert_eq!(send_frames(&mut a, &frames), frames.len());
+                let o = a.offload_stats();
+                assert!(
+                    o.gso_sends >= 3 && o.gso_segments == frames.len() as u64,
+                    "{o:?}"
+                );
+                // A small max: the receiver stops inside a coalesced datagram and resumes.
+                let got = receive(&mut b, frames.len(), 7);
+                assert_eq!(got.len(), frames.len(), "{local} gro={gro}");
+                let mut run_start = 0;
+                for (i, f) in got.iter().enumerate() {
+                    let (ip, udp, t) = pieces(f, local.is_ipv6());
+                    let r = parse_roce(ip, udp, t)
+                        .unwrap_or_else(|e| panic!("{local} gro={gro} frame {i}: {e}"));
+                    assert_eq!(r.repr.bth.psn, Psn::new(i as u32), "in order");
+                    let want = &frames[i];
+                    let u = ETH + ip.len() + UDP;
+                    assert_eq!(&t[..t.len() - 4], &want[u..want.len() - 4], "bytes of {i}");
+                    if local.is_ipv4() {
+                        // Runs start at 40 and 56 (sizes change) and 64 (send batches
+                        // hold 64 frames).
+                        if [40, 56, 64].contains(&i) {
+                            run_start = i;
+                        }
+                        let id = u16::from_be_bytes([ip[4], ip[5]]);
+                        assert_eq!(id as usize, i - run_start, "ID of frame {i}");
+                        assert_eq!(ip[6] & 0x40, 0x40, "DF");
+                    }
+                }
+                if local.is_ipv4() {
+                    let ids = b.ident_stats();
+                    assert_eq!(ids.guessed, frames.len() as u64, "{ids:?}");
+                }
+                let bo = b.offload_stats();
+                if gro {
+                    assert!(bo.gro_datagrams >= 3, "{bo:?}");
+                } else {
+                    assert_eq!(bo.gro_datagrams, 0, "{bo:?}");
+                }
+                eprintln!("{local} gro={gro}: sender {o:?}, receiver {bo:?}");
+            }
+        }
+    }
+
+    /// The kernel refuses GSO on a socket without UDP checksums (`SO_NO_CHECK`: `EINVAL`):
+    /// the device falls back to single datagrams for the rest of the batch and for good, and
+    /// nothing is lost.
+    #[test]
+    fn refused_gso_falls_back_to_single_datagrams() {
+        let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let Some((mut a, mut b)) = loopback_pair(local, true, true) else {
+            return;
+        };
+        set_int(a.sock.as_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).unwrap();
+        let bport = b.local_addr().port();
+        let frames: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| {
+                let mut f = frame_with(local, local, 7, 0xc000, i, 500);
+                to_port(&mut f, local, bport);
+                f
+            })
+            .collect();
+        assert_eq!(send_frames(&mut a, &frames), 100);
+        let o = a.offload_stats();
+        assert_eq!((o.gso_refused, o.gso_sends), (1, 0), "{o:?}");
+        assert!(!a.offloads().0);
+        assert_eq!(a.stats().tx_frames, 100);
+        let got = receive(&mut b, 100, 64);
+        assert_eq!(got.len(), 100);
+        for (i, f) in got.iter().enumerate() {
+            let (ip, udp, t) = pieces(f, false);
+            let r = parse_roce(ip, udp, t).unwrap_or_else(|e| panic!("frame {i}: {e}"));
+            assert_eq!(r.repr.bth.psn, Psn::new(i as u32));
+            assert_eq!(&ip[4..6], &[0, 0], "single datagrams: ID 0");
+        }
+        assert_eq!(b.ident_stats().guessed, 100);
+    }
+
+    #[test]
+    fn ident_predictions_verify_at_full_strength() {
+        // A datagram from a source last seen at ID 41: 42 (counting) or 0 (a single frame of
+        // a ferroce peer) are predictions, anything else needs the solver.
+        let (s, d) = v4_pair();
+        let mut solvers = LenCache::new();
+        for (sent_id, sent_df, expect_guess) in [
+            (42u16, true, true),
+            (0, true, true),
+            (1234, true, false),
+            (43, false, false),
+        ] {
+            let f = frame(s, d, 0, 0xc000, 200);
+            let o = locate(&f).unwrap();
+            let mut k = f.clone();
+            let mut shifts = LenCache::new();
+            icrc_for_kernel(&mut k, &o, s, 4791, sent_id, &mut shifts);
+            let (mut ip, udp) = kernel_hdr(s, 4791, &o, sent_id);
+            ip[6] = if sent_df { 0x40 } else { 0 };
+            // Re-derive the ICRC for the DF the test wants.
+            let t_len = o.payload.len() - 4;
+            let c = icrc::compute(&ip, &udp, &k[o.payload.start..o.payload.start + t_len]);
+            let mut transport = k[o.payload.clone()].to_vec();
+            transport[t_len..].copy_from_slice(&icrc::to_wire(c));
+            let mut stats = IdentStats::default();
+            let mut rx_ip = ip.clone();
+            let found = resolve_ident(
+                &mut rx_ip,
+                &udp,
+                &transport,
+                &first_predictions(Some((41, true))),
+                true,
+                &mut solvers,
+                &mut stats,
             );
-            assert_eq!(b.medium(), Medium::UdpSocket);
+            assert_eq!(found, Some((sent_id, sent_df)));
+            assert_eq!(stats.guessed == 1, expect_guess, "{sent_id}: {stats:?}");
+            assert_eq!(stats.solved == 1, !expect_guess);
+            // Without the solver only the predictions verify.
+            let mut stats = IdentStats::default();
+            let found = resolve_ident(
+                &mut rx_ip,
+                &udp,
+                &transport,
+                &first_predictions(Some((41, true))),
+                false,
+                &mut solvers,
+                &mut stats,
+            );
+            assert_eq!(found.is_some(), expect_guess);
         }
     }
 }

@@ -232,6 +232,9 @@ pub struct Frame<'a> {
     pub status: u32,
     /// The 802.1Q tag the NIC/driver stripped, if any: (TCI, TPID).
     pub vlan: Option<(u16, u16)>,
+    /// The bytes of the slot between the frame header and the frame (where a
+    /// `PACKET_VNET_HDR` socket gets its `virtio_net_hdr`, right before the frame).
+    pub before_mac: &'a [u8],
     pub sec: u32,
     pub nsec: u32,
 }
@@ -325,6 +328,7 @@ impl<'a> Iterator for Frames<'a> {
         });
         let frame = Frame {
             data: &self.bytes[data_start..data_end],
+            before_mac: &self.bytes[off + FRAME_HDR_LEN..data_start],
             wire_len: rd32(h, F_LEN),
             status,
             vlan,

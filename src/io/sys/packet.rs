@@ -37,6 +37,7 @@ const PACKET_VERSION: libc::c_int = 10;
 const PACKET_TX_RING: libc::c_int = 13;
 const PACKET_LOSS: libc::c_int = 14;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
+const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const TPACKET_V3: libc::c_int = 2;
 const ETH_P_ALL: u16 = 0x0003;
@@ -57,6 +58,51 @@ pub const TX_DATA_OFFSET: usize = 48;
 
 /// Most frames one [`PacketSocket::send_frames`] call sends.
 pub const MAX_SEND_BATCH: usize = 64;
+
+/// `sizeof(struct virtio_net_hdr)`: what precedes every frame, both ways, on a socket with
+/// `PACKET_VNET_HDR` ([`PacketSocket::set_vnet_hdr`]).
+pub const VNET_HDR_LEN: usize = 10;
+
+/// A `struct virtio_net_hdr` (`linux/virtio_net.h`; host byte order for packet sockets on
+/// the little-endian hosts this runs on, `vio_le()`): the kernel's segmentation offload
+/// state of a received frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VnetHdr {
+    /// `VIRTIO_NET_HDR_F_*` (1: the checksum at `csum_start + csum_offset` is partial).
+    pub flags: u8,
+    /// `VIRTIO_NET_HDR_GSO_*`: 0 none, 1 TCPv4, 3 UDP (fragmentation), 4 TCPv6, 5 UDP_L4
+    /// (UDP segmentation: the frame is a super-datagram of `gso_size` segments); bit 0x80 ECN.
+    pub gso_type: u8,
+    /// Bytes of headers (Ethernet, IP, UDP) before the segmented payload.
+    pub hdr_len: u16,
+    /// Payload bytes per segment (the last may be shorter).
+    pub gso_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+}
+
+impl VnetHdr {
+    /// `VIRTIO_NET_HDR_GSO_UDP_L4`.
+    pub const GSO_UDP_L4: u8 = 5;
+
+    /// Parse the first [`VNET_HDR_LEN`] bytes of `b` (`None`: too short).
+    pub fn parse(b: &[u8]) -> Option<VnetHdr> {
+        let b = b.get(..VNET_HDR_LEN)?;
+        let u = |i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
+        Some(VnetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: u(2),
+            gso_size: u(4),
+            csum_start: u(6),
+            csum_offset: u(8),
+        })
+    }
+}
+
+/// The header that goes in front of every frame sent on a `PACKET_VNET_HDR` socket: no
+/// offload asked for.
+static VNET_NONE: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
 
 /// Ring geometry (`struct tpacket_req3`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +166,8 @@ pub struct RecvMeta {
     pub truncated: bool,
     /// A VLAN tag the kernel took out of the frame into its metadata: (TCI, TPID).
     pub vlan: Option<(u16, u16)>,
+    /// On a `PACKET_VNET_HDR` socket: the header the kernel put in front of the frame.
+    pub vnet: Option<VnetHdr>,
 }
 
 /// `struct ifreq` with the union used as an `int` (ifindex, MTU).
@@ -143,6 +191,8 @@ pub struct PacketStats {
 #[derive(Debug)]
 pub struct PacketSocket {
     fd: OwnedFd,
+    /// `PACKET_VNET_HDR` is on: a `virtio_net_hdr` precedes every frame both ways.
+    vnet: bool,
 }
 
 impl AsFd for PacketSocket {
@@ -167,6 +217,7 @@ impl PacketSocket {
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
         Ok(PacketSocket {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            vnet: false,
         })
     }
 
@@ -204,6 +255,16 @@ impl PacketSocket {
     /// Use TPACKET_V3 rings (both directions; must precede the ring setup).
     pub fn set_tpacket_v3(&self) -> io::Result<()> {
         set_int(self.as_fd(), SOL_PACKET, PACKET_VERSION, TPACKET_V3)
+    }
+
+    /// Turn on `PACKET_VNET_HDR` (before the rings are set up): the kernel then hands over
+    /// frames it has not segmented yet (a UDP GSO super-datagram from a sender on this host
+    /// crosses veth whole) with a [`VnetHdr`] saying how, and every frame sent must be
+    /// preceded by one (this socket's send paths add an empty one).
+    pub fn set_vnet_hdr(&mut self) -> io::Result<()> {
+        set_int(self.as_fd(), SOL_PACKET, PACKET_VNET_HDR, 1)?;
+        self.vnet = true;
+        Ok(())
     }
 
     /// Do not deliver frames this host sends to this socket (Linux 4.20+).
@@ -327,6 +388,10 @@ impl PacketSocket {
                 if fpb == 0 || t.frame_size as usize <= TX_DATA_OFFSET {
                     return Err(bad());
                 }
+                let prefix = if self.vnet { VNET_HDR_LEN } else { 0 };
+                if t.frame_size as usize <= TX_DATA_OFFSET + prefix {
+                    return Err(bad());
+                }
                 Some(TxRing {
                     map,
                     base: rx_len,
@@ -334,6 +399,7 @@ impl PacketSocket {
                     frame_size: t.frame_size as usize,
                     frames_per_block: fpb,
                     frame_nr: (t.frame_nr as usize).min(fpb * t.block_nr as usize),
+                    prefix,
                 })
             }
             None => None,
@@ -360,12 +426,20 @@ impl PacketSocket {
         if n == 0 {
             return Ok(0);
         }
-        let mut m = Mmsg::<MAX>::new();
+        // Two iovecs a message with PACKET_VNET_HDR: the empty header, then the frame.
+        let mut m = Mmsg::<{ 2 * MAX }>::new();
         for (i, f) in frames[..n].iter().enumerate() {
-            m.set(i, MsgBufs::data(f.as_ptr() as *mut libc::c_void, f.len()));
+            let b = MsgBufs::data(f.as_ptr() as *mut libc::c_void, f.len());
+            if self.vnet {
+                m.set_iov(2 * i, VNET_NONE.as_ptr() as *mut libc::c_void, VNET_HDR_LEN);
+                m.set_iov(2 * i + 1, b.data, b.data_len);
+                m.set_gather(i, 2 * i..2 * i + 2, b);
+            } else {
+                m.set(i, b);
+            }
         }
-        // SAFETY: the messages point at the caller's frames, which outlive the call; the
-        // kernel only reads them (no names, no control data).
+        // SAFETY: the messages point at the caller's frames, which outlive the call, and at
+        // the static empty header; the kernel only reads them (no names, no control data).
         unsafe { m.send(self.as_fd(), n) }
     }
 
@@ -397,23 +471,45 @@ impl PacketSocket {
             return Ok(0);
         }
         let mut ctl = [[0u64; CTL / 8]; MAX];
-        let mut m = Mmsg::<MAX>::new();
-        for (i, (b, c)) in bufs[..n].iter_mut().zip(ctl.iter_mut()).enumerate() {
+        let mut vnet = [[0u8; VNET_HDR_LEN]; MAX];
+        let mut m = Mmsg::<{ 2 * MAX }>::new();
+        for (i, ((b, c), v)) in bufs[..n]
+            .iter_mut()
+            .zip(ctl.iter_mut())
+            .zip(vnet.iter_mut())
+            .enumerate()
+        {
             let mut mb = MsgBufs::data(b.as_mut_ptr().cast(), b.len());
             mb.control = c.as_mut_ptr().cast();
             mb.control_len = CTL;
-            m.set(i, mb);
+            if self.vnet {
+                // The kernel's virtio_net_hdr first, then the frame into the buffer.
+                m.set_iov(2 * i, v.as_mut_ptr().cast(), VNET_HDR_LEN);
+                m.set_iov(2 * i + 1, mb.data, mb.data_len);
+                m.set_gather(i, 2 * i..2 * i + 2, mb);
+            } else {
+                m.set(i, mb);
+            }
         }
         // SAFETY: the messages point at the caller's buffers (borrowed mutably for the call,
-        // writable for their lengths) and at `ctl[..n]` (CTL bytes each); all outlive it.
+        // writable for their lengths), at `vnet[..n]` and at `ctl[..n]` (CTL bytes each); all
+        // outlive it.
         let got = unsafe { m.recv(self.as_fd(), n)? };
+        let pre = if self.vnet { VNET_HDR_LEN } else { 0 };
         for i in 0..got {
             let h = &m.header(i).msg_hdr;
-            let len = (m.header(i).msg_len as usize).min(bufs[i].len());
+            let len = (m.header(i).msg_len as usize)
+                .saturating_sub(pre)
+                .min(bufs[i].len());
             let mut m = RecvMeta {
                 len,
                 truncated: h.msg_flags & libc::MSG_TRUNC != 0,
                 vlan: None,
+                vnet: if self.vnet {
+                    VnetHdr::parse(&vnet[i])
+                } else {
+                    None
+                },
             };
             // SAFETY: `h` is the header the kernel just filled; its control pointer and
             // length describe `ctl[i]`, and the CMSG macros stay within them.
@@ -630,6 +726,9 @@ pub struct TxRing {
     frame_size: usize,
     frames_per_block: usize,
     frame_nr: usize,
+    /// Bytes written in front of each frame: an empty `virtio_net_hdr` on a
+    /// `PACKET_VNET_HDR` socket, else nothing.
+    prefix: usize,
 }
 
 impl TxRing {
@@ -639,7 +738,7 @@ impl TxRing {
 
     /// Bytes of frame a slot holds.
     pub fn capacity(&self) -> usize {
-        self.frame_size - TX_DATA_OFFSET
+        self.frame_size - TX_DATA_OFFSET - self.prefix
     }
 
     fn slot_off(&self, i: usize) -> usize {
@@ -674,19 +773,23 @@ impl TxRing {
         // up on): the kernel neither reads nor writes it until we store SEND_REQUEST below.
         // The data area and the header fields written here do not include the status word,
         // which is only accessed atomically.
-        let data = unsafe { std::slice::from_raw_parts_mut(p.add(TX_DATA_OFFSET), cap) };
+        let area =
+            unsafe { std::slice::from_raw_parts_mut(p.add(TX_DATA_OFFSET), self.prefix + cap) };
+        let (pre, data) = area.split_at_mut(self.prefix);
         let Some(len) = fill(data) else {
             return TxFill::Empty;
         };
         if !(14..=cap).contains(&len) {
             return TxFill::Rejected(len);
         }
+        pre.fill(0);
+        let wire = (self.prefix + len) as u32;
         // SAFETY: the first 20 bytes of the slot header (tp_next_offset, tp_sec, tp_nsec,
         // tp_snaplen, tp_len), same ownership argument as above; `data` is no longer used.
         let hdr = unsafe { std::slice::from_raw_parts_mut(p, 20) };
         hdr.fill(0); // tp_next_offset must be 0 for V3 TX
-        hdr[12..16].copy_from_slice(&(len as u32).to_ne_bytes());
-        hdr[16..20].copy_from_slice(&(len as u32).to_ne_bytes());
+        hdr[12..16].copy_from_slice(&wire.to_ne_bytes());
+        hdr[16..20].copy_from_slice(&wire.to_ne_bytes());
         self.map
             .status(off + 20)
             .store(TP_STATUS_SEND_REQUEST, Ordering::Release);
@@ -755,6 +858,7 @@ pub(crate) mod heap {
                 frame_size,
                 frames_per_block,
                 frame_nr,
+                prefix: 0,
             }
         }
 

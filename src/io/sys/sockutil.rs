@@ -66,11 +66,15 @@ impl MsgBufs {
     }
 }
 
-/// The iovecs and message headers of a batch of up to `N` messages, one iovec each: the one
-/// place `sendmmsg(2)` and `recvmmsg(2)` arguments are built (UDP and packet sockets).
+/// The iovecs and message headers of a batch of up to `N` messages and `N` iovecs: the one
+/// place `sendmmsg(2)` and `recvmmsg(2)` arguments are built (UDP and packet sockets). A
+/// message has one iovec ([`Self::set`]) or gathers several consecutive ones
+/// ([`Self::set_gather`], for a UDP GSO super-datagram).
 pub(super) struct Mmsg<const N: usize> {
     iov: [libc::iovec; N],
     hdr: [libc::mmsghdr; N],
+    /// Message `i` uses `iov[span[i].0 .. span[i].0 + span[i].1]`.
+    span: [(usize, usize); N],
 }
 
 impl<const N: usize> Mmsg<N> {
@@ -81,15 +85,28 @@ impl<const N: usize> Mmsg<N> {
             iov: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
             hdr: unsafe { std::mem::zeroed() },
+            span: [(0, 0); N],
         }
     }
 
-    /// Describe message `i` (`i < N`).
+    /// Describe message `i` (`i < N`), its data in iovec `i`.
     pub fn set(&mut self, i: usize, b: MsgBufs) {
-        self.iov[i].iov_base = b.data;
-        self.iov[i].iov_len = b.data_len;
+        self.set_iov(i, b.data, b.data_len);
+        self.set_gather(i, i..i + 1, b);
+    }
+
+    /// Point iovec `j` (`j < N`) at `len` bytes at `data`.
+    pub fn set_iov(&mut self, j: usize, data: *mut libc::c_void, len: usize) {
+        self.iov[j].iov_base = data;
+        self.iov[j].iov_len = len;
+    }
+
+    /// Describe message `i` (`i < N`) with its data gathered from the iovecs `iovs` (set with
+    /// [`Self::set_iov`]; `b.data` is not used). Out-of-range iovecs are clipped to `N`.
+    pub fn set_gather(&mut self, i: usize, iovs: std::ops::Range<usize>, b: MsgBufs) {
+        let start = iovs.start.min(N);
+        self.span[i] = (start, iovs.end.clamp(start, N) - start);
         let h = &mut self.hdr[i].msg_hdr;
-        h.msg_iovlen = 1;
         h.msg_name = b.name;
         h.msg_namelen = b.name_len;
         h.msg_control = b.control;
@@ -102,11 +119,15 @@ impl<const N: usize> Mmsg<N> {
         &self.hdr[i]
     }
 
-    /// Point every header of `..n` at its iovec (here, where `self` no longer moves).
+    /// Point every header of `..n` at its iovecs (here, where `self` no longer moves).
     fn link(&mut self, n: usize) -> usize {
         let n = n.min(N);
         for i in 0..n {
-            self.hdr[i].msg_hdr.msg_iov = &mut self.iov[i];
+            let (start, count) = self.span[i];
+            let h = &mut self.hdr[i].msg_hdr;
+            // `start <= N` (set_gather clips it); with `count == 0` the pointer is not read.
+            h.msg_iov = self.iov.as_mut_ptr().wrapping_add(start);
+            h.msg_iovlen = count as _;
         }
         n
     }
@@ -115,8 +136,9 @@ impl<const N: usize> Mmsg<N> {
     /// when it took none).
     ///
     /// # Safety
-    /// Every buffer given to [`Self::set`] for the messages `..n` must be valid for reads of
-    /// its length until this returns.
+    /// Every buffer given to [`Self::set`] or [`Self::set_iov`] (for an iovec a message of
+    /// `..n` uses) and every name and control buffer of those messages must be valid for
+    /// reads of its length until this returns.
     pub unsafe fn send(&mut self, fd: BorrowedFd<'_>, n: usize) -> io::Result<usize> {
         let n = self.link(n);
         // SAFETY: the headers point at `self.iov` and at the caller's buffers, valid for
@@ -136,8 +158,9 @@ impl<const N: usize> Mmsg<N> {
     /// none was waiting (or the call was interrupted).
     ///
     /// # Safety
-    /// Every buffer given to [`Self::set`] for the messages `..n` must be valid for writes of
-    /// its length, and not otherwise accessed, until this returns.
+    /// Every buffer given to [`Self::set`] or [`Self::set_iov`] (for an iovec a message of
+    /// `..n` uses) and every name and control buffer of those messages must be valid for
+    /// writes of its length, and not otherwise accessed, until this returns.
     pub unsafe fn recv(&mut self, fd: BorrowedFd<'_>, n: usize) -> io::Result<usize> {
         let n = self.link(n);
         // SAFETY: the headers point at `self.iov` and at the caller's buffers, writable for

@@ -1,5 +1,7 @@
 //! Batched UDP socket I/O: `recvmmsg(2)` with ancillary data (destination address, TOS /
-//! traffic class, TTL / hop limit) and `sendmmsg(2)` with a per-datagram TOS / traffic class.
+//! traffic class, TTL / hop limit, the segment size of a coalesced `UDP_GRO` datagram) and
+//! `sendmmsg(2)` with a per-datagram TOS / traffic class and, for segmentation offload, a
+//! per-message `UDP_SEGMENT` size over data gathered from several buffers.
 //!
 //! The message headers hold raw pointers, so they are built on the stack for each call from
 //! buffers the caller owns ([`RecvSlot`]); nothing pointer-bearing is kept between calls.
@@ -33,6 +35,16 @@ pub const IPV6_TCLASS: libc::c_int = 67;
 pub const IPV6_PMTUDISC_DO: libc::c_int = 2;
 pub const SOL_UDP: libc::c_int = 17;
 pub const UDP_NO_CHECK6_RX: libc::c_int = 102;
+/// `UDP_SEGMENT` (Linux 4.18): as a socket option or a per-message control message (a
+/// `u16`), the size the kernel cuts a message's data into (GSO; the last datagram may be
+/// shorter).
+pub const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (Linux 5.0): as a socket option, deliver coalesced datagrams; each comes with a
+/// control message (an `int`) carrying the size of its segments.
+pub const UDP_GRO: libc::c_int = 104;
+/// Segments per GSO message that every kernel with `UDP_SEGMENT` accepts (`UDP_MAX_SEGMENTS`
+/// in `include/linux/udp.h`: 64, raised to 128 in later kernels).
+pub const UDP_MAX_SEGMENTS: usize = 64;
 
 /// Control buffer, aligned for `struct cmsghdr`.
 #[derive(Clone, Copy)]
@@ -184,44 +196,76 @@ pub fn recv_batch(fd: BorrowedFd<'_>, slots: &mut [RecvSlot]) -> io::Result<usiz
     Ok(got)
 }
 
-/// One datagram to send.
+/// One message to send: a datagram, or with `segment` a GSO super-datagram that the kernel
+/// cuts into datagrams of `segment` bytes (the last may be shorter), each with its own IP and
+/// UDP header.
 #[derive(Clone, Copy, Debug)]
 pub struct SendItem<'a> {
-    pub data: &'a [u8],
+    /// The data, gathered from these parts in order (one iovec each).
+    pub parts: &'a [&'a [u8]],
     pub dst: SocketAddr,
     /// IPv4 TOS / IPv6 traffic class byte for this datagram (DSCP and ECN).
     pub tclass: Option<u8>,
+    /// `UDP_SEGMENT` for this message (`None`: one datagram).
+    pub segment: Option<u16>,
 }
 
-/// Send up to [`MAX_BATCH`] datagrams with one `sendmmsg`. Returns how many the kernel took
-/// (an error only when it took none: the error of the first one).
+/// Send the messages of `items` with one `sendmmsg`, as many as fit [`MAX_BATCH`] messages
+/// and [`MAX_BATCH`] parts in all. Returns how many messages the kernel took (an error only
+/// when it took none: the error of the first one).
 pub fn send_batch(fd: BorrowedFd<'_>, items: &[SendItem<'_>]) -> io::Result<usize> {
-    let n = items.len().min(MAX_BATCH);
-    if n == 0 {
-        return Ok(0);
-    }
     // SAFETY: plain data, all-zero valid.
     let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
     let mut ctrls = [Ctrl([0; 128]); MAX_BATCH];
     let mut m = Mmsg::<MAX_BATCH>::new();
-    for (i, it) in items[..n].iter().enumerate() {
+    let mut iov = 0;
+    let mut n = 0;
+    for (i, it) in items.iter().take(MAX_BATCH).enumerate() {
+        if it.parts.is_empty() || iov + it.parts.len() > MAX_BATCH {
+            break;
+        }
+        for (j, p) in it.parts.iter().enumerate() {
+            m.set_iov(iov + j, p.as_ptr() as *mut libc::c_void, p.len());
+        }
         let (ss, len) = std_to_sockaddr(&it.dst);
         names[i] = ss;
-        let mut b = MsgBufs::data(it.data.as_ptr() as *mut libc::c_void, it.data.len());
+        let mut b = MsgBufs::data(std::ptr::null_mut(), 0);
         b.name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
         b.name_len = len;
+        let mut clen = 0;
         if let Some(tc) = it.tclass {
             let (level, ty) = match it.dst {
                 SocketAddr::V4(_) => (libc::IPPROTO_IP, IP_TOS),
                 SocketAddr::V6(_) => (libc::IPPROTO_IPV6, IPV6_TCLASS),
             };
-            b.control_len = write_int_cmsg(&mut ctrls[i].0, level, ty, libc::c_int::from(tc));
-            b.control = ctrls[i].0.as_mut_ptr().cast();
+            clen += write_cmsg(
+                &mut ctrls[i].0,
+                level,
+                ty,
+                &libc::c_int::from(tc).to_ne_bytes(),
+            );
         }
-        m.set(i, b);
+        if let Some(seg) = it.segment {
+            clen += write_cmsg(
+                &mut ctrls[i].0[clen..],
+                SOL_UDP,
+                UDP_SEGMENT,
+                &seg.to_ne_bytes(),
+            );
+        }
+        if clen > 0 {
+            b.control = ctrls[i].0.as_mut_ptr().cast();
+            b.control_len = clen;
+        }
+        m.set_gather(i, iov..iov + it.parts.len(), b);
+        iov += it.parts.len();
+        n = i + 1;
     }
-    // SAFETY: every message points at the caller's data (read only), its own name and its
-    // own control buffer, with their true lengths; all outlive the call.
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: every message points at the caller's data (read only, borrowed for the call),
+    // its own name and its own control buffer, with their true lengths; all outlive the call.
     unsafe { m.send(fd, n) }
 }
 
@@ -231,16 +275,18 @@ const fn cmsg_align(n: usize) -> usize {
 }
 const CMSG_HDR: usize = cmsg_align(std::mem::size_of::<libc::cmsghdr>());
 
-/// Write one control message carrying an `int` into `buf`; returns its space.
-fn write_int_cmsg(buf: &mut [u8], level: libc::c_int, ty: libc::c_int, v: libc::c_int) -> usize {
-    let len = CMSG_HDR + 4;
+/// Write one control message carrying `data` (4 bytes or fewer) into `buf`; returns its
+/// space (`CMSG_SPACE`). The length field is `CMSG_LEN(data.len())`, as the kernel checks it
+/// exactly for some options (`UDP_SEGMENT` takes a `u16`, `IP_TOS` an `int`).
+fn write_cmsg(buf: &mut [u8], level: libc::c_int, ty: libc::c_int, data: &[u8]) -> usize {
+    let len = CMSG_HDR + data.len();
     let space = cmsg_align(len);
     let w = std::mem::size_of::<usize>();
     buf[..space].fill(0);
-    buf[..w].copy_from_slice(&len.to_ne_bytes());
+    buf[..w].copy_from_slice(&len.to_ne_bytes()[..w]);
     buf[w..w + 4].copy_from_slice(&level.to_ne_bytes());
     buf[w + 4..w + 8].copy_from_slice(&ty.to_ne_bytes());
-    buf[CMSG_HDR..CMSG_HDR + 4].copy_from_slice(&v.to_ne_bytes());
+    buf[CMSG_HDR..len].copy_from_slice(data);
     space
 }
 
@@ -254,6 +300,9 @@ pub struct RecvInfo {
     pub tclass: Option<u8>,
     /// IPv4 TTL / IPv6 hop limit.
     pub ttl: Option<u8>,
+    /// `UDP_GRO`: the datagram is several coalesced ones of this size (the last may be
+    /// shorter).
+    pub gro_segment: Option<u16>,
 }
 
 /// Parse the control messages of a received datagram. Unknown or malformed ones are ignored;
@@ -306,6 +355,11 @@ pub fn parse_control(ctrl: &[u8]) -> RecvInfo {
             (libc::IPPROTO_IPV6, IPV6_HOPLIMIT) => {
                 info.ttl = int_at(data).and_then(|v| u8::try_from(v).ok());
             }
+            (SOL_UDP, UDP_GRO) => {
+                info.gro_segment = int_at(data)
+                    .and_then(|v| u16::try_from(v).ok())
+                    .filter(|&v| v > 0);
+            }
             _ => {}
         }
         off = match off.checked_add(cmsg_align(len)) {
@@ -343,7 +397,8 @@ mod tests {
             RecvInfo {
                 dst: Some("10.61.2.2".parse().unwrap()),
                 tclass: Some(0x8b),
-                ttl: Some(63)
+                ttl: Some(63),
+                gro_segment: None,
             }
         );
         let mut p6 = vec![0u8; 20];
@@ -360,7 +415,8 @@ mod tests {
             RecvInfo {
                 dst: Some("fd61:2::2".parse().unwrap()),
                 tclass: Some(3),
-                ttl: Some(62)
+                ttl: Some(62),
+                gro_segment: None,
             }
         );
     }
@@ -378,8 +434,37 @@ mod tests {
         zero[..8].fill(0);
         assert_eq!(parse_control(&zero), RecvInfo::default());
         let mut buf = [0u8; 64];
-        let n = write_int_cmsg(&mut buf, libc::IPPROTO_IPV6, IPV6_TCLASS, 0xb8);
+        let n = write_cmsg(
+            &mut buf,
+            libc::IPPROTO_IPV6,
+            IPV6_TCLASS,
+            &0xb8i32.to_ne_bytes(),
+        );
         assert_eq!(parse_control(&buf[..n]).tclass, Some(0xb8));
+        // The GRO segment size: an int; zero and out-of-range sizes mean "not coalesced".
+        for (v, want) in [
+            (1448i32, Some(1448u16)),
+            (0, None),
+            (-1, None),
+            (70000, None),
+        ] {
+            let c = cmsg(SOL_UDP, UDP_GRO, &v.to_ne_bytes());
+            assert_eq!(parse_control(&c).gro_segment, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn cmsg_lengths_are_exact() {
+        // CMSG_LEN(2) = header + 2 for UDP_SEGMENT (the kernel insists), space rounded up.
+        let mut buf = [0xffu8; 64];
+        let n = write_cmsg(&mut buf, SOL_UDP, UDP_SEGMENT, &1000u16.to_ne_bytes());
+        assert_eq!(n, cmsg_align(CMSG_HDR + 2));
+        let w = std::mem::size_of::<usize>();
+        let mut lb = [0u8; 8];
+        lb[..w].copy_from_slice(&buf[..w]);
+        assert_eq!(u64::from_ne_bytes(lb) as usize, CMSG_HDR + 2);
+        assert_eq!(&buf[CMSG_HDR..CMSG_HDR + 2], &1000u16.to_ne_bytes());
+        assert!(buf[CMSG_HDR + 2..n].iter().all(|&b| b == 0));
     }
 
     #[test]
