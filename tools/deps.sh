@@ -15,7 +15,7 @@ Groups:
   net    iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd
                                               (tools/testbed, tools/baseline)
   vm     qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd
-         tcpdump                              (VM-based tests)
+         tcpdump ethtool                      (VM-based tests)
   all    every group above
 
 Prints one line per group. Exits non-zero if an install fails. Needs root.
@@ -25,7 +25,7 @@ EOF
 declare -A GROUP_PKGS=(
     [wire]="tshark python3"
     [net]="iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd"
-    [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump"
+    [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump ethtool"
 )
 ALL_GROUPS=(wire net vm)
 
