@@ -287,6 +287,51 @@ fn check_roce_delivery(a: &mut XdpDevice, b: &mut XdpDevice, count: u32, max_pay
     }
 }
 
+/// Copy mode: a batch of 256 frames goes through the kernel in as few `sendto` calls as the
+/// transmit budget allows — one, on kernels with `XDP_MAX_TX_SKB_BUDGET` (6.17+), where
+/// the device sets it to the ring size; 256 / 32 otherwise — and every frame arrives.
+fn check_one_kick_per_batch(a: &mut XdpDevice, b: &mut XdpDevice) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .split(['.', '-'])
+        .map(|x| x.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    if (major, minor) >= (6, 17) {
+        assert!(
+            a.tx_budget() >= 256,
+            "budget {} on {release}",
+            a.tx_budget()
+        );
+    }
+    let frames: Vec<Vec<u8>> = (0..256)
+        .map(|i| roce_frame(10_000 + i, false, 512, false))
+        .collect();
+    let kicks = a.tx_kicks();
+    let mut next = 0;
+    let n = a
+        .send_batch(256, &mut |buf| {
+            let f = frames.get(next)?;
+            buf[..f.len()].copy_from_slice(f);
+            next += 1;
+            Some(f.len())
+        })
+        .expect("send_batch");
+    assert_eq!(n, 256);
+    let used = a.tx_kicks() - kicks;
+    let got = recv_frames(b, 256, Duration::from_secs(5));
+    assert_eq!(got.len(), 256);
+    println!(
+        "256 frames in {used} sendto calls (tx budget {})",
+        a.tx_budget()
+    );
+    // (A completion ring that fills up costs one more call.)
+    assert!(
+        used <= 256u64.div_ceil(u64::from(a.tx_budget())) + 1,
+        "{used} kicks for 256 frames with budget {}",
+        a.tx_budget()
+    );
+}
+
 /// Ping, neighbour resolution, TCP and UDP that is not RoCE, with the programs attached.
 fn check_other_traffic_still_works() {
     // Forget all neighbours, so that ARP and NDP must run (through the XDP programs) again.
@@ -530,7 +575,10 @@ fn af_xdp_between_two_namespaces() {
         b.describe(),
         b.attach_method()
     );
-    assert_eq!(a.describe(), "af_xdp(eth0 q0, native, copy)");
+    assert_eq!(
+        a.describe(),
+        format!("af_xdp(eth0 q0, native, copy, tx budget {})", a.tx_budget())
+    );
     assert_eq!(a.attach_method(), "bpf_link");
     assert_eq!(b.attach_method(), "netlink");
     assert!(
@@ -554,6 +602,7 @@ fn af_xdp_between_two_namespaces() {
     check_kernel_verdicts(&a);
     check_other_traffic_still_works();
     check_roce_delivery(&mut a, &mut b, 300, 1024);
+    check_one_kick_per_batch(&mut a, &mut b);
     check_kernel_udp_4791_lands_in_the_socket(&mut b);
     assert_eq!(
         roce_input_drops("fxb"),
@@ -582,7 +631,13 @@ fn af_xdp_between_two_namespaces() {
         b.describe(),
         b.attach_method()
     );
-    assert_eq!(a.describe(), "af_xdp(eth0 q0, generic, copy)");
+    assert_eq!(
+        a.describe(),
+        format!(
+            "af_xdp(eth0 q0, generic, copy, tx budget {})",
+            a.tx_budget()
+        )
+    );
     assert!(
         link_show("fxa").contains("xdpgeneric"),
         "{}",
@@ -606,7 +661,13 @@ fn af_xdp_between_two_namespaces() {
     let mut a = open("fxa", false, XdpOptions::default());
     let mut b = open("fxb", true, XdpOptions::default());
     println!("multi-queue: B {}", b.describe());
-    assert_eq!(b.describe(), "af_xdp(eth0 q0,1, native, copy)");
+    assert_eq!(
+        b.describe(),
+        format!(
+            "af_xdp(eth0 q0,1, native, copy, tx budget {})",
+            b.tx_budget()
+        )
+    );
     check_roce_delivery(&mut a, &mut b, 200, 1024);
     let per_queue = b.rx_frames_per_queue();
     println!("multi-queue: frames per B queue {per_queue:?}");
@@ -693,7 +754,13 @@ fn af_xdp_between_two_namespaces() {
     let mut a = open("fxa", false, XdpOptions::default());
     let mut b = open("fxb", true, XdpOptions::default());
     assert_eq!(a.attach_method(), "adopted");
-    assert_eq!(a.describe(), "af_xdp(eth0 q0, generic, copy)");
+    assert_eq!(
+        a.describe(),
+        format!(
+            "af_xdp(eth0 q0, generic, copy, tx budget {})",
+            a.tx_budget()
+        )
+    );
     check_roce_delivery(&mut a, &mut b, 40, 4096);
     drop(a);
     drop(b);

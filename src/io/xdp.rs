@@ -564,6 +564,10 @@ struct Queue {
     max_frame: u32,
     multi_buffer: bool,
     copy_mode: bool,
+    /// Descriptors one copy-mode `sendto` may carry (see `XskSocket::set_tx_budget`).
+    tx_budget: u32,
+    /// `sendto` calls made to transmit (copy mode: the kernel's transmit runs in them).
+    tx_kicks: u64,
     /// Frames delivered from this queue.
     rx_frames: u64,
     /// Received frames not delivered: descriptors outside the UMEM (never expected) or a
@@ -608,6 +612,7 @@ impl Queue {
             if self.sock.tx.needs_wakeup()
                 || self.sock.bind_flags() & bind_flags::USE_NEED_WAKEUP == 0
             {
+                self.tx_kicks += 1;
                 match self.sock.kick_tx() {
                     Ok(()) => {}
                     Err(e) if transient(&e) => {}
@@ -617,6 +622,7 @@ impl Queue {
             return Ok(());
         }
         for _ in 0..1024 {
+            self.tx_kicks += 1;
             match self.sock.kick_tx() {
                 Ok(()) => {}
                 // One frame was dropped by the device (NET_XMIT_DROP); go on with the rest.
@@ -873,6 +879,18 @@ impl XdpDevice {
         Ok(self.attach.prog.info()?.id)
     }
 
+    /// `sendto` calls made to transmit, summed over the queues (copy mode: each carries
+    /// up to the transmit budget of frames through the kernel).
+    pub fn tx_kicks(&self) -> u64 {
+        self.queues.iter().map(|q| q.tx_kicks).sum()
+    }
+
+    /// Descriptors one copy-mode `sendto` may carry (32 where the kernel has no
+    /// `XDP_MAX_TX_SKB_BUDGET`).
+    pub fn tx_budget(&self) -> u32 {
+        self.queues.first().map_or(32, |q| q.tx_budget)
+    }
+
     /// The kernel's socket counters, summed over the queues.
     pub fn kernel_stats(&self) -> io::Result<XskStats> {
         let mut t = XskStats::default();
@@ -993,7 +1011,14 @@ fn open_queue(attach: &Attachment, q: u32, opts: &XdpOptions) -> io::Result<Queu
     })?;
     let multi_buffer = sock.bind_flags() & bind_flags::USE_SG != 0;
     let copy_mode = !sock.is_zero_copy().map_err(|e| ctx(e, "XDP_OPTIONS"))?;
-    tracing::debug!(ifname = %name, queue = q, zero_copy = !copy_mode, multi_buffer, "AF_XDP socket bound");
+    // Copy mode transmits inside sendto, 32 descriptors a call by default: let one call
+    // take the whole ring where the kernel allows it (6.17+), so a batch is one kick.
+    let tx_budget = if copy_mode && sock.set_tx_budget(opts.ring_size).is_ok() {
+        opts.ring_size
+    } else {
+        32
+    };
+    tracing::debug!(ifname = %name, queue = q, zero_copy = !copy_mode, multi_buffer, tx_budget, "AF_XDP socket bound");
 
     // Into the XSKMAP at the queue's index: from now on the program redirects here.
     attach
@@ -1038,9 +1063,11 @@ fn open_queue(attach: &Attachment, q: u32, opts: &XdpOptions) -> io::Result<Queu
         max_frame,
         multi_buffer,
         copy_mode,
+        tx_budget,
         rx_frames: 0,
         rx_dropped: 0,
         tx_dropped: 0,
+        tx_kicks: 0,
     };
     let k = queue.sock.fill.reserve(rx_frames);
     for i in 0..k {
@@ -1136,7 +1163,11 @@ impl PacketDevice for XdpDevice {
             self.attach.ifname,
             qs.join(","),
             self.attach.mode.as_str(),
-            if self.zero_copy { "zero-copy" } else { "copy" }
+            if self.zero_copy {
+                "zero-copy".to_string()
+            } else {
+                format!("copy, tx budget {}", self.tx_budget())
+            }
         )
     }
 }

@@ -808,6 +808,15 @@ impl XskSocket {
         Ok(())
     }
 
+    /// Let one copy-mode `sendto` carry up to `budget` descriptors
+    /// (`XDP_MAX_TX_SKB_BUDGET`, Linux 6.17; the kernel's default is 32, so a larger batch
+    /// otherwise takes several calls). The kernel accepts 32 up to the TX ring's size
+    /// (`EACCES` otherwise); older kernels answer `ENOPROTOOPT`.
+    pub fn set_tx_budget(&self, budget: u32) -> io::Result<()> {
+        const XDP_MAX_TX_SKB_BUDGET: i32 = 9;
+        setsockopt(&self.fd, XDP_MAX_TX_SKB_BUDGET, &budget)
+    }
+
     /// Tell the kernel the fill ring has frames again (`recvfrom(fd, NULL, 0, MSG_DONTWAIT)`),
     /// for drivers that stopped receiving for want of them (`XDP_RING_NEED_WAKEUP` on the
     /// fill ring). Errors are ignored: the call is only a nudge.
