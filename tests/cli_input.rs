@@ -140,7 +140,6 @@ fn bad_numbers_are_refused_before_anything_runs() {
         ("-t", "0"),
         ("-p", "0"),
         ("-p", "70000"),
-        ("-m", "1500"),
         ("-u", "32"),
         ("--timeout", "0"),
         ("--line-gbps", "nan"),
@@ -157,7 +156,9 @@ fn bad_numbers_are_refused_before_anything_runs() {
         assert!(err.contains(&format!("'{v}'")), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-    for (flag, v) in [("-n", "0"), ("-r", "1"), ("-m", "100"), ("--timeout", "0")] {
+    // (perftest takes -m 1500 with a warning and runs at the port's MTU; ibv_rc_pingpong
+    // takes -r 1 and -n 0: those are accepted, see src/apps/perf/args.rs and pingpong.rs.)
+    for (flag, v) in [("-m", "100"), ("-p", "70000"), ("--timeout", "0")] {
         let arg = format!("{flag}={v}");
         usage_error(&["pingpong", "-d", "lo", &arg], &[&format!("'{v}'")]);
     }
@@ -242,9 +243,9 @@ fn an_unknown_device_is_named() {
             "--backend",
             "udp",
             "-x",
-            "200",
+            "60",
         ],
-        &["GID index 200"],
+        &["GID index 60"],
     );
 }
 

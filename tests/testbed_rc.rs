@@ -352,7 +352,7 @@ fn host(
         "{}: netdev() must describe the namespace's own eth0",
         spec.ns
     );
-    let gid_index = ferroce::apps::tool::pick_gid(&dev, None)?;
+    let gid_index = ferroce::apps::tool::pick_gid(&dev, None).map_err(|e| e.to_string())?;
     let local = dev.gids[usize::from(gid_index)];
     let mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
     if dev.mtu != Some(1500) || mtu != Mtu::M1024 {

@@ -481,6 +481,7 @@ fn test_name(t: Test) -> &'static str {
         Test::SendLat => "send-lat",
         Test::WriteLat => "write-lat",
         Test::ReadLat => "read-lat",
+        Test::AtomicLat => "atomic-lat",
     }
 }
 

@@ -66,11 +66,34 @@ enum Cmd {
         #[arg(long)]
         netns: bool,
     },
-    /// perftest-style benchmarks (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat,
-    /// read-lat) against another ferroce or the real ib_* tools. Server without HOST.
-    Perf(PerfArgs),
+    /// perftest's tests (write-bw, read-bw, send-bw, atomic-bw, write-lat, read-lat, send-lat,
+    /// atomic-lat) with perftest's flags, against another ferroce or the real ib_* tools.
+    /// Server without HOST. `ferroce perf TEST -h` lists the flags.
+    Perf {
+        /// write-bw | read-bw | send-bw | atomic-bw | write-lat | read-lat | send-lat | atomic-lat
+        #[arg(value_parser = parse_test)]
+        test: ferroce::apps::perf::Test,
+        /// perftest's options and the server's address, as ib_write_bw takes them.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// An RC ping-pong compatible with ibv_rc_pingpong (same flags, messages and output).
-    Pingpong(PingpongArgs),
+    /// `ferroce pingpong -h` lists the flags.
+    Pingpong {
+        /// ibv_rc_pingpong's options and the server's address.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Make links named like perftest's and rdma-core's programs (ib_write_bw, ...,
+    /// ibv_rc_pingpong) to this binary in DIR: invoked under those names, ferroce behaves as
+    /// those programs.
+    InstallLinks {
+        /// Directory for the links (created if missing).
+        dir: PathBuf,
+        /// Replace files that already have those names.
+        #[arg(long)]
+        force: bool,
+    },
     /// ferroce's devices (one per network interface, `ferroce_<interface>`), their port, GID
     /// table and the live counters of running `ferroce perf` processes, in the shape of
     /// ibv_devinfo.
@@ -454,140 +477,6 @@ fn run_incast(a: IncastArgs) -> ExitCode {
 }
 
 #[derive(clap::Args)]
-struct PerfArgs {
-    /// write-bw | read-bw | send-bw | atomic-bw | send-lat | write-lat | read-lat
-    #[arg(value_parser = parse_test)]
-    test: ferroce::apps::perf::Test,
-    /// The server to connect to (client role): an IPv4 or IPv6 address or a host name;
-    /// without it, act as the server.
-    #[arg(value_parser = ferroce::apps::addr::check_host)]
-    host: Option<String>,
-    /// Network interface.
-    #[arg(short = 'd', long = "ib-dev")]
-    dev: String,
-    /// Packet backend.
-    #[arg(long, value_enum, default_value = "xdp")]
-    backend: ferroce::io::backend::BackendKind,
-    /// Message size in bytes.
-    #[arg(short = 's', long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..))]
-    size: u32,
-    /// Run all sizes 2 B .. 8 MiB.
-    #[arg(short = 'a', long = "all")]
-    all: bool,
-    /// Iterations.
-    #[arg(short = 'n', long = "iters", value_parser = clap::value_parser!(u64).range(1..))]
-    iters: Option<u64>,
-    /// Run for this many seconds (bandwidth tests).
-    #[arg(short = 'D', long = "duration", value_parser = clap::value_parser!(u64).range(1..))]
-    duration: Option<u64>,
-    /// Number of QPs (bandwidth tests).
-    #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    qps: u32,
-    /// Path MTU (256..4096); capped by the link.
-    #[arg(short = 'm', long = "mtu", default_value_t = 4096, value_parser = parse_mtu)]
-    mtu: u32,
-    /// Send queue depth.
-    #[arg(short = 't', long = "tx-depth", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
-    tx_depth: u32,
-    /// Report Gb/s instead of MB/s.
-    #[arg(long = "report_gbits", alias = "report-gbits")]
-    report_gbits: bool,
-    /// TCP port of the out-of-band exchange.
-    #[arg(short = 'p', long = "port", default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
-    port: u16,
-    /// GID index (default: the first IPv4 GID).
-    #[arg(short = 'x', long = "gid-index")]
-    gid_index: Option<u8>,
-    /// Atomic operation: FETCH_AND_ADD or CMP_AND_SWAP.
-    #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD", value_parser = ["FETCH_AND_ADD", "CMP_AND_SWAP"])]
-    atomic: String,
-    /// Write every frame sent and received to this pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
-    /// The engine's polling: adaptive (an engine thread that spins, then sleeps), busy (an
-    /// engine thread at 100 % of a core), inline (the test's own thread drives the engine: no
-    /// thread hand-off, lowest latency when cores are few) or auto (inline for the latency
-    /// tests, adaptive for the bandwidth tests).
-    #[arg(long, value_enum, default_value = "auto")]
-    poll: PollArg,
-    /// Same as --poll busy.
-    #[arg(long, conflicts_with = "poll")]
-    busy: bool,
-    /// One JSON object with the results and counters.
-    #[arg(long)]
-    json: bool,
-    /// Seconds to wait for the peer at each step of the exchange.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-    timeout: u64,
-    /// Congestion control of our sends: none, or DCQCN (data sent ECT(0), paced).
-    #[arg(long, value_enum, default_value = "none")]
-    cc: PerfCc,
-    /// DCQCN parameters: the paper's or ConnectX firmware defaults.
-    #[arg(long = "cc-preset", value_enum, default_value = "paper")]
-    cc_preset: PerfPreset,
-    /// Line rate for DCQCN (Gb/s).
-    #[arg(long = "line-gbps", default_value_t = 10.0, value_parser = positive_number)]
-    line_gbps: f64,
-    /// Multiply DCQCN's timer periods (K, T, the rate-reduction period) by this factor: for
-    /// testbeds whose round trip is milliseconds, not microseconds.
-    #[arg(long = "cc-time-scale", default_value_t = 1.0, value_parser = positive_number)]
-    cc_time_scale: f64,
-    /// Override a DCQCN parameter (repeatable): KEY=VALUE with KEY one of g, initial_alpha,
-    /// alpha_update (on-cnp|periodic), alpha_period_us, rate_increase_period_us, byte_counter,
-    /// stages, rai_mbps, rhai_mbps, min_rate_mbps, min_dec_factor, clamp_target
-    /// (always|after-timer-increase), rate_reduce_period_us, time_scale.
-    #[arg(long = "dcqcn", value_name = "KEY=VALUE")]
-    dcqcn: Vec<String>,
-    /// Write every QP's DCQCN state over time as CSV (t_unix_s, qpn, rate_bps, alpha,
-    /// cnps_handled, ce_rcvd), sampled every --cc-sample-ms; `ferroce cc-plot` plots it.
-    #[arg(long = "cc-csv")]
-    cc_csv: Option<PathBuf>,
-    /// Sampling period of --cc-csv (ms).
-    #[arg(long = "cc-sample-ms", default_value_t = 10.0)]
-    cc_sample_ms: f64,
-    /// QP local ACK timeout: 4.096 µs × 2^N (perftest's -u; 0: none).
-    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
-    qp_timeout: u8,
-    /// Minimum interval between CNPs per QP (µs); 0 disables CNPs.
-    #[arg(long = "cnp-interval-us", default_value_t = 4)]
-    cnp_interval_us: u64,
-    /// Delayed ACK: hold a lone ACK up to N µs so that it follows this QP's next request
-    /// (0: ACK at once). Default: 20 for the latency tests (the reply leaves before the
-    /// ACK), 0 for the bandwidth tests.
-    #[arg(long = "ack-delay-us", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    ack_delay_us: Option<u64>,
-    /// Check payloads byte for byte against a perftest peer: read-bw (client) checks every
-    /// message read against perftest's buffer fill (glibc srand(time(NULL)) + rand()), the
-    /// write-bw / send-bw server checks what arrived the same way, and the write-bw / send-bw
-    /// client sends a known pattern (--verify-seed) for a capture check.
-    #[arg(long)]
-    verify: bool,
-    /// Seed of the pattern sent with --verify.
-    #[arg(long, default_value_t = 0x5eed)]
-    verify_seed: u64,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum PerfCc {
-    None,
-    Dcqcn,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum PollArg {
-    Auto,
-    Adaptive,
-    Busy,
-    Inline,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
-enum PerfPreset {
-    Paper,
-    Connectx,
-}
-
-#[derive(clap::Args)]
 struct CcPlotArgs {
     /// A CSV written by `ferroce perf --cc-csv` (repeat for several senders).
     #[arg(long = "csv", required = true)]
@@ -652,15 +541,6 @@ struct SwitchArgs {
     /// instead of recvmmsg.
     #[arg(long = "rx-ring")]
     rx_ring: bool,
-}
-
-/// A finite number greater than zero (a rate, a scale factor).
-fn positive_number(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err("must be a finite number greater than 0".into()),
-        Err(_) => Err("not a number".into()),
-    }
 }
 
 /// A CLI duration in seconds: finite, not negative, representable.
@@ -762,95 +642,8 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
     }
 }
 
-#[derive(clap::Args)]
-struct PingpongArgs {
-    /// The server to connect to (an IPv4 or IPv6 address or a host name); without it, act
-    /// as the server.
-    #[arg(value_parser = ferroce::apps::addr::check_host)]
-    host: Option<String>,
-    /// Listen on / connect to this TCP port.
-    #[arg(short = 'p', long = "port", default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
-    port: u16,
-    /// Network interface.
-    #[arg(short = 'd', long = "ib-dev")]
-    dev: String,
-    /// Packet backend.
-    #[arg(long, value_enum, default_value = "xdp")]
-    backend: ferroce::io::backend::BackendKind,
-    /// Port of the device (only 1 exists; accepted for compatibility).
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=1))]
-    _ib_port: u8,
-    /// Size of message to exchange.
-    #[arg(short = 's', long = "size", default_value_t = 4096)]
-    size: u32,
-    /// Path MTU.
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024, value_parser = parse_mtu)]
-    mtu: u32,
-    /// Number of receives to post at a time.
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = clap::value_parser!(u32).range(2..=32768))]
-    rx_depth: u32,
-    /// Number of exchanges.
-    #[arg(short = 'n', long = "iters", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    iters: u64,
-    /// Service level value.
-    #[arg(short = 'l', long = "sl", default_value_t = 0)]
-    sl: u8,
-    /// Sleep on CQ events.
-    #[arg(short = 'e', long = "events")]
-    events: bool,
-    /// Local port GID index (default: the first IPv4 GID).
-    #[arg(short = 'g', long = "gid-idx")]
-    gid: Option<u8>,
-    /// Validate received buffer.
-    #[arg(short = 'c', long = "chk")]
-    chk: bool,
-    /// Write every frame sent and received to this pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
-    /// Seconds to wait for the peer.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-    timeout: u64,
-    /// Check every byte of every message against an ibv_rc_pingpong peer, which sends back
-    /// the buffer it has just received: each message ferroce sends is a fresh pattern (first
-    /// byte of each 4 KiB page 0, as -c wants) and the echo must equal it; a ferroce server
-    /// also checks the client's first message (0x7b, pages starting with 0 under -c).
-    #[arg(long)]
-    verify: bool,
-    /// Seed of the --verify pattern.
-    #[arg(long, default_value_t = 0x5eed)]
-    verify_seed: u64,
-}
-
-fn run_pingpong(a: PingpongArgs) -> ExitCode {
-    let run = ferroce::apps::tool::PingpongRun {
-        host: a.host,
-        port: a.port,
-        dev: a.dev,
-        backend: a.backend,
-        gid_index: a.gid,
-        mtu: ferroce::verbs::Mtu::from_bytes(a.mtu).unwrap_or_default(),
-        size: a.size,
-        rx_depth: a.rx_depth,
-        iters: a.iters.max(1),
-        sl: a.sl,
-        events: a.events,
-        validate: a.chk,
-        verify: a.verify,
-        verify_seed: a.verify_seed,
-        pcap: a.pcap,
-        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-    };
-    match ferroce::apps::tool::run_pingpong(&run, &mut io::stdout()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferroce: pingpong: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
 fn parse_test(s: &str) -> Result<ferroce::apps::perf::Test, String> {
-    ferroce::apps::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, send-lat, write-lat, read-lat)"))
+    ferroce::apps::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, write-lat, read-lat, send-lat, atomic-lat)"))
 }
 
 fn parse_mtu(s: &str) -> Result<u32, String> {
@@ -860,95 +653,105 @@ fn parse_mtu(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("MTU {v} is not one of 256, 512, 1024, 2048, 4096"))
 }
 
-fn run_perf(a: PerfArgs) -> ExitCode {
-    let is_bw = a.test.is_bw();
-    let cfg = ferroce::apps::perf::PerfConfig {
-        test: a.test,
-        size: a.size,
-        all_sizes: a.all,
-        iters: a.iters.unwrap_or(if is_bw { 5000 } else { 1000 }),
-        duration: a.duration.map(std::time::Duration::from_secs),
-        qps: a.qps.max(1),
-        mtu: ferroce::verbs::Mtu::from_bytes(a.mtu).unwrap_or_default(),
-        tx_depth: a.tx_depth.max(1),
-        report_gbits: a.report_gbits,
-        cmp_swap: a.atomic == "CMP_AND_SWAP",
-        gid_index: 0,
-        timeout: std::time::Duration::from_secs(a.timeout.max(1)),
-        progress: !a.json,
-        verify: a.verify,
-        verify_seed: a.verify_seed,
-        qp_timeout: a.qp_timeout,
-    };
-    let cc = match (a.cc, a.cc_preset) {
-        (PerfCc::None, _) => ferroce::cc::CcConfig::None,
-        (PerfCc::Dcqcn, preset) => {
-            let p = match preset {
-                PerfPreset::Paper => ferroce::cc::dcqcn::Params::paper(),
-                PerfPreset::Connectx => ferroce::cc::dcqcn::Params::connectx(),
-            };
-            match p.time_scaled(a.cc_time_scale).with_overrides(&a.dcqcn) {
-                Ok(p) => ferroce::cc::CcConfig::Dcqcn(p),
-                Err(e) => {
-                    eprintln!("ferroce: perf: --dcqcn: {e}");
-                    return ExitCode::from(2);
-                }
-            }
+/// A perftest test with perftest's command line (`ferroce perf TEST ...` or `ib_write_bw ...`).
+/// `dev_required`: ferroce's own command wants `-d`.
+fn run_perftest(
+    test: ferroce::apps::perf::Test,
+    program: &str,
+    dev_required: bool,
+    args: Vec<std::ffi::OsString>,
+) -> ExitCode {
+    use ferroce::apps::perf::args::{self, ArgsError, Parsed};
+    let label = program.strip_prefix("ferroce ").unwrap_or(program);
+    let inv = match args::parse_as(test, program, dev_required, args) {
+        Ok(Parsed::Run(i)) => i,
+        Ok(Parsed::Help(t)) | Ok(Parsed::Version(t)) => {
+            println!("{}", t.trim_end());
+            return ExitCode::SUCCESS;
         }
-    };
-    let cc_sample = match seconds("--cc-sample-ms", a.cc_sample_ms / 1e3) {
-        Ok(d) => d.clamp(
-            std::time::Duration::from_micros(100),
-            std::time::Duration::from_secs(60),
-        ),
+        Err(ArgsError::Clap(e)) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+        Err(e @ ArgsError::Value { .. }) => {
+            eprintln!("error: {e}\n\nFor more information, try '-h'.");
+            return ExitCode::from(2);
+        }
         Err(e) => {
-            eprintln!("ferroce: perf: {e}");
+            eprintln!("ferroce: {label}: {e}");
             return ExitCode::from(2);
         }
     };
-    let latency_test = matches!(
-        a.test,
-        ferroce::apps::perf::Test::SendLat
-            | ferroce::apps::perf::Test::WriteLat
-            | ferroce::apps::perf::Test::ReadLat
-    );
-    let ack_delay_us = a.ack_delay_us.unwrap_or(if latency_test { 20 } else { 0 });
-    let server = a.host.is_none();
-    let run = ferroce::apps::tool::PerfRun {
-        cfg,
-        host: a.host,
-        port: a.port,
-        dev: a.dev,
-        backend: a.backend,
-        gid_index: a.gid_index,
-        pcap: a.pcap,
-        poll: match (a.busy, a.poll) {
-            (true, _) | (_, PollArg::Busy) => ferroce::apps::tool::Poll::Busy,
-            (_, PollArg::Inline) => ferroce::apps::tool::Poll::Inline,
-            // read-lat's server has no application loop (the READs are answered by the
-            // engine alone): a busy-polling engine thread, as a NIC would answer them.
-            (_, PollArg::Auto) if a.test == ferroce::apps::perf::Test::ReadLat && server => {
-                ferroce::apps::tool::Poll::Busy
-            }
-            (_, PollArg::Auto) if latency_test => ferroce::apps::tool::Poll::Inline,
-            _ => ferroce::apps::tool::Poll::Adaptive,
-        },
-        json: a.json,
-        cc,
-        cnp_interval: (a.cnp_interval_us > 0)
-            .then(|| std::time::Duration::from_micros(a.cnp_interval_us)),
-        ack_delay: (ack_delay_us > 0).then(|| std::time::Duration::from_micros(ack_delay_us)),
-        line_rate_bps: (a.line_gbps.max(0.001) * 1e9) as u64,
-        cc_csv: a.cc_csv,
-        cc_sample,
-    };
-    match ferroce::apps::tool::run_perf(&run, &mut io::stdout()) {
+    match ferroce::apps::tool::run_perf(&inv, &mut io::stdout(), &mut io::stderr()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ferroce: perf: {e}");
+            eprintln!("ferroce: {label}: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// rdma-core's ping-pong with its command line (`ferroce pingpong ...` or `ibv_rc_pingpong`).
+fn run_pingpong(
+    example: ferroce::apps::pingpong::Example,
+    program: &str,
+    dev_required: bool,
+    args: Vec<std::ffi::OsString>,
+) -> ExitCode {
+    use ferroce::apps::pingpong::{self, Parsed};
+    let run = match pingpong::parse_as(example, program, dev_required, args) {
+        Ok(Parsed::Run(r)) => r,
+        Ok(Parsed::Help(t)) => {
+            print!("{t}");
+            return ExitCode::SUCCESS;
+        }
+        Err(pingpong::ArgsError::Clap(e)) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+        Err(e) => {
+            eprintln!("error: {e}\n\nFor more information, try '-h'.");
+            return ExitCode::from(2);
+        }
+    };
+    match pingpong::run_pingpong(&run, &mut io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let label = program.strip_prefix("ferroce ").unwrap_or(program);
+            eprintln!("ferroce: {label}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `ferroce install-links DIR`.
+fn install_links(dir: &Path, force: bool) -> ExitCode {
+    match ferroce::apps::links::install(dir, force) {
+        Ok(made) => {
+            for l in made {
+                println!("{}", l.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ferroce: install-links: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Invoked under a perftest or rdma-core program name (a link to this binary): behave as it.
+fn as_program() -> Option<ExitCode> {
+    let mut argv = std::env::args_os();
+    let argv0 = argv.next()?;
+    let name = Path::new(&argv0).file_name()?.to_str()?.to_string();
+    if let Some(t) = ferroce::apps::perf::args::test_of_program(&name) {
+        return Some(run_perftest(t, &name, false, argv.collect()));
+    }
+    if let Some(e) = ferroce::apps::pingpong::Example::of_program(&name) {
+        return Some(run_pingpong(e, &name, false, argv.collect()));
+    }
+    None
 }
 
 /// The capture `ferroce inspect` reads when given no file: shipped in the source tree and
@@ -956,6 +759,9 @@ fn run_perf(a: PerfArgs) -> ExitCode {
 const DEFAULT_CAPTURE: &[u8] = include_bytes!("../../captures/golden-ipv4.pcap");
 
 fn main() -> ExitCode {
+    if let Some(code) = as_program() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -980,8 +786,16 @@ fn main() -> ExitCode {
         Cmd::Sim {
             cmd: SimCmd::Incast(a),
         } => run_incast(a),
-        Cmd::Perf(a) => run_perf(a),
-        Cmd::Pingpong(a) => run_pingpong(a),
+        Cmd::Perf { test, args } => {
+            run_perftest(test, &format!("ferroce perf {}", test.name()), true, args)
+        }
+        Cmd::Pingpong { args } => run_pingpong(
+            ferroce::apps::pingpong::Example::Rc,
+            "ferroce pingpong",
+            true,
+            args,
+        ),
+        Cmd::InstallLinks { dir, force } => install_links(&dir, force),
         Cmd::Conform(a) => run_conform(a),
         Cmd::Switch(a) => run_switch(a),
         Cmd::CcPlot(a) => match cc_plot(&a) {

@@ -34,7 +34,8 @@ pub(crate) fn read_exact(
     what: &'static str,
     timeout: Duration,
 ) -> Result<(), CmError> {
-    s.set_read_timeout(Some(timeout))?;
+    // Durations beyond any run (`Duration::MAX`: wait for ever) mean no timeout.
+    s.set_read_timeout((timeout < Duration::from_secs(1 << 40)).then_some(timeout))?;
     let mut got = 0;
     while got < buf.len() {
         match s.read(&mut buf[got..]) {

@@ -107,7 +107,7 @@ impl KeyMsg {
 }
 
 /// The bandwidth report exchanged after a bandwidth test.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct BwReport {
     pub size: u64,
     pub iters: u64,
@@ -136,6 +136,22 @@ impl BwReport {
             msg_rate: f64::from_bits(u(32)),
         }
     }
+}
+
+/// C's `atof` of a version string: its leading decimal number ("6.06" is 6.06, "5.70.1" is
+/// 5.7, "" is 0).
+fn c_atof(s: &str) -> f64 {
+    let b = s.trim_start().as_bytes();
+    let mut end = 0;
+    let mut dot = false;
+    while end < b.len() && (b[end].is_ascii_digit() || (b[end] == b'.' && !dot)) {
+        dot |= b[end] == b'.';
+        end += 1;
+    }
+    std::str::from_utf8(&b[..end])
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The `ibv_mtu` enum value of a path MTU.
@@ -190,21 +206,21 @@ impl Session {
     }
 
     /// Steps 1–4: version, page size, cache line, MTU. Returns the agreed (smaller) MTU.
+    ///
+    /// As perftest 6.06 (`check_version_compatibility`), a peer older than 5.70 is refused;
+    /// from 5.70 on, the later fields have the sizes used here.
     pub fn handshake(&mut self, mtu: Mtu) -> Result<Mtu, CmError> {
         let mut v = [0u8; 16];
         v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
         let theirs = self.xchg(&v, "version")?;
         let end = theirs.iter().position(|&b| b == 0).unwrap_or(16);
         let ver = std::str::from_utf8(&theirs[..end]).unwrap_or("");
-        let major_ok = ver
-            .split('.')
-            .next()
-            .and_then(|m| m.parse::<u32>().ok())
-            .is_some_and(|m| m >= 5);
-        if !major_ok {
+        if c_atof(ver) < 5.70 {
             return Err(CmError::Malformed {
                 what: "perftest version",
-                detail: format!("{ver:?} (need 5.x or later)"),
+                detail: format!(
+                    "{ver:?}: Current implementation is not compatible with versions older than 5.70"
+                ),
             });
         }
         let page = self.xchg(&4096u32.to_be_bytes(), "page size")?;
@@ -228,18 +244,19 @@ impl Session {
 
     /// Step 5: one key message per QP.
     pub fn exchange_keys(&mut self, ours: &[KeyMsg]) -> Result<Vec<KeyMsg>, CmError> {
-        ours.iter()
-            .map(|k| {
-                self.xchg(&k.to_wire(), "key message")
-                    .and_then(|t| KeyMsg::from_wire(&t))
-            })
-            .collect()
+        ours.iter().map(|k| self.hand_shake(k)).collect()
     }
 
-    /// A barrier: the first QP's key message exchanged once more.
+    /// perftest's `ctx_hand_shake`: one key message each way (the client's first); returns
+    /// the peer's.
+    pub fn hand_shake(&mut self, ours: &KeyMsg) -> Result<KeyMsg, CmError> {
+        let t = self.xchg(&ours.to_wire(), "key message")?;
+        KeyMsg::from_wire(&t)
+    }
+
+    /// A barrier: `ours` (QP 0's key message) exchanged once more.
     pub fn barrier(&mut self, ours: &KeyMsg) -> Result<(), CmError> {
-        let t = self.xchg(&ours.to_wire(), "barrier")?;
-        KeyMsg::from_wire(&t).map(|_| ())
+        self.hand_shake(ours).map(|_| ())
     }
 
     /// Step 7: bandwidth reports — five `ctx_xchg_data` rounds of 8 bytes each (size,

@@ -56,7 +56,7 @@ pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u
         .as_deref()
         .ok_or("-d/--ib-dev IF is required (the interface to test through)")?;
     let dev = netdev::netdev(dev_name).map_err(|e| format!("{dev_name}: {e}"))?;
-    let gid_index = crate::apps::tool::pick_gid(&dev, o.gid_index)?;
+    let gid_index = crate::apps::tool::pick_gid(&dev, o.gid_index).map_err(|e| e.to_string())?;
     let local = dev.gids[usize::from(gid_index)];
     let link_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
     let mtu = match o.mtu {

@@ -1,0 +1,325 @@
+//! One side's verbs objects, laid out as perftest lays out its own (`alloc_ctx`,
+//! `create_mr`, `set_up_connection`, `ctx_set_send_wqes`, `ctx_set_recv_wqes`), so that a
+//! perftest peer's view of our memory is the one it expects:
+//!
+//! - one memory region of `INC(B, line) * 2 * qps` bytes (`B = BUFF_SIZE(size, cycle)`,
+//!   `size` the largest message), or one of `INC(B, line) * 2` per QP with `--mr_per_qp`;
+//! - QP `i` sends from `i * B` and advertises `(qps + i) * B` (its "receive half") in its key
+//!   message; its SEND receives land at `(qps + i) * INC(B, line)` (own MR: at its start);
+//! - messages of at most half a cycle buffer walk through it in steps of `INC(size, line)`,
+//!   locally and (WRITE, READ, ATOMIC) remotely, back to the start every `cycle / INC` messages.
+
+use super::{PerfConfig, PerfError, Test, Verb};
+use crate::oob::perftest::KeyMsg;
+use crate::runtime::Nic;
+use crate::verbs::{
+    ip_of_gid, Cq, MemoryRegion, NotifyMode, QpInitAttr, RcParams, RecvWr, RemoteQp, Sge,
+    VerbsError,
+};
+use crate::verbs::{AccessFlags, QpCap};
+use crate::wire::{MacAddr, QpNumber};
+use std::net::IpAddr;
+
+/// perftest's `BUFF_SIZE`: at least a cycle buffer.
+pub fn buff_size(size: usize, cycle: usize) -> usize {
+    size.max(cycle)
+}
+
+/// perftest's `INC`: a size rounded up to whole cache lines (at least one).
+pub fn inc(size: usize, line: usize) -> usize {
+    let line = line.max(1);
+    if size > line {
+        size.div_ceil(line) * line
+    } else {
+        line
+    }
+}
+
+/// The outstanding READ/ATOMIC requests ferroce's responder offers a QP at most (perftest's
+/// "device max" for `-o`).
+pub const MAX_OUT_READS: u16 = 16;
+
+/// The verbs objects and memory of one side.
+pub struct Endpoint<'a> {
+    pub nic: &'a Nic,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub qps: Vec<QpNumber>,
+    /// One region, or one per QP (`--mr_per_qp`).
+    pub mrs: Vec<MemoryRegion>,
+    /// The cycle buffer and cache line both sides agreed on (the larger of each).
+    pub cycle: usize,
+    pub line: usize,
+    /// `BUFF_SIZE(largest message, cycle)`.
+    pub bsize: usize,
+    pub psns: Vec<u32>,
+    /// The outstanding reads this side offers (its key messages' `out_reads`).
+    pub out_reads: u16,
+    /// `--verify` only: read-bw's and atomic-bw's destinations and send-bw's receive slots,
+    /// one message-sized slot per queue entry.
+    pub vbuf: Option<MemoryRegion>,
+    /// Slots of `vbuf` per QP.
+    pub vslots: usize,
+}
+
+/// Move a fresh QP to INIT (as `ibv_modify_qp` to INIT right after `ibv_create_qp`), so that
+/// receives can be posted before the connection is made.
+pub fn qp_to_init(nic: &Nic, qpn: QpNumber, access: AccessFlags) -> Result<(), VerbsError> {
+    let (a, mask) = RcParams {
+        access,
+        ..Default::default()
+    }
+    .init_attr();
+    nic.modify_qp(qpn, &a, mask)
+}
+
+/// A 24-bit starting PSN (perftest draws them with `lrand48`); distinct per QP.
+fn psn_for(i: u32) -> u32 {
+    let mut x = u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+        ^ (u64::from(i) << 32);
+    // splitmix64
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((x ^ (x >> 31)) & 0xff_ffff) as u32
+}
+
+impl<'a> Endpoint<'a> {
+    /// Create the CQs, QPs (in INIT) and memory for one side. `cycle`/`line` are the larger
+    /// of both sides' page and cache line sizes (`check_sys_data`).
+    pub fn new(
+        nic: &'a Nic,
+        cfg: &PerfConfig,
+        cycle: usize,
+        line: usize,
+    ) -> Result<Endpoint<'a>, PerfError> {
+        let nq = cfg.qps.max(1) as usize;
+        let pd = nic.alloc_pd();
+        let size = cfg.ctx_size() as usize;
+        let bsize = buff_size(size, cycle);
+        let half = inc(bsize, line);
+        let depth = (cfg.tx_depth.max(1) as usize + cfg.rx_depth.max(1) as usize) * nq + 16;
+        let send_cq = nic.create_cq(depth.max(256))?;
+        let recv_cq = nic.create_cq(depth.max(256))?;
+        let cap = QpCap {
+            // perftest's tx depth, and room for one more post list.
+            max_send_wr: cfg.tx_depth.max(1) + cfg.post_list.max(1),
+            max_recv_wr: cfg.rx_depth.max(1) + cfg.recv_post_list.max(1),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: cfg.inline_size,
+        };
+        let access = match cfg.test.verb() {
+            Verb::Write => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            Verb::Read => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            Verb::Atomic => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+            Verb::Send => AccessFlags::LOCAL_WRITE,
+        };
+        let mrs = if cfg.mr_per_qp {
+            (0..nq)
+                .map(|_| nic.reg_mr(pd, half * 2, access))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            vec![nic.reg_mr(pd, half * 2 * nq, access)?]
+        };
+        let qp_access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mut qps = Vec::with_capacity(nq);
+        let mut psns = Vec::with_capacity(nq);
+        for i in 0..nq {
+            let q = nic.create_qp(QpInitAttr {
+                pd,
+                send_cq,
+                recv_cq,
+                cap,
+                sq_sig_all: false,
+            })?;
+            qp_to_init(nic, q, qp_access)?;
+            qps.push(q);
+            psns.push(psn_for(i as u32));
+        }
+        let out_reads = if matches!(cfg.test.verb(), Verb::Read | Verb::Atomic) {
+            cfg.out_reads_effective()
+        } else {
+            1
+        };
+        let mut ep = Endpoint {
+            nic,
+            send_cq,
+            recv_cq,
+            qps,
+            mrs,
+            cycle,
+            line,
+            bsize,
+            psns,
+            out_reads,
+            vbuf: None,
+            vslots: 0,
+        };
+        if cfg.verify {
+            let vslots = match cfg.test {
+                Test::ReadBw | Test::AtomicBw => cfg.tx_depth.max(1) as usize,
+                Test::SendBw => (cfg.rx_depth.max(1) + cfg.recv_post_list.max(1)) as usize,
+                _ => 0,
+            };
+            if vslots > 0 {
+                let msg = (cfg.size as usize).max(8);
+                ep.vbuf = Some(nic.reg_mr(pd, vslots * nq * msg, AccessFlags::LOCAL_WRITE)?);
+                ep.vslots = vslots;
+            }
+        }
+        if cfg.use_event {
+            nic.req_notify_cq(send_cq, NotifyMode::NextCompletion)?;
+            nic.req_notify_cq(recv_cq, NotifyMode::NextCompletion)?;
+        }
+        Ok(ep)
+    }
+
+    pub fn nq(&self) -> usize {
+        self.qps.len()
+    }
+
+    /// The region QP `q` uses and the offset of its send half in it.
+    fn send_base(&self, q: usize) -> (&MemoryRegion, usize) {
+        if self.mrs.len() > 1 {
+            (&self.mrs[q], 0)
+        } else {
+            (&self.mrs[0], q * self.bsize)
+        }
+    }
+
+    /// The region QP `q` uses and the offset it advertises (its receive half).
+    pub fn advertised(&self, q: usize) -> (&MemoryRegion, usize) {
+        if self.mrs.len() > 1 {
+            (&self.mrs[q], self.bsize)
+        } else {
+            (&self.mrs[0], (self.nq() + q) * self.bsize)
+        }
+    }
+
+    /// The region and offset where QP `q`'s SEND receives start.
+    pub fn recv_base(&self, q: usize) -> (&MemoryRegion, usize) {
+        if self.mrs.len() > 1 {
+            (&self.mrs[q], 0)
+        } else {
+            (&self.mrs[0], (self.nq() + q) * inc(self.bsize, self.line))
+        }
+    }
+
+    /// A scatter entry in QP `q`'s send half, `off` bytes in.
+    pub fn send_sge(&self, q: usize, off: usize, len: u32) -> Sge {
+        let (mr, base) = self.send_base(q);
+        Sge {
+            addr: mr.addr() + (base + off) as u64,
+            length: len,
+            lkey: mr.lkey(),
+        }
+    }
+
+    /// A scatter entry for a receive of QP `q`, `off` bytes past its receive start.
+    pub fn recv_sge(&self, q: usize, off: usize, len: u32) -> Sge {
+        let (mr, base) = self.recv_base(q);
+        Sge {
+            addr: mr.addr() + (base + off) as u64,
+            length: len,
+            lkey: mr.lkey(),
+        }
+    }
+
+    /// The key messages describing this side.
+    pub fn keys(&self, gid: [u8; 16]) -> Vec<KeyMsg> {
+        (0..self.nq())
+            .map(|i| {
+                let (mr, off) = self.advertised(i);
+                KeyMsg {
+                    lid: 0,
+                    out_reads: self.out_reads,
+                    qpn: self.qps[i].get(),
+                    psn: self.psns[i],
+                    rkey: mr.rkey().0,
+                    vaddr: mr.addr() + off as u64,
+                    gid,
+                    srqn: 0,
+                }
+            })
+            .collect()
+    }
+
+    /// Connect each QP to the peer's (`ctx_connect`: RTR with the peer's address, our
+    /// outstanding reads as responder resources; RTS with the peer's as initiator depth).
+    pub fn connect(
+        &self,
+        cfg: &PerfConfig,
+        mtu: crate::verbs::Mtu,
+        theirs: &[KeyMsg],
+        resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
+    ) -> Result<(), PerfError> {
+        for (i, q) in self.qps.iter().enumerate() {
+            let t = theirs
+                .get(i)
+                .ok_or(PerfError::Peer("fewer QPs than ours"))?;
+            let ip = ip_of_gid(t.gid);
+            let mac = resolve(ip).ok_or(PerfError::Neighbour(ip))?;
+            let remote = RemoteQp {
+                qpn: QpNumber::new(t.qpn),
+                gid: t.gid,
+                mac,
+                psn: t.psn,
+            };
+            let p = RcParams {
+                mtu,
+                sgid_index: cfg.gid_index,
+                local_psn: self.psns[i],
+                max_rd_atomic: t.out_reads.clamp(1, 255) as u8,
+                max_dest_rd_atomic: self.out_reads.clamp(1, 255) as u8,
+                timeout: cfg.qp_timeout.min(31),
+                retry_cnt: 7,
+                rnr_retry: 7,
+                min_rnr_timer: 12,
+                traffic_class: cfg.traffic_class,
+                ..RcParams::default()
+            };
+            self.nic.connect_rc(*q, &remote, &p)?;
+        }
+        Ok(())
+    }
+
+    /// Write `bytes` into QP `q`'s send half, `off` bytes in.
+    pub fn write_send_half(&self, q: usize, off: usize, bytes: &[u8]) -> Result<(), PerfError> {
+        let (mr, base) = self.send_base(q);
+        mr.write(base + off, bytes)
+            .map_err(|e| PerfError::Verify(e.to_string()))
+    }
+
+    /// Read from the region QP `q` advertises, `off` bytes in.
+    pub fn read_advertised(&self, q: usize, off: usize, out: &mut [u8]) -> Result<(), PerfError> {
+        let (mr, base) = self.advertised(q);
+        mr.read(base + off, out)
+            .map_err(|e| PerfError::Verify(e.to_string()))
+    }
+
+    /// Post `n` receives of `len` bytes on QP `q` (`ctx_set_recv_wqes` for one QP), walking
+    /// the receive area as perftest does; returns the next slot index.
+    pub fn post_recvs(&self, q: usize, n: u32, len: u32, walk: bool) -> Result<(), PerfError> {
+        let step = inc(len as usize, self.line);
+        let slots = (self.cycle / step).max(1);
+        for j in 0..n as usize {
+            let off = if walk { (j % slots) * step } else { 0 };
+            self.nic.post_recv(
+                self.qps[q],
+                RecvWr {
+                    wr_id: q as u64,
+                    sg_list: vec![self.recv_sge(q, off, len)],
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
