@@ -6,7 +6,7 @@
 //! - the **vocabulary** of libibverbs' API, data only: QP states, attributes and the rules of
 //!   `ibv_modify_qp` ([`attr`]), work requests ([`wr`]), work completions ([`wc`]), handles
 //!   ([`Pd`], [`Cq`], [`LKey`]);
-//! - the **objects** transports operate on: the posted form of a work request ([`wqe`]), the
+//! - the **objects** transports operate on: the posted form of a work request (`wqe.rs`), the
 //!   completion-queue ring ([`cq`]), memory regions, the key table and the scatter/gather
 //!   copies in and out of them ([`mr`]), the resolved path of a connected QP ([`path`]),
 //!   counters ([`counters`]) and `Ctx`, what the QPs of one device share while they run.
@@ -25,7 +25,7 @@ pub mod cq;
 pub mod mr;
 pub mod path;
 pub mod wc;
-pub mod wqe;
+pub(crate) mod wqe;
 pub mod wr;
 
 pub use attr::{

@@ -7,7 +7,7 @@ use super::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
 /// A posted send work request.
 #[derive(Debug)]
-pub struct SendWqe {
+pub(crate) struct SendWqe {
     /// The application's identifier, returned in the completion.
     pub wr_id: u64,
     /// The operation and its operands.
@@ -54,7 +54,7 @@ impl SendWqe {
 
 /// A posted receive work request.
 #[derive(Debug)]
-pub struct RecvWqe {
+pub(crate) struct RecvWqe {
     /// The application's identifier, returned in the completion.
     pub wr_id: u64,
     /// Where received data lands.
