@@ -1,5 +1,7 @@
 //! The `ferroce` binary as a user runs it: exit statuses and one-line errors.
 
+mod common;
+
 use std::process::Command;
 
 fn ferroce(args: &[&str]) -> (i32, String, String) {
@@ -256,18 +258,7 @@ fn demo_never_replaces_a_capture_unasked() {
 
 #[test]
 fn demo_across_namespaces_over_af_xdp() {
-    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
-    assert!(std::fs::metadata("/proc/self").is_ok());
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .map(|l| l.split_whitespace().nth(1).unwrap_or("1").to_string())
-        .unwrap_or_default();
-    assert_eq!(
-        uid, "0",
-        "ferroce demo --netns needs root (this test must run as root)"
-    );
+    require_root!("cli", "network namespaces, AF_XDP");
     let pcap = std::env::temp_dir().join(format!("ferroce-demo-netns-{}.pcap", std::process::id()));
     let (code, out, err) = ferroce(&[
         "demo",
@@ -290,7 +281,7 @@ fn demo_across_namespaces_over_af_xdp() {
 
 #[test]
 fn devinfo_shows_the_counters_of_a_running_perf_in_its_namespace_only() {
-    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
+    require_root!("cli", "the testbed's network namespaces, AF_XDP");
     let p = "dv";
     testbed_up(p);
     let bin = env!("CARGO_BIN_EXE_ferroce");
@@ -378,7 +369,7 @@ fn unusable_durations_are_one_line_errors() {
 
 #[test]
 fn latency_tests_over_the_testbed_send_the_reply_before_the_delayed_ack() {
-    // Needs root (namespaces, AF_XDP): CI runs as root; elsewhere this fails, never skips.
+    require_root!("cli", "the testbed's network namespaces, AF_XDP");
     let p = "dl";
     testbed_up(p);
     let bin = env!("CARGO_BIN_EXE_ferroce");
@@ -520,7 +511,10 @@ fn inspect_stops_quietly_when_its_reader_goes_away() {
 
 #[test]
 fn devinfo_port_state_follows_the_interface() {
-    // Needs root (a network namespace with its loopback and a veth pair).
+    require_root!(
+        "cli",
+        "a network namespace with its loopback and a veth pair"
+    );
     let ns = format!("fdv{}", std::process::id() % 100_000);
     let ip = |args: &[&str]| {
         let o = sh(&[&["ip", "-n", &ns][..], args].concat());

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::net::{in_ns, require_root};
+use common::net::in_ns;
 use ferroce::io::netdev;
 use ferroce::io::route::{self, Neighbour, RouteError};
 use ferroce::wire::MacAddr;
@@ -182,7 +182,7 @@ fn check_neighbours(ns: &'static str, v6: bool) -> usize {
 
 #[test]
 fn routes_and_neighbours_agree_with_iproute2() {
-    require_root("netlink_routes", "network namespaces: CAP_SYS_ADMIN");
+    require_root!("netlink_routes", "network namespaces: CAP_SYS_ADMIN");
     let _tb = Testbed::up();
 
     // Routes: behind R (via R), on the connected network, local; IPv4 and IPv6.

@@ -11,8 +11,11 @@
 
 mod common;
 
-use common::net::{prime_neighbours, require_root, spawn_in_ns};
+use common::net::{prime_neighbours, spawn_in_ns};
 use ferroce::io::af_packet::AfPacketRx;
+
+/// What these tests need root for.
+const NEEDS: &str = "network namespaces, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_RAW";
 use ferroce::io::{AfPacketConfig, AfPacketDevice, AfPacketTx, Medium, PacketDevice};
 use ferroce::io::{UdpConfig, UdpDevice};
 use ferroce::wire::*;
@@ -57,10 +60,6 @@ fn testbed_cmd(args: &[&str]) -> std::process::Output {
 
 impl Testbed {
     fn up(extra: &[&str]) -> Testbed {
-        require_root(
-            "packet_backends",
-            "network namespaces, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_RAW",
-        );
         let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut args = vec!["up", "--force"];
         args.extend_from_slice(extra);
@@ -325,6 +324,7 @@ fn check_forwarded(f: &[u8], v6: bool) -> u32 {
 
 #[test]
 fn af_packet_a_to_b_through_r_with_filter() {
+    require_root!("packet_backends", NEEDS);
     let _tb = Testbed::up(&["--drop-roce-input"]);
     for tx_mode in [MMSG, RING] {
         for v6 in [false, true] {
@@ -420,6 +420,7 @@ fn af_packet_a_to_b_through_r_with_filter() {
 
 #[test]
 fn af_packet_reinserts_a_stripped_vlan_tag() {
+    require_root!("packet_backends", NEEDS);
     // A sends 802.1Q-tagged frames straight to R's `ra`; the kernel strips the tag into the
     // packet metadata before the packet tap (and the filter) sees the frame, and the device
     // must put it back.
@@ -550,6 +551,7 @@ fn run_ids(sizes: &[usize]) -> Vec<u16> {
 
 #[test]
 fn udp_socket_a_to_b_ipv4_and_ipv6() {
+    require_root!("packet_backends", NEEDS);
     let _tb = Testbed::up(&[]);
     udp_case(false);
     udp_case(true);
@@ -557,6 +559,7 @@ fn udp_socket_a_to_b_ipv4_and_ipv6() {
 
 #[test]
 fn af_packet_to_udp_socket_solves_the_ident() {
+    require_root!("packet_backends", NEEDS);
     let _tb = Testbed::up(&[]);
     for v6 in [false, true] {
         let base = if v6 {
@@ -682,6 +685,7 @@ fn ns_cmd(host: char, cmd: &str, args: &[&str]) {
 
 #[test]
 fn udp_socket_to_af_packet_has_a_valid_icrc_on_the_wire() {
+    require_root!("packet_backends", NEEDS);
     // What the UDP backend's kernel puts on the wire, captured with AF_PACKET at the peer:
     // every ICRC must verify under the headers the kernel wrote, IPv4 IDs being those of
     // the kernel's segmentation (segment i of a GSO run: ID i; a lone datagram: 0) with DF —
@@ -876,6 +880,7 @@ fn tx_only_rate(open_tx: Opener, secs: f64) -> (f64, String) {
 
 #[test]
 fn throughput_1024_byte_payload_frames() {
+    require_root!("packet_backends", NEEDS);
     let _tb = Testbed::up(&["--drop-roce-input"]);
     let secs = 1.5;
     let v4 = Spec {
@@ -1015,6 +1020,7 @@ fn stress(open_tx: Opener, frames_total: u32) -> (u64, u64, u64, String) {
 
 #[test]
 fn af_packet_full_speed_distinct_frames_arrive_intact() {
+    require_root!("packet_backends", NEEDS);
     let _tb = Testbed::up(&["--drop-roce-input"]);
     for (open, name) in [
         ((|| afp("eth0", MMSG)) as Opener, "sendmmsg"),

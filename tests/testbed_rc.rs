@@ -64,7 +64,11 @@
 
 mod common;
 
-use common::net::{join, prime_neighbours, require_root, spawn_in_ns};
+use common::net::{join, prime_neighbours, spawn_in_ns};
+
+/// What these tests need root for.
+const NEEDS: &str =
+    "network namespaces, BPF, AF_XDP, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW";
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev;
 use ferroce::io::{
@@ -223,11 +227,6 @@ struct Bed {
 
 impl Bed {
     fn take(drop: InputDrop) -> Bed {
-        require_root(
-            "testbed_rc",
-            "network namespaces, BPF, AF_XDP, AF_PACKET: CAP_SYS_ADMIN, CAP_NET_ADMIN, \
-             CAP_BPF, CAP_NET_RAW",
-        );
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = UP.get_or_init(bring_up) {
             panic!("{e}");
@@ -1176,16 +1175,19 @@ fn udp_socket_gso_on_the_wire() {
 
 #[test]
 fn every_operation_af_xdp() {
+    require_root!("testbed_rc", NEEDS);
     every_operation_with_capture(BackendKind::Xdp);
 }
 
 #[test]
 fn every_operation_af_packet() {
+    require_root!("testbed_rc", NEEDS);
     every_operation_with_capture(BackendKind::Packet);
 }
 
 #[test]
 fn every_operation_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
     every_operation_with_capture(BackendKind::Udp);
 }
 
@@ -1262,16 +1264,19 @@ fn one_percent_loss(kind: BackendKind) {
 
 #[test]
 fn one_percent_loss_af_xdp() {
+    require_root!("testbed_rc", NEEDS);
     one_percent_loss(BackendKind::Xdp);
 }
 
 #[test]
 fn one_percent_loss_af_packet() {
+    require_root!("testbed_rc", NEEDS);
     one_percent_loss(BackendKind::Packet);
 }
 
 #[test]
 fn one_percent_loss_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
     one_percent_loss(BackendKind::Udp);
 }
 
@@ -1348,16 +1353,19 @@ fn duplicates_and_reordering(kind: BackendKind) {
 
 #[test]
 fn duplicates_and_reordering_af_xdp() {
+    require_root!("testbed_rc", NEEDS);
     duplicates_and_reordering(BackendKind::Xdp);
 }
 
 #[test]
 fn duplicates_and_reordering_af_packet() {
+    require_root!("testbed_rc", NEEDS);
     duplicates_and_reordering(BackendKind::Packet);
 }
 
 #[test]
 fn duplicates_and_reordering_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
     duplicates_and_reordering(BackendKind::Udp);
 }
 
@@ -1365,6 +1373,7 @@ fn duplicates_and_reordering_udp_socket() {
 
 #[test]
 fn af_xdp_interoperates_with_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
     // A's kernel must ignore RoCE (its XDP socket owns it); B's must deliver it to the socket.
     let _bed = Bed::take(InputDrop { a: true, b: false });
     let p = connect(
@@ -1769,15 +1778,18 @@ fn garbage_during_transfer(kind: BackendKind) {
 
 #[test]
 fn garbage_during_transfer_af_xdp() {
+    require_root!("testbed_rc", NEEDS);
     garbage_during_transfer(BackendKind::Xdp);
 }
 
 #[test]
 fn garbage_during_transfer_af_packet() {
+    require_root!("testbed_rc", NEEDS);
     garbage_during_transfer(BackendKind::Packet);
 }
 
 #[test]
 fn garbage_during_transfer_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
     garbage_during_transfer(BackendKind::Udp);
 }

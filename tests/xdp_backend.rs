@@ -25,7 +25,11 @@
 
 mod common;
 
-use common::net::{in_ns, require_root};
+use common::net::in_ns;
+
+/// What these tests need root for.
+const NEEDS: &str =
+    "network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW";
 use ferroce::io::ebpf::{self, action};
 use ferroce::io::{
     AttachMethod, PacketDevice, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy,
@@ -530,10 +534,7 @@ fn throughput(a: XdpDevice, b: XdpDevice, secs: f64) -> (XdpDevice, XdpDevice) {
 
 #[test]
 fn af_xdp_between_two_namespaces() {
-    require_root(
-        "xdp_backend",
-        "network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW",
-    );
+    require_root!("xdp_backend", NEEDS);
     let tb = Testbed::up();
 
     // Errors are clear.
@@ -810,10 +811,7 @@ fn af_xdp_between_two_namespaces() {
 
 #[test]
 fn a_rejected_program_comes_with_the_verifier_log() {
-    require_root(
-        "xdp_backend",
-        "network namespaces, BPF, AF_XDP: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW",
-    );
+    require_root!("xdp_backend", NEEDS);
     // `exit` without setting R0: the verifier refuses ("R0 !read_ok").
     let exit = [ebpf::Insn {
         code: 0x95,
