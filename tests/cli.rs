@@ -150,8 +150,14 @@ fn bad_flag_gets_claps_whole_message() {
     }
 }
 
+/// The demo tests run one at a time: each demo keeps both cores busy, and several at once
+/// (with a debug build on a loaded 2-core machine) starve the engines for long enough to time
+/// READs out.
+static DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn demo_runs_and_its_capture_is_clean() {
+    let _one = DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let pcap = std::env::temp_dir().join(format!("ferroce-demo-test-{}.pcap", std::process::id()));
     let _ = std::fs::remove_file(&pcap);
     let (code, out, err) = ferroce(&["demo", "--quick", "--pcap", pcap.to_str().unwrap()]);
@@ -210,6 +216,7 @@ fn demo_runs_and_its_capture_is_clean() {
 
 #[test]
 fn demo_never_replaces_a_capture_unasked() {
+    let _one = DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("ferroce-demo-names-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
