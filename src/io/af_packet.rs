@@ -72,16 +72,25 @@ pub enum AfPacketRx {
     /// tags: one copy per frame, but every frame is available as soon as it arrives. Needs
     /// [`AfPacketTx::Sendmmsg`]. What a switch wants: no batching delay on sparse traffic
     /// (ACKs, CNPs).
-    Recvmmsg { batch: usize },
+    Recvmmsg {
+        /// Frames per `recvmmsg` call.
+        batch: usize,
+    },
 }
 
 /// How frames are sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfPacketTx {
     /// Copy frames out of `batch` (1..=64) device buffers with one `sendmmsg` per batch.
-    Sendmmsg { batch: usize },
+    Sendmmsg {
+        /// Frames per `sendmmsg` call.
+        batch: usize,
+    },
     /// A TPACKET_V3 TX ring of `slots` slots, one `send()` doorbell per batch.
-    Ring { slots: usize },
+    Ring {
+        /// Slots of the TX ring.
+        slots: usize,
+    },
 }
 
 /// Configuration of an [`AfPacketDevice`].
@@ -97,6 +106,7 @@ pub struct AfPacketConfig {
     pub rx_retire_ms: u32,
     /// The receive path (the ring fields above apply to [`AfPacketRx::Ring`]).
     pub rx: AfPacketRx,
+    /// The send path.
     pub tx: AfPacketTx,
     /// Request `PACKET_QDISC_BYPASS` (ignored if the kernel refuses it).
     pub qdisc_bypass: bool,
@@ -160,6 +170,7 @@ enum Rx {
 pub struct GsoRxStats {
     /// UDP GSO super-frames received, and the frames they were split into.
     pub super_frames: u64,
+    /// Frames those super-frames were split into.
     pub segments: u64,
     /// Frames with another kind of segmentation pending, or that did not split (dropped).
     pub unsplittable: u64,

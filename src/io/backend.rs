@@ -19,6 +19,7 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// The name `--backend` takes.
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Xdp => "xdp",

@@ -33,10 +33,15 @@ pub const MAP_NAME: &str = "ferroce_xsks";
 
 /// XDP verdicts (`enum xdp_action`).
 pub mod action {
+    /// Drop, signalling an error.
     pub const ABORTED: u32 = 0;
+    /// Drop.
     pub const DROP: u32 = 1;
+    /// Hand to the kernel's stack.
     pub const PASS: u32 = 2;
+    /// Send back out of the interface.
     pub const TX: u32 = 3;
+    /// Redirect (to an AF_XDP socket here).
     pub const REDIRECT: u32 = 4;
 }
 
@@ -77,11 +82,17 @@ pub const BPF_PSEUDO_MAP_FD: u8 = 1;
 /// Conditional jumps (unsigned comparisons on 64-bit registers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cond {
+    /// `==`.
     Eq = 0x10,
+    /// `>`.
     Gt = 0x20,
+    /// `>=`.
     Ge = 0x30,
+    /// `!=`.
     Ne = 0x50,
+    /// `<`.
     Lt = 0xa0,
+    /// `<=`.
     Le = 0xb0,
 }
 
@@ -112,21 +123,33 @@ impl Cond {
 /// Registers. R0: return value; R1..R5: arguments (clobbered by calls); R6..R9: preserved
 /// across calls; R10: frame pointer.
 pub type Reg = u8;
+/// Return value.
 pub const R0: Reg = 0;
+/// First argument (the context in a program).
 pub const R1: Reg = 1;
+/// Second argument.
 pub const R2: Reg = 2;
+/// Third argument.
 pub const R3: Reg = 3;
+/// Fourth argument.
 pub const R4: Reg = 4;
+/// Fifth argument.
 pub const R5: Reg = 5;
+/// Preserved across calls.
 pub const R6: Reg = 6;
 
 /// One 8-byte eBPF instruction (`struct bpf_insn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Insn {
+    /// Opcode.
     pub code: u8,
+    /// Destination register.
     pub dst: u8,
+    /// Source register.
     pub src: u8,
+    /// Signed offset.
     pub off: i16,
+    /// Signed immediate.
     pub imm: i32,
 }
 
@@ -160,9 +183,11 @@ pub struct Asm {
 }
 
 impl Asm {
+    /// An empty program.
     pub fn new() -> Self {
         Self::default()
     }
+    /// A new label, to be bound later with `bind`.
     pub fn label(&mut self) -> Label {
         self.labels.push(None);
         Label(self.labels.len() - 1)
@@ -189,15 +214,19 @@ impl Asm {
     pub fn mov_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(BPF_ALU64 | MOV | K, dst, 0, 0, imm)
     }
+    /// `dst += imm`.
     pub fn add_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(BPF_ALU64 | ADD | K, dst, 0, 0, imm)
     }
+    /// `dst += src`.
     pub fn add_reg(&mut self, dst: Reg, src: Reg) -> &mut Self {
         self.push(BPF_ALU64 | ADD | X, dst, src, 0, 0)
     }
+    /// `dst &= imm`.
     pub fn and_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(BPF_ALU64 | AND | K, dst, 0, 0, imm)
     }
+    /// `dst <<= imm`.
     pub fn lsh_imm(&mut self, dst: Reg, imm: i32) -> &mut Self {
         self.push(BPF_ALU64 | LSH | K, dst, 0, 0, imm)
     }
@@ -230,6 +259,7 @@ impl Asm {
     pub fn call(&mut self, id: i32) -> &mut Self {
         self.push(BPF_JMP | CALL, 0, 0, 0, id)
     }
+    /// Return R0.
     pub fn exit(&mut self) -> &mut Self {
         self.push(BPF_JMP | EXIT, 0, 0, 0, 0)
     }
@@ -247,8 +277,11 @@ impl Asm {
 
 /// Offsets in `struct xdp_md`, the XDP program's context.
 pub mod xdp_md {
+    /// `data`: the frame's first byte.
     pub const DATA: i16 = 0;
+    /// `data_end`: one past its last byte.
     pub const DATA_END: i16 = 4;
+    /// `rx_queue_index`: the receive queue.
     pub const RX_QUEUE_INDEX: i16 = 16;
 }
 

@@ -11,36 +11,51 @@ use std::time::Duration;
 /// Probabilities per received frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FaultConfig {
+    /// Drop the frame.
     pub drop: f64,
+    /// Deliver it twice.
     pub duplicate: f64,
     /// Hold a frame back until `reorder_depth` later frames have been delivered.
     pub reorder: f64,
+    /// How many frames pass a held-back one.
     pub reorder_depth: usize,
+    /// Flip a random bit.
     pub corrupt: f64,
+    /// Set ECN CE on an ECN-capable IP packet.
     pub ce_mark: f64,
+    /// Seed of the decisions.
     pub seed: u64,
 }
 
 /// What the injector did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FaultStats {
+    /// Frames dropped.
     pub dropped: u64,
+    /// Frames delivered twice.
     pub duplicated: u64,
+    /// Frames held back.
     pub reordered: u64,
+    /// Frames with a bit flipped.
     pub corrupted: u64,
+    /// Frames marked CE.
     pub ce_marked: u64,
 }
 
+/// A wrapper that drops, duplicates, reorders, corrupts and CE-marks the frames `D`
+/// receives, with seeded probabilities ([`FaultConfig`]); what it sends passes unchanged.
 pub struct FaultInjector<D> {
     inner: D,
     cfg: FaultConfig,
     rng: SplitMix64,
     /// Held-back frames with the number of frames still to pass them.
     held: VecDeque<(usize, Vec<u8>)>,
+    /// What it did so far.
     pub stats: FaultStats,
 }
 
 impl<D: PacketDevice> FaultInjector<D> {
+    /// Wrap `inner`.
     pub fn new(inner: D, cfg: FaultConfig) -> Self {
         FaultInjector {
             inner,
@@ -50,6 +65,7 @@ impl<D: PacketDevice> FaultInjector<D> {
             stats: FaultStats::default(),
         }
     }
+    /// The wrapped device.
     pub fn inner(&self) -> &D {
         &self.inner
     }

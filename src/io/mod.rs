@@ -56,9 +56,13 @@ pub enum Medium {
 /// Counters every backend keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IoStats {
+    /// Frames received and handed up.
     pub rx_frames: u64,
+    /// Bytes of those frames.
     pub rx_bytes: u64,
+    /// Frames sent.
     pub tx_frames: u64,
+    /// Bytes of those frames.
     pub tx_bytes: u64,
     /// Frames the backend could not deliver up (no buffer, ring full, filtered late).
     pub rx_dropped: u64,
@@ -95,10 +99,12 @@ pub trait PacketDevice: Send {
     /// The largest frame the device can send or receive, in bytes.
     fn frame_capacity(&self) -> usize;
 
+    /// What a frame is on this device (whole Ethernet frames by default).
     fn medium(&self) -> Medium {
         Medium::Ethernet
     }
 
+    /// The device's counters.
     fn stats(&self) -> IoStats;
 
     /// A short name for logs and `devinfo` (e.g. `af_xdp(veth0 q0, copy)`).

@@ -16,9 +16,13 @@ use std::time::{Duration, Instant};
 /// What ferroce needs to know about a network interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Netdev {
+    /// Interface name.
     pub name: String,
+    /// Interface index.
     pub index: u32,
+    /// MAC address (zero for interfaces without one, such as loopback).
     pub mac: MacAddr,
+    /// MTU, if it could be read.
     pub mtu: Option<u32>,
     /// The GID table, in Linux's order.
     pub gids: Vec<IpAddr>,

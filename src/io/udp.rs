@@ -117,6 +117,8 @@ pub struct UdpConfig {
 }
 
 impl UdpConfig {
+    /// Bind `local`:4791 with the defaults (IP MTU 1500, batches of 64, the IPv4 ID solver,
+    /// GSO and GRO on).
     pub fn new(local: IpAddr) -> Self {
         UdpConfig {
             local,
@@ -148,11 +150,13 @@ pub struct IdentStats {
 pub struct OffloadStats {
     /// `UDP_SEGMENT` messages sent, and the datagrams (frames) they carried.
     pub gso_sends: u64,
+    /// Datagrams those messages carried.
     pub gso_segments: u64,
     /// Times the kernel refused a GSO message (GSO is then off for the device's life).
     pub gso_refused: u64,
     /// Coalesced datagrams received (`UDP_GRO`), and the segments they held.
     pub gro_datagrams: u64,
+    /// Segments those datagrams held.
     pub gro_segments: u64,
 }
 

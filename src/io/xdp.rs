@@ -130,8 +130,11 @@ pub enum AttachMethod {
 /// Options of [`XdpDevice::open`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct XdpOptions {
+    /// Native or generic XDP.
     pub mode: XdpMode,
+    /// Zero-copy or copy mode.
     pub zero_copy: ZeroCopy,
+    /// How the program is attached (BPF link or netlink).
     pub attach: AttachMethod,
     /// Bytes per UMEM frame: 2048 or 4096 (power of two, at most the page size).
     pub frame_size: u32,
@@ -168,7 +171,9 @@ pub const XSKMAP_ENTRIES: u32 = 256;
 /// The mode the program actually runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActiveMode {
+    /// In the driver.
     Native,
+    /// In the kernel's generic path (after the socket buffer is built).
     Generic,
 }
 
@@ -179,6 +184,7 @@ impl ActiveMode {
             ActiveMode::Generic => XDP_FLAGS_SKB_MODE,
         }
     }
+    /// `native` or `generic`.
     pub fn as_str(self) -> &'static str {
         match self {
             ActiveMode::Native => "native",

@@ -17,14 +17,23 @@ use std::time::Duration;
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CmError {
+    /// The TCP connection failed.
     #[error("connection: {0}")]
     Io(#[from] io::Error),
+    /// The peer did not send the named message in time.
     #[error("timed out after {0:?} waiting for the peer's {1}")]
     Timeout(Duration, &'static str),
+    /// The peer closed the connection before sending the named message.
     #[error("peer closed the connection while we waited for its {0}")]
     Closed(&'static str),
+    /// The peer's message could not be read.
     #[error("malformed {what} from the peer: {detail}")]
-    Malformed { what: &'static str, detail: String },
+    Malformed {
+        /// Which message.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 /// Read exactly `buf.len()` bytes (`what` names the message for errors).

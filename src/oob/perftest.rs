@@ -37,14 +37,21 @@ pub const KEY_LEN: usize = 108;
 /// One QP's connection data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyMsg {
+    /// LID (0 on RoCE).
     pub lid: u16,
     /// The responder resources this side offers (max_dest_rd_atomic).
     pub out_reads: u16,
+    /// QP number.
     pub qpn: u32,
+    /// Starting PSN.
     pub psn: u32,
+    /// R_Key of the buffer the peer may access.
     pub rkey: u32,
+    /// Virtual address of that buffer.
     pub vaddr: u64,
+    /// GID (IPv4-mapped for IPv4).
     pub gid: [u8; 16],
+    /// SRQ number (0 without SRQ).
     pub srqn: u32,
 }
 
@@ -69,6 +76,7 @@ impl KeyMsg {
         out
     }
 
+    /// Parse the 108 bytes of a peer's key message.
     pub fn from_wire(buf: &[u8]) -> Result<KeyMsg, CmError> {
         let bad = |d: &str| CmError::Malformed {
             what: "perftest key message",
@@ -109,14 +117,20 @@ impl KeyMsg {
 /// The bandwidth report exchanged after a bandwidth test.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct BwReport {
+    /// Message size (bytes).
     pub size: u64,
+    /// Iterations.
     pub iters: u64,
+    /// Peak bandwidth (perftest's unit: MB/s or Gb/s).
     pub bw_peak: f64,
+    /// Average bandwidth.
     pub bw_avg: f64,
+    /// Message rate (Mpps).
     pub msg_rate: f64,
 }
 
 impl BwReport {
+    /// The 40 bytes on the wire (big-endian integers and IEEE doubles).
     pub fn to_wire(&self) -> [u8; 40] {
         let mut o = [0u8; 40];
         o[0..8].copy_from_slice(&self.size.to_be_bytes());
@@ -126,6 +140,7 @@ impl BwReport {
         o[32..40].copy_from_slice(&self.msg_rate.to_bits().to_be_bytes());
         o
     }
+    /// Read the 40 bytes of a peer's report.
     pub fn from_wire(b: &[u8; 40]) -> BwReport {
         let u = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
         BwReport {
@@ -162,22 +177,29 @@ pub fn mtu_enum(m: Mtu) -> u8 {
 /// Which end of the exchange this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// Connects (the side given the server's address).
     Client,
+    /// Listens.
     Server,
 }
 
 /// A perftest control connection.
 pub struct Session {
+    /// The TCP connection.
     pub stream: TcpStream,
+    /// Which end this is.
     pub role: Role,
+    /// How long to wait for each message of the peer.
     pub timeout: Duration,
     /// The peer's cycle buffer (page size) and cache line size from the handshake: perftest
     /// lays out its buffers with them (each half is `max(size, page)` rounded up to a line).
     pub peer_page: u32,
+    /// The peer's cache line size.
     pub peer_cache_line: u32,
 }
 
 impl Session {
+    /// A session over an accepted or connected stream.
     pub fn new(stream: TcpStream, role: Role, timeout: Duration) -> Self {
         let _ = stream.set_nodelay(true);
         Session {

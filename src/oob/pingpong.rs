@@ -14,9 +14,13 @@ pub const MSG_LEN: usize = 52;
 /// One side's connection data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dest {
+    /// LID (0 on RoCE).
     pub lid: u16,
+    /// QP number.
     pub qpn: u32,
+    /// Starting PSN.
     pub psn: u32,
+    /// GID (IPv4-mapped for IPv4).
     pub gid: [u8; 16],
 }
 

@@ -9,13 +9,21 @@ use std::time::Duration;
 
 /// Link-layer types ferroce understands, as numbered in the tcpdump link-type registry.
 pub mod linktype {
+    /// Ethernet II.
     pub const ETHERNET: u32 = 1;
+    /// Raw IP (IPv4 or IPv6).
     pub const RAW: u32 = 101;
+    /// Raw IP as DLT 12 (written by some systems instead of 101).
     pub const RAW_OPENBSD: u32 = 12;
+    /// Raw IP as DLT 14 (written by others).
     pub const RAW_ALT: u32 = 14;
+    /// Linux cooked capture (`tcpdump -i any`).
     pub const LINUX_SLL: u32 = 113;
+    /// Raw IPv4.
     pub const IPV4: u32 = 228;
+    /// Raw IPv6.
     pub const IPV6: u32 = 229;
+    /// Linux cooked capture v2.
     pub const LINUX_SLL2: u32 = 276;
 }
 
@@ -28,6 +36,7 @@ pub struct CapturedFrame {
     pub ts: Duration,
     /// Link-layer type (tcpdump registry number).
     pub linktype: u32,
+    /// The captured bytes.
     pub data: Vec<u8>,
     /// Length on the wire; larger than `data.len()` when the capture was cut at a snaplen.
     pub orig_len: u32,
@@ -36,10 +45,13 @@ pub struct CapturedFrame {
 /// Why a capture could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
+    /// Reading (or writing) failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The file starts with neither a pcap nor a pcapng header (the first bytes, in hex).
     #[error("not a pcap or pcapng capture (first bytes {0})")]
     NotACapture(String),
+    /// A block or record is inconsistent.
     #[error("corrupt capture: {0}")]
     Corrupt(String),
 }

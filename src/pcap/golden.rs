@@ -20,14 +20,18 @@ use std::time::Duration;
 /// The framings the golden set is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Framing {
+    /// Ethernet, IPv4.
     Ipv4,
+    /// Ethernet, IPv6.
     Ipv6,
+    /// Ethernet with an 802.1Q tag, IPv4.
     VlanIpv4,
 }
 
 /// One golden capture file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Golden {
+    /// The framing of every packet.
     pub framing: Framing,
     /// RD opcodes only (a file of their own: tshark 4.0 mis-dissects RD, see the README).
     pub rd: bool,

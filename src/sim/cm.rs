@@ -58,7 +58,9 @@ impl MadEndpoint for RdmaCm {
 /// One of the two endpoints.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Side {
+    /// The first endpoint (`CmPair::a`).
     A,
+    /// The second endpoint (`CmPair::b`).
     B,
 }
 
@@ -84,9 +86,13 @@ pub enum Fate {
 /// A MAD in the trace: when, from which side, what (`None` if it does not parse), its fate.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TraceEntry {
+    /// When it was sent.
     pub at: Instant,
+    /// Who sent it.
     pub from: Side,
+    /// The CM message, if it parses.
     pub mad: Option<CmMadRepr>,
+    /// What happened to it.
     pub fate: Fate,
 }
 
@@ -101,10 +107,15 @@ type Filter = Box<dyn FnMut(Side, &CmMadRepr) -> bool>;
 
 /// Two connection managers on a seeded network.
 pub struct CmPair<E: MadEndpoint> {
+    /// Endpoint A.
     pub a: E,
+    /// Endpoint B.
     pub b: E,
+    /// A's address (as B sees it).
     pub addr_a: MadAddr,
+    /// B's address (as A sees it).
     pub addr_b: MadAddr,
+    /// The seeded network between them.
     pub net: Network,
     ep_a: EndpointId,
     ep_b: EndpointId,

@@ -13,8 +13,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 /// N hosts and a switch.
 pub struct Fabric {
+    /// The hosts' devices (host `i` has [`host_mac`]`(i)` and [`host_ip`]`(i)`).
     pub hosts: Vec<Device>,
+    /// The seeded network: a link each way between each host and the switch.
     pub net: Network,
+    /// The virtual clock.
     pub now: Instant,
     switch: EndpointId,
     eps: Vec<EndpointId>,
@@ -28,6 +31,7 @@ pub struct Fabric {
 pub fn host_mac(i: usize) -> MacAddr {
     MacAddr([0x02, 0xfa, 0, 0, (i >> 8) as u8, i as u8])
 }
+/// Host `i`'s IPv4 address (10.200.x.y).
 pub fn host_ip(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 200, (i >> 8) as u8, i as u8 + 1))
 }
@@ -74,6 +78,7 @@ impl Fabric {
     pub fn switch(&self) -> EndpointId {
         self.switch
     }
+    /// Host `i`'s endpoint id on the network.
     pub fn endpoint(&self, i: usize) -> EndpointId {
         self.eps[i]
     }

@@ -98,6 +98,7 @@ pub enum NakCode {
 }
 
 impl NakCode {
+    /// From the 5-bit NAK code of a syndrome (higher bits ignored).
     pub const fn from_code(c: u8) -> Self {
         match c & 0x1f {
             0 => NakCode::PsnSequenceError,
@@ -108,6 +109,7 @@ impl NakCode {
             c => NakCode::Reserved(c),
         }
     }
+    /// The 5-bit NAK code.
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -123,8 +125,11 @@ impl NakCode {
 /// The AETH syndrome, decoded.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Syndrome {
+    /// ACK, with the end-to-end credit count.
     Ack(CreditCode),
+    /// RNR NAK, with the timer the requester must wait.
     RnrNak(RnrTimer),
+    /// NAK, with its code.
     Nak(NakCode),
     /// Bit 7 set or type 10: reserved. The whole byte is kept.
     Reserved(u8),
@@ -152,6 +157,7 @@ impl Syndrome {
             Syndrome::Reserved(b) => b,
         }
     }
+    /// Whether this is an ACK (not an RNR NAK, NAK or reserved value).
     pub const fn is_ack(self) -> bool {
         matches!(self, Syndrome::Ack(_))
     }
@@ -179,12 +185,14 @@ impl fmt::Display for Syndrome {
 /// The owned form of an AETH.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct AethRepr {
+    /// What the AETH says: ACK, RNR NAK or NAK.
     pub syndrome: Syndrome,
     /// 24-bit message sequence number.
     pub msn: u32,
 }
 
 impl AethRepr {
+    /// Parse the 4 bytes at the start of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Self> {
         need(Layer::Aeth, buf, HEADER_LEN)?;
         Ok(AethRepr {
@@ -192,9 +200,11 @@ impl AethRepr {
             msn: rd24(buf, 1),
         })
     }
+    /// Bytes on the wire (4).
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
+    /// Write the AETH to the start of `buf`.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         need_room(buf, HEADER_LEN)?;
         buf[0] = self.syndrome.to_byte();

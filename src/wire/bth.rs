@@ -51,33 +51,42 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn check_len(&self) -> Result<()> {
         need(Layer::Bth, self.buffer.as_ref(), HEADER_LEN)
     }
+    /// The wrapped buffer.
     pub fn into_inner(self) -> T {
         self.buffer
     }
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
+    /// The opcode (byte 0).
     pub fn opcode(&self) -> Opcode {
         Opcode(self.b()[field::OPCODE])
     }
+    /// Solicited event (SE) bit.
     pub fn solicited(&self) -> bool {
         self.b()[field::FLAGS] & 0x80 != 0
     }
+    /// Migration request (MigReq) bit.
     pub fn mig_req(&self) -> bool {
         self.b()[field::FLAGS] & 0x40 != 0
     }
+    /// Pad count: bytes of pad before the ICRC (0..=3).
     pub fn pad_count(&self) -> u8 {
         (self.b()[field::FLAGS] >> 4) & 0x3
     }
+    /// Transport header version (0).
     pub fn tver(&self) -> u8 {
         self.b()[field::FLAGS] & 0x0f
     }
+    /// Partition key.
     pub fn pkey(&self) -> PKey {
         PKey(rd16(self.b(), field::PKEY.start))
     }
+    /// Forward explicit congestion notification (FECN) bit.
     pub fn fecn(&self) -> bool {
         self.b()[field::ECN_RSVD] & 0x80 != 0
     }
+    /// Backward explicit congestion notification (BECN) bit.
     pub fn becn(&self) -> bool {
         self.b()[field::ECN_RSVD] & 0x40 != 0
     }
@@ -85,9 +94,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn resv6(&self) -> u8 {
         self.b()[field::ECN_RSVD] & 0x3f
     }
+    /// Destination QP number (24 bits).
     pub fn dest_qp(&self) -> QpNumber {
         QpNumber::new(rd24(self.b(), field::DEST_QP.start))
     }
+    /// Acknowledge request (AckReq) bit.
     pub fn ack_req(&self) -> bool {
         self.b()[field::ACK_RSVD] & 0x80 != 0
     }
@@ -95,6 +106,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn resv7(&self) -> u8 {
         self.b()[field::ACK_RSVD] & 0x7f
     }
+    /// Packet sequence number (24 bits).
     pub fn psn(&self) -> Psn {
         Psn::new(rd24(self.b(), field::PSN.start))
     }
@@ -104,6 +116,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     fn bm(&mut self) -> &mut [u8] {
         self.buffer.as_mut()
     }
+    /// Set the opcode.
     pub fn set_opcode(&mut self, op: Opcode) {
         self.bm()[field::OPCODE] = op.0;
     }
@@ -112,13 +125,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let b = &mut self.bm()[field::ECN_RSVD];
         *b = (*b & 0x3f) | (u8::from(fecn) << 7) | (u8::from(becn) << 6);
     }
+    /// Set the AckReq bit, leaving the reserved bits alone.
     pub fn set_ack_req(&mut self, v: bool) {
         let b = &mut self.bm()[field::ACK_RSVD];
         *b = (*b & 0x7f) | (u8::from(v) << 7);
     }
+    /// Set the PSN.
     pub fn set_psn(&mut self, psn: Psn) {
         wr24(self.bm(), field::PSN.start, psn.get());
     }
+    /// Set the destination QP.
     pub fn set_dest_qp(&mut self, qp: QpNumber) {
         wr24(self.bm(), field::DEST_QP.start, qp.get());
     }
@@ -127,16 +143,27 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 /// The owned form of a BTH. Reserved bits are not modelled: they are emitted as zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BthRepr {
+    /// The opcode.
     pub opcode: Opcode,
+    /// Solicited event.
     pub solicited: bool,
+    /// Migration request.
     pub mig_req: bool,
+    /// Pad count (0..=3).
     pub pad_count: u8,
+    /// Transport header version.
     pub tver: u8,
+    /// Partition key.
     pub pkey: PKey,
+    /// Forward ECN.
     pub fecn: bool,
+    /// Backward ECN.
     pub becn: bool,
+    /// Destination QP.
     pub dest_qp: QpNumber,
+    /// Acknowledge request.
     pub ack_req: bool,
+    /// Packet sequence number.
     pub psn: Psn,
 }
 

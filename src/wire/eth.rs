@@ -21,7 +21,9 @@ pub const VLAN_LEN: usize = 4;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
+    /// ff:ff:ff:ff:ff:ff.
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
+    /// 00:00:00:00:00:00 (unknown; the UDP backend lets the kernel fill it in).
     pub const ZERO: MacAddr = MacAddr([0; 6]);
 }
 
@@ -74,8 +76,11 @@ pub struct VlanTag {
 /// The owned form of an Ethernet header.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct EthernetRepr {
+    /// Destination MAC address.
     pub dst: MacAddr,
+    /// Source MAC address.
     pub src: MacAddr,
+    /// The 802.1Q tag, if any.
     pub vlan: Option<VlanTag>,
     /// The ethertype of the payload (after the tag, if any).
     pub ethertype: u16,
@@ -121,6 +126,7 @@ impl EthernetRepr {
         }
     }
 
+    /// Bytes on the wire: 14, or 18 with a VLAN tag.
     pub const fn buffer_len(&self) -> usize {
         if self.vlan.is_some() {
             HEADER_LEN + VLAN_LEN
@@ -129,6 +135,7 @@ impl EthernetRepr {
         }
     }
 
+    /// Write the header to the start of `buf`; returns its length.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let n = self.buffer_len();
         need_room(buf, n)?;

@@ -24,15 +24,20 @@ use super::{
 /// RDMA Extended Transport Header.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct RethRepr {
+    /// Virtual address of the remote buffer.
     pub va: u64,
+    /// Remote key of the memory region.
     pub rkey: RKey,
+    /// Length of the whole message (DMA length).
     pub dma_len: u32,
 }
 
 /// Atomic Extended Transport Header.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct AtomicEthRepr {
+    /// Virtual address of the 8-byte remote operand.
     pub va: u64,
+    /// Remote key of the memory region.
     pub rkey: RKey,
     /// Swap value (CMP_SWAP) or addend (FETCH_ADD).
     pub swap_add: u64,
@@ -43,7 +48,9 @@ pub struct AtomicEthRepr {
 /// Datagram Extended Transport Header.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct DethRepr {
+    /// Queue key.
     pub qkey: QKey,
+    /// Source QP number.
     pub src_qp: QpNumber,
 }
 
@@ -53,13 +60,17 @@ pub struct DethRepr {
 pub struct ExtRepr {
     /// RDETH EE context (RD only).
     pub rdeth: Option<u32>,
+    /// DETH (UD, RD).
     pub deth: Option<DethRepr>,
     /// XRCETH XRC SRQ number (XRC requests only).
     pub xrceth: Option<u32>,
     /// FETH raw word (FLUSH only).
     pub feth: Option<u32>,
+    /// RETH (RDMA WRITE and READ requests).
     pub reth: Option<RethRepr>,
+    /// AtomicETH (atomic requests).
     pub atomic_eth: Option<AtomicEthRepr>,
+    /// AETH (acknowledgements and read responses).
     pub aeth: Option<AethRepr>,
     /// AtomicAckETH original data.
     pub atomic_ack: Option<u64>,

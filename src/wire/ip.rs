@@ -14,14 +14,19 @@ pub const IPV6_HEADER_LEN: usize = 40;
 /// The two ECN bits (RFC 3168).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub enum Ecn {
+    /// Not ECN-capable transport (00).
     #[default]
     NotEct,
+    /// ECN-capable transport, ECT(1) (01).
     Ect1,
+    /// ECN-capable transport, ECT(0) (10).
     Ect0,
+    /// Congestion experienced (11).
     Ce,
 }
 
 impl Ecn {
+    /// From the two low bits of `b`.
     pub const fn from_bits(b: u8) -> Self {
         match b & 3 {
             0 => Ecn::NotEct,
@@ -30,6 +35,7 @@ impl Ecn {
             _ => Ecn::Ce,
         }
     }
+    /// The two bits.
     pub const fn bits(self) -> u8 {
         match self {
             Ecn::NotEct => 0,
@@ -43,33 +49,45 @@ impl Ecn {
 /// The owned form of an IPv4 header (protocol UDP, no options).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Ipv4Repr {
+    /// Source address.
     pub src: Ipv4Addr,
+    /// Destination address.
     pub dst: Ipv4Addr,
     /// Differentiated services code point, 6 bits.
     pub dscp: u8,
+    /// ECN bits.
     pub ecn: Ecn,
     /// Identification. Covered by the ICRC (rxe increments it per packet).
     pub ident: u16,
+    /// Don't-fragment flag (RoCE v2 sets it).
     pub dont_frag: bool,
+    /// Time to live.
     pub ttl: u8,
 }
 
 /// The owned form of an IPv6 header (next header UDP).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Ipv6Repr {
+    /// Source address.
     pub src: Ipv6Addr,
+    /// Destination address.
     pub dst: Ipv6Addr,
+    /// Differentiated services code point, 6 bits.
     pub dscp: u8,
+    /// ECN bits.
     pub ecn: Ecn,
     /// 20-bit flow label.
     pub flow_label: u32,
+    /// Hop limit.
     pub hop_limit: u8,
 }
 
 /// Either IP version.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum IpRepr {
+    /// IPv4.
     V4(Ipv4Repr),
+    /// IPv6.
     V6(Ipv6Repr),
 }
 
@@ -153,6 +171,7 @@ impl Ipv4Repr {
         ))
     }
 
+    /// Bytes on the wire (20: no options).
     pub const fn buffer_len(&self) -> usize {
         IPV4_HEADER_LEN
     }
@@ -222,10 +241,12 @@ impl Ipv6Repr {
         ))
     }
 
+    /// Bytes on the wire (40).
     pub const fn buffer_len(&self) -> usize {
         IPV6_HEADER_LEN
     }
 
+    /// Emit a 40-byte header for `payload_len` bytes of UDP.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
         need_room(buf, IPV6_HEADER_LEN)?;
         let plen =
@@ -246,36 +267,42 @@ impl Ipv6Repr {
 }
 
 impl IpRepr {
+    /// Bytes on the wire.
     pub fn buffer_len(&self) -> usize {
         match self {
             IpRepr::V4(r) => r.buffer_len(),
             IpRepr::V6(r) => r.buffer_len(),
         }
     }
+    /// Emit the header for `payload_len` bytes of UDP.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
         match self {
             IpRepr::V4(r) => r.emit(buf, payload_len),
             IpRepr::V6(r) => r.emit(buf, payload_len),
         }
     }
+    /// Source address.
     pub fn src(&self) -> IpAddr {
         match self {
             IpRepr::V4(r) => r.src.into(),
             IpRepr::V6(r) => r.src.into(),
         }
     }
+    /// Destination address.
     pub fn dst(&self) -> IpAddr {
         match self {
             IpRepr::V4(r) => r.dst.into(),
             IpRepr::V6(r) => r.dst.into(),
         }
     }
+    /// ECN bits.
     pub fn ecn(&self) -> Ecn {
         match self {
             IpRepr::V4(r) => r.ecn,
             IpRepr::V6(r) => r.ecn,
         }
     }
+    /// Differentiated services code point.
     pub fn dscp(&self) -> u8 {
         match self {
             IpRepr::V4(r) => r.dscp,

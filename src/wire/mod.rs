@@ -62,24 +62,43 @@ pub const ROCE_V2_PORT: u16 = 4791;
 /// Which header a length or consistency error refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layer {
+    /// Ethernet II header.
     Ethernet,
+    /// 802.1Q VLAN tag.
     Vlan,
+    /// IPv4 header.
     Ipv4,
+    /// IPv6 header.
     Ipv6,
+    /// UDP header.
     Udp,
+    /// Base Transport Header.
     Bth,
+    /// Reliable Datagram Extended Transport Header.
     Rdeth,
+    /// Datagram Extended Transport Header.
     Deth,
+    /// XRC Extended Transport Header.
     Xrceth,
+    /// FLUSH Extended Transport Header.
     Feth,
+    /// RDMA Extended Transport Header.
     Reth,
+    /// Atomic Extended Transport Header.
     AtomicEth,
+    /// ACK Extended Transport Header.
     Aeth,
+    /// Atomic ACK Extended Transport Header.
     AtomicAckEth,
+    /// Immediate data.
     ImmDt,
+    /// Invalidate Extended Transport Header.
     Ieth,
+    /// The 16 reserved bytes of a RoCE v2 CNP.
     CnpReserved,
+    /// The payload (and its pad).
     Payload,
+    /// The invariant CRC trailer.
     Icrc,
     /// The common MAD header (QP1 payloads).
     Mad,
@@ -123,20 +142,31 @@ pub enum Error {
     /// The buffer ends before the header does.
     #[error("truncated {layer}: need {needed} bytes, have {had}")]
     Truncated {
+        /// The header that is cut short.
         layer: Layer,
+        /// Bytes it needs.
         needed: usize,
+        /// Bytes the buffer has.
         had: usize,
     },
     /// A length field disagrees with the bytes present or with another length field.
     #[error("{layer} length field says {declared} bytes, {actual} available")]
     BadLength {
+        /// The header whose length field is wrong.
         layer: Layer,
+        /// The length it declares.
         declared: usize,
+        /// The length actually available.
         actual: usize,
     },
     /// The ICRC trailer does not match the computed one.
     #[error("bad ICRC: expected {expected:08x}, found {found:08x}")]
-    BadIcrc { expected: u32, found: u32 },
+    BadIcrc {
+        /// The ICRC computed over the packet.
+        expected: u32,
+        /// The ICRC in the packet's trailer.
+        found: u32,
+    },
     /// A reserved or vendor opcode.
     #[error("unknown opcode 0x{0:02x}")]
     UnknownOpcode(u8),
@@ -145,13 +175,28 @@ pub enum Error {
     UnsupportedOpcode(Opcode),
     /// The pad count is larger than the payload, or payload + pad is not a multiple of 4.
     #[error("pad count {pad} inconsistent with {data} bytes of payload+pad")]
-    BadPadCount { pad: u8, data: usize },
+    BadPadCount {
+        /// The BTH's pad count.
+        pad: u8,
+        /// Bytes of payload and pad.
+        data: usize,
+    },
     /// The opcode forbids or fixes the payload size and the packet disagrees.
     #[error("{opcode} may not carry {len} bytes of payload")]
-    BadPayloadLength { opcode: Opcode, len: usize },
+    BadPayloadLength {
+        /// The packet's opcode.
+        opcode: Opcode,
+        /// Its payload length.
+        len: usize,
+    },
     /// A FIRST or MIDDLE packet carries a pad.
     #[error("{opcode} must not carry a pad (pad count {pad})")]
-    PadOnNonLast { opcode: Opcode, pad: u8 },
+    PadOnNonLast {
+        /// The FIRST or MIDDLE opcode.
+        opcode: Opcode,
+        /// The pad count it carries.
+        pad: u8,
+    },
     /// The UDP destination port is not 4791.
     #[error("not RoCE v2: UDP destination port {0}")]
     NotRoceV2Port(u16),
@@ -181,7 +226,12 @@ pub enum Error {
     MadClass(u8),
     /// The output buffer is shorter than `buffer_len()`.
     #[error("emit buffer too small: need {needed} bytes, have {had}")]
-    BufferTooSmall { needed: usize, had: usize },
+    BufferTooSmall {
+        /// Bytes the emit needs.
+        needed: usize,
+        /// Bytes the buffer has.
+        had: usize,
+    },
 }
 
 /// Result type of this module.

@@ -16,12 +16,17 @@ pub struct Opcode(pub u8);
 /// The transport service an opcode belongs to (opcode bits 7:5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transport {
+    /// Reliable Connection (0x00..0x1F).
     Rc,
+    /// Unreliable Connection (0x20..0x3F).
     Uc,
+    /// Reliable Datagram (0x40..0x5F).
     Rd,
+    /// Unreliable Datagram (0x60..0x7F).
     Ud,
     /// 0x80..0x9F: RoCE v2 congestion notification (only 0x81 is defined).
     Cnp,
+    /// Extended Reliable Connection (0xA0..0xBF).
     Xrc,
     /// 0xC0..0xFF: manufacturer specific.
     Vendor,
@@ -58,16 +63,25 @@ bitflags! {
     /// bits below (IBTA §9.2: RDETH, DETH, XRCETH, then the operation's own headers).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct Headers: u16 {
+        /// Reliable Datagram ETH.
         const RDETH = 1 << 0;
+        /// Datagram ETH.
         const DETH = 1 << 1;
+        /// XRC ETH.
         const XRCETH = 1 << 2;
         /// FLUSH extended transport header (Memory Placement Extensions); precedes RETH.
         const FETH = 1 << 3;
+        /// RDMA ETH.
         const RETH = 1 << 4;
+        /// Atomic ETH.
         const ATOMIC_ETH = 1 << 5;
+        /// ACK ETH.
         const AETH = 1 << 6;
+        /// Atomic ACK ETH.
         const ATOMIC_ACK_ETH = 1 << 7;
+        /// Immediate data.
         const IMM_DT = 1 << 8;
+        /// Invalidate ETH.
         const IETH = 1 << 9;
         /// The 16 reserved bytes of a RoCE v2 CNP (Annex A17.9.3).
         const CNP_RSVD = 1 << 10;
@@ -77,16 +91,27 @@ bitflags! {
 /// One extension header kind, with its size in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ext {
+    /// RDETH, 4 bytes.
     Rdeth,
+    /// DETH, 8 bytes.
     Deth,
+    /// XRCETH, 4 bytes.
     Xrceth,
+    /// FETH, 4 bytes.
     Feth,
+    /// RETH, 16 bytes.
     Reth,
+    /// AtomicETH, 28 bytes.
     AtomicEth,
+    /// AETH, 4 bytes.
     Aeth,
+    /// AtomicAckETH, 8 bytes.
     AtomicAckEth,
+    /// ImmDt, 4 bytes.
     ImmDt,
+    /// IETH, 4 bytes.
     Ieth,
+    /// The CNP's 16 reserved bytes.
     CnpRsvd,
 }
 
@@ -157,14 +182,21 @@ bitflags! {
         const IMMEDIATE = 1 << 6;
         /// Carries an R_Key to invalidate.
         const INVALIDATE = 1 << 7;
+        /// A SEND.
         const SEND = 1 << 8;
+        /// An RDMA WRITE.
         const WRITE = 1 << 9;
+        /// An RDMA READ (request or response).
         const READ = 1 << 10;
+        /// An atomic (CMP_SWAP, FETCH_ADD or its acknowledgement).
         const ATOMIC = 1 << 11;
         /// A plain acknowledgement.
         const ACK = 1 << 12;
+        /// A FLUSH.
         const FLUSH = 1 << 13;
+        /// An ATOMIC WRITE.
         const ATOMIC_WRITE = 1 << 14;
+        /// A RoCE v2 congestion notification packet.
         const CNP = 1 << 15;
         /// FIRST/MIDDLE packets: the payload is exactly one path MTU and carries no pad.
         const FULL_MTU = 1 << 16;
@@ -187,9 +219,13 @@ impl OpFlags {
 pub struct OpInfo {
     /// Full name, e.g. `RC_RDMA_WRITE_FIRST` (names follow the IBTA's operation names).
     pub name: &'static str,
+    /// The transport service (opcode bits 7:5).
     pub transport: Transport,
+    /// Whether ferroce handles it, decodes it only, or treats it as reserved.
     pub status: OpStatus,
+    /// The extension headers that follow the BTH.
     pub headers: Headers,
+    /// What the packet means (request or response, its place in a message, the operation).
     pub flags: OpFlags,
     /// BTH plus extension headers, in bytes.
     pub header_len: u8,

@@ -21,7 +21,9 @@ pub const fn pad_for(payload_len: usize) -> u8 {
 /// The transport part of a RoCE v2 packet: everything inside UDP.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct RoceRepr {
+    /// The Base Transport Header.
     pub bth: BthRepr,
+    /// The extension headers the opcode calls for.
     pub ext: ExtRepr,
     /// Payload bytes, not counting the pad.
     pub payload_len: usize,
@@ -161,9 +163,13 @@ impl RoceRepr {
 /// handed to a UDP socket).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct FrameRepr {
+    /// The Ethernet header (`None`: the frame starts with IP).
     pub eth: Option<EthernetRepr>,
+    /// The IP header.
     pub ip: IpRepr,
+    /// The UDP header.
     pub udp: UdpRepr,
+    /// Everything inside UDP.
     pub roce: RoceRepr,
 }
 
@@ -235,10 +241,15 @@ impl FrameRepr {
 /// Byte offsets of each layer within a parsed frame.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Offsets {
+    /// Where the IP header starts.
     pub ip: usize,
+    /// Where the UDP header starts.
     pub udp: usize,
+    /// Where the BTH starts.
     pub bth: usize,
+    /// Where the payload starts.
     pub payload: usize,
+    /// Where the ICRC starts.
     pub icrc: usize,
     /// One past the ICRC (frame bytes after it are Ethernet padding).
     pub end: usize,
@@ -247,7 +258,9 @@ pub struct Offsets {
 /// A decoded frame: the `Repr` of every layer, the payload in place, and the ICRC.
 #[derive(Clone, Copy, Debug)]
 pub struct ParsedFrame<'a> {
+    /// Every layer's `Repr`.
     pub repr: FrameRepr,
+    /// The payload, in place (without the pad).
     pub payload: &'a [u8],
     /// The ICRC on the wire.
     pub icrc_stored: u32,
@@ -255,10 +268,12 @@ pub struct ParsedFrame<'a> {
     pub icrc_computed: u32,
     /// IPv4 header checksum valid (always true for IPv6). Not an error: routers fix it.
     pub ip_checksum_ok: bool,
+    /// Where each layer starts.
     pub offsets: Offsets,
 }
 
 impl ParsedFrame<'_> {
+    /// Whether the stored ICRC equals the computed one.
     pub fn icrc_ok(&self) -> bool {
         self.icrc_stored == self.icrc_computed
     }
@@ -267,7 +282,9 @@ impl ParsedFrame<'_> {
 /// A decoded transport part (see [`parse_roce`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ParsedRoce<'a> {
+    /// The transport headers.
     pub repr: RoceRepr,
+    /// The payload, in place (without the pad).
     pub payload: &'a [u8],
 }
 

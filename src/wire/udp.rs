@@ -14,8 +14,11 @@ pub const CHECKSUM: core::ops::Range<usize> = 6..8;
 /// rest of the datagram has been written.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct UdpRepr {
+    /// Source port (RoCE v2 uses it for flow entropy).
     pub src_port: u16,
+    /// Destination port (4791 for RoCE v2).
     pub dst_port: u16,
+    /// Checksum as on the wire (0: none).
     pub checksum: u16,
 }
 
@@ -41,10 +44,12 @@ impl UdpRepr {
         ))
     }
 
+    /// Bytes on the wire (8).
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
 
+    /// Write the header for `payload_len` bytes of payload (the checksum as given).
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
         need_room(buf, HEADER_LEN)?;
         let len = u16::try_from(HEADER_LEN + payload_len)

@@ -17,9 +17,13 @@ use crate::wire::ROCE_V2_PORT;
 /// One classic BPF instruction (`struct sock_filter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Insn {
+    /// Opcode.
     pub code: u16,
+    /// Jump offset if true.
     pub jt: u8,
+    /// Jump offset if false.
     pub jf: u8,
+    /// Generic field (constant, offset).
     pub k: u32,
 }
 

@@ -53,14 +53,23 @@ const F_VLAN_TPID: usize = 36;
 
 /// `tp_status` / `block_status` bits (`linux/if_packet.h`).
 pub mod status {
+    /// The slot belongs to the kernel.
     pub const KERNEL: u32 = 0;
+    /// The slot belongs to user space.
     pub const USER: u32 = 1 << 0;
+    /// The frame was copied (truncated to the slot).
     pub const COPY: u32 = 1 << 1;
+    /// Frames were dropped since the last statistics read.
     pub const LOSING: u32 = 1 << 2;
+    /// The checksum is not computed yet (offload).
     pub const CSUMNOTREADY: u32 = 1 << 3;
+    /// `tp_vlan_tci` holds a stripped tag.
     pub const VLAN_VALID: u32 = 1 << 4;
+    /// The block was retired by its timer, not because it was full.
     pub const BLK_TMO: u32 = 1 << 5;
+    /// `tp_vlan_tpid` is valid.
     pub const VLAN_TPID_VALID: u32 = 1 << 6;
+    /// The checksum was verified.
     pub const CSUM_VALID: u32 = 1 << 7;
 }
 
@@ -70,21 +79,42 @@ pub enum RingError {
     /// The block is shorter than its descriptor.
     BlockTooShort(usize),
     /// `blk_len` claims more bytes than the block has, or fewer than the descriptor.
-    BadBlockLen { blk_len: u32, block: usize },
+    BadBlockLen {
+        /// The descriptor's `blk_len`.
+        blk_len: u32,
+        /// The block's size.
+        block: usize,
+    },
     /// `offset_to_first_pkt` points into the descriptor or past `blk_len`.
     BadFirstOffset(u32),
     /// A frame header does not fit before `blk_len`.
-    FrameHeaderOutOfBlock { offset: usize },
+    FrameHeaderOutOfBlock {
+        /// Where the frame header starts in the block.
+        offset: usize,
+    },
     /// `tp_mac` points into the frame header.
-    BadMacOffset { offset: usize, mac: u16 },
+    BadMacOffset {
+        /// Where the frame header starts in the block.
+        offset: usize,
+        /// Its `tp_mac`.
+        mac: u16,
+    },
     /// The frame's data runs past its slot or the block.
     FrameDataOutOfBlock {
+        /// Where the frame header starts in the block.
         offset: usize,
+        /// Its `tp_mac`.
         mac: u16,
+        /// Its `tp_snaplen`.
         snaplen: u32,
     },
     /// `tp_next_offset` of a frame that is not the last one is too small or runs out.
-    BadNextOffset { offset: usize, next: u32 },
+    BadNextOffset {
+        /// Where the frame header starts in the block.
+        offset: usize,
+        /// Its `tp_next_offset`.
+        next: u32,
+    },
 }
 
 impl fmt::Display for RingError {
@@ -235,7 +265,9 @@ pub struct Frame<'a> {
     /// The bytes of the slot between the frame header and the frame (where a
     /// `PACKET_VNET_HDR` socket gets its `virtio_net_hdr`, right before the frame).
     pub before_mac: &'a [u8],
+    /// Receive time, seconds (`tp_sec`).
     pub sec: u32,
+    /// Receive time, nanoseconds (`tp_nsec`).
     pub nsec: u32,
 }
 
