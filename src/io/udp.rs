@@ -21,7 +21,7 @@
 //!
 //! **Segmentation offload (GSO).** A run of frames of one batch to the same destination and
 //! traffic class whose payloads all have one size (the last may be shorter; at most
-//! [`sysudp::UDP_MAX_SEGMENTS`], 65,507 bytes in all) goes to the kernel as *one* message
+//! 64 segments (`UDP_MAX_SEGMENTS`), 65,507 bytes in all) goes to the kernel as *one* message
 //! gathered from the device buffers, with a `UDP_SEGMENT` control message: the kernel builds
 //! one super-datagram that crosses the stack (and, on veth, the peer's and a router's
 //! stacks) once, and cuts it into the datagrams on the wire, each segment a complete BTH …
