@@ -78,8 +78,11 @@ where
 /// A panel of a figure made by [`write_panels_png`]: a title, the y axis' name and one named
 /// line per series of (x, y) points.
 pub struct Panel {
+    /// Shown above the panel.
     pub title: String,
+    /// The y axis' name.
     pub y_desc: String,
+    /// Named lines of (x, y) points.
     pub series: Vec<(String, Vec<(f64, f64)>)>,
 }
 

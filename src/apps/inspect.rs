@@ -12,7 +12,9 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IcrcVerdict {
+    /// The ICRC on the wire is the one computed.
     Ok,
+    /// It is not.
     Bad,
     /// The capture cut the packet short (snaplen) or it is malformed before the ICRC.
     Unverifiable,
@@ -29,11 +31,16 @@ pub enum Analysis<'a> {
     Roce(ParsedFrame<'a>),
     /// A RoCE v2 packet (UDP 4791) that did not decode; the opcode if the BTH was readable.
     Malformed {
+        /// What is wrong.
         error: wire::Error,
+        /// The BTH's opcode, if it was readable.
         opcode: Option<Opcode>,
     },
     /// The capture holds fewer bytes than the wire carried, so nothing can be verified.
-    Truncated { opcode: Option<Opcode> },
+    Truncated {
+        /// The BTH's opcode, if it was captured.
+        opcode: Option<Opcode>,
+    },
 }
 
 /// Offset of the IP header for a link type, and whether the frame is Ethernet.
@@ -107,13 +114,21 @@ pub fn analyse(f: &CapturedFrame) -> Analysis<'_> {
 /// Totals over a capture.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Summary {
+    /// The capture's name as shown.
     pub file: String,
+    /// Frames in the capture.
     pub packets: u64,
+    /// Frames to UDP port 4791.
     pub roce_packets: u64,
+    /// Other frames (counted and skipped).
     pub non_roce: u64,
+    /// RoCE packets with a good ICRC.
     pub icrc_ok: u64,
+    /// RoCE packets with a bad ICRC.
     pub icrc_bad: u64,
+    /// RoCE packets that did not decode.
     pub malformed: u64,
+    /// RoCE packets cut short by the capture (unverifiable).
     pub truncated: u64,
     /// Opcode name → count, over decoded and malformed packets whose BTH was readable.
     pub opcodes: BTreeMap<String, u64>,
@@ -346,31 +361,54 @@ pub fn verbose_dump(p: &ParsedFrame<'_>) -> String {
 /// The machine-readable record of one RoCE frame (`--json`).
 #[derive(Debug, Serialize)]
 pub struct PacketRecord {
+    /// `packet`.
     pub kind: &'static str,
+    /// 1-based position in the capture.
     pub index: usize,
     /// Seconds since the Unix epoch.
     pub ts: f64,
+    /// Source IP address.
     pub src: Option<String>,
+    /// Destination IP address.
     pub dst: Option<String>,
+    /// UDP source port.
     pub sport: Option<u16>,
+    /// ECN bits (`NotEct`, `Ect0`, `Ect1`, `Ce`).
     pub ecn: Option<String>,
+    /// BTH opcode, as a number.
     pub opcode: Option<u8>,
+    /// Its name (`RC_SEND_ONLY`).
     pub op: Option<String>,
+    /// Destination QP.
     pub qpn: Option<u32>,
+    /// PSN.
     pub psn: Option<u32>,
+    /// AckReq bit.
     pub ack_req: Option<bool>,
+    /// Solicited event bit.
     pub se: Option<bool>,
+    /// MigReq bit.
     pub mig_req: Option<bool>,
+    /// Pad count.
     pub pad: Option<u8>,
+    /// Partition key.
     pub pkey: Option<u16>,
+    /// FECN bit.
     pub fecn: Option<bool>,
+    /// BECN bit.
     pub becn: Option<bool>,
+    /// The extension headers' fields, by header name (`reth`, `aeth`, ...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub ext: BTreeMap<&'static str, serde_json::Value>,
+    /// Payload bytes (without the pad).
     pub payload_len: Option<usize>,
+    /// The ICRC verdict.
     pub icrc: IcrcVerdict,
+    /// The ICRC on the wire (hex).
     pub icrc_wire: Option<String>,
+    /// The ICRC computed (hex).
     pub icrc_calc: Option<String>,
+    /// Why the packet is malformed, if it is.
     pub error: Option<String>,
 }
 

@@ -10,14 +10,19 @@ use std::path::{Path, PathBuf};
 /// Why the links could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum LinksError {
+    /// The path of the running program could not be found.
     #[error("cannot find this program's own path: {0}")]
     SelfPath(#[source] std::io::Error),
+    /// Creating the directory or a link failed.
     #[error("{path}: {err}")]
     Io {
+        /// The directory or link.
         path: PathBuf,
+        /// Why.
         #[source]
         err: std::io::Error,
     },
+    /// A file of that name exists and is not a link to ferroce.
     #[error("{0} exists and is not a link to ferroce (use --force to replace it)")]
     Exists(PathBuf),
 }

@@ -158,6 +158,7 @@ impl GlibcRand {
         w
     }
 
+    /// The generator after glibc's `srand(seed)`.
     pub fn new(seed: u32) -> GlibcRand {
         let mut g = GlibcRand {
             r: Self::window34(seed),

@@ -97,9 +97,11 @@ impl Default for QueueConfig {
 pub struct PortCounters {
     /// Frames received on the port (handed to the switching logic).
     pub rx_frames: u64,
+    /// Bytes of those frames.
     pub rx_bytes: u64,
     /// Frames sent out of the port.
     pub tx_frames: u64,
+    /// Bytes of those frames.
     pub tx_bytes: u64,
     /// Frames tail-dropped at this port's egress queue (buffer full).
     pub drops: u64,
@@ -118,10 +120,12 @@ pub struct PortCounters {
     /// Frames offered to the egress queue (queued or dropped), and the sum of the backlogs
     /// they found: their ratio is the mean queue an arriving frame sees.
     pub arrivals: u64,
+    /// The sum of the backlogs those frames found (bytes).
     pub queue_sum_bytes: u64,
     /// Frames the kernel dropped before the switch saw them (receive ring full), and frames
     /// the backend could not send: from the AF_PACKET device.
     pub kernel_rx_drops: u64,
+    /// Frames the backend could not send.
     pub tx_errors: u64,
 }
 
@@ -198,6 +202,7 @@ impl SwitchCore {
         }
     }
 
+    /// Number of ports.
     pub fn port_count(&self) -> usize {
         self.ports.len()
     }
@@ -212,10 +217,12 @@ impl SwitchCore {
         self.fdb.len()
     }
 
+    /// The counters of `port`.
     pub fn counters(&self, port: usize) -> &PortCounters {
         &self.ports[port].c
     }
 
+    /// The counters of `port`, to update.
     pub fn counters_mut(&mut self, port: usize) -> &mut PortCounters {
         &mut self.ports[port].c
     }
@@ -367,12 +374,16 @@ pub enum SwitchPoll {
     /// Spin this many idle rounds, then sleep in `poll(2)` (at most 1 ms) while every queue
     /// is empty; while frames wait for their link, sleep until the first is due (`ppoll(2)`,
     /// which also wakes on arrivals).
-    Adaptive { spins: u32 },
+    Adaptive {
+        /// Idle rounds before sleeping.
+        spins: u32,
+    },
 }
 
 /// Where `--pcap` writes and what it records.
 #[derive(Clone, Debug)]
 pub struct PcapConfig {
+    /// The capture file.
     pub path: PathBuf,
     /// The port (interface name) whose traffic is recorded, both directions.
     pub port: String,
@@ -387,12 +398,15 @@ pub struct SwitchConfig {
     pub ports: Vec<String>,
     /// Enter this network namespace first (`/run/netns/NAME`).
     pub netns: Option<String>,
+    /// Every egress queue's rate, buffer and RED marking.
     pub queue: QueueConfig,
     /// Stop after this long (also stops on SIGINT/SIGTERM).
     pub duration: Option<Duration>,
+    /// Record one port's traffic.
     pub pcap: Option<PcapConfig>,
     /// Write the final counters as JSON here (`-`: standard output).
     pub json: Option<PathBuf>,
+    /// How the switch thread waits when idle.
     pub poll: SwitchPoll,
     /// Receive with a TPACKET_V3 ring instead of `recvmmsg` (the default): no copy, but a
     /// block reaches the switch only when full or after 1 ms, which delays sparse frames.
@@ -400,12 +414,15 @@ pub struct SwitchConfig {
     /// Receive buffering of each port: `rx_blocks` blocks of `rx_block_kib` KiB (the ring, or
     /// the socket buffer size for `recvmmsg`).
     pub rx_block_kib: usize,
+    /// Blocks per port (see `rx_block_kib`).
     pub rx_blocks: usize,
     /// Print a one-line progress report this often.
     pub stats_interval: Option<Duration>,
 }
 
 impl SwitchConfig {
+    /// A switch between `ports` with the defaults: no rate limit or marking, adaptive
+    /// polling, `recvmmsg` receive.
     pub fn new(ports: Vec<String>) -> Self {
         SwitchConfig {
             ports,
@@ -426,14 +443,23 @@ impl SwitchConfig {
 /// The final report.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SwitchReport {
+    /// How long it ran.
     pub seconds: f64,
+    /// The egress rate limit (bits/s), if any.
     pub rate_bps: Option<u64>,
+    /// Each egress queue's buffer.
     pub buffer_bytes: usize,
+    /// RED Kmin, if marking.
     pub kmin_bytes: Option<usize>,
+    /// RED Kmax, if marking.
     pub kmax_bytes: Option<usize>,
+    /// RED marking probability at Kmax, if marking.
     pub pmax: Option<f64>,
+    /// Stations learned.
     pub learned: usize,
+    /// Each port's name and counters, in port order.
     pub ports: Vec<(String, PortCounters)>,
+    /// The sum over the ports.
     pub total: PortCounters,
     /// Frames written to the capture.
     pub pcap_frames: u64,

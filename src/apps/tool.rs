@@ -32,35 +32,57 @@ pub enum Poll {
 /// Why a tool run failed (one line for the user).
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
+    /// `-d` names no interface.
     #[error("IB device {0:?} not found (ferroce's devices are network interfaces: -d eth0, or -d ferroce_eth0 as devinfo names it)")]
     NoDevice(String),
+    /// No `-d` and no interface to default to.
     #[error("No IB devices found (no network interface other than lo has an IP address; name one with -d or FERROCE_DEV)")]
     NoDefaultDevice,
     #[error("GID index {index} not in {dev}'s table ({len} entries)")]
-    GidIndex { index: u8, dev: String, len: usize },
+    GidIndex {
+        /// The index asked for.
+        index: u8,
+        /// The interface.
+        dev: String,
+        /// Entries in its GID table.
+        len: usize,
+    },
+    /// The interface has no address to use as a GID.
     #[error("{0} has no IP address")]
     NoAddress(String),
+    /// The packet backend could not be opened.
     #[error("{kind} backend on {dev}: {err}")]
     Backend {
+        /// `xdp`, `packet` or `udp`.
         kind: &'static str,
+        /// The interface.
         dev: String,
+        /// Why.
         #[source]
         err: std::io::Error,
     },
+    /// A file or socket operation failed.
     #[error("{what}: {err}")]
     Io {
+        /// What was being done.
         what: String,
+        /// Why it failed.
         #[source]
         err: std::io::Error,
     },
+    /// The test itself failed.
     #[error(transparent)]
     Perf(#[from] PerfError),
+    /// The out-of-band exchange failed.
     #[error(transparent)]
     Cm(#[from] crate::oob::CmError),
+    /// A verb failed.
     #[error("verbs: {0}")]
     Verbs(#[from] crate::verbs::VerbsError),
+    /// The test ended without a result.
     #[error("no results")]
     NoResults,
+    /// The host could not be resolved (see [`crate::apps::addr`]).
     #[error("{0}")]
     Host(String),
 }
