@@ -28,9 +28,13 @@ use std::time::{Duration, Instant};
 /// The rdma-core examples ferroce answers to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Example {
+    /// `ibv_rc_pingpong`: reliable connection.
     Rc,
+    /// `ibv_uc_pingpong`: unreliable connection.
     Uc,
+    /// `ibv_ud_pingpong`: unreliable datagram.
     Ud,
+    /// `ibv_srq_pingpong`: RC with a shared receive queue.
     Srq,
 }
 
@@ -49,6 +53,7 @@ impl Example {
             _ => return None,
         })
     }
+    /// The program's name.
     pub fn program(self) -> &'static str {
         match self {
             Example::Rc => "ibv_rc_pingpong",
@@ -62,58 +67,90 @@ impl Example {
 /// Why a ping-pong failed: rdma-core's messages where it has one.
 #[derive(Debug, thiserror::Error)]
 pub enum PingpongError {
+    /// Opening the device or resolving the host failed.
     #[error(transparent)]
     Tool(#[from] ToolError),
+    /// The example needs what ferroce does not have yet.
     #[error("{0} is not yet supported by ferroce (only RC queue pairs exist so far)")]
     NotYet(&'static str),
+    /// Creating a verbs object failed.
     #[error("Couldn't create {what}: {err}")]
     Create {
+        /// Which (`QP`, `CQ`, ...).
         what: &'static str,
+        /// Why.
         #[source]
         err: VerbsError,
     },
+    /// A QP state transition failed.
     #[error("Failed to modify QP to {state}: {err}")]
     Modify {
+        /// The target state.
         state: &'static str,
+        /// Why.
         #[source]
         err: VerbsError,
     },
+    /// Posting receives failed after this many.
     #[error("Couldn't post receive ({0})")]
     PostRecv(u32),
+    /// Posting a send failed.
     #[error("Couldn't post send: {0}")]
     PostSend(#[source] VerbsError),
+    /// The out-of-band exchange failed.
     #[error("Couldn't get remote LID: {0}")]
     Exchange(#[source] CmError),
+    /// The peer's next hop has no known MAC address.
     #[error("cannot resolve the MAC address of {0}")]
     Neighbour(std::net::IpAddr),
+    /// A work completion with an error status.
     #[error("Failed status {status} ({code}) for wr_id {wr_id}")]
     Completion {
+        /// The status.
         status: WcStatus,
+        /// Its number (`enum ibv_wc_status`).
         code: u32,
+        /// The work request.
         wr_id: u64,
     },
+    /// A completion for a work request the example never posted.
     #[error("Completion for unknown wr_id {0}")]
     UnknownWrId(u64),
+    /// No completion arrived for `timeout`.
     #[error("no completion for {timeout:?} (received {rcnt}, sent {scnt})")]
     Stalled {
+        /// How long it waited.
         timeout: Duration,
+        /// Messages received so far.
         rcnt: u64,
+        /// Messages sent so far.
         scnt: u64,
     },
+    /// `-c`: a page of a received buffer does not start with the expected byte.
     #[error("invalid data in page {0} of received buffer")]
     InvalidData(usize),
+    /// `--verify`: a received message differs from what was expected.
     #[error("verify: receive {r}, {what}: {n} of {size} bytes differ, the first at byte {at}: got {got:#04x}, expected {want:#04x}")]
     Verify {
+        /// Which receive (0-based).
         r: u64,
+        /// What it should have been.
         what: String,
+        /// Bytes that differ.
         n: usize,
+        /// Bytes compared.
         size: usize,
+        /// The first that differs.
         at: usize,
+        /// Its value.
         got: u8,
+        /// The expected value.
         want: u8,
     },
+    /// Another verb failed.
     #[error("verbs: {0}")]
     Verbs(#[from] VerbsError),
+    /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -121,11 +158,15 @@ pub enum PingpongError {
 /// Options of the ping-pong (`ibv_rc_pingpong`'s flags and ferroce's).
 #[derive(Clone, Debug)]
 pub struct PingpongRun {
+    /// Which rdma-core example to be.
     pub example: Example,
+    /// The server to connect to (`None`: be the server).
     pub host: Option<String>,
+    /// `-p`: TCP port of the exchange.
     pub port: u16,
     /// `-d`: a network interface or `ferroce_<interface>` (default: the first with an address).
     pub dev: Option<String>,
+    /// The packet backend.
     pub backend: BackendKind,
     /// `-g`: GID index (default: the first IPv4 GID; rdma-core's default, no GID, cannot work
     /// over RoCE).
@@ -146,8 +187,11 @@ pub struct PingpongRun {
     pub validate: bool,
     /// Check every byte of every echo (see `ferroce pingpong --verify`).
     pub verify: bool,
+    /// Seed of the `--verify` pattern.
     pub verify_seed: u64,
+    /// Write every frame sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
+    /// How long to wait for the peer.
     pub timeout: Duration,
 }
 
@@ -219,6 +263,7 @@ struct Cli {
 /// What a command line asks for.
 #[derive(Debug)]
 pub enum Parsed {
+    /// Run with these options.
     Run(Box<PingpongRun>),
     /// `-h`: the text to print.
     Help(String),
@@ -227,14 +272,20 @@ pub enum Parsed {
 /// A command line rdma-core refuses (it prints its usage), or that clap cannot read.
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
+    /// clap could not read it.
     #[error("{}", .0.render())]
     Clap(#[from] clap::Error),
+    /// A value rdma-core would refuse.
     #[error("invalid value '{value}' for '{flag}': {why}")]
     Value {
+        /// The flag.
         flag: &'static str,
+        /// Its value.
         value: String,
+        /// Why it is refused.
         why: &'static str,
     },
+    /// Anything else.
     #[error("{0}")]
     Other(String),
 }
