@@ -38,6 +38,7 @@ pub enum ToolError {
     /// No `-d` and no interface to default to.
     #[error("No IB devices found (no network interface other than lo has an IP address; name one with -d or FERROCE_DEV)")]
     NoDefaultDevice,
+    /// The GID index asked for is not in the table.
     #[error("GID index {index} not in {dev}'s table ({len} entries)")]
     GidIndex {
         /// The index asked for.

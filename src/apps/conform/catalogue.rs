@@ -15,18 +15,28 @@ use std::time::{Duration, Instant};
 /// A test group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Group {
+    /// PSN checks: duplicates, sequence errors, wrap-around.
     Psn,
+    /// The opcode sequence of multi-packet messages.
     OpSeq,
+    /// Payload lengths against the path MTU and the message.
     Length,
+    /// R_Keys, bounds and access rights.
     Keys,
+    /// Receive WQEs and READ/atomic responder resources.
     Resources,
+    /// Packets the peer must drop silently.
     Drops,
+    /// ACKs and their coalescing.
     Acks,
+    /// ECN marks and CNPs.
     Ecn,
+    /// BTH and outer header fields.
     Headers,
 }
 
 impl Group {
+    /// The short name that prefixes test ids (`psn`, `opseq`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Group::Psn => "psn",
@@ -52,8 +62,11 @@ pub struct Caps {
 
 /// One test.
 pub struct TestDef {
+    /// Unique id (`group.name`), as `--only` selects it.
     pub id: &'static str,
+    /// Its group.
     pub group: Group,
+    /// One line saying what is sent.
     pub title: &'static str,
     /// "IBTA Vol 1 §9.7.5.1.1, C9-110" and the like.
     pub rule: &'static str,
@@ -67,24 +80,33 @@ pub struct TestDef {
     pub applies: fn(&Profile, &Caps) -> Result<(), String>,
     /// What the session must be (fresh, start PSN, the ferroce peer's QP settings).
     pub session: SessionReq,
+    /// The test script.
     pub run: fn(&mut Ctx) -> Outcome,
 }
 
 /// What a peer tool allows, known before connecting (see the table in `peer.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct Profile {
+    /// The peer tool.
     pub tool: PeerTool,
+    /// The remote access rights of its QP.
     pub qp: Rights,
     /// Rights behind the announced R_Key (None: no R_Key).
     pub mr: Option<Rights>,
+    /// It announces regions that each lack one right (the ferroce peer).
     pub lacking: bool,
+    /// It posts receive WQEs.
     pub recvs: bool,
+    /// Its requester sends us messages.
     pub requester: bool,
+    /// How its memory can be read back.
     pub readback: ReadBack,
+    /// How its receive completions can be counted.
     pub recv_count: RecvCount,
 }
 
 impl Profile {
+    /// The profile of `tool` for a session asked for with `req`.
     pub fn of(tool: PeerTool, req: &SessionReq) -> Profile {
         let r = |read, write, atomic| Rights {
             read,

@@ -20,27 +20,47 @@ use std::time::Duration;
 /// `ferroce conform` arguments, parsed.
 #[derive(Clone, Debug)]
 pub struct ConformRun {
+    /// The peer's address.
     pub host: Option<String>,
+    /// The interface to test through.
     pub dev: Option<String>,
+    /// The peer tool's TCP port.
     pub port: u16,
+    /// What runs on the peer.
     pub tool: PeerTool,
+    /// Run only the tests whose id matches.
     pub only: Vec<String>,
+    /// List the tests instead of running them.
     pub list: bool,
+    /// Write TAP instead of the table.
     pub tap: bool,
+    /// Also write JUnit XML here.
     pub junit: Option<PathBuf>,
+    /// One capture per test in this directory.
     pub pcap_dir: Option<PathBuf>,
+    /// The packet backend.
     pub backend: BackendKind,
+    /// Our GID index (default: the first IPv4 GID).
     pub gid_index: Option<u8>,
+    /// How long to wait for a response (and for silence).
     pub timeout: Duration,
+    /// How long to keep trying to reach the peer for a new session.
     pub patience: Duration,
+    /// Our first PSN.
     pub start_psn: u32,
+    /// The path MTU to offer (default: the interface's).
     pub mtu: Option<u32>,
+    /// `ibv_rc_pingpong`'s path MTU.
     pub peer_mtu: u32,
+    /// Details of every test, not only of failed and inconclusive ones.
     pub verbose: bool,
     /// Be the ferroce peer instead.
     pub serve: bool,
+    /// With `serve`: the CNP interval (µs; 0: no CNPs).
     pub cnp_interval_us: u64,
+    /// With `serve`: the QP's max_rd_atomic and max_dest_rd_atomic.
     pub max_rd_atomic: u8,
+    /// With `serve`: the QP's min_rnr_timer.
     pub min_rnr_timer: u8,
 }
 

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 /// A test's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Verdict {
+    /// The peer did what the rule demands.
     Pass,
+    /// It did not.
     Fail,
     /// The peer tool cannot be tested for this (its QP or memory does not allow it, or
     /// the test needs something the tool does not expose).
@@ -25,6 +27,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// How the report writes it (`pass`, `fail`, `n/a`, `inconclusive`).
     pub fn word(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
@@ -38,6 +41,7 @@ impl Verdict {
 /// What a test found: its verdict, what the peer did, and why the verdict is what it is.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The verdict.
     pub verdict: Verdict,
     /// What the peer did (one line per observation).
     pub did: Vec<String>,
@@ -46,6 +50,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Not applicable, because of `why`.
     pub fn not_applicable(why: impl Into<String>) -> Outcome {
         Outcome {
             verdict: Verdict::NotApplicable,
@@ -53,6 +58,7 @@ impl Outcome {
             why: vec![why.into()],
         }
     }
+    /// Inconclusive, because of `why`.
     pub fn inconclusive(why: impl Into<String>) -> Outcome {
         Outcome {
             verdict: Verdict::Inconclusive,
@@ -71,6 +77,7 @@ pub struct Obs {
 }
 
 impl Obs {
+    /// Nothing observed yet.
     pub fn new() -> Obs {
         Obs::default()
     }
@@ -90,9 +97,12 @@ impl Obs {
         self.did.push(format!("?: {s}"));
         self.unsure.push(s);
     }
+    /// Whether a failure was recorded.
     pub fn failed(&self) -> bool {
         !self.fails.is_empty()
     }
+    /// The outcome: fail if anything failed, else inconclusive if anything was unsure, else
+    /// pass.
     pub fn done(self) -> Outcome {
         let verdict = if !self.fails.is_empty() {
             Verdict::Fail
@@ -118,19 +128,34 @@ impl Obs {
 #[derive(Clone, Debug)]
 pub enum Resp {
     /// ACK, NAK or RNR NAK.
-    Ack { psn: u32, syn: Syndrome, msn: u32 },
+    Ack {
+        /// Its PSN.
+        psn: u32,
+        /// Its AETH syndrome.
+        syn: Syndrome,
+        /// Its MSN.
+        msn: u32,
+    },
     /// An RDMA READ response packet.
     Read {
+        /// FIRST, MIDDLE, LAST or ONLY.
         opcode: Opcode,
+        /// Its PSN.
         psn: u32,
+        /// Its AETH (syndrome, MSN), on FIRST, LAST and ONLY.
         aeth: Option<(Syndrome, u32)>,
+        /// The data it carries.
         data: Vec<u8>,
     },
     /// An ATOMIC ACK.
     Atomic {
+        /// Its PSN.
         psn: u32,
+        /// Its AETH syndrome.
         syn: Syndrome,
+        /// Its MSN.
         msn: u32,
+        /// The original value of the target.
         orig: u64,
     },
     /// A congestion notification packet.
@@ -142,17 +167,22 @@ pub enum Resp {
 /// A received packet with its classification.
 #[derive(Clone, Debug)]
 pub struct Got {
+    /// The packet.
     pub rx: Rx,
+    /// What kind of response it is.
     pub resp: Resp,
 }
 
 impl Got {
+    /// The packet in one line.
     pub fn line(&self) -> &str {
         &self.rx.line
     }
+    /// Whether it is a NAK with `code`.
     pub fn is_nak(&self, code: NakCode) -> bool {
         matches!(self.resp, Resp::Ack { syn: Syndrome::Nak(c), .. } if c == code)
     }
+    /// The PSN of a positive ACK.
     pub fn ack_psn(&self) -> Option<u32> {
         match self.resp {
             Resp::Ack {
@@ -218,6 +248,7 @@ pub struct PeerRequester {
     pub msn: u32,
     /// Answer the peer's requests automatically (off: they are kept in `held`).
     pub auto_ack: bool,
+    /// The peer's requests kept unanswered (`auto_ack` off).
     pub held: Vec<Rx>,
     /// Messages (SEND/WRITE) the peer completed towards us, counted once each.
     pub messages: u64,
@@ -227,6 +258,7 @@ pub struct PeerRequester {
 }
 
 impl PeerRequester {
+    /// Expecting the peer's first request at `psn`.
     pub fn new(psn: u32) -> PeerRequester {
         PeerRequester {
             epsn: psn & Psn::MASK,
@@ -260,6 +292,7 @@ pub struct SessionState {
     pub next_psn: u32,
     /// The MSN of the last ACK seen.
     pub msn: Option<u32>,
+    /// Our responder for the peer's requests.
     pub peer: PeerRequester,
     /// Any of the peer's packets carried ECT(0)/ECT(1) (it does congestion management).
     pub peer_ect: bool,
@@ -269,10 +302,15 @@ pub struct SessionState {
 
 /// Everything a test works with.
 pub struct Ctx<'a> {
+    /// The packet path.
     pub link: &'a mut Link,
+    /// Both ends' addresses and QPs.
     pub ep: Endpoints,
+    /// What the exchange told us about the peer.
     pub info: &'a PeerInfo,
+    /// The ferroce peer's control channel, if it is the peer.
     pub control: Option<&'a mut Control>,
+    /// The session's state.
     pub st: &'a mut SessionState,
     /// How long to wait for a response (and for silence).
     pub timeout: Duration,
@@ -285,6 +323,7 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// A context for one test.
     pub fn new(
         link: &'a mut Link,
         ep: Endpoints,
@@ -306,6 +345,7 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// The peer tool.
     pub fn tool(&self) -> PeerTool {
         self.info.tool
     }
@@ -314,6 +354,7 @@ impl<'a> Ctx<'a> {
     pub fn psn(&self) -> u32 {
         self.st.next_psn
     }
+    /// Reserve `n` PSNs; returns the first.
     pub fn take(&mut self, n: u32) -> u32 {
         let p = self.st.next_psn;
         self.st.next_psn = Psn::new(p).add(n).get();

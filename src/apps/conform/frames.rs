@@ -15,9 +15,13 @@ use std::net::IpAddr;
 /// The addresses of both ends, as the exchange and the interface gave them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Endpoints {
+    /// Our MAC address.
     pub our_mac: MacAddr,
+    /// The peer's (or its next hop's) MAC address.
     pub peer_mac: MacAddr,
+    /// Our IP address.
     pub our_ip: IpAddr,
+    /// The peer's IP address.
     pub peer_ip: IpAddr,
     /// The UDP source port of our packets (constant per connection, as A17.3.2.1 advises).
     pub sport: u16,
@@ -31,24 +35,35 @@ pub struct Endpoints {
 /// with the `with_*` methods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pkt {
+    /// BTH opcode.
     pub opcode: Opcode,
+    /// PSN.
     pub psn: u32,
+    /// AckReq bit.
     pub ack_req: bool,
+    /// Solicited event bit.
     pub solicited: bool,
+    /// Partition key.
     pub pkey: u16,
+    /// Transport header version.
     pub tver: u8,
+    /// BECN bit.
     pub becn: bool,
+    /// FECN bit.
     pub fecn: bool,
     /// `None`: the peer's QPN (requests to its responder and responses to its requester alike).
     pub dest_qp: Option<u32>,
+    /// The extension headers (they must match the opcode unless a test breaks it on purpose).
     pub ext: ExtRepr,
     /// Every byte between the extension headers and the ICRC: payload and pad.
     pub data: Vec<u8>,
     /// The BTH pad count as written (normally the pad at the end of `data`).
     pub pad_count: u8,
+    /// The IP header's ECN bits.
     pub ecn: Ecn,
     /// Override the IP source / destination (spoofing tests).
     pub src_ip: Option<IpAddr>,
+    /// Override the IP destination.
     pub dst_ip: Option<IpAddr>,
     /// Send the ICRC with every bit inverted.
     pub bad_icrc: bool,
@@ -139,6 +154,7 @@ impl Pkt {
         p
     }
 
+    /// Add a RETH.
     pub fn reth(mut self, va: u64, rkey: u32, len: u32) -> Pkt {
         self.ext.reth = Some(RethRepr {
             va,
@@ -147,30 +163,37 @@ impl Pkt {
         });
         self
     }
+    /// Set AckReq.
     pub fn ack(mut self) -> Pkt {
         self.ack_req = true;
         self
     }
+    /// Clear AckReq.
     pub fn no_ack(mut self) -> Pkt {
         self.ack_req = false;
         self
     }
+    /// Set the ECN bits.
     pub fn ecn(mut self, e: Ecn) -> Pkt {
         self.ecn = e;
         self
     }
+    /// Address another QP.
     pub fn to_qp(mut self, qpn: u32) -> Pkt {
         self.dest_qp = Some(qpn & QpNumber::MASK);
         self
     }
+    /// Set the partition key.
     pub fn pkey(mut self, k: u16) -> Pkt {
         self.pkey = k;
         self
     }
+    /// Write `n` (0..=3) as the pad count.
     pub fn pad(mut self, n: u8) -> Pkt {
         self.pad_count = n & 3;
         self
     }
+    /// Send a wrong ICRC.
     pub fn corrupt_icrc(mut self) -> Pkt {
         self.bad_icrc = true;
         self

@@ -14,12 +14,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// One RoCE packet received from the peer.
 #[derive(Clone, Debug)]
 pub struct Rx {
+    /// When it arrived.
     pub at: Instant,
+    /// Its transport headers.
     pub repr: RoceRepr,
+    /// Its payload.
     pub payload: Vec<u8>,
+    /// The IP header's ECN bits.
     pub ecn: Ecn,
+    /// IP source.
     pub src: IpAddr,
+    /// IP destination.
     pub dst: IpAddr,
+    /// Whether its ICRC is good.
     pub icrc_ok: bool,
     /// The one-line rendering (`ferroce inspect` style).
     pub line: String,
@@ -30,9 +37,11 @@ pub struct Rx {
 }
 
 impl Rx {
+    /// Its opcode.
     pub fn opcode(&self) -> wire::Opcode {
         self.repr.bth.opcode
     }
+    /// Its PSN.
     pub fn psn(&self) -> u32 {
         self.repr.bth.psn.get()
     }
@@ -47,7 +56,9 @@ pub struct Link {
     pub our_ip: IpAddr,
     /// Frames that were not RoCE v2, or malformed (counted, not delivered).
     pub ignored: u64,
+    /// Frames sent.
     pub sent: u64,
+    /// RoCE packets received for us.
     pub received: u64,
     /// Whether the backend puts our frames on the wire as built (raw backends); the UDP
     /// socket backend rewrites the IP/UDP headers and recomputes the ICRC.
@@ -61,6 +72,7 @@ fn wall() -> Duration {
 }
 
 impl Link {
+    /// A link over `dev`, accepting frames for `our_ip`; `raw` as the field says.
     pub fn new(dev: Box<dyn PacketDevice>, our_ip: IpAddr, raw: bool) -> Link {
         Link {
             dev,
@@ -74,6 +86,7 @@ impl Link {
         }
     }
 
+    /// The device's short name.
     pub fn describe(&self) -> String {
         self.dev.describe()
     }
@@ -87,6 +100,7 @@ impl Link {
         Ok(())
     }
 
+    /// End the capture in progress, if any.
     pub fn stop_capture(&mut self) {
         if let Some(c) = self.cap.take() {
             let mut w = c.into_inner();

@@ -45,7 +45,9 @@ use crate::wire::{MacAddr, Psn};
 pub struct Options {
     /// The peer's address for the out-of-band exchange.
     pub host: String,
+    /// The peer tool's TCP port.
     pub port: u16,
+    /// What runs on the peer.
     pub tool: PeerTool,
     /// Run only the tests whose id matches one of these (`*` wildcards; a plain word
     /// matches as a substring).
@@ -87,10 +89,15 @@ impl Default for Options {
 
 /// The tester's side: its link, addresses and how to find the peer's MAC.
 pub struct Setup {
+    /// The packet path to the peer.
     pub link: Link,
+    /// Our MAC address.
     pub our_mac: MacAddr,
+    /// Our IP address (our GID).
     pub our_ip: IpAddr,
+    /// The next hop's MAC address for a peer address.
     pub resolve: Box<dyn Fn(IpAddr) -> Option<MacAddr>>,
+    /// What our backend can send.
     pub caps: Caps,
 }
 

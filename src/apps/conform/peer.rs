@@ -49,6 +49,7 @@ pub enum PeerTool {
 }
 
 impl PeerTool {
+    /// Every peer tool.
     pub const ALL: [PeerTool; 6] = [
         PeerTool::Pingpong,
         PeerTool::PerftestWrite,
@@ -57,6 +58,7 @@ impl PeerTool {
         PeerTool::PerftestAtomic,
         PeerTool::Ferroce,
     ];
+    /// The name `--peer-tool` takes.
     pub fn name(self) -> &'static str {
         match self {
             PeerTool::Pingpong => "pingpong",
@@ -83,17 +85,22 @@ impl PeerTool {
 /// Remote access rights (of a QP, or of the memory region behind an R_Key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Rights {
+    /// Remote READ.
     pub read: bool,
+    /// Remote WRITE.
     pub write: bool,
+    /// Remote atomics.
     pub atomic: bool,
 }
 
 impl Rights {
+    /// No remote access.
     pub const NONE: Rights = Rights {
         read: false,
         write: false,
         atomic: false,
     };
+    /// READ, WRITE and atomics.
     pub const ALL: Rights = Rights {
         read: true,
         write: true,
@@ -116,6 +123,7 @@ impl Rights {
         }
         s
     }
+    /// From `rwa`-style letters (others ignored).
     pub fn parse(s: &str) -> Rights {
         Rights {
             read: s.contains('r'),
@@ -141,6 +149,7 @@ pub enum ReadBack {
 /// How the tester can count the peer's receive completions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvCount {
+    /// Not at all.
     None,
     /// `ibv_rc_pingpong` answers each completed receive with one SEND.
     Echo,
@@ -152,19 +161,26 @@ pub enum RecvCount {
 /// does not say), rights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// Its R_Key.
     pub rkey: u32,
+    /// Its start address.
     pub va: u64,
+    /// Its length.
     pub len: u64,
+    /// Its access rights.
     pub rights: Rights,
 }
 
 /// What the tester knows about the peer after the exchange.
 #[derive(Clone, Debug)]
 pub struct PeerInfo {
+    /// The peer tool.
     pub tool: PeerTool,
+    /// The peer's QP number.
     pub qpn: u32,
     /// The PSN the peer's requester starts at.
     pub psn: u32,
+    /// The peer's GID.
     pub gid: [u8; 16],
     /// Path MTU in bytes.
     pub mtu: u32,
@@ -178,9 +194,13 @@ pub struct PeerInfo {
     pub recvs: Option<u32>,
     /// The peer's requester sends us messages (pingpong echoes; the ferroce peer on request).
     pub requester: bool,
+    /// How its memory can be read back.
     pub readback: ReadBack,
+    /// How its receive completions can be counted.
     pub recv_count: RecvCount,
+    /// READ/atomic requests the peer's responder accepts at once.
     pub max_dest_rd_atomic: u32,
+    /// The RNR NAK timer code the peer uses.
     pub min_rnr_timer: u8,
     /// The peer's CNP interval, if it says it sends CNPs.
     pub cnp_interval: Option<Duration>,
@@ -192,6 +212,7 @@ pub struct PeerInfo {
 }
 
 impl PeerInfo {
+    /// The peer's IP address (from its GID).
     pub fn ip(&self) -> IpAddr {
         ip_of_gid(self.gid)
     }
@@ -200,9 +221,13 @@ impl PeerInfo {
 /// Our side of the exchange.
 #[derive(Clone, Copy, Debug)]
 pub struct Ours {
+    /// Our QP number.
     pub qpn: u32,
+    /// Our starting PSN.
     pub psn: u32,
+    /// Our GID.
     pub gid: [u8; 16],
+    /// Our MAC address.
     pub mac: MacAddr,
     /// The MTU we offer (perftest takes the smaller).
     pub mtu: Mtu,
@@ -224,6 +249,7 @@ pub struct SessionReq {
 
 /// An open session with the peer tool.
 pub trait Session: Send {
+    /// What the exchange told us about the peer.
     fn info(&self) -> &PeerInfo;
     /// The ferroce peer's control channel.
     fn control(&mut self) -> Option<&mut Control> {
@@ -535,6 +561,8 @@ fn hex(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
 }
 
 impl Control {
+    /// Connect to the ferroce peer's control channel at `addr`, trying for `patience`; each
+    /// answer is awaited for `timeout`.
     pub fn connect(
         addr: SocketAddr,
         timeout: Duration,

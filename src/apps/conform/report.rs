@@ -8,28 +8,41 @@ use std::path::PathBuf;
 /// One test's result with everything the report shows.
 #[derive(Clone, Debug)]
 pub struct TestResult {
+    /// The test's id.
     pub id: &'static str,
+    /// Its group's name.
     pub group: &'static str,
+    /// Its title.
     pub title: &'static str,
+    /// The IBTA rule it checks.
     pub rule: &'static str,
+    /// The rule in our words.
     pub summary: &'static str,
+    /// What the peer must do.
     pub must: &'static str,
+    /// How it is observed.
     pub observes: &'static str,
+    /// What happened.
     pub outcome: Outcome,
+    /// The test's capture, if one was written.
     pub capture: Option<PathBuf>,
+    /// How long it took (seconds).
     pub secs: f64,
 }
 
 /// The whole run.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// The peer tool tested.
     pub tool: PeerTool,
     /// Lines about the peer and the tester (one per session opened, at most a few).
     pub about: Vec<String>,
+    /// One per test, in catalogue order.
     pub results: Vec<TestResult>,
 }
 
 impl Report {
+    /// How many tests got verdict `v`.
     pub fn count(&self, v: Verdict) -> usize {
         self.results
             .iter()
