@@ -17,6 +17,11 @@ for t in $targets; do
     fail=1
     continue
   fi
+  if ! nobody test -x "$bin"; then
+    echo "FAIL $t: user nobody cannot run $bin (a directory above it is not accessible to others); run from a world-readable checkout"
+    fail=1
+    continue
+  fi
   # Only the tests that call require_root! (the target's other tests may need more than an
   # unprivileged user's view of this tree, e.g. write access).
   mapfile -t filter < <(awk '/^fn [a-z0-9_]+\(\)/ { f = $2; sub(/\(.*/, "", f) } /require_root!/ && f { print f; f = "" }' "tests/$t.rs")
