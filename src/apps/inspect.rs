@@ -348,6 +348,9 @@ pub fn verbose_dump(p: &ParsedFrame<'_>) -> String {
         shown.join(" "),
         if p.payload.len() > 32 { " ..." } else { "" }
     );
+    if let Some(mad) = wire::pretty::gsi_mad(&r.roce, p.payload) {
+        let _ = writeln!(s, "      MAD        {}", wire::pretty::MadLine(mad));
+    }
     let _ = writeln!(
         s,
         "      ICRC       wire={:08x} calc={:08x} {} (wire byte order)",
@@ -402,6 +405,9 @@ pub struct PacketRecord {
     pub ext: BTreeMap<&'static str, serde_json::Value>,
     /// Payload bytes (without the pad).
     pub payload_len: Option<usize>,
+    /// A UD packet to QP1: its MAD (see [`mad_json`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mad: Option<serde_json::Value>,
     /// The ICRC verdict.
     pub icrc: IcrcVerdict,
     /// The ICRC on the wire (hex).
@@ -436,6 +442,7 @@ pub fn packet_record(f: &CapturedFrame, a: &Analysis<'_>) -> Option<PacketRecord
         becn: None,
         ext: BTreeMap::new(),
         payload_len: None,
+        mad: None,
         icrc: IcrcVerdict::Unverifiable,
         icrc_wire: None,
         icrc_calc: None,
@@ -515,6 +522,7 @@ pub fn packet_record(f: &CapturedFrame, a: &Analysis<'_>) -> Option<PacketRecord
                 rec.ext.insert("ieth", json!({ "rkey": x.0 }));
             }
             rec.payload_len = Some(r.roce.payload_len);
+            rec.mad = wire::pretty::gsi_mad(&r.roce, p.payload).map(mad_json);
             rec.icrc = if p.icrc_ok() {
                 IcrcVerdict::Ok
             } else {
@@ -526,4 +534,134 @@ pub fn packet_record(f: &CapturedFrame, a: &Analysis<'_>) -> Option<PacketRecord
         }
     }
     Some(rec)
+}
+
+/// The JSON of a MAD (the payload of a UD packet to QP1): the common header, and for a CM
+/// message its fields (`cm`) with the RDMA-CM header of a REQ or SIDR_REQ (`rdma_cm`). Numbers
+/// are numbers (the 64-bit transaction and service IDs too); a MAD that does not parse has an
+/// `error`.
+pub fn mad_json(b: &[u8]) -> serde_json::Value {
+    use crate::wire::mad::cm::{CmMadRepr, CmMessage};
+    use crate::wire::mad::rdma_cm::{service_id, HeaderRepr};
+    use crate::wire::mad::{Mad, MgmtClass};
+    use serde_json::json;
+    let Ok(m) = Mad::new_checked(b) else {
+        return json!({ "len": b.len(), "error": "truncated" });
+    };
+    let mut v = json!({
+        "len": b.len(),
+        "base_version": m.base_version(),
+        "class": m.mgmt_class().0,
+        "class_name": m.mgmt_class().name(),
+        "class_version": m.class_version(),
+        "method": m.method().0,
+        "method_name": m.method().name(),
+        "status": m.status().0,
+        "class_specific": m.class_specific(),
+        "tid": m.transaction_id(),
+        "attr_id": m.attr_id().0,
+        "attr_mod": m.attr_mod(),
+    });
+    if m.mgmt_class() != MgmtClass::CM {
+        return v;
+    }
+    v["attr_name"] = json!(m.attr_id().name());
+    let msg = match CmMadRepr::parse(b) {
+        Ok(c) => c.msg,
+        Err(e) => {
+            v["error"] = json!(e.to_string());
+            return v;
+        }
+    };
+    let (cm, header) = match msg {
+        CmMessage::Req(q) => {
+            let p = q.primary;
+            (
+                json!({
+                    "msg": "REQ", "local_comm_id": q.local_comm_id, "service_id": q.service_id,
+                    "local_ca_guid": q.local_ca_guid, "local_qkey": q.local_qkey,
+                    "local_qpn": q.local_qpn.get(), "starting_psn": q.starting_psn.get(),
+                    "responder_resources": q.responder_resources,
+                    "initiator_depth": q.initiator_depth,
+                    "remote_cm_response_timeout": q.remote_cm_response_timeout,
+                    "local_cm_response_timeout": q.local_cm_response_timeout,
+                    "transport": q.transport.0, "retry_count": q.retry_count,
+                    "rnr_retry_count": q.rnr_retry_count, "max_cm_retries": q.max_cm_retries,
+                    "pkey": q.pkey.0, "path_mtu": q.path_mtu.0, "srq": q.srq,
+                    "primary": {
+                        "local_lid": p.local_lid, "remote_lid": p.remote_lid,
+                        "local_gid": p.local_gid.to_string(), "remote_gid": p.remote_gid.to_string(),
+                        "flow_label": p.flow_label, "packet_rate": p.packet_rate,
+                        "traffic_class": p.traffic_class, "hop_limit": p.hop_limit, "sl": p.sl,
+                        "local_ack_timeout": p.local_ack_timeout,
+                    },
+                }),
+                Some((q.service_id, q.private_data.to_vec())),
+            )
+        }
+        CmMessage::Rep(r) => (
+            json!({
+                "msg": "REP", "local_comm_id": r.local_comm_id, "remote_comm_id": r.remote_comm_id,
+                "local_qkey": r.local_qkey, "local_qpn": r.local_qpn.get(),
+                "starting_psn": r.starting_psn.get(), "responder_resources": r.responder_resources,
+                "initiator_depth": r.initiator_depth, "target_ack_delay": r.target_ack_delay,
+                "rnr_retry_count": r.rnr_retry_count, "srq": r.srq,
+                "local_ca_guid": r.local_ca_guid,
+            }),
+            None,
+        ),
+        CmMessage::Rtu(t) => (
+            json!({ "msg": "RTU", "local_comm_id": t.local_comm_id, "remote_comm_id": t.remote_comm_id }),
+            None,
+        ),
+        CmMessage::Dreq(d) => (
+            json!({ "msg": "DREQ", "local_comm_id": d.local_comm_id, "remote_comm_id": d.remote_comm_id,
+                    "remote_qpn": d.remote_qpn.get() }),
+            None,
+        ),
+        CmMessage::Drep(d) => (
+            json!({ "msg": "DREP", "local_comm_id": d.local_comm_id, "remote_comm_id": d.remote_comm_id }),
+            None,
+        ),
+        CmMessage::Rej(j) => (
+            json!({ "msg": "REJ", "local_comm_id": j.local_comm_id, "remote_comm_id": j.remote_comm_id,
+                    "message_rejected": j.message_rejected.0, "reject_info_len": j.reject_info_len,
+                    "reason": j.reason.0, "reason_name": j.reason.name() }),
+            None,
+        ),
+        CmMessage::Mra(a) => (
+            json!({ "msg": "MRA", "local_comm_id": a.local_comm_id, "remote_comm_id": a.remote_comm_id,
+                    "message_mraed": a.message_mraed.0, "service_timeout": a.service_timeout }),
+            None,
+        ),
+        CmMessage::SidrReq(q) => (
+            json!({ "msg": "SIDR_REQ", "request_id": q.request_id, "pkey": q.pkey.0,
+                    "service_id": q.service_id }),
+            Some((q.service_id, q.private_data.to_vec())),
+        ),
+        CmMessage::SidrRep(r) => (
+            json!({ "msg": "SIDR_REP", "request_id": r.request_id, "status": r.status.0,
+                    "qpn": r.qpn.get(), "qkey": r.qkey, "service_id": r.service_id }),
+            None,
+        ),
+        CmMessage::ClassPortInfo(c) => (
+            json!({ "msg": "ClassPortInfo", "base_version": c.base_version,
+                    "class_version": c.class_version, "capability_mask": c.capability_mask,
+                    "resp_time_value": c.resp_time_value }),
+            None,
+        ),
+        CmMessage::Other { attr_id, .. } => (json!({ "msg": "other", "attr_id": attr_id.0 }), None),
+    };
+    v["cm"] = cm;
+    if let Some((sid, pd)) = header {
+        if let (Some((ps, port)), Ok(h)) = (service_id::split(sid), HeaderRepr::parse(&pd)) {
+            v["rdma_cm"] = json!({
+                "port_space": ps.name(), "port": port,
+                "ip_version": if h.src_ip.is_ipv4() { 4 } else { 6 },
+                "src_ip": h.src_ip.to_string(), "src_port": h.src_port,
+                "dst_ip": h.dst_ip.to_string(),
+            });
+        }
+    }
+    v
 }
