@@ -52,7 +52,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 /// A MAD for the QP1 layer to send.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Transmit {
+    /// Where to send it.
     pub dest: MadAddr,
+    /// The 256-byte MAD.
     pub mad: [u8; MAD_LEN],
 }
 

@@ -72,32 +72,52 @@ pub enum QpKind {
 /// An id's state (`enum rdma_cm_state`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum IdState {
+    /// Created, not bound.
     Idle,
+    /// Resolving the address.
     AddrQuery,
+    /// The address is resolved.
     AddrResolved,
+    /// Resolving the route.
     RouteQuery,
+    /// The route is resolved.
     RouteResolved,
     /// Connecting or connected.
     Connect,
+    /// Disconnecting or disconnected.
     Disconnect,
+    /// Bound to an address (`rdma_bind_addr`).
     AddrBound,
+    /// Listening.
     Listen,
 }
 
 /// An event type (`enum rdma_cm_event_type`; those an RDMA-CM over RoCE reports).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum EventType {
+    /// The address is resolved.
     AddrResolved,
+    /// Address resolution failed.
     AddrError,
+    /// The route is resolved.
     RouteResolved,
+    /// Route resolution failed.
     RouteError,
+    /// A connection request on a listening id (a new id).
     ConnectRequest,
+    /// The peer accepted: set the QP up and `establish`.
     ConnectResponse,
+    /// The connection failed after it was set up.
     ConnectError,
+    /// The peer could not be reached (no answer, or a SIDR status).
     Unreachable,
+    /// The peer rejected the connection.
     Rejected,
+    /// The connection is established.
     Established,
+    /// The connection is down.
     Disconnected,
+    /// TimeWait is over: the QP may be reused.
     TimewaitExit,
 }
 
@@ -127,20 +147,27 @@ pub const EVENT_PRIVATE_MAX: usize = private_len::REP;
 /// An event (`struct rdma_cm_event`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Event {
+    /// The connection (or request, or CM id).
     pub id: RdmaId,
     /// CONNECT_REQUEST: the listening id the new `id` came from.
     pub listen_id: Option<RdmaId>,
+    /// The event type.
     pub kind: EventType,
     /// 0, a negative errno, or for REJECTED the REJ reason (SIDR: the SIDR status).
     pub status: i32,
     /// The peer's private data (REQ/SIDR_REQ: after the RDMA-CM header).
     pub private_data: [u8; EVENT_PRIVATE_MAX],
+    /// Bytes of `private_data` that are the peer's.
     pub private_data_len: usize,
     /// CONNECT_REQUEST: the REQ's responder resources and initiator depth, as sent.
     pub responder_resources: u8,
+    /// The initiator depth (max_rd_atomic).
     pub initiator_depth: u8,
+    /// The transport retry count.
     pub retry_count: u8,
+    /// The RNR retry count.
     pub rnr_retry_count: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
     /// The peer's QPN (CONNECT_REQUEST, CONNECT_RESPONSE, UD ESTABLISHED).
     pub qp_num: Option<QpNumber>,
@@ -184,11 +211,17 @@ impl Event {
 /// `struct rdma_conn_param` (RC) and the UD fields of `rdma_ud_param`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ConnParam<'a> {
+    /// The private data.
     pub private_data: &'a [u8],
+    /// The responder resources (max_dest_rd_atomic).
     pub responder_resources: u8,
+    /// The initiator depth (max_rd_atomic).
     pub initiator_depth: u8,
+    /// The transport retry count.
     pub retry_count: u8,
+    /// The RNR retry count.
     pub rnr_retry_count: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
     /// The QP of this side.
     pub qp_num: QpNumber,
@@ -219,11 +252,17 @@ impl<'a> ConnParam<'a> {
 /// the rest comes from the interface and the kernel's route).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Route {
+    /// The local port's GID.
     pub local_gid: Gid,
+    /// The remote port's GID.
     pub remote_gid: Gid,
+    /// The path MTU.
     pub path_mtu: PathMtu,
+    /// The GRH hop limit.
     pub hop_limit: u8,
+    /// The GRH traffic class.
     pub traffic_class: u8,
+    /// The GRH flow label (20 bits).
     pub flow_label: u32,
 }
 
@@ -247,15 +286,21 @@ pub enum Request {
     /// Which local address (and RoCE device) reaches `dst`? Answer with
     /// [`RdmaCm::complete_addr`].
     ResolveAddr {
+        /// The connection (or request, or CM id).
         id: RdmaId,
+        /// Where it came from.
         src: Option<IpAddr>,
+        /// The destination.
         dst: IpAddr,
     },
     /// The route from `src` to `dst` (neighbour reachable, path MTU). Answer with
     /// [`RdmaCm::complete_route`].
     ResolveRoute {
+        /// The connection (or request, or CM id).
         id: RdmaId,
+        /// Where it came from.
         src: IpAddr,
+        /// The destination.
         dst: IpAddr,
     },
 }
@@ -264,18 +309,30 @@ pub enum Request {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum RdmaCmError {
     #[error("no such CM id")]
+    /// No CM id has this number.
     NoSuchId,
     #[error("not allowed in state {0:?}")]
+    /// The call is not valid in this state.
     InvalidState(IdState),
     #[error("address {0} already in use")]
+    /// The address and port are taken in this port space.
     AddrInUse(SocketAddr),
     #[error("no free port")]
+    /// No ephemeral port is free.
     NoPort,
     #[error("private data of {len} bytes exceeds {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    /// More private data than the message holds.
+    PrivateDataTooLong {
+        /// The length given.
+        len: usize,
+        /// The most the message holds.
+        max: usize,
+    },
     #[error("address families of source and destination differ")]
+    /// Source and destination are not of one address family.
     FamilyMismatch,
     #[error(transparent)]
+    /// The IB CM refused.
     Cm(#[from] CmError),
 }
 

@@ -29,8 +29,11 @@ pub fn ack_timeout(target_ack_delay: u8, packet_lifetime: u8) -> u8 {
 /// packet.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct MadAddr {
+    /// The port's GID.
     pub gid: Gid,
+    /// The QPN that serves the service.
     pub qpn: QpNumber,
+    /// The partition key.
     pub pkey: PKey,
 }
 
@@ -138,7 +141,9 @@ pub enum Role {
 /// [`super::Cm::accept`] (passive side), before either side's QP may be used.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct QpParams {
+    /// The transport service type.
     pub transport: TransportType,
+    /// The sender's QPN.
     pub local_qpn: QpNumber,
     /// `dest_qp_num`.
     pub remote_qpn: QpNumber,
@@ -146,6 +151,7 @@ pub struct QpParams {
     pub sq_psn: Psn,
     /// `rq_psn`: the peer's starting PSN.
     pub rq_psn: Psn,
+    /// The path MTU.
     pub path_mtu: PathMtu,
     /// `max_rd_atomic`: RDMA READs / atomics this side may have outstanding.
     pub max_rd_atomic: u8,
@@ -157,12 +163,19 @@ pub struct QpParams {
     pub rnr_retry_count: u8,
     /// `timeout`: the Local ACK Timeout exponent (4.096 µs × 2^value).
     pub local_ack_timeout: u8,
+    /// The partition key.
     pub pkey: PKey,
+    /// The local port's GID.
     pub local_gid: Gid,
+    /// The remote port's GID.
     pub remote_gid: Gid,
+    /// The GRH flow label (20 bits).
     pub flow_label: u32,
+    /// The GRH traffic class.
     pub traffic_class: u8,
+    /// The GRH hop limit.
     pub hop_limit: u8,
+    /// The service level (4 bits).
     pub sl: u8,
     /// The peer's QP has an SRQ.
     pub remote_srq: bool,
@@ -177,9 +190,13 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The passive side's GSI.
     pub dest: MadAddr,
+    /// The transport service type.
     pub transport: TransportType,
+    /// The sender's QPN.
     pub local_qpn: QpNumber,
+    /// The sender's starting PSN.
     pub starting_psn: Psn,
+    /// The path MTU.
     pub path_mtu: PathMtu,
     /// This side's `max_dest_rd_atomic`.
     pub responder_resources: u8,
@@ -189,6 +206,7 @@ pub struct ConnectParams {
     pub retry_count: u8,
     /// The passive side's QP `rnr_retry`.
     pub rnr_retry_count: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
     /// The primary path. A `local_ack_timeout` of 0 is filled in from the configuration
     /// ([`CmConfig::local_ack_timeout`]).
@@ -236,7 +254,9 @@ impl ConnectParams {
 /// What [`super::Cm::accept`] puts in the REP.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct AcceptParams {
+    /// The sender's QPN.
     pub local_qpn: QpNumber,
+    /// The sender's starting PSN.
     pub starting_psn: Psn,
     /// This side's `max_dest_rd_atomic` (cut to the REQ's initiator depth).
     pub responder_resources: u8,
@@ -244,6 +264,7 @@ pub struct AcceptParams {
     pub initiator_depth: u8,
     /// The active side's QP `rnr_retry`.
     pub rnr_retry_count: u8,
+    /// The sender's QP uses an SRQ.
     pub srq: bool,
     /// Up to 196 bytes of private data.
     pub private_data: [u8; private_len::REP],
@@ -294,76 +315,144 @@ pub enum CmEvent {
     /// Passive: a REQ for a listened service ID. Answer with [`super::Cm::accept`],
     /// [`super::Cm::reject`] or [`super::Cm::mra`].
     ReqReceived {
+        /// The connection (or request, or CM id).
         id: CommId,
+        /// The listener it came to.
         listen: ListenId,
+        /// Where it came from.
         src: MadAddr,
+        /// The REQ as received.
         req: ReqRepr,
     },
     /// Active: the passive side asked for more time (service timeout exponent).
-    MraReceived { id: CommId, service_timeout: u8 },
+    /// The peer needs more time.
+    MraReceived {
+        /// The connection.
+        id: CommId,
+        /// The extra wait the peer asks for (IBA time exponent).
+        service_timeout: u8,
+    },
     /// Active: the passive side accepted. Set the QP up from `qp`, then call
     /// [`super::Cm::establish`] (which sends RTU), or [`super::Cm::reject`].
     RepReceived {
+        /// The connection (or request, or CM id).
         id: CommId,
+        /// What the QP must be set to.
         qp: QpParams,
+        /// The REP as received.
         rep: RepRepr,
     },
     /// The connection is established (passive: RTU received or communication established;
     /// active: RTU sent).
-    Established { id: CommId, qp: QpParams },
+    /// The connection is established.
+    Established {
+        /// The connection.
+        id: CommId,
+        /// What the QP must be set to.
+        qp: QpParams,
+    },
     /// The peer rejected (REJ received).
     Rejected {
+        /// The connection (or request, or CM id).
         id: CommId,
+        /// The reason.
         reason: RejReason,
         /// Which message the peer rejected.
         message: MsgCode,
+        /// Additional reject information.
         ari: [u8; ARI_LEN],
+        /// Bytes of `ari` that mean something.
         ari_len: u8,
+        /// The private data.
         private_data: [u8; private_len::REJ],
     },
     /// No answer came after every retry (see [`Waiting`]); a REJ with reason Timeout was
     /// sent to the peer.
-    TimedOut { id: CommId, waiting: Waiting },
+    /// No answer came.
+    TimedOut {
+        /// The connection (gone now).
+        id: CommId,
+        /// Which answer never came.
+        waiting: Waiting,
+    },
     /// The peer wants to disconnect (DREQ received). Answer with [`super::Cm::disconnect`]
     /// (which sends DREP).
     DreqReceived {
+        /// The connection (or request, or CM id).
         id: CommId,
+        /// The private data.
         private_data: [u8; private_len::DREQ],
     },
     /// Our side of the disconnection is complete; the connection is in TimeWait.
-    Disconnected { id: CommId, how: DisconnectHow },
+    /// The connection is down.
+    Disconnected {
+        /// The connection.
+        id: CommId,
+        /// How it ended.
+        how: DisconnectHow,
+    },
     /// TimeWait is over: the connection's identifiers (and its QP) may be reused.
-    TimeWaitExit { id: CommId },
+    /// TimeWait is over.
+    TimeWaitExit {
+        /// The connection (gone now).
+        id: CommId,
+    },
     /// Passive: a SIDR_REQ for a listened service ID. Answer with
     /// [`super::Cm::sidr_reply`].
     SidrReqReceived {
+        /// The connection (or request, or CM id).
         id: SidrId,
+        /// The listener it came to.
         listen: ListenId,
+        /// Where it came from.
         src: MadAddr,
+        /// The REQ as received.
         req: SidrReqRepr,
     },
     /// Active: the SIDR_REP for our request.
-    SidrRepReceived { id: SidrId, rep: SidrRepRepr },
+    /// The SIDR_REP for our request.
+    SidrRepReceived {
+        /// Our request.
+        id: SidrId,
+        /// The SIDR_REP.
+        rep: SidrRepRepr,
+    },
     /// Active: no SIDR_REP came after every retry.
-    SidrTimedOut { id: SidrId },
+    /// No SIDR_REP came.
+    SidrTimedOut {
+        /// Our request (gone now).
+        id: SidrId,
+    },
 }
 
 /// A CM call that cannot be done.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum CmError {
     #[error("no such connection {0}")]
+    /// No connection has this ID.
     NoSuchConnection(CommId),
     #[error("no such listener")]
+    /// No listener has this ID.
     NoSuchListener,
     #[error("no such service ID resolution")]
+    /// No pending SIDR request has this ID.
     NoSuchSidr,
     #[error("service ID 0x{0:016x} already has a listener")]
+    /// The service ID already has a listener.
     AlreadyListening(u64),
     #[error("operation not allowed in state {0:?}")]
+    /// The call is not valid in this state.
     InvalidState(CmState),
     #[error("private data of {len} bytes exceeds {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    /// More private data than the message holds.
+    PrivateDataTooLong {
+        /// The length given.
+        len: usize,
+        /// The most the message holds.
+        max: usize,
+    },
     #[error("too many connections (limit {0})")]
+    /// The connection table is full.
     TooManyConnections(usize),
 }
 
@@ -371,7 +460,9 @@ pub enum CmError {
 /// of the drop counters.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct CmCounters {
+    /// MADs received.
     pub mads_received: u64,
+    /// MADs queued for sending.
     pub mads_sent: u64,
     /// Dropped: shorter than 256 bytes.
     pub truncated: u64,
@@ -396,8 +487,11 @@ pub struct CmCounters {
     pub retransmissions: u64,
     /// Connections and requests given up after every retry.
     pub timeouts: u64,
+    /// REJs sent.
     pub rej_sent: u64,
+    /// REJs received.
     pub rej_received: u64,
+    /// MRAs sent.
     pub mra_sent: u64,
     /// REQs rejected because nothing listens on their service ID.
     pub no_listener: u64,
@@ -410,6 +504,7 @@ pub struct CmCounters {
     pub tx_drops: u64,
     /// Events dropped because the consumer did not read them (event queue full).
     pub event_drops: u64,
+    /// Connections established.
     pub established: u64,
 }
 

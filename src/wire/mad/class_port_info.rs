@@ -53,35 +53,49 @@ mod field {
 /// after the attribute are not modelled (emitted as zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ClassPortInfoRepr {
+    /// The MAD base version (1).
     pub base_version: u8,
+    /// The class version.
     pub class_version: u8,
+    /// The class's capability mask.
     pub capability_mask: u16,
     /// 27 bits.
     pub capability_mask2: u32,
     /// 5 bits: the class's response time, 4.096 µs × 2^value.
     pub resp_time_value: u8,
+    /// Redirection: the GID.
     pub redirect_gid: Gid,
+    /// Redirection: the traffic class.
     pub redirect_tc: u8,
     /// 4 bits.
     pub redirect_sl: u8,
     /// 20 bits.
     pub redirect_fl: u32,
+    /// Redirection: the LID.
     pub redirect_lid: u16,
+    /// Redirection: the P_Key.
     pub redirect_pkey: u16,
     /// 24 bits.
     pub redirect_qp: u32,
+    /// Redirection: the Q_Key.
     pub redirect_qkey: u32,
+    /// Traps: the GID to send them to.
     pub trap_gid: Gid,
+    /// Traps: the traffic class.
     pub trap_tc: u8,
     /// 4 bits.
     pub trap_sl: u8,
     /// 20 bits.
     pub trap_fl: u32,
+    /// Traps: the LID.
     pub trap_lid: u16,
+    /// Traps: the P_Key.
     pub trap_pkey: u16,
+    /// Traps: the hop limit.
     pub trap_hl: u8,
     /// 24 bits.
     pub trap_qp: u32,
+    /// Traps: the Q_Key.
     pub trap_qkey: u32,
 }
 

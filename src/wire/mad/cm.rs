@@ -107,42 +107,73 @@ macro_rules! code_field {
 code_type!(
     /// A REJ reason (IBTA §12.6.7.2, table 105). Unknown values are kept.
     RejReason(u16), "4" {
+        /// No QP available.
         NO_QP = 1 => "no QP available",
+        /// No EEC available.
         NO_EEC = 2 => "no EEC available",
+        /// No resources available.
         NO_RESOURCES = 3 => "no resources available",
         /// The sender timed out waiting for a response.
         TIMEOUT = 4 => "timeout",
+        /// Unsupported request.
         UNSUPPORTED = 5 => "unsupported request",
+        /// Invalid communication ID.
         INVALID_COMM_ID = 6 => "invalid communication ID",
+        /// Invalid communication instance.
         INVALID_COMM_INSTANCE = 7 => "invalid communication instance",
         /// Nothing listens on the REQ's service ID.
         INVALID_SERVICE_ID = 8 => "invalid service ID",
+        /// Invalid transport service type.
         INVALID_TRANSPORT_TYPE = 9 => "invalid transport service type",
+        /// Stale connection.
         STALE_CONNECTION = 10 => "stale connection",
+        /// RDC does not exist.
         RDC_NOT_EXIST = 11 => "RDC does not exist",
+        /// Primary remote port GID rejected.
         INVALID_GID = 12 => "primary remote port GID rejected",
+        /// Primary remote port LID rejected.
         INVALID_LID = 13 => "primary remote port LID rejected",
+        /// Invalid primary SL.
         INVALID_SL = 14 => "invalid primary SL",
+        /// Invalid primary traffic class.
         INVALID_TRAFFIC_CLASS = 15 => "invalid primary traffic class",
+        /// Invalid primary hop limit.
         INVALID_HOP_LIMIT = 16 => "invalid primary hop limit",
+        /// Invalid primary packet rate.
         INVALID_PACKET_RATE = 17 => "invalid primary packet rate",
+        /// Alternate remote port GID rejected.
         INVALID_ALT_GID = 18 => "alternate remote port GID rejected",
+        /// Alternate remote port LID rejected.
         INVALID_ALT_LID = 19 => "alternate remote port LID rejected",
+        /// Invalid alternate SL.
         INVALID_ALT_SL = 20 => "invalid alternate SL",
+        /// Invalid alternate traffic class.
         INVALID_ALT_TRAFFIC_CLASS = 21 => "invalid alternate traffic class",
+        /// Invalid alternate hop limit.
         INVALID_ALT_HOP_LIMIT = 22 => "invalid alternate hop limit",
+        /// Invalid alternate packet rate.
         INVALID_ALT_PACKET_RATE = 23 => "invalid alternate packet rate",
+        /// Port and CM redirection.
         PORT_CM_REDIRECT = 24 => "port and CM redirection",
+        /// Port redirection.
         PORT_REDIRECT = 25 => "port redirection",
+        /// Invalid path MTU.
         INVALID_MTU = 26 => "invalid path MTU",
+        /// Insufficient responder resources.
         INSUFFICIENT_RESP_RESOURCES = 27 => "insufficient responder resources",
         /// The consumer (application) rejected; the private data says why.
         CONSUMER = 28 => "consumer reject",
+        /// RNR retry count reject.
         INVALID_RNR_RETRY = 29 => "RNR retry count reject",
+        /// Duplicate local communication ID.
         DUPLICATE_LOCAL_COMM_ID = 30 => "duplicate local communication ID",
+        /// Unsupported class version.
         INVALID_CLASS_VERSION = 31 => "unsupported class version",
+        /// Invalid primary flow label.
         INVALID_FLOW_LABEL = 32 => "invalid primary flow label",
+        /// Invalid alternate flow label.
         INVALID_ALT_FLOW_LABEL = 33 => "invalid alternate flow label",
+        /// Vendor option not supported.
         VENDOR_OPTION_NOT_SUPPORTED = 35 => "vendor option not supported",
     }
 );
@@ -156,8 +187,11 @@ code_type!(
         UNSUPPORTED = 1 => "service ID not supported",
         /// The service provider rejected the request.
         REJECT = 2 => "rejected",
+        /// No QP available.
         NO_QP = 3 => "no QP available",
+        /// Redirect.
         REDIRECT = 4 => "redirect",
+        /// Unsupported class version.
         UNSUPPORTED_VERSION = 5 => "unsupported class version",
     }
 );
@@ -165,10 +199,15 @@ code_type!(
 code_type!(
     /// A path MTU code (IBTA §9.7.7 / `enum ibv_mtu`): the 4-bit field of REQ.
     PathMtu(u8), "1" {
+        /// 256.
         M256 = 1 => "256",
+        /// 512.
         M512 = 2 => "512",
+        /// 1024.
         M1024 = 3 => "1024",
+        /// 2048.
         M2048 = 4 => "2048",
+        /// 4096.
         M4096 = 5 => "4096",
     }
 );
@@ -357,18 +396,25 @@ macro_rules! array_bytes {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PathRepr {
+    /// The local port's LID (0xFFFF on RoCE).
     pub local_lid: u16,
+    /// The remote port's LID (0xFFFF on RoCE).
     pub remote_lid: u16,
+    /// The local port's GID.
     pub local_gid: Gid,
+    /// The remote port's GID.
     pub remote_gid: Gid,
     /// 20 bits.
     pub flow_label: u32,
     /// 6 bits (IBTA static rate code).
     pub packet_rate: u8,
+    /// The GRH traffic class.
     pub traffic_class: u8,
+    /// The GRH hop limit.
     pub hop_limit: u8,
     /// 4 bits.
     pub sl: u8,
+    /// The path stays within the subnet.
     pub subnet_local: bool,
     /// 5 bits: 4.096 µs × 2^value.
     pub local_ack_timeout: u8,
@@ -442,43 +488,59 @@ cm_attr! {
     /// The owned form of a REQ.
     repr ReqRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
         /// 24 bits (byte 4 is reserved).
         vendor_id: u32 = Bits::new(5, 0, 24);
+        /// The service ID.
         service_id: u64 = Bits::bytes(8, 8);
+        /// The sender's CA GUID.
         local_ca_guid: u64 = Bits::bytes(16, 8);
+        /// The sender's Q_Key (UD/RD; 0 for RC).
         local_qkey: u32 = Bits::bytes(28, 4);
+        /// The sender's QPN.
         local_qpn: QpNumber = Bits::new(32, 0, 24);
         /// RDMA READ / atomic requests the sender accepts as responder (its
         /// max_dest_rd_atomic).
         responder_resources: u8 = Bits::bytes(35, 1);
+        /// The sender's EE context (RD; 0 otherwise).
         local_eecn: u32 = Bits::new(36, 0, 24);
         /// RDMA READ / atomic requests the sender will have outstanding (its max_rd_atomic).
         initiator_depth: u8 = Bits::bytes(39, 1);
+        /// The receiver's EE context (RD; 0 otherwise).
         remote_eecn: u32 = Bits::new(40, 0, 24);
         /// 5 bits: how long the sender waits for the passive side's answer (4.096 µs ×
         /// 2^value).
         remote_cm_response_timeout: u8 = Bits::new(43, 0, 5);
+        /// The transport service type.
         transport: TransportType = Bits::new(43, 5, 2);
+        /// End-to-end flow control (credits) in use.
         e2e_flow_control: bool = Bits::new(43, 7, 1);
+        /// The sender's starting PSN.
         starting_psn: Psn = Bits::new(44, 0, 24);
         /// 5 bits: how long the sender takes to answer (4.096 µs × 2^value).
         local_cm_response_timeout: u8 = Bits::new(47, 0, 5);
         /// 3 bits: the receiver's QP transport retry count.
         retry_count: u8 = Bits::new(47, 5, 3);
+        /// The partition key.
         pkey: PKey = Bits::bytes(48, 2);
+        /// The path MTU.
         path_mtu: PathMtu = Bits::new(50, 0, 4);
+        /// RD: an RDC exists.
         rdc_exists: bool = Bits::new(50, 4, 1);
         /// 3 bits: the receiver's QP RNR retry count.
         rnr_retry_count: u8 = Bits::new(50, 5, 3);
         /// 4 bits: how many times the sender retries a CM message.
         max_cm_retries: u8 = Bits::new(51, 0, 4);
+        /// The sender's QP uses an SRQ.
         srq: bool = Bits::new(51, 4, 1);
         /// 3 bits.
         ext_transport: u8 = Bits::new(51, 5, 3);
+        /// The alternate path supports SAP (IBTA 1.4).
         sap_supported: bool = Bits::new(139, 5, 1);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::REQ] = 140;
     }
     paths {
@@ -495,13 +557,17 @@ cm_attr! {
     /// The owned form of an MRA.
     repr MraRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
+        /// Which message the MRA acknowledges.
         message_mraed: MsgCode = Bits::new(8, 0, 2);
         /// 5 bits: the extra time the sender needs (4.096 µs × 2^value).
         service_timeout: u8 = Bits::new(9, 0, 5);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::MRA] = 10;
     }
     paths {}
@@ -513,16 +579,21 @@ cm_attr! {
     /// The owned form of a REJ.
     repr RejRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
+        /// Which message is rejected.
         message_rejected: MsgCode = Bits::new(8, 0, 2);
         /// 7 bits: the bytes of `ari` that mean something.
         reject_info_len: u8 = Bits::new(9, 0, 7);
+        /// The reason.
         reason: RejReason = Bits::bytes(10, 2);
     }
     arrays {
         /// Additional Reject Information.
         ari: bytes[ARI_LEN] = 12;
+        /// The private data.
         private_data: bytes[private_len::REJ] = 84;
     }
     paths {}
@@ -534,31 +605,43 @@ cm_attr! {
     /// The owned form of a REP.
     repr RepRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
+        /// The sender's Q_Key (UD/RD; 0 for RC).
         local_qkey: u32 = Bits::bytes(8, 4);
+        /// The sender's QPN.
         local_qpn: QpNumber = Bits::new(12, 0, 24);
         /// Vendor ID bits 23..16.
         vendor_id_h: u8 = Bits::bytes(15, 1);
+        /// The sender's EE context (RD; 0 otherwise).
         local_eecn: u32 = Bits::new(16, 0, 24);
         /// Vendor ID bits 15..8.
         vendor_id_m: u8 = Bits::bytes(19, 1);
+        /// The sender's starting PSN.
         starting_psn: Psn = Bits::new(20, 0, 24);
         /// Vendor ID bits 7..0.
         vendor_id_l: u8 = Bits::bytes(23, 1);
+        /// RDMA READs / atomics the sender accepts as responder.
         responder_resources: u8 = Bits::bytes(24, 1);
+        /// RDMA READs / atomics the sender keeps outstanding.
         initiator_depth: u8 = Bits::bytes(25, 1);
         /// 5 bits.
         target_ack_delay: u8 = Bits::new(26, 0, 5);
         /// 2 bits.
         failover_accepted: u8 = Bits::new(26, 5, 2);
+        /// End-to-end flow control (credits) in use.
         e2e_flow_control: bool = Bits::new(26, 7, 1);
         /// 3 bits: the receiver's (active side's) QP RNR retry count.
         rnr_retry_count: u8 = Bits::new(27, 0, 3);
+        /// The sender's QP uses an SRQ.
         srq: bool = Bits::new(27, 3, 1);
+        /// The sender's CA GUID.
         local_ca_guid: u64 = Bits::bytes(28, 8);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::REP] = 36;
     }
     paths {}
@@ -570,10 +653,13 @@ cm_attr! {
     /// The owned form of an RTU.
     repr RtuRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::RTU] = 8;
     }
     paths {}
@@ -585,12 +671,15 @@ cm_attr! {
     /// The owned form of a DREQ.
     repr DreqRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
         /// The receiver's QPN (or EECN).
         remote_qpn: QpNumber = Bits::new(8, 0, 24);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::DREQ] = 12;
     }
     paths {}
@@ -602,10 +691,13 @@ cm_attr! {
     /// The owned form of a DREP.
     repr DrepRepr;
     fields {
+        /// The sender's communication ID.
         local_comm_id: u32 = Bits::bytes(0, 4);
+        /// The receiver's communication ID (0 when the sender does not know it).
         remote_comm_id: u32 = Bits::bytes(4, 4);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::DREP] = 8;
     }
     paths {}
@@ -617,11 +709,15 @@ cm_attr! {
     /// The owned form of a SIDR_REQ.
     repr SidrReqRepr;
     fields {
+        /// The requester's ID of this resolution.
         request_id: u32 = Bits::bytes(0, 4);
+        /// The partition key.
         pkey: PKey = Bits::bytes(4, 2);
+        /// The service ID.
         service_id: u64 = Bits::bytes(8, 8);
     }
     arrays {
+        /// The private data.
         private_data: bytes[private_len::SIDR_REQ] = 16;
     }
     paths {}
@@ -633,19 +729,27 @@ cm_attr! {
     /// The owned form of a SIDR_REP.
     repr SidrRepRepr;
     fields {
+        /// The requester's ID of this resolution.
         request_id: u32 = Bits::bytes(0, 4);
+        /// The status.
         status: SidrStatus = Bits::bytes(4, 1);
+        /// Bytes of `additional_info` that mean something.
         additional_info_len: u8 = Bits::bytes(5, 1);
         /// Vendor ID bits 23..8.
         vendor_id_h: u16 = Bits::bytes(6, 2);
+        /// The QPN that serves the service.
         qpn: QpNumber = Bits::new(8, 0, 24);
         /// Vendor ID bits 7..0.
         vendor_id_l: u8 = Bits::bytes(11, 1);
+        /// The service ID.
         service_id: u64 = Bits::bytes(12, 8);
+        /// The Q_Key to use.
         qkey: u32 = Bits::bytes(20, 4);
     }
     arrays {
+        /// Additional information (redirection).
         additional_info: bytes[ARI_LEN] = 24;
+        /// The private data.
         private_data: bytes[private_len::SIDR_REP] = 96;
     }
     paths {}
@@ -655,19 +759,31 @@ cm_attr! {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(clippy::large_enum_variant)]
 pub enum CmMessage {
+    /// ConnectRequest.
     Req(ReqRepr),
+    /// MsgRcptAck.
     Mra(MraRepr),
+    /// ConnectReject.
     Rej(RejRepr),
+    /// ConnectReply.
     Rep(RepRepr),
+    /// ReadyToUse.
     Rtu(RtuRepr),
+    /// DisconnectRequest.
     Dreq(DreqRepr),
+    /// DisconnectReply.
     Drep(DrepRepr),
+    /// ServiceIDResReq.
     SidrReq(SidrReqRepr),
+    /// ServiceIDResReqResp.
     SidrRep(SidrRepRepr),
+    /// ClassPortInfo.
     ClassPortInfo(ClassPortInfoRepr),
     /// LAP, APR or an unknown attribute: the data as it came.
     Other {
+        /// The attribute ID.
         attr_id: AttrId,
+        /// The attribute data as received.
         data: [u8; DATA_LEN],
     },
 }
@@ -787,7 +903,9 @@ impl CmMessage {
 /// class. `emit` writes the header's attribute ID from the message, so the two never disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CmMadRepr {
+    /// The common MAD header.
     pub header: MadHeaderRepr,
+    /// The message.
     pub msg: CmMessage,
 }
 

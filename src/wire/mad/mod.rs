@@ -362,14 +362,23 @@ impl<T: AsRef<[u8]>> Mad<T> {
 /// as zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MadHeaderRepr {
+    /// The MAD base version (1).
     pub base_version: u8,
+    /// The management class.
     pub mgmt_class: MgmtClass,
+    /// The class version.
     pub class_version: u8,
+    /// The method (with the response bit).
     pub method: Method,
+    /// The status.
     pub status: MadStatus,
+    /// The class-specific field.
     pub class_specific: u16,
+    /// The transaction ID.
     pub transaction_id: u64,
+    /// The attribute ID.
     pub attr_id: AttrId,
+    /// The attribute modifier.
     pub attr_mod: u32,
 }
 

@@ -117,6 +117,7 @@ impl<T: AsRef<[u8]>> Header<T> {
 pub struct HeaderRepr {
     /// The active side's address and port.
     pub src_ip: IpAddr,
+    /// The active side's port.
     pub src_port: u16,
     /// The address the active side connects to.
     pub dst_ip: IpAddr,
