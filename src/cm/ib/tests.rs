@@ -268,3 +268,257 @@ fn timers_are_one_per_object_and_cleared() {
     assert!(p.a.timers.is_empty() && p.b.timers.is_empty());
     assert_eq!(p.a.connection_count() + p.b.connection_count(), 0);
 }
+
+/// The state table: every state of each side × every message the peer can send, with the
+/// state after it, what is sent back and what the consumer is told. The expected table is
+/// written from the IBTA's state diagrams (§12.9.8) and the choices documented in `ib.rs`
+/// (automatic MRA on duplicates, REJ for REQs to stale connections), not from the code.
+mod table {
+    use super::*;
+
+    const PEER: u32 = 0x7777_0001;
+    const PEER_GUID: u64 = 0x0202;
+    const MSGS_ACTIVE: [&str; 7] = ["MRA(REQ)", "MRA(REP)", "REJ", "REP", "RTU", "DREQ", "DREP"];
+    const MSGS_PASSIVE: [&str; 8] = [
+        "REQ", "MRA(REQ)", "MRA(REP)", "REJ", "REP", "RTU", "DREQ", "DREP",
+    ];
+
+    fn peer() -> MadAddr {
+        MadAddr::gsi(Gid::from_ip("10.0.0.9".parse().unwrap()))
+    }
+
+    fn cm() -> Cm {
+        Cm::new(CmConfig::new(0x0101).with_seed(5))
+    }
+
+    fn req() -> ReqRepr {
+        ReqRepr {
+            local_comm_id: PEER,
+            service_id: 0x42,
+            local_ca_guid: PEER_GUID,
+            local_qpn: QpNumber::new(0x33),
+            max_cm_retries: 3,
+            remote_cm_response_timeout: 14,
+            local_cm_response_timeout: 14,
+            ..ReqRepr::default()
+        }
+    }
+
+    fn msg(name: &str, me: u32) -> CmMessage {
+        let (l, r) = (PEER, me);
+        match name {
+            "REQ" => CmMessage::Req(req()),
+            "MRA(REQ)" | "MRA(REP)" => CmMessage::Mra(MraRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                message_mraed: if name == "MRA(REQ)" {
+                    MsgCode::REQ
+                } else {
+                    MsgCode::REP
+                },
+                service_timeout: 20,
+                ..MraRepr::default()
+            }),
+            "REJ" => CmMessage::Rej(RejRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                reason: RejReason::CONSUMER,
+                ..RejRepr::default()
+            }),
+            "REP" => CmMessage::Rep(RepRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                local_qpn: QpNumber::new(0x33),
+                local_ca_guid: PEER_GUID,
+                ..RepRepr::default()
+            }),
+            "RTU" => CmMessage::Rtu(RtuRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                ..RtuRepr::default()
+            }),
+            "DREQ" => CmMessage::Dreq(DreqRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                ..DreqRepr::default()
+            }),
+            "DREP" => CmMessage::Drep(DrepRepr {
+                local_comm_id: l,
+                remote_comm_id: r,
+                ..DrepRepr::default()
+            }),
+            _ => unreachable!(),
+        }
+    }
+
+    fn feed(cm: &mut Cm, name: &str, me: u32) {
+        let b = CmMadRepr::send(9, msg(name, me)).to_bytes();
+        cm.handle_mad(Instant::ZERO, peer(), &b);
+    }
+
+    fn drain(cm: &mut Cm) {
+        while cm.poll_transmit(Instant::ZERO).is_some() {}
+        while cm.poll_event().is_some() {}
+    }
+
+    /// An active-side CM in `state`, and its connection.
+    fn active(state: CmState) -> (Cm, u32) {
+        let mut cm = cm();
+        let cp = ConnectParams::rc(
+            0x42,
+            peer(),
+            Gid::default(),
+            QpNumber::new(0x11),
+            Psn::new(1),
+        );
+        let id = cm.connect(Instant::ZERO, &cp).unwrap().0;
+        let steps: &[&str] = match state {
+            CmState::ReqSent => &[],
+            CmState::MraReqRcvd => &["MRA(REQ)"],
+            CmState::RepRcvd => &["REP"],
+            CmState::MraRepSent => &["REP", "mra"],
+            CmState::Established => &["REP", "establish"],
+            CmState::DreqSent => &["REP", "establish", "disconnect"],
+            CmState::DreqRcvd => &["REP", "establish", "DREQ"],
+            CmState::TimeWait => &["REP", "establish", "disconnect", "DREP"],
+            s => panic!("{s:?} is not an active-side state"),
+        };
+        run(&mut cm, id, steps);
+        assert_eq!(cm.state(CommId(id)), Some(state));
+        (cm, id)
+    }
+
+    /// A passive-side CM in `state`, and its connection.
+    fn passive(state: CmState) -> (Cm, u32) {
+        let mut cm = cm();
+        cm.listen(0x42, 4).unwrap();
+        feed(&mut cm, "REQ", 0);
+        let Some(CmEvent::ReqReceived { id, .. }) = cm.poll_event() else {
+            panic!()
+        };
+        let steps: &[&str] = match state {
+            CmState::ReqRcvd => &[],
+            CmState::MraReqSent => &["mra"],
+            CmState::RepSent => &["accept"],
+            CmState::MraRepRcvd => &["accept", "MRA(REP)"],
+            CmState::Established => &["accept", "RTU"],
+            CmState::DreqSent => &["accept", "RTU", "disconnect"],
+            CmState::DreqRcvd => &["accept", "RTU", "DREQ"],
+            CmState::TimeWait => &["accept", "RTU", "disconnect", "DREP"],
+            s => panic!("{s:?} is not a passive-side state"),
+        };
+        run(&mut cm, id.0, steps);
+        assert_eq!(cm.state(id), Some(state));
+        (cm, id.0)
+    }
+
+    fn run(cm: &mut Cm, id: u32, steps: &[&str]) {
+        let (t, c) = (Instant::ZERO, CommId(id));
+        for s in steps {
+            match *s {
+                "mra" => cm.mra(t, c, 20, &[]).unwrap(),
+                "establish" => cm.establish(t, c).unwrap(),
+                "disconnect" => cm.disconnect(t, c, &[]).unwrap(),
+                "accept" => {
+                    cm.accept(t, c, &AcceptParams::new(QpNumber::new(0x44), Psn::new(2)))
+                        .unwrap();
+                }
+                m => feed(cm, m, id),
+            }
+        }
+        drain(cm);
+    }
+
+    fn outcome(mut cm: Cm, id: u32, m: &str) -> String {
+        feed(&mut cm, m, id);
+        let state = cm
+            .state(CommId(id))
+            .map_or("gone".to_string(), |s| format!("{s:?}"));
+        let sent: Vec<&str> = std::iter::from_fn(|| cm.poll_transmit(Instant::ZERO))
+            .map(|t| CmMadRepr::parse(&t.mad).unwrap().msg.short_name())
+            .collect();
+        let events: Vec<String> = std::iter::from_fn(|| cm.poll_event())
+            .map(|e| {
+                format!("{e:?}")
+                    .split([' ', '{'])
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        format!("{state} {sent:?} {events:?}")
+    }
+
+    fn check(rows: &[(CmState, [&str; 8])], msgs: &[&str], make: impl Fn(CmState) -> (Cm, u32)) {
+        let mut wrong = Vec::new();
+        for (state, expect) in rows {
+            for (m, want) in msgs.iter().zip(expect) {
+                let (cm, id) = make(*state);
+                let got = outcome(cm, id, m);
+                if got != *want {
+                    wrong.push(format!("{state:?} + {m}: want {want}, got {got}"));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn active_side() {
+        use CmState::*;
+        // MRA(REQ), MRA(REP), REJ, REP, RTU, DREQ, DREP (the 8th column is unused).
+        #[rustfmt::skip]
+        let rows: [(CmState, [&str; 8]); 8] = [
+            (ReqSent, ["MraReqRcvd [] [\"MraReceived\"]", "ReqSent [] []", "gone [] [\"Rejected\"]",
+                "RepRcvd [] [\"RepReceived\"]", "ReqSent [] []", "ReqSent [] []", "ReqSent [] []", ""]),
+            (MraReqRcvd, ["MraReqRcvd [] [\"MraReceived\"]", "MraReqRcvd [] []", "gone [] [\"Rejected\"]",
+                "RepRcvd [] [\"RepReceived\"]", "MraReqRcvd [] []", "MraReqRcvd [] []", "MraReqRcvd [] []", ""]),
+            (RepRcvd, ["RepRcvd [] []", "RepRcvd [] []", "gone [] [\"Rejected\"]",
+                "MraRepSent [\"MRA\"] []", "RepRcvd [] []", "RepRcvd [] []", "RepRcvd [] []", ""]),
+            (MraRepSent, ["MraRepSent [] []", "MraRepSent [] []", "gone [] [\"Rejected\"]",
+                "MraRepSent [\"MRA\"] []", "MraRepSent [] []", "MraRepSent [] []", "MraRepSent [] []", ""]),
+            (Established, ["Established [] []", "Established [] []", "TimeWait [] [\"Rejected\"]",
+                "Established [\"RTU\"] []", "Established [] []", "DreqRcvd [] [\"DreqReceived\"]",
+                "Established [] []", ""]),
+            (DreqSent, ["DreqSent [] []", "DreqSent [] []", "TimeWait [] [\"Rejected\"]",
+                "DreqSent [] []", "DreqSent [] []", "TimeWait [\"DREP\"] [\"Disconnected\"]",
+                "TimeWait [] [\"Disconnected\"]", ""]),
+            (DreqRcvd, ["DreqRcvd [] []", "DreqRcvd [] []", "TimeWait [] [\"Rejected\"]",
+                "DreqRcvd [] []", "DreqRcvd [] []", "DreqRcvd [] []", "DreqRcvd [] []", ""]),
+            (TimeWait, ["TimeWait [] []", "TimeWait [] []", "TimeWait [] []", "TimeWait [] []",
+                "TimeWait [] []", "TimeWait [\"DREP\"] []", "TimeWait [] []", ""]),
+        ];
+        check(&rows, &MSGS_ACTIVE, active);
+    }
+
+    #[test]
+    fn passive_side() {
+        use CmState::*;
+        // REQ (a duplicate), MRA(REQ), MRA(REP), REJ, REP, RTU, DREQ, DREP.
+        #[rustfmt::skip]
+        let rows: [(CmState, [&str; 8]); 8] = [
+            (ReqRcvd, ["MraReqSent [\"MRA\"] []", "ReqRcvd [] []", "ReqRcvd [] []", "gone [] [\"Rejected\"]",
+                "ReqRcvd [] []", "ReqRcvd [] []", "ReqRcvd [] []", "ReqRcvd [] []"]),
+            (MraReqSent, ["MraReqSent [\"MRA\"] []", "MraReqSent [] []", "MraReqSent [] []",
+                "gone [] [\"Rejected\"]", "MraReqSent [] []", "MraReqSent [] []", "MraReqSent [] []",
+                "MraReqSent [] []"]),
+            (RepSent, ["RepSent [\"REP\"] []", "RepSent [] []", "MraRepRcvd [] []", "gone [] [\"Rejected\"]",
+                "RepSent [] []", "Established [] [\"Established\"]", "DreqRcvd [] [\"DreqReceived\"]",
+                "RepSent [] []"]),
+            (MraRepRcvd, ["MraRepRcvd [\"REP\"] []", "MraRepRcvd [] []", "MraRepRcvd [] []",
+                "gone [] [\"Rejected\"]", "MraRepRcvd [] []", "Established [] [\"Established\"]",
+                "DreqRcvd [] [\"DreqReceived\"]", "MraRepRcvd [] []"]),
+            (Established, ["Established [] []", "Established [] []", "Established [] []",
+                "TimeWait [] [\"Rejected\"]", "Established [] []", "Established [] []",
+                "DreqRcvd [] [\"DreqReceived\"]", "Established [] []"]),
+            (DreqSent, ["DreqSent [] []", "DreqSent [] []", "DreqSent [] []", "TimeWait [] [\"Rejected\"]",
+                "DreqSent [] []", "DreqSent [] []", "TimeWait [\"DREP\"] [\"Disconnected\"]",
+                "TimeWait [] [\"Disconnected\"]"]),
+            (DreqRcvd, ["DreqRcvd [] []", "DreqRcvd [] []", "DreqRcvd [] []", "TimeWait [] [\"Rejected\"]",
+                "DreqRcvd [] []", "DreqRcvd [] []", "DreqRcvd [] []", "DreqRcvd [] []"]),
+            (TimeWait, ["TimeWait [\"REJ\"] []", "TimeWait [] []", "TimeWait [] []", "TimeWait [] []",
+                "TimeWait [] []", "TimeWait [] []", "TimeWait [\"DREP\"] []", "TimeWait [] []"]),
+        ];
+        check(&rows, &MSGS_PASSIVE, passive);
+    }
+}
