@@ -378,14 +378,11 @@ fn post_send_list(
         let chain = acheck.as_ref().and_then(|a| a.base(q));
         let op = op_for(cfg, rem, rkey, i, chain);
         let sge = match (&ep.vbuf, checking) {
-            (Some(vb), true) => {
-                let slot = q * ep.vslots + (i % ep.vslots as u64) as usize;
-                Sge {
-                    addr: vb.addr() + (slot * len as usize) as u64,
-                    length: len,
-                    lkey: vb.lkey(),
-                }
-            }
+            (Some(vb), true) => Sge {
+                addr: vb.addr() + ep.vslot(q, i) as u64,
+                length: len,
+                lkey: vb.lkey(),
+            },
             _ => ep.send_sge(q, loc, len),
         };
         let mut flags = if post_list == 1 {
@@ -508,13 +505,12 @@ fn post_verify_recv(ep: &Endpoint<'_>, q: usize, k: u64, size: u32) -> Result<()
     let Some(vb) = &ep.vbuf else {
         return Ok(());
     };
-    let slot = q * ep.vslots + (k % ep.vslots as u64) as usize;
     ep.nic.post_recv(
         ep.qps[q],
         RecvWr {
             wr_id: q as u64,
             sg_list: vec![Sge {
-                addr: vb.addr() + (slot * size as usize) as u64,
+                addr: vb.addr() + ep.vslot(q, k) as u64,
                 length: size,
                 lkey: vb.lkey(),
             }],

@@ -58,8 +58,9 @@ pub struct Endpoint<'a> {
     /// `--verify` only: read-bw's and atomic-bw's destinations and send-bw's receive slots,
     /// one message-sized slot per queue entry.
     pub vbuf: Option<MemoryRegion>,
-    /// Slots of `vbuf` per QP.
+    /// Slots of `vbuf` per QP, and the bytes of each (the largest message).
     pub vslots: usize,
+    pub vstride: usize,
 }
 
 /// Move a fresh QP to INIT (as `ibv_modify_qp` to INIT right after `ibv_create_qp`), so that
@@ -162,6 +163,7 @@ impl<'a> Endpoint<'a> {
             out_reads,
             vbuf: None,
             vslots: 0,
+            vstride: 0,
         };
         if cfg.verify {
             let vslots = match cfg.test {
@@ -170,9 +172,10 @@ impl<'a> Endpoint<'a> {
                 _ => 0,
             };
             if vslots > 0 {
-                let msg = (cfg.size as usize).max(8);
+                let msg = (cfg.ctx_size() as usize).max(8);
                 ep.vbuf = Some(nic.reg_mr(pd, vslots * nq * msg, AccessFlags::LOCAL_WRITE)?);
                 ep.vslots = vslots;
+                ep.vstride = msg;
             }
         }
         if cfg.use_event {
@@ -184,6 +187,12 @@ impl<'a> Endpoint<'a> {
 
     pub fn nq(&self) -> usize {
         self.qps.len()
+    }
+
+    /// `--verify`: the offset in `vbuf` of QP `q`'s slot for its message (or receive) `k`.
+    pub fn vslot(&self, q: usize, k: u64) -> usize {
+        let vs = self.vslots.max(1);
+        (q * vs + (k % vs as u64) as usize) * self.vstride
     }
 
     /// The region QP `q` uses and the offset of its send half in it.

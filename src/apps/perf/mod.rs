@@ -443,18 +443,12 @@ impl PerfConfig {
                     .into(),
             ));
         }
-        if self.verify && (self.all_sizes || self.run_infinitely) {
+        if self.verify && self.run_infinitely {
             return Err(PerfError::Unsupported(
-                "--verify needs one message size and a finite run (not -a or --run_infinitely)"
-                    .into(),
+                "--verify needs a run that ends (not --run_infinitely)".into(),
             ));
         }
         Ok(())
-    }
-
-    /// Whether this side sends data (perftest's client "machine", or both with `-b`).
-    fn sender(&self, machine: Role) -> bool {
-        self.duplex || machine == Role::Client || !self.test.is_bw()
     }
 }
 
@@ -579,8 +573,9 @@ pub fn run_with(
         device: pr.device.clone(),
         mtu: mtu.bytes(),
         gid_index: cfg.gid_index,
-        sender: cfg.sender(machine),
-        receiver: cfg.duplex || machine == Role::Server || !cfg.test.is_bw(),
+        // perftest's header: TX depth for the client "machine" (or -b), RX depth for the server.
+        sender: cfg.duplex || machine == Role::Client,
+        receiver: cfg.duplex || machine == Role::Server,
         out_reads: ep.out_reads,
     };
     if full {
@@ -668,13 +663,18 @@ impl Ctl<'_> {
 
     /// Print one bandwidth result (`print_full_bw_report`) and write the JSON file.
     fn print_bw(&self, pr: &mut Printer<'_>, l: &BwLine) -> Result<(), PerfError> {
+        self.print_bw_as(pr, l, l.bw_avg)
+    }
+
+    /// [`Ctl::print_bw`] of a sum with the peer's report: the format follows `own_avg`.
+    fn print_bw_as(&self, pr: &mut Printer<'_>, l: &BwLine, own_avg: f64) -> Result<(), PerfError> {
         if self.full() {
-            pr.line(&report::bw_text(l, self.cfg.report_gbits))?;
+            pr.line(&report::bw_text_as(l, self.cfg.report_gbits, own_avg))?;
         } else {
             pr.line(&report::output_bw(self.cfg, l))?;
         }
         if let Some(p) = &self.cfg.out_json {
-            std::fs::write(p, report::json_bw(self.cfg, self.info, l))?;
+            std::fs::write(p, report::json_bw(self.cfg, self.info, l, own_avg))?;
         }
         Ok(())
     }
@@ -770,8 +770,12 @@ fn rdma_bw(
             ses.hand_shake(h)?;
         }
         let (l, v) = bw::run_iter_bw(c, ep, theirs, size)?;
-        if v.is_some() {
-            *verify = v;
+        if let Some(v) = v {
+            // -a: what every size checked, together.
+            let total = verify.get_or_insert_with(VerifyReport::default);
+            total.messages += v.messages;
+            total.bytes += v.bytes;
+            total.against = v.against;
         }
         if cfg.duplex && cfg.all_sizes {
             ses.hand_shake(h)?;
@@ -780,7 +784,7 @@ fn rdma_bw(
             let r = ses.bw_reports(&bw_report_msg(&l))?;
             let rem = bw_line_of(&r);
             let sum = l.plus(&rem);
-            c.print_bw(pr, &sum)?;
+            c.print_bw_as(pr, &sum, l.bw_avg)?;
             if cfg.report_both && !cfg.all_sizes {
                 print_both(c, pr, &l, &rem)?;
             }
@@ -873,7 +877,7 @@ fn send_bw(
             let r = ses.bw_reports(&bw_report_msg(&l))?;
             let rem = bw_line_of(&r);
             let sum = l.plus(&rem);
-            c.print_bw(pr, &sum)?;
+            c.print_bw_as(pr, &sum, l.bw_avg)?;
             if cfg.report_both && !cfg.all_sizes {
                 print_both(c, pr, &l, &rem)?;
             }

@@ -335,7 +335,13 @@ pub fn c_alt_hex(v: u64, width: usize) -> String {
 /// perftest's bandwidth line (`REPORT_FMT`, or `REPORT_FMT_EXT` below 0.1 Gb/s), without the
 /// newline.
 pub fn bw_text(l: &BwLine, gbits: bool) -> String {
-    if gbits && l.bw_avg < 0.1 {
+    bw_text_as(l, gbits, l.bw_avg)
+}
+
+/// [`bw_text`] choosing the format by `own_avg`: perftest decides it from this side's own
+/// average before it adds the peer's (`-b`).
+pub fn bw_text_as(l: &BwLine, gbits: bool, own_avg: f64) -> String {
+    if gbits && own_avg < 0.1 {
         format!(
             " {:<7}    {}           {}            {}            {}",
             l.bytes,
@@ -407,9 +413,10 @@ pub struct TestInfo {
     /// The path MTU in bytes.
     pub mtu: u32,
     pub gid_index: u8,
-    /// Whether this side sends (perftest's "client" machine, or both with `-b`).
+    /// perftest's "client" machine (the sender in bandwidth tests), or `-b`: the header shows
+    /// the TX depth.
     pub sender: bool,
-    /// Whether this side receives SENDs (the server machine, or both with `-b`).
+    /// perftest's "server" machine, or `-b`: a SEND test's header shows the RX depth.
     pub receiver: bool,
     /// The outstanding READ/ATOMIC requests this side offers.
     pub out_reads: u16,
@@ -516,11 +523,11 @@ pub fn address_text(side: &str, k: &KeyMsg, verb: Verb) -> String {
 
 /// The `--out_json` file for a bandwidth line, as perftest writes it (its own brace-and-comma
 /// text, not strict JSON).
-pub fn json_bw(cfg: &PerfConfig, info: &TestInfo, l: &BwLine) -> String {
+pub fn json_bw(cfg: &PerfConfig, info: &TestInfo, l: &BwLine, own_avg: f64) -> String {
     let mut s = String::from("{\n");
     s.push_str(&json_test_info(cfg, info));
     s.push_str("results: {\n");
-    let inc = l.bw_avg < 0.1 && cfg.report_gbits;
+    let inc = own_avg < 0.1 && cfg.report_gbits;
     match cfg.output {
         Output::Bandwidth => {
             let _ = writeln!(s, "bw_avg: {:.6},", l.bw_avg);

@@ -147,9 +147,8 @@ impl ReadCheck {
             return Ok(());
         };
         let len = size as usize;
-        let slot = q * ep.vslots + (i % ep.vslots as u64) as usize;
         self.tmp.resize(len, 0);
-        vbuf.read(slot * len, &mut self.tmp)
+        vbuf.read(ep.vslot(q, i), &mut self.tmp)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         // The peer advertised (qps + q) * B; the READ walked s slots past it.
         let s = (i % slots(ep, size) as u64) as usize;
@@ -220,9 +219,8 @@ impl AtomicCheck {
         let Some(vbuf) = &ep.vbuf else {
             return Ok(());
         };
-        let slot = q * ep.vslots + (i % ep.vslots as u64) as usize;
         let mut b = [0u8; 8];
-        vbuf.read(slot * 8, &mut b)
+        vbuf.read(ep.vslot(q, i), &mut b)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         // The original value arrives in host byte order: the bytes of the peer's memory.
         let r = u64::from_ne_bytes(b);
@@ -305,9 +303,8 @@ impl SendCheck {
             return Ok(());
         };
         let len = size as usize;
-        let slot = q * ep.vslots + (k % ep.vslots as u64) as usize;
         self.tmp.resize(len, 0);
-        vbuf.read(slot * len, &mut self.tmp)
+        vbuf.read(ep.vslot(q, k), &mut self.tmp)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
         if matches!(self.src, Source::Unknown) {
@@ -331,8 +328,11 @@ impl SendCheck {
 
 /// write_bw's passive check, after the run: every slot of each QP's advertised half the peer
 /// wrote holds the bytes of the sender's matching slot.
+///
+/// With `-a` each size overwrites the last from the start: what is left is the largest message
+/// (8 MiB), and that is what is checked.
 pub fn passive_write(ep: &Endpoint<'_>, cfg: &PerfConfig) -> Result<VerifyReport, PerfError> {
-    let size = cfg.size;
+    let size = *cfg.sizes().last().unwrap_or(&cfg.size);
     let len = size as usize;
     let n = (slots(ep, size) as u64).min(cfg.iters.max(1)) as usize;
     let step = inc(len, ep.line);
