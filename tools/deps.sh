@@ -14,6 +14,7 @@ Groups:
   wire   tshark python3                       (packet decoding / wire checks)
   net    iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd
                                               (tools/testbed, tools/baseline)
+  bench  sockperf iperf3                      (tools/bench-testbed's C baselines)
   vm     qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd
          tcpdump ethtool                      (VM-based tests)
   all    every group above
@@ -25,9 +26,10 @@ EOF
 declare -A GROUP_PKGS=(
     [wire]="tshark python3"
     [net]="iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd"
+    [bench]="sockperf iperf3"
     [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump ethtool"
 )
-ALL_GROUPS=(wire net vm)
+ALL_GROUPS=(wire net bench vm)
 
 die() { echo "deps.sh: $*" >&2; exit 1; }
 
@@ -75,8 +77,8 @@ for arg in "$@"; do
     case "$arg" in
         -h|--help) usage; exit 0 ;;
         all) groups+=("${ALL_GROUPS[@]}") ;;
-        wire|net|vm) groups+=("$arg") ;;
-        *) echo "deps.sh: unknown group '$arg' (expected wire|net|vm|all; -h for help)" >&2; exit 2 ;;
+        wire|net|bench|vm) groups+=("$arg") ;;
+        *) echo "deps.sh: unknown group '$arg' (expected wire|net|bench|vm|all; -h for help)" >&2; exit 2 ;;
     esac
 done
 [[ ${#groups[@]} -gt 0 ]] || groups=("${ALL_GROUPS[@]}")

@@ -220,6 +220,8 @@ check_rc "bad input: up --mtu 10 -> exit 2" 2 TB up --mtu 10
 check_rc "bad input: unknown command -> exit 2" 2 TB frobnicate
 check_rc "bad input: baseline tcp-bw --seconds 0 -> exit 2" 2 BL tcp-bw --seconds 0
 check_rc "bad input: baseline udp-pingpong --size 1 -> exit 2" 2 BL udp-pingpong --size 1
+check_rc "bad input: baseline udp-rate --size 13 -> exit 2" 2 BL udp-rate --size 13
+check_rc "bad input: baseline sockperf-pp --count 5 -> exit 2" 2 BL sockperf-pp --count 5
 
 out="$(BL tcp-bw --seconds 2 2>&1 || true)"
 echo "# ${out//$'\n'/ }"
@@ -243,6 +245,17 @@ echo "# ${out//$'\n'/ }"
 check "baseline udp-pingpong --count 200: udp_rtt_us_p50 > 0" value_gt0 "$out" udp_rtt_us_p50
 check "baseline udp-pingpong --count 200: udp_rtt_us_p99 > 0" value_gt0 "$out" udp_rtt_us_p99
 check "baseline udp-pingpong --count 200: udp_oneway_us_p50 > 0" value_gt0 "$out" udp_oneway_us_p50
+
+out="$(BL udp-rate --seconds 1 2>&1 || true)"
+echo "# ${out//$'\n'/ }"
+check "baseline udp-rate --seconds 1: udp_recv_pps > 0" value_gt0 "$out" udp_recv_pps
+if command -v sockperf >/dev/null; then
+    out="$(BL sockperf-pp --seconds 1 2>&1 || true)"
+    echo "# ${out//$'\n'/ }"
+    check "baseline sockperf-pp --seconds 1: sockperf_oneway_us_p50 > 0" value_gt0 "$out" sockperf_oneway_us_p50
+else
+    echo "# sockperf not installed (tools/deps.sh bench): sockperf-pp not checked"
+fi
 
 check "status runs" TB status
 check "testbed down" TB down
