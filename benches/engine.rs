@@ -153,13 +153,7 @@ impl Rig {
             .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
             .collect();
         mr_a.write(0, &pat).unwrap();
-        let init = |pd, cq| QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: cap(),
-            sq_sig_all: false,
-        };
+        let init = |pd, cq| QpInitAttr::new(pd, cq, cq, cap());
         let params = RcParams {
             mtu: Mtu::M4096,
             ..RcParams::default()
@@ -263,6 +257,7 @@ impl Rig {
                 } else {
                     SendFlags::empty()
                 },
+                ud: None,
             };
             self.a.post_send(self.qa[qi], wr).unwrap();
         }
@@ -406,15 +401,7 @@ fn memory_report() {
     let peer = device(2);
     let mut qps = Vec::with_capacity(BIG_QPS);
     for i in 0..BIG_QPS {
-        let q = d
-            .create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: cap(),
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let q = d.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
         let remote = peer
             .local_end(QpNumber::new(0x1000 + i as u32), 0, 0)
             .unwrap();

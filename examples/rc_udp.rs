@@ -114,19 +114,14 @@ fn open(ip: IpAddr, access: AccessFlags, psn: u32) -> Result<End> {
     )?;
     let pd = nic.alloc_pd();
     let cq = nic.create_cq(64)?;
-    let qp = nic.create_qp(QpInitAttr {
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    })?;
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = nic.create_qp(QpInitAttr::new(pd, cq, cq, cap))?;
     let mr = nic.reg_mr(pd, REGION, access)?;
     Ok(End {
         nic,

@@ -4,13 +4,15 @@
 //! - [`apps`] (feature `cli`): the applications behind the `ferroce` command line.
 //! - [`runtime`]: engine threads, lock-free doorbells and completion queues around a device.
 //! - [`verbs`]: the public API in libibverbs' shape and the sans-IO device engine.
-//! - [`rc`]: the Reliable Connection transport (requester, completer, responder).
+//! - [`rc`]: the Reliable Connection transport (requester, completer, responder); [`uc`] and
+//!   [`ud`] beside it: the Unreliable Connection and Unreliable Datagram transports.
 //! - [`cc`]: congestion control (DCQCN) behind one trait, and the pacer.
 //! - [`cm`]: connection management: the IB CM (REQ/REP/RTU, DREQ/DREP, SIDR over QP1's MADs)
 //!   and RDMA-CM on top, sans-IO.
 //! - [`ib`]: what every transport shares: the verbs vocabulary (QP attributes and the
-//!   `modify_qp` rules, work requests and completions) and the objects a QP works on (WQEs,
-//!   the CQ ring, memory regions and their key table, the path, counters).
+//!   `modify_qp` rules, work requests and completions, asynchronous events) and the objects a
+//!   QP works on (WQEs, the CQ ring, shared receive queues, memory regions and their key table,
+//!   the path, address handles, counters).
 //! - [`oob`]: the out-of-band TCP exchanges of ibv_rc_pingpong and perftest.
 //! - [`wire`]: zero-copy header views, `Repr` parse/emit pairs, the opcode table, PSN
 //!   arithmetic, ICRC.
@@ -37,5 +39,7 @@ pub mod rng;
 pub mod runtime;
 pub mod sim;
 pub mod time;
+pub mod uc;
+pub mod ud;
 pub mod verbs;
 pub mod wire;

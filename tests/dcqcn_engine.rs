@@ -201,21 +201,12 @@ fn incast(n: usize, dcqcn: bool, ms: u64) -> (f64, f64, u64, u64, u64) {
         let mr = f.hosts[s].reg_mr(pd, 1 << 16, ALL).unwrap();
         let qs = f.hosts[s]
             .create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: capq,
                 sq_sig_all: true,
+                ..QpInitAttr::new(pd, cq, cq, capq)
             })
             .unwrap();
         let qr = f.hosts[0]
-            .create_qp(QpInitAttr {
-                pd: rpd,
-                send_cq: rcq,
-                recv_cq: rcq,
-                cap: capq,
-                sq_sig_all: false,
-            })
+            .create_qp(QpInitAttr::new(rpd, rcq, rcq, capq))
             .unwrap();
         let es = f.hosts[s].local_end(qs, 0, 1000).unwrap();
         let er = f.hosts[0].local_end(qr, 0, 2000).unwrap();

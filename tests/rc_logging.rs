@@ -76,15 +76,7 @@ fn a_cq_overrun_is_logged() {
         let a = end(&mut p.a, 4096);
         let pd = p.b.alloc_pd();
         let cq = p.b.create_cq(1).unwrap();
-        let qp =
-            p.b.create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: cap(),
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = p.b.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
         let mr = p.b.reg_mr(pd, 4096, ALL).unwrap();
         p.connect(a.qp, qp, &RcParams::default(), 1, 2).unwrap();
         for i in 0..2 {

@@ -639,11 +639,8 @@ impl Side {
         let rcq = dev.create_cq(4096).unwrap();
         let qp = dev
             .create_qp(QpInitAttr {
-                pd,
-                send_cq: scq,
-                recv_cq: rcq,
-                cap: cap(),
                 sq_sig_all,
+                ..QpInitAttr::new(pd, scq, rcq, cap())
             })
             .unwrap();
         let mut mr = |len| dev.reg_mr(pd, len, ALL).unwrap();
@@ -1367,11 +1364,8 @@ fn sq_sig_all_completes_every_request() {
         let cq = dev.create_cq(256).unwrap();
         let qp = dev
             .create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: cap(),
                 sq_sig_all: true,
+                ..QpInitAttr::new(pd, cq, cq, cap())
             })
             .unwrap();
         let mr = dev.reg_mr(pd, 1 << 16, ALL).unwrap();

@@ -33,15 +33,7 @@ fn side_with(i: u8, ack_delay: Option<Duration>) -> Side {
         max_recv_sge: 4,
         max_inline_data: 64,
     };
-    let qp = dev
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            cap,
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
     Side { dev, pd, cq, qp }
 }
 

@@ -106,15 +106,7 @@ fn modify_errors_come_back_typed() {
     // A fresh QP: RESET -> INIT without its required attributes.
     let pd = p.a.alloc_pd();
     let cq = p.a.create_cq(16).unwrap();
-    let q =
-        p.a.create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: cap(),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let q = p.a.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
     let e =
         p.a.modify_qp(
             q,

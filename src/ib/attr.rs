@@ -447,6 +447,19 @@ pub struct QpAttr {
     pub cap: QpCap,
 }
 
+impl QpAttr {
+    /// Take the fields named in `mask` from `from` (what a modify request changes; the state
+    /// bits and `cap` are the QP's business, not copied here).
+    pub(crate) fn apply(&mut self, from: &QpAttr, mask: QpAttrMask) {
+        macro_rules! set { ($($bit:ident => $f:ident),*) => { $( if mask.contains(QpAttrMask::$bit) { self.$f = from.$f; } )* } }
+        set!(ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num, QKEY => qkey,
+             AV => ah_attr, PATH_MTU => path_mtu, TIMEOUT => timeout, RETRY_CNT => retry_cnt,
+             RNR_RETRY => rnr_retry, RQ_PSN => rq_psn, MAX_QP_RD_ATOMIC => max_rd_atomic,
+             MIN_RNR_TIMER => min_rnr_timer, SQ_PSN => sq_psn, MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+             DEST_QPN => dest_qp_num, EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify);
+    }
+}
+
 /// Why a modify request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ModifyQpError {

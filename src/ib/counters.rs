@@ -57,6 +57,15 @@ pub struct QpCounters {
     pub cnps_sent: u64,
     /// CNPs this QP handled (as a reaction point).
     pub cnps_handled: u64,
+    /// UD: packets dropped because their Q_Key is not the QP's (IBTA C10-23).
+    pub qkey_drops: u64,
+    /// UD and UC: messages dropped because no receive WQE was there to take them (the
+    /// unreliable services have no RNR NAK).
+    pub no_wqe_drops: u64,
+    /// UC and UD: messages dropped silently for any other reason (UC: the message in progress
+    /// abandoned at a PSN gap, an opcode out of sequence, a bad length, R_Key or right; UD: a
+    /// message longer than its receive buffer). Never delivered in part.
+    pub msg_drops: u64,
 }
 
 impl QpCounters {
@@ -89,7 +98,10 @@ impl QpCounters {
             recv_completions,
             ce_rcvd,
             cnps_sent,
-            cnps_handled
+            cnps_handled,
+            qkey_drops,
+            no_wqe_drops,
+            msg_drops
         );
     }
 }

@@ -78,3 +78,26 @@ pub(crate) fn rxe_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
     };
     (0xc000 | ((fl & 0x3fff) ^ (fl >> 14))) as u16
 }
+
+/// The UDP source port Linux rxe gives a UD QP (and QP1): a 14-bit multiplicative hash of the
+/// QPN (`hash_32(qpn, 14)`, the golden-ratio multiplier 0x61C88647) above 0xC000, whatever
+/// the destination. Known answers from rxe captures: QP1 sends from 55410 (every CM MAD of
+/// `captures/rxe-reference`), QP 0x11 from 57236 (shared/rxe-vm/NOTES.md).
+pub(crate) fn rxe_ud_udp_sport(qpn: u32) -> u16 {
+    0xc000 + (qpn.wrapping_mul(0x61c8_8647) >> 18) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rxe_source_ports() {
+        // shared/rxe-vm/NOTES.md: RC 0x11<->0x11 49441, 0x11->0xaa 52042; UD 0x11 57236;
+        // QP1 55410 in every capture of CM MADs.
+        assert_eq!(rxe_udp_sport(0, 0x11, 0x11), 49441);
+        assert_eq!(rxe_udp_sport(0, 0x11, 0xaa), 52042);
+        assert_eq!(rxe_ud_udp_sport(0x11), 57236);
+        assert_eq!(rxe_ud_udp_sport(1), 55410);
+    }
+}

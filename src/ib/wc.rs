@@ -121,4 +121,42 @@ pub struct WorkCompletion {
     pub wc_flags: WcFlags,
     /// The sender set the solicited-event bit.
     pub solicited: bool,
+    /// Receive completions of UD QPs: the index of the packet's P_Key in the port's P_Key
+    /// table (ferroce's table has the one default P_Key, index 0).
+    pub pkey_index: u16,
+    /// The source LID: 0 on RoCE, which has no LIDs (as rxe reports it).
+    pub slid: u16,
+    /// The service level: 0 on RoCE (no LRH), as rxe reports it.
+    pub sl: u8,
+    /// The destination LID path bits: 0 on RoCE.
+    pub dlid_path_bits: u8,
+}
+
+impl WorkCompletion {
+    /// A completion of `wr_id` on QP `qp_num` with every optional field empty: byte count 0,
+    /// no immediate or invalidated key, no flags, source QP 0, P_Key index, LID, SL and path
+    /// bits 0 (what RoCE reports).
+    pub(crate) fn blank(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        qp_num: QpNumber,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num,
+            src_qp: QpNumber::new(0),
+            wc_flags: WcFlags::empty(),
+            solicited: false,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
 }

@@ -2,8 +2,21 @@
 //! accepted it. Transport-independent: what a transport adds (PSNs, progress) it keeps beside.
 
 use super::mr::{gather_any, sge_error, MrTable, Pd};
+use super::path::Path;
 use super::wc::WcStatus;
 use super::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use crate::wire::QpNumber;
+
+/// A UD send's destination, its address handle resolved when the request was posted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdSendDest {
+    /// The outer headers (the UDP source port is the sending QP's).
+    pub path: Path,
+    /// The destination QP.
+    pub qpn: QpNumber,
+    /// The Q_Key of the work request (a controlled one is replaced by the QP's own when sent).
+    pub qkey: u32,
+}
 
 /// A posted send work request.
 #[derive(Debug)]
@@ -24,6 +37,8 @@ pub(crate) struct SendWqe {
     pub signaled: bool,
     /// A local error found when the request was posted, reported when it is reached.
     pub local_err: Option<WcStatus>,
+    /// UD: the destination.
+    pub ud: Option<UdSendDest>,
 }
 
 impl SendWqe {
@@ -48,6 +63,7 @@ impl SendWqe {
             len,
             signaled: wr.flags.contains(SendFlags::SIGNALED),
             local_err,
+            ud: None,
         }
     }
 }
@@ -77,5 +93,71 @@ impl RecvWqe {
             len,
             local_err,
         }
+    }
+}
+
+/// The receive side of a UC or UD QP: its own queue of receive WQEs, or a shared receive
+/// queue (whose WQEs the QP takes one message at a time).
+#[derive(Debug, Default)]
+pub(crate) struct RecvQueue {
+    own: std::collections::VecDeque<RecvWqe>,
+    srq: Option<super::srq::Srq>,
+}
+
+impl RecvQueue {
+    /// A queue of its own, or the shared `srq`.
+    pub(crate) fn new(srq: Option<super::srq::Srq>) -> RecvQueue {
+        RecvQueue {
+            own: std::collections::VecDeque::new(),
+            srq,
+        }
+    }
+
+    /// The SRQ, if the QP is attached to one.
+    pub(crate) fn srq(&self) -> Option<super::srq::Srq> {
+        self.srq
+    }
+
+    /// `ibv_post_recv`'s checks: not on an SRQ-attached QP, not past `max_recv_wr`.
+    pub(crate) fn check_post(&self, max_recv_wr: u32) -> Result<(), super::tx::PostError> {
+        if self.srq.is_some() {
+            return Err(super::tx::PostError::HasSrq);
+        }
+        if self.own.len() >= max_recv_wr as usize {
+            return Err(super::tx::PostError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// Queue a receive WQE [`check_post`](Self::check_post) admitted.
+    pub(crate) fn post(&mut self, w: RecvWqe) {
+        self.own.push_back(w);
+    }
+
+    /// Take the next receive WQE for a message (from the SRQ if attached).
+    pub(crate) fn take(&mut self, ctx: &mut super::Ctx<'_>) -> Option<RecvWqe> {
+        match self.srq {
+            Some(s) => ctx.srq_take(s),
+            None => self.own.pop_front(),
+        }
+    }
+
+    /// Give back a WQE taken for a message that is dropped without a completion: it takes the
+    /// next message (at the head of the QP's own queue or of the SRQ).
+    pub(crate) fn put_back(&mut self, ctx: &mut super::Ctx<'_>, w: RecvWqe) {
+        match self.srq {
+            Some(s) => ctx.srq_put_back(s, w),
+            None => self.own.push_front(w),
+        }
+    }
+
+    /// The WQEs of the QP's own queue, oldest first, removed (for a flush or a reset).
+    pub(crate) fn drain_own(&mut self) -> std::collections::vec_deque::Drain<'_, RecvWqe> {
+        self.own.drain(..)
+    }
+
+    /// WQEs in the QP's own queue.
+    pub(crate) fn own_len(&self) -> usize {
+        self.own.len()
     }
 }

@@ -1,8 +1,9 @@
 //! Work requests, shaped like `struct ibv_send_wr` / `ibv_recv_wr`.
 
+use super::ah::Ah;
 use super::mr::LKey;
 use super::wc::WcOpcode;
-use crate::wire::RKey;
+use crate::wire::{QpNumber, RKey};
 use bitflags::bitflags;
 
 /// One scatter/gather entry: `length` bytes at virtual address `addr` of the MR named by `lkey`.
@@ -136,6 +137,27 @@ impl SendOp {
     }
 }
 
+impl SendOp {
+    /// Whether a QP of type `t` carries this operation: RC all of them; UC SEND and RDMA WRITE
+    /// (with immediate; no invalidate, READ or atomics); UD SEND and SEND with immediate
+    /// (IBTA Vol. 1 §3.6.1, the operations of each service; `ibv_post_send` refuses the others
+    /// with EINVAL).
+    pub fn allowed_on(&self, t: super::attr::QpType) -> bool {
+        use super::attr::QpType;
+        match t {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                self,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::RdmaWrite { .. }
+                    | SendOp::RdmaWriteWithImm { .. }
+            ),
+            QpType::Ud => matches!(self, SendOp::Send | SendOp::SendWithImm { .. }),
+        }
+    }
+}
+
 /// A send work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -148,6 +170,20 @@ pub struct SendWr {
     pub sg_list: Vec<Sge>,
     /// `IBV_SEND_*` flags.
     pub flags: SendFlags,
+    /// UD QPs: where the message goes (`wr.ud`); ignored by connected QPs.
+    pub ud: Option<UdDest>,
+}
+
+/// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdDest {
+    /// The address handle: the path to the destination port.
+    pub ah: Ah,
+    /// The destination QP.
+    pub remote_qpn: QpNumber,
+    /// The Q_Key the message carries. One with the most significant bit set (a controlled
+    /// Q_Key) is not sent: the sending QP's own Q_Key is (IBTA Vol. 1 §10.2.4, C10-15).
+    pub remote_qkey: u32,
 }
 
 impl SendWr {
@@ -158,7 +194,14 @@ impl SendWr {
             op,
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
+    }
+    /// Address it to a UD destination.
+    #[must_use]
+    pub fn with_ud(mut self, ud: UdDest) -> Self {
+        self.ud = Some(ud);
+        self
     }
     /// Replace the flags.
     #[must_use]

@@ -23,6 +23,8 @@ use crate::ib::counters::QpCounters;
 use crate::ib::cq::Cq;
 use crate::ib::mr::{gather, MrShared, MrTable, Pd};
 use crate::ib::path::Path;
+use crate::ib::srq::Srq;
+pub(crate) use crate::ib::tx::{PayloadSrc, PostError, TxDesc, TxKind};
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::SendOp;
@@ -51,6 +53,8 @@ pub(crate) struct QpInit {
     pub cap: QpCap,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
+    /// The shared receive queue the responder takes receive WQEs from, if any.
+    pub srq: Option<Srq>,
 }
 
 /// What the device gives each QP it creates.
@@ -209,48 +213,6 @@ pub(crate) struct Responder {
     pub resp_q: VecDeque<RespItem>,
 }
 
-/// The kind of packet a QP sends next: the order of the variants is the priority rule of
-/// [`Qp::next_tx`], and the kind decides how the frame is marked (see `verbs::frame`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TxKind {
-    /// A congestion notification owed to the peer (never paced).
-    Cnp,
-    /// An ACK, NAK or ATOMIC ACKNOWLEDGE (never paced).
-    Control,
-    /// A READ response or a request: carries data, paced at the QP's rate.
-    Data,
-}
-
-/// A packet the QP built: its transport part and where its payload comes from.
-pub(crate) struct TxDesc {
-    pub repr: RoceRepr,
-    pub payload: PayloadSrc,
-}
-
-/// Where a packet's payload bytes live.
-pub(crate) enum PayloadSrc {
-    None,
-    /// `len` bytes at message offset `off` of send WQE `idx`.
-    Wqe {
-        idx: usize,
-        off: u32,
-    },
-    /// Bytes of a registered region.
-    Mr {
-        mr: Arc<MrShared>,
-        off: usize,
-    },
-}
-
-/// Why a work request cannot be posted (what `ibv_post_send`/`ibv_post_recv` return).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PostError {
-    /// The QP's state does not accept work requests of this kind.
-    InvalidState(QpState),
-    /// The queue holds its `max_*_wr` requests.
-    QueueFull,
-}
-
 /// The queue pair.
 pub(crate) struct Qp {
     pub(super) num: QpNumber,
@@ -264,6 +226,8 @@ pub(crate) struct Qp {
     pub(super) path: Option<Path>,
     pub(super) sq: VecDeque<SqEntry>,
     pub(super) rq: VecDeque<RecvWqe>,
+    /// The shared receive queue receive WQEs come from instead of `rq`, if any.
+    pub(super) srq: Option<Srq>,
     pub(super) req: Requester,
     pub(super) resp: Responder,
     pub(super) counters: QpCounters,
@@ -310,6 +274,7 @@ impl Qp {
             path: None,
             sq: VecDeque::new(),
             rq: VecDeque::new(),
+            srq: init.srq,
             req: Requester {
                 max_inflight: cfg.max_inflight.max(1),
                 ..Requester::default()
@@ -350,6 +315,10 @@ impl Qp {
     /// The CQ of its send completions.
     pub(crate) fn send_cq(&self) -> Cq {
         self.send_cq
+    }
+    /// The shared receive queue it is attached to, if any.
+    pub(crate) fn srq(&self) -> Option<Srq> {
+        self.srq
     }
     /// Its counters.
     pub(crate) fn counters(&self) -> &QpCounters {
@@ -499,6 +468,9 @@ impl Qp {
     pub(crate) fn check_post_recv(&self) -> Result<(), PostError> {
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
+        }
+        if self.srq.is_some() {
+            return Err(PostError::HasSrq);
         }
         if self.rq.len() >= self.cap.max_recv_wr as usize {
             return Err(PostError::QueueFull);
@@ -809,6 +781,10 @@ impl Qp {
                     src_qp: QpNumber::new(self.attr.dest_qp_num),
                     wc_flags: WcFlags::empty(),
                     solicited: false,
+                    pkey_index: 0,
+                    slid: 0,
+                    sl: 0,
+                    dlid_path_bits: 0,
                 },
             );
             self.counters.send_completions += 1;
@@ -846,6 +822,10 @@ impl Qp {
                 src_qp: QpNumber::new(self.attr.dest_qp_num),
                 wc_flags: flags,
                 solicited,
+                pkey_index: 0,
+                slid: 0,
+                sl: 0,
+                dlid_path_bits: 0,
             },
         );
         self.counters.recv_completions += 1;
@@ -857,6 +837,27 @@ impl Qp {
     pub(super) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
         self.set_state(QpState::Err);
         self.flush(ctx);
+        if self.srq.is_some() {
+            // It takes no more of the SRQ's WQEs (IBTA 11.6.3.4, "Last WQE Reached").
+            ctx.events
+                .push(crate::ib::AsyncEvent::QpLastWqeReached(self.num));
+        }
+    }
+
+    /// Whether a receive WQE is there for a message (in the SRQ if attached).
+    pub(super) fn recv_available(&self, ctx: &Ctx<'_>) -> bool {
+        match self.srq {
+            Some(s) => ctx.srq_has_wqe(s),
+            None => !self.rq.is_empty(),
+        }
+    }
+
+    /// Take the receive WQE for a message (from the SRQ if attached).
+    pub(super) fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
+        match self.srq {
+            Some(s) => ctx.srq_take(s),
+            None => self.rq.pop_front(),
+        }
     }
 
     fn flush(&mut self, ctx: &mut Ctx<'_>) {

@@ -10,7 +10,7 @@
 use super::qp::{InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, MAX_RESP_QUEUE};
 use crate::ib::mr::{scatter, MrShared};
 use crate::ib::wc::{WcOpcode, WcStatus};
-use crate::ib::{AccessFlags, Ctx, QpState};
+use crate::ib::{AccessFlags, AsyncEvent, Ctx, QpState};
 use crate::wire::{
     AethRepr, BthRepr, CreditCode, ExtRepr, NakCode, OpFlags, Opcode, Psn, QpNumber, RnrTimer,
     RoceRepr, Syndrome,
@@ -90,7 +90,12 @@ struct Target {
 }
 
 impl Qp {
+    /// The AETH credit count: the receive WQEs queued, or "not tracked" (0x1F) on an SRQ,
+    /// whose WQEs other QPs take too (IBTA 9.7.7.2).
     fn credits(&self) -> CreditCode {
+        if self.srq.is_some() {
+            return CreditCode::UNLIMITED;
+        }
         CreditCode::from_count(self.rq.len().min(u32::MAX as usize) as u32)
     }
 
@@ -142,7 +147,7 @@ impl Qp {
         self.check_psn(r.bth.psn)?;
         self.check_op_sequence(f)?;
         self.check_op_valid(r.bth.opcode, f)?;
-        self.check_resources(f)?;
+        self.check_resources(ctx, f)?;
         self.check_length(r, f, payload)?;
         let target = self.check_rkey(ctx, r, f)?;
         self.execute(ctx, r, payload, target)
@@ -180,8 +185,17 @@ impl Qp {
         self.queue_nak(psn, Syndrome::Nak(f.nak));
         let rwqe = match self.resp.in_msg.take() {
             Some(InMsg::Send { rwqe, .. }) => Some(rwqe),
+            // An SRQ's WQEs are not this QP's to spend on an error report.
+            _ if self.srq.is_some() => None,
             _ => self.rq.pop_front(),
         };
+        // The responder's affiliated error (IBTA 11.6.3.1), as the event verbs reports it.
+        let event = match f.nak {
+            NakCode::InvalidRequest => AsyncEvent::QpReqErr(self.num),
+            NakCode::RemoteAccessError => AsyncEvent::QpAccessErr(self.num),
+            _ => AsyncEvent::QpFatal(self.num),
+        };
+        ctx.events.push(event);
         if let Some(rwqe) = rwqe {
             self.complete_recv(
                 ctx,
@@ -254,11 +268,12 @@ impl Qp {
         }
     }
 
-    /// [`Step::Resources`]: a receive WQE for SEND (first packet) and WRITE with immediate.
-    fn check_resources(&self, f: OpFlags) -> Result<(), Stop> {
+    /// [`Step::Resources`]: a receive WQE for SEND (first packet) and WRITE with immediate
+    /// (in the SRQ if the QP has one: an empty SRQ is answered with an RNR NAK too).
+    fn check_resources(&self, ctx: &Ctx<'_>, f: OpFlags) -> Result<(), Stop> {
         let needs_rwqe = (f.contains(OpFlags::SEND) && f.contains(OpFlags::FIRST))
             || (f.contains(OpFlags::WRITE) && f.contains(OpFlags::IMMEDIATE));
-        if needs_rwqe && self.rq.is_empty() {
+        if needs_rwqe && !self.recv_available(ctx) {
             Err(Stop::NotReady)
         } else {
             Ok(())
@@ -377,7 +392,7 @@ impl Qp {
         };
         if f.contains(OpFlags::FIRST) {
             // The resources step made sure there is one.
-            let Some(rwqe) = self.rq.pop_front() else {
+            let Some(rwqe) = self.take_recv(ctx) else {
                 return Err(Stop::NotReady);
             };
             let err = rwqe.local_err;
@@ -483,7 +498,7 @@ impl Qp {
             return Ok(());
         };
         // The resources step made sure there is one.
-        let Some(rwqe) = self.rq.pop_front() else {
+        let Some(rwqe) = self.take_recv(ctx) else {
             return Err(Stop::NotReady);
         };
         self.acknowledge(r, true);

@@ -23,8 +23,9 @@
 use crate::io::{IoStats, PacketDevice};
 use crate::time::Instant;
 use crate::verbs::{
-    Cq, Device, DeviceConfig, MemoryRegion, NotifyMode, Pd, QpInitAttr, RcParams, RecvWr, RemoteQp,
-    SendWr, VerbsError, WcStatus, WorkCompletion,
+    AddressVector, Ah, AsyncEvent, Cq, Device, DeviceConfig, MemoryRegion, NotifyMode, Pd,
+    QpInitAttr, QpType, RcParams, RecvWr, RemoteQp, SendWr, Srq, SrqAttr, SrqAttrMask, UcParams,
+    UdParams, VerbsError, WcStatus, WorkCompletion,
 };
 use crate::verbs::{DeviceCounters, QpCounters};
 use crate::verbs::{QpAttr, QpAttrMask, QpState};
@@ -91,10 +92,24 @@ impl Default for NicOptions {
 enum Doorbell {
     Send(QpNumber, SendWr),
     Recv(QpNumber, RecvWr),
+    SrqRecv(Srq, RecvWr),
+}
+
+/// What the application side knows about an SRQ without taking the device lock.
+struct SrqShadow {
+    max_wr: AtomicU64,
+    max_sge: u32,
+    posted: AtomicU64,
+    /// WQEs responders took from it (copied from the device by the engine).
+    taken: AtomicU64,
 }
 
 /// What the application side knows about a QP without taking the device lock.
 struct QpShadow {
+    qp_type: QpType,
+    pd: Pd,
+    /// Attached to an SRQ: receives are posted there.
+    has_srq: bool,
     cap: crate::verbs::QpCap,
     state: AtomicU8,
     sq_posted: AtomicU64,
@@ -127,6 +142,9 @@ struct Inner {
     doorbell: SegQueue<Doorbell>,
     qps: RwLock<HashMap<u32, Arc<QpShadow>>>,
     cqs: RwLock<Vec<Arc<CqShadow>>>,
+    srqs: RwLock<HashMap<u32, Arc<SrqShadow>>>,
+    /// Address handles and their PDs (a UD post checks its handle without the device lock).
+    ahs: RwLock<HashMap<u32, Pd>>,
     stop: AtomicBool,
     epoch: std::time::Instant,
     io_stats: Mutex<IoStats>,
@@ -179,6 +197,8 @@ impl Nic {
             doorbell: SegQueue::new(),
             qps: RwLock::new(HashMap::new()),
             cqs: RwLock::new(Vec::new()),
+            srqs: RwLock::new(HashMap::new()),
+            ahs: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             io_stats: Mutex::new(IoStats::default()),
@@ -268,10 +288,37 @@ impl Nic {
         Ok(cq)
     }
 
-    /// `ibv_create_qp`, with the QP's lock-free shadow for posting.
+    /// `ibv_create_qp` (RC, UC or UD, with or without an SRQ), with the QP's lock-free shadow
+    /// for posting.
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
         let qpn = self.with_device(|d| d.create_qp(init))?;
+        self.add_shadow(qpn, init);
+        Ok(qpn)
+    }
+
+    /// QP1, the GSI (see [`Device::create_gsi_qp`]).
+    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        let qpn = self.with_device(|d| d.create_gsi_qp(init))?;
+        self.add_shadow(qpn, init);
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&self, qpn: QpNumber) -> Result<(), VerbsError> {
+        self.with_device(|d| d.destroy_qp(qpn))?;
+        self.inner
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn.get());
+        Ok(())
+    }
+
+    fn add_shadow(&self, qpn: QpNumber, init: QpInitAttr) {
         let sh = Arc::new(QpShadow {
+            qp_type: init.qp_type,
+            pd: init.pd,
+            has_srq: init.srq.is_some(),
             cap: init.cap,
             state: AtomicU8::new(state_code(QpState::Reset)),
             sq_posted: AtomicU64::new(0),
@@ -284,7 +331,6 @@ impl Nic {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(qpn.get(), sh);
-        Ok(qpn)
     }
 
     fn shadow(&self, qpn: QpNumber) -> Result<Arc<QpShadow>, VerbsError> {
@@ -329,9 +375,181 @@ impl Nic {
         r
     }
 
+    /// UC: RESET → INIT → RTR → RTS (see [`Device::connect_uc`]).
+    pub fn connect_uc(
+        &self,
+        qpn: QpNumber,
+        remote: &RemoteQp,
+        p: &UcParams,
+    ) -> Result<(), VerbsError> {
+        let mut d = lock(&self.inner.dev);
+        let r = d.connect_uc(qpn, remote, p);
+        self.refresh_state(qpn, &d);
+        r
+    }
+
+    /// UD: RESET → INIT → RTR → RTS (see [`Device::bring_up_ud`]).
+    pub fn bring_up_ud(&self, qpn: QpNumber, p: &UdParams) -> Result<(), VerbsError> {
+        let mut d = lock(&self.inner.dev);
+        let r = d.bring_up_ud(qpn, p);
+        self.refresh_state(qpn, &d);
+        r
+    }
+
     /// `ibv_query_qp`.
     pub fn query_qp(&self, qpn: QpNumber) -> Result<(QpState, QpAttr), VerbsError> {
         self.with_device(|d| d.query_qp(qpn))
+    }
+
+    // ---- shared receive queues ----------------------------------------------------------
+
+    /// `ibv_create_srq` (see [`Device::create_srq`]), with its lock-free shadow for posting.
+    pub fn create_srq(&self, pd: Pd, attr: SrqAttr) -> Result<Srq, VerbsError> {
+        let srq = self.with_device(|d| d.create_srq(pd, attr))?;
+        let max_sge = self.with_device(|d| d.query_srq(srq))?.max_sge;
+        self.inner
+            .srqs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                srq.number(),
+                Arc::new(SrqShadow {
+                    max_wr: AtomicU64::new(u64::from(attr.max_wr)),
+                    max_sge,
+                    posted: AtomicU64::new(0),
+                    taken: AtomicU64::new(0),
+                }),
+            );
+        Ok(srq)
+    }
+
+    /// `ibv_modify_srq` (see [`Device::modify_srq`]).
+    pub fn modify_srq(
+        &self,
+        srq: Srq,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<(), VerbsError> {
+        // Receives still in the doorbell count towards what the SRQ holds.
+        self.drain_doorbells();
+        self.with_device(|d| d.modify_srq(srq, attr, mask))?;
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            if let Ok(sh) = self.srq_shadow(srq) {
+                sh.max_wr.store(u64::from(attr.max_wr), Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query_srq(&self, srq: Srq) -> Result<SrqAttr, VerbsError> {
+        self.with_device(|d| d.query_srq(srq))
+    }
+
+    /// `ibv_destroy_srq` (EBUSY while QPs are attached).
+    pub fn destroy_srq(&self, srq: Srq) -> Result<(), VerbsError> {
+        self.with_device(|d| d.destroy_srq(srq))?;
+        self.inner
+            .srqs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&srq.number());
+        Ok(())
+    }
+
+    fn srq_shadow(&self, srq: Srq) -> Result<Arc<SrqShadow>, VerbsError> {
+        self.inner
+            .srqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&srq.number())
+            .cloned()
+            .ok_or(VerbsError::NoSuchSrq)
+    }
+
+    /// `ibv_post_srq_recv`, without taking the device lock.
+    pub fn post_srq_recv(&self, srq: Srq, wr: RecvWr) -> Result<(), VerbsError> {
+        let sh = self.srq_shadow(srq)?;
+        if wr.sg_list.len() > sh.max_sge as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        let posted = sh.posted.load(Ordering::Relaxed);
+        if posted - sh.taken.load(Ordering::Acquire) >= sh.max_wr.load(Ordering::Acquire) {
+            return Err(VerbsError::QueueFull);
+        }
+        sh.posted.store(posted + 1, Ordering::Relaxed);
+        self.inner.doorbell.push(Doorbell::SrqRecv(srq, wr));
+        if self.inner.inline.is_none() {
+            self.ring();
+        }
+        Ok(())
+    }
+
+    /// Apply the doorbells rung so far (under the device lock), so that a control verb sees
+    /// every request posted before it.
+    fn drain_doorbells(&self) {
+        let mut dev = lock(&self.inner.dev);
+        ring_doorbells(&self.inner, &mut dev);
+    }
+
+    // ---- address handles and events -------------------------------------------------------
+
+    /// `ibv_create_ah` (see [`Device::create_ah`]).
+    pub fn create_ah(&self, pd: Pd, av: &AddressVector) -> Result<Ah, VerbsError> {
+        let ah = self.with_device(|d| d.create_ah(pd, av))?;
+        self.inner
+            .ahs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ah.index(), pd);
+        Ok(ah)
+    }
+
+    /// `ibv_init_ah_from_wc` (see [`Device::init_ah_from_wc`]).
+    pub fn init_ah_from_wc(
+        &self,
+        wc: &WorkCompletion,
+        grh: &[u8],
+    ) -> Result<AddressVector, VerbsError> {
+        self.with_device(|d| d.init_ah_from_wc(wc, grh))
+    }
+
+    /// `ibv_create_ah_from_wc` (see [`Device::create_ah_from_wc`]).
+    pub fn create_ah_from_wc(
+        &self,
+        pd: Pd,
+        wc: &WorkCompletion,
+        grh: &[u8],
+    ) -> Result<Ah, VerbsError> {
+        let av = self.init_ah_from_wc(wc, grh)?;
+        self.create_ah(pd, &av)
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&self, ah: Ah) -> Result<(), VerbsError> {
+        self.with_device(|d| d.destroy_ah(ah))?;
+        self.inner
+            .ahs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ah.index());
+        Ok(())
+    }
+
+    /// `ibv_get_async_event`: the oldest unread asynchronous event, waiting up to `timeout`
+    /// for one.
+    pub fn get_async_event(&self, timeout: Duration) -> Option<AsyncEvent> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.progress();
+            if let Some(e) = self.with_device(|d| d.get_async_event()) {
+                return Some(e);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// This end of a QP, for the peer (see [`Device::local_end`]).
@@ -348,6 +566,16 @@ impl Nic {
             return Err(VerbsError::InvalidState(st));
         }
         crate::verbs::device::check_send_wr(&wr, &sh.cap)?;
+        if !wr.op.allowed_on(sh.qp_type) {
+            return Err(VerbsError::BadOpcode(sh.qp_type));
+        }
+        if sh.qp_type == QpType::Ud {
+            let d = wr.ud.ok_or(VerbsError::NoUdDest)?;
+            let ahs = self.inner.ahs.read().unwrap_or_else(|e| e.into_inner());
+            if ahs.get(&d.ah.index()) != Some(&sh.pd) {
+                return Err(VerbsError::NoSuchAh);
+            }
+        }
         let posted = sh.sq_posted.load(Ordering::Relaxed);
         if posted - sh.sq_retired.load(Ordering::Acquire) >= u64::from(sh.cap.max_send_wr) {
             return Err(VerbsError::QueueFull);
@@ -364,6 +592,9 @@ impl Nic {
         let st = state_of(sh.state.load(Ordering::Acquire));
         if st == QpState::Reset {
             return Err(VerbsError::InvalidState(st));
+        }
+        if sh.has_srq {
+            return Err(VerbsError::QpHasSrq);
         }
         if wr.sg_list.len() > sh.cap.max_recv_sge.max(1) as usize {
             return Err(VerbsError::TooManySge(wr.sg_list.len()));
@@ -759,21 +990,7 @@ fn engine_step(
     let next_timer;
     {
         let mut dev = lock(&inner.dev);
-        while let Some(db) = inner.doorbell.pop() {
-            work += 1;
-            match db {
-                Doorbell::Send(q, wr) => {
-                    let id = wr.wr_id;
-                    if dev.post_send(q, wr).is_err() {
-                        // The shadow accepted it but the QP changed meanwhile.
-                        push_error(inner, &dev, q, id);
-                    }
-                }
-                Doorbell::Recv(q, wr) => {
-                    let _ = dev.post_recv(q, wr);
-                }
-            }
-        }
+        work += ring_doorbells(inner, &mut dev);
         let n = batch_count(
             inner,
             pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)),
@@ -809,6 +1026,13 @@ fn engine_step(
             }
         });
         drop(qps);
+        let srqs = inner.srqs.read().unwrap_or_else(|e| e.into_inner());
+        for (&n, sh) in srqs.iter() {
+            if let Some((_, taken)) = dev.srq_occupancy(Srq(n)) {
+                sh.taken.store(taken, Ordering::Release);
+            }
+        }
+        drop(srqs);
         cq_list.clear();
         cq_list.extend(dev.cq_ids());
         if !cq_list.is_empty() {
@@ -859,6 +1083,30 @@ fn engine_step(
     (work, next_timer, more)
 }
 
+/// Hand every queued doorbell to the device; returns how many.
+fn ring_doorbells(inner: &Inner, dev: &mut Device) -> usize {
+    let mut n = 0;
+    while let Some(db) = inner.doorbell.pop() {
+        n += 1;
+        match db {
+            Doorbell::Send(q, wr) => {
+                let id = wr.wr_id;
+                if dev.post_send(q, wr).is_err() {
+                    // The shadow accepted it but the QP changed meanwhile.
+                    push_error(inner, dev, q, id);
+                }
+            }
+            Doorbell::Recv(q, wr) => {
+                let _ = dev.post_recv(q, wr);
+            }
+            Doorbell::SrqRecv(s, wr) => {
+                let _ = dev.post_srq_recv(s, wr);
+            }
+        }
+    }
+    n
+}
+
 /// A request the device refused after the shadow accepted it: report it as a completion.
 fn push_error(inner: &Inner, dev: &Device, qpn: QpNumber, wr_id: u64) {
     let Some(cq) = dev.send_cq_of(qpn) else {
@@ -877,6 +1125,10 @@ fn push_error(inner: &Inner, dev: &Device, qpn: QpNumber, wr_id: u64) {
             src_qp: QpNumber::new(0),
             wc_flags: crate::verbs::WcFlags::empty(),
             solicited: false,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
         });
         c.len.fetch_add(1, Ordering::AcqRel);
         // Wake a `wait_cq` sleeper, as for any other completion.
@@ -892,13 +1144,7 @@ pub fn create_rc_qp(
     cq: Cq,
     cap: crate::verbs::QpCap,
 ) -> Result<QpNumber, VerbsError> {
-    nic.create_qp(QpInitAttr {
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap,
-        sq_sig_all: false,
-    })
+    nic.create_qp(QpInitAttr::new(pd, cq, cq, cap))
 }
 
 #[cfg(test)]

@@ -160,3 +160,154 @@ impl Device {
         })
     }
 }
+
+/// Connection parameters of a UC QP (RESET → INIT → RTR → RTS towards a [`RemoteQp`]): what
+/// `ibv_uc_pingpong` and perftest `-c UC` set. UC has no ACK timeout, retries, RNR timer or
+/// READ/atomic resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UcParams {
+    /// The path MTU.
+    pub mtu: Mtu,
+    /// The remote access rights the QP grants (only remote write means anything for UC).
+    pub access: AccessFlags,
+    /// The GID to send from.
+    pub sgid_index: u8,
+    /// Our starting send PSN.
+    pub local_psn: u32,
+    /// IP traffic class (DSCP << 2 | ECN) of our packets.
+    pub traffic_class: u8,
+}
+
+impl Default for UcParams {
+    fn default() -> Self {
+        UcParams {
+            mtu: Mtu::M1024,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            sgid_index: 0,
+            local_psn: 0,
+            traffic_class: 0,
+        }
+    }
+}
+
+impl UcParams {
+    /// RESET → INIT: port 1, P_Key index 0, the access rights.
+    pub fn init_attr(&self) -> (QpAttr, QpAttrMask) {
+        use QpAttrMask as M;
+        let a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: self.access,
+            ..QpAttr::default()
+        };
+        (a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+    }
+
+    /// INIT → RTR towards `remote`: the path, the path MTU, the peer's QPN and starting PSN.
+    pub fn rtr_attr(&self, remote: &RemoteQp) -> (QpAttr, QpAttrMask) {
+        use QpAttrMask as M;
+        let a = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: self.mtu,
+            dest_qp_num: remote.qpn.get(),
+            rq_psn: remote.psn,
+            ah_attr: AddressVector {
+                dgid: remote.gid,
+                sgid_index: self.sgid_index,
+                hop_limit: 64,
+                traffic_class: self.traffic_class,
+                flow_label: 0,
+                dmac: Some(remote.mac.0),
+            },
+            ..QpAttr::default()
+        };
+        (a, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN)
+    }
+
+    /// RTR → RTS: our starting PSN.
+    pub fn rts_attr(&self) -> (QpAttr, QpAttrMask) {
+        let a = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: self.local_psn,
+            ..QpAttr::default()
+        };
+        (a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+    }
+}
+
+/// The bring-up of a UD QP (RESET → INIT → RTR → RTS): a Q_Key and a starting PSN; there is
+/// no peer (each send names its destination).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdParams {
+    /// The QP's Q_Key: received packets must carry it; sends with a controlled Q_Key (most
+    /// significant bit set) carry it instead.
+    pub qkey: u32,
+    /// Our starting send PSN.
+    pub local_psn: u32,
+}
+
+impl Default for UdParams {
+    /// ibv_ud_pingpong's and perftest's Q_Key, 0x11111111.
+    fn default() -> Self {
+        UdParams {
+            qkey: 0x1111_1111,
+            local_psn: 0,
+        }
+    }
+}
+
+impl UdParams {
+    /// RESET → INIT: P_Key index 0, port 1, the Q_Key.
+    pub fn init_attr(&self) -> (QpAttr, QpAttrMask) {
+        use QpAttrMask as M;
+        let a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: self.qkey,
+            ..QpAttr::default()
+        };
+        (a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+    }
+
+    /// INIT → RTR: nothing more is needed.
+    pub fn rtr_attr(&self) -> (QpAttr, QpAttrMask) {
+        let a = QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        };
+        (a, QpAttrMask::STATE)
+    }
+
+    /// RTR → RTS: our starting PSN.
+    pub fn rts_attr(&self) -> (QpAttr, QpAttrMask) {
+        let a = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: self.local_psn,
+            ..QpAttr::default()
+        };
+        (a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+    }
+}
+
+impl Device {
+    /// Move a UC QP from RESET through INIT and RTR to RTS, connected to `remote`.
+    pub fn connect_uc(
+        &mut self,
+        qpn: QpNumber,
+        remote: &RemoteQp,
+        p: &UcParams,
+    ) -> Result<(), VerbsError> {
+        for (a, mask) in [p.init_attr(), p.rtr_attr(remote), p.rts_attr()] {
+            self.modify_qp(qpn, &a, mask)?;
+        }
+        Ok(())
+    }
+
+    /// Move a UD QP from RESET through INIT and RTR to RTS.
+    pub fn bring_up_ud(&mut self, qpn: QpNumber, p: &UdParams) -> Result<(), VerbsError> {
+        for (a, mask) in [p.init_attr(), p.rtr_attr(), p.rts_attr()] {
+            self.modify_qp(qpn, &a, mask)?;
+        }
+        Ok(())
+    }
+}

@@ -5,21 +5,28 @@
 
 use super::engine::{Scheduler, Slot};
 use super::frame::Framer;
+use super::qps::TransportQp;
+use crate::ib::ah::{ah_attr_from_wc, Ah, AhEntry, AhFromWcError};
 use crate::ib::attr::check_modify_qp;
 use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
+use crate::ib::event::{AsyncEvent, EventQueue};
 use crate::ib::mr::{LKey, MemoryRegion, MrShared, MrTable, Pd};
 use crate::ib::path::{gid_of, Path};
+use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable};
+use crate::ib::tx::PostError;
 use crate::ib::wc::WorkCompletion;
-use crate::ib::wqe::{RecvWqe, SendWqe};
+use crate::ib::wqe::{RecvWqe, SendWqe, UdSendDest};
 use crate::ib::wr::{RecvWr, SendFlags, SendWr};
 use crate::ib::{
-    AccessFlags, Ctx, KeyMap, ModifyQpError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
+    AccessFlags, AddressVector, Ctx, KeyMap, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap,
+    QpState, QpType,
 };
 use crate::keys::KeyGen;
-use crate::rc::qp::{PostError, Qp, QpConfig, QpInit};
+use crate::rc::qp::{Qp, QpConfig, QpInit};
 use crate::time::Instant;
 use crate::wire::{MacAddr, QpNumber, RKey};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -62,6 +69,10 @@ pub struct DeviceConfig {
     /// packet instead of going first (a ping-pong's reply leaves one transmission earlier;
     /// fewer ACKs). `None` (default): every ACK goes out in the engine round that made it.
     pub ack_delay: Option<crate::time::Duration>,
+    /// The port's active MTU (`ibv_query_port`'s `active_mtu`): the largest UD message, and
+    /// what perftest and the pingpongs read. Default 4096; a device on a network interface
+    /// takes what its MTU allows ([`crate::io::netdev::ib_mtu_for`]: 1500 → 1024).
+    pub port_mtu: Mtu,
 }
 
 impl DeviceConfig {
@@ -82,6 +93,7 @@ impl DeviceConfig {
             line_rate_bps: 100_000_000_000,
             cnp_interval: Some(crate::time::Duration::from_micros(4)),
             ack_delay: None,
+            port_mtu: Mtu::M4096,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -92,7 +104,7 @@ impl DeviceConfig {
     }
 }
 
-/// `struct ibv_qp_init_attr` for an RC QP.
+/// `struct ibv_qp_init_attr`.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr {
     /// The protection domain: the QP may use the memory regions of this PD only.
@@ -101,10 +113,41 @@ pub struct QpInitAttr {
     pub send_cq: Cq,
     /// Where receive completions go.
     pub recv_cq: Cq,
-    /// Queue sizes.
+    /// Queue sizes (with an SRQ, `max_recv_wr` and `max_recv_sge` are not used).
     pub cap: QpCap,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
+    /// The transport service (`qp_type`): RC, UC or UD.
+    pub qp_type: QpType,
+    /// A shared receive queue the QP takes its receive WQEs from (`srq`).
+    pub srq: Option<Srq>,
+}
+
+impl QpInitAttr {
+    /// An RC QP with its own receive queue, signaling only the requests that ask for it.
+    pub fn new(pd: Pd, send_cq: Cq, recv_cq: Cq, cap: QpCap) -> QpInitAttr {
+        QpInitAttr {
+            pd,
+            send_cq,
+            recv_cq,
+            cap,
+            sq_sig_all: false,
+            qp_type: QpType::Rc,
+            srq: None,
+        }
+    }
+    /// Of transport `t`.
+    #[must_use]
+    pub fn with_type(mut self, t: QpType) -> QpInitAttr {
+        self.qp_type = t;
+        self
+    }
+    /// Attached to `srq`.
+    #[must_use]
+    pub fn with_srq(mut self, srq: Srq) -> QpInitAttr {
+        self.srq = Some(srq);
+        self
+    }
 }
 
 /// Errors a verb returns synchronously (what libibverbs returns as an errno).
@@ -155,6 +198,28 @@ pub enum VerbsError {
     /// The object is in use (EBUSY).
     #[error("resource busy: {0}")]
     Busy(&'static str),
+    /// No such shared receive queue (EINVAL).
+    #[error("no such SRQ")]
+    NoSuchSrq,
+    /// No such address handle, or one of another protection domain (EINVAL).
+    #[error("no such address handle")]
+    NoSuchAh,
+    /// The operation is not one the QP's transport carries (EINVAL): UC has no READ or
+    /// atomics, UD only SEND.
+    #[error("operation not supported on a {0} QP")]
+    BadOpcode(QpType),
+    /// A UD send without a destination (`wr.ud`) (EINVAL).
+    #[error("UD send without a destination (address handle, QPN, Q_Key)")]
+    NoUdDest,
+    /// `post_recv` on a QP attached to an SRQ: its receives go to the SRQ (EINVAL).
+    #[error("the QP takes its receives from an SRQ: post them there")]
+    QpHasSrq,
+    /// `modify_srq` refused the request (EINVAL).
+    #[error("modify_srq: {0}")]
+    ModifySrq(#[from] SrqModifyError),
+    /// `create_ah_from_wc` cannot answer this completion (EINVAL / EPROTONOSUPPORT).
+    #[error("address handle from a work completion: {0}")]
+    AhFromWc(#[from] AhFromWcError),
 }
 
 impl From<PostError> for VerbsError {
@@ -162,6 +227,7 @@ impl From<PostError> for VerbsError {
         match e {
             PostError::InvalidState(s) => VerbsError::InvalidState(s),
             PostError::QueueFull => VerbsError::QueueFull,
+            PostError::HasSrq => VerbsError::QpHasSrq,
         }
     }
 }
@@ -208,7 +274,7 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
 /// let mut setup = |d: &mut Device| {
 ///     let pd = d.alloc_pd();
 ///     let cq = d.create_cq(16).unwrap();
-///     let qp = d.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })
+///     let qp = d.create_qp(QpInitAttr::new(pd, cq, cq, cap))
 ///         .unwrap();
 ///     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
 ///     let mr = d.reg_mr(pd, 4096, access).unwrap();
@@ -263,10 +329,27 @@ pub struct Device {
     /// The QP table, by QPN: each QP with the engine's bookkeeping.
     pub(super) qps: KeyMap<Slot>,
     next_qpn: u32,
+    /// Shared receive queues, by number.
+    pub(super) srqs: SrqTable,
+    /// Address handles, by number.
+    ahs: KeyMap<AhEntry>,
+    next_ah: u32,
+    /// Unread asynchronous events.
+    pub(super) events: EventQueue,
+    /// The Ethernet source address each peer's RoCE frames came from (bounded; what an
+    /// address vector without a MAC resolves to).
+    neighbours: HashMap<IpAddr, MacAddr>,
     /// The engine's transmit list, timer heap and clock.
     pub(super) sched: Scheduler,
     pub(super) counters: DeviceCounters,
 }
+
+/// Most neighbours a device remembers.
+const MAX_NEIGHBOURS: usize = 4096;
+
+/// The device's P_Key table: one entry, the default full-membership P_Key (RoCE has no subnet
+/// manager to hand out others).
+pub const PKEY_TABLE: [u16; 1] = [0xffff];
 
 impl Device {
     /// A device with configuration `cfg` (no PD, MR, CQ or QP yet).
@@ -284,6 +367,11 @@ impl Device {
             cqs: Vec::new(),
             qps: KeyMap::default(),
             next_qpn: 0x11,
+            srqs: Vec::new(),
+            ahs: KeyMap::default(),
+            next_ah: 1,
+            events: EventQueue::default(),
+            neighbours: HashMap::new(),
             counters: DeviceCounters::default(),
         }
     }
@@ -421,8 +509,9 @@ impl Device {
 
     // ---- queue pairs ------------------------------------------------------------------
 
-    /// `ibv_create_qp`: an RC queue pair in the RESET state. It is brought up with
-    /// [`modify_qp`](Self::modify_qp) (or all at once with
+    /// `ibv_create_qp`: a queue pair of `init.qp_type` (RC, UC or UD) in the RESET state,
+    /// taking its receives from `init.srq` if given. It is brought up with
+    /// [`modify_qp`](Self::modify_qp) (an RC QP all at once with
     /// [`connect_rc`](Self::connect_rc)).
     ///
     /// ```
@@ -433,24 +522,64 @@ impl Device {
     /// let cq = dev.create_cq(64)?;
     /// let cap = QpCap { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2,
     ///                   max_inline_data: 64 };
-    /// let qp = dev.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })?;
+    /// let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap))?;
     /// assert_eq!(dev.query_qp(qp)?.0, QpState::Reset);
     ///
     /// // RESET → INIT (receives may be posted from INIT on).
     /// let (attr, mask) = RcParams::default().init_attr();
     /// dev.modify_qp(qp, &attr, mask)?;
     /// assert_eq!(dev.query_qp(qp)?.0, QpState::Init);
+    ///
+    /// // A UD QP needs a Q_Key to reach INIT.
+    /// let ud = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap).with_type(QpType::Ud))?;
+    /// let a = QpAttr { qkey: 0x11111111, port_num: 1, ..QpAttr::default() };
+    /// let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    /// let mut init = a;
+    /// init.qp_state = QpState::Init;
+    /// assert!(dev.modify_qp(ud, &init, m).is_err());
+    /// dev.modify_qp(ud, &init, m | QpAttrMask::QKEY)?;
     /// # Ok::<(), VerbsError>(())
     /// ```
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        self.check_qp_init(&init)?;
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) || qpn < 0x11 {
+            qpn = (qpn + 1) & QpNumber::MASK;
+        }
+        self.next_qpn = (qpn + 1) & QpNumber::MASK;
+        self.insert_qp(qpn, init, false);
+        Ok(QpNumber::new(qpn))
+    }
+
+    /// QP1, the general services interface (GSI) of the port: a UD QP numbered 1 whose Q_Key
+    /// is always 0x80010000, which takes MADs from any sender and sends with the port's P_Key
+    /// (the kernel creates it for the CM; a userspace device makes it when asked). `init`
+    /// must be of type UD. Fails with `Busy` if QP1 exists.
+    pub fn create_gsi_qp(&mut self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        if init.qp_type != QpType::Ud {
+            return Err(VerbsError::BadCap("the GSI (QP1) is a UD QP"));
+        }
+        self.check_qp_init(&init)?;
+        if self.qps.contains_key(&QpNumber::GSI.get()) {
+            return Err(VerbsError::Busy("QP1 exists"));
+        }
+        self.insert_qp(QpNumber::GSI.get(), init, true);
+        Ok(QpNumber::GSI)
+    }
+
+    fn check_qp_init(&mut self, init: &QpInitAttr) -> Result<(), VerbsError> {
         if !self.pds.contains(&init.pd.0) {
             return Err(VerbsError::NoSuchPd);
         }
         for cq in [init.send_cq, init.recv_cq] {
             self.cq_mut(cq)?;
         }
+        if let Some(srq) = init.srq {
+            self.srq_ring(srq)?;
+        }
         let c = init.cap;
-        if c.max_send_wr > self.cfg.max_qp_wr || c.max_recv_wr > self.cfg.max_qp_wr {
+        let max_recv_wr = if init.srq.is_some() { 0 } else { c.max_recv_wr };
+        if c.max_send_wr > self.cfg.max_qp_wr || max_recv_wr > self.cfg.max_qp_wr {
             return Err(VerbsError::BadCap("max_send_wr/max_recv_wr"));
         }
         if c.max_send_sge > self.cfg.max_sge || c.max_recv_sge > self.cfg.max_sge {
@@ -462,43 +591,90 @@ impl Device {
         if self.qps.len() as u32 >= self.cfg.max_qp {
             return Err(VerbsError::NoResources("max_qp"));
         }
-        let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) || qpn < 0x11 {
-            qpn = (qpn + 1) & QpNumber::MASK;
-        }
-        self.next_qpn = (qpn + 1) & QpNumber::MASK;
-        let cfg = QpConfig {
-            max_inflight: self.cfg.max_inflight,
-            cc: self.cfg.cc.build(self.cfg.line_rate_bps),
-            pacer: match self.cfg.cc {
-                crate::cc::CcConfig::None => crate::cc::Pacer::unlimited(),
-                // A burst of two full frames keeps the pacer accurate without stalling batches.
-                _ => crate::cc::Pacer::new(self.cfg.line_rate_bps, 2 * 4200),
-            },
-            np: self
-                .cfg
-                .cnp_interval
-                .map(crate::cc::dcqcn::NotificationPoint::new),
-            ack_delay: self.cfg.ack_delay,
-        };
-        let init = QpInit {
-            pd: init.pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            cap: init.cap,
-            sq_sig_all: init.sq_sig_all,
-        };
-        self.qps
-            .insert(qpn, Slot::new(Qp::new(QpNumber::new(qpn), init, cfg)));
-        Ok(QpNumber::new(qpn))
+        Ok(())
     }
 
-    /// `ibv_destroy_qp`: the QP and its queues are gone, without completions.
+    /// Make QP `qpn` of a checked `init`.
+    fn insert_qp(&mut self, qpn: u32, init: QpInitAttr, gsi: bool) {
+        let mut cap = init.cap;
+        if init.srq.is_some() {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        let num = QpNumber::new(qpn);
+        let qp = match init.qp_type {
+            QpType::Rc => {
+                let cfg = QpConfig {
+                    max_inflight: self.cfg.max_inflight,
+                    cc: self.cfg.cc.build(self.cfg.line_rate_bps),
+                    pacer: match self.cfg.cc {
+                        crate::cc::CcConfig::None => crate::cc::Pacer::unlimited(),
+                        // A burst of two full frames keeps the pacer accurate without
+                        // stalling batches.
+                        _ => crate::cc::Pacer::new(self.cfg.line_rate_bps, 2 * 4200),
+                    },
+                    np: self
+                        .cfg
+                        .cnp_interval
+                        .map(crate::cc::dcqcn::NotificationPoint::new),
+                    ack_delay: self.cfg.ack_delay,
+                };
+                let i = QpInit {
+                    pd: init.pd,
+                    send_cq: init.send_cq,
+                    recv_cq: init.recv_cq,
+                    cap,
+                    sq_sig_all: init.sq_sig_all,
+                    srq: init.srq,
+                };
+                TransportQp::Rc(Qp::new(num, i, cfg))
+            }
+            QpType::Uc => TransportQp::Uc(crate::uc::qp::Qp::new(
+                num,
+                crate::uc::qp::UcInit {
+                    pd: init.pd,
+                    send_cq: init.send_cq,
+                    recv_cq: init.recv_cq,
+                    cap,
+                    sq_sig_all: init.sq_sig_all,
+                    srq: init.srq,
+                },
+            )),
+            QpType::Ud => TransportQp::Ud(crate::ud::qp::Qp::new(
+                num,
+                crate::ud::qp::UdInit {
+                    pd: init.pd,
+                    send_cq: init.send_cq,
+                    recv_cq: init.recv_cq,
+                    cap,
+                    sq_sig_all: init.sq_sig_all,
+                    srq: init.srq,
+                    gsi,
+                    port_mtu: self.cfg.port_mtu,
+                },
+            )),
+        };
+        if let Some(srq) = init.srq {
+            if let Ok(s) = self.srq_ring(srq) {
+                s.attached += 1;
+            }
+        }
+        self.qps.insert(qpn, Slot::new(qp));
+    }
+
+    /// `ibv_destroy_qp`: the QP and its queues are gone, without completions (an SRQ it was
+    /// attached to keeps its WQEs).
     pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
-        self.qps
+        let slot = self
+            .qps
             .remove(&qpn.get())
-            .map(|_| ())
-            .ok_or(VerbsError::NoSuchQp(qpn))
+            .ok_or(VerbsError::NoSuchQp(qpn))?;
+        if let Some(srq) = slot.qp.srq() {
+            if let Ok(s) = self.srq_ring(srq) {
+                s.attached = s.attached.saturating_sub(1);
+            }
+        }
+        Ok(())
     }
 
     /// The QP's state and current attributes (`ibv_query_qp`).
@@ -510,16 +686,23 @@ impl Device {
         Ok((qp.state(), a))
     }
 
-    fn qp(&self, qpn: QpNumber) -> Result<&Qp, VerbsError> {
+    /// The QP's transport.
+    pub fn qp_type(&self, qpn: QpNumber) -> Result<QpType, VerbsError> {
+        Ok(self.qp(qpn)?.qp_type())
+    }
+
+    fn qp(&self, qpn: QpNumber) -> Result<&TransportQp, VerbsError> {
         self.qps
             .get(&qpn.get())
             .map(|s| &*s.qp)
             .ok_or(VerbsError::NoSuchQp(qpn))
     }
 
-    /// `ibv_modify_qp`: the transition table and value checks of [`crate::ib::attr`], then
-    /// the attributes in `mask` take effect. [`RcParams`](super::RcParams) builds the
-    /// attributes of RESET → INIT → RTR → RTS.
+    /// `ibv_modify_qp`: the transition table of the QP's transport and the value checks of
+    /// [`crate::ib::attr`], then the attributes in `mask` take effect. [`RcParams`](super::RcParams)
+    /// builds the attributes of RESET → INIT → RTR → RTS for RC, [`UcParams`](super::UcParams)
+    /// and [`UdParams`](super::UdParams) those of UC and UD. The P_Key index must be 0 (the
+    /// P_Key table has one entry, [`PKEY_TABLE`]).
     ///
     /// ```
     /// # use ferroce::verbs::*;
@@ -529,7 +712,7 @@ impl Device {
     /// # let cq = dev.create_cq(8)?;
     /// # let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1,
     /// #                   max_inline_data: 0 };
-    /// # let qp = dev.create_qp(QpInitAttr { pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false })?;
+    /// # let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap))?;
     /// // RESET → RTS is no transition of the state machine.
     /// let (mut attr, mask) = RcParams::default().rts_attr();
     /// assert!(matches!(
@@ -556,7 +739,14 @@ impl Device {
             .get_mut(&qpn.get())
             .ok_or(VerbsError::NoSuchQp(qpn))?;
         let qp = &mut *slot.qp;
-        let next = check_modify_qp(QpType::Rc, qp.state(), attr, mask)?;
+        let next = check_modify_qp(qp.qp_type(), qp.state(), attr, mask)?;
+        if mask.contains(QpAttrMask::PKEY_INDEX) && usize::from(attr.pkey_index) >= PKEY_TABLE.len()
+        {
+            return Err(VerbsError::Modify(ModifyQpError::InvalidValue {
+                attr: "pkey_index",
+                value: attr.pkey_index.into(),
+            }));
+        }
         let path = if mask.contains(QpAttrMask::AV) {
             let dqpn = if mask.contains(QpAttrMask::DEST_QPN) {
                 attr.dest_qp_num
@@ -575,6 +765,8 @@ impl Device {
             now,
             mrs: &self.mrs,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
+            events: &mut self.events,
             dev: &mut self.counters,
         };
         qp.modify(&mut ctx, attr, mask, next, path);
@@ -587,8 +779,11 @@ impl Device {
     /// `ibv_post_send`: queue a send work request; its packets leave with the next
     /// [`poll_transmit`](Self::poll_transmit) calls and its completion (if signaled, or on
     /// error) lands in the send CQ. Errors here are the synchronous ones `ibv_post_send`
-    /// returns; a bad local key or an SGE outside its region is reported as a completion with
-    /// a local protection error when the request is reached, as libibverbs reports it.
+    /// returns (including an operation the QP's transport does not carry, and a UD request
+    /// without a valid address handle of the QP's PD); a bad local key or an SGE outside its
+    /// region is reported as a completion with a local protection error when the request is
+    /// reached, as libibverbs reports it, and so is a UD message longer than the port MTU
+    /// (a local length error).
     pub fn post_send(&mut self, qpn: QpNumber, wr: SendWr) -> Result<(), VerbsError> {
         let slot = self
             .qps
@@ -597,21 +792,44 @@ impl Device {
         let qp = &mut *slot.qp;
         qp.check_post_send()?;
         let len = check_send_wr(&wr, &qp.cap())?;
+        let t = qp.qp_type();
+        if !wr.op.allowed_on(t) {
+            return Err(VerbsError::BadOpcode(t));
+        }
+        let ud = if t == QpType::Ud {
+            let d = wr.ud.ok_or(VerbsError::NoUdDest)?;
+            let ah = self
+                .ahs
+                .get(&d.ah.0)
+                .filter(|a| a.pd == qp.pd())
+                .ok_or(VerbsError::NoSuchAh)?;
+            Some(UdSendDest {
+                path: ah.path,
+                qpn: d.remote_qpn,
+                qkey: d.remote_qkey,
+            })
+        } else {
+            None
+        };
         let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
         let now = self.sched.now;
         let mut ctx = Ctx {
             now,
             mrs: &self.mrs,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
+            events: &mut self.events,
             dev: &mut self.counters,
         };
-        let wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd());
+        let mut wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd());
+        wqe.ud = ud;
         qp.post_send(&mut ctx, wqe);
         self.schedule(qpn.get(), now);
         Ok(())
     }
 
-    /// `ibv_post_recv`.
+    /// `ibv_post_recv` (refused for a QP attached to an SRQ: use
+    /// [`post_srq_recv`](Self::post_srq_recv)).
     pub fn post_recv(&mut self, qpn: QpNumber, wr: RecvWr) -> Result<(), VerbsError> {
         let slot = self
             .qps
@@ -626,11 +844,226 @@ impl Device {
             now: self.sched.now,
             mrs: &self.mrs,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
+            events: &mut self.events,
             dev: &mut self.counters,
         };
         let wqe = RecvWqe::new(wr, ctx.mrs, qp.pd());
         qp.post_recv(&mut ctx, wqe);
         Ok(())
+    }
+
+    // ---- shared receive queues ---------------------------------------------------------
+
+    fn srq_ring(&mut self, srq: Srq) -> Result<&mut SrqRing, VerbsError> {
+        self.srqs
+            .get_mut(srq.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(VerbsError::NoSuchSrq)
+    }
+
+    /// `ibv_create_srq`: a shared receive queue of `attr.max_wr` receive WQEs (1 ..=
+    /// `max_qp_wr`) of at most `attr.max_sge` entries in `pd`. `attr.srq_limit` is ignored, as
+    /// `ibv_create_srq(3)` says: [`modify_srq`](Self::modify_srq) arms the limit.
+    ///
+    /// ```
+    /// # use ferroce::verbs::*;
+    /// # let mut dev = Device::new(DeviceConfig::new(
+    /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
+    /// let pd = dev.alloc_pd();
+    /// let srq = dev.create_srq(pd, SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?;
+    /// dev.modify_srq(srq, &SrqAttr { srq_limit: 8, ..SrqAttr::default() }, SrqAttrMask::LIMIT)?;
+    /// assert_eq!(dev.query_srq(srq)?.srq_limit, 8);
+    /// let cq = dev.create_cq(64)?;
+    /// let cap = QpCap { max_send_wr: 8, max_send_sge: 1, ..QpCap::default() };
+    /// let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap).with_srq(srq))?;
+    /// // Attached QPs keep it alive.
+    /// assert!(matches!(dev.destroy_srq(srq), Err(VerbsError::Busy(_))));
+    /// dev.destroy_qp(qp)?;
+    /// dev.destroy_srq(srq)?;
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    pub fn create_srq(&mut self, pd: Pd, attr: SrqAttr) -> Result<Srq, VerbsError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(VerbsError::NoSuchPd);
+        }
+        if attr.max_wr == 0 || attr.max_wr > self.cfg.max_qp_wr {
+            return Err(VerbsError::BadCap("SRQ max_wr"));
+        }
+        if attr.max_sge > self.cfg.max_sge {
+            return Err(VerbsError::BadCap("SRQ max_sge"));
+        }
+        let ring = SrqRing::new(pd, attr.max_wr, attr.max_sge.max(1));
+        let n = match self.srqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.srqs[i] = Some(ring);
+                i
+            }
+            None => {
+                self.srqs.push(Some(ring));
+                self.srqs.len() - 1
+            }
+        };
+        Ok(Srq(n as u32))
+    }
+
+    /// `ibv_modify_srq`: resize (`MAX_WR`, never below the WQEs held or an armed limit) and
+    /// arm the limit (`LIMIT`; 0 disarms). All or nothing.
+    pub fn modify_srq(
+        &mut self,
+        srq: Srq,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<(), VerbsError> {
+        let max = self.cfg.max_qp_wr;
+        self.srq_ring(srq)?.modify(attr, mask, max)?;
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: the size, entries per WQE and the armed limit (0 once it fired).
+    pub fn query_srq(&self, srq: Srq) -> Result<SrqAttr, VerbsError> {
+        self.srqs
+            .get(srq.0 as usize)
+            .and_then(Option::as_ref)
+            .map(SrqRing::attr)
+            .ok_or(VerbsError::NoSuchSrq)
+    }
+
+    /// `ibv_destroy_srq`: refused (`Busy`, EBUSY) while QPs are attached.
+    pub fn destroy_srq(&mut self, srq: Srq) -> Result<(), VerbsError> {
+        if self.srq_ring(srq)?.attached > 0 {
+            return Err(VerbsError::Busy("QPs are attached to the SRQ"));
+        }
+        self.srqs[srq.0 as usize] = None;
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`: queue a receive WQE on the SRQ (its entries checked against the
+    /// SRQ's PD when a message reaches it, as `post_recv`'s are).
+    pub fn post_srq_recv(&mut self, srq: Srq, wr: RecvWr) -> Result<(), VerbsError> {
+        let mrs = &self.mrs;
+        let s = self
+            .srqs
+            .get_mut(srq.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(VerbsError::NoSuchSrq)?;
+        if wr.sg_list.len() > s.attr().max_sge as usize {
+            return Err(VerbsError::TooManySge(wr.sg_list.len()));
+        }
+        s.check_post()?;
+        let wqe = RecvWqe::new(wr, mrs, s.pd);
+        s.post(wqe);
+        Ok(())
+    }
+
+    /// Receive WQEs the SRQ holds, and the ones responders have taken from it so far (a
+    /// runtime derives the free slots from these).
+    pub fn srq_occupancy(&self, srq: Srq) -> Option<(usize, u64)> {
+        self.srqs
+            .get(srq.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|s| (s.len(), s.taken()))
+    }
+
+    // ---- address handles ---------------------------------------------------------------
+
+    /// `ibv_create_ah`: an address handle for UD sends along address vector `av` in `pd`. A
+    /// vector without a destination MAC takes the one the device last saw the destination's
+    /// RoCE frames come from; with neither, the call fails (`BadAddressVector`).
+    pub fn create_ah(&mut self, pd: Pd, av: &AddressVector) -> Result<Ah, VerbsError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(VerbsError::NoSuchPd);
+        }
+        let mut av = *av;
+        if av.dmac.is_none() {
+            av.dmac = self
+                .neighbours
+                .get(&crate::ib::ip_of_gid(av.dgid))
+                .map(|m| m.0);
+        }
+        if av.flow_label > 0xf_ffff {
+            return Err(VerbsError::BadAddressVector(
+                "flow label wider than 20 bits",
+            ));
+        }
+        let path = Path::resolve(&av, &self.cfg.gids, self.cfg.mac, 0, 0)
+            .map_err(VerbsError::BadAddressVector)?;
+        let mut n = self.next_ah;
+        while self.ahs.contains_key(&n) || n == 0 {
+            n = n.wrapping_add(1);
+        }
+        self.next_ah = n.wrapping_add(1);
+        self.ahs.insert(n, AhEntry { pd, av, path });
+        Ok(Ah(n))
+    }
+
+    /// `ibv_init_ah_from_wc`: the address vector that answers the sender of the UD message
+    /// that completed as `wc`, whose receive buffer started with `grh` (its 40-byte slot);
+    /// the destination MAC is the one its frame came from, if the device saw it.
+    pub fn init_ah_from_wc(
+        &self,
+        wc: &WorkCompletion,
+        grh: &[u8],
+    ) -> Result<AddressVector, VerbsError> {
+        let mut av = ah_attr_from_wc(wc, grh, &self.cfg.gids)?;
+        av.dmac = self
+            .neighbours
+            .get(&crate::ib::ip_of_gid(av.dgid))
+            .map(|m| m.0);
+        Ok(av)
+    }
+
+    /// `ibv_create_ah_from_wc`: [`init_ah_from_wc`](Self::init_ah_from_wc) then
+    /// [`create_ah`](Self::create_ah).
+    pub fn create_ah_from_wc(
+        &mut self,
+        pd: Pd,
+        wc: &WorkCompletion,
+        grh: &[u8],
+    ) -> Result<Ah, VerbsError> {
+        let av = self.init_ah_from_wc(wc, grh)?;
+        self.create_ah(pd, &av)
+    }
+
+    /// `ibv_destroy_ah` (sends already posted along it still go).
+    pub fn destroy_ah(&mut self, ah: Ah) -> Result<(), VerbsError> {
+        self.ahs
+            .remove(&ah.0)
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchAh)
+    }
+
+    /// The address vector an address handle was made from.
+    pub fn query_ah(&self, ah: Ah) -> Result<AddressVector, VerbsError> {
+        self.ahs
+            .get(&ah.0)
+            .map(|a| a.av)
+            .ok_or(VerbsError::NoSuchAh)
+    }
+
+    /// The MAC address the device last saw `ip`'s RoCE frames come from.
+    pub fn neighbour(&self, ip: IpAddr) -> Option<MacAddr> {
+        self.neighbours.get(&ip).copied()
+    }
+
+    pub(super) fn learn_neighbour(&mut self, ip: IpAddr, mac: MacAddr) {
+        if self.neighbours.len() >= MAX_NEIGHBOURS && !self.neighbours.contains_key(&ip) {
+            return;
+        }
+        self.neighbours.insert(ip, mac);
+    }
+
+    // ---- asynchronous events -----------------------------------------------------------
+
+    /// `ibv_get_async_event` without blocking: the oldest unread event. (`ibv_ack_async_event`
+    /// has nothing to do here: an event is gone once read.)
+    pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop()
+    }
+
+    /// Events lost because too many were unread.
+    pub fn async_events_lost(&self) -> u64 {
+        self.events.lost()
     }
 
     // ---- counters ---------------------------------------------------------------------
@@ -646,7 +1079,9 @@ impl Device {
 
     /// The QP's current sending rate (bits/s) under its congestion control.
     pub fn qp_rate_bps(&self, qpn: QpNumber) -> Option<u64> {
-        self.qp(qpn).ok().map(|q| q.rate_bps())
+        self.qp(qpn)
+            .ok()
+            .map(|q| q.rate_bps(self.cfg.line_rate_bps))
     }
 
     /// Every QP's congestion-control state at `now`: (QPN, rate in bits/s, α if the
@@ -659,7 +1094,7 @@ impl Device {
                 let q = &s.qp;
                 (
                     q.num(),
-                    q.rate_bps(),
+                    q.rate_bps(self.cfg.line_rate_bps),
                     q.cc_alpha(now),
                     q.counters().cnps_handled,
                     q.counters().ce_rcvd,

@@ -25,9 +25,9 @@
 
 use super::device::Device;
 use super::frame::{FrameError, Framer};
+use super::qps::TransportQp;
 use crate::ib::QpState;
 use crate::ib::{Ctx, WcStatus};
-use crate::rc::qp::Qp;
 use crate::time::Instant;
 use crate::wire::{self, Ecn, MacAddr, QpNumber, Transport};
 use std::cmp::Reverse;
@@ -52,7 +52,7 @@ pub enum TransmitError {
 
 /// A QP in the engine's table: the QP and the engine's bookkeeping about it.
 pub(super) struct Slot {
-    pub(super) qp: Box<Qp>,
+    pub(super) qp: Box<TransportQp>,
     /// On the transmit list.
     in_ready: bool,
     /// The deadline last pushed on the timer heap.
@@ -62,7 +62,7 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub(super) fn new(qp: Qp) -> Slot {
+    pub(super) fn new(qp: TransportQp) -> Slot {
         Slot {
             qp: Box::new(qp),
             in_ready: false,
@@ -159,6 +159,8 @@ impl Device {
                     now,
                     mrs: &self.mrs,
                     cqs: &mut self.cqs,
+                    srqs: &mut self.srqs,
+                    events: &mut self.events,
                     dev: &mut self.counters,
                 };
                 slot.qp.handle_timeout(&mut ctx);
@@ -192,7 +194,20 @@ impl Device {
             }
         }
         let (src, dst, ecn) = (p.repr.ip.src(), p.repr.ip.dst(), p.repr.ip.ecn());
-        self.handle_roce(now, src, dst, ecn, &p.repr.roce, p.payload);
+        let ip_hdr = frame.get(p.offsets.ip..p.offsets.udp).unwrap_or(&[]);
+        let learned = p.repr.eth.map(|e| (src, e.src));
+        self.receive(
+            now,
+            Received {
+                src,
+                dst,
+                ecn,
+                ip_hdr,
+                learned,
+            },
+            &p.repr.roce,
+            p.payload,
+        );
     }
 
     fn count_parse_error(&mut self, e: wire::Error) {
@@ -206,6 +221,8 @@ impl Device {
     }
 
     /// Receive one already-parsed RoCE packet (for backends that see only the UDP payload).
+    /// A UD receive's GRH slot then holds an IP header rebuilt from `src`, `dst` and `ecn`
+    /// (TTL 64, DF, identification 0), as the packet would have arrived.
     pub fn handle_roce(
         &mut self,
         now: Instant,
@@ -215,8 +232,23 @@ impl Device {
         r: &wire::RoceRepr,
         payload: &[u8],
     ) {
+        let mut hdr = [0u8; wire::ip::IPV6_HEADER_LEN];
+        let n = rebuilt_ip_header(&mut hdr, src, dst, ecn, r.buffer_len());
+        let rx = Received {
+            src,
+            dst,
+            ecn,
+            ip_hdr: &hdr[..n],
+            learned: None,
+        };
+        self.receive(now, rx, &r.clone(), payload);
+    }
+
+    /// The receive path after parsing: the device's checks (address, P_Key, TVer, transport),
+    /// the demultiplexing by destination QPN, and the QP.
+    fn receive(&mut self, now: Instant, rx: Received<'_>, r: &wire::RoceRepr, payload: &[u8]) {
         self.sched.now = now;
-        if !self.cfg.gids.contains(&dst) {
+        if !self.cfg.gids.contains(&rx.dst) {
             self.counters.address_drops += 1;
             return;
         }
@@ -228,7 +260,10 @@ impl Device {
         let is_cnp = b.opcode == wire::Opcode::CNP;
         if is_cnp {
             self.counters.cnps_rcvd += 1;
-        } else if b.opcode.transport() != Transport::Rc {
+        } else if !matches!(
+            b.opcode.transport(),
+            Transport::Rc | Transport::Uc | Transport::Ud
+        ) {
             self.counters.header_drops += 1;
             return;
         }
@@ -237,7 +272,12 @@ impl Device {
             self.counters.unknown_qp_drops += 1;
             return;
         };
-        if !slot.qp.is_peer(src) {
+        if !is_cnp && b.opcode.transport() != slot.qp.transport() {
+            // An opcode of another service than the QP's (IBTA C9-54: silently dropped).
+            self.counters.header_drops += 1;
+            return;
+        }
+        if !slot.qp.is_peer(rx.src) {
             self.counters.address_drops += 1;
             return;
         }
@@ -250,9 +290,15 @@ impl Device {
                 now,
                 mrs: &self.mrs,
                 cqs: &mut self.cqs,
+                srqs: &mut self.srqs,
+                events: &mut self.events,
                 dev: &mut self.counters,
             };
-            slot.qp.handle_packet(&mut ctx, ecn, r, payload);
+            slot.qp
+                .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
+        }
+        if let Some((ip, mac)) = rx.learned {
+            self.learn_neighbour(ip, mac);
         }
         self.schedule(qpn, now);
     }
@@ -263,8 +309,8 @@ impl Device {
         self.qps
             .values()
             .filter_map(|s| {
-                let path = s.qp.path()?;
-                Some(Framer::max_frame_len(path, s.qp.attr().path_mtu.bytes()))
+                let mtu = s.qp.max_payload()?;
+                Some(Framer::max_frame_len_for(s.qp.may_send_ipv6(), mtu))
             })
             .max()
             .unwrap_or(0)
@@ -286,9 +332,9 @@ impl Device {
             };
             slot.in_ready = false;
             let qp = &mut *slot.qp;
-            let out = match (qp.next_tx(now), qp.path().copied()) {
-                (Some(kind), Some(path)) => {
-                    let needed = Framer::max_frame_len(&path, qp.attr().path_mtu.bytes());
+            let out = match (qp.next_tx(now), qp.max_payload()) {
+                (Some(kind), Some(mtu)) => {
+                    let needed = Framer::max_frame_len_for(qp.may_send_ipv6(), mtu);
                     if buf.len() < needed {
                         slot.in_ready = true;
                         self.sched.ready.push_front(qpn);
@@ -301,11 +347,13 @@ impl Device {
                         now,
                         mrs: &self.mrs,
                         cqs: &mut self.cqs,
+                        srqs: &mut self.srqs,
+                        events: &mut self.events,
                         dev: &mut self.counters,
                     };
                     match qp.build_tx(&mut ctx, kind) {
                         None => None,
-                        Some(desc) => {
+                        Some((desc, path)) => {
                             let payload_len = desc.repr.payload_len;
                             let mrs = ctx.mrs;
                             let r = self.sched.framer.emit(buf, &path, kind, desc.repr, |dst| {
@@ -313,7 +361,7 @@ impl Device {
                             });
                             match r {
                                 Ok(n) => {
-                                    qp.on_transmitted(now, kind, n, payload_len);
+                                    qp.on_transmitted(&mut ctx, kind, n, payload_len);
                                     Some(n)
                                 }
                                 Err(FrameError::Payload(status)) => {
@@ -338,5 +386,62 @@ impl Device {
             }
         }
         Ok(None)
+    }
+}
+
+/// A received packet's addressing, as the receive path needs it.
+struct Received<'a> {
+    src: IpAddr,
+    dst: IpAddr,
+    ecn: Ecn,
+    /// The IP header as received (for a UD receive's GRH slot).
+    ip_hdr: &'a [u8],
+    /// The sender's IP address and the source MAC of its frame (a neighbour to remember).
+    learned: Option<(IpAddr, MacAddr)>,
+}
+
+/// An IP header for a packet whose own the backend did not keep: `src` to `dst` with `ecn`,
+/// TTL (hop limit) 64, IPv4 with DF and identification 0, UDP, for a transport part of
+/// `roce_len` bytes. Returns its length.
+fn rebuilt_ip_header(
+    out: &mut [u8; wire::ip::IPV6_HEADER_LEN],
+    src: IpAddr,
+    dst: IpAddr,
+    ecn: Ecn,
+    roce_len: usize,
+) -> usize {
+    let udp_len = wire::udp::HEADER_LEN + roce_len;
+    let ip = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => wire::IpRepr::V4(wire::Ipv4Repr {
+            src: s,
+            dst: d,
+            dscp: 0,
+            ecn,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+        }),
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            wire::IpRepr::V6(wire::Ipv6Repr {
+                src: v6(s),
+                dst: v6(d),
+                dscp: 0,
+                ecn,
+                flow_label: 0,
+                hop_limit: 64,
+            })
+        }
+    };
+    let n = match ip {
+        wire::IpRepr::V4(_) => wire::ip::IPV4_HEADER_LEN,
+        wire::IpRepr::V6(_) => wire::ip::IPV6_HEADER_LEN,
+    };
+    match ip.emit(&mut out[..n], udp_len) {
+        Ok(()) => n,
+        Err(_) => 0,
     }
 }

@@ -3,8 +3,8 @@
 //! this module decides how it travels, as smoltcp's interface frames what a socket sends.
 
 use crate::ib::path::Path;
+use crate::ib::tx::TxKind;
 use crate::ib::WcStatus;
-use crate::rc::qp::TxKind;
 use crate::wire::{
     self, eth, ip, udp, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr, UdpRepr,
     ROCE_V2_PORT,
@@ -44,12 +44,13 @@ impl Framer {
         }
     }
 
-    /// The most bytes a frame of a QP with this path and path MTU can take: a buffer of this
-    /// size holds any packet the QP sends.
-    pub(crate) fn max_frame_len(path: &Path, mtu: u32) -> usize {
-        let ip = match path.src_ip {
-            IpAddr::V4(_) => ip::IPV4_HEADER_LEN,
-            IpAddr::V6(_) => ip::IPV6_HEADER_LEN,
+    /// The most bytes a frame with an IPv6 (or IPv4) header and at most `mtu` bytes of payload
+    /// can take.
+    pub(crate) fn max_frame_len_for(ipv6: bool, mtu: u32) -> usize {
+        let ip = if ipv6 {
+            ip::IPV6_HEADER_LEN
+        } else {
+            ip::IPV4_HEADER_LEN
         };
         eth::HEADER_LEN
             + ip

@@ -32,6 +32,7 @@ pub mod aeth;
 pub mod bth;
 pub mod eth;
 pub mod ext;
+pub mod grh;
 pub mod icrc;
 pub mod ip;
 pub mod mad;

@@ -35,15 +35,7 @@ pub fn cap() -> QpCap {
 pub fn end(dev: &mut Device, mr_len: usize) -> End {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(1 << 16).unwrap();
-    let qp = dev
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: cap(),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
     let mr = dev.reg_mr(pd, mr_len, ALL).unwrap();
     End { pd, cq, qp, mr }
 }

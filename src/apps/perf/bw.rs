@@ -404,6 +404,7 @@ fn post_send_list(
             op,
             sg_list: vec![sge],
             flags,
+            ud: None,
         };
         match ep.nic.post_send(ep.qps[q], wr) {
             Ok(()) => {}

@@ -134,13 +134,7 @@ impl<'a> Endpoint<'a> {
         let mut qps = Vec::with_capacity(nq);
         let mut psns = Vec::with_capacity(nq);
         for i in 0..nq {
-            let q = nic.create_qp(QpInitAttr {
-                pd,
-                send_cq,
-                recv_cq,
-                cap,
-                sq_sig_all: false,
-            })?;
+            let q = nic.create_qp(QpInitAttr::new(pd, send_cq, recv_cq, cap))?;
             qp_to_init(nic, q, qp_access)?;
             qps.push(q);
             psns.push(psn_for(i as u32));

@@ -1,0 +1,696 @@
+//! UD, UC, QP1 and shared receive queues over the simulator: two devices, frames carried by
+//! the seeded network model, every assertion about what reaches the wire and what the
+//! consumer sees.
+
+mod common;
+
+use common::{pattern, poll, sge};
+use ferroce::sim::{Family, LinkConfig, Pair};
+use ferroce::time::Duration;
+use ferroce::verbs::*;
+use ferroce::wire::{self, Opcode, QKey, QpNumber};
+
+const QKEY: u32 = 0x1111_1111;
+
+fn clean() -> LinkConfig {
+    LinkConfig::new()
+        .latency(Duration::from_micros(5))
+        .bandwidth_bps(25_000_000_000)
+}
+
+fn cap(n: u32) -> QpCap {
+    QpCap {
+        max_send_wr: n,
+        max_recv_wr: n,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    }
+}
+
+/// A UD QP in RTS on `dev` with a region of `len` bytes.
+struct UdEnd {
+    pd: Pd,
+    cq: Cq,
+    qp: QpNumber,
+    mr: MemoryRegion,
+}
+
+fn ud_end(dev: &mut Device, len: usize, srq: Option<Srq>, pd: Option<Pd>) -> UdEnd {
+    let pd = pd.unwrap_or_else(|| dev.alloc_pd());
+    let cq = dev.create_cq(4096).unwrap();
+    let mut init = QpInitAttr::new(pd, cq, cq, cap(256)).with_type(QpType::Ud);
+    init.srq = srq;
+    let qp = dev.create_qp(init).unwrap();
+    dev.bring_up_ud(
+        qp,
+        &UdParams {
+            qkey: QKEY,
+            local_psn: 77,
+        },
+    )
+    .unwrap();
+    let mr = dev.reg_mr(pd, len, AccessFlags::LOCAL_WRITE).unwrap();
+    UdEnd { pd, cq, qp, mr }
+}
+
+/// An address handle on `from` towards `to`'s first GID.
+fn ah_to(from: &mut Device, pd: Pd, to: &Device) -> Ah {
+    let av = AddressVector {
+        dgid: to.gid(0).unwrap(),
+        sgid_index: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
+        dmac: Some(to.config().mac.0),
+    };
+    from.create_ah(pd, &av).unwrap()
+}
+
+fn ud_send(
+    id: u64,
+    mr: &MemoryRegion,
+    off: usize,
+    len: usize,
+    ah: Ah,
+    qpn: QpNumber,
+    qkey: u32,
+) -> SendWr {
+    SendWr::new(id, SendOp::Send, vec![sge(mr, off, len)]).with_ud(UdDest {
+        ah,
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+    })
+}
+
+fn recv(id: u64, mr: &MemoryRegion, off: usize, len: usize) -> RecvWr {
+    RecvWr {
+        wr_id: id,
+        sg_list: vec![sge(mr, off, len)],
+    }
+}
+
+#[test]
+fn ud_send_and_receive_with_the_grh_slot_and_an_answer_from_the_wc() {
+    for family in [Family::V4, Family::V6] {
+        let mut p = Pair::with_family(1, clean(), family);
+        p.trace = Some(Vec::new());
+        let a = ud_end(&mut p.a, 8192, None, None);
+        let b = ud_end(&mut p.b, 8192, None, None);
+        let data = pattern(1000, 3);
+        a.mr.write(0, &data).unwrap();
+        p.b.post_recv(b.qp, recv(1, &b.mr, 0, 40 + 1000)).unwrap();
+        let ah = ah_to(&mut p.a, a.pd, &p.b);
+        p.a.post_send(a.qp, ud_send(9, &a.mr, 0, 1000, ah, b.qp, QKEY))
+            .unwrap();
+        assert!(p.drive_for(Duration::from_millis(10)));
+        // The send completed when it left; the receive carries the GRH slot and the payload.
+        let wa = poll(&mut p.a, a.cq);
+        assert_eq!(
+            (wa.len(), wa[0].wr_id, wa[0].status),
+            (1, 9, WcStatus::Success)
+        );
+        let wb = poll(&mut p.b, b.cq);
+        assert_eq!(wb.len(), 1, "{family:?}");
+        let wc = wb[0];
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, 1040)
+        );
+        assert_eq!(wc.src_qp, a.qp);
+        assert!(wc.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(
+            (wc.pkey_index, wc.slid, wc.sl, wc.dlid_path_bits),
+            (0, 0, 0, 0)
+        );
+        let mut got = vec![0u8; 1040];
+        b.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got[40..], &data[..]);
+        // The slot holds the IP header of the frame that carried the message, as it was on
+        // the wire: IPv4 in its last 20 bytes after 20 zeros, IPv6 in all 40.
+        let trace = p.trace.take().unwrap();
+        let frame = &trace.iter().find(|(_, from_a, _)| *from_a).unwrap().2;
+        let parsed = wire::parse_frame(frame).unwrap();
+        let ip_hdr = &frame[parsed.offsets.ip..parsed.offsets.udp];
+        match family {
+            Family::V4 => {
+                assert_eq!(&got[..20], &[0u8; 20]);
+                assert_eq!(&got[20..40], ip_hdr);
+            }
+            Family::V6 => assert_eq!(&got[..40], ip_hdr),
+        }
+        // On the wire: UD SEND_ONLY, DETH with our Q_Key and QPN, rxe's UD source port.
+        let r = parsed.repr.roce;
+        assert_eq!(r.bth.opcode, Opcode::UD_SEND_ONLY);
+        assert_eq!(r.bth.psn.get(), 77);
+        let deth = r.ext.deth.unwrap();
+        assert_eq!((deth.qkey, deth.src_qp), (QKey(QKEY), a.qp));
+        let sport = 0xc000 + ((a.qp.get().wrapping_mul(0x61c8_8647)) >> 18) as u16;
+        assert_eq!(parsed.repr.udp.src_port, sport);
+        // B answers A along an address handle made from the completion (ibv_create_ah_from_wc).
+        let back = p.b.create_ah_from_wc(b.pd, &wc, &got[..40]).unwrap();
+        let av = p.b.query_ah(back).unwrap();
+        assert_eq!(av.dgid, p.a.gid(0).unwrap());
+        assert_eq!(
+            av.dmac,
+            Some(p.a.config().mac.0),
+            "the MAC A's frame came from"
+        );
+        b.mr.write(100, b"pong").unwrap();
+        p.a.post_recv(a.qp, recv(2, &a.mr, 4096, 100)).unwrap();
+        p.b.post_send(b.qp, ud_send(3, &b.mr, 100, 4, back, wc.src_qp, QKEY))
+            .unwrap();
+        assert!(p.drive_for(Duration::from_millis(10)));
+        let wa = poll(&mut p.a, a.cq);
+        assert_eq!((wa[0].wr_id, wa[0].byte_len, wa[0].src_qp), (2, 44, b.qp));
+        let mut pong = [0u8; 4];
+        a.mr.read(4096 + 40, &mut pong).unwrap();
+        assert_eq!(&pong, b"pong");
+    }
+}
+
+#[test]
+fn ud_qkeys_mtu_and_bad_input() {
+    let mut p = Pair::new(2, clean());
+    let mut cfg = p.a.config().clone();
+    cfg.port_mtu = Mtu::M1024;
+    p.a = Device::new(cfg);
+    let a = ud_end(&mut p.a, 8192, None, None);
+    let b = ud_end(&mut p.b, 8192, None, None);
+    let ah = ah_to(&mut p.a, a.pd, &p.b);
+    for i in 0..4 {
+        p.b.post_recv(b.qp, recv(i, &b.mr, i as usize * 1100, 1100))
+            .unwrap();
+    }
+    // A wrong Q_Key is dropped and counted; a controlled one (high bit) sends A's own.
+    p.a.post_send(a.qp, ud_send(1, &a.mr, 0, 10, ah, b.qp, 0x2222_2222))
+        .unwrap();
+    p.a.post_send(a.qp, ud_send(2, &a.mr, 0, 10, ah, b.qp, 0x8000_0000))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let wb = poll(&mut p.b, b.cq);
+    assert_eq!(wb.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0]);
+    assert_eq!(p.b.qp_counters(b.qp).unwrap().qkey_drops, 1);
+    // Beyond the port MTU (1024 on A): a local length error, SQE, what follows is flushed.
+    p.a.post_send(a.qp, ud_send(3, &a.mr, 0, 1025, ah, b.qp, QKEY))
+        .unwrap();
+    p.a.post_send(a.qp, ud_send(4, &a.mr, 0, 8, ah, b.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let wa = poll(&mut p.a, a.cq);
+    let st: Vec<_> = wa.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::LocLenErr),
+            (4, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Sqe);
+    // Posting in SQE flushes; SQE -> RTS recovers.
+    p.a.post_send(a.qp, ud_send(5, &a.mr, 0, 8, ah, b.qp, QKEY))
+        .unwrap();
+    assert_eq!(poll(&mut p.a, a.cq)[0].status, WcStatus::WrFlushErr);
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    p.a.modify_qp(a.qp, &rts, QpAttrMask::STATE).unwrap();
+    p.a.post_send(a.qp, ud_send(6, &a.mr, 0, 8, ah, b.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    assert_eq!(poll(&mut p.a, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(poll(&mut p.b, b.cq)[0].wr_id, 1);
+    // What a UD QP does not carry is refused at post time, as ibv_post_send does.
+    let write = SendWr::new(
+        7,
+        SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: wire::RKey(1),
+        },
+        vec![sge(&a.mr, 0, 8)],
+    );
+    assert_eq!(
+        p.a.post_send(a.qp, write),
+        Err(VerbsError::BadOpcode(QpType::Ud))
+    );
+    let no_dest = SendWr::new(8, SendOp::Send, vec![sge(&a.mr, 0, 8)]);
+    assert_eq!(p.a.post_send(a.qp, no_dest), Err(VerbsError::NoUdDest));
+    p.a.destroy_ah(ah).unwrap();
+    assert_eq!(
+        p.a.post_send(a.qp, ud_send(9, &a.mr, 0, 8, ah, b.qp, QKEY)),
+        Err(VerbsError::NoSuchAh)
+    );
+    // An address handle of another PD is not ours to use.
+    let other_pd = p.a.alloc_pd();
+    let ah2 = ah_to(&mut p.a, other_pd, &p.b);
+    assert_eq!(
+        p.a.post_send(a.qp, ud_send(10, &a.mr, 0, 8, ah2, b.qp, QKEY)),
+        Err(VerbsError::NoSuchAh)
+    );
+}
+
+#[test]
+fn ud_without_a_receive_wqe_drops_silently() {
+    let mut p = Pair::new(3, clean());
+    let a = ud_end(&mut p.a, 4096, None, None);
+    let b = ud_end(&mut p.b, 4096, None, None);
+    let ah = ah_to(&mut p.a, a.pd, &p.b);
+    for i in 0..3 {
+        p.a.post_send(a.qp, ud_send(i, &a.mr, 0, 100, ah, b.qp, QKEY))
+            .unwrap();
+    }
+    assert!(p.drive_for(Duration::from_millis(10)));
+    assert_eq!(
+        poll(&mut p.a, a.cq).len(),
+        3,
+        "UD sends complete without the receiver"
+    );
+    assert!(poll(&mut p.b, b.cq).is_empty());
+    assert_eq!(p.b.qp_counters(b.qp).unwrap().no_wqe_drops, 3);
+    assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+}
+
+#[test]
+fn qp1_exchanges_mads_with_the_gsi_qkey() {
+    let mut p = Pair::new(4, clean());
+    let gsi = |dev: &mut Device| {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(64).unwrap();
+        let init = QpInitAttr::new(pd, cq, cq, cap(16)).with_type(QpType::Ud);
+        let qp = dev.create_gsi_qp(init).unwrap();
+        assert_eq!(qp, QpNumber::GSI);
+        assert!(matches!(dev.create_gsi_qp(init), Err(VerbsError::Busy(_))));
+        // Whatever Q_Key the bring-up names, QP1's is 0x80010000.
+        dev.bring_up_ud(qp, &UdParams::default()).unwrap();
+        assert_eq!(dev.query_qp(qp).unwrap().1.qkey, 0x8001_0000);
+        let mr = dev.reg_mr(pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        UdEnd { pd, cq, qp, mr }
+    };
+    let a = gsi(&mut p.a);
+    let b = gsi(&mut p.b);
+    p.trace = Some(Vec::new());
+    let mad = pattern(256, 11);
+    a.mr.write(0, &mad).unwrap();
+    p.b.post_recv(b.qp, recv(1, &b.mr, 0, 296)).unwrap();
+    let ah = ah_to(&mut p.a, a.pd, &p.b);
+    // A MAD goes to QP1 with the GSI Q_Key (a controlled one: the QP's own is sent).
+    p.a.post_send(
+        a.qp,
+        ud_send(1, &a.mr, 0, 256, ah, QpNumber::GSI, 0x8001_0000),
+    )
+    .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let wb = poll(&mut p.b, b.cq);
+    assert_eq!(
+        (wb[0].status, wb[0].byte_len, wb[0].src_qp),
+        (WcStatus::Success, 296, QpNumber::GSI)
+    );
+    let mut got = vec![0u8; 256];
+    b.mr.read(40, &mut got).unwrap();
+    assert_eq!(got, mad);
+    // From UDP port 55410, as rxe's QP1 sends (captures/rxe-reference).
+    let trace = p.trace.take().unwrap();
+    let f = wire::parse_frame(&trace[0].2).unwrap();
+    assert_eq!(f.repr.udp.src_port, 55410);
+    assert_eq!(f.repr.roce.bth.pkey, wire::PKey::DEFAULT);
+}
+
+/// A UC connection between A and B at path MTU 256.
+fn uc_pair(seed: u64, link: LinkConfig) -> (Pair, common::End, common::End) {
+    let mut p = Pair::new(seed, link);
+    let mk = |dev: &mut Device| {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(1 << 14).unwrap();
+        let qp = dev
+            .create_qp(QpInitAttr::new(pd, cq, cq, cap(1024)).with_type(QpType::Uc))
+            .unwrap();
+        let mr = dev
+            .reg_mr(
+                pd,
+                1 << 20,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        common::End { pd, cq, qp, mr }
+    };
+    let a = mk(&mut p.a);
+    let b = mk(&mut p.b);
+    let ra = p.a.local_end(a.qp, 0, 5000).unwrap();
+    let rb = p.b.local_end(b.qp, 0, 0xff_fff0).unwrap();
+    let params = |psn| UcParams {
+        mtu: Mtu::M256,
+        local_psn: psn,
+        ..UcParams::default()
+    };
+    p.a.connect_uc(a.qp, &rb, &params(5000)).unwrap();
+    p.b.connect_uc(b.qp, &ra, &params(0xff_fff0)).unwrap();
+    (p, a, b)
+}
+
+#[test]
+fn uc_send_and_write_with_immediate_without_acks() {
+    let (mut p, a, b) = uc_pair(5, clean());
+    p.trace = Some(Vec::new());
+    let data = pattern(1000, 5);
+    a.mr.write(0, &data).unwrap();
+    p.b.post_recv(b.qp, recv(1, &b.mr, 0, 2000)).unwrap();
+    p.b.post_recv(b.qp, recv(2, &b.mr, 0, 16)).unwrap();
+    p.a.post_send(
+        a.qp,
+        SendWr::new(
+            10,
+            SendOp::SendWithImm { imm: 0xabc },
+            vec![sge(&a.mr, 0, 1000)],
+        ),
+    )
+    .unwrap();
+    let w = SendOp::RdmaWriteWithImm {
+        remote_addr: b.mr.addr() + 65536,
+        rkey: b.mr.rkey(),
+        imm: 0xdef,
+    };
+    p.a.post_send(a.qp, SendWr::new(11, w, vec![sge(&a.mr, 0, 600)]))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let wa = poll(&mut p.a, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(10, WcStatus::Success), (11, WcStatus::Success)]
+    );
+    let wb = poll(&mut p.b, b.cq);
+    assert_eq!(
+        wb.iter()
+            .map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm_data))
+            .collect::<Vec<_>>(),
+        [
+            (1, WcOpcode::Recv, 1000, Some(0xabc)),
+            (2, WcOpcode::RecvRdmaWithImm, 600, Some(0xdef))
+        ]
+    );
+    let mut got = vec![0u8; 1000];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    b.mr.read(65536, &mut got[..600]).unwrap();
+    assert_eq!(&got[..600], &data[..600]);
+    // The wire: UC opcodes only, no AckReq, no packet from B at all, PSNs across the wrap.
+    let t = common::decoded_trace(&p);
+    assert!(
+        t.iter().all(|(_, from_a, ..)| *from_a),
+        "UC is never acknowledged"
+    );
+    let ops: Vec<(u8, u32, bool)> = t
+        .iter()
+        .map(|(_, _, r, _)| (r.bth.opcode.0, r.bth.psn.get(), r.bth.ack_req))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            (0x20, 5000, false),
+            (0x21, 5001, false),
+            (0x21, 5002, false),
+            (0x23, 5003, false),
+            (0x26, 5004, false),
+            (0x27, 5005, false),
+            (0x29, 5006, false)
+        ]
+    );
+    // Nothing UC does not carry.
+    let read = SendWr::new(
+        12,
+        SendOp::RdmaRead {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![sge(&a.mr, 0, 8)],
+    );
+    assert_eq!(
+        p.a.post_send(a.qp, read),
+        Err(VerbsError::BadOpcode(QpType::Uc))
+    );
+}
+
+#[test]
+fn uc_under_loss_delivers_whole_messages_or_nothing() {
+    let link = common::lossy(0.05);
+    let (mut p, a, b) = uc_pair(6, link);
+    let n = 200usize;
+    for i in 0..n {
+        let len = 1 + (i * 37) % 1500;
+        a.mr.write(i * 2048, &pattern(len, i as u64)).unwrap();
+    }
+    for i in 0..n {
+        p.b.post_recv(b.qp, recv(i as u64, &b.mr, i * 2048, 2048))
+            .unwrap();
+    }
+    for i in 0..n {
+        let len = 1 + (i * 37) % 1500;
+        p.a.post_send(
+            a.qp,
+            SendWr::new(
+                i as u64,
+                SendOp::SendWithImm { imm: i as u32 },
+                vec![sge(&a.mr, i * 2048, len)],
+            ),
+        )
+        .unwrap();
+        // Let the sends spread out so that losses hit single messages.
+        p.drive_for(Duration::from_micros(20));
+    }
+    assert!(p.drive_for(Duration::from_millis(50)));
+    let wa = poll(&mut p.a, a.cq);
+    assert_eq!(wa.len(), n, "every UC send completes at the sender");
+    let wb = poll(&mut p.b, b.cq);
+    assert!(
+        !wb.is_empty() && wb.len() < n,
+        "5 % loss: some, not all ({})",
+        wb.len()
+    );
+    let mut last = None;
+    for wc in &wb {
+        assert_eq!(wc.status, WcStatus::Success);
+        // The immediate names the message; its WQE may be an earlier one (a WQE whose message
+        // was lost takes the next one).
+        let i = wc.imm_data.unwrap() as usize;
+        assert!(last.is_none_or(|l| i > l), "in order, never twice");
+        last = Some(i);
+        let len = 1 + (i * 37) % 1500;
+        assert_eq!(wc.byte_len as usize, len);
+        let mut got = vec![0u8; len];
+        b.mr.read(wc.wr_id as usize * 2048, &mut got).unwrap();
+        assert_eq!(got, pattern(len, i as u64), "message {i} whole and correct");
+    }
+    let c = p.b.qp_counters(b.qp).unwrap();
+    assert!(c.out_of_sequence > 0);
+    assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+}
+
+#[test]
+fn rc_qps_share_an_srq_with_rnr_and_the_limit_event() {
+    let mut p = Pair::new(7, clean());
+    // B: three RC QPs on one SRQ; A: three RC QPs.
+    let pd_b = p.b.alloc_pd();
+    let cq_b = p.b.create_cq(1024).unwrap();
+    let srq =
+        p.b.create_srq(
+            pd_b,
+            SrqAttr {
+                max_wr: 64,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let mr_b = p.b.reg_mr(pd_b, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let pd_a = p.a.alloc_pd();
+    let cq_a = p.a.create_cq(1024).unwrap();
+    let mr_a = p.a.reg_mr(pd_a, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let params = RcParams {
+        min_rnr_timer: 1,
+        ..RcParams::default()
+    };
+    let mut pairs = Vec::new();
+    for i in 0..3 {
+        let qa =
+            p.a.create_qp(QpInitAttr::new(pd_a, cq_a, cq_a, cap(64)))
+                .unwrap();
+        let qb =
+            p.b.create_qp(QpInitAttr::new(pd_b, cq_b, cq_b, cap(64)).with_srq(srq))
+                .unwrap();
+        p.connect(qa, qb, &params, 100 * i, 1000 * i).unwrap();
+        pairs.push((qa, qb));
+    }
+    assert_eq!(
+        p.b.post_recv(pairs[0].1, recv(0, &mr_b, 0, 64)),
+        Err(VerbsError::QpHasSrq)
+    );
+    assert!(matches!(p.b.destroy_srq(srq), Err(VerbsError::Busy(_))));
+    // The SRQ is empty: each first SEND is RNR-NAKed; posting 6 WQEs lets them through.
+    for (i, (qa, _)) in pairs.iter().enumerate() {
+        mr_a.write(i * 64, &[i as u8 + 1; 64]).unwrap();
+        p.a.post_send(
+            *qa,
+            SendWr::new(i as u64, SendOp::Send, vec![sge(&mr_a, i * 64, 64)]),
+        )
+        .unwrap();
+    }
+    p.drive_for(Duration::from_micros(200));
+    let rnr: u64 = pairs
+        .iter()
+        .map(|(_, qb)| p.b.qp_counters(*qb).unwrap().rnr_naks_sent)
+        .sum();
+    assert!(rnr >= 3, "an empty SRQ answers with RNR NAKs ({rnr})");
+    for k in 0..6 {
+        p.b.post_srq_recv(srq, recv(100 + k, &mr_b, k as usize * 64, 64))
+            .unwrap();
+    }
+    // Armed at 4: fires when a take leaves fewer than 4 (6 -> 3 after three messages).
+    p.b.modify_srq(
+        srq,
+        &SrqAttr {
+            srq_limit: 4,
+            ..SrqAttr::default()
+        },
+        SrqAttrMask::LIMIT,
+    )
+    .unwrap();
+    // (The senders' local ACK timers, 67 ms, stay armed after the last RNR retry: drive until
+    // the receives are there rather than until nothing is left.)
+    assert!(p.drive_until(Duration::from_millis(50), |p| p.b.cq_len(cq_b) == 3));
+    let wb = poll(&mut p.b, cq_b);
+    assert_eq!(wb.len(), 3);
+    // Each message landed in one SRQ WQE, in the order the SRQ gave them out; the QP tells
+    // which connection it came on.
+    let mut ids: Vec<u64> = wb.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [100, 101, 102]);
+    for wc in &wb {
+        let i = pairs.iter().position(|(_, qb)| *qb == wc.qp_num).unwrap();
+        let mut got = [0u8; 64];
+        mr_b.read((wc.wr_id - 100) as usize * 64, &mut got).unwrap();
+        assert_eq!(got, [i as u8 + 1; 64]);
+    }
+    assert_eq!(
+        p.b.get_async_event(),
+        Some(AsyncEvent::SrqLimitReached(srq))
+    );
+    assert_eq!(p.b.get_async_event(), None);
+    assert_eq!(
+        p.b.query_srq(srq).unwrap().srq_limit,
+        0,
+        "disarmed once fired"
+    );
+    // A QP leaving for ERR reports its last WQE; the SRQ keeps its WQEs for the others.
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    p.b.modify_qp(pairs[0].1, &err, QpAttrMask::STATE).unwrap();
+    assert_eq!(
+        p.b.get_async_event(),
+        Some(AsyncEvent::QpLastWqeReached(pairs[0].1))
+    );
+    assert_eq!(p.b.srq_occupancy(srq).unwrap().0, 3);
+    p.a.post_send(
+        pairs[1].0,
+        SendWr::new(9, SendOp::Send, vec![sge(&mr_a, 0, 64)]),
+    )
+    .unwrap();
+    assert!(p.drive_until(Duration::from_millis(10), |p| p.b.cq_len(cq_b) == 1));
+    assert_eq!(poll(&mut p.b, cq_b)[0].wr_id, 103);
+    for (_, qb) in &pairs {
+        p.b.destroy_qp(*qb).unwrap();
+    }
+    p.b.destroy_srq(srq).unwrap();
+    assert_eq!(p.b.query_srq(srq), Err(VerbsError::NoSuchSrq));
+}
+
+#[test]
+fn ud_qps_on_an_srq_drop_when_it_is_empty() {
+    let mut p = Pair::new(8, clean());
+    let pd = p.b.alloc_pd();
+    let srq =
+        p.b.create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 16,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let b1 = ud_end(&mut p.b, 8192, Some(srq), Some(pd));
+    let b2 = ud_end(&mut p.b, 8192, Some(srq), Some(pd));
+    let a = ud_end(&mut p.a, 8192, None, None);
+    let ah = ah_to(&mut p.a, a.pd, &p.b);
+    p.a.post_send(a.qp, ud_send(1, &a.mr, 0, 10, ah, b1.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    assert_eq!(p.b.qp_counters(b1.qp).unwrap().no_wqe_drops, 1);
+    for k in 0..2 {
+        p.b.post_srq_recv(srq, recv(k, &b1.mr, k as usize * 100, 100))
+            .unwrap();
+    }
+    p.a.post_send(a.qp, ud_send(2, &a.mr, 0, 10, ah, b2.qp, QKEY))
+        .unwrap();
+    p.a.post_send(a.qp, ud_send(3, &a.mr, 0, 10, ah, b1.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    let got: Vec<(u64, QpNumber)> = poll(&mut p.b, b1.cq)
+        .iter()
+        .chain(poll(&mut p.b, b2.cq).iter())
+        .map(|w| (w.wr_id, w.qp_num))
+        .collect();
+    assert_eq!(got, [(1, b1.qp), (0, b2.qp)]);
+}
+
+#[test]
+fn modify_qp_follows_each_transport_s_table() {
+    let mut dev = Device::new(DeviceConfig::new(
+        wire::MacAddr([2, 0, 0, 0, 0, 1]),
+        "10.0.0.1".parse().unwrap(),
+    ));
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(8).unwrap();
+    let ud = dev
+        .create_qp(QpInitAttr::new(pd, cq, cq, cap(4)).with_type(QpType::Ud))
+        .unwrap();
+    let uc = dev
+        .create_qp(QpInitAttr::new(pd, cq, cq, cap(4)).with_type(QpType::Uc))
+        .unwrap();
+    // UD: INIT needs a Q_Key, not access flags; RTR needs nothing; no address vector ever.
+    let (init, m) = RcParams::default().init_attr();
+    assert!(matches!(
+        dev.modify_qp(ud, &init, m),
+        Err(VerbsError::Modify(ModifyQpError::MissingAttributes { .. }))
+    ));
+    let (init, m) = UdParams::default().init_attr();
+    dev.modify_qp(ud, &init, m).unwrap();
+    let (rtr, m) = UdParams::default().rtr_attr();
+    dev.modify_qp(ud, &rtr, m).unwrap();
+    assert_eq!(dev.query_qp(ud).unwrap().0, QpState::Rtr);
+    // UC: RTR without responder resources or RNR timer.
+    let (init, m) = UcParams::default().init_attr();
+    dev.modify_qp(uc, &init, m).unwrap();
+    let remote = RemoteQp {
+        qpn: QpNumber::new(0x99),
+        gid: dev.gid(0).unwrap(),
+        mac: wire::MacAddr([2, 0, 0, 0, 0, 2]),
+        psn: 1,
+    };
+    let (mut rtr, m) = RcParams::default().rtr_attr(&remote);
+    assert!(matches!(
+        dev.modify_qp(uc, &rtr, m),
+        Err(VerbsError::Modify(
+            ModifyQpError::UnexpectedAttributes { .. }
+        ))
+    ));
+    let (r, m) = UcParams::default().rtr_attr(&remote);
+    dev.modify_qp(uc, &r, m).unwrap();
+    // The P_Key table has one entry.
+    rtr.qp_state = QpState::Rtr;
+    rtr.pkey_index = 1;
+    assert!(dev.modify_qp(uc, &rtr, QpAttrMask::PKEY_INDEX).is_err());
+}
