@@ -460,3 +460,109 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     a.dev.handle_timeout(now);
     assert_eq!(a.dev.qp_counters(a.qp).unwrap().timeouts, 1);
 }
+
+/// A retried READ at the responder: it is answered from its own RETH (the rest of the request
+/// from the byte its PSN stands for, or a part of it), at once — the replies still queued from
+/// its PSN on, its own and those of the READs after it, are dropped, since a go-back-N
+/// requester discards them and asks again in order — and a "duplicate" whose RETH does not lie
+/// inside the saved request is ignored.
+#[test]
+fn a_retried_read_replaces_the_replies_queued_behind_it() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 1 << 16, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 16, all).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let now = Instant::from_nanos(1_000_000);
+    // Two READs of 8 KiB (8 responses each): both requests reach B, none of its replies leave.
+    for (wr_id, off) in [(1u64, 0u64), (2, 8192)] {
+        a.dev
+            .post_send(
+                a.qp,
+                SendWr::new(
+                    wr_id,
+                    SendOp::RdmaRead {
+                        remote_addr: mb.addr() + off,
+                        rkey: mb.rkey(),
+                    },
+                    vec![Sge {
+                        addr: ma.addr() + off,
+                        length: 8192,
+                        lkey: ma.lkey(),
+                    }],
+                ),
+            )
+            .unwrap();
+    }
+    let mut reqs = Vec::new();
+    while let Some(n) = a.dev.poll_transmit(now, &mut buf).unwrap() {
+        reqs.push(buf[..n].to_vec());
+    }
+    assert_eq!(reqs.len(), 2);
+    for r in &reqs {
+        b.dev.handle_frame(now, r);
+    }
+    // B sends the first 3 replies of READ 1; 13 are still queued.
+    let psn_of = |f: &[u8]| ferroce::wire::parse_frame(f).unwrap().repr.roce.bth.psn;
+    let first = psn_of(&reqs[0]);
+    for _ in 0..3 {
+        b.dev.poll_transmit(now, &mut buf).unwrap().unwrap();
+    }
+    // A duplicate of READ 1 for its remainder from response 3 (as A's go-back-N builds it):
+    // rewrite PSN, VA and length of the first request (the ICRC is recomputed by re-emitting).
+    let retry = |psn_k: u32, va_off: u64, len: u32| {
+        let p = ferroce::wire::parse_frame(&reqs[0]).unwrap();
+        let mut repr = p.repr;
+        repr.roce.bth.psn = first.add(psn_k);
+        let mut reth = repr.roce.ext.reth.unwrap();
+        reth.va = mb.addr() + va_off;
+        reth.dma_len = len;
+        repr.roce.ext.reth = Some(reth);
+        let mut f = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut f, &[]).unwrap();
+        f
+    };
+    // Not inside the request (its PSN says byte 4096, its VA says 3072): ignored, the queue
+    // goes on as it was.
+    b.dev.handle_frame(now, &retry(4, 3072, 4096));
+    let n = b.dev.poll_transmit(now, &mut buf).unwrap().unwrap();
+    assert_eq!(
+        psn_of(&buf[..n]),
+        first.add(3),
+        "the original stream goes on"
+    );
+    // The real retry from response 3 (sent already or not does not matter): what follows is
+    // exactly responses 3..8 of READ 1, FIRST to LAST, and nothing of READ 2's queued stream.
+    b.dev.handle_frame(now, &retry(3, 3072, 5120));
+    let mut out = Vec::new();
+    while let Some(n) = b.dev.poll_transmit(now, &mut buf).unwrap() {
+        let p = ferroce::wire::parse_frame(&buf[..n]).unwrap();
+        out.push((p.repr.roce.bth.psn, p.repr.roce.bth.opcode, p.payload.len()));
+    }
+    let want: Vec<_> = (3..8)
+        .map(|k| {
+            let op = match k {
+                3 => ferroce::wire::Opcode::RC_READ_RESPONSE_FIRST,
+                7 => ferroce::wire::Opcode::RC_READ_RESPONSE_LAST,
+                _ => ferroce::wire::Opcode::RC_READ_RESPONSE_MIDDLE,
+            };
+            (first.add(k), op, 1024)
+        })
+        .collect();
+    assert_eq!(out, want);
+    // A part of the remainder (one packet's worth) is a retry too, answered with just that.
+    b.dev.handle_frame(now, &retry(5, 5120, 1024));
+    let n = b.dev.poll_transmit(now, &mut buf).unwrap().unwrap();
+    let p = ferroce::wire::parse_frame(&buf[..n]).unwrap();
+    assert_eq!(
+        (p.repr.roce.bth.psn, p.repr.roce.bth.opcode, p.payload.len()),
+        (
+            first.add(5),
+            ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY,
+            1024
+        )
+    );
+    assert!(b.dev.poll_transmit(now, &mut buf).unwrap().is_none());
+    assert_eq!(b.dev.qp_counters(b.qp).unwrap().read_replays, 2);
+}

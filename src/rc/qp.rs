@@ -152,6 +152,8 @@ pub(crate) enum Resource {
         mr: Option<Arc<MrShared>>,
         mr_off: usize,
         len: u32,
+        /// The request's virtual address (a duplicate's RETH must lie inside the original).
+        va: u64,
     },
     Atomic {
         psn: Psn,

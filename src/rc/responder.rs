@@ -528,6 +528,7 @@ impl Qp {
     fn exec_read(&mut self, r: &RoceRepr, target: Option<Target>) {
         let p = r.bth.psn;
         let len = r.ext.reth.map_or(0, |reth| reth.dma_len);
+        let va = r.ext.reth.map_or(0, |reth| reth.va);
         let Target { mr, off: mr_off } = target.unwrap_or(Target { mr: None, off: 0 });
         let npkts = len.div_ceil(self.mtu()).max(1);
         self.push_resource(Resource::Read {
@@ -536,6 +537,7 @@ impl Qp {
             mr: mr.clone(),
             mr_off,
             len,
+            va,
         });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.add(npkts);
@@ -595,28 +597,51 @@ impl Qp {
                     mr,
                     mr_off,
                     len,
+                    va,
                 } if p.distance_from(*first_psn) < *npkts => {
-                    Some((*first_psn, *npkts, mr.clone(), *mr_off, *len))
+                    Some((*first_psn, mr.clone(), *mr_off, *len, *va))
                 }
                 _ => None,
             });
-            let Some((first, npkts, mr, mr_off, len)) = found else {
+            let Some((first, mr, mr_off, len, va)) = found else {
                 return;
             };
             let k = p.distance_from(first);
             let skip = k * mtu;
-            if skip > len {
+            // The duplicate is executed with its own RETH, which must lie inside the original
+            // request from the byte its PSN stands for (IBTA 9.7.5.1.1; roce-facts.md): a
+            // retry of the remainder, or of a part of it. Anything else is not a retry of this
+            // request: ignored, as a duplicate with no saved request is.
+            let Some(reth) = r.ext.reth else {
+                return;
+            };
+            if skip > len
+                || reth.va != va.wrapping_add(u64::from(skip))
+                || reth.dma_len > len - skip
+            {
                 return;
             }
-            // A retried READ replaces any reply to the same request still queued.
-            self.resp.resp_q.retain(|i| !matches!(i, RespItem::Read { first_psn, .. } if first.distance_from(*first_psn) < npkts || first_psn.distance_from(first) < npkts));
+            let dup_len = reth.dma_len;
+            // Go-back-N: the requester resends from `p` and discards every response after it
+            // until the retried one arrives, then asks again, in order, for whatever follows.
+            // So the replies still queued from `p` on (the rest of this request's and those
+            // of later READs and ATOMICs) cannot help: drop them, and answer the retry at
+            // once instead of behind them. The saved resources stay: the requests that follow
+            // are answered from them.
+            self.resp.resp_q.retain(|i| match i {
+                RespItem::Read {
+                    first_psn, npkts, ..
+                } => first_psn.add(*npkts).before_or_eq(p),
+                RespItem::AtomicAck { psn, .. } => psn.before(p),
+                RespItem::Ack { .. } => true,
+            });
             self.counters.read_replays += 1;
             self.push_resp(RespItem::Read {
                 mr,
                 mr_off: mr_off + skip as usize,
-                len: len - skip,
+                len: dup_len,
                 first_psn: p,
-                npkts: npkts - k,
+                npkts: dup_len.div_ceil(mtu).max(1),
                 sent: 0,
             });
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
