@@ -1133,6 +1133,7 @@ impl Drop for RouterSegmentation {
 /// as many frames each way as the backends sent.
 #[test]
 fn udp_socket_gso_on_the_wire() {
+    require_root!("testbed_rc", NEEDS);
     let _bed = Bed::take(SOCKETS);
     let _seg = RouterSegmentation::off();
     let to_b = RouterCapture::start("rb");
