@@ -251,3 +251,102 @@ fn post_errors_are_synchronous() {
         Err(VerbsError::TooManySge(2))
     ));
 }
+
+/// B holds the ACK of A's one WRITE (a delayed ACK far longer than the test) and then shuts
+/// down: the shutdown lets the held ACK go, so A's WRITE completes successfully without a
+/// single retransmission. Without the release, A would retry a request B had executed until
+/// its retry count ran out (seen as `transport retry counter exceeded` at the end of a
+/// write-lat test whose server exited first).
+fn held_ack_leaves_at_shutdown(poll: PollMode) {
+    let (la, lb) = Loopback::pair(4096, 9000).unwrap();
+    let a = nic(1, la, poll);
+    let mut cfg_b = DeviceConfig::new(
+        MacAddr([2, 0, 0, 0, 0, 2]),
+        IpAddr::V4(Ipv4Addr::new(10, 9, 0, 2)),
+    );
+    cfg_b.ack_delay = Some(ferroce::time::Duration::from_secs(30));
+    let b = Nic::start(cfg_b, lb, NicOptions { poll, batch: 64 }).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let qa = ferroce::runtime::create_rc_qp(&a, pa, ca, cap).unwrap();
+    let qb = ferroce::runtime::create_rc_qp(&b, pb, cb, cap).unwrap();
+    let (ma, mb) = (
+        a.reg_mr(pa, 4096, ALL).unwrap(),
+        b.reg_mr(pb, 4096, ALL).unwrap(),
+    );
+    let (ea, eb) = (
+        a.local_end(qa, 0, 100).unwrap(),
+        b.local_end(qb, 0, 200).unwrap(),
+    );
+    let params = |psn| RcParams {
+        local_psn: psn,
+        mtu: Mtu::M1024,
+        ..Default::default()
+    };
+    a.connect_rc(qa, &eb, &params(100)).unwrap();
+    b.connect_rc(qb, &ea, &params(200)).unwrap();
+    ma.write(0, &[0x5a; 64]).unwrap();
+    a.post_send(
+        qa,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr(),
+                rkey: mb.rkey(),
+            },
+            vec![Sge {
+                addr: ma.addr(),
+                length: 64,
+                lkey: ma.lkey(),
+            }],
+        ),
+    )
+    .unwrap();
+    // Wait until B has executed the WRITE (its ACK is then held), then stop B.
+    let t0 = std::time::Instant::now();
+    let mut got = [0u8; 64];
+    while got != [0x5a; 64] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "WRITE never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        mb.read(0, &mut got).unwrap();
+    }
+    assert_eq!(
+        b.qp_counters(qb).map(|c| c.tx_packets),
+        Some(0),
+        "B sent nothing before shutting down: its ACK is held"
+    );
+    b.shutdown();
+    let mut wcs = Vec::new();
+    while wcs.is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "A's WRITE never completed"
+        );
+        a.wait_cq(ca, Duration::from_millis(100)).unwrap();
+        a.poll_cq(ca, &mut wcs, 4).unwrap();
+    }
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    let qa_counters = a.qp_counters(qa).unwrap();
+    assert_eq!(qa_counters.retransmits, 0, "{qa_counters:?}");
+    a.shutdown();
+}
+
+#[test]
+fn held_ack_leaves_at_shutdown_engine_thread() {
+    held_ack_leaves_at_shutdown(PollMode::Busy);
+}
+
+#[test]
+fn held_ack_leaves_at_shutdown_inline() {
+    held_ack_leaves_at_shutdown(PollMode::Inline);
+}

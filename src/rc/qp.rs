@@ -696,6 +696,15 @@ impl Qp {
         }
     }
 
+    /// Let a held ACK go now (the device is shutting down, or its driver stops driving it):
+    /// the hold is an optimisation of ferroce's own, and a peer must never wait for an ACK
+    /// that the hold kept back. Returns whether one was held.
+    pub(crate) fn release_held_ack(&mut self) -> bool {
+        let held = self.timers.is_armed(Timer::AckHold);
+        self.timers.stop(Timer::AckHold);
+        held
+    }
+
     /// Whether a lone ACK is still held back at `now`.
     fn ack_held(&self, now: Instant) -> bool {
         self.timers.get(Timer::AckHold).is_some_and(|t| now < t)

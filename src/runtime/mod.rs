@@ -890,8 +890,25 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
             }
         }
     }
+    flush_held_acks(inner, || engine_step(inner, pkt, opts, &mut cq_list).0);
     tracing::debug!(device = %pkt.describe(), stats = ?pkt.stats(), "engine thread stopping");
 }
+/// On the way out: let every held (delayed) ACK go and run the engine until it has sent
+/// them (a few rounds at most). Without this a peer whose last request was answered only by
+/// a held ACK retries it until its retry count runs out, though the request was executed.
+fn flush_held_acks(inner: &Inner, mut step: impl FnMut() -> usize) {
+    let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+    let held = lock(&inner.dev).release_held_acks(now);
+    if held > 0 {
+        tracing::debug!(held, "held ACKs released at shutdown");
+        for _ in 0..8 {
+            if step() == 0 {
+                break;
+            }
+        }
+    }
+}
+
 /// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
 fn inline_progress(inner: &Inner) -> usize {
     let Some(m) = &inner.inline else {
@@ -953,6 +970,7 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
         inner.wake.drain();
         inline_progress(inner);
     }
+    flush_held_acks(inner, || inline_progress(inner));
     tracing::debug!("inline engine's background thread stopping");
 }
 

@@ -134,6 +134,21 @@ impl Device {
         }
     }
 
+    /// Let every held (delayed) ACK go at the next `poll_transmit`, as before shutting down:
+    /// a peer must not be left retrying a request whose ACK the hold kept back. Returns how
+    /// many QPs held one.
+    pub fn release_held_acks(&mut self, now: Instant) -> usize {
+        let held: Vec<u32> = self
+            .qps
+            .iter_mut()
+            .filter_map(|(&n, slot)| slot.qp.release_held_ack().then_some(n))
+            .collect();
+        for &n in &held {
+            self.schedule(n, now);
+        }
+        held.len()
+    }
+
     /// The next instant `handle_timeout` has work (may be early; never late).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.sched.timers.peek().map(|Reverse((t, _))| *t)

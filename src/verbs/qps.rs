@@ -55,6 +55,13 @@ impl TransportQp {
             TransportQp::Ud(_) => Transport::Ud,
         }
     }
+    /// Let a held (delayed) ACK go now; whether one was held. Only RC holds ACKs.
+    pub(super) fn release_held_ack(&mut self) -> bool {
+        match self {
+            TransportQp::Rc(q) => q.release_held_ack(),
+            _ => false,
+        }
+    }
     pub(super) fn num(&self) -> QpNumber {
         each!(self, q => q.num())
     }
