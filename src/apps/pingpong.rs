@@ -1,10 +1,14 @@
-//! `ferroce pingpong` and `ibv_rc_pingpong` (a link to the ferroce binary): rdma-core's RC
-//! ping-pong example, with its flags (read as its `getopt_long` and `strtoul` read them), its
-//! out-of-band messages ([`crate::oob::pingpong`]) and its output, so either end can be the
-//! real tool.
+//! `ferroce pingpong` and `ibv_rc_pingpong`, `ibv_uc_pingpong`, `ibv_ud_pingpong`,
+//! `ibv_srq_pingpong` (links to the ferroce binary): rdma-core's ping-pong examples, each with
+//! its flags (read as its `getopt_long` and `strtoul` read them), its out-of-band messages
+//! ([`crate::oob::pingpong`]) and its output, so either end can be the real tool.
 //!
-//! The UC, UD and SRQ variants (`ibv_uc_pingpong`, `ibv_ud_pingpong`, `ibv_srq_pingpong`) are
-//! recognised and refused until those queue pairs exist.
+//! - UC: the RC example over a UC QP (no ACKs; a lost message stalls the run).
+//! - UD: receive buffers of `size + 40` bytes whose first 40 are the GRH slot, sends from byte
+//!   40, Q_Key 0x11111111, an address handle to the peer (hop limit 64); no `-m` (a message
+//!   must fit the port's MTU); its local address line reads `PSN 0x...: GID`.
+//! - SRQ: `-q` RC QPs (default 16) sharing one SRQ of `rx_depth` receives, refilled when no
+//!   more than one per QP is left; 256 connection messages each way whatever `-q`.
 
 use crate::apps::tool::{self, ToolError};
 use crate::io::backend::{self, BackendKind};
@@ -14,10 +18,10 @@ use crate::oob::pingpong::{self as pp, Dest};
 use crate::oob::CmError;
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{
-    gid_of, DeviceConfig, NotifyMode, RcParams, RecvWr, RemoteQp, SendFlags, SendOp, SendWr, Sge,
-    VerbsError, WcStatus,
+    gid_of, Ah, DeviceConfig, NotifyMode, QpInitAttr, QpType, RcParams, RecvWr, RemoteQp,
+    SendFlags, SendOp, SendWr, Sge, SrqAttr, UcParams, UdDest, UdParams, VerbsError, WcStatus,
 };
-use crate::verbs::{AccessFlags, Mtu, QpCap};
+use crate::verbs::{AccessFlags, AddressVector, Mtu, QpCap};
 use crate::wire::{MacAddr, QpNumber};
 use std::ffi::OsString;
 use std::io::Write;
@@ -70,9 +74,31 @@ pub enum PingpongError {
     /// Opening the device or resolving the host failed.
     #[error(transparent)]
     Tool(#[from] ToolError),
-    /// The example needs what ferroce does not have yet.
-    #[error("{0} is not yet supported by ferroce (only RC queue pairs exist so far)")]
-    NotYet(&'static str),
+    /// `ibv_srq_pingpong`: fewer receives than QPs.
+    #[error("rx_depth {rx_depth} is too small for {num_qp} QPs -- must have at least one receive per QP.")]
+    SrqDepth {
+        /// `-r`
+        rx_depth: u32,
+        /// `-q`
+        num_qp: u32,
+    },
+    /// `ibv_srq_pingpong`: `-q` of 256 or more (its message, its bound).
+    #[error("num_qp {0} must be less than 255")]
+    SrqNumQp(u32),
+    /// `ibv_ud_pingpong`: a message larger than the port's active MTU.
+    #[error("Requested size larger than port MTU ({0})")]
+    UdSize(u32),
+    /// A completion for a QP the example does not have.
+    #[error("Couldn't find QPN {0:06x}")]
+    UnknownQpn(u32),
+    /// `--verify` of a UD receive: the GRH slot does not hold the packet's IP header.
+    #[error("verify: receive {r}: the GRH slot is {why}")]
+    VerifyGrh {
+        /// Which receive (0-based).
+        r: u64,
+        /// What is wrong.
+        why: String,
+    },
     /// Creating a verbs object failed.
     #[error("Couldn't create {what}: {err}")]
     Create {
@@ -179,6 +205,8 @@ pub struct PingpongRun {
     pub rx_depth: u32,
     /// `-n`
     pub iters: u32,
+    /// `-q` (`ibv_srq_pingpong`: QPs sharing the SRQ; 1 for the others).
+    pub num_qp: u32,
     /// `-l`: service level (accepted; RoCE carries none).
     pub sl: i64,
     /// `-e`: sleep on completion events instead of busy polling.
@@ -219,6 +247,8 @@ struct Cli {
     rx_depth: Option<String>,
     #[arg(short = 'n', long = "iters", allow_hyphen_values = true)]
     iters: Option<String>,
+    #[arg(short = 'q', long = "num-qp", allow_hyphen_values = true)]
+    num_qp: Option<String>,
     #[arg(short = 'l', long = "sl", allow_hyphen_values = true)]
     sl: Option<String>,
     #[arg(short = 'e', long = "events")]
@@ -258,6 +288,10 @@ struct Cli {
     verify: bool,
     #[arg(long = "verify-seed", default_value_t = 0x5eed)]
     verify_seed: u64,
+    /// `ferroce pingpong`: which example to be (rc, uc, ud, srq); the program names choose
+    /// by themselves.
+    #[arg(long, value_parser = ["rc", "uc", "ud", "srq"])]
+    transport: Option<String>,
 }
 
 /// What a command line asks for.
@@ -297,11 +331,56 @@ fn strtoul32(s: &str) -> u32 {
     v as u32
 }
 
-/// rdma-core's usage text.
+/// rdma-core's usage text of `ibv_rc_pingpong`.
 pub fn usage(program: &str) -> String {
+    usage_for(Example::Rc, program)
+}
+
+/// The usage text of `example` (as rdma-core prints it, for the options ferroce has).
+pub fn usage_for(example: Example, program: &str) -> String {
+    let size = match example {
+        // ud_pingpong's usage says 2048; its default is 1024.
+        Example::Ud => "  -s, --size=<size>      size of message to exchange (default 2048)\n",
+        _ => "  -s, --size=<size>      size of message to exchange (default 4096)\n",
+    };
+    let mtu = match example {
+        Example::Ud => "",
+        _ => "  -m, --mtu=<size>       path MTU (default 1024)\n",
+    };
+    let num_qp = match example {
+        Example::Srq => "  -q, --num-qp=<num>     number of QPs to use (default 16)\n",
+        _ => "",
+    };
+    let iters = match example {
+        Example::Srq => "  -n, --iters=<iters>    number of exchanges per QP(default 1000)\n",
+        _ => "  -n, --iters=<iters>    number of exchanges (default 1000)\n",
+    };
+    let sl = match example {
+        Example::Ud => {
+            "  -l, --sl=<SL>          send messages with service level <SL> (default 0)\n"
+        }
+        _ => "  -l, --sl=<sl>          service level value\n",
+    };
+    let transport = if program.starts_with("ferroce") {
+        " --transport rc|uc|ud|srq,"
+    } else {
+        ""
+    };
     format!(
-        "Usage:\n  {program}            start a server and wait for connection\n  {program} <host>     connect to server at <host>\n\nOptions:\n  -p, --port=<port>      listen on/connect to port <port> (default 18515)\n  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)\n  -i, --ib-port=<port>   use port <port> of IB device (default 1)\n  -s, --size=<size>      size of message to exchange (default 4096)\n  -m, --mtu=<size>       path MTU (default 1024)\n  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)\n  -n, --iters=<iters>    number of exchanges (default 1000)\n  -l, --sl=<sl>          service level value\n  -e, --events           sleep on CQ events (default poll)\n  -g, --gid-idx=<gid index> local port gid index\n  -c, --chk              validate received buffer\n\nferroce's own options: --backend xdp|packet|udp, --pcap FILE, --timeout S, --verify [--verify-seed N]\n"
+        "Usage:\n  {program}            start a server and wait for connection\n  {program} <host>     connect to server at <host>\n\nOptions:\n  -p, --port=<port>      listen on/connect to port <port> (default 18515)\n  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)\n  -i, --ib-port=<port>   use port <port> of IB device (default 1)\n{size}{mtu}{num_qp}  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)\n{iters}{sl}  -e, --events           sleep on CQ events (default poll)\n  -g, --gid-idx=<gid index> local port gid index\n  -c, --chk              validate received buffer\n\nferroce's own options:{transport} --backend xdp|packet|udp, --pcap FILE, --timeout S, --verify [--verify-seed N]\n"
     )
+}
+
+/// The short options `example`'s `getopt_long` knows (besides those every example has:
+/// p d i s r n l e g c): `-m`, `-q`, and the RC example's ODP/timestamp/DM/new-send flags.
+fn knows(example: Example, flag: char) -> bool {
+    match flag {
+        'm' => example != Example::Ud,
+        'q' => example == Example::Srq,
+        'o' => matches!(example, Example::Rc | Example::Srq),
+        'O' | 'P' | 't' | 'j' | 'N' => example == Example::Rc,
+        _ => true,
+    }
 }
 
 /// Read a ping-pong command line (`args` without the program name), as `ibv_rc_pingpong`.
@@ -330,8 +409,33 @@ where
         .mut_arg("ib_dev", |a| a.required(dev_required));
     let m = cmd.try_get_matches_from(args)?;
     let c = Cli::from_arg_matches(&m)?;
+    let example = match c.transport.as_deref() {
+        Some("rc") => Example::Rc,
+        Some("uc") => Example::Uc,
+        Some("ud") => Example::Ud,
+        Some("srq") => Example::Srq,
+        _ => example,
+    };
     if c.help {
-        return Ok(Parsed::Help(usage(program)));
+        return Ok(Parsed::Help(usage_for(example, program)));
+    }
+    // What the example's getopt does not know: rdma-core prints its usage and exits.
+    for (flag, given) in [
+        ('m', c.mtu.is_some()),
+        ('q', c.num_qp.is_some()),
+        ('o', c.odp),
+        ('O', c.odp_prefetch),
+        ('P', c.prefetch),
+        ('t', c.ts),
+        ('j', c.dm),
+        ('N', c.new_send),
+    ] {
+        if given && !knows(example, flag) {
+            return Err(ArgsError::Other(format!(
+                "{} has no option -{flag} (invalid option -- '{flag}')",
+                example.program()
+            )));
+        }
     }
     let value = |flag: &'static str, v: &str, why: &'static str| ArgsError::Value {
         flag,
@@ -393,6 +497,30 @@ where
             _ => BackendKind::Xdp,
         },
     };
+    let size = c
+        .size
+        .as_deref()
+        .map(strtoul32)
+        .unwrap_or(if example == Example::Ud { 1024 } else { 4096 });
+    if example == Example::Srq && size < 1 {
+        return Err(value("-s", c.size.as_deref().unwrap_or(""), "at least 1"));
+    }
+    let num_qp = match (&c.num_qp, example) {
+        (Some(s), _) => {
+            let n = strtoul32(s);
+            if n == 0 {
+                return Err(value("-q", s, "at least one QP"));
+            }
+            n
+        }
+        (None, Example::Srq) => 16,
+        (None, _) => 1,
+    };
+    if c.verify && example == Example::Srq && num_qp > 1 {
+        return Err(ArgsError::Other(
+            "--verify needs one message in flight: ibv_srq_pingpong's QPs share one buffer; use -q 1".into(),
+        ));
+    }
     Ok(Parsed::Run(Box::new(PingpongRun {
         example,
         host,
@@ -401,9 +529,10 @@ where
         backend,
         gid_index,
         mtu,
-        size: c.size.as_deref().map(strtoul32).unwrap_or(4096),
+        size,
         rx_depth: c.rx_depth.as_deref().map(strtoul32).unwrap_or(500),
         iters: c.iters.as_deref().map(strtoul32).unwrap_or(1000),
+        num_qp,
         sl: c
             .sl
             .as_deref()
@@ -421,24 +550,33 @@ where
 const PAGE: usize = 4096;
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
+/// `ibv_ud_pingpong`'s Q_Key.
+const UD_QKEY: u32 = 0x1111_1111;
+/// The GRH slot at the start of every UD receive buffer.
+const GRH: usize = 40;
 
-/// Run the ping-pong, compatible on the wire and in its output with `ibv_rc_pingpong`.
+/// Run the ping-pong, compatible on the wire and in its output with the rdma-core example
+/// `o.example` names.
 pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), PingpongError> {
-    match o.example {
-        Example::Rc => {}
-        // The hook for the other examples: once UC/UD queue pairs and SRQs exist, they run
-        // here with their own exchanges.
-        Example::Uc => return Err(PingpongError::NotYet("ibv_uc_pingpong (UC queue pairs)")),
-        Example::Ud => return Err(PingpongError::NotYet("ibv_ud_pingpong (UD queue pairs)")),
-        Example::Srq => {
-            return Err(PingpongError::NotYet(
-                "ibv_srq_pingpong (shared receive queues)",
-            ))
+    if o.example == Example::Srq {
+        // srq_pingpong's checks, in its order, before it opens the device.
+        if o.num_qp > o.rx_depth {
+            return Err(PingpongError::SrqDepth {
+                rx_depth: o.rx_depth,
+                num_qp: o.num_qp,
+            });
+        }
+        if o.num_qp >= pp::SRQ_MSGS as u32 {
+            return Err(PingpongError::SrqNumQp(o.num_qp));
         }
     }
     let dev = tool::find_device(o.dev.as_deref())?;
     let gid_index = tool::pick_gid(&dev, o.gid_index)?;
     let local = dev.gids[usize::from(gid_index)];
+    let port_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
+    if o.example == Example::Ud && o.size > port_mtu.bytes() {
+        return Err(PingpongError::UdSize(port_mtu.bytes()));
+    }
     // Ping-pong is a latency test: the application's thread drives the engine (no thread
     // hand-off), and AF_PACKET receives without the ring's batching delay.
     let pkt = backend::open_with(o.backend, &dev, local, true).map_err(|e| ToolError::Backend {
@@ -448,6 +586,7 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), Pingpong
     })?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
+    dcfg.port_mtu = port_mtu;
     let opts = NicOptions {
         poll: PollMode::Inline,
         batch: 64,
@@ -477,6 +616,24 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), Pingpong
     r
 }
 
+/// A starting PSN per QP (the examples draw theirs with `lrand48() & 0xffffff`).
+fn psn_for(i: u32) -> u32 {
+    let seed = std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a;
+    (seed ^ i.wrapping_mul(0x9e37_79b9).rotate_left(7)) & 0xff_ffff
+}
+
+/// `LID 0x0000, QPN 0x000011, PSN 0x670d5e, GID ::ffff:10.77.0.12`: the examples' address
+/// line (`ibv_ud_pingpong` writes its own local line with `: GID`).
+fn fmt_dest(d: &Dest, gid_sep: &str) -> String {
+    format!(
+        "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{gid_sep} GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        std::net::Ipv6Addr::from(d.gid)
+    )
+}
+
 fn pingpong_on(
     o: &PingpongRun,
     nic: &Nic,
@@ -485,113 +642,217 @@ fn pingpong_on(
     local: std::net::IpAddr,
     out: &mut dyn Write,
 ) -> Result<(), PingpongError> {
+    let ex = o.example;
     let size = o.size as usize;
+    // UD: every buffer starts with the 40-byte GRH slot; the message follows it.
+    let off = if ex == Example::Ud { GRH } else { 0 };
+    let num_qp = if ex == Example::Srq { o.num_qp } else { 1 };
     let pd = nic.alloc_pd();
-    let cq = nic
-        .create_cq(o.rx_depth as usize + 1)
-        .map_err(|err| PingpongError::Create { what: "CQ", err })?;
-    let cap = QpCap {
-        max_send_wr: 1,
-        max_recv_wr: o.rx_depth,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
+    let cq_depth = if ex == Example::Srq {
+        o.rx_depth as usize + num_qp as usize
+    } else {
+        o.rx_depth as usize + 1
     };
-    let qp = crate::runtime::create_rc_qp(nic, pd, cq, cap)
-        .map_err(|err| PingpongError::Create { what: "QP", err })?;
-    // As rc_pingpong: the QP goes to INIT at creation, so that the receives can be posted
-    // before the exchange.
-    crate::apps::perf::qp_to_init(nic, qp, AccessFlags::empty())
-        .map_err(|err| PingpongError::Modify { state: "INIT", err })?;
+    let cq = nic
+        .create_cq(cq_depth)
+        .map_err(|err| PingpongError::Create { what: "CQ", err })?;
+    let srq = if ex == Example::Srq {
+        Some(
+            nic.create_srq(
+                pd,
+                SrqAttr {
+                    max_wr: o.rx_depth,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            )
+            .map_err(|err| PingpongError::Create { what: "SRQ", err })?,
+        )
+    } else {
+        None
+    };
+    let qp_type = match ex {
+        Example::Rc | Example::Srq => QpType::Rc,
+        Example::Uc => QpType::Uc,
+        Example::Ud => QpType::Ud,
+    };
+    let mut qps = Vec::with_capacity(num_qp as usize);
+    for _ in 0..num_qp {
+        let mut init = QpInitAttr::new(
+            pd,
+            cq,
+            cq,
+            QpCap {
+                max_send_wr: 1,
+                max_recv_wr: if srq.is_some() { 0 } else { o.rx_depth },
+                max_send_sge: 1,
+                max_recv_sge: if srq.is_some() { 0 } else { 1 },
+                max_inline_data: 0,
+            },
+        );
+        init.qp_type = qp_type;
+        init.srq = srq;
+        let qp = nic
+            .create_qp(init)
+            .map_err(|err| PingpongError::Create { what: "QP", err })?;
+        // As the examples: the QPs go to INIT at creation, so that the receives can be posted
+        // before the exchange (UD with its Q_Key).
+        let (a, mask) = match ex {
+            Example::Ud => UdParams {
+                qkey: UD_QKEY,
+                local_psn: 0,
+            }
+            .init_attr(),
+            _ => RcParams {
+                access: AccessFlags::empty(),
+                ..Default::default()
+            }
+            .init_attr(),
+        };
+        nic.modify_qp(qp, &a, mask)
+            .map_err(|err| PingpongError::Modify { state: "INIT", err })?;
+        qps.push(qp);
+    }
     let mr = nic
-        .reg_mr(pd, size.max(1), AccessFlags::LOCAL_WRITE)
+        .reg_mr(pd, (size + off).max(1), AccessFlags::LOCAL_WRITE)
         .map_err(|err| PingpongError::Create { what: "MR", err })?;
-    // As rc_pingpong: the buffer is filled with 0x7b; with -c the first byte of each page is
-    // set to `page index % sizeof(char)`, which is 0, and checked on every receive.
-    mr.fill(0x7b);
+    // The examples fill their buffer with 0x7b (srq_pingpong with 0); with -c the first byte
+    // of each page of the message is set to `page index % sizeof(char)`, which is 0.
+    let fill = if ex == Example::Srq { 0 } else { 0x7b };
+    mr.fill(fill);
     if o.validate {
         for i in (0..size).step_by(PAGE) {
-            mr.write(i, &[0])
+            mr.write(off + i, &[0])
                 .map_err(|_| PingpongError::InvalidData(i / PAGE))?;
         }
     }
-    let psn = ((std::process::id().wrapping_mul(2_654_435_761)) ^ 0x5a5a5a) & 0xff_ffff;
     let gid = gid_of(local);
-    let ours = Dest {
-        lid: 0,
-        qpn: qp.get(),
-        psn,
-        gid,
-    };
+    let ours: Vec<Dest> = qps
+        .iter()
+        .enumerate()
+        .map(|(i, q)| Dest {
+            lid: 0,
+            qpn: q.get(),
+            psn: psn_for(i as u32),
+            gid,
+        })
+        .collect();
     let ifname = dev.name.clone();
     let udp = o.backend == BackendKind::Udp;
-    let connect = |t: &Dest| -> Result<(), PingpongError> {
-        let ip = crate::verbs::ip_of_gid(t.gid);
+    let mac_of = |gid: [u8; 16]| -> Result<MacAddr, PingpongError> {
+        let ip = crate::verbs::ip_of_gid(gid);
         let mac = if udp {
             Some(MacAddr::ZERO)
         } else {
             netdev::resolve(ip, Some(&ifname), Duration::from_secs(2))
         };
-        let mac = mac.ok_or(PingpongError::Neighbour(ip))?;
-        let p = RcParams {
-            mtu: o.mtu,
-            access: AccessFlags::empty(),
-            sgid_index: gid_index,
-            local_psn: psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
-            max_rd_atomic: 1,
-            max_dest_rd_atomic: 1,
-            traffic_class: 0,
+        mac.ok_or(PingpongError::Neighbour(ip))
+    };
+    // Connect QP i to the peer's QP described by `t` (UD: RTR, RTS and the address handle).
+    let connect = |i: usize, t: &Dest| -> Result<Option<Ah>, PingpongError> {
+        let qp = qps[i];
+        let mac = mac_of(t.gid)?;
+        let remote = RemoteQp {
+            qpn: QpNumber::new(t.qpn),
+            gid: t.gid,
+            mac,
+            psn: t.psn,
         };
-        nic.connect_rc(
-            qp,
-            &RemoteQp {
-                qpn: QpNumber::new(t.qpn),
-                gid: t.gid,
-                mac,
-                psn: t.psn,
-            },
-            &p,
-        )
-        .map_err(|err| PingpongError::Modify { state: "RTR", err })
+        match ex {
+            Example::Rc | Example::Srq => {
+                let p = RcParams {
+                    mtu: o.mtu,
+                    access: AccessFlags::empty(),
+                    sgid_index: gid_index,
+                    local_psn: ours[i].psn,
+                    timeout: 14,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                    min_rnr_timer: 12,
+                    max_rd_atomic: 1,
+                    max_dest_rd_atomic: 1,
+                    traffic_class: 0,
+                };
+                nic.connect_rc(qp, &remote, &p)
+                    .map_err(|err| PingpongError::Modify { state: "RTR", err })?;
+                Ok(None)
+            }
+            Example::Uc => {
+                let p = UcParams {
+                    mtu: o.mtu,
+                    access: AccessFlags::empty(),
+                    sgid_index: gid_index,
+                    local_psn: ours[i].psn,
+                    traffic_class: 0,
+                };
+                nic.connect_uc(qp, &remote, &p)
+                    .map_err(|err| PingpongError::Modify { state: "RTR", err })?;
+                Ok(None)
+            }
+            Example::Ud => {
+                let p = UdParams {
+                    qkey: UD_QKEY,
+                    local_psn: ours[i].psn,
+                };
+                let (a, mask) = p.rtr_attr();
+                nic.modify_qp(qp, &a, mask)
+                    .map_err(|err| PingpongError::Modify { state: "RTR", err })?;
+                let (a, mask) = p.rts_attr();
+                nic.modify_qp(qp, &a, mask)
+                    .map_err(|err| PingpongError::Modify { state: "RTS", err })?;
+                // ud_pingpong's address handle: hop limit 64, the peer's GID.
+                let av = AddressVector {
+                    dgid: t.gid,
+                    sgid_index: gid_index,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                    dmac: Some(mac.0),
+                };
+                let ah = nic
+                    .create_ah(pd, &av)
+                    .map_err(|err| PingpongError::Create { what: "AH", err })?;
+                Ok(Some(ah))
+            }
+        }
     };
     let recv = || RecvWr {
         wr_id: RECV_WRID,
         sg_list: vec![Sge {
             addr: mr.addr(),
-            length: o.size,
+            length: o.size + off as u32,
             lkey: mr.lkey(),
         }],
     };
-    // pp_post_recv: as many as fit, at most rx_depth.
-    let mut routs = 0u32;
-    for _ in 0..o.rx_depth {
-        if nic.post_recv(qp, recv()).is_err() {
-            break;
+    let post_recvs = |n: u32| -> u32 {
+        let mut done = 0;
+        for _ in 0..n {
+            let r = match srq {
+                Some(s) => nic.post_srq_recv(s, recv()),
+                None => nic.post_recv(qps[0], recv()),
+            };
+            if r.is_err() {
+                break;
+            }
+            done += 1;
         }
-        routs += 1;
-    }
+        done
+    };
+    // pp_post_recv: as many as fit, at most rx_depth.
+    let mut routs = post_recvs(o.rx_depth);
     if routs < o.rx_depth {
         return Err(PingpongError::PostRecv(routs));
     }
     if o.events {
         nic.req_notify_cq(cq, NotifyMode::NextCompletion)?;
     }
-    let fmt_dest = |d: &Dest| {
-        format!(
-            "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            d.lid,
-            d.qpn,
-            d.psn,
-            std::net::Ipv6Addr::from(d.gid)
-        )
-    };
-    writeln!(out, "  local address:  {}", fmt_dest(&ours))?;
+    let local_sep = if ex == Example::Ud { ":" } else { "," };
+    for d in &ours {
+        writeln!(out, "  local address:  {}", fmt_dest(d, local_sep))?;
+    }
     out.flush()?;
-    let theirs = match &o.host {
+    let mut ah = None;
+    let theirs: Vec<Dest> = match &o.host {
         None => {
             let l = TcpListener::bind(("::", o.port))
                 .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
@@ -603,56 +864,82 @@ fn pingpong_on(
                 what: "accept() failed".into(),
                 err: e,
             })?;
-            // The server connects its QP before it answers (rc_pingpong does); a failure
+            // The server connects its QPs before it answers (the examples do); a failure
             // ends the exchange there.
             let mut connected = Ok(());
-            let theirs = pp::server_exchange(&mut s, &ours, o.timeout, |t| {
-                connected = connect(t);
-                match &connected {
-                    Ok(()) => Ok(()),
-                    Err(_) => Err(CmError::Malformed {
-                        what: "connection",
-                        detail: "Couldn't connect to remote QP".into(),
-                    }),
-                }
-            });
-            connected?;
-            let theirs = theirs.map_err(PingpongError::Exchange)?;
-            pp::wait_done(&mut s, o.timeout).map_err(PingpongError::Exchange)?;
-            theirs
+            let refuse = || CmError::Malformed {
+                what: "connection",
+                detail: "Couldn't connect to remote QP".into(),
+            };
+            if ex == Example::Srq {
+                let theirs =
+                    pp::server_exchange_many(&mut s, &ours, pp::SRQ_MSGS, o.timeout, |t| {
+                        connected = (0..qps.len()).try_for_each(|i| connect(i, &t[i]).map(drop));
+                        connected.as_ref().map(drop).map_err(|_| refuse())
+                    });
+                connected?;
+                theirs.map_err(PingpongError::Exchange)?
+            } else {
+                let theirs = pp::server_exchange(&mut s, &ours[0], o.timeout, |t| {
+                    connected = connect(0, t).map(|a| ah = a);
+                    connected.as_ref().map(drop).map_err(|_| refuse())
+                });
+                connected?;
+                let theirs = theirs.map_err(PingpongError::Exchange)?;
+                pp::wait_done(&mut s, o.timeout).map_err(PingpongError::Exchange)?;
+                vec![theirs]
+            }
         }
         Some(h) => {
             let mut s = tool::connect(h, o.port)?;
-            let theirs =
-                pp::client_exchange(&mut s, &ours, o.timeout).map_err(PingpongError::Exchange)?;
-            pp::send_done(&mut s).map_err(PingpongError::Exchange)?;
-            connect(&theirs)?;
-            theirs
+            if ex == Example::Srq {
+                pp::client_exchange_many(&mut s, &ours, pp::SRQ_MSGS, o.timeout)
+                    .map_err(PingpongError::Exchange)?
+            } else {
+                let theirs = pp::client_exchange(&mut s, &ours[0], o.timeout)
+                    .map_err(PingpongError::Exchange)?;
+                pp::send_done(&mut s).map_err(PingpongError::Exchange)?;
+                vec![theirs]
+            }
         }
     };
-    writeln!(out, "  remote address: {}", fmt_dest(&theirs))?;
+    for t in &theirs[..qps.len()] {
+        writeln!(out, "  remote address: {}", fmt_dest(t, ","))?;
+    }
     out.flush()?;
-    let send = |nic: &Nic| {
-        nic.post_send(
-            qp,
-            SendWr::new(
-                SEND_WRID,
-                SendOp::Send,
-                vec![Sge {
-                    addr: mr.addr(),
-                    length: o.size,
-                    lkey: mr.lkey(),
-                }],
-            )
-            .with_flags(SendFlags::SIGNALED),
+    if o.host.is_some() {
+        for (i, t) in theirs[..qps.len()].iter().enumerate() {
+            if let Some(a) = connect(i, t)? {
+                ah = Some(a);
+            }
+        }
+    }
+    let send = |i: usize| {
+        let mut wr = SendWr::new(
+            SEND_WRID,
+            SendOp::Send,
+            vec![Sge {
+                addr: mr.addr() + off as u64,
+                length: o.size,
+                lkey: mr.lkey(),
+            }],
         )
+        .with_flags(SendFlags::SIGNALED);
+        if let Some(ah) = ah {
+            wr = wr.with_ud(UdDest {
+                ah,
+                remote_qpn: QpNumber::new(theirs[i].qpn),
+                remote_qkey: UD_QKEY,
+            });
+        }
+        nic.post_send(qps[i], wr)
     };
     // --verify: message k that we send is pattern k; the peer echoes it, so receive k (client)
     // or k+1 (server: receive 0 is the client's initial buffer) must equal it.
     let mut verified = 0u64;
     let mut sent_msgs = 0u64;
     let initial: Vec<u8> = {
-        let mut v = vec![0x7bu8; size];
+        let mut v = vec![fill; size];
         if o.validate {
             for i in (0..size).step_by(PAGE) {
                 v[i] = 0;
@@ -663,14 +950,18 @@ fn pingpong_on(
     let fill_next = |k: u64| {
         if o.verify {
             let p = crate::apps::pattern::expected(size, o.verify_seed, k, true);
-            let _ = mr.write(0, &p);
+            let _ = mr.write(off, &p);
         }
     };
+    let peer_ip = crate::verbs::ip_of_gid(theirs[0].gid);
     let check_echo = |r: u64| -> Result<(), PingpongError> {
         let (want, what) = if o.host.is_none() && r == 0 {
             (
                 initial.clone(),
-                "the client's first message (ibv_rc_pingpong's initial buffer)".to_string(),
+                format!(
+                    "the client's first message ({}'s initial buffer)",
+                    ex.program()
+                ),
             )
         } else {
             let k = if o.host.is_none() { r - 1 } else { r };
@@ -680,7 +971,10 @@ fn pingpong_on(
             )
         };
         let got = mr.to_vec();
-        match crate::apps::pattern::first_mismatch(&got[..size], &want) {
+        if ex == Example::Ud {
+            check_grh(&got[..GRH], peer_ip, local, r)?;
+        }
+        match crate::apps::pattern::first_mismatch(&got[off..off + size], &want) {
             None => Ok(()),
             Some((at, g, w, n)) => Err(PingpongError::Verify {
                 r,
@@ -694,14 +988,24 @@ fn pingpong_on(
         }
     };
     let iters = u64::from(o.iters);
-    let mut pending = RECV_WRID;
+    // What each QP waits for before it sends again (the examples' `pending`).
+    let mut pending = vec![RECV_WRID; qps.len()];
     let t0 = Instant::now();
     if o.host.is_some() {
-        fill_next(sent_msgs);
-        sent_msgs += 1;
-        send(nic).map_err(PingpongError::PostSend)?;
-        pending |= SEND_WRID;
+        for (i, p) in pending.iter_mut().enumerate() {
+            fill_next(sent_msgs);
+            sent_msgs += 1;
+            send(i).map_err(PingpongError::PostSend)?;
+            *p |= SEND_WRID;
+        }
     }
+    // srq_pingpong refills the SRQ when no more than one receive per QP is left.
+    let low = if srq.is_some() { num_qp } else { 1 };
+    let batch = if srq.is_some() {
+        (num_qp + o.rx_depth) as usize
+    } else {
+        2
+    };
     let (mut rcnt, mut scnt) = (0u64, 0u64);
     let mut wcs = Vec::new();
     let mut last = Instant::now();
@@ -721,7 +1025,7 @@ fn pingpong_on(
             nic.req_notify_cq(cq, NotifyMode::NextCompletion)?;
         }
         wcs.clear();
-        nic.poll_cq(cq, &mut wcs, 2)?;
+        nic.poll_cq(cq, &mut wcs, batch)?;
         if wcs.is_empty() {
             let idle = last.elapsed();
             if idle > o.timeout {
@@ -731,7 +1035,7 @@ fn pingpong_on(
                     scnt,
                 });
             }
-            // Busy-poll as rc_pingpong does, but only briefly: a thread that spins for ever
+            // Busy-poll as the examples do, but only briefly: a thread that spins for ever
             // starves the engine when cores are scarce.
             if !o.events {
                 if idle < Duration::from_micros(50) {
@@ -751,19 +1055,17 @@ fn pingpong_on(
                     wr_id: wc.wr_id,
                 });
             }
+            let qi = qps
+                .iter()
+                .position(|q| *q == wc.qp_num)
+                .ok_or(PingpongError::UnknownQpn(wc.qp_num.get()))?;
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
-                    // parse_single_wc: when one or none is left, post up to rx_depth again.
+                    // When `low` or fewer are left, post up to rx_depth again.
                     routs = routs.saturating_sub(1);
-                    if routs <= 1 {
-                        let want = o.rx_depth - routs;
-                        for _ in 0..want {
-                            if nic.post_recv(qp, recv()).is_err() {
-                                break;
-                            }
-                            routs += 1;
-                        }
+                    if routs <= low {
+                        routs += post_recvs(o.rx_depth - routs);
                         if routs < o.rx_depth {
                             return Err(PingpongError::PostRecv(routs));
                         }
@@ -775,7 +1077,7 @@ fn pingpong_on(
                     if o.validate {
                         for i in (0..size).step_by(PAGE) {
                             let mut b = [0u8];
-                            let _ = mr.read(i, &mut b);
+                            let _ = mr.read(off + i, &mut b);
                             if b[0] != 0 {
                                 return Err(PingpongError::InvalidData(i / PAGE));
                             }
@@ -785,12 +1087,12 @@ fn pingpong_on(
                 }
                 other => return Err(PingpongError::UnknownWrId(other)),
             }
-            pending &= !wc.wr_id;
-            if scnt < iters && pending == 0 {
+            pending[qi] &= !wc.wr_id;
+            if scnt < iters && pending[qi] == 0 {
                 fill_next(sent_msgs);
                 sent_msgs += 1;
-                send(nic).map_err(PingpongError::PostSend)?;
-                pending = RECV_WRID | SEND_WRID;
+                send(qi).map_err(PingpongError::PostSend)?;
+                pending[qi] = RECV_WRID | SEND_WRID;
             }
         }
     }
@@ -816,8 +1118,32 @@ fn pingpong_on(
             "verify: ok: {verified} received messages of {size} bytes equal what was expected byte for byte (pattern seed {:#x})",
             o.verify_seed
         )?;
+        if ex == Example::Ud {
+            writeln!(
+                out,
+                "verify: ok: every GRH slot holds the IP header of the peer's packet ({peer_ip} -> {local})"
+            )?;
+        }
     }
     Ok(())
+}
+
+/// `--verify` of a UD receive: the GRH slot holds the received packet's IP header, from the
+/// peer to us (for IPv4 in its last 20 bytes, as rxe writes it).
+fn check_grh(
+    slot: &[u8],
+    peer: std::net::IpAddr,
+    us: std::net::IpAddr,
+    r: u64,
+) -> Result<(), PingpongError> {
+    use crate::wire::grh::GrhSlot;
+    use std::net::IpAddr;
+    let bad = |why: String| PingpongError::VerifyGrh { r, why };
+    match GrhSlot::parse(slot).map_err(|e| bad(format!("not an IP header: {e}")))? {
+        GrhSlot::V4 { src, dst, .. } if (IpAddr::V4(src), IpAddr::V4(dst)) == (peer, us) => Ok(()),
+        GrhSlot::V6 { src, dst, .. } if (IpAddr::V6(src), IpAddr::V6(dst)) == (peer, us) => Ok(()),
+        other => Err(bad(format!("{other:?}, expected {peer} -> {us}"))),
+    }
 }
 
 #[cfg(test)]
@@ -864,6 +1190,38 @@ mod tests {
         ] {
             assert!(parse(Example::Rc, bad.iter().copied()).is_err(), "{bad:?}");
         }
+    }
+
+    fn run_as(ex: Example, args: &[&str]) -> PingpongRun {
+        match parse(ex, args.iter().copied()).unwrap() {
+            Parsed::Run(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_example_s_defaults_and_flags() {
+        // ud_pingpong: size 1024 (its usage text says 2048), no -m
+        let r = run_as(Example::Ud, &[]);
+        assert_eq!((r.size, r.num_qp, r.rx_depth), (1024, 1, 500));
+        assert!(parse(Example::Ud, ["-m", "1024"]).is_err());
+        // srq_pingpong: 16 QPs, -q, -s of at least 1
+        let r = run_as(Example::Srq, &[]);
+        assert_eq!((r.size, r.num_qp), (4096, 16));
+        assert_eq!(run_as(Example::Srq, &["-q", "0x4"]).num_qp, 4);
+        assert!(parse(Example::Srq, ["-s", "0"]).is_err());
+        assert!(parse(Example::Rc, ["-q", "2"]).is_err());
+        assert!(parse(Example::Uc, ["-q", "2"]).is_err());
+        // uc_pingpong's getopt has none of rc's ODP/timestamp/DM flags
+        assert!(parse(Example::Uc, ["-t"]).is_err());
+        // ferroce pingpong --transport
+        assert_eq!(
+            run_as(Example::Rc, &["--transport", "ud"]).example,
+            Example::Ud
+        );
+        // --verify with several SRQ QPs sharing one buffer cannot tell echoes apart
+        assert!(parse(Example::Srq, ["--verify"]).is_err());
+        assert!(run_as(Example::Srq, &["--verify", "-q", "1"]).verify);
     }
 
     #[test]

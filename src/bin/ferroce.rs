@@ -77,10 +77,11 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
-    /// An RC ping-pong compatible with ibv_rc_pingpong (same flags, messages and output).
+    /// rdma-core's ping-pong examples: RC as ibv_rc_pingpong (same flags, messages and
+    /// output); --transport uc|ud|srq for ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong.
     /// `ferroce pingpong -h` lists the flags.
     Pingpong {
-        /// ibv_rc_pingpong's options and the server's address.
+        /// The example's options and the server's address.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },

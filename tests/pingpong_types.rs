@@ -1,0 +1,357 @@
+//! `ibv_uc_pingpong`, `ibv_ud_pingpong` and `ibv_srq_pingpong` (links to the ferroce binary)
+//! between two ferroce processes: the UDP backend on loopback, in a network namespace of a
+//! user namespace (`unshare -rn`, no privilege needed) whose `lo` has 127.0.0.1 and
+//! 127.0.0.2, one process on each (GID index 0 and 1). The client captures (`--pcap`) and
+//! tshark, not ferroce, reads the capture: opcodes, Q_Keys, destination QPs, frame lengths.
+//! What the messages and lines must be is rdma-core's (libibverbs/examples/*_pingpong.c).
+//!
+//! Against the real rdma-core programs and Linux rxe: tools/interop-rxe.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A fresh directory of links (one per test: they run in parallel).
+fn links(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferroce-pptypes-{test}-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
+        .arg("install-links")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Whether `unshare -rn` works here (root, or unprivileged user namespaces). If not, the test
+/// is skipped with a line saying so, unless it runs as root (then it fails).
+fn can_unshare(test: &str) -> bool {
+    let ok = Command::new("unshare")
+        .args(["-rn", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        assert!(!root, "unshare -rn fails as root");
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(
+            format!("skipped pingpong_types::{test}: unshare -rn (user namespaces) unavailable\n")
+                .as_bytes(),
+        );
+    }
+    ok
+}
+
+struct Run {
+    server: (i32, String, String),
+    client: (i32, String, String),
+    /// tshark's fields of the client's capture, one line per frame.
+    frames: Vec<Vec<String>>,
+}
+
+/// Server (127.0.0.1) and client (127.0.0.2) of `prog` with their own arguments; the client
+/// captures to a pcap that tshark reads.
+fn pair(test: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
+    let dir = links(test);
+    let p = dir.join(prog);
+    let q = |a: &[&str]| {
+        a.iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let pcap = dir.join("client.pcap");
+    let script = format!(
+        "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\n\
+         {p} -d lo --backend udp -g 0 --timeout 10 {sa} >{d}/s.out 2>{d}/s.err &\n\
+         S=$!\n\
+         {p} 127.0.0.1 -d lo --backend udp -g 1 --timeout 10 --pcap {pcap} {ca} >{d}/c.out 2>{d}/c.err\n\
+         echo $? >{d}/c.rc\n\
+         wait $S; echo $? >{d}/s.rc\n",
+        p = p.display(),
+        d = dir.display(),
+        pcap = pcap.display(),
+        sa = q(server),
+        ca = q(client),
+    );
+    let st = Command::new("unshare")
+        .args(["-rn", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "the namespace script failed: {st}");
+    let read = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap_or_default();
+    let side = |s: &str| {
+        (
+            read(&format!("{s}.rc")).trim().parse::<i32>().unwrap_or(-1),
+            read(&format!("{s}.out")),
+            read(&format!("{s}.err")),
+        )
+    };
+    let frames = tshark(&pcap);
+    let r = Run {
+        server: side("s"),
+        client: side("c"),
+        frames,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+fn tshark(pcap: &Path) -> Vec<Vec<String>> {
+    let out = Command::new("tshark")
+        .args([
+            "-r",
+            pcap.to_str().unwrap(),
+            "-T",
+            "fields",
+            "-E",
+            "separator=,",
+        ])
+        .args([
+            "-e",
+            "frame.len",
+            "-e",
+            "ip.src",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "infiniband.deth.q_key",
+            "-e",
+            "infiniband.deth.srcqp",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark (tools/deps.sh installs it)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+fn ok(r: &Run) {
+    assert_eq!(
+        (r.server.0, r.client.0),
+        (0, 0),
+        "server {:?}\nclient {:?}",
+        r.server,
+        r.client
+    );
+}
+
+/// `  local address:  LID 0x0000, QPN 0x000011, ...`: the QPNs of the lines starting `what`.
+fn qpns(out: &str, what: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with(what))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "QPN").unwrap();
+            w[i + 1].trim_end_matches(',').to_string()
+        })
+        .collect()
+}
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+}
+
+#[test]
+fn ud_pingpong_with_the_grh_slot() {
+    if !can_unshare("ud_pingpong_with_the_grh_slot") {
+        return;
+    }
+    let r = pair(
+        "ud",
+        "ibv_ud_pingpong",
+        &["-n", "100"],
+        &["-n", "100", "--verify"],
+    );
+    ok(&r);
+    for (side, out) in [("server", &r.server.1), ("client", &r.client.1)] {
+        // ud_pingpong's own local line: "PSN 0x......: GID"; the remote one with a comma.
+        let local = out.lines().find(|l| l.starts_with("  local address:  "));
+        let local = local.unwrap_or_else(|| panic!("{side}: {out}"));
+        assert!(local.contains(": GID ::ffff:127.0.0."), "{side}: {local}");
+        let remote = out.lines().find(|l| l.starts_with("  remote address: "));
+        assert!(remote.unwrap().contains(", GID ::ffff:127.0.0."), "{out}");
+        // default size 1024: 1024 * 100 * 2 bytes
+        assert!(out.contains("204800 bytes in "), "{side}: {out}");
+        assert!(out.contains("100 iters in "), "{side}: {out}");
+    }
+    // The client checked every echo byte for byte and every GRH slot (IPv4 header of the
+    // server's packet in its last 20 bytes).
+    assert!(
+        r.client
+            .1
+            .contains("verify: ok: 100 received messages of 1024 bytes"),
+        "{}",
+        r.client.1
+    );
+    assert!(
+        r.client.1.contains(
+            "every GRH slot holds the IP header of the peer's packet (127.0.0.1 -> 127.0.0.2)"
+        ),
+        "{}",
+        r.client.1
+    );
+    // On the wire: 200 UD SEND-only packets (opcode 100), Q_Key 0x11111111, each to the QPN
+    // the other side printed, source QP in the DETH; 1024 B payload: 14 + 20 + 8 + 12 + 8 +
+    // 1024 + 4 = 1090-byte frames; nothing else (no ACKs).
+    assert_eq!(r.frames.len(), 200, "{:?}", r.frames);
+    let srv_qpn = &qpns(&r.server.1, "  local address:")[0];
+    let cli_qpn = &qpns(&r.client.1, "  local address:")[0];
+    for f in &r.frames {
+        assert_eq!(f[0], "1090", "{f:?}");
+        assert_eq!(f[2], "100", "{f:?}");
+        assert_eq!(f[4], "0x0000000011111111", "{f:?}");
+        let (dst, src) = if f[1] == "127.0.0.2" {
+            (srv_qpn, cli_qpn)
+        } else {
+            (cli_qpn, srv_qpn)
+        };
+        assert_eq!(hex(&f[3]), hex(dst), "{f:?}");
+        assert_eq!(hex(&f[5]), hex(src), "{f:?}");
+    }
+}
+
+#[test]
+fn uc_pingpong_sends_without_acks() {
+    if !can_unshare("uc_pingpong_sends_without_acks") {
+        return;
+    }
+    // 4096-byte messages at path MTU 1024: SEND FIRST, MIDDLE, MIDDLE, LAST each.
+    let r = pair(
+        "uc",
+        "ibv_uc_pingpong",
+        &["-n", "100", "-m", "1024"],
+        &["-n", "100", "-m", "1024", "--verify"],
+    );
+    ok(&r);
+    for out in [&r.server.1, &r.client.1] {
+        assert!(out.contains("819200 bytes in "), "{out}");
+        assert!(out.contains("100 iters in "), "{out}");
+    }
+    assert!(r
+        .client
+        .1
+        .contains("verify: ok: 100 received messages of 4096 bytes"));
+    // UC opcodes only (SEND FIRST 32, MIDDLE 33, LAST 34), 4 per message, 200 messages; no
+    // acknowledgements of any kind (RC's 17).
+    let mut ops: Vec<&str> = r.frames.iter().map(|f| f[2].as_str()).collect();
+    assert_eq!(ops.len(), 800, "{ops:?}");
+    for m in ops.chunks(4) {
+        assert_eq!(m, ["32", "33", "33", "34"]);
+    }
+    ops.sort();
+    ops.dedup();
+    assert_eq!(ops, ["32", "33", "34"]);
+}
+
+#[test]
+fn srq_pingpong_with_four_qps_on_one_srq() {
+    if !can_unshare("srq_pingpong_with_four_qps_on_one_srq") {
+        return;
+    }
+    let r = pair(
+        "srq",
+        "ibv_srq_pingpong",
+        &["-q", "4", "-n", "400", "-r", "8"],
+        &["-q", "4", "-n", "400", "-r", "8"],
+    );
+    ok(&r);
+    let (sl, sr) = (
+        qpns(&r.server.1, "  local address:"),
+        qpns(&r.server.1, "  remote address:"),
+    );
+    let (cl, cr) = (
+        qpns(&r.client.1, "  local address:"),
+        qpns(&r.client.1, "  remote address:"),
+    );
+    assert_eq!(sl.len(), 4, "{}", r.server.1);
+    assert_eq!(
+        (sl.clone(), cl.clone()),
+        (cr, sr),
+        "each side prints the other's QPNs"
+    );
+    let mut d = sl.clone();
+    d.dedup();
+    assert_eq!(d.len(), 4);
+    for out in [&r.server.1, &r.client.1] {
+        // -n counts messages over all QPs (srq_pingpong's rcnt/scnt): 4096 * 400 * 2
+        assert!(out.contains("3276800 bytes in "), "{out}");
+        assert!(out.contains("400 iters in "), "{out}");
+    }
+    // The client's requests go to all four of the server's QPs, its ACKs come back from them.
+    let mut to_server: Vec<u64> = r
+        .frames
+        .iter()
+        .filter(|f| f[1] == "127.0.0.2")
+        .map(|f| hex(&f[3]))
+        .collect();
+    to_server.sort();
+    to_server.dedup();
+    let mut want: Vec<u64> = sl.iter().map(|q| hex(q)).collect();
+    want.sort();
+    assert_eq!(to_server, want);
+}
+
+#[test]
+fn each_example_takes_its_own_flags() {
+    let dir = links("flags");
+    let run = |prog: &str, args: &[&str]| {
+        let out = Command::new(dir.join(prog))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // ud_pingpong has no -m (getopt "p:d:i:s:r:n:l:eg:c"), uc_pingpong no -q.
+    let (code, _, err) = run("ibv_ud_pingpong", &["-m", "1024", "-d", "lo"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid option -- 'm'"), "{err}");
+    let (code, _, err) = run("ibv_uc_pingpong", &["-q", "2", "-d", "lo"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid option -- 'q'"), "{err}");
+    // srq_pingpong's own checks, with its messages, exit status 1
+    let (code, _, err) = run("ibv_srq_pingpong", &["-q", "600", "-d", "lo"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(
+            "rx_depth 500 is too small for 600 QPs -- must have at least one receive per QP."
+        ),
+        "{err}"
+    );
+    let (code, _, err) = run("ibv_srq_pingpong", &["-q", "300", "-r", "1000", "-d", "lo"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("num_qp 300 must be less than 255"), "{err}");
+    // ud_pingpong: a message must fit the port's MTU (lo's 65536 → 4096)
+    let (code, _, err) = run(
+        "ibv_ud_pingpong",
+        &["-s", "5000", "-d", "lo", "--backend", "udp"],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("Requested size larger than port MTU (4096)"),
+        "{err}"
+    );
+    // the usage texts
+    let (code, out, _) = run("ibv_srq_pingpong", &["-h"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("-q, --num-qp=<num>     number of QPs to use (default 16)"));
+    let (_, out, _) = run("ibv_ud_pingpong", &["-h"]);
+    assert!(!out.contains("--mtu"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
