@@ -58,6 +58,8 @@ struct Run {
 /// Server (127.0.0.1) and client (127.0.0.2) of `prog` with their own arguments; the client
 /// captures to a pcap that tshark reads.
 fn pair(test: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
+    // rdma-core's examples take the GID index with -g, perftest with -x
+    let g = if prog.starts_with("ib_") { "-x" } else { "-g" };
     let dir = links(test);
     let p = dir.join(prog);
     let q = |a: &[&str]| {
@@ -69,9 +71,9 @@ fn pair(test: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
     let pcap = dir.join("client.pcap");
     let script = format!(
         "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\n\
-         {p} -d lo --backend udp -g 0 --timeout 10 {sa} >{d}/s.out 2>{d}/s.err &\n\
+         {p} -d lo --backend udp {g} 0 --timeout 10 {sa} >{d}/s.out 2>{d}/s.err &\n\
          S=$!\n\
-         {p} 127.0.0.1 -d lo --backend udp -g 1 --timeout 10 --pcap {pcap} {ca} >{d}/c.out 2>{d}/c.err\n\
+         {p} 127.0.0.1 -d lo --backend udp {g} 1 --timeout 10 --pcap {pcap} {ca} >{d}/c.out 2>{d}/c.err\n\
          echo $? >{d}/c.rc\n\
          wait $S; echo $? >{d}/s.rc\n",
         p = p.display(),
@@ -354,4 +356,65 @@ fn each_example_takes_its_own_flags() {
     let (_, out, _) = run("ibv_ud_pingpong", &["-h"]);
     assert!(!out.contains("--mtu"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// perftest's `-c UC` (ferroce under perftest's names): SEND and WRITE over UC QPs, the data
+/// checked byte for byte on the receiving side, UC opcodes only on the wire.
+#[test]
+fn perftest_over_uc() {
+    if !can_unshare("perftest_over_uc") {
+        return;
+    }
+    // UC has no retransmission: a burst larger than the socket buffers could lose packets
+    // on loopback (and the run would stall), so the send queue is kept short.
+    let args = [
+        "-c", "UC", "-m", "1024", "-s", "4096", "-n", "200", "-t", "16", "--verify",
+    ];
+    let r = pair("ucsend", "ib_send_bw", &args, &args);
+    ok(&r);
+    assert!(
+        r.client.1.contains("Connection type : UC"),
+        "{}",
+        r.client.1
+    );
+    // the receiver (server) checked every message
+    assert!(
+        r.server
+            .1
+            .contains("verify: ok: 200 messages, 819200 bytes"),
+        "{}",
+        r.server.1
+    );
+    let mut ops: Vec<&str> = r.frames.iter().map(|f| f[2].as_str()).collect();
+    assert_eq!(
+        ops.len(),
+        800,
+        "4 packets per 4 KiB message at MTU 1024, no ACKs"
+    );
+    ops.sort();
+    ops.dedup();
+    assert_eq!(ops, ["32", "33", "34"], "UC SEND FIRST/MIDDLE/LAST");
+    let r = pair("ucwrite", "ib_write_bw", &args, &args);
+    ok(&r);
+    assert!(r.server.1.contains("verify: ok: "), "{}", r.server.1);
+    let mut ops: Vec<&str> = r.frames.iter().map(|f| f[2].as_str()).collect();
+    assert_eq!(ops.len(), 800);
+    ops.sort();
+    ops.dedup();
+    // UC RDMA WRITE FIRST 38, MIDDLE 39, LAST 40
+    assert_eq!(ops, ["38", "39", "40"]);
+    let lat = ["-c", "UC", "-n", "300"];
+    for prog in ["ib_send_lat", "ib_write_lat"] {
+        let r = pair("uclat", prog, &lat, &lat);
+        ok(&r);
+        assert!(
+            r.client.1.contains("Connection type : UC"),
+            "{}",
+            r.client.1
+        );
+        // 300 pings and 300 pongs of 2 bytes: UC SEND ONLY (36) or RDMA WRITE ONLY (42)
+        let want = if prog == "ib_send_lat" { "36" } else { "42" };
+        let n = r.frames.iter().filter(|f| f[2] == want).count();
+        assert_eq!(n, 600, "{prog}: {:?}", &r.frames[..4.min(r.frames.len())]);
+    }
 }

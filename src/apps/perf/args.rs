@@ -10,9 +10,9 @@
 //! long options that perftest does not have.
 //!
 //! What ferroce cannot do is refused with a one-line reason: rdma_cm (`-R`, `-z`), dual port,
-//! multicast, raw Ethernet, hardware counters, ODP, mmap'd buffers, the rate limiter. UC/UD
-//! (`-c`) and `--use-srq` are parsed and refused until those queue pairs exist
-//! ([`PerfConfig::check_supported`]).
+//! multicast, raw Ethernet, hardware counters, ODP, mmap'd buffers, the rate limiter. `-c UC`
+//! runs (SEND and WRITE, as perftest allows); `-c UD` and `--use-srq` are parsed and refused
+//! by perf so far ([`PerfConfig::check_supported`]).
 
 use super::{Connection, Output, PerfConfig, Test, Verb};
 use crate::io::backend::BackendKind;
@@ -510,7 +510,7 @@ pub fn usage(program: &str, test: Test) -> String {
     if bw {
         o("-b, --bidirectional  Measure bidirectional bandwidth (default unidirectional)");
     }
-    o("-c, --connection=<RC/UC/UD>  Connection type RC/UC/UD (default RC; only RC so far)");
+    o("-c, --connection=<RC/UC/UD>  Connection type RC/UC/UD (default RC; RC and UC)");
     o("-d, --ib-dev=<dev>  Use IB device <dev>: a network interface or ferroce_<interface> (default first device found)");
     o("-D, --duration  Run test for a customized period of seconds");
     if verb != Verb::Write {

@@ -9,12 +9,12 @@
 //! - messages of at most half a cycle buffer walk through it in steps of `INC(size, line)`,
 //!   locally and (WRITE, READ, ATOMIC) remotely, back to the start every `cycle / INC` messages.
 
-use super::{PerfConfig, PerfError, Test, Verb};
+use super::{Connection, PerfConfig, PerfError, Test, Verb};
 use crate::oob::perftest::KeyMsg;
 use crate::runtime::Nic;
 use crate::verbs::{
-    ip_of_gid, Cq, MemoryRegion, NotifyMode, QpInitAttr, RcParams, RecvWr, RemoteQp, Sge,
-    VerbsError,
+    ip_of_gid, Cq, MemoryRegion, NotifyMode, QpInitAttr, QpType, RcParams, RecvWr, RemoteQp, Sge,
+    UcParams, VerbsError,
 };
 use crate::verbs::{AccessFlags, QpCap};
 use crate::wire::{MacAddr, QpNumber};
@@ -134,8 +134,22 @@ impl<'a> Endpoint<'a> {
         let mut qps = Vec::with_capacity(nq);
         let mut psns = Vec::with_capacity(nq);
         for i in 0..nq {
-            let q = nic.create_qp(QpInitAttr::new(pd, send_cq, recv_cq, cap))?;
-            qp_to_init(nic, q, qp_access)?;
+            let mut init = QpInitAttr::new(pd, send_cq, recv_cq, cap);
+            if cfg.connection == Connection::Uc {
+                // perftest's UC QPs: INIT with local and remote write access only.
+                init.qp_type = QpType::Uc;
+            }
+            let q = nic.create_qp(init)?;
+            if cfg.connection == Connection::Uc {
+                let (a, mask) = UcParams {
+                    access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                    ..UcParams::default()
+                }
+                .init_attr();
+                nic.modify_qp(q, &a, mask)?;
+            } else {
+                qp_to_init(nic, q, qp_access)?;
+            }
             qps.push(q);
             psns.push(psn_for(i as u32));
         }
@@ -276,6 +290,17 @@ impl<'a> Endpoint<'a> {
                 mac,
                 psn: t.psn,
             };
+            if cfg.connection == Connection::Uc {
+                let p = UcParams {
+                    mtu,
+                    access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                    sgid_index: cfg.gid_index,
+                    local_psn: self.psns[i],
+                    traffic_class: cfg.traffic_class,
+                };
+                self.nic.connect_uc(*q, &remote, &p)?;
+                continue;
+            }
             let p = RcParams {
                 mtu,
                 sgid_index: cfg.gid_index,

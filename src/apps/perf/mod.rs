@@ -142,8 +142,8 @@ impl Test {
     }
 }
 
-/// perftest's connection types (`-c`). ferroce runs RC; UC and UD are parsed and refused
-/// until their queue pairs exist (see [`PerfConfig::check_supported`]).
+/// perftest's connection types (`-c`). ferroce runs RC and UC; UD is parsed and refused by
+/// perf so far (see [`PerfConfig::check_supported`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Connection {
     #[default]
@@ -422,14 +422,11 @@ impl PerfConfig {
     /// Refuse, with a clear message, what ferroce does not run yet.
     pub fn check_supported(&self) -> Result<(), PerfError> {
         match self.connection {
-            Connection::Rc => {}
-            // The hook for UD and UC queue pairs: once `verbs` creates them, these arms go.
-            Connection::Uc | Connection::Ud => {
-                return Err(PerfError::Unsupported(format!(
-                    "connection type {} is not yet supported by ferroce (only RC queue pairs exist so far)",
-                    self.connection.name()
-                )))
-            }
+            Connection::Rc | Connection::Uc => {}
+            Connection::Ud => return Err(PerfError::Unsupported(
+                "connection type UD is not yet supported by ferroce's perf (ibv_ud_pingpong is)"
+                    .into(),
+            )),
             c => {
                 return Err(PerfError::Unsupported(format!(
                     "connection type {} is not supported by ferroce",
