@@ -129,6 +129,8 @@ fn tshark(pcap: &Path) -> Vec<Vec<String>> {
             "infiniband.deth.q_key",
             "-e",
             "infiniband.deth.srcqp",
+            "-e",
+            "infiniband.bth.psn",
         ])
         .stderr(Stdio::null())
         .output()
@@ -417,4 +419,53 @@ fn perftest_over_uc() {
         let n = r.frames.iter().filter(|f| f[2] == want).count();
         assert_eq!(n, 600, "{prog}: {:?}", &r.frames[..4.min(r.frames.len())]);
     }
+}
+
+/// perftest's `--use_srq` (ferroce as `ib_send_bw` / `ib_send_lat`): the receiving side's QPs
+/// share one SRQ; every message arrives, checked byte for byte with one QP.
+#[test]
+fn perftest_with_an_srq() {
+    if !can_unshare("perftest_with_an_srq") {
+        return;
+    }
+    let args = ["--use-srq", "-q", "4", "-s", "4096", "-n", "300"];
+    let r = pair("srqbw", "ib_send_bw", &args, &args);
+    ok(&r);
+    for out in [&r.server.1, &r.client.1] {
+        assert!(out.contains("Using SRQ      : ON"), "{out}");
+        // -n per QP: 4 x 300 messages counted on both sides
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("4096 "))
+            .unwrap_or_else(|| panic!("{out}"));
+        assert_eq!(line.split_whitespace().nth(1), Some("1200"), "{line}");
+    }
+    // 1200 different RC SEND ONLY (4) requests from the client (RNR retries repeat some),
+    // spread over the server's four QPs
+    let mut reqs: Vec<(u64, u64)> = r
+        .frames
+        .iter()
+        .filter(|f| f[1] == "127.0.0.2" && f[2] == "4")
+        .map(|f| (hex(&f[3]), f[6].parse().unwrap()))
+        .collect();
+    reqs.sort();
+    reqs.dedup();
+    assert_eq!(reqs.len(), 1200);
+    let mut dst: Vec<u64> = reqs.iter().map(|r| r.0).collect();
+    dst.dedup();
+    assert_eq!(dst.len(), 4);
+    let args = ["--use_srq", "-s", "4096", "-n", "300", "--verify"];
+    let r = pair("srqbw1", "ib_send_bw", &args, &args);
+    ok(&r);
+    assert!(
+        r.server
+            .1
+            .contains("verify: ok: 300 messages, 1228800 bytes"),
+        "{}",
+        r.server.1
+    );
+    let lat = ["--use_srq", "-n", "300"];
+    let r = pair("srqlat", "ib_send_lat", &lat, &lat);
+    ok(&r);
+    assert!(r.client.1.contains("Using SRQ      : ON"), "{}", r.client.1);
 }

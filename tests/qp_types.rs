@@ -694,3 +694,96 @@ fn modify_qp_follows_each_transport_s_table() {
     rtr.pkey_index = 1;
     assert!(dev.modify_qp(uc, &rtr, QpAttrMask::PKEY_INDEX).is_err());
 }
+
+/// UD over a network that loses, duplicates and reorders, for several seeds: every message
+/// that arrives is whole and correct (its length, its bytes, the GRH slot naming the sender),
+/// never more than the port MTU, and arrives no more often than copies of its packet reached
+/// B; what the network lost is simply absent (UD has no retransmission), the QPs stay in RTS.
+#[test]
+fn ud_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing() {
+    for seed in [11u64, 12, 13, 14] {
+        let link = LinkConfig::new()
+            .latency(Duration::from_micros(5))
+            .jitter(Duration::from_micros(3))
+            .bandwidth_bps(25_000_000_000)
+            .loss(0.05)
+            .duplicate(0.05)
+            .reorder(0.1, Duration::from_micros(20));
+        let mut p = Pair::new(seed, link);
+        p.trace = Some(Vec::new());
+        let a = ud_end(&mut p.a, 1 << 20, None, None);
+        let b = ud_end(&mut p.b, 1 << 20, None, None);
+        let ah = ah_to(&mut p.a, a.pd, &p.b);
+        let mtu = 4096usize; // the simulator's port MTU (DeviceConfig's default)
+        let n = 120usize;
+        let len_of = |i: usize| 1 + (i * 997) % mtu; // up to the MTU, never beyond
+        for i in 0..n {
+            a.mr.write(i * 4096, &pattern(len_of(i), seed * 1000 + i as u64))
+                .unwrap();
+        }
+        // More receives than messages: duplicates may take some.
+        for j in 0..2 * n {
+            p.b.post_recv(b.qp, recv(j as u64, &b.mr, j * 4200 % (1 << 20), 40 + mtu))
+                .unwrap();
+        }
+        for i in 0..n {
+            let mut wr = ud_send(i as u64, &a.mr, i * 4096, len_of(i), ah, b.qp, QKEY);
+            wr.op = SendOp::SendWithImm { imm: i as u32 };
+            p.a.post_send(a.qp, wr).unwrap();
+            p.drive_for(Duration::from_micros(3));
+        }
+        assert!(p.drive_for(Duration::from_millis(20)));
+        let wa = poll(&mut p.a, a.cq);
+        assert_eq!(wa.len(), n, "every UD send completes at the sender");
+        assert!(wa.iter().all(|w| w.status == WcStatus::Success));
+        // What the network did to A's frames: delivered to B (copies included), duplicated.
+        let (ea, eb) = p.endpoints();
+        let st = p.net.stats(ea, eb);
+        assert!(
+            st.duplicated > 0 && st.dropped_loss > 0 && st.reordered > 0,
+            "{st:?}"
+        );
+        let wb = poll(&mut p.b, b.cq);
+        assert!(
+            !wb.is_empty() && wb.len() as u64 <= st.delivered,
+            "seed {seed}: {} deliveries of {} frames",
+            wb.len(),
+            st.delivered
+        );
+        let mut seen = std::collections::HashMap::<usize, usize>::new();
+        for wc in &wb {
+            assert_eq!(wc.status, WcStatus::Success, "seed {seed}");
+            let i = wc.imm_data.unwrap() as usize;
+            assert!(i < n);
+            *seen.entry(i).or_default() += 1;
+            let len = len_of(i);
+            assert_eq!(wc.byte_len as usize, 40 + len, "seed {seed} message {i}");
+            assert!(wc.byte_len as usize <= 40 + mtu);
+            assert_eq!(wc.src_qp, a.qp);
+            let off = wc.wr_id as usize * 4200 % (1 << 20);
+            let mut got = vec![0u8; 40 + len];
+            b.mr.read(off, &mut got).unwrap();
+            assert_eq!(
+                &got[40..],
+                &pattern(len, seed * 1000 + i as u64)[..],
+                "seed {seed}: message {i} whole and correct"
+            );
+            match wire::grh::GrhSlot::parse(&got[..40]).unwrap() {
+                wire::grh::GrhSlot::V4 { src, .. } => {
+                    assert_eq!(std::net::IpAddr::V4(src), ip_of_gid(p.a.gid(0).unwrap()))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Some lost; a message delivered again only for a copy the network made.
+        assert!(seen.len() < n, "seed {seed}: 5 % loss lost nothing");
+        let again: usize = seen.values().map(|&c| c - 1).sum();
+        assert!(
+            again as u64 <= st.duplicated,
+            "seed {seed}: {again} repeated deliveries, {} copies made",
+            st.duplicated
+        );
+        assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Rts);
+        assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+    }
+}

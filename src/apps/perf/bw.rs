@@ -486,7 +486,7 @@ pub(super) fn post_receives(
     cfg: &PerfConfig,
     size: u32,
 ) -> Result<(), PerfError> {
-    let lists = (cfg.rx_depth / cfg.recv_post_list.max(1)).max(1);
+    let lists = (ep.rx_depth_per_qp(cfg) / cfg.recv_post_list.max(1)).max(1);
     let per_qp = lists * cfg.recv_post_list.max(1);
     let walk = cfg.test.is_bw() && walks(ep, size) && cfg.recv_post_list <= 1;
     for q in 0..ep.nq() {
@@ -506,8 +506,8 @@ fn post_verify_recv(ep: &Endpoint<'_>, q: usize, k: u64, size: u32) -> Result<()
     let Some(vb) = &ep.vbuf else {
         return Ok(());
     };
-    ep.nic.post_recv(
-        ep.qps[q],
+    ep.post_recv(
+        q,
         RecvWr {
             wr_id: q as u64,
             sg_list: vec![Sge {
@@ -531,7 +531,7 @@ struct Receiver {
 
 impl Receiver {
     fn new(ep: &Endpoint<'_>, cfg: &PerfConfig, size: u32) -> Self {
-        let lists = (cfg.rx_depth / cfg.recv_post_list.max(1)).max(1);
+        let lists = (ep.rx_depth_per_qp(cfg) / cfg.recv_post_list.max(1)).max(1);
         let per_qp = u64::from(lists * cfg.recv_post_list.max(1));
         let step = inc(size as usize, ep.line);
         Receiver {
@@ -573,8 +573,8 @@ impl Receiver {
                 if ep.vbuf.is_some() {
                     post_verify_recv(ep, q, r.posted, size)?;
                 } else {
-                    ep.nic.post_recv(
-                        ep.qps[q],
+                    ep.post_recv(
+                        q,
                         RecvWr {
                             wr_id: q as u64,
                             sg_list: vec![ep.recv_sge(q, r.off, size)],

@@ -14,7 +14,7 @@ use crate::oob::perftest::KeyMsg;
 use crate::runtime::Nic;
 use crate::verbs::{
     ip_of_gid, Cq, MemoryRegion, NotifyMode, QpInitAttr, QpType, RcParams, RecvWr, RemoteQp, Sge,
-    UcParams, VerbsError,
+    Srq, SrqAttr, UcParams, VerbsError,
 };
 use crate::verbs::{AccessFlags, QpCap};
 use crate::wire::{MacAddr, QpNumber};
@@ -45,6 +45,9 @@ pub struct Endpoint<'a> {
     pub send_cq: Cq,
     pub recv_cq: Cq,
     pub qps: Vec<QpNumber>,
+    /// `--use_srq` on a receiving side: the shared receive queue every QP takes from
+    /// (`max_wr` = `-r`); receives are posted to it instead of to the QPs.
+    pub srq: Option<Srq>,
     /// One region, or one per QP (`--mr_per_qp`).
     pub mrs: Vec<MemoryRegion>,
     /// The cycle buffer and cache line both sides agreed on (the larger of each).
@@ -92,11 +95,15 @@ fn psn_for(i: u32) -> u32 {
 impl<'a> Endpoint<'a> {
     /// Create the CQs, QPs (in INIT) and memory for one side. `cycle`/`line` are the larger
     /// of both sides' page and cache line sizes (`check_sys_data`).
+    ///
+    /// `with_srq`: perftest's `srq_exists` (`--use_srq` on a side that receives: latency
+    /// tests, the server, `-b`).
     pub fn new(
         nic: &'a Nic,
         cfg: &PerfConfig,
         cycle: usize,
         line: usize,
+        with_srq: bool,
     ) -> Result<Endpoint<'a>, PerfError> {
         let nq = cfg.qps.max(1) as usize;
         let pd = nic.alloc_pd();
@@ -131,10 +138,23 @@ impl<'a> Endpoint<'a> {
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC;
+        let srq = if with_srq {
+            Some(nic.create_srq(
+                pd,
+                SrqAttr {
+                    max_wr: cfg.rx_depth.max(1),
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            )?)
+        } else {
+            None
+        };
         let mut qps = Vec::with_capacity(nq);
         let mut psns = Vec::with_capacity(nq);
         for i in 0..nq {
             let mut init = QpInitAttr::new(pd, send_cq, recv_cq, cap);
+            init.srq = srq;
             if cfg.connection == Connection::Uc {
                 // perftest's UC QPs: INIT with local and remote write access only.
                 init.qp_type = QpType::Uc;
@@ -163,6 +183,7 @@ impl<'a> Endpoint<'a> {
             send_cq,
             recv_cq,
             qps,
+            srq,
             mrs,
             cycle,
             line,
@@ -195,6 +216,25 @@ impl<'a> Endpoint<'a> {
 
     pub fn nq(&self) -> usize {
         self.qps.len()
+    }
+
+    /// Post a receive for QP `q`: to the SRQ when there is one (`ibv_post_srq_recv`), else
+    /// to the QP.
+    pub fn post_recv(&self, q: usize, wr: RecvWr) -> Result<(), VerbsError> {
+        match self.srq {
+            Some(s) => self.nic.post_srq_recv(s, wr),
+            None => self.nic.post_recv(self.qps[q], wr),
+        }
+    }
+
+    /// Receives each QP posts before the run: `-r`, divided among the QPs with an SRQ
+    /// (perftest's `size_per_qp /= num_of_qps`).
+    pub fn rx_depth_per_qp(&self, cfg: &PerfConfig) -> u32 {
+        if self.srq.is_some() {
+            (cfg.rx_depth / self.nq().max(1) as u32).max(1)
+        } else {
+            cfg.rx_depth
+        }
     }
 
     /// `--verify`: the offset in `vbuf` of QP `q`'s slot for its message (or receive) `k`.
@@ -340,8 +380,8 @@ impl<'a> Endpoint<'a> {
         let slots = (self.cycle / step).max(1);
         for j in 0..n as usize {
             let off = if walk { (j % slots) * step } else { 0 };
-            self.nic.post_recv(
-                self.qps[q],
+            self.post_recv(
+                q,
                 RecvWr {
                     wr_id: q as u64,
                     sg_list: vec![self.recv_sge(q, off, len)],

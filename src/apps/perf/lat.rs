@@ -212,8 +212,8 @@ pub(super) fn run_send(
                 counted += 1;
             }
             if dur || rcnt + size_per_qp <= iters {
-                ep.nic.post_recv(
-                    q,
+                ep.post_recv(
+                    0,
                     RecvWr {
                         wr_id: 0,
                         sg_list: vec![ep.recv_sge(0, 0, size)],

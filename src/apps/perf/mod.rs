@@ -434,12 +434,7 @@ impl PerfConfig {
                 )))
             }
         }
-        if self.use_srq {
-            return Err(PerfError::Unsupported(
-                "--use-srq is not yet supported by ferroce (shared receive queues do not exist yet)"
-                    .into(),
-            ));
-        }
+
         if self.verify && self.run_infinitely {
             return Err(PerfError::Unsupported(
                 "--verify needs a run that ends (not --run_infinitely)".into(),
@@ -559,7 +554,14 @@ pub fn run_with(
     let line = (ses.peer_cache_line as usize)
         .clamp(1, 4096)
         .max(CACHE_LINE);
-    let ep = Endpoint::new(nic, &cfg, cycle, line)?;
+    // perftest's srq_exists: an SRQ on the sides that receive.
+    let with_srq = cfg.use_srq && (!cfg.test.is_bw() || machine == Role::Server || cfg.duplex);
+    if with_srq && cfg.verify && cfg.qps > 1 {
+        return Err(PerfError::Unsupported(
+            "--verify on the receiving side with --use_srq needs -q 1: the QPs take each other's receives from the SRQ, so no receive belongs to one QP's message sequence".into(),
+        ));
+    }
+    let ep = Endpoint::new(nic, &cfg, cycle, line, with_srq)?;
     let gid = nic
         .with_device(|d| d.gid(usize::from(cfg.gid_index)))
         .ok_or(PerfError::Verbs(VerbsError::BadAddressVector(
