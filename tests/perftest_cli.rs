@@ -118,10 +118,13 @@ fn each_name_is_its_program() {
         err.contains("Duration mode doesn't work with events."),
         "{err}"
     );
-    // what needs queue pairs ferroce does not have yet: a clear refusal
-    let (code, _, err) = run(&dir.join("ib_send_bw"), &["-c", "UD", "-d", "lo"]);
-    assert_eq!(code, 1);
-    assert!(err.contains("UD is not yet supported"), "{err}");
+    // perftest's rules for the connection types
+    let (code, _, err) = run(&dir.join("ib_write_bw"), &["-c", "UD", "-d", "lo"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("UD connection only possible in SEND verb"),
+        "{err}"
+    );
     // ud_pingpong's getopt has no -m
     let (code, _, err) = run(&dir.join("ibv_ud_pingpong"), &["-d", "lo", "-m", "1024"]);
     assert_eq!(code, 2);

@@ -469,3 +469,47 @@ fn perftest_with_an_srq() {
     ok(&r);
     assert!(r.client.1.contains("Using SRQ      : ON"), "{}", r.client.1);
 }
+
+/// perftest's `-c UD` (ferroce as `ib_send_bw` / `ib_send_lat`): one UD SEND-only packet per
+/// message, the message lowered to the MTU, Q_Key 0x11111111, every receive (behind its GRH
+/// slot) checked byte for byte.
+#[test]
+fn perftest_over_ud() {
+    if !can_unshare("perftest_over_ud") {
+        return;
+    }
+    // -s 8192 > the MTU (lo: 4096): perftest lowers it to the MTU
+    let args = [
+        "-c", "UD", "-s", "8192", "-n", "300", "-t", "16", "--verify",
+    ];
+    let r = pair("udbw", "ib_send_bw", &args, &args);
+    ok(&r);
+    assert!(
+        r.client.1.contains("Connection type : UD"),
+        "{}",
+        r.client.1
+    );
+    assert!(
+        r.server
+            .1
+            .contains("verify: ok: 300 messages, 1228800 bytes"),
+        "{}",
+        r.server.1
+    );
+    let data: Vec<&Vec<String>> = r.frames.iter().filter(|f| f[1] == "127.0.0.2").collect();
+    assert_eq!(data.len(), 300);
+    for f in data {
+        // 14 + 20 + 8 + 12 (BTH) + 8 (DETH) + 4096 + 4 (ICRC), UD SEND ONLY (100)
+        assert_eq!((f[0].as_str(), f[2].as_str()), ("4162", "100"), "{f:?}");
+        assert_eq!(f[4], "0x0000000011111111");
+    }
+    let lat = ["-c", "UD", "-s", "64", "-n", "300"];
+    let r = pair("udlat", "ib_send_lat", &lat, &lat);
+    ok(&r);
+    assert!(
+        r.client.1.contains("Connection type : UD"),
+        "{}",
+        r.client.1
+    );
+    assert_eq!(r.frames.iter().filter(|f| f[2] == "100").count(), 600);
+}

@@ -11,8 +11,8 @@
 //!
 //! What ferroce cannot do is refused with a one-line reason: rdma_cm (`-R`, `-z`), dual port,
 //! multicast, raw Ethernet, hardware counters, ODP, mmap'd buffers, the rate limiter. `-c UC`
-//! runs (SEND and WRITE, as perftest allows), `--use-srq` too (an SRQ on the receiving side);
-//! `-c UD` is parsed and refused by perf so far ([`PerfConfig::check_supported`]).
+//! (SEND and WRITE) and `-c UD` (SEND, messages up to the MTU) run as perftest allows them,
+//! `--use-srq` too (an SRQ on the receiving side).
 
 use super::{Connection, Output, PerfConfig, Test, Verb};
 use crate::io::backend::BackendKind;
@@ -510,7 +510,7 @@ pub fn usage(program: &str, test: Test) -> String {
     if bw {
         o("-b, --bidirectional  Measure bidirectional bandwidth (default unidirectional)");
     }
-    o("-c, --connection=<RC/UC/UD>  Connection type RC/UC/UD (default RC; RC and UC)");
+    o("-c, --connection=<RC/UC/UD>  Connection type RC/UC/UD (default RC)");
     o("-d, --ib-dev=<dev>  Use IB device <dev>: a network interface or ferroce_<interface> (default first device found)");
     o("-D, --duration  Run test for a customized period of seconds");
     if verb != Verb::Write {
@@ -1440,12 +1440,7 @@ mod tests {
         );
         let u = run(Test::SendBw, &["-c", "UD"]).unwrap();
         assert_eq!(u.cfg.connection, Connection::Ud);
-        assert!(u
-            .cfg
-            .check_supported()
-            .unwrap_err()
-            .to_string()
-            .contains("not yet supported"));
+        u.cfg.check_supported().unwrap();
         let s = run(Test::SendBw, &["--use_srq"]).unwrap();
         assert!(s.cfg.use_srq);
         s.cfg.check_supported().unwrap();

@@ -406,7 +406,7 @@ fn post_send_list(
             flags,
             ud: None,
         };
-        match ep.nic.post_send(ep.qps[q], wr) {
+        match ep.post_send(q, wr) {
             Ok(()) => {}
             Err(VerbsError::QueueFull) if j == 0 => return Ok(false),
             Err(e) => return Err(e.into()),
@@ -447,8 +447,8 @@ pub(super) fn warm_up(
                 },
                 o => o,
             };
-            ep.nic.post_send(
-                ep.qps[q],
+            ep.post_send(
+                q,
                 SendWr::new((q as u64) << 48 | i, op, vec![ep.send_sge(q, 0, len)]),
             )?;
         }
@@ -512,7 +512,7 @@ fn post_verify_recv(ep: &Endpoint<'_>, q: usize, k: u64, size: u32) -> Result<()
             wr_id: q as u64,
             sg_list: vec![Sge {
                 addr: vb.addr() + ep.vslot(q, k) as u64,
-                length: size,
+                length: size + ep.grh as u32,
                 lkey: vb.lkey(),
             }],
         },

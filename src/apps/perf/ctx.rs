@@ -14,9 +14,10 @@ use crate::oob::perftest::KeyMsg;
 use crate::runtime::Nic;
 use crate::verbs::{
     ip_of_gid, Cq, MemoryRegion, NotifyMode, QpInitAttr, QpType, RcParams, RecvWr, RemoteQp, Sge,
-    Srq, SrqAttr, UcParams, VerbsError,
+    Srq, SrqAttr, UcParams, UdDest, UdParams, VerbsError,
 };
 use crate::verbs::{AccessFlags, QpCap};
+use crate::verbs::{AddressVector, Pd, SendWr};
 use crate::wire::{MacAddr, QpNumber};
 use std::net::IpAddr;
 
@@ -45,6 +46,12 @@ pub struct Endpoint<'a> {
     pub send_cq: Cq,
     pub recv_cq: Cq,
     pub qps: Vec<QpNumber>,
+    /// The protection domain of everything here.
+    pub pd: Pd,
+    /// `-c UD`: 40, the GRH slot in front of every receive; 0 otherwise.
+    pub grh: usize,
+    /// `-c UD`: each QP's destination (the address handle to the peer's QP), once connected.
+    pub ud: std::cell::OnceCell<Vec<UdDest>>,
     /// `--use_srq` on a receiving side: the shared receive queue every QP takes from
     /// (`max_wr` = `-r`); receives are posted to it instead of to the QPs.
     pub srq: Option<Srq>,
@@ -127,12 +134,16 @@ impl<'a> Endpoint<'a> {
             Verb::Atomic => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
             Verb::Send => AccessFlags::LOCAL_WRITE,
         };
+        let ud = cfg.connection == Connection::Ud;
+        let grh = if ud { 40 } else { 0 };
+        // UD: room for the GRH slot of the last receive.
+        let tail = if ud { 128 } else { 0 };
         let mrs = if cfg.mr_per_qp {
             (0..nq)
-                .map(|_| nic.reg_mr(pd, half * 2, access))
+                .map(|_| nic.reg_mr(pd, half * 2 + tail, access))
                 .collect::<Result<Vec<_>, _>>()?
         } else {
-            vec![nic.reg_mr(pd, half * 2 * nq, access)?]
+            vec![nic.reg_mr(pd, half * 2 * nq + tail, access)?]
         };
         let qp_access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
@@ -159,8 +170,15 @@ impl<'a> Endpoint<'a> {
                 // perftest's UC QPs: INIT with local and remote write access only.
                 init.qp_type = QpType::Uc;
             }
+            if ud {
+                init.qp_type = QpType::Ud;
+            }
             let q = nic.create_qp(init)?;
-            if cfg.connection == Connection::Uc {
+            if ud {
+                // perftest's UD QPs: INIT with its Q_Key, 0x11111111.
+                let (a, mask) = UdParams::default().init_attr();
+                nic.modify_qp(q, &a, mask)?;
+            } else if cfg.connection == Connection::Uc {
                 let (a, mask) = UcParams {
                     access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
                     ..UcParams::default()
@@ -183,6 +201,9 @@ impl<'a> Endpoint<'a> {
             send_cq,
             recv_cq,
             qps,
+            pd,
+            grh,
+            ud: std::cell::OnceCell::new(),
             srq,
             mrs,
             cycle,
@@ -201,7 +222,7 @@ impl<'a> Endpoint<'a> {
                 _ => 0,
             };
             if vslots > 0 {
-                let msg = (cfg.ctx_size() as usize).max(8);
+                let msg = (cfg.ctx_size() as usize).max(8) + grh;
                 ep.vbuf = Some(nic.reg_mr(pd, vslots * nq * msg, AccessFlags::LOCAL_WRITE)?);
                 ep.vslots = vslots;
                 ep.vstride = msg;
@@ -216,6 +237,14 @@ impl<'a> Endpoint<'a> {
 
     pub fn nq(&self) -> usize {
         self.qps.len()
+    }
+
+    /// Post a send on QP `q` (UD: addressed to the peer's QP along its address handle).
+    pub fn post_send(&self, q: usize, mut wr: SendWr) -> Result<(), VerbsError> {
+        if let Some(d) = self.ud.get().and_then(|v| v.get(q)) {
+            wr = wr.with_ud(*d);
+        }
+        self.nic.post_send(self.qps[q], wr)
     }
 
     /// Post a receive for QP `q`: to the SRQ when there is one (`ibv_post_srq_recv`), else
@@ -280,12 +309,13 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// A scatter entry for a receive of QP `q`, `off` bytes past its receive start.
+    /// A scatter entry for a receive of QP `q`, `off` bytes past its receive start (UD: 40
+    /// bytes longer, for the GRH slot in front of the message).
     pub fn recv_sge(&self, q: usize, off: usize, len: u32) -> Sge {
         let (mr, base) = self.recv_base(q);
         Sge {
             addr: mr.addr() + (base + off) as u64,
-            length: len,
+            length: len + self.grh as u32,
             lkey: mr.lkey(),
         }
     }
@@ -318,12 +348,38 @@ impl<'a> Endpoint<'a> {
         theirs: &[KeyMsg],
         resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
     ) -> Result<(), PerfError> {
+        let mut dests = Vec::new();
         for (i, q) in self.qps.iter().enumerate() {
             let t = theirs
                 .get(i)
                 .ok_or(PerfError::Peer("fewer QPs than ours"))?;
             let ip = ip_of_gid(t.gid);
             let mac = resolve(ip).ok_or(PerfError::Neighbour(ip))?;
+            if self.grh > 0 {
+                // UD: RTR, RTS with our PSN, and an address handle to the peer's GID.
+                let p = UdParams {
+                    local_psn: self.psns[i],
+                    ..UdParams::default()
+                };
+                for (a, mask) in [p.rtr_attr(), p.rts_attr()] {
+                    self.nic.modify_qp(*q, &a, mask)?;
+                }
+                let av = AddressVector {
+                    dgid: t.gid,
+                    sgid_index: cfg.gid_index,
+                    hop_limit: 64,
+                    traffic_class: cfg.traffic_class,
+                    flow_label: 0,
+                    dmac: Some(mac.0),
+                };
+                let ah = self.nic.create_ah(self.pd, &av)?;
+                dests.push(UdDest {
+                    ah,
+                    remote_qpn: QpNumber::new(t.qpn),
+                    remote_qkey: UdParams::default().qkey,
+                });
+                continue;
+            }
             let remote = RemoteQp {
                 qpn: QpNumber::new(t.qpn),
                 gid: t.gid,
@@ -355,6 +411,9 @@ impl<'a> Endpoint<'a> {
                 ..RcParams::default()
             };
             self.nic.connect_rc(*q, &remote, &p)?;
+        }
+        if self.grh > 0 {
+            let _ = self.ud.set(dests);
         }
         Ok(())
     }

@@ -165,7 +165,6 @@ pub(super) fn run_send(
     pr: &mut Printer<'_>,
 ) -> Result<LatResult, PerfError> {
     let cfg = c.cfg;
-    let q = ep.qps[0];
     let clock = cfg.duration.map(|d| DurClock::new(cfg, d));
     let iters = cfg.iters;
     let dur = clock.is_some();
@@ -244,8 +243,8 @@ pub(super) fn run_send(
             if inline {
                 flags |= SendFlags::INLINE;
             }
-            ep.nic.post_send(
-                q,
+            ep.post_send(
+                0,
                 SendWr::new(scnt, SendOp::Send, vec![ep.send_sge(0, 0, size)]).with_flags(flags),
             )?;
             if signaled {

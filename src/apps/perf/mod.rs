@@ -142,8 +142,8 @@ impl Test {
     }
 }
 
-/// perftest's connection types (`-c`). ferroce runs RC and UC; UD is parsed and refused by
-/// perf so far (see [`PerfConfig::check_supported`]).
+/// perftest's connection types (`-c`). ferroce runs RC, UC and UD (see
+/// [`PerfConfig::check_supported`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Connection {
     #[default]
@@ -269,6 +269,9 @@ pub struct PerfConfig {
     pub verify: bool,
     /// Seed of the pattern ferroce sends with `verify` (write-bw / send-bw client).
     pub verify_seed: u64,
+    /// `-c UD`: the largest message, the path MTU once it is known (perftest lowers `-s`
+    /// to it; `-a` stops there).
+    pub ud_max: u32,
 }
 
 impl Default for PerfConfig {
@@ -329,6 +332,7 @@ impl PerfConfig {
             progress: true,
             verify: false,
             verify_seed: 0x5eed,
+            ud_max: u32::MAX,
         }
     }
 
@@ -337,7 +341,10 @@ impl PerfConfig {
         if self.test.verb() == Verb::Atomic {
             vec![8]
         } else if self.all_sizes {
-            (1..24).map(|i| 1u32 << i).collect()
+            (1..24)
+                .map(|i| 1u32 << i)
+                .filter(|&s| s <= self.ud_max)
+                .collect()
         } else {
             vec![self.size]
         }
@@ -422,11 +429,7 @@ impl PerfConfig {
     /// Refuse, with a clear message, what ferroce does not run yet.
     pub fn check_supported(&self) -> Result<(), PerfError> {
         match self.connection {
-            Connection::Rc | Connection::Uc => {}
-            Connection::Ud => return Err(PerfError::Unsupported(
-                "connection type UD is not yet supported by ferroce's perf (ibv_ud_pingpong is)"
-                    .into(),
-            )),
+            Connection::Rc | Connection::Uc | Connection::Ud => {}
             c => {
                 return Err(PerfError::Unsupported(format!(
                     "connection type {} is not supported by ferroce",
@@ -550,6 +553,18 @@ pub fn run_with(
     let full = cfg.output == Output::Full;
     // Versions, page and cache line sizes, MTU.
     let mtu = ses.handshake(cfg.mtu)?;
+    if cfg.connection == Connection::Ud {
+        // perftest: a UD message is at most the MTU ("Max msg size in UD is MTU", printed
+        // with -a); -s is lowered to it.
+        cfg.ud_max = mtu.bytes();
+        if cfg.size > cfg.ud_max {
+            if cfg.all_sizes {
+                eprintln!(" Max msg size in UD is MTU {}", cfg.ud_max);
+                eprintln!(" Changing to this MTU");
+            }
+            cfg.size = cfg.ud_max;
+        }
+    }
     let cycle = (ses.peer_page as usize).clamp(64, 1 << 24).max(PAGE);
     let line = (ses.peer_cache_line as usize)
         .clamp(1, 4096)

@@ -304,7 +304,7 @@ impl SendCheck {
         };
         let len = size as usize;
         self.tmp.resize(len, 0);
-        vbuf.read(ep.vslot(q, k), &mut self.tmp)
+        vbuf.read(ep.vslot(q, k) + ep.grh, &mut self.tmp)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
         if matches!(self.src, Source::Unknown) {
