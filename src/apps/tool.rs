@@ -235,6 +235,7 @@ pub fn run_perf(
     dcfg.cnp_interval =
         (inv.cnp_interval_us > 0).then(|| crate::time::Duration::from_micros(inv.cnp_interval_us));
     dcfg.ack_delay = (ack_delay_us > 0).then(|| crate::time::Duration::from_micros(ack_delay_us));
+    dcfg.fast_recovery = inv.fast_recovery;
     dcfg.line_rate_bps = (inv.line_gbps.max(0.001) * 1e9) as u64;
     // perftest's largest inline size (its -I limit).
     dcfg.max_inline = dcfg.max_inline.max(912);
@@ -471,8 +472,8 @@ pub(crate) fn live_counter_lines(dev: &str) -> String {
 
 /// perf's ` counters:` line (the part printed after a failure too; see `tools/interop-rxe`).
 fn counters_line(dc: &DeviceCounters, qc: &QpCounters, io: &IoStats) -> String {
-    format!(" counters: tx_packets={} rx_packets={} retransmits={} timeouts={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={} io_tx_offloaded={} io_rx_coalesced={}",
-        qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped, io.tx_offloaded, io.rx_coalesced)
+    format!(" counters: tx_packets={} rx_packets={} retransmits={} timeouts={} probes={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={} io_tx_offloaded={} io_rx_coalesced={}",
+        qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.probes, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped, io.tx_offloaded, io.rx_coalesced)
 }
 
 /// Where running `ferroce perf` processes publish their counters (one JSON file per process,

@@ -17,6 +17,9 @@ pub struct QpCounters {
     pub retransmits: u64,
     /// Local ACK timeouts that led to a retry or to RETRY_EXC_ERR.
     pub timeouts: u64,
+    /// Fast recovery's probes: go-back-N resends after a probe timeout, before the local
+    /// ACK timeout (`DeviceConfig::fast_recovery`).
+    pub probes: u64,
     /// PSN-sequence-error NAKs sent (one per gap).
     pub seq_naks_sent: u64,
     /// PSN-sequence-error NAKs received.
@@ -78,6 +81,7 @@ impl QpCounters {
             rx_packets,
             rx_bytes,
             retransmits,
+            probes,
             timeouts,
             seq_naks_sent,
             seq_naks_rcvd,

@@ -115,6 +115,7 @@ impl Qp {
     }
 
     fn on_progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.rec_on_progress(ctx.now);
         if self
             .req
             .gap_retry
@@ -163,6 +164,7 @@ impl Qp {
             return;
         }
         self.req.retry_left -= 1;
+        self.rec_on_loss();
         self.retry_from(p, why);
         self.arm_ack_timer(ctx.now);
     }

@@ -12,6 +12,7 @@
 
 pub(crate) mod completer;
 pub(crate) mod qp;
+pub(crate) mod recovery;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod timer;

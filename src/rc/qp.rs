@@ -69,6 +69,8 @@ pub(crate) struct QpConfig {
     pub np: Option<NotificationPoint>,
     /// Delayed ACK: hold a lone ACK up to this long (`None`: never).
     pub ack_delay: Option<Duration>,
+    /// Fast loss recovery for go-back-N (`rc/recovery.rs`).
+    pub fast_recovery: bool,
 }
 
 /// An entry of the send queue: the posted request and the requester's progress on it.
@@ -252,6 +254,8 @@ pub(crate) struct Qp {
     /// in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs; the requester's
     /// local ACK timeout (milliseconds) is far above the hold.
     pub(super) ack_delay: Option<Duration>,
+    /// Fast loss recovery: probe timeout and adaptive window (`rc/recovery.rs`).
+    pub(super) rec: super::recovery::Recovery,
 }
 
 // ---- creation, getters -------------------------------------------------------------------
@@ -291,6 +295,7 @@ impl Qp {
             np: cfg.np,
             cnp_due: false,
             ack_delay: cfg.ack_delay,
+            rec: super::recovery::Recovery::new(cfg.fast_recovery, cfg.max_inflight),
         }
     }
 
@@ -397,6 +402,7 @@ impl Qp {
             self.req.una = p;
             self.req.send_psn = p;
             self.req.hwm = p;
+            self.rec.reset(p, self.req.max_inflight);
         }
         if mask.contains(QpAttrMask::RETRY_CNT) {
             self.req.retry_left = attr.retry_cnt;
@@ -425,6 +431,7 @@ impl Qp {
             ..Requester::default()
         };
         self.resp = Responder::default();
+        self.rec.reset(Psn::default(), self.req.max_inflight);
         self.path = None;
         self.attr = QpAttr {
             cap: self.cap,
@@ -742,6 +749,7 @@ impl Qp {
                     self.on_rnr_wait_over();
                 }
                 Timer::Retransmit => self.on_ack_timeout(ctx),
+                Timer::Probe => self.on_probe(ctx),
             }
         }
     }

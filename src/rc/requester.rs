@@ -7,7 +7,7 @@
 //! the timers end an RNR wait ([`Qp::on_rnr_wait_over`]) or a local ACK timeout
 //! ([`Qp::on_ack_timeout`]).
 
-use super::qp::{PayloadSrc, Qp, TxDesc, ACKREQ_EVERY};
+use super::qp::{PayloadSrc, Qp, TxDesc};
 use super::timer::Timer;
 use crate::ib::wr::{SendFlags, SendOp};
 use crate::ib::{Ctx, QpState, WcStatus};
@@ -91,6 +91,8 @@ pub(crate) enum Retry {
     Gap,
     /// An RNR wait ended.
     Rnr,
+    /// Fast recovery's probe timeout (`rc/recovery.rs`).
+    Probe,
 }
 
 impl Qp {
@@ -112,7 +114,8 @@ impl Qp {
         };
         // The go-back-N window: at most max_inflight packets past the oldest unacknowledged
         // PSN (a READ request is one packet, whatever it reserves).
-        let window_open = self.req.send_psn.distance_from(self.req.una) < self.req.max_inflight;
+        let window = self.window();
+        let window_open = self.req.send_psn.distance_from(self.req.una) < window;
         if w.assigned {
             if self
                 .req
@@ -142,13 +145,20 @@ impl Qp {
             return Err(Wait::Fence);
         }
         if w.wqe.op.is_rd_atomic() {
-            return if self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1)) {
+            // With fast recovery the adaptive window also bounds the response PSNs READs
+            // reserve (a lost response costs the responses queued behind it).
+            let rd_window_open = !self.rec.enabled
+                || self.req.una == self.req.next_psn
+                || self.req.next_psn.distance_from(self.req.una) < window;
+            return if self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1))
+                && rd_window_open
+            {
                 Ok(())
             } else {
                 Err(Wait::RdAtomic)
             };
         }
-        if self.req.next_psn.distance_from(self.req.una) < self.req.max_inflight {
+        if self.req.next_psn.distance_from(self.req.una) < window {
             Ok(())
         } else {
             Err(Wait::Window)
@@ -310,7 +320,7 @@ impl Qp {
                     bth.solicited = w.wqe.flags.contains(SendFlags::SOLICITED);
                 }
                 self.req.pkts_since_ackreq += 1;
-                bth.ack_req = last || self.req.pkts_since_ackreq >= ACKREQ_EVERY;
+                bth.ack_req = last || self.req.pkts_since_ackreq >= self.ackreq_every();
                 payload_len = plen as usize;
                 payload = PayloadSrc::Wqe { idx, off };
                 done_with_wqe = last;
@@ -323,6 +333,8 @@ impl Qp {
         let end = psn.add(psns_used);
         if psn.before(self.req.hwm) {
             self.counters.retransmits += 1;
+        } else if bth.ack_req {
+            self.rec_on_first_send(psn, ctx.now);
         }
         if end.after(self.req.hwm) {
             self.req.hwm = end;
@@ -346,6 +358,7 @@ impl Qp {
     pub(super) fn arm_ack_timer(&mut self, now: crate::time::Instant) {
         self.timers
             .set(Timer::Retransmit, self.ack_timeout().map(|d| now + d));
+        self.arm_probe(now);
     }
 
     /// [`Timer::Rnr`] fired: the RNR wait is over, resend.
@@ -372,6 +385,7 @@ impl Qp {
             return;
         }
         self.counters.timeouts += 1;
+        self.rec_on_loss();
         // The retry below resends from `una`: responses of the old stream that still
         // arrive past that point are the same gap, not a new one (see `gap_retry`).
         self.req.gap_retry = Some(self.req.una);

@@ -20,25 +20,29 @@ pub(crate) enum Timer {
     Rnr = 3,
     /// The local ACK timeout (IBTA 9.7.6.1.3): armed while PSNs are unacknowledged.
     Retransmit = 4,
+    /// Fast recovery's probe timeout (`rc/recovery.rs`): armed with the local ACK timer,
+    /// earlier than it, when the QP has fast recovery.
+    Probe = 5,
 }
 
 impl Timer {
     /// Every timer, in dispatch order: the gates of the transmit path first (pacing, held ACK,
     /// rate), then the requester's (an RNR wait that ends resends, and so defers a retransmit
     /// timeout due at the same instant).
-    pub(crate) const ALL: [Timer; 5] = [
+    pub(crate) const ALL: [Timer; 6] = [
         Timer::Pace,
         Timer::AckHold,
         Timer::Cc,
         Timer::Rnr,
         Timer::Retransmit,
+        Timer::Probe,
     ];
 }
 
 /// The deadline of every [`Timer`] (`None`: not armed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct TimerTable {
-    at: [Option<Instant>; 5],
+    at: [Option<Instant>; 6],
 }
 
 impl TimerTable {

@@ -73,6 +73,11 @@ pub struct DeviceConfig {
     /// what perftest and the pingpongs read. Default 4096; a device on a network interface
     /// takes what its MTU allows ([`crate::io::netdev::ib_mtu_for`]: 1500 → 1024).
     pub port_mtu: Mtu,
+    /// Fast loss recovery for RC go-back-N (`rc/recovery.rs`): a probe timeout from measured
+    /// round trips resends before the local ACK timeout (without spending a retry), and the
+    /// window halves on loss and grows back by one packet per window acknowledged. What goes
+    /// on the wire stays IBTA go-back-N, so any peer works. Default off.
+    pub fast_recovery: bool,
 }
 
 impl DeviceConfig {
@@ -94,6 +99,7 @@ impl DeviceConfig {
             cnp_interval: Some(crate::time::Duration::from_micros(4)),
             ack_delay: None,
             port_mtu: Mtu::M4096,
+            fast_recovery: false,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -618,6 +624,7 @@ impl Device {
                         .cnp_interval
                         .map(crate::cc::dcqcn::NotificationPoint::new),
                     ack_delay: self.cfg.ack_delay,
+                    fast_recovery: self.cfg.fast_recovery,
                 };
                 let i = QpInit {
                     pd: init.pd,

@@ -360,6 +360,9 @@ struct FerroceCli {
     cnp_interval_us: u64,
     #[arg(long = "ack-delay-us", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     ack_delay_us: Option<u64>,
+    /// Fast loss recovery (DeviceConfig::fast_recovery): probe timeout, adaptive window.
+    #[arg(long = "fast-recovery")]
+    fast_recovery: bool,
     /// Check payloads byte for byte (see docs/interop-rxe.md).
     #[arg(long)]
     verify: bool,
@@ -402,6 +405,7 @@ pub struct Invocation {
     pub cc_sample: Duration,
     pub cnp_interval_us: u64,
     pub ack_delay_us: Option<u64>,
+    pub fast_recovery: bool,
 }
 
 /// What a command line asks for.
@@ -609,6 +613,7 @@ pub fn usage(program: &str, test: Test) -> String {
         "      --cc-csv FILE [--cc-sample-ms MS] [--cc-time-scale F] [--cnp-interval-us US]\n",
     );
     s.push_str("      --ack-delay-us US           delayed ACK (default 20 for latency tests)\n");
+    s.push_str("      --fast-recovery             RC loss recovery: probe timeout from measured RTTs, adaptive go-back-N window\n");
     s
 }
 
@@ -1283,6 +1288,7 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         cc_sample,
         cnp_interval_us: fx.cnp_interval_us,
         ack_delay_us: fx.ack_delay_us,
+        fast_recovery: fx.fast_recovery,
     })
 }
 
