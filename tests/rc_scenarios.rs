@@ -42,7 +42,15 @@ const WIRE: Duration = Duration::from_micros(1);
 impl Scen {
     /// Two connected QPs. `params` applies to both; `psn` is A's starting PSN (B's is 0x100).
     fn new(params: RcParams, psn: u32) -> Self {
-        let mut pair = ferroce::sim::Pair::new(1, Default::default());
+        Self::configured(params, psn, false)
+    }
+
+    /// As [`Scen::new`], with `DeviceConfig::fast_recovery` set on both devices.
+    fn configured(params: RcParams, psn: u32, fast_recovery: bool) -> Self {
+        let mut pair =
+            ferroce::sim::Pair::configured(1, Default::default(), ferroce::sim::Family::V4, |c| {
+                c.fast_recovery = fast_recovery
+            });
         let ea = end(&mut pair.a, 1 << 16);
         let eb = end(&mut pair.b, 1 << 16);
         connect(&mut pair, &ea, &eb, &params, psn, 0x100);
@@ -1012,6 +1020,98 @@ fn responder_checks_resources_before_length() {
         1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[RNR_NAK timer=10us msn=0] len=0
         2us A>B RC_SEND_ONLY qp=0x000011 psn=10 len=300 [injected]
         3us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[NAK INV_REQ msn=0] len=0
+        ",
+    );
+}
+
+#[test]
+fn fast_recovery_probe_resends_after_a_lost_nak_long_before_the_ack_timeout() {
+    // A 4-packet WRITE loses PSN 11, and B's sequence NAK for it is lost too. Plain
+    // go-back-N then waits out the local ACK timeout (timeout 14: 67 ms). With fast
+    // recovery the probe timeout (1 ms before any round trip was measured) resends from the
+    // oldest unacknowledged PSN; B takes PSN 10 as a duplicate, executes 11..13, and the
+    // WRITE completes without a timeout and with its retry count untouched.
+    let long = RcParams {
+        timeout: 14,
+        ..params()
+    };
+    let data = pattern(1000, 7);
+    let run = |fast: bool| {
+        let mut s = Scen::configured(long, 10, fast);
+        s.ea.mr.write(0, &data).unwrap();
+        s.drop = Box::new(|d, _, i| (d == Dir::AtoB && i == 1) || (d == Dir::BtoA && i == 0));
+        s.post_send(1, s.write_op(4096), 0, 1000);
+        s.run(Duration::from_millis(200));
+        assert_eq!(s.wcs_a(), vec![(1, WcStatus::Success)]);
+        let mut got = vec![0u8; 1000];
+        s.eb.mr.read(4096, &mut got).unwrap();
+        assert_eq!(got, data);
+        s
+    };
+    let plain = run(false);
+    let c = plain.a.qp_counters(plain.ea.qp).unwrap();
+    assert_eq!((c.timeouts, c.probes), (1, 0));
+    let s = run(true);
+    let c = s.a.qp_counters(s.ea.qp).unwrap();
+    assert_eq!((c.timeouts, c.probes), (0, 1));
+    expect(
+        &s,
+        "
+        0us A>B RC_RDMA_WRITE_FIRST qp=0x000011 psn=10 reth[va=0x7fec4a3d1000 rkey=0x7c596e26 len=1000] len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 len=256 [dropped]
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=12 len=256
+        0us A>B RC_RDMA_WRITE_LAST qp=0x000011 psn=13 A len=232
+        1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=11 aeth[NAK PSN_SEQ_ERR msn=0] len=0 [dropped]
+        1000us A>B RC_RDMA_WRITE_FIRST qp=0x000011 psn=10 reth[va=0x7fec4a3d1000 rkey=0x7c596e26 len=1000] len=256
+        1000us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 len=256
+        1000us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=12 len=256
+        1000us A>B RC_RDMA_WRITE_LAST qp=0x000011 psn=13 A len=232
+        1001us B>A RC_ACKNOWLEDGE qp=0x000011 psn=13 aeth[ACK credits=0 msn=1] len=0
+        ",
+    );
+}
+
+#[test]
+fn fast_recovery_probes_spend_no_retries_and_a_silent_peer_still_fails() {
+    // Nothing comes back. Probes resend before each local ACK timeout (1.05 ms; a probe is
+    // never later than half of it), but only the timeouts spend retry_cnt (3): the original
+    // plus 3 retries, then RETRY_EXC_ERR at the same time as without fast recovery.
+    let mut s = Scen::configured(params(), 10, true);
+    s.drop = Box::new(|d, _, _| d == Dir::BtoA);
+    s.post_send(1, s.write_op(0), 0, 100);
+    s.run(Duration::from_millis(20));
+    assert_eq!(s.wcs_a(), vec![(1, WcStatus::RetryExcErr)]);
+    let c = s.a.qp_counters(s.ea.qp).unwrap();
+    assert_eq!(c.timeouts, 4);
+    assert!(c.probes >= 4, "a probe before each timeout: {c:?}");
+    let mut p = Scen::new(params(), 10);
+    p.drop = Box::new(|d, _, _| d == Dir::BtoA);
+    p.post_send(1, p.write_op(0), 0, 100);
+    p.run(Duration::from_millis(20));
+    assert_eq!(p.wcs_a(), vec![(1, WcStatus::RetryExcErr)]);
+    assert_eq!(s.state_a(), QpState::Err);
+    assert_eq!(p.a.qp_counters(p.ea.qp).unwrap().timeouts, 4);
+    // Timeouts at 1048, 2097 and 3145 µs (each resends, spending a retry; the 4th, at
+    // 4194 µs, fails the WQE); a probe half a timeout after each (re)arming in between.
+    expect(
+        &s,
+        "
+        0us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        524us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        525us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        1048us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        1049us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        1572us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        1573us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        2097us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        2098us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        2621us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        2622us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        3145us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        3146us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        3670us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
+        3671us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
         ",
     );
 }

@@ -96,7 +96,7 @@ impl Recovery {
                 self.rttvar = r / 2;
             }
             Some(s) => {
-                let d = if s > r { s - r } else { r - s };
+                let d = s.abs_diff(r);
                 self.rttvar = (self.rttvar * 3 + d) / 4;
                 self.srtt = Some((s * 7 + r) / 8);
             }

@@ -45,12 +45,25 @@ impl Pair {
     /// A pair of `family` addresses with the same link in both directions; `seed` fixes the
     /// network's randomness and (derived) each device's keys.
     pub fn with_family(seed: u64, link: LinkConfig, family: Family) -> Self {
+        Self::configured(seed, link, family, |_| {})
+    }
+
+    /// As [`Pair::with_family`], with `tweak` applied to both devices' configurations (e.g.
+    /// `DeviceConfig::fast_recovery`) before they are made.
+    pub fn configured(
+        seed: u64,
+        link: LinkConfig,
+        family: Family,
+        tweak: impl Fn(&mut DeviceConfig),
+    ) -> Self {
         let ip = |i: u8| match family {
             Family::V4 => IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
             Family::V6 => IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(i))),
         };
         let mk = |i: u8, s: u64| {
-            Device::new(DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, i]), ip(i)).with_seed(s))
+            let mut c = DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, i]), ip(i)).with_seed(s);
+            tweak(&mut c);
+            Device::new(c)
         };
         Self::from_devices(seed, link, mk(1, seed ^ 0xa), mk(2, seed ^ 0xb))
     }
