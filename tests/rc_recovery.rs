@@ -101,9 +101,11 @@ fn lossless_transfers_are_unchanged() {
     }
 }
 
-/// Measured when written (packets sent per packet needed, fast vs plain): WRITE 1.31-1.60 vs
-/// 3.01-3.77, READ 1.36-1.50 vs 3.22-4.85; plain go-back-N hit the 67 ms local ACK timeout
-/// in 3 of the 6 runs, fast recovery in none.
+/// Measured when written (packets sent per packet needed, fast vs plain): WRITE 1.74-1.97 vs
+/// 3.01-3.77, READ 1.56-2.18 vs 3.22-4.85 (the simulated link queues without bound, so the
+/// whole window is in flight: the window floor, 64 packets, is set for real paths; with a
+/// floor of 8 it was 1.31-1.60); plain go-back-N hit the 67 ms local ACK timeout in 3 of
+/// the 6 runs, fast recovery in none, and took 1.6-18x as long.
 #[test]
 fn one_percent_loss_costs_fewer_packets_and_no_timeouts() {
     for read in [false, true] {
@@ -112,7 +114,7 @@ fn one_percent_loss_costs_fewer_packets_and_no_timeouts() {
             let fast = transfer(seed, 0.01, read, true);
             assert_eq!(fast.timeouts, 0, "read={read} seed={seed}");
             assert!(
-                fast.tx_per_needed < 1.75,
+                fast.tx_per_needed < 2.5,
                 "read={read} seed={seed}: {:.2} packets sent per packet needed (plain {:.2})",
                 fast.tx_per_needed,
                 plain.tx_per_needed
