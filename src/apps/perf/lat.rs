@@ -30,6 +30,12 @@ fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
     }
 }
 
+/// How long a latency test busy-polls for one completion before it sleeps. Longer than any
+/// round trip it measures: with a spin shorter than the peer's wake-up from a sleep (50 µs
+/// was: ~80 µs on the 2-core VM), a ping-pong where both sides once slept stayed asleep,
+/// every round trip ~170 µs, for hundreds of iterations (the 40–90 µs p99 runs).
+pub(super) const LAT_SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
+
 /// Block until one completion arrives on `cq` (busy-polling first: a latency test).
 fn one(
     ep: &Endpoint<'_>,
@@ -48,6 +54,11 @@ fn one(
         }
         if stop() {
             return Ok(None);
+        }
+        if !events && t0.elapsed() < LAT_SPIN_BEFORE_SLEEP {
+            // Busy-poll as perftest does (poll_cq drives an inline engine).
+            std::hint::spin_loop();
+            continue;
         }
         await_cq(ep, cq, events, t0, timeout)?;
     }
