@@ -753,11 +753,14 @@ fn first_diff(a: &[u8], b: &[u8]) -> Option<(usize, usize)> {
 /// Run one case; `Err` describes the first divergence from the model.
 fn run_case(case: &Case) -> Result<Stats, String> {
     let family = if case.net.v6 { Family::V6 } else { Family::V4 };
-    // Half the cases (by the seed's low bit, so the case sequence is unchanged) run with
-    // fast recovery (probe timeout, adaptive window) on both devices.
+    // By the seed's low bits (so the case sequence is unchanged): half the cases run with
+    // fast recovery (probe timeout, adaptive window) on both devices, and half of those
+    // with selective repeat too.
     let fast_recovery = case.seed & 1 == 1;
+    let selective_repeat = case.seed & 3 == 3;
     let mut p = Pair::configured(case.seed, case.net.link(), family, |c| {
-        c.fast_recovery = fast_recovery
+        c.fast_recovery = fast_recovery;
+        c.selective_repeat = selective_repeat;
     });
     let tracing = std::env::var_os("RC_PROPS_TRACE").is_some();
     if tracing {

@@ -23,11 +23,18 @@ struct Outcome {
 /// N WRITEs (or READs) of 64 KiB at path MTU 4096, 32 outstanding, over 20 Gb/s links with
 /// 5 µs latency and `loss` in both directions; checks every byte.
 fn transfer(seed: u64, loss: f64, read: bool, fast: bool) -> Outcome {
+    transfer_with(seed, loss, read, fast, false)
+}
+
+fn transfer_with(seed: u64, loss: f64, read: bool, fast: bool, sr: bool) -> Outcome {
     let link = LinkConfig::new()
         .latency(Duration::from_micros(5))
         .bandwidth_bps(20_000_000_000)
         .loss(loss);
-    let mut p = Pair::configured(seed, link, Family::V4, |c| c.fast_recovery = fast);
+    let mut p = Pair::configured(seed, link, Family::V4, |c| {
+        c.fast_recovery = fast;
+        c.selective_repeat = sr;
+    });
     let ea = end(&mut p.a, 8 * LEN);
     let eb = end(&mut p.b, 8 * LEN);
     let src = if read { &eb.mr } else { &ea.mr };
@@ -127,4 +134,33 @@ fn one_percent_loss_costs_fewer_packets_and_no_timeouts() {
             );
         }
     }
+}
+
+/// Selective repeat on both ends: a WRITE loss costs about one packet. Measured when
+/// written: 1.01-1.16 packets sent per packet needed (fast recovery alone 1.74-1.97; the
+/// rest are probes, which go back N when a resend is lost), in 5.5-6.6 ms against 9.3-10.5
+/// (lossless 5.3 ms).
+#[test]
+fn selective_repeat_resends_about_one_packet_per_loss() {
+    for seed in [1, 2, 3] {
+        let fast = transfer(seed, 0.01, false, true);
+        let sr = transfer_with(seed, 0.01, false, true, true);
+        assert_eq!(sr.timeouts, 0);
+        assert!(
+            sr.tx_per_needed < 1.3,
+            "seed={seed}: {:.3}",
+            sr.tx_per_needed
+        );
+        assert!(
+            sr.took <= fast.took,
+            "seed={seed}: {:?} vs {:?}",
+            sr.took,
+            fast.took
+        );
+    }
+    // Lossless: nothing changes.
+    assert_eq!(
+        transfer_with(1, 0.0, false, true, true).took,
+        transfer(1, 0.0, false, false).took
+    );
 }

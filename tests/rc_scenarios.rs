@@ -47,10 +47,13 @@ impl Scen {
 
     /// As [`Scen::new`], with `DeviceConfig::fast_recovery` set on both devices.
     fn configured(params: RcParams, psn: u32, fast_recovery: bool) -> Self {
+        Self::with(params, psn, |c| c.fast_recovery = fast_recovery)
+    }
+
+    /// As [`Scen::new`], with `tweak` applied to both devices' configurations.
+    fn with(params: RcParams, psn: u32, tweak: impl Fn(&mut DeviceConfig)) -> Self {
         let mut pair =
-            ferroce::sim::Pair::configured(1, Default::default(), ferroce::sim::Family::V4, |c| {
-                c.fast_recovery = fast_recovery
-            });
+            ferroce::sim::Pair::configured(1, Default::default(), ferroce::sim::Family::V4, tweak);
         let ea = end(&mut pair.a, 1 << 16);
         let eb = end(&mut pair.b, 1 << 16);
         connect(&mut pair, &ea, &eb, &params, psn, 0x100);
@@ -1112,6 +1115,86 @@ fn fast_recovery_probes_spend_no_retries_and_a_silent_peer_still_fails() {
         3146us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
         3670us A>B RC_RDMA_WRITE_ONLY qp=0x000011 psn=10 A reth[va=0x7fec4a3d0000 rkey=0x7c596e26 len=100] len=100
         3671us B>A RC_ACKNOWLEDGE qp=0x000011 psn=10 aeth[ACK credits=0 msn=1] len=0 [dropped]
+        ",
+    );
+}
+
+#[test]
+fn selective_repeat_resends_only_the_lost_packet() {
+    // A 6-packet WRITE loses PSN 11. With selective repeat on both ends, B keeps PSNs 12..15,
+    // NAKs 11 once, and A resends PSN 11 alone (with AckReq); B then runs the kept packets in
+    // order and acknowledges the whole message. The bytes land whole. (Plain go-back-N
+    // resends 11..15: see partial_write_retried_after_loss.)
+    let mut s = Scen::with(params(), 10, |c| c.selective_repeat = true);
+    let data = pattern(1400, 8);
+    s.ea.mr.write(0, &data).unwrap();
+    s.drop = Box::new(|d, _, i| d == Dir::AtoB && i == 1);
+    s.post_send(1, s.write_op(4096), 0, 1400);
+    s.run(Duration::from_millis(10));
+    assert_eq!(s.wcs_a(), vec![(1, WcStatus::Success)]);
+    let mut got = vec![0u8; 1400];
+    s.eb.mr.read(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    let (ca, cb) = (
+        s.a.qp_counters(s.ea.qp).unwrap(),
+        s.b.qp_counters(s.eb.qp).unwrap(),
+    );
+    assert_eq!(
+        (ca.retransmits, ca.sr_resends, ca.timeouts, ca.probes),
+        (1, 1, 0, 0)
+    );
+    assert_eq!(
+        (cb.reordered_kept, cb.seq_naks_sent, cb.duplicates),
+        (4, 1, 0)
+    );
+    expect(
+        &s,
+        "
+        0us A>B RC_RDMA_WRITE_FIRST qp=0x000011 psn=10 reth[va=0x7fec4a3d1000 rkey=0x7c596e26 len=1400] len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 len=256 [dropped]
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=12 len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=13 len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=14 len=256
+        0us A>B RC_RDMA_WRITE_LAST qp=0x000011 psn=15 A len=120
+        1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=11 aeth[NAK PSN_SEQ_ERR msn=0] len=0
+        2us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 A len=256
+        3us B>A RC_ACKNOWLEDGE qp=0x000011 psn=15 aeth[ACK credits=0 msn=1] len=0
+        ",
+    );
+}
+
+#[test]
+fn selective_repeat_naks_the_next_gap_at_once() {
+    // Two gaps in one WRITE (PSNs 11 and 13 lost). B keeps 12, 14, 15 and NAKs 11; when the
+    // resent 11 fills the first gap, B runs 12 and NAKs 13 right away (nothing else would
+    // arrive to provoke it); A resends 13 alone and the message completes.
+    let mut s = Scen::with(params(), 10, |c| c.selective_repeat = true);
+    let data = pattern(1400, 9);
+    s.ea.mr.write(0, &data).unwrap();
+    s.drop = Box::new(|d, _, i| d == Dir::AtoB && (i == 1 || i == 3));
+    s.post_send(1, s.write_op(4096), 0, 1400);
+    s.run(Duration::from_millis(10));
+    assert_eq!(s.wcs_a(), vec![(1, WcStatus::Success)]);
+    let mut got = vec![0u8; 1400];
+    s.eb.mr.read(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    let ca = s.a.qp_counters(s.ea.qp).unwrap();
+    assert_eq!((ca.retransmits, ca.sr_resends, ca.timeouts), (2, 2, 0));
+    expect(
+        &s,
+        "
+        0us A>B RC_RDMA_WRITE_FIRST qp=0x000011 psn=10 reth[va=0x7fec4a3d1000 rkey=0x7c596e26 len=1400] len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 len=256 [dropped]
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=12 len=256
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=13 len=256 [dropped]
+        0us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=14 len=256
+        0us A>B RC_RDMA_WRITE_LAST qp=0x000011 psn=15 A len=120
+        1us B>A RC_ACKNOWLEDGE qp=0x000011 psn=11 aeth[NAK PSN_SEQ_ERR msn=0] len=0
+        2us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=11 A len=256
+        3us B>A RC_ACKNOWLEDGE qp=0x000011 psn=11 aeth[ACK credits=0 msn=0] len=0
+        3us B>A RC_ACKNOWLEDGE qp=0x000011 psn=13 aeth[NAK PSN_SEQ_ERR msn=0] len=0
+        4us A>B RC_RDMA_WRITE_MIDDLE qp=0x000011 psn=13 A len=256
+        5us B>A RC_ACKNOWLEDGE qp=0x000011 psn=15 aeth[ACK credits=0 msn=1] len=0
         ",
     );
 }

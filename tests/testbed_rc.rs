@@ -279,6 +279,8 @@ struct Spec {
     psn: u32,
     /// `DeviceConfig::fast_recovery`.
     fast_recovery: bool,
+    /// `DeviceConfig::selective_repeat`.
+    selective_repeat: bool,
 }
 
 /// One side of the connection, driven from the test thread.
@@ -369,6 +371,7 @@ fn host(
     let mut cfg = DeviceConfig::new(dev.mac, local);
     cfg.gids = dev.gids.clone();
     cfg.fast_recovery = spec.fast_recovery;
+    cfg.selective_repeat = spec.selective_repeat;
     let nic = match spec.wrap {
         Wrap::Plain => Nic::start(cfg, pkt, options()),
         Wrap::Pcap(path) => {
@@ -455,6 +458,7 @@ fn plain(ns: &'static str, kind: BackendKind, psn: u32) -> Spec {
         wrap: Wrap::Plain,
         psn,
         fast_recovery: false,
+        selective_repeat: false,
     }
 }
 
@@ -997,6 +1001,7 @@ fn every_operation_with_capture(kind: BackendKind) {
             wrap: Wrap::Pcap(cap.clone()),
             psn: PSN_A,
             fast_recovery: false,
+            selective_repeat: false,
         },
         plain(NS_B, kind, PSN_B),
     );
@@ -1152,6 +1157,7 @@ fn udp_socket_gso_on_the_wire() {
             wrap: Wrap::Pcap(tap.clone()),
             psn: PSN_A,
             fast_recovery: false,
+            selective_repeat: false,
         },
         plain(NS_B, BackendKind::Udp, PSN_B),
     );
@@ -1201,6 +1207,10 @@ fn every_operation_udp_socket() {
 // ---- 2: 1 % loss in R ------------------------------------------------------------------------
 
 fn one_percent_loss(kind: BackendKind, fast_recovery: bool) {
+    one_percent_loss_with(kind, fast_recovery, false)
+}
+
+fn one_percent_loss_with(kind: BackendKind, fast_recovery: bool, selective_repeat: bool) {
     let input = if kind == BackendKind::Udp {
         SOCKETS
     } else {
@@ -1209,6 +1219,7 @@ fn one_percent_loss(kind: BackendKind, fast_recovery: bool) {
     let _bed = Bed::take(input);
     let spec = |ns, psn| Spec {
         fast_recovery,
+        selective_repeat,
         ..plain(ns, kind, psn)
     };
     let p = connect(spec(NS_A, PSN_A), spec(NS_B, PSN_B));
@@ -1244,7 +1255,11 @@ fn one_percent_loss(kind: BackendKind, fast_recovery: bool) {
         &format!(
             "{} 1% loss{}",
             kind.name(),
-            if fast_recovery { ", fast recovery" } else { "" }
+            match (fast_recovery, selective_repeat) {
+                (_, true) => ", selective repeat",
+                (true, false) => ", fast recovery",
+                _ => "",
+            }
         ),
         &p,
         &[
@@ -1264,7 +1279,13 @@ fn one_percent_loss(kind: BackendKind, fast_recovery: bool) {
     assert!(r_drops > 0, "R's loss rule dropped nothing:\n{stats}");
     let (qa, qb) = (p.a.qp_counters(), p.b.qp_counters());
     assert!(qa.retransmits > 0, "A retransmitted nothing: {qa:?}");
-    if fast_recovery {
+    if selective_repeat {
+        assert!(
+            qb.reordered_kept > 0 && qa.sr_resends > 0,
+            "no selective repeat: A {qa:?} B {qb:?}"
+        );
+    }
+    if fast_recovery || selective_repeat {
         // A lost tail (the last ACK of a message one at a time) is found by a probe.
         assert!(qa.probes > 0, "A never probed: {qa:?}");
     } else {
@@ -1298,6 +1319,18 @@ fn one_percent_loss_fast_recovery_af_xdp() {
 fn one_percent_loss_fast_recovery_udp_socket() {
     require_root!("testbed_rc", NEEDS);
     one_percent_loss(BackendKind::Udp, true);
+}
+
+#[test]
+fn one_percent_loss_selective_repeat_af_xdp() {
+    require_root!("testbed_rc", NEEDS);
+    one_percent_loss_with(BackendKind::Xdp, false, true);
+}
+
+#[test]
+fn one_percent_loss_selective_repeat_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
+    one_percent_loss_with(BackendKind::Udp, false, true);
 }
 
 #[test]
@@ -1339,6 +1372,7 @@ fn duplicates_and_reordering(kind: BackendKind) {
             wrap: Wrap::Faults(faults(0xa)),
             psn: PSN_A,
             fast_recovery: false,
+            selective_repeat: false,
         },
         Spec {
             ns: NS_B,
@@ -1346,6 +1380,7 @@ fn duplicates_and_reordering(kind: BackendKind) {
             wrap: Wrap::Faults(faults(0xb)),
             psn: PSN_B,
             fast_recovery: false,
+            selective_repeat: false,
         },
     );
     let (one, piped) = all_operations(&p, 0x300);

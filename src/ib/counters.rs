@@ -20,6 +20,10 @@ pub struct QpCounters {
     /// Fast recovery's probes: go-back-N resends after a probe timeout, before the local
     /// ACK timeout (`DeviceConfig::fast_recovery`).
     pub probes: u64,
+    /// Selective repeat: single packets resent for a sequence-error NAK.
+    pub sr_resends: u64,
+    /// Selective repeat: request packets kept ahead of the expected PSN.
+    pub reordered_kept: u64,
     /// PSN-sequence-error NAKs sent (one per gap).
     pub seq_naks_sent: u64,
     /// PSN-sequence-error NAKs received.
@@ -82,6 +86,8 @@ impl QpCounters {
             rx_bytes,
             retransmits,
             probes,
+            sr_resends,
+            reordered_kept,
             timeouts,
             seq_naks_sent,
             seq_naks_rcvd,

@@ -164,6 +164,13 @@ impl Qp {
             return;
         }
         self.req.retry_left -= 1;
+        if self.sr && why == Retry::SequenceNak {
+            // Selective repeat: the peer kept what came after p; resend p alone.
+            self.counters.sr_resends += 1;
+            self.req.sr_resend = Some(p);
+            self.arm_ack_timer(ctx.now);
+            return;
+        }
         self.rec_on_loss();
         self.retry_from(p, why);
         self.arm_ack_timer(ctx.now);

@@ -13,6 +13,7 @@
 pub(crate) mod completer;
 pub(crate) mod qp;
 pub(crate) mod recovery;
+pub(crate) mod reorder;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod timer;

@@ -71,6 +71,8 @@ pub(crate) struct QpConfig {
     pub ack_delay: Option<Duration>,
     /// Fast loss recovery for go-back-N (`rc/recovery.rs`).
     pub fast_recovery: bool,
+    /// Selective repeat with a peer that has it too (`rc/reorder.rs`).
+    pub selective_repeat: bool,
 }
 
 /// An entry of the send queue: the posted request and the requester's progress on it.
@@ -143,6 +145,8 @@ pub(crate) struct Requester {
     pub recovery_until: Option<Psn>,
     /// The window (see [`DEFAULT_MAX_INFLIGHT`]).
     pub max_inflight: u32,
+    /// Selective repeat: the one PSN a sequence-error NAK asked for, to resend next.
+    pub sr_resend: Option<Psn>,
 }
 
 /// Saved state of an executed READ or ATOMIC, for duplicates (IBTA 9.7.5.1.1).
@@ -213,6 +217,9 @@ pub(crate) struct Responder {
     pub in_msg: Option<InMsg>,
     /// A sequence-error or RNR NAK was sent and the expected PSN has not arrived since.
     pub nak_sent: bool,
+    /// Selective repeat: request packets kept ahead of the expected PSN, by PSN
+    /// (`rc/reorder.rs`).
+    pub reorder: std::collections::BTreeMap<u32, (RoceRepr, Vec<u8>)>,
     pub resources: VecDeque<Resource>,
     pub resp_q: VecDeque<RespItem>,
 }
@@ -256,6 +263,8 @@ pub(crate) struct Qp {
     pub(super) ack_delay: Option<Duration>,
     /// Fast loss recovery: probe timeout and adaptive window (`rc/recovery.rs`).
     pub(super) rec: super::recovery::Recovery,
+    /// Selective repeat (`rc/reorder.rs`).
+    pub(super) sr: bool,
 }
 
 // ---- creation, getters -------------------------------------------------------------------
@@ -295,7 +304,11 @@ impl Qp {
             np: cfg.np,
             cnp_due: false,
             ack_delay: cfg.ack_delay,
-            rec: super::recovery::Recovery::new(cfg.fast_recovery, cfg.max_inflight),
+            rec: super::recovery::Recovery::new(
+                cfg.fast_recovery || cfg.selective_repeat,
+                cfg.max_inflight,
+            ),
+            sr: cfg.selective_repeat,
         }
     }
 

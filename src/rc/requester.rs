@@ -109,6 +109,9 @@ impl Qp {
         if self.timers.is_armed(Timer::Rnr) {
             return Err(Wait::Rnr);
         }
+        if self.req.sr_resend.is_some() {
+            return Ok(());
+        }
         let Some(w) = self.sq.get(self.req.send_idx) else {
             return Err(Wait::Empty);
         };
@@ -216,6 +219,14 @@ impl Qp {
     pub(crate) fn next_request_packet(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
         if !self.requester_ready() {
             return None;
+        }
+        if let Some(p) = self.req.sr_resend.take() {
+            if let Some(d) = self.sr_resend_packet(ctx, p) {
+                return Some(d);
+            }
+            if !self.requester_ready() {
+                return None;
+            }
         }
         let mtu = self.mtu();
         let idx = self.req.send_idx;

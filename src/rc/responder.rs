@@ -137,8 +137,30 @@ impl Qp {
             self.counters.state_drops += 1;
             return;
         }
-        if let Err(stop) = self.respond(ctx, r, payload) {
-            self.stop(ctx, r, stop);
+        match self.respond(ctx, r, payload) {
+            Ok(()) => self.sr_drain(ctx),
+            Err(Stop::OutOfSequence) => {
+                self.sr_keep(r, payload);
+                self.stop(ctx, r, Stop::OutOfSequence);
+            }
+            Err(stop) => self.stop(ctx, r, stop),
+        }
+    }
+
+    /// A request at the expected PSN, kept for later by selective repeat (`rc/reorder.rs`):
+    /// the pipeline as for any request. False if it stopped.
+    pub(super) fn on_request_in_sequence(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        r: &RoceRepr,
+        payload: &[u8],
+    ) -> bool {
+        match self.respond(ctx, r, payload) {
+            Ok(()) => true,
+            Err(stop) => {
+                self.stop(ctx, r, stop);
+                false
+            }
         }
     }
 

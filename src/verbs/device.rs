@@ -78,6 +78,12 @@ pub struct DeviceConfig {
     /// window halves on loss and grows back by one packet per window acknowledged. What goes
     /// on the wire stays IBTA go-back-N, so any peer works. Default off.
     pub fast_recovery: bool,
+    /// Selective repeat for RC between two devices that both have it (`rc/reorder.rs`): the
+    /// responder keeps requests that arrive ahead of the expected PSN and runs them in order
+    /// once the gap is filled; the requester resends only the PSN a sequence-error NAK
+    /// names. Implies `fast_recovery`. Against a peer without it every gap costs a round
+    /// trip per packet dropped behind it, so both ends must agree. Default off.
+    pub selective_repeat: bool,
 }
 
 impl DeviceConfig {
@@ -100,6 +106,7 @@ impl DeviceConfig {
             ack_delay: None,
             port_mtu: Mtu::M4096,
             fast_recovery: false,
+            selective_repeat: false,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -625,6 +632,7 @@ impl Device {
                         .map(crate::cc::dcqcn::NotificationPoint::new),
                     ack_delay: self.cfg.ack_delay,
                     fast_recovery: self.cfg.fast_recovery,
+                    selective_repeat: self.cfg.selective_repeat,
                 };
                 let i = QpInit {
                     pd: init.pd,

@@ -363,6 +363,9 @@ struct FerroceCli {
     /// Fast loss recovery (DeviceConfig::fast_recovery): probe timeout, adaptive window.
     #[arg(long = "fast-recovery")]
     fast_recovery: bool,
+    /// Selective repeat (DeviceConfig::selective_repeat; the peer must have it too).
+    #[arg(long = "selective-repeat")]
+    selective_repeat: bool,
     /// Check payloads byte for byte (see docs/interop-rxe.md).
     #[arg(long)]
     verify: bool,
@@ -406,6 +409,7 @@ pub struct Invocation {
     pub cnp_interval_us: u64,
     pub ack_delay_us: Option<u64>,
     pub fast_recovery: bool,
+    pub selective_repeat: bool,
 }
 
 /// What a command line asks for.
@@ -614,6 +618,7 @@ pub fn usage(program: &str, test: Test) -> String {
     );
     s.push_str("      --ack-delay-us US           delayed ACK (default 20 for latency tests)\n");
     s.push_str("      --fast-recovery             RC loss recovery: probe timeout from measured RTTs, adaptive go-back-N window\n");
+    s.push_str("      --selective-repeat          RC selective repeat with a ferroce peer that has it too (implies --fast-recovery)\n");
     s
 }
 
@@ -1289,6 +1294,7 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         cnp_interval_us: fx.cnp_interval_us,
         ack_delay_us: fx.ack_delay_us,
         fast_recovery: fx.fast_recovery,
+        selective_repeat: fx.selective_repeat,
     })
 }
 
