@@ -384,6 +384,14 @@ fn the_cli_lists_the_catalogue_and_refuses_bad_input_in_one_line() {
             ],
             "selects no test",
         ),
+        (
+            vec!["conform", "--serve", "-d", "lo", "--break", "no-such-break"],
+            "--break no-such-break: unknown; one of skip-rkey-check",
+        ),
+        (
+            vec!["conform", "10.0.0.1", "-d", "lo", "--break", "zero-credits"],
+            "needs --serve",
+        ),
     ] {
         let out = std::process::Command::new(bin)
             .args(&args)
@@ -394,4 +402,97 @@ fn the_cli_lists_the_catalogue_and_refuses_bad_input_in_one_line() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(err.trim().lines().count() <= 5, "{args:?}: {err}");
     }
+}
+
+/// Each deliberate deviation (`--break NAME`), its tests that must fail, and those that can
+/// then only be inconclusive (they need the behaviour the break removes to decide).
+const BREAK_EFFECTS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "skip-rkey-check",
+        &[
+            "key.invalid-rkey-write",
+            "key.invalid-rkey-read",
+            "key.invalid-rkey-atomic",
+        ],
+        &[],
+    ),
+    ("dup-atomic-again", &["psn.dup-atomic-replayed"], &[]),
+    (
+        "dup-read-ack",
+        &["psn.dup-read-replayed", "psn.dup-read-middle"],
+        &[],
+    ),
+    (
+        "no-seq-nak",
+        &["psn.out-of-sequence", "psn.far-ahead"],
+        // "not consumed" is shown by the sequence NAK a later PSN draws.
+        &[
+            "psn.dup-while-nak",
+            "drop.bad-icrc",
+            "drop.unknown-qpn",
+            "drop.qp0",
+            "drop.wrong-pkey",
+            "drop.wrong-dest-ip",
+            "drop.wrong-source-ip",
+            "drop.uc-opcode",
+            "drop.bad-tver",
+        ],
+    ),
+    ("no-rnr-nak", &["res.rnr-nak"], &[]),
+    ("cnp-every-ce", &["ecn.cnp-rate"], &[]),
+    ("accept-bad-icrc", &["drop.bad-icrc"], &[]),
+    (
+        "no-opseq-check",
+        // MIDDLE/LAST without FIRST are still refused when executed (no message to add to).
+        &[
+            "opseq.first-in-message",
+            "opseq.only-in-message",
+            "opseq.read-in-message",
+        ],
+        &[],
+    ),
+    (
+        "no-length-check",
+        &[
+            "len.above-mtu",
+            "len.first-short",
+            "len.middle-short",
+            "len.read-too-long",
+            "key.misaligned-atomic",
+        ],
+        &[],
+    ),
+    ("zero-credits", &["ack.credits"], &[]),
+];
+
+/// Against ferroce with each deliberate deviation: exactly the matching tests fail, all
+/// others pass (or are inconclusive where the break removes what they decide by).
+#[test]
+fn each_deliberate_deviation_fails_exactly_its_tests() {
+    use ferroce::rc::deviations::BREAKS;
+    assert_eq!(BREAK_EFFECTS.len(), BREAKS.len());
+    let known_gap = ["res.too-many-reads", "res.too-many-atomics"];
+    let mut wrong = Vec::new();
+    for (name, fails, unsure) in BREAK_EFFECTS {
+        let r = against_ferroce(&[], |c| assert!(c.deviations.set(name), "{name}"));
+        let of = |v: Verdict| -> Vec<&str> {
+            let mut ids: Vec<&str> = r
+                .results
+                .iter()
+                .filter(|t| t.outcome.verdict == v && !known_gap.contains(&t.id))
+                .map(|t| t.id)
+                .collect();
+            ids.sort();
+            ids
+        };
+        let (mut f, mut u) = (fails.to_vec(), unsure.to_vec());
+        f.sort();
+        u.sort();
+        let (got_f, got_u) = (of(Verdict::Fail), of(Verdict::Inconclusive));
+        println!("--break {name}: failed {got_f:?}, inconclusive {got_u:?}");
+        if got_f != f || got_u != u || !of(Verdict::NotApplicable).is_empty() {
+            wrong.push((name, got_f, got_u));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }

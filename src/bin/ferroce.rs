@@ -208,6 +208,12 @@ struct ConformArgs {
     /// With --serve: the RNR NAK timer code (0..=31).
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u8).range(0..=31))]
     min_rnr_timer: u8,
+    /// With --serve, TEST-ONLY: make the ferroce peer deliberately non-conformant (repeat
+    /// or separate with commas): skip-rkey-check, dup-atomic-again, dup-read-ack, no-seq-nak,
+    /// no-rnr-nak, cnp-every-ce, accept-bad-icrc, no-opseq-check, no-length-check,
+    /// zero-credits. For testing conformance testers only.
+    #[arg(long = "break", value_name = "NAME")]
+    breaks: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -1146,6 +1152,12 @@ fn run_conform(a: ConformArgs) -> ExitCode {
         cnp_interval_us: a.cnp_interval_us,
         max_rd_atomic: a.max_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
+        breaks: a
+            .breaks
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(|s| s.trim().to_string())
+            .collect(),
     };
     match ferroce::apps::conform::cli::run(&run, &mut io::stdout(), &mut io::stderr()) {
         Ok(code) => ExitCode::from(code),

@@ -11,6 +11,7 @@
 //! QPs, the QPs do not know the device.
 
 pub(crate) mod completer;
+pub mod deviations;
 pub(crate) mod qp;
 pub(crate) mod recovery;
 pub(crate) mod reorder;

@@ -73,6 +73,8 @@ pub(crate) struct QpConfig {
     pub fast_recovery: bool,
     /// Selective repeat with a peer that has it too (`rc/reorder.rs`).
     pub selective_repeat: bool,
+    /// Test-only deliberate deviations (all off by default).
+    pub deviations: super::deviations::Deviations,
 }
 
 /// An entry of the send queue: the posted request and the requester's progress on it.
@@ -254,8 +256,8 @@ pub(crate) struct Qp {
     pub(super) pacer: Pacer,
     /// The notification point for what this QP receives (None: never send CNPs).
     pub(super) np: Option<NotificationPoint>,
-    /// A CNP is owed to the peer.
-    pub(super) cnp_due: bool,
+    /// CNPs owed to the peer (at most one, unless the `cnp_every_ce` deviation is set).
+    pub(super) cnp_due: u32,
     /// Delayed ACK: a lone ACK waiting in the response queue is held back up to this long
     /// ([`Timer::AckHold`]), or until this QP sends a request packet (the ACK then follows it
     /// in the same batch). IBTA 9.7.5.1.6 lets a responder coalesce ACKs; the requester's
@@ -265,6 +267,8 @@ pub(crate) struct Qp {
     pub(super) rec: super::recovery::Recovery,
     /// Selective repeat (`rc/reorder.rs`).
     pub(super) sr: bool,
+    /// Test-only deliberate deviations (all off by default).
+    pub(super) dev: super::deviations::Deviations,
 }
 
 // ---- creation, getters -------------------------------------------------------------------
@@ -302,13 +306,14 @@ impl Qp {
             cc: cfg.cc,
             pacer: cfg.pacer,
             np: cfg.np,
-            cnp_due: false,
+            cnp_due: 0,
             ack_delay: cfg.ack_delay,
             rec: super::recovery::Recovery::new(
                 cfg.fast_recovery || cfg.selective_repeat,
                 cfg.max_inflight,
             ),
             sr: cfg.selective_repeat,
+            dev: cfg.deviations,
         }
     }
 
@@ -453,7 +458,7 @@ impl Qp {
         let cc = self.timers.get(Timer::Cc);
         self.timers = TimerTable::default();
         self.timers.set(Timer::Cc, cc);
-        self.cnp_due = false;
+        self.cnp_due = 0;
     }
 
     fn set_state(&mut self, next: QpState) {
@@ -527,8 +532,17 @@ impl Qp {
         if ecn == Ecn::Ce {
             // The notification point: a congested path; CNPs to the sender, spaced.
             self.counters.ce_rcvd += 1;
-            if self.np.as_mut().is_some_and(|np| np.on_ce(ctx.now)) {
-                self.cnp_due = true;
+            let every = self.dev.cnp_every_ce;
+            if self
+                .np
+                .as_mut()
+                .is_some_and(|np| np.on_ce(ctx.now) || every)
+            {
+                self.cnp_due = if every {
+                    self.cnp_due.saturating_add(1)
+                } else {
+                    1
+                };
             }
         }
         if r.bth.opcode.is(OpFlags::RESPONSE) {
@@ -573,7 +587,7 @@ impl Qp {
     /// this arms [`Timer::Pace`] and answers `None`.
     pub(crate) fn next_tx(&mut self, now: Instant) -> Option<TxKind> {
         self.path.as_ref()?;
-        if self.cnp_due {
+        if self.cnp_due > 0 {
             return Some(TxKind::Cnp);
         }
         let front_is_data = match self.resp.resp_q.front() {
@@ -611,7 +625,7 @@ impl Qp {
     pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<TxDesc> {
         match kind {
             TxKind::Cnp => {
-                self.cnp_due = false;
+                self.cnp_due -= 1;
                 let mut bth = BthRepr::new(
                     Opcode::CNP,
                     QpNumber::new(self.attr.dest_qp_num),

@@ -12,8 +12,8 @@ use crate::ib::mr::{scatter, MrShared};
 use crate::ib::wc::{WcOpcode, WcStatus};
 use crate::ib::{AccessFlags, AsyncEvent, Ctx, QpState};
 use crate::wire::{
-    AethRepr, BthRepr, CreditCode, ExtRepr, NakCode, OpFlags, Opcode, Psn, QpNumber, RnrTimer,
-    RoceRepr, Syndrome,
+    AethRepr, AtomicEthRepr, BthRepr, CreditCode, ExtRepr, NakCode, OpFlags, Opcode, Psn, QpNumber,
+    RnrTimer, RoceRepr, Syndrome,
 };
 use std::sync::Arc;
 
@@ -95,6 +95,9 @@ impl Qp {
     fn credits(&self) -> CreditCode {
         if self.srq.is_some() {
             return CreditCode::UNLIMITED;
+        }
+        if self.dev.zero_credits {
+            return CreditCode::from_count(0);
         }
         CreditCode::from_count(self.rq.len().min(u32::MAX as usize) as u32)
     }
@@ -180,17 +183,21 @@ impl Qp {
         let p = r.bth.psn;
         tracing::trace!(qpn = %self.num, psn = %p, step = ?stop.step(), ?stop, "request stopped");
         match stop {
+            Stop::Duplicate if self.dev.dup_atomic_again && r.ext.atomic_eth.is_some() => {
+                self.atomic_again(ctx, r)
+            }
             Stop::Duplicate => self.duplicate(r),
             Stop::OutOfSequence => {
                 // One NAK per gap, then silence until the expected PSN arrives.
                 self.counters.out_of_sequence += 1;
-                if !self.resp.nak_sent {
+                if !self.resp.nak_sent && !self.dev.no_seq_nak {
                     self.resp.nak_sent = true;
                     self.counters.seq_naks_sent += 1;
                     let e = self.resp.epsn;
                     self.queue_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
                 }
             }
+            Stop::NotReady if self.dev.no_rnr_nak => {}
             Stop::NotReady => {
                 self.counters.rnr_naks_sent += 1;
                 self.resp.nak_sent = true;
@@ -262,7 +269,7 @@ impl Qp {
             }
             None => f.contains(OpFlags::FIRST),
         };
-        if ok {
+        if ok || self.dev.no_opseq_check {
             Ok(())
         } else {
             Err(Stop::Fatal(Step::OpSequence, INVALID))
@@ -322,7 +329,7 @@ impl Qp {
         } else {
             true
         };
-        if len_ok && request_ok {
+        if len_ok && request_ok || self.dev.no_length_check {
             Ok(())
         } else {
             Err(Stop::Fatal(Step::Length, INVALID))
@@ -363,6 +370,10 @@ impl Qp {
             .filter(|mr| mr.rkey_valid() && mr.pd == self.pd && mr.access.contains(need));
         match mr.and_then(|mr| mr.offset_of(va, len).map(|off| (mr, off))) {
             Some((mr, off)) => Ok(Some(Target { mr: Some(mr), off })),
+            // Deliberate deviation: an R_Key naming no region names no memory either.
+            None if self.dev.skip_rkey_check && ctx.mrs.by_rkey(rkey).is_none() => {
+                Ok(Some(Target { mr: None, off: 0 }))
+            }
             None => Err(Stop::Fatal(Step::RKey, ACCESS)),
         }
     }
@@ -580,28 +591,29 @@ impl Qp {
         let (Some(a), Some(Target { mr: Some(mr), off })) = (r.ext.atomic_eth, target) else {
             return;
         };
-        let orig = {
-            let mut m = mr.bytes_mut();
-            let mut cur = [0u8; 8];
-            cur.copy_from_slice(&m[off..off + 8]);
-            let orig = u64::from_ne_bytes(cur);
-            let new = if r.bth.opcode == Opcode::RC_CMP_SWAP {
-                if orig == a.compare {
-                    a.swap_add
-                } else {
-                    orig
-                }
-            } else {
-                orig.wrapping_add(a.swap_add)
-            };
-            m[off..off + 8].copy_from_slice(&new.to_ne_bytes());
-            orig
-        };
+        let orig = apply_atomic(r.bth.opcode, a, &mr, off);
         self.push_resource(Resource::Atomic { psn: p, orig });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.next();
         let msn = self.resp.msn;
         self.push_resp(RespItem::AtomicAck { psn: p, orig, msn });
+    }
+
+    /// Deliberate deviation `dup_atomic_again`: a duplicate ATOMIC executed once more, its
+    /// new original value returned; the expected PSN and the MSN stay.
+    fn atomic_again(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
+        let f = r.bth.opcode.flags();
+        if let (Some(a), Ok(Some(Target { mr: Some(mr), off }))) =
+            (r.ext.atomic_eth, self.check_rkey(ctx, r, f))
+        {
+            let orig = apply_atomic(r.bth.opcode, a, &mr, off);
+            let msn = self.resp.msn;
+            self.push_resp(RespItem::AtomicAck {
+                psn: r.bth.psn,
+                orig,
+                msn,
+            });
+        }
     }
 
     /// A request whose PSN is before the expected one (IBTA 9.7.5.1.1): re-ACK SEND/WRITE,
@@ -611,7 +623,10 @@ impl Qp {
         let p = r.bth.psn;
         let op = r.bth.opcode;
         let mtu = self.mtu();
-        if op == Opcode::RC_READ_REQUEST {
+        if op == Opcode::RC_READ_REQUEST && self.dev.dup_read_ack {
+            let last = self.resp.epsn.sub(1);
+            self.queue_ack(last);
+        } else if op == Opcode::RC_READ_REQUEST {
             let found = self.resp.resources.iter().find_map(|res| match res {
                 Resource::Read {
                     first_psn,
@@ -767,4 +782,24 @@ impl Qp {
             }
         }
     }
+}
+
+/// An ATOMIC on the 8 bytes at `off` of `mr`, under the region's write lock, in host byte
+/// order as rxe does: the original value.
+fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> u64 {
+    let mut m = mr.bytes_mut();
+    let mut cur = [0u8; 8];
+    cur.copy_from_slice(&m[off..off + 8]);
+    let orig = u64::from_ne_bytes(cur);
+    let new = if op == Opcode::RC_CMP_SWAP {
+        if orig == a.compare {
+            a.swap_add
+        } else {
+            orig
+        }
+    } else {
+        orig.wrapping_add(a.swap_add)
+    };
+    m[off..off + 8].copy_from_slice(&new.to_ne_bytes());
+    orig
 }

@@ -84,6 +84,10 @@ pub struct DeviceConfig {
     /// names. Implies `fast_recovery`. Against a peer without it every gap costs a round
     /// trip per packet dropped behind it, so both ends must agree. Default off.
     pub selective_repeat: bool,
+    /// TEST-ONLY: deliberate deviations from IBTA (all off by default), so that a
+    /// conformance tester's own tests can show each check fails (`ferroce conform --serve
+    /// --break NAME`). Never set on a device that talks to anything but a tester.
+    pub deviations: crate::rc::deviations::Deviations,
 }
 
 impl DeviceConfig {
@@ -107,6 +111,7 @@ impl DeviceConfig {
             port_mtu: Mtu::M4096,
             fast_recovery: false,
             selective_repeat: false,
+            deviations: crate::rc::deviations::Deviations::default(),
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -633,6 +638,7 @@ impl Device {
                     ack_delay: self.cfg.ack_delay,
                     fast_recovery: self.cfg.fast_recovery,
                     selective_repeat: self.cfg.selective_repeat,
+                    deviations: self.cfg.deviations,
                 };
                 let i = QpInit {
                     pd: init.pd,

@@ -9,6 +9,7 @@ use super::serve::{self, ServeOptions};
 use super::{Options, Setup};
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev;
+use crate::rc::deviations::{Deviations, BREAKS};
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{DeviceConfig, Mtu};
 use crate::wire::MacAddr;
@@ -62,6 +63,21 @@ pub struct ConformRun {
     pub max_rd_atomic: u8,
     /// With `serve`: the QP's min_rnr_timer.
     pub min_rnr_timer: u8,
+    /// With `serve`: deliberate deviations to set on the device (test-only; names from
+    /// [`crate::rc::deviations::BREAKS`]).
+    pub breaks: Vec<String>,
+}
+
+/// The device deviations named by `breaks` (`--break`), or a one-line error.
+pub fn deviations(breaks: &[String]) -> Result<Deviations, String> {
+    let mut d = Deviations::default();
+    for b in breaks {
+        if !d.set(b) {
+            let names: Vec<_> = BREAKS.iter().map(|(n, _)| *n).collect();
+            return Err(format!("--break {b}: unknown; one of {}", names.join(", ")));
+        }
+    }
+    Ok(d)
 }
 
 /// Run it; returns the exit status (0 all passed, 1 a test failed) or a one-line error.
@@ -70,6 +86,10 @@ pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u
     if o.list {
         write!(out, "{}", super::listing(&Caps { raw })).map_err(|e| e.to_string())?;
         return Ok(0);
+    }
+    let devs = deviations(&o.breaks)?;
+    if devs.any() && !o.serve {
+        return Err("--break makes the ferroce peer non-conformant: it needs --serve".into());
     }
     let dev_name = o
         .dev
@@ -189,6 +209,7 @@ fn serve_cli(
     cfg.gids = dev.gids.clone();
     let cnp = (o.cnp_interval_us > 0).then(|| Duration::from_micros(o.cnp_interval_us));
     cfg.cnp_interval = cnp;
+    cfg.deviations = deviations(&o.breaks)?;
     let nic = Nic::start(
         cfg,
         pkt,
@@ -211,7 +232,7 @@ fn serve_cli(
         mtu,
         sgid_index: gid_index,
         gid: super::frames::gid_of(local),
-        knobs: String::new(),
+        knobs: o.breaks.join(","),
     };
     writeln!(
         out,

@@ -1,0 +1,112 @@
+//! Deliberate deviations from IBTA, for testing conformance testers (test-only).
+//!
+//! `ferroce conform`'s own tests must show that each of its checks can fail. They run it
+//! against a ferroce peer made non-conformant on purpose, one named break at a time
+//! (`ferroce conform --serve --break NAME`, or [`DeviceConfig::deviations`]). Every flag is
+//! off by default; the responder and the device consult them at the one decision point each
+//! names, so a default device pays one predictable branch there and nothing else.
+//! Never set these on a device that talks to anything but a tester.
+//!
+//! [`DeviceConfig::deviations`]: crate::verbs::DeviceConfig::deviations
+
+/// One flag per deliberate non-conformance (all `false`: a conformant device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deviations {
+    /// An R_Key that names no region is not an error: the request is acknowledged and
+    /// touches no memory (instead of a remote-access-error NAK; IBTA 9.7.5.1.7, C9-94).
+    pub skip_rkey_check: bool,
+    /// A duplicate ATOMIC is executed again instead of answered with the saved original
+    /// value (IBTA 9.7.5.1.1, C9-112).
+    pub dup_atomic_again: bool,
+    /// A duplicate READ is answered with an ACK instead of its responses (IBTA 9.7.5.1.1,
+    /// C9-110).
+    pub dup_read_ack: bool,
+    /// A PSN ahead of the expected one is dropped without the PSN-sequence-error NAK
+    /// (IBTA 9.7.5.1.1, C9-106).
+    pub no_seq_nak: bool,
+    /// A SEND with no receive posted is dropped without the RNR NAK (IBTA 9.7.5.1.4).
+    pub no_rnr_nak: bool,
+    /// A CNP for every CE-marked packet, not at most one per notification interval.
+    pub cnp_every_ce: bool,
+    /// Packets with a bad ICRC are processed as if it were good (IBTA C9-70 drops them).
+    pub accept_bad_icrc: bool,
+    /// The opcode sequence is not checked: MIDDLE/LAST without FIRST, FIRST or ONLY inside
+    /// a message are taken as they come (IBTA 9.7.5.1.2: invalid-request NAK).
+    pub no_opseq_check: bool,
+    /// Payload lengths are not checked against the MTU and the packet's place in the
+    /// message, nor a READ's length or an ATOMIC's alignment (IBTA 9.7.5.1.5).
+    pub no_length_check: bool,
+    /// Every ACK advertises zero credits, whatever the receive queue holds (IBTA 9.7.7.2).
+    pub zero_credits: bool,
+}
+
+/// The break names `--break` takes, each with what it does.
+pub const BREAKS: &[(&str, &str)] = &[
+    (
+        "skip-rkey-check",
+        "ACK requests whose R_Key names no region",
+    ),
+    ("dup-atomic-again", "execute duplicate ATOMICs again"),
+    (
+        "dup-read-ack",
+        "ACK duplicate READs instead of replaying them",
+    ),
+    ("no-seq-nak", "no PSN-sequence-error NAK for a gap"),
+    ("no-rnr-nak", "no RNR NAK when no receive is posted"),
+    ("cnp-every-ce", "a CNP for every CE-marked packet"),
+    ("accept-bad-icrc", "process packets with a bad ICRC"),
+    ("no-opseq-check", "no opcode sequence check"),
+    (
+        "no-length-check",
+        "no payload length, READ length or ATOMIC alignment check",
+    ),
+    ("zero-credits", "advertise zero credits in every ACK"),
+];
+
+impl Deviations {
+    /// Set the break named `name` (one of [`BREAKS`]); `false` if there is none by that name.
+    pub fn set(&mut self, name: &str) -> bool {
+        let flag = match name {
+            "skip-rkey-check" => &mut self.skip_rkey_check,
+            "dup-atomic-again" => &mut self.dup_atomic_again,
+            "dup-read-ack" => &mut self.dup_read_ack,
+            "no-seq-nak" => &mut self.no_seq_nak,
+            "no-rnr-nak" => &mut self.no_rnr_nak,
+            "cnp-every-ce" => &mut self.cnp_every_ce,
+            "accept-bad-icrc" => &mut self.accept_bad_icrc,
+            "no-opseq-check" => &mut self.no_opseq_check,
+            "no-length-check" => &mut self.no_length_check,
+            "zero-credits" => &mut self.zero_credits,
+            _ => return false,
+        };
+        *flag = true;
+        true
+    }
+
+    /// Any break set.
+    pub fn any(&self) -> bool {
+        *self != Deviations::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_break_sets_exactly_one_flag() {
+        for (name, _) in BREAKS {
+            let mut d = Deviations::default();
+            assert!(d.set(name), "{name}");
+            assert!(d.any());
+            let mut n = 0;
+            for (other, _) in BREAKS {
+                let mut e = Deviations::default();
+                e.set(other);
+                n += usize::from(e == d);
+            }
+            assert_eq!(n, 1, "{name}");
+        }
+        assert!(!Deviations::default().set("no-such-break"));
+    }
+}
