@@ -214,6 +214,47 @@ fn garbage_on_the_exchange_is_a_clear_verdict() {
 }
 
 #[test]
+fn a_peer_that_closes_mid_exchange_is_a_clear_verdict() {
+    // Each tool's server writes the first part of its side of the exchange (or nothing),
+    // then closes the connection: every test is inconclusive with the reason, quickly.
+    for (tool, part) in [
+        (PeerTool::Pingpong, &b"0000:000011:"[..]),
+        (PeerTool::PerftestWrite, &b"0000"[..]),
+        (PeerTool::PerftestAtomic, &b""[..]),
+        (PeerTool::Ferroce, &b"ok ferroce-conform"[..]),
+    ] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let part = part.to_vec();
+        std::thread::spawn(move || {
+            l.set_nonblocking(true).unwrap();
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_secs(20) {
+                if let Ok((mut s, _)) = l.accept() {
+                    use std::io::{Read, Write};
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                    let mut buf = [0u8; 64];
+                    let _ = s.read(&mut buf);
+                    let _ = s.write_all(&part);
+                    drop(s);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let (mut setup, o, _far) = lonely(tool, port, Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        let r = conform::run(&o, &mut setup, &mut |_| {});
+        all_inconclusive(&r, "closed", t0.elapsed(), Duration::from_secs(25));
+        println!(
+            "{tool:?}: {:?} in {:?}",
+            r.results[0].outcome.why,
+            t0.elapsed()
+        );
+    }
+}
+
+#[test]
 fn a_peer_that_answers_nothing_on_the_wire_is_inconclusive_not_failed() {
     // A perftest server that completes the exchange and then never answers a packet.
     use ferroce::oob::perftest::{KeyMsg, Role, Session};
