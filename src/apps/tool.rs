@@ -237,6 +237,9 @@ pub fn run_perf(
     dcfg.ack_delay = (ack_delay_us > 0).then(|| crate::time::Duration::from_micros(ack_delay_us));
     dcfg.fast_recovery = inv.fast_recovery;
     dcfg.selective_repeat = inv.selective_repeat;
+    if let Some(n) = inv.max_inflight {
+        dcfg.max_inflight = n;
+    }
     dcfg.line_rate_bps = (inv.line_gbps.max(0.001) * 1e9) as u64;
     // perftest's largest inline size (its -I limit).
     dcfg.max_inline = dcfg.max_inline.max(912);

@@ -366,6 +366,9 @@ struct FerroceCli {
     /// Selective repeat (DeviceConfig::selective_repeat; the peer must have it too).
     #[arg(long = "selective-repeat")]
     selective_repeat: bool,
+    /// The RC go-back-N window in packets (DeviceConfig::max_inflight).
+    #[arg(long = "max-inflight", value_parser = clap::value_parser!(u32).range(1..=8_388_607))]
+    max_inflight: Option<u32>,
     /// Check payloads byte for byte (see docs/interop-rxe.md).
     #[arg(long)]
     verify: bool,
@@ -410,6 +413,7 @@ pub struct Invocation {
     pub ack_delay_us: Option<u64>,
     pub fast_recovery: bool,
     pub selective_repeat: bool,
+    pub max_inflight: Option<u32>,
 }
 
 /// What a command line asks for.
@@ -619,6 +623,7 @@ pub fn usage(program: &str, test: Test) -> String {
     s.push_str("      --ack-delay-us US           delayed ACK (default 20 for latency tests)\n");
     s.push_str("      --fast-recovery             RC loss recovery: probe timeout from measured RTTs, adaptive go-back-N window\n");
     s.push_str("      --selective-repeat          RC selective repeat with a ferroce peer that has it too (implies --fast-recovery)\n");
+    s.push_str("      --max-inflight N            RC window: most unacknowledged packets per QP (default 256)\n");
     s
 }
 
@@ -1295,6 +1300,7 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         ack_delay_us: fx.ack_delay_us,
         fast_recovery: fx.fast_recovery,
         selective_repeat: fx.selective_repeat,
+        max_inflight: fx.max_inflight,
     })
 }
 
