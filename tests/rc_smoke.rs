@@ -566,3 +566,165 @@ fn a_retried_read_replaces_the_replies_queued_behind_it() {
     assert!(b.dev.poll_transmit(now, &mut buf).unwrap().is_none());
     assert_eq!(b.dev.qp_counters(b.qp).unwrap().read_replays, 2);
 }
+
+/// Frames A has to send now, not delivered.
+fn take_frames(s: &mut Side, now: Instant) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 9000];
+    let mut v = Vec::new();
+    while let Some(n) = s.dev.poll_transmit(now, &mut buf).unwrap() {
+        v.push(buf[..n].to_vec());
+    }
+    v
+}
+
+/// A frame re-emitted with its RETH's R_Key replaced (the ICRC recomputed).
+fn with_rkey(frame: &[u8], rkey: u32) -> Vec<u8> {
+    let p = ferroce::wire::parse_frame(frame).unwrap();
+    let mut repr = p.repr;
+    let mut reth = repr.roce.ext.reth.unwrap();
+    reth.rkey = ferroce::wire::RKey(rkey);
+    repr.roce.ext.reth = Some(reth);
+    let mut f = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut f, p.payload).unwrap();
+    f
+}
+
+/// Issue 17, finding 1: a duplicate READ is checked like a new one against the region as it
+/// is now (IBTA 9.7.5.1.1 re-executes a duplicate READ; 10.6.3.2 the R_Key check): a forged
+/// R_Key gets nothing back, and once the region is deregistered the genuine retry gets
+/// nothing either, where before the fix both were answered in full from the saved resource.
+#[test]
+fn a_duplicate_read_is_refused_with_a_wrong_rkey_or_after_dereg() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 1 << 14, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 14, all).unwrap();
+    mb.fill(0x5a);
+    let mut now = Instant::from_nanos(1_000_000);
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 4096,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let req = take_frames(&mut a, now);
+    assert_eq!(req.len(), 1);
+    b.dev.handle_frame(now, &req[0]);
+    let resp = take_frames(&mut b, now);
+    assert_eq!(resp.len(), 4);
+    for f in &resp {
+        a.dev.handle_frame(now, f);
+    }
+    drive(&mut a, &mut b, &mut now);
+    assert_eq!(poll(&mut a)[0].status, WcStatus::Success);
+    // The same request with a guessed R_Key: within the saved READ, but not a key of B's.
+    b.dev.handle_frame(now, &with_rkey(&req[0], 0xdead_beef));
+    assert_eq!(take_frames(&mut b, now).len(), 0, "forged R_Key answered");
+    // The genuine retry is still answered while the region lives...
+    b.dev.handle_frame(now, &req[0]);
+    assert_eq!(take_frames(&mut b, now).len(), 4);
+    // ...and not once it is deregistered.
+    b.dev.dereg_mr(&mb).unwrap();
+    b.dev.handle_frame(now, &req[0]);
+    let after = take_frames(&mut b, now);
+    assert!(
+        after
+            .iter()
+            .all(|f| ferroce::wire::parse_frame(f).unwrap().payload.is_empty()),
+        "{} frames with data after dereg",
+        after.len()
+    );
+    assert!(b.dev.qp_counters(b.qp).unwrap().dup_refused >= 2);
+}
+
+/// Issue 17, finding 1: READ responses still queued when the region is deregistered carry no
+/// more of its bytes (a NAK with Remote Access Error instead, IBTA 9.7.5.2.4), and the packets
+/// of a multi-packet WRITE that arrive after deregistration write nothing.
+#[test]
+fn dereg_stops_queued_read_responses_and_a_write_in_progress() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let ma = a.dev.reg_mr(a.pd, 1 << 14, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 14, all).unwrap();
+    ma.fill(0x11);
+    let now = Instant::from_nanos(1_000_000);
+    // A 4-packet WRITE: two packets before B deregisters, two after.
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::RdmaWrite {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 4096,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let w = take_frames(&mut a, now);
+    assert_eq!(w.len(), 4);
+    b.dev.handle_frame(now, &w[0]);
+    b.dev.handle_frame(now, &w[1]);
+    b.dev.dereg_mr(&mb).unwrap();
+    b.dev.handle_frame(now, &w[2]);
+    b.dev.handle_frame(now, &w[3]);
+    let bytes = mb.to_vec();
+    assert!(bytes[..2048].iter().all(|&x| x == 0x11));
+    assert!(
+        bytes[2048..4096].iter().all(|&x| x == 0),
+        "bytes written after dereg"
+    );
+    // A READ whose responses are queued when its region goes.
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 1 << 14, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 1 << 14, all).unwrap();
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 4096,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let req = take_frames(&mut a, now);
+    b.dev.handle_frame(now, &req[0]);
+    let mut buf = vec![0u8; 9000];
+    b.dev.poll_transmit(now, &mut buf).unwrap().unwrap();
+    b.dev.dereg_mr(&mb).unwrap();
+    let rest = take_frames(&mut b, now);
+    assert!(
+        rest.iter()
+            .all(|f| ferroce::wire::parse_frame(f).unwrap().payload.is_empty()),
+        "READ data sent after dereg"
+    );
+    assert_eq!(rest.len(), 1, "one NAK");
+    assert_eq!(opcode(&rest[0]), ferroce::wire::Opcode::RC_ACK);
+}

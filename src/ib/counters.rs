@@ -48,6 +48,12 @@ pub struct QpCounters {
     pub state_drops: u64,
     /// READ responses that were replayed for duplicate READ requests.
     pub read_replays: u64,
+    /// Duplicate READs refused: their R_Key, rights or bounds no longer hold (a forged or a
+    /// stale retry, or the region deregistered or invalidated since).
+    pub dup_refused: u64,
+    /// READ responses and WRITE packets stopped because their region was deregistered or
+    /// invalidated after the request was accepted.
+    pub mr_gone: u64,
     /// ATOMIC results replayed for duplicate ATOMIC requests.
     pub atomic_replays: u64,
     /// ACK packets sent (positive and NAK).
@@ -101,6 +107,8 @@ impl QpCounters {
             out_of_sequence,
             state_drops,
             read_replays,
+            dup_refused,
+            mr_gone,
             atomic_replays,
             acks_sent,
             acks_rcvd,

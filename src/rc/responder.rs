@@ -186,7 +186,7 @@ impl Qp {
             Stop::Duplicate if self.dev.dup_atomic_again && r.ext.atomic_eth.is_some() => {
                 self.atomic_again(ctx, r)
             }
-            Stop::Duplicate => self.duplicate(r),
+            Stop::Duplicate => self.duplicate(ctx, r),
             Stop::OutOfSequence => {
                 // One NAK per gap, then silence until the expected PSN arrives.
                 self.counters.out_of_sequence += 1;
@@ -516,6 +516,12 @@ impl Qp {
             return Err(Stop::Fatal(Step::Execute, INVALID));
         }
         if let Some(mr) = mr {
+            // The region may have been deregistered or invalidated since the first packet
+            // (its R_Key checked then): the rest of the message writes nothing.
+            if !mr.rkey_valid() {
+                self.counters.mr_gone += 1;
+                return Err(Stop::Fatal(Step::Execute, ACCESS));
+            }
             let at = *mr_off + *done as usize;
             mr.bytes_mut()[at..at + payload.len()].copy_from_slice(payload);
         }
@@ -618,7 +624,14 @@ impl Qp {
 
     /// A request whose PSN is before the expected one (IBTA 9.7.5.1.1): re-ACK SEND/WRITE,
     /// replay READ from the saved resource, return the saved ATOMIC result. Never re-execute.
-    fn duplicate(&mut self, r: &RoceRepr) {
+    ///
+    /// A duplicate READ is read again from memory, so it passes the R_Key step as a new one
+    /// would (10.6.3.2) against the region as it is now: its own R_Key must name a live
+    /// region of the QP's PD with remote read rights that holds its range, the very region
+    /// and bytes the saved request named. Otherwise (a forged or stale retry, a region since
+    /// deregistered or invalidated) it is dropped and counted (`dup_refused`): a duplicate
+    /// gets no NAK, and nothing of the region leaves.
+    fn duplicate(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
         self.counters.duplicates += 1;
         let p = r.bth.psn;
         let op = r.bth.opcode;
@@ -659,6 +672,18 @@ impl Qp {
                 return;
             }
             let dup_len = reth.dma_len;
+            let now = self.check_rkey(ctx, r, r.bth.opcode.flags());
+            let same = match (&now, &mr) {
+                (Ok(Some(Target { mr: Some(m), off })), Some(saved)) => {
+                    Arc::ptr_eq(m, saved) && *off == mr_off + skip as usize
+                }
+                (Ok(Some(Target { mr: None, .. })), _) => dup_len == 0 || mr.is_none(),
+                _ => false,
+            };
+            if !same {
+                self.counters.dup_refused += 1;
+                return;
+            }
             // Go-back-N: the requester resends from `p` and discards every response after it
             // until the retried one arrives, then asks again, in order, for whatever follows.
             // So the replies still queued from `p` on (the rest of this request's and those
@@ -746,6 +771,28 @@ impl Qp {
                 sent,
             } => {
                 let k = *sent;
+                // The region deregistered or invalidated since the request was accepted:
+                // none of its bytes leave any more; the requester gets a Remote Access
+                // Error NAK at the PSN it waits for (9.7.5.2.4) in place of the rest.
+                if mr.as_ref().is_some_and(|m| !m.rkey_valid()) {
+                    let psn = first_psn.add(k);
+                    self.resp.resp_q.pop_front();
+                    self.counters.mr_gone += 1;
+                    self.counters.err_naks_sent += 1;
+                    self.counters.acks_sent += 1;
+                    let bth = BthRepr::new(Opcode::RC_ACK, dest, psn);
+                    let ext = ExtRepr {
+                        aeth: Some(AethRepr {
+                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                            msn: msn_now,
+                        }),
+                        ..Default::default()
+                    };
+                    return Some(TxDesc {
+                        repr: RoceRepr::new(bth, ext, 0),
+                        payload: PayloadSrc::None,
+                    });
+                }
                 let start = k * mtu;
                 let plen = (*len - start.min(*len)).min(mtu);
                 let first = k == 0;
