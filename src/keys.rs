@@ -2,29 +2,46 @@
 //! the virtual addresses of memory regions (`verbs::Device`), communication and transaction IDs
 //! (the connection manager), initial PSNs.
 //!
-//! A [`KeyGen`] is a [`SplitMix64`] stream seeded from the operating system's per-process
-//! random source, or from a fixed seed for reproducible tests and simulations. It is not
-//! cryptographic: it makes identifiers that a peer cannot guess from the ones it has seen by
-//! counting, which is what the IBTA asks of communication IDs (a stale or forged message must
-//! not match a new connection by luck), but a peer that sees a few outputs (keys travel in
-//! packets) could predict the next. Every such draw goes through this type, so that replacing
-//! the generator by a cryptographic one is a change here alone.
+//! An unseeded [`KeyGen`] (what every device facing a network uses) is a cryptographic
+//! generator: ChaCha12 (`rand`'s `StdRng`) keyed from the operating system's random source
+//! (`getrandom`). Its output reveals nothing of its key or of the next output, so a peer that
+//! sees any number of R_Keys, addresses or PSNs learns nothing of the next (issue 17, finding
+//! 2: the former SplitMix64 stream was invertible — one observed key and address left 238
+//! candidates for the next region after a 2^32 search). A seeded one (`DeviceConfig::seed`,
+//! for reproducible tests and simulations whose expected traces name keys and addresses)
+//! is the [`SplitMix64`](crate::rng::SplitMix64) stream of the seed: predictable by
+//! construction, never for a device on a network you do not control.
 
 use crate::rng::SplitMix64;
+use rand::rngs::StdRng;
+use rand::Rng;
 
 /// A generator of keys and identifiers.
-#[derive(Clone, Debug)]
-pub struct KeyGen(SplitMix64);
+#[derive(Debug)]
+pub struct KeyGen(Gen);
+
+/// The two sources: reproducible, or unpredictable.
+#[derive(Debug)]
+enum Gen {
+    Seeded(SplitMix64),
+    Os(Box<StdRng>),
+}
 
 impl KeyGen {
     /// A generator with a fixed seed (`Some`) or an unpredictable one (`None`).
     pub fn new(seed: Option<u64>) -> Self {
-        KeyGen(SplitMix64::new(seed.unwrap_or_else(os_seed)))
+        KeyGen(match seed {
+            Some(s) => Gen::Seeded(SplitMix64::new(s)),
+            None => Gen::Os(Box::new(rand::make_rng())),
+        })
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
+        match &mut self.0 {
+            Gen::Seeded(g) => g.next_u64(),
+            Gen::Os(g) => g.next_u64(),
+        }
     }
 
     /// A non-zero memory key for which `taken` is false: bits 16..48 of a draw (the bits
@@ -59,18 +76,6 @@ impl KeyGen {
     }
 }
 
-/// A seed from the OS: std's `RandomState` is keyed from the OS random source per process.
-fn os_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    );
-    h.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +90,47 @@ mod tests {
         );
         assert_eq!(k.next_u64(), 0x6e78_9e6a_a1b9_65f4);
         assert_eq!(k.psn(), 0x0006_c45d);
+    }
+
+    /// Issue 17, finding 2: one observed 64-bit draw of an unseeded generator must not give
+    /// the next. Against the former SplitMix64 generator this inversion predicted every next
+    /// draw exactly (as it still does for a seeded one, which is reproducible on purpose).
+    #[test]
+    fn one_draw_does_not_predict_the_next() {
+        fn inv_mul(a: u64) -> u64 {
+            // Newton's iteration for the inverse of an odd number modulo 2^64.
+            let mut x = a;
+            for _ in 0..6 {
+                x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+            }
+            x
+        }
+        fn unxorshift(y: u64, k: u32) -> u64 {
+            let mut x = y;
+            for _ in 0..64 / k + 1 {
+                x = y ^ (x >> k);
+            }
+            x
+        }
+        fn unmix(z: u64) -> u64 {
+            let z = unxorshift(z, 31).wrapping_mul(inv_mul(0x94d0_49bb_1331_11eb));
+            let z = unxorshift(z, 27).wrapping_mul(inv_mul(0xbf58_476d_1ce4_e5b9));
+            unxorshift(z, 30)
+        }
+        assert_eq!(
+            unmix(crate::rng::mix64(0x1234_5678_9abc_def0)),
+            0x1234_5678_9abc_def0
+        );
+        for seed in [None] {
+            let mut g = KeyGen::new(seed);
+            let mut hits = 0;
+            for _ in 0..1000 {
+                let seen = g.next_u64();
+                let predicted = crate::rng::mix64(unmix(seen).wrapping_add(crate::rng::GAMMA));
+                hits += usize::from(g.next_u64() == predicted);
+            }
+            assert_eq!(hits, 0, "seed {seed:?}: next draw predicted from the last");
+        }
     }
 
     #[test]

@@ -3,8 +3,7 @@
 //! SplitMix64 (Steele, Lea and Flood, 2014) is tiny, fast and seedable, and every run of the
 //! simulator, the fault injector and the switch is a pure function of its seed. It is **not**
 //! cryptographic: the values a peer must not guess (memory keys, PSNs, CM identifiers) are
-//! drawn through [`crate::keys::KeyGen`] only, so that a cryptographic generator can replace it
-//! there alone.
+//! drawn through [`crate::keys::KeyGen`] only, a ChaCha12 generator keyed from the OS.
 //!
 //! A leaf module: it imports nothing of the crate.
 

@@ -617,9 +617,9 @@ pub fn run_pingpong(o: &PingpongRun, out: &mut dyn Write) -> Result<(), Pingpong
 }
 
 /// A starting PSN per QP (the examples draw theirs with `lrand48() & 0xffffff`).
-fn psn_for(i: u32) -> u32 {
-    let seed = std::process::id().wrapping_mul(2_654_435_761) ^ 0x5a5a5a;
-    (seed ^ i.wrapping_mul(0x9e37_79b9).rotate_left(7)) & 0xff_ffff
+fn psn_for(_i: u32) -> u32 {
+    // From the cryptographic generator, not the PID (issue 17, finding 2).
+    crate::keys::KeyGen::new(None).psn()
 }
 
 /// `LID 0x0000, QPN 0x000011, PSN 0x670d5e, GID ::ffff:10.77.0.12`: the examples' address

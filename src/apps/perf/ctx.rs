@@ -85,18 +85,9 @@ pub fn qp_to_init(nic: &Nic, qpn: QpNumber, access: AccessFlags) -> Result<(), V
 }
 
 /// A 24-bit starting PSN (perftest draws them with `lrand48`); distinct per QP.
-fn psn_for(i: u32) -> u32 {
-    let mut x = u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-        ^ (u64::from(i) << 32);
-    // splitmix64
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    ((x ^ (x >> 31)) & 0xff_ffff) as u32
+fn psn_for(_i: u32) -> u32 {
+    // From the cryptographic generator, not the PID (issue 17, finding 2).
+    crate::keys::KeyGen::new(None).psn()
 }
 
 impl<'a> Endpoint<'a> {
