@@ -728,3 +728,42 @@ fn dereg_stops_queued_read_responses_and_a_write_in_progress() {
     assert_eq!(rest.len(), 1, "one NAK");
     assert_eq!(opcode(&rest[0]), ferroce::wire::Opcode::RC_ACK);
 }
+
+/// Issue 17, finding 4: SEND with Invalidate names only a region the peer may use: one of the
+/// QP's PD that grants a remote right (IBTA 10.6.7.2.1; rdma-core providers invalidate only
+/// remotely accessible keys). A region registered with local rights only keeps its key, and
+/// the SEND is an Invalid Request (NAK, the QP in error), where before the fix it was
+/// invalidated.
+#[test]
+fn send_with_inv_cannot_invalidate_a_local_only_region() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let lw = AccessFlags::LOCAL_WRITE;
+    let ma = a.dev.reg_mr(a.pd, 4096, lw).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, lw).unwrap();
+    let local_only = b.dev.reg_mr(b.pd, 4096, lw).unwrap();
+    post_recv(&mut b, &mb, 9);
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::SendWithInv {
+                    invalidate_rkey: local_only.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let mut now = Instant::from_nanos(1_000_000);
+    drive(&mut a, &mut b, &mut now);
+    assert!(
+        local_only.rkey_valid(),
+        "a local-only region was invalidated"
+    );
+    assert_ne!(poll(&mut a)[0].status, WcStatus::Success);
+}

@@ -451,8 +451,13 @@ impl Qp {
         let mut inv = None;
         if let Some(rkey) = r.ext.ieth {
             // SEND with invalidate (IBTA 10.6.7.2.1): the named MR's R_Key stops working.
+            // Only a key the peer may use at all: a region of this QP's PD that grants a
+            // remote right (a local-only region is not remotely invalidatable, as on
+            // rdma-core's providers; issue 17 finding 4).
+            let remote =
+                AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
             match ctx.mrs.by_rkey(rkey) {
-                Some(mr) if mr.pd == self.pd => {
+                Some(mr) if mr.pd == self.pd && mr.access.intersects(remote) => {
                     mr.invalidate_rkey();
                     inv = Some(rkey);
                 }
