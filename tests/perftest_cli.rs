@@ -95,39 +95,39 @@ fn each_name_is_its_program() {
     assert!(out.contains("ibv_rc_pingpong <host>"), "{out}");
     // perftest's own rules, per program
     let (code, _, err) = run(&dir.join("ib_write_bw"), &["-q", "0"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(
         err.contains("num of Qps should be between 1 and 16384"),
         "{err}"
     );
     let (code, _, err) = run(&dir.join("ib_write_lat"), &["-q", "2"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(
         err.contains("Multiple QPs only available on bw tests"),
         "{err}"
     );
     let (code, _, err) = run(&dir.join("ib_read_bw"), &["-I", "64"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(
         err.contains("Inline feature not available on READ"),
         "{err}"
     );
     let (code, _, err) = run(&dir.join("ib_send_bw"), &["-e", "-D", "2"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(
         err.contains("Duration mode doesn't work with events."),
         "{err}"
     );
     // perftest's rules for the connection types
     let (code, _, err) = run(&dir.join("ib_write_bw"), &["-c", "UD", "-d", "lo"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(
         err.contains("UD connection only possible in SEND verb"),
         "{err}"
     );
     // ud_pingpong's getopt has no -m
     let (code, _, err) = run(&dir.join("ibv_ud_pingpong"), &["-d", "lo", "-m", "1024"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 1, "perftest and rdma-core exit 1 on a usage error");
     assert!(err.contains("invalid option -- 'm'"), "{err}");
     // ferroce's own command keeps its required -d; perftest's name takes the first device
     let (code, _, err) = run(

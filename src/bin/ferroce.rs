@@ -678,15 +678,15 @@ fn run_perftest(
         }
         Err(ArgsError::Clap(e)) => {
             let _ = e.print();
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            return usage_exit(e.exit_code(), dev_required);
         }
         Err(e @ ArgsError::Value { .. }) => {
             eprintln!("error: {e}\n\nFor more information, try '-h'.");
-            return ExitCode::from(2);
+            return usage_exit(2, dev_required);
         }
         Err(e) => {
             eprintln!("ferroce: {label}: {e}");
-            return ExitCode::from(2);
+            return usage_exit(2, dev_required);
         }
     };
     match ferroce::apps::tool::run_perf(&inv, &mut io::stdout(), &mut io::stderr()) {
@@ -695,6 +695,19 @@ fn run_perftest(
             eprintln!("ferroce: {label}: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// The exit status of a command-line error: ferroce's own commands exit 2 (clap's usage
+/// status); under a perftest or rdma-core program name (`dev_required` false) ferroce exits 1,
+/// as those programs do (`return 1` after usage in rdma-core's examples, `FAILURE` in
+/// perftest), so scripts that test for their status see the same value. A status of 0 (help,
+/// version) stays 0.
+fn usage_exit(code: i32, dev_required: bool) -> ExitCode {
+    match code {
+        0 => ExitCode::SUCCESS,
+        _ if !dev_required => ExitCode::from(1),
+        c => ExitCode::from(u8::try_from(c).unwrap_or(2)),
     }
 }
 
@@ -714,11 +727,11 @@ fn run_pingpong(
         }
         Err(pingpong::ArgsError::Clap(e)) => {
             let _ = e.print();
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            return usage_exit(e.exit_code(), dev_required);
         }
         Err(e) => {
             eprintln!("error: {e}\n\nFor more information, try '-h'.");
-            return ExitCode::from(2);
+            return usage_exit(2, dev_required);
         }
     };
     match pingpong::run_pingpong(&run, &mut io::stdout()) {
