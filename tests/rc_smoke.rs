@@ -767,3 +767,46 @@ fn send_with_inv_cannot_invalidate_a_local_only_region() {
     );
     assert_ne!(poll(&mut a)[0].status, WcStatus::Success);
 }
+
+/// Issue 17, finding 5: a completion that finds its CQ full is not lost silently: the CQ
+/// error event (IBTA 11.6.2) and every QP completing into that CQ in the error state with
+/// its fatal event. Before the fix: 4 completions, 4 overruns counted, the QP still in RTS.
+#[test]
+fn cq_overrun_raises_the_cq_error_and_moves_its_qps_to_error() {
+    let (mut a, mut b) = (side(1), side(2));
+    // A second QP pair whose sender completes into a CQ of 4 entries.
+    let small = a.dev.create_cq(4).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    a.qp = a
+        .dev
+        .create_qp(QpInitAttr::new(a.pd, small, small, cap))
+        .unwrap();
+    connect(&mut a, &mut b, Mtu::M1024);
+    let lw = AccessFlags::LOCAL_WRITE;
+    let ma = a.dev.reg_mr(a.pd, 4096, lw).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, lw).unwrap();
+    for i in 0..8 {
+        post_recv(&mut b, &mb, i);
+        post_send(&mut a, &ma, i);
+    }
+    let mut now = Instant::from_nanos(1_000_000);
+    drive(&mut a, &mut b, &mut now);
+    assert!(a.dev.counters().0.cq_overruns > 0);
+    let mut events = Vec::new();
+    while let Some(e) = a.dev.get_async_event() {
+        events.push(e);
+    }
+    assert!(events.contains(&AsyncEvent::CqErr(small)), "{events:?}");
+    assert_eq!(
+        a.dev.query_qp(a.qp).unwrap().0,
+        QpState::Err,
+        "QP still running after a lost completion"
+    );
+    assert!(events.contains(&AsyncEvent::QpFatal(a.qp)), "{events:?}");
+}

@@ -31,6 +31,9 @@ pub(crate) struct CqRing {
     armed: Option<NotifyMode>,
     /// Completion events raised (consumed by `get_cq_event`).
     events: u64,
+    /// A completion found it full: the CQ is in error (IBTA 11.6.2), its QPs are moved to
+    /// the error state by the device.
+    overrun: bool,
 }
 
 impl CqRing {
@@ -40,14 +43,21 @@ impl CqRing {
             depth,
             armed: None,
             events: 0,
+            overrun: false,
         }
     }
 
     /// Append a completion; false if the ring is full and the completion is lost (a CQ
     /// overrun, `IBV_EVENT_CQ_ERR`).
     #[must_use]
+    /// Whether a completion was ever lost to a full ring (the CQ is in error).
+    pub(crate) fn overrun(&self) -> bool {
+        self.overrun
+    }
+
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> bool {
         if self.ring.len() >= self.depth {
+            self.overrun = true;
             return false;
         }
         if let Some(mode) = self.armed {

@@ -341,6 +341,10 @@ impl Qp {
     pub(crate) fn send_cq(&self) -> Cq {
         self.send_cq
     }
+    /// Its receive CQ.
+    pub(crate) fn recv_cq(&self) -> Cq {
+        self.recv_cq
+    }
     /// The shared receive queue it is attached to, if any.
     pub(crate) fn srq(&self) -> Option<Srq> {
         self.srq

@@ -126,6 +126,10 @@ impl Qp {
     pub(crate) fn send_cq(&self) -> Cq {
         self.init.send_cq
     }
+    /// Its receive CQ.
+    pub(crate) fn recv_cq(&self) -> Cq {
+        self.init.recv_cq
+    }
     pub(crate) fn srq(&self) -> Option<Srq> {
         self.init.srq
     }

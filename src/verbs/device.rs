@@ -338,6 +338,8 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
 /// assert_eq!(&got, b"hello, RDMA");
 /// ```
 pub struct Device {
+    /// `counters.cq_overruns` when the QPs of overrun CQs were last moved to the error state.
+    pub(super) overruns_seen: u64,
     pub(super) cfg: DeviceConfig,
     keys: KeyGen,
     next_pd: u32,
@@ -391,6 +393,7 @@ impl Device {
             events: EventQueue::default(),
             neighbours: HashMap::new(),
             counters: DeviceCounters::default(),
+            overruns_seen: 0,
         }
     }
 
@@ -479,7 +482,9 @@ impl Device {
     // ---- completion queues -------------------------------------------------------------
 
     /// `ibv_create_cq`: a completion queue of `depth` entries (1 ..= `max_cqe`). A completion
-    /// that finds it full is lost and counted (`DeviceCounters::cq_overruns`).
+    /// that finds it full is lost and counted (`DeviceCounters::cq_overruns`), the CQ is in
+    /// error (`AsyncEvent::CqErr`) and every QP completing into it moves to the error state
+    /// (`AsyncEvent::QpFatal`), as IBTA 11.6.2 asks.
     pub fn create_cq(&mut self, depth: usize) -> Result<Cq, VerbsError> {
         if depth == 0 || depth > self.cfg.max_cqe as usize {
             return Err(VerbsError::BadCap("CQ depth"));
@@ -503,6 +508,7 @@ impl Device {
         out: &mut Vec<WorkCompletion>,
         max: usize,
     ) -> Result<usize, VerbsError> {
+        self.fail_overrun_qps();
         Ok(self.cq_mut(cq)?.poll(out, max))
     }
 

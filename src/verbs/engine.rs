@@ -182,6 +182,56 @@ impl Device {
             }
             self.schedule(qpn, now);
         }
+        self.fail_overrun_qps();
+    }
+
+    /// A completion lost to a full CQ puts the CQ in error (the `CqErr` event is raised where
+    /// it happens) and every QP that completes into it in the error state, with the fatal
+    /// event (IBTA 11.6.2, 11.6.3.1): nothing goes on silently after a lost completion
+    /// (issue 17 finding 5). Cheap when nothing overran: one comparison.
+    pub(super) fn fail_overrun_qps(&mut self) {
+        while self.counters.cq_overruns != self.overruns_seen {
+            self.overruns_seen = self.counters.cq_overruns;
+            let now = self.sched.now;
+            let bad = |cqs: &[Option<crate::ib::cq::CqRing>], c: crate::ib::Cq| {
+                cqs.get(c.0 as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.overrun())
+            };
+            let mut failed = Vec::new();
+            for (&qpn, slot) in self.qps.iter_mut() {
+                let qp = &mut *slot.qp;
+                if matches!(qp.state(), QpState::Err | QpState::Reset)
+                    || !(bad(&self.cqs, qp.send_cq()) || bad(&self.cqs, qp.recv_cq()))
+                {
+                    continue;
+                }
+                let mut ctx = Ctx {
+                    now,
+                    mrs: &self.mrs,
+                    cqs: &mut self.cqs,
+                    srqs: &mut self.srqs,
+                    events: &mut self.events,
+                    dev: &mut self.counters,
+                };
+                ctx.events.push(crate::ib::AsyncEvent::QpFatal(qp.num()));
+                let attr = crate::ib::QpAttr {
+                    qp_state: QpState::Err,
+                    ..Default::default()
+                };
+                qp.modify(
+                    &mut ctx,
+                    &attr,
+                    crate::ib::QpAttrMask::STATE,
+                    QpState::Err,
+                    None,
+                );
+                failed.push(qpn);
+            }
+            for qpn in failed {
+                self.schedule(qpn, now);
+            }
+        }
     }
 
     /// Receive one Ethernet frame.
@@ -341,6 +391,7 @@ impl Device {
         buf: &mut [u8],
     ) -> Result<Option<usize>, TransmitError> {
         self.sched.now = now;
+        self.fail_overrun_qps();
         while let Some(qpn) = self.sched.ready.pop_front() {
             let Some(slot) = self.qps.get_mut(&qpn) else {
                 continue;

@@ -80,6 +80,9 @@ impl TransportQp {
     pub(super) fn send_cq(&self) -> Cq {
         each!(self, q => q.send_cq())
     }
+    pub(super) fn recv_cq(&self) -> Cq {
+        each!(self, q => q.recv_cq())
+    }
     pub(super) fn srq(&self) -> Option<Srq> {
         each!(self, q => q.srq())
     }
