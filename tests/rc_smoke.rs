@@ -810,3 +810,62 @@ fn cq_overrun_raises_the_cq_error_and_moves_its_qps_to_error() {
     );
     assert!(events.contains(&AsyncEvent::QpFatal(a.qp)), "{events:?}");
 }
+
+/// Issue 17, finding 7: READs beyond the responder resources (max_dest_rd_atomic, 16 here)
+/// whose responses are all still pending are an Invalid Request (IBTA 9.7.5.1.5, 9.9.3: a responder
+/// NAKs a request beyond its negotiated resources), not a silent eviction of the oldest. Before
+/// the fix the 17th READ was accepted and a 17th response stream queued (17 != 16).
+#[test]
+fn reads_beyond_the_responder_resources_are_an_invalid_request() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
+    let now = Instant::from_nanos(1_000_000);
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let req = take_frames(&mut a, now).remove(0);
+    let p = ferroce::wire::parse_frame(&req).unwrap();
+    let first = p.repr.roce.bth.psn;
+    // 17 one-packet READs in sequence, none of B's responses sent in between.
+    for k in 0..17u32 {
+        let mut repr = p.repr;
+        repr.roce.bth.psn = first.add(k);
+        let mut f = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut f, &[]).unwrap();
+        b.dev.handle_frame(now, &f);
+    }
+    let out = take_frames(&mut b, now);
+    let data = out
+        .iter()
+        .filter(|f| opcode(f) == ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY)
+        .count();
+    assert_eq!(data, 16, "responses beyond the 16 resources");
+    let last = ferroce::wire::parse_frame(out.last().unwrap())
+        .unwrap()
+        .repr
+        .roce;
+    assert_eq!(last.bth.opcode, ferroce::wire::Opcode::RC_ACK);
+    assert_eq!(last.bth.psn, first.add(16));
+    assert_eq!(
+        last.ext.aeth.unwrap().syndrome,
+        ferroce::wire::Syndrome::Nak(ferroce::wire::NakCode::InvalidRequest)
+    );
+    assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Err);
+}

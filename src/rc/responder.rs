@@ -69,6 +69,8 @@ enum Stop {
     NotReady,
     /// A fatal error found at a step: one NAK, the QP moves to the error state.
     Fatal(Step, Fatal),
+    /// A READ or ATOMIC beyond the responder resources: NAKed and the QP in error already.
+    Excess,
 }
 
 impl Stop {
@@ -76,7 +78,7 @@ impl Stop {
     fn step(self) -> Step {
         match self {
             Stop::Duplicate | Stop::OutOfSequence => Step::Psn,
-            Stop::NotReady => Step::Resources,
+            Stop::NotReady | Stop::Excess => Step::Resources,
             Stop::Fatal(step, _) => step,
         }
     }
@@ -173,6 +175,19 @@ impl Qp {
         self.check_op_sequence(f)?;
         self.check_op_valid(r.bth.opcode, f)?;
         self.check_resources(ctx, f)?;
+        if self.rd_atomic_excess(r.bth.opcode) {
+            // Not executed; NAKed after the responses still queued for the requests within
+            // the limit (the requester waits for those), and the QP enters the error state
+            // as for any Invalid Request, keeping those responses.
+            self.counters.err_naks_sent += 1;
+            ctx.events.push(AsyncEvent::QpReqErr(self.num));
+            let queued = std::mem::take(&mut self.resp.resp_q);
+            self.enter_error(ctx);
+            let naks = std::mem::replace(&mut self.resp.resp_q, queued);
+            self.resp.resp_q.extend(naks);
+            self.queue_nak(r.bth.psn, Syndrome::Nak(NakCode::InvalidRequest));
+            return Err(Stop::Excess);
+        }
         self.check_length(r, f, payload)?;
         let target = self.check_rkey(ctx, r, f)?;
         self.execute(ctx, r, payload, target)
@@ -205,6 +220,7 @@ impl Qp {
                 self.queue_nak(p, Syndrome::RnrNak(t));
             }
             Stop::Fatal(_, f) => self.fatal(ctx, p, f),
+            Stop::Excess => {}
         }
     }
 
@@ -307,6 +323,25 @@ impl Qp {
         } else {
             Ok(())
         }
+    }
+
+    /// Whether a READ or ATOMIC exceeds the responder resources: at most `max_dest_rd_atomic` with
+    /// responses still pending; one more is an Invalid Request (IBTA 9.7.5.1.5, 9.9.3: the requester
+    /// exceeded the responder resources it negotiated), never a silent eviction of a pending
+    /// one (issue 17 finding 7). Saved resources whose responses have all left are history
+    /// for duplicates and do not count.
+    fn rd_atomic_excess(&self, op: Opcode) -> bool {
+        if op != Opcode::RC_READ_REQUEST && op != Opcode::RC_CMP_SWAP && op != Opcode::RC_FETCH_ADD
+        {
+            return false;
+        }
+        let pending = self
+            .resp
+            .resp_q
+            .iter()
+            .filter(|i| matches!(i, RespItem::Read { .. } | RespItem::AtomicAck { .. }))
+            .count();
+        pending >= usize::from(self.attr.max_dest_rd_atomic.max(1))
     }
 
     /// [`Step::Length`]: the payload against the path MTU (IBTA C9-87..C9-90); a READ of at
