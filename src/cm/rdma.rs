@@ -402,6 +402,11 @@ impl RdmaCm {
         self.ids.get(&id.0).map(|i| i.state)
     }
 
+    /// An id's transport (RC, or UD over SIDR), from its port space.
+    pub fn kind(&self, id: RdmaId) -> Option<QpKind> {
+        self.ids.get(&id.0).map(|i| i.kind)
+    }
+
     /// An id's IB CM connection.
     pub fn comm_id(&self, id: RdmaId) -> Option<CommId> {
         self.ids.get(&id.0).and_then(|i| i.comm)

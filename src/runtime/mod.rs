@@ -20,6 +20,8 @@
 //! - Dropping the [`Nic`] (or [`Nic::shutdown`]) stops the thread and drops the packet device,
 //!   which restores the interface (an AF_XDP device detaches its XDP program).
 
+pub mod cm;
+
 use crate::io::{IoStats, PacketDevice};
 use crate::time::Instant;
 use crate::verbs::{

@@ -1,0 +1,1094 @@
+//! RDMA-CM over a running [`Nic`]: the driver of the sans-IO connection manager
+//! ([`crate::cm::rdma::RdmaCm`]) and a public API in librdmacm's shape.
+//!
+//! # What the driver does
+//!
+//! [`CmService::start`] creates QP1 (the GSI: a UD QP with Q_Key 0x80010000) on the NIC with
+//! 64 receive buffers (a 40-byte GRH slot and a 256-byte MAD each) and starts a thread that
+//! waits on QP1's completion queue: every MAD received goes to the CM
+//! (`RdmaCm::handle_mad`, with the sender's GID from the GRH slot and QPN from the
+//! completion), every MAD the CM emits goes out on QP1 to the destination's QP1 (an address
+//! handle per destination GID), and the CM's timers run at `poll_timeout` (the thread wakes at
+//! least every 10 ms). Calls on a [`CmId`] run in the caller's thread under the service's
+//! lock and send what they produce before returning. Address and route resolution are asked
+//! of a [`Resolver`]: the kernel's routes and neighbours through rtnetlink
+//! ([`KernelResolver`], `io::route`), or a fixed table ([`StaticResolver`], for the loopback
+//! backend and tests).
+//!
+//! # The API (librdmacm's, call for call)
+//!
+//! | librdmacm | here |
+//! |---|---|
+//! | `rdma_create_event_channel`, `channel->fd` | [`CmService::create_event_channel`], [`EventChannel::fd`] |
+//! | `rdma_create_id(channel, ctx, RDMA_PS_TCP/UDP)` | [`EventChannel::create_id`] |
+//! | `rdma_bind_addr`, `rdma_resolve_addr`, `rdma_resolve_route` | [`CmId::bind_addr`], [`CmId::resolve_addr`], [`CmId::resolve_route`] |
+//! | `rdma_create_qp`, `rdma_destroy_qp` | [`CmId::create_qp`], [`CmId::destroy_qp`] |
+//! | `rdma_connect`, `rdma_listen`, `rdma_accept`, `rdma_reject` | [`CmId::connect`], [`CmId::listen`], [`CmId::accept`], [`CmId::reject`] |
+//! | `rdma_establish` (ids without a QP) | [`CmId::establish`] |
+//! | `rdma_disconnect`, `rdma_destroy_id` | [`CmId::disconnect`], [`CmId::destroy`] |
+//! | `rdma_get_cm_event`, `rdma_ack_cm_event` | [`EventChannel::get_cm_event`], [`EventChannel::ack_cm_event`] |
+//! | `struct rdma_conn_param` | [`ConnParam`] (`qp_num` and `starting_psn` are filled in for ids with a QP) |
+//! | `struct rdma_cm_event` | [`CmEvent`]: `id`, `listen_id`, `event`, `status`, `param` (private data, the conn_param fields, UD's QPN and Q_Key) |
+//!
+//! As in librdmacm, an id with a QP ([`CmId::create_qp`]) has its QP moved through the states
+//! by the CM: INIT when created (port 1, P_Key index 0, remote READ/WRITE/ATOMIC allowed; a UD
+//! QP straight to RTS with Q_Key [`UDP_QKEY`]), RTR and RTS from the REP before the RTU
+//! leaves (active side: CONNECT_RESPONSE is consumed, the application sees ESTABLISHED),
+//! RTR and RTS from the REQ before the REP leaves (passive, in [`CmId::accept`]), ERROR in
+//! [`CmId::disconnect`]. The starting PSN is random. Events of a connection request's new id
+//! go to the listener's channel.
+
+use super::Nic;
+use crate::cm::rdma::{self as rdma, RdmaCm, RdmaCmError, Request};
+use crate::cm::{CmConfig, MadAddr, QpParams, Transmit};
+use crate::io::event::EventFd;
+use crate::keys::KeyGen;
+use crate::time::Instant;
+use crate::verbs::{
+    AccessFlags, AddressVector, Ah, Cq, MemoryRegion, Mtu, Pd, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, UdParams, VerbsError,
+    WcStatus, WorkCompletion,
+};
+use crate::wire::grh::{GrhSlot, GRH_LEN};
+use crate::wire::mad::cm::PathMtu;
+use crate::wire::mad::{Gid, MAD_LEN};
+use crate::wire::{MacAddr, PKey, QpNumber};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use crate::cm::rdma::{errno, ConnParam, EventType, IdState, QpKind, RdmaId, UDP_QKEY};
+pub use crate::wire::mad::rdma_cm::PortSpace;
+
+/// The Q_Key of QP1 (IBTA Vol. 1 §13.5.1).
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+/// QP1's receive buffers.
+const RECV_SLOTS: usize = 64;
+/// QP1's send buffers.
+const SEND_SLOTS: usize = 64;
+/// One receive buffer: the GRH slot and a MAD.
+const RECV_LEN: usize = GRH_LEN + MAD_LEN;
+/// The longest the driver thread sleeps between looks at the CM's timers.
+const MAX_SLEEP: Duration = Duration::from_millis(10);
+
+/// Answers the questions of address and route resolution (what the kernel's `rdma_cm`
+/// asks of its routing tables and neighbours). Errors are Linux errno values.
+pub trait Resolver: Send + Sync {
+    /// The local address (one of the device's GIDs) that reaches `dst`; `src` when the
+    /// application gave one.
+    fn local_addr(&self, src: Option<IpAddr>, dst: IpAddr) -> Result<IpAddr, i32>;
+    /// The MAC address frames from `local` to `dst` go to (the next hop's).
+    fn neighbour(&self, local: IpAddr, dst: IpAddr) -> Result<MacAddr, i32>;
+}
+
+/// Resolution through the kernel: `ip route get` (rtnetlink, `io::route`) for the source
+/// address, the neighbour table (primed by a datagram when empty) for the MAC.
+pub struct KernelResolver {
+    /// The interface the device runs on.
+    pub ifname: String,
+    /// The device's GID table (its addresses).
+    pub gids: Vec<IpAddr>,
+    /// The UDP backend: the kernel builds the Ethernet header, no MAC is needed.
+    pub udp: bool,
+}
+
+impl Resolver for KernelResolver {
+    fn local_addr(&self, src: Option<IpAddr>, dst: IpAddr) -> Result<IpAddr, i32> {
+        if let Some(s) = src {
+            return if self.gids.contains(&s) {
+                Ok(s)
+            } else {
+                Err(errno::EADDRNOTAVAIL)
+            };
+        }
+        if self.gids.contains(&dst) {
+            return Ok(dst);
+        }
+        let r = crate::io::route::route_get(dst).map_err(|e| match e {
+            crate::io::route::RouteError::NoRoute { .. } => errno::ENETUNREACH,
+            _ => errno::EHOSTUNREACH,
+        })?;
+        match r.prefsrc {
+            Some(p) if self.gids.contains(&p) => Ok(p),
+            _ => self
+                .gids
+                .iter()
+                .find(|g| g.is_ipv4() == dst.is_ipv4() && !is_link_local(**g))
+                .copied()
+                .ok_or(errno::EADDRNOTAVAIL),
+        }
+    }
+    fn neighbour(&self, _local: IpAddr, dst: IpAddr) -> Result<MacAddr, i32> {
+        if self.udp {
+            return Ok(MacAddr::ZERO);
+        }
+        crate::io::netdev::resolve(dst, Some(&self.ifname), Duration::from_secs(2))
+            .ok_or(errno::EHOSTUNREACH)
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// A fixed table: each entry a local address, a peer address and the peer's MAC (the
+/// loopback backend and tests, where no kernel routes exist).
+#[derive(Clone, Debug, Default)]
+pub struct StaticResolver {
+    /// (local, peer, peer's MAC).
+    pub entries: Vec<(IpAddr, IpAddr, MacAddr)>,
+}
+
+impl Resolver for StaticResolver {
+    fn local_addr(&self, src: Option<IpAddr>, dst: IpAddr) -> Result<IpAddr, i32> {
+        self.entries
+            .iter()
+            .find(|(l, p, _)| *p == dst && src.is_none_or(|s| s == *l))
+            .map(|e| e.0)
+            .ok_or(errno::EHOSTUNREACH)
+    }
+    fn neighbour(&self, local: IpAddr, dst: IpAddr) -> Result<MacAddr, i32> {
+        self.entries
+            .iter()
+            .find(|(l, p, _)| *p == dst && *l == local)
+            .map(|e| e.2)
+            .ok_or(errno::EHOSTUNREACH)
+    }
+}
+
+/// Why an RDMA-CM call failed (librdmacm: -1 and errno).
+#[derive(Debug, thiserror::Error)]
+pub enum CmApiError {
+    /// The connection manager refused the call.
+    #[error(transparent)]
+    Cm(#[from] RdmaCmError),
+    /// A verb on the id's QP or on QP1 failed.
+    #[error("verbs: {0}")]
+    Verbs(#[from] VerbsError),
+    /// The id has no QP, or already has one.
+    #[error("{0}")]
+    Qp(&'static str),
+    /// The service has stopped.
+    #[error("the CM service has stopped")]
+    Stopped,
+    /// Starting the service failed.
+    #[error("starting the CM service: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// An event (`struct rdma_cm_event`).
+#[derive(Clone)]
+pub struct CmEvent {
+    /// The id the event is about (CONNECT_REQUEST: the new id).
+    pub id: CmId,
+    /// CONNECT_REQUEST: the listening id.
+    pub listen_id: Option<CmId>,
+    /// The event type.
+    pub event: EventType,
+    /// 0, a negative errno, or for REJECTED the REJ reason (8: nothing listens; 28: the
+    /// consumer rejected).
+    pub status: i32,
+    /// The rest (`param.conn` / `param.ud`): private data, responder resources, initiator
+    /// depth, retry counts, the peer's QPN, UD's Q_Key, the QP attributes.
+    pub param: rdma::Event,
+}
+
+impl CmEvent {
+    /// The peer's private data (`param.conn.private_data`, `private_data_len`).
+    pub fn private_data(&self) -> &[u8] {
+        self.param.private_data()
+    }
+}
+
+impl std::fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CmEvent({} id={} status={} private={})",
+            self.event.as_str(),
+            self.id.id.0,
+            self.status,
+            self.private_data().len()
+        )
+    }
+}
+
+struct ChannelShared {
+    q: Mutex<VecDeque<CmEvent>>,
+    cv: Condvar,
+    fd: EventFd,
+}
+
+impl ChannelShared {
+    fn push(&self, e: CmEvent) {
+        lock(&self.q).push_back(e);
+        self.fd.signal();
+        self.cv.notify_all();
+    }
+}
+
+struct IdInfo {
+    channel: Arc<ChannelShared>,
+    qp: Option<QpNumber>,
+    /// The next hop's MAC (active side: from route resolution; passive: from the device's
+    /// neighbours or the resolver).
+    mac: Option<MacAddr>,
+}
+
+struct Qp1 {
+    qpn: QpNumber,
+    cq: Cq,
+    pd: Pd,
+    recv: MemoryRegion,
+    send: MemoryRegion,
+    free_send: Vec<usize>,
+    ahs: HashMap<Gid, Ah>,
+    /// MADs waiting for a free send buffer.
+    backlog: VecDeque<Transmit>,
+}
+
+struct State {
+    cm: RdmaCm,
+    qp1: Qp1,
+    ids: HashMap<RdmaId, IdInfo>,
+    keys: KeyGen,
+    /// MADs received, MADs sent, MADs not sent (no address handle), receive errors.
+    mads_in: u64,
+    mads_out: u64,
+    mads_unsent: u64,
+}
+
+struct Shared {
+    nic: Arc<Nic>,
+    st: Mutex<State>,
+    stop: AtomicBool,
+    epoch: std::time::Instant,
+    resolver: Box<dyn Resolver>,
+    port_mtu: Mtu,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The connection manager of one [`Nic`]: QP1 and its driver thread.
+pub struct CmService {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Counters of the service's QP1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Qp1Counters {
+    /// MADs received on QP1.
+    pub mads_in: u64,
+    /// MADs sent on QP1.
+    pub mads_out: u64,
+    /// MADs the CM emitted that could not be sent (no address handle for the destination).
+    pub mads_unsent: u64,
+}
+
+impl CmService {
+    /// Create QP1 on `nic` and start the driver thread. `cfg` is the IB CM's configuration
+    /// (its CA GUID: [`ca_guid_of`] the port's MAC); `resolver` answers address and route
+    /// resolution.
+    pub fn start(
+        nic: Arc<Nic>,
+        cfg: CmConfig,
+        resolver: Box<dyn Resolver>,
+    ) -> Result<CmService, CmApiError> {
+        let pd = nic.alloc_pd();
+        let cq = nic.create_cq(RECV_SLOTS + SEND_SLOTS + 16)?;
+        let cap = QpCap {
+            max_send_wr: SEND_SLOTS as u32,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut init = QpInitAttr::new(pd, cq, cq, cap);
+        init.qp_type = QpType::Ud;
+        init.sq_sig_all = true;
+        let qpn = nic.create_gsi_qp(init)?;
+        nic.bring_up_ud(
+            qpn,
+            &UdParams {
+                qkey: GSI_QKEY,
+                local_psn: 0,
+            },
+        )?;
+        let recv = nic.reg_mr(pd, RECV_SLOTS * RECV_LEN, AccessFlags::LOCAL_WRITE)?;
+        let send = nic.reg_mr(pd, SEND_SLOTS * MAD_LEN, AccessFlags::LOCAL_WRITE)?;
+        for i in 0..RECV_SLOTS {
+            post_recv_slot(&nic, qpn, &recv, i)?;
+        }
+        let port_mtu = nic.with_device(|d| d.config().port_mtu);
+        let seed = cfg.seed;
+        let shared = Arc::new(Shared {
+            st: Mutex::new(State {
+                cm: RdmaCm::new(cfg),
+                qp1: Qp1 {
+                    qpn,
+                    cq,
+                    pd,
+                    recv,
+                    send,
+                    free_send: (0..SEND_SLOTS).rev().collect(),
+                    ahs: HashMap::new(),
+                    backlog: VecDeque::new(),
+                },
+                ids: HashMap::new(),
+                keys: KeyGen::new(seed.map(|s| s ^ 0x7073_6e00)),
+                mads_in: 0,
+                mads_out: 0,
+                mads_unsent: 0,
+            }),
+            nic,
+            stop: AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+            resolver,
+            port_mtu,
+        });
+        let th = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferroce-cm".into())
+            .spawn(move || driver(&th))?;
+        Ok(CmService {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// `rdma_create_event_channel`.
+    pub fn create_event_channel(&self) -> Result<EventChannel, CmApiError> {
+        Ok(EventChannel {
+            shared: self.shared.clone(),
+            ch: Arc::new(ChannelShared {
+                q: Mutex::new(VecDeque::new()),
+                cv: Condvar::new(),
+                fd: EventFd::new()?,
+            }),
+        })
+    }
+
+    /// The NIC.
+    pub fn nic(&self) -> &Arc<Nic> {
+        &self.shared.nic
+    }
+
+    /// The IB CM's counters (MADs dropped, duplicates, retries, ...).
+    pub fn cm_counters(&self) -> crate::cm::CmCounters {
+        *lock(&self.shared.st).cm.ib().counters()
+    }
+
+    /// QP1's counters.
+    pub fn qp1_counters(&self) -> Qp1Counters {
+        let st = lock(&self.shared.st);
+        Qp1Counters {
+            mads_in: st.mads_in,
+            mads_out: st.mads_out,
+            mads_unsent: st.mads_unsent,
+        }
+    }
+
+    /// Stop the driver thread (also on drop). Ids stop working; their QPs stay.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for CmService {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The CA GUID of a RoCE port: the EUI-64 of its MAC (as Linux derives a node GUID).
+pub fn ca_guid_of(mac: MacAddr) -> u64 {
+    let m = mac.0;
+    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+}
+
+fn post_recv_slot(nic: &Nic, qpn: QpNumber, mr: &MemoryRegion, i: usize) -> Result<(), VerbsError> {
+    nic.post_recv(
+        qpn,
+        RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![Sge {
+                addr: mr.addr() + (i * RECV_LEN) as u64,
+                length: RECV_LEN as u32,
+                lkey: mr.lkey(),
+            }],
+        },
+    )
+}
+
+/// Bit 63 of a QP1 work request ID: a send.
+const SEND_BIT: u64 = 1 << 63;
+
+fn driver(sh: &Arc<Shared>) {
+    let cq = lock(&sh.st).qp1.cq;
+    let mut wcs = Vec::with_capacity(64);
+    while !sh.stop.load(Ordering::Acquire) {
+        let wait = {
+            let st = lock(&sh.st);
+            match st.cm.poll_timeout() {
+                Some(t) => {
+                    let now = sh.now();
+                    Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(MAX_SLEEP)
+                }
+                None => MAX_SLEEP,
+            }
+        };
+        if !wait.is_zero() {
+            let _ = sh.nic.wait_cq(cq, wait);
+        }
+        wcs.clear();
+        let _ = sh.nic.poll_cq(cq, &mut wcs, 64);
+        let mut st = lock(&sh.st);
+        let now = sh.now();
+        for wc in &wcs {
+            st.on_completion(sh, now, wc);
+        }
+        if st.cm.poll_timeout().is_some_and(|t| t <= now) {
+            st.cm.handle_timeout(now);
+        }
+        st.pump(sh, now);
+    }
+}
+
+impl Shared {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn path_mtu(&self) -> PathMtu {
+        match self.port_mtu {
+            Mtu::M256 => PathMtu::M256,
+            Mtu::M512 => PathMtu::M512,
+            Mtu::M1024 => PathMtu::M1024,
+            Mtu::M2048 => PathMtu::M2048,
+            Mtu::M4096 => PathMtu::M4096,
+        }
+    }
+}
+
+fn mtu_of(p: PathMtu) -> Mtu {
+    p.bytes().and_then(Mtu::from_bytes).unwrap_or(Mtu::M1024)
+}
+
+impl State {
+    fn on_completion(&mut self, sh: &Arc<Shared>, now: Instant, wc: &WorkCompletion) {
+        if wc.wr_id & SEND_BIT != 0 {
+            let slot = (wc.wr_id & !SEND_BIT) as usize;
+            if slot < SEND_SLOTS && !self.qp1.free_send.contains(&slot) {
+                self.qp1.free_send.push(slot);
+            }
+            if wc.status != WcStatus::Success {
+                tracing::debug!(status = ?wc.status, "QP1 send failed");
+            }
+            return;
+        }
+        let slot = wc.wr_id as usize;
+        if slot >= RECV_SLOTS {
+            return;
+        }
+        if wc.status == WcStatus::Success {
+            let mut buf = [0u8; RECV_LEN];
+            let n = (wc.byte_len as usize).min(RECV_LEN);
+            if self.qp1.recv.read(slot * RECV_LEN, &mut buf[..n]).is_ok() && n > GRH_LEN {
+                let src = match GrhSlot::parse(&buf[..GRH_LEN]) {
+                    Ok(GrhSlot::V4 { src, .. }) => Some(IpAddr::V4(src)),
+                    Ok(GrhSlot::V6 { src, .. }) => Some(IpAddr::V6(src)),
+                    Err(_) => None,
+                };
+                if let Some(ip) = src {
+                    self.mads_in += 1;
+                    let from = MadAddr {
+                        gid: Gid::from_ip(ip),
+                        qpn: wc.src_qp,
+                        pkey: PKey::DEFAULT,
+                    };
+                    self.cm.handle_mad(now, from, &buf[GRH_LEN..n]);
+                }
+            }
+        }
+        if wc.status != WcStatus::WrFlushErr {
+            let _ = post_recv_slot(&sh.nic, self.qp1.qpn, &self.qp1.recv, slot);
+        }
+    }
+
+    /// Send what the CM emitted, answer its questions, apply the QP transitions its events
+    /// call for and hand the events to their channels.
+    fn pump(&mut self, sh: &Arc<Shared>, now: Instant) {
+        for _ in 0..64 {
+            let mut busy = false;
+            while let Some(r) = self.cm.poll_request() {
+                busy = true;
+                self.answer(sh, now, r);
+            }
+            while let Some(e) = self.cm.poll_event() {
+                busy = true;
+                self.on_event(sh, now, e);
+            }
+            while let Some(t) = self.cm.poll_transmit(now) {
+                busy = true;
+                self.qp1.backlog.push_back(t);
+            }
+            self.flush(sh);
+            if !busy {
+                break;
+            }
+        }
+    }
+
+    fn flush(&mut self, sh: &Arc<Shared>) {
+        while !self.qp1.backlog.is_empty() {
+            let Some(slot) = self.qp1.free_send.pop() else {
+                return;
+            };
+            let t = self.qp1.backlog.pop_front().expect("not empty");
+            let Some(ah) = self.ah_for(sh, t.dest.gid) else {
+                self.qp1.free_send.push(slot);
+                self.mads_unsent += 1;
+                tracing::debug!(dest = %t.dest, "no address handle for a MAD's destination");
+                continue;
+            };
+            let _ = self.qp1.send.write(slot * MAD_LEN, &t.mad);
+            let wr = SendWr {
+                ud: Some(UdDest {
+                    ah,
+                    remote_qpn: t.dest.qpn,
+                    remote_qkey: GSI_QKEY,
+                }),
+                ..SendWr::new(
+                    SEND_BIT | slot as u64,
+                    SendOp::Send,
+                    vec![Sge {
+                        addr: self.qp1.send.addr() + (slot * MAD_LEN) as u64,
+                        length: MAD_LEN as u32,
+                        lkey: self.qp1.send.lkey(),
+                    }],
+                )
+            };
+            match sh.nic.post_send(self.qp1.qpn, wr) {
+                Ok(()) => self.mads_out += 1,
+                Err(e) => {
+                    self.qp1.free_send.push(slot);
+                    self.mads_unsent += 1;
+                    tracing::debug!(error = %e, "QP1 post_send");
+                }
+            }
+        }
+    }
+
+    /// The address handle to `gid`'s QP1: made with the MAC an id learned for that peer, the
+    /// device's neighbour entry, or the resolver's answer.
+    fn ah_for(&mut self, sh: &Arc<Shared>, gid: Gid) -> Option<Ah> {
+        if let Some(ah) = self.qp1.ahs.get(&gid) {
+            return Some(*ah);
+        }
+        let dst = gid.to_ip();
+        let gids = sh.nic.with_device(|d| d.config().gids.clone());
+        let sgid_index = gids.iter().position(|g| g.is_ipv4() == dst.is_ipv4())?;
+        let local = gids[sgid_index];
+        let mut av = AddressVector {
+            dgid: gid.0,
+            sgid_index: sgid_index as u8,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            dmac: None,
+        };
+        let ah = match sh.nic.create_ah(self.qp1.pd, &av) {
+            Ok(ah) => ah,
+            Err(_) => {
+                av.dmac = Some(sh.resolver.neighbour(local, dst).ok()?.0);
+                sh.nic.create_ah(self.qp1.pd, &av).ok()?
+            }
+        };
+        self.qp1.ahs.insert(gid, ah);
+        Some(ah)
+    }
+
+    fn answer(&mut self, sh: &Arc<Shared>, now: Instant, r: Request) {
+        match r {
+            Request::ResolveAddr { id, src, dst } => {
+                let res = sh.resolver.local_addr(src, dst);
+                let _ = self.cm.complete_addr(now, id, res);
+            }
+            Request::ResolveRoute { id, src, dst } => {
+                let res = sh.resolver.neighbour(src, dst).map(|mac| {
+                    if let Some(i) = self.ids.get_mut(&id) {
+                        i.mac = Some(mac);
+                    }
+                    rdma::Route::roce(src, dst, sh.path_mtu())
+                });
+                let _ = self.cm.complete_route(now, id, res);
+            }
+        }
+    }
+
+    fn on_event(&mut self, sh: &Arc<Shared>, now: Instant, e: rdma::Event) {
+        if e.kind == EventType::ConnectRequest {
+            let parent = e.listen_id.and_then(|l| self.ids.get(&l));
+            let Some(ch) = parent.map(|p| p.channel.clone()) else {
+                let _ = self.cm.reject(now, e.id, &[]);
+                return;
+            };
+            self.ids.insert(
+                e.id,
+                IdInfo {
+                    channel: ch,
+                    qp: None,
+                    mac: None,
+                },
+            );
+        }
+        let Some(info) = self.ids.get(&e.id) else {
+            return;
+        };
+        if e.kind == EventType::ConnectResponse {
+            if let (Some(qpn), Some(p)) = (info.qp, e.qp) {
+                // librdmacm's ucma_process_conn_resp: RTR, RTS, then RTU; the application
+                // sees ESTABLISHED.
+                let mac = info.mac;
+                match self.apply_rtr_rts(sh, qpn, &p, mac) {
+                    Ok(()) => {
+                        let _ = self.cm.establish(now, e.id);
+                    }
+                    Err(err) => {
+                        tracing::debug!(error = %err, "modify_qp from the REP failed");
+                        let _ = self.cm.reject(now, e.id, &[]);
+                        let mut ev = e;
+                        ev.kind = EventType::ConnectError;
+                        ev.status = -22;
+                        self.deliver(sh, ev);
+                    }
+                }
+                return;
+            }
+        }
+        self.deliver(sh, e);
+    }
+
+    fn deliver(&self, sh: &Arc<Shared>, e: rdma::Event) {
+        let Some(info) = self.ids.get(&e.id) else {
+            return;
+        };
+        let ev = CmEvent {
+            id: CmId::new(sh, e.id),
+            listen_id: e.listen_id.map(|l| CmId::new(sh, l)),
+            event: e.kind,
+            status: e.status,
+            param: e,
+        };
+        info.channel.push(ev);
+    }
+
+    /// RTR and RTS from what the REQ and REP say (`rdma_init_qp_attr` for RTR and RTS).
+    fn apply_rtr_rts(
+        &mut self,
+        sh: &Arc<Shared>,
+        qpn: QpNumber,
+        p: &QpParams,
+        mac: Option<MacAddr>,
+    ) -> Result<(), CmApiError> {
+        let local = p.local_gid.to_ip();
+        let remote = p.remote_gid.to_ip();
+        let gids = sh.nic.with_device(|d| d.config().gids.clone());
+        let sgid_index = gids.iter().position(|g| *g == local).unwrap_or(0) as u8;
+        let mac = match mac {
+            Some(m) => Some(m),
+            None => sh
+                .nic
+                .with_device(|d| d.neighbour(remote))
+                .or_else(|| sh.resolver.neighbour(local, remote).ok()),
+        };
+        use QpAttrMask as M;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: mtu_of(p.path_mtu).min(sh.port_mtu),
+            dest_qp_num: p.remote_qpn.get(),
+            rq_psn: p.rq_psn.get(),
+            max_dest_rd_atomic: p.max_dest_rd_atomic,
+            min_rnr_timer: 12,
+            ah_attr: AddressVector {
+                dgid: p.remote_gid.0,
+                sgid_index,
+                hop_limit: p.hop_limit,
+                traffic_class: p.traffic_class,
+                flow_label: p.flow_label,
+                dmac: mac.map(|m| m.0),
+            },
+            ..QpAttr::default()
+        };
+        sh.nic.modify_qp(
+            qpn,
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: p.sq_psn.get(),
+            timeout: p.local_ack_timeout,
+            retry_cnt: p.retry_count,
+            rnr_retry: p.rnr_retry_count,
+            max_rd_atomic: p.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        sh.nic.modify_qp(
+            qpn,
+            &rts,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        )?;
+        Ok(())
+    }
+}
+
+/// An event channel (`struct rdma_event_channel`): the events of the ids created on it, and
+/// a descriptor that is readable while events wait.
+pub struct EventChannel {
+    shared: Arc<Shared>,
+    ch: Arc<ChannelShared>,
+}
+
+impl EventChannel {
+    /// `channel->fd`: readable (poll/epoll) while events wait to be read.
+    pub fn fd(&self) -> RawFd {
+        self.ch.fd.fd()
+    }
+
+    /// `rdma_create_id`: a new id in port space `ps` (`PortSpace::TCP`: RC;
+    /// `PortSpace::UDP`: UD over SIDR) whose events come to this channel.
+    pub fn create_id(&self, ps: PortSpace) -> CmId {
+        let mut st = lock(&self.shared.st);
+        let id = st.cm.create_id(ps);
+        st.ids.insert(
+            id,
+            IdInfo {
+                channel: self.ch.clone(),
+                qp: None,
+                mac: None,
+            },
+        );
+        CmId::new(&self.shared, id)
+    }
+
+    /// `rdma_get_cm_event`: the next event, waiting at most `timeout` (`None`: forever, as
+    /// librdmacm's blocking channel). `None` when the time passed or the service stopped.
+    pub fn get_cm_event(&self, timeout: Option<Duration>) -> Option<CmEvent> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let mut q = lock(&self.ch.q);
+        loop {
+            if let Some(e) = q.pop_front() {
+                if q.is_empty() {
+                    self.ch.fd.drain();
+                }
+                return Some(e);
+            }
+            if self.shared.stop.load(Ordering::Acquire) {
+                return None;
+            }
+            // Wake now and then to notice a stopped service.
+            let step = match deadline {
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    (d - now).min(Duration::from_millis(100))
+                }
+                None => Duration::from_millis(100),
+            };
+            q = self
+                .ch
+                .cv
+                .wait_timeout(q, step)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The next event if one waits (a non-blocking channel's `rdma_get_cm_event`).
+    pub fn try_get_cm_event(&self) -> Option<CmEvent> {
+        self.get_cm_event(Some(Duration::ZERO))
+    }
+
+    /// `rdma_ack_cm_event`: events are owned values, so acknowledging only drops it.
+    pub fn ack_cm_event(&self, ev: CmEvent) {
+        drop(ev);
+    }
+}
+
+/// A CM id (`struct rdma_cm_id`): a handle, cheap to clone; [`CmId::destroy`] ends it.
+#[derive(Clone)]
+pub struct CmId {
+    sh: Arc<Shared>,
+    id: RdmaId,
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, o: &CmId) -> bool {
+        self.id == o.id && Arc::ptr_eq(&self.sh, &o.sh)
+    }
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CmId({})", self.id.0)
+    }
+}
+
+impl CmId {
+    fn new(sh: &Arc<Shared>, id: RdmaId) -> CmId {
+        CmId { sh: sh.clone(), id }
+    }
+
+    /// Run `f` on the state, then send and deliver what it caused.
+    fn call<R>(
+        &self,
+        f: impl FnOnce(&mut State, &Arc<Shared>, Instant) -> Result<R, CmApiError>,
+    ) -> Result<R, CmApiError> {
+        if self.sh.stop.load(Ordering::Acquire) {
+            return Err(CmApiError::Stopped);
+        }
+        let mut st = lock(&self.sh.st);
+        let now = self.sh.now();
+        let r = f(&mut st, &self.sh, now);
+        st.pump(&self.sh, now);
+        r
+    }
+
+    /// The id's number.
+    pub fn id(&self) -> RdmaId {
+        self.id
+    }
+
+    /// The id's state (`enum rdma_cm_state`).
+    pub fn state(&self) -> Option<IdState> {
+        lock(&self.sh.st).cm.state(self.id)
+    }
+
+    /// `rdma_get_local_addr`.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        lock(&self.sh.st).cm.local_addr(self.id)
+    }
+
+    /// `rdma_get_peer_addr`.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        lock(&self.sh.st).cm.peer_addr(self.id)
+    }
+
+    /// The resolved route (`id->route`).
+    pub fn route(&self) -> Option<rdma::Route> {
+        lock(&self.sh.st).cm.route(self.id)
+    }
+
+    /// The id's QP (`id->qp`).
+    pub fn qp(&self) -> Option<QpNumber> {
+        lock(&self.sh.st).ids.get(&self.id).and_then(|i| i.qp)
+    }
+
+    /// The NIC the id's QP lives on (`id->verbs`).
+    pub fn nic(&self) -> &Arc<Nic> {
+        &self.sh.nic
+    }
+
+    /// `rdma_bind_addr` (port 0: an ephemeral port; the unspecified address: every address).
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmApiError> {
+        self.call(|st, _, _| Ok(st.cm.bind_addr(self.id, addr)?))
+    }
+
+    /// `rdma_resolve_addr`: ADDR_RESOLVED (or ADDR_ERROR) follows. A source with a port
+    /// binds to it first.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), CmApiError> {
+        self.call(|st, _, now| {
+            if let Some(s) = src.filter(|s| s.port() != 0) {
+                st.cm.bind_addr(self.id, s)?;
+            }
+            Ok(st
+                .cm
+                .resolve_addr(now, self.id, src.map(|s| s.ip()), dst, timeout)?)
+        })
+    }
+
+    /// `rdma_resolve_route`: ROUTE_RESOLVED (or ROUTE_ERROR) follows; the next hop's MAC
+    /// comes from the kernel's neighbours.
+    pub fn resolve_route(&self, timeout: Duration) -> Result<(), CmApiError> {
+        self.call(|st, _, now| Ok(st.cm.resolve_route(now, self.id, timeout)?))
+    }
+
+    /// `rdma_create_qp`: a QP of the id's transport (RC for `PortSpace::TCP`, UD for
+    /// `PortSpace::UDP`; `init.qp_type` is set accordingly), moved to INIT (RC) or RTS (UD,
+    /// Q_Key [`UDP_QKEY`]).
+    pub fn create_qp(&self, mut init: QpInitAttr) -> Result<QpNumber, CmApiError> {
+        self.call(|st, sh, _| {
+            let info = st.ids.get(&self.id).ok_or(RdmaCmError::NoSuchId)?;
+            if info.qp.is_some() {
+                return Err(CmApiError::Qp("the id has a QP already"));
+            }
+            let ud = st
+                .cm
+                .state(self.id)
+                .is_some_and(|_| st.cm.kind(self.id) == Some(QpKind::Ud));
+            init.qp_type = if ud { QpType::Ud } else { QpType::Rc };
+            let qpn = sh.nic.create_qp(init)?;
+            let r = if ud {
+                let psn = st.keys.psn();
+                sh.nic.bring_up_ud(
+                    qpn,
+                    &UdParams {
+                        qkey: UDP_QKEY,
+                        local_psn: psn,
+                    },
+                )
+            } else {
+                let a = QpAttr {
+                    qp_state: QpState::Init,
+                    pkey_index: 0,
+                    port_num: 1,
+                    qp_access_flags: AccessFlags::LOCAL_WRITE
+                        | AccessFlags::REMOTE_WRITE
+                        | AccessFlags::REMOTE_READ
+                        | AccessFlags::REMOTE_ATOMIC,
+                    ..QpAttr::default()
+                };
+                use QpAttrMask as M;
+                sh.nic.modify_qp(
+                    qpn,
+                    &a,
+                    M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                )
+            };
+            if let Err(e) = r {
+                let _ = sh.nic.destroy_qp(qpn);
+                return Err(e.into());
+            }
+            if let Some(i) = st.ids.get_mut(&self.id) {
+                i.qp = Some(qpn);
+            }
+            Ok(qpn)
+        })
+    }
+
+    /// `rdma_destroy_qp`.
+    pub fn destroy_qp(&self) -> Result<(), CmApiError> {
+        self.call(|st, sh, _| {
+            let qpn = st
+                .ids
+                .get_mut(&self.id)
+                .and_then(|i| i.qp.take())
+                .ok_or(CmApiError::Qp("the id has no QP"))?;
+            Ok(sh.nic.destroy_qp(qpn)?)
+        })
+    }
+
+    /// `rdma_connect`: REQ (or SIDR_REQ) with `p`'s private data. For an id with a QP, its
+    /// number and a random starting PSN replace `p.qp_num` and `p.starting_psn`, and the
+    /// answer is ESTABLISHED (the QP at RTS); without one, CONNECT_RESPONSE (then
+    /// [`establish`](Self::establish)).
+    pub fn connect(&self, p: &ConnParam<'_>) -> Result<(), CmApiError> {
+        self.call(|st, _, now| {
+            let mut p = *p;
+            if let Some(qpn) = st.ids.get(&self.id).and_then(|i| i.qp) {
+                p.qp_num = qpn;
+                p.starting_psn = crate::wire::Psn::new(st.keys.psn());
+            }
+            Ok(st.cm.connect(now, self.id, &p)?)
+        })
+    }
+
+    /// `rdma_establish` (after CONNECT_RESPONSE on an id without a QP): RTU.
+    pub fn establish(&self) -> Result<(), CmApiError> {
+        self.call(|st, _, now| Ok(st.cm.establish(now, self.id)?))
+    }
+
+    /// `rdma_listen`: CONNECT_REQUEST events with new ids follow; at most `backlog` wait for
+    /// accept or reject (more are rejected).
+    pub fn listen(&self, backlog: usize) -> Result<(), CmApiError> {
+        self.call(|st, _, _| Ok(st.cm.listen(self.id, backlog)?))
+    }
+
+    /// `rdma_accept` a CONNECT_REQUEST's id: with a QP, it goes to RTR and RTS from the
+    /// REQ before the REP leaves (its number and a random starting PSN replace `p`'s);
+    /// ESTABLISHED follows when the RTU arrives. UD: SIDR_REP with the QP and `p.qkey`.
+    pub fn accept(&self, p: &ConnParam<'_>) -> Result<(), CmApiError> {
+        self.call(|st, sh, now| {
+            let mut p = *p;
+            let qp = st.ids.get(&self.id).and_then(|i| i.qp);
+            if let Some(qpn) = qp {
+                p.qp_num = qpn;
+                p.starting_psn = crate::wire::Psn::new(st.keys.psn());
+            }
+            let params = st.cm.accept(now, self.id, &p)?;
+            if let (Some(qpn), Some(params)) = (qp, params) {
+                if let Err(e) = st.apply_rtr_rts(sh, qpn, &params, None) {
+                    let _ = st.cm.reject(now, self.id, &[]);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// `rdma_reject` a CONNECT_REQUEST's id, with private data (REJ reason 28, consumer
+    /// reject; SIDR: status "rejected").
+    pub fn reject(&self, private_data: &[u8]) -> Result<(), CmApiError> {
+        self.call(|st, _, now| Ok(st.cm.reject(now, self.id, private_data)?))
+    }
+
+    /// `rdma_disconnect`: the QP to ERROR, then DREQ (or DREP when the peer's DREQ came
+    /// first). DISCONNECTED follows, then TIMEWAIT_EXIT.
+    pub fn disconnect(&self) -> Result<(), CmApiError> {
+        self.call(|st, sh, now| {
+            if let Some(qpn) = st.ids.get(&self.id).and_then(|i| i.qp) {
+                let a = QpAttr {
+                    qp_state: QpState::Err,
+                    ..QpAttr::default()
+                };
+                let _ = sh.nic.modify_qp(qpn, &a, QpAttrMask::STATE);
+            }
+            Ok(st.cm.disconnect(now, self.id)?)
+        })
+    }
+
+    /// `rdma_destroy_id`: what the connection's state needs (reject, disconnect) and the id
+    /// is gone. Its QP, if still there, is destroyed too.
+    pub fn destroy(self) -> Result<(), CmApiError> {
+        self.call(|st, sh, now| {
+            if let Some(i) = st.ids.remove(&self.id) {
+                if let Some(qpn) = i.qp {
+                    let _ = sh.nic.destroy_qp(qpn);
+                }
+            }
+            Ok(st.cm.destroy_id(now, self.id)?)
+        })
+    }
+}

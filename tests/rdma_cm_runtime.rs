@@ -1,0 +1,305 @@
+//! RDMA-CM over the runtime (src/runtime/cm.rs): two NICs with real threads over the in-memory
+//! loopback backend, each with its CM service on QP1. librdmacm's call sequences: connect,
+//! exchange data on the QPs the CM set up, disconnect; REJECTED when nothing listens;
+//! a consumer reject carrying private data.
+
+use ferroce::cm::CmConfig;
+use ferroce::io::Loopback;
+use ferroce::runtime::cm::{
+    ca_guid_of, CmEvent, CmService, ConnParam, EventChannel, EventType, PortSpace, StaticResolver,
+};
+use ferroce::runtime::{Nic, NicOptions, PollMode};
+use ferroce::verbs::*;
+use ferroce::wire::{MacAddr, Psn, QpNumber};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(10));
+
+fn mac(i: u8) -> MacAddr {
+    MacAddr([2, 0, 0, 0, 0, i])
+}
+fn ip(i: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 9, 0, i))
+}
+
+struct Side {
+    svc: CmService,
+    ch: EventChannel,
+    nic: Arc<Nic>,
+}
+
+fn side(i: u8, dev: Loopback) -> Side {
+    let nic = Arc::new(
+        Nic::start(
+            DeviceConfig::new(mac(i), ip(i)),
+            dev,
+            NicOptions {
+                poll: PollMode::Adaptive {
+                    spins: 100,
+                    max_sleep: Duration::from_micros(200),
+                },
+                batch: 64,
+            },
+        )
+        .unwrap(),
+    );
+    let peer = 3 - i;
+    let res = StaticResolver {
+        entries: vec![(ip(i), ip(peer), mac(peer))],
+    };
+    let cfg = CmConfig {
+        timewait: Some(ferroce::time::Duration::from_millis(50)),
+        ..CmConfig::new(ca_guid_of(mac(i)))
+    };
+    let svc = CmService::start(nic.clone(), cfg, Box::new(res)).unwrap();
+    let ch = svc.create_event_channel().unwrap();
+    Side { svc, ch, nic }
+}
+
+fn pair() -> (Side, Side) {
+    let (la, lb) = Loopback::pair(4096, 9000).unwrap();
+    (side(1, la), side(2, lb))
+}
+
+fn expect(ch: &EventChannel, kind: EventType) -> CmEvent {
+    let e = ch
+        .get_cm_event(T)
+        .unwrap_or_else(|| panic!("no event, {kind:?} expected"));
+    assert_eq!(e.event, kind, "{e:?}");
+    e
+}
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    }
+}
+
+fn qp_init(nic: &Nic) -> (QpInitAttr, Pd, Cq) {
+    let pd = nic.alloc_pd();
+    let cq = nic.create_cq(64).unwrap();
+    (QpInitAttr::new(pd, cq, cq, cap()), pd, cq)
+}
+
+fn param(private: &[u8]) -> ConnParam<'_> {
+    ConnParam::new(QpNumber::new(0), Psn::new(0), private)
+}
+
+fn wait_wc(nic: &Nic, cq: Cq) -> WorkCompletion {
+    let mut v = Vec::new();
+    for _ in 0..1000 {
+        nic.poll_cq(cq, &mut v, 1).unwrap();
+        if let Some(wc) = v.pop() {
+            return wc;
+        }
+        nic.wait_cq(cq, Duration::from_millis(10)).unwrap();
+    }
+    panic!("no completion");
+}
+
+/// rping's sequence, client on A, server on B; a SEND each way and an RDMA READ over the QPs
+/// the CM connected; then the client disconnects and both see DISCONNECTED and TIMEWAIT_EXIT.
+#[test]
+fn connect_exchange_disconnect() {
+    let (a, b) = pair();
+    let l = b.ch.create_id(PortSpace::TCP);
+    l.bind_addr(SocketAddr::new(ip(2), 7174)).unwrap();
+    l.listen(4).unwrap();
+
+    let c = a.ch.create_id(PortSpace::TCP);
+    c.resolve_addr(None, SocketAddr::new(ip(2), 7174), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    assert_eq!(c.local_addr().unwrap().ip(), ip(1));
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    let (ia, pda, cqa) = qp_init(&a.nic);
+    let qa = c.create_qp(ia).unwrap();
+    assert_eq!(a.nic.query_qp(qa).unwrap().0, QpState::Init);
+    c.connect(&param(b"hello from A")).unwrap();
+
+    let req = expect(&b.ch, EventType::ConnectRequest);
+    assert_eq!(req.private_data()[..12], *b"hello from A");
+    assert_eq!(req.listen_id.as_ref(), Some(&l));
+    assert_eq!(req.param.qp_num, Some(qa));
+    let s = req.id.clone();
+    assert_eq!(s.peer_addr().unwrap().ip(), ip(1));
+    assert_eq!(
+        s.peer_addr().unwrap().port(),
+        c.local_addr().unwrap().port()
+    );
+    let (ib, pdb, cqb) = qp_init(&b.nic);
+    let qb = s.create_qp(ib).unwrap();
+    s.accept(&param(b"welcome")).unwrap();
+    assert_eq!(b.nic.query_qp(qb).unwrap().0, QpState::Rts);
+
+    let est = expect(&a.ch, EventType::Established);
+    assert_eq!(est.param.qp_num, Some(qb));
+    let (st, attr) = a.nic.query_qp(qa).unwrap();
+    assert_eq!(st, QpState::Rts);
+    assert_eq!(attr.dest_qp_num, qb.get());
+    expect(&b.ch, EventType::Established);
+    let (_, battr) = b.nic.query_qp(qb).unwrap();
+    assert_eq!(battr.dest_qp_num, qa.get());
+    assert_eq!(
+        battr.rq_psn, attr.sq_psn,
+        "B receives from A's starting PSN"
+    );
+    assert_eq!(attr.rq_psn, battr.sq_psn);
+
+    // Data over the connection: B posts a receive, A SENDs; then A READs B's buffer.
+    let mra = a.nic.reg_mr(pda, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mrb = b
+        .nic
+        .reg_mr(
+            pdb,
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    mra.write(0, b"ping over rdma_cm").unwrap();
+    mrb.write(2048, b"server buffer").unwrap();
+    b.nic
+        .post_recv(
+            qb,
+            RecvWr {
+                wr_id: 7,
+                sg_list: vec![Sge {
+                    addr: mrb.addr(),
+                    length: 64,
+                    lkey: mrb.lkey(),
+                }],
+            },
+        )
+        .unwrap();
+    a.nic
+        .post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::Send,
+                vec![Sge {
+                    addr: mra.addr(),
+                    length: 17,
+                    lkey: mra.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let wc = wait_wc(&b.nic, cqb);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, WcStatus::Success, 17)
+    );
+    let mut got = [0u8; 17];
+    mrb.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"ping over rdma_cm");
+    assert_eq!(wait_wc(&a.nic, cqa).status, WcStatus::Success);
+    a.nic
+        .post_send(
+            qa,
+            SendWr::new(
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: mrb.addr() + 2048,
+                    rkey: mrb.rkey(),
+                },
+                vec![Sge {
+                    addr: mra.addr() + 1024,
+                    length: 13,
+                    lkey: mra.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let wc = wait_wc(&a.nic, cqa);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    let mut got = [0u8; 13];
+    mra.read(1024, &mut got).unwrap();
+    assert_eq!(&got, b"server buffer");
+
+    c.disconnect().unwrap();
+    assert_eq!(a.nic.query_qp(qa).unwrap().0, QpState::Err);
+    expect(&b.ch, EventType::Disconnected);
+    s.disconnect().unwrap();
+    expect(&a.ch, EventType::Disconnected);
+    expect(&a.ch, EventType::TimewaitExit);
+    expect(&b.ch, EventType::TimewaitExit);
+    let ma = a.svc.qp1_counters();
+    let mb = b.svc.qp1_counters();
+    // REQ, RTU, DREQ from A; REP, DREP from B.
+    assert_eq!((ma.mads_out, mb.mads_in), (3, 3), "{ma:?} {mb:?}");
+    assert_eq!((mb.mads_out, ma.mads_in), (2, 2), "{ma:?} {mb:?}");
+    c.destroy().unwrap();
+    s.destroy().unwrap();
+    l.destroy().unwrap();
+}
+
+/// A REQ to a port where nothing listens: REJECTED with reason 8 (invalid service ID),
+/// promptly (one round trip, not a timeout).
+#[test]
+fn nothing_listens_rejected() {
+    let (a, b) = pair();
+    let c = a.ch.create_id(PortSpace::TCP);
+    c.resolve_addr(None, SocketAddr::new(ip(2), 9999), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    let (ia, _, _) = qp_init(&a.nic);
+    c.create_qp(ia).unwrap();
+    c.connect(&param(&[])).unwrap();
+    // Far below the REQ timeout (rdma_cm's 4.3 s response timeout plus lifetimes).
+    let e =
+        a.ch.get_cm_event(Some(Duration::from_secs(2)))
+            .expect("an answer before any REQ timeout");
+    assert_eq!(e.event, EventType::Rejected);
+    assert_eq!(e.status, 8, "REJ reason: invalid service ID");
+    assert!(b.ch.try_get_cm_event().is_none());
+    assert_eq!(b.svc.cm_counters().established, 0);
+}
+
+/// The server's application rejects with private data: the client sees REJECTED, reason 28
+/// (consumer reject), with those bytes.
+#[test]
+fn consumer_reject_with_private_data() {
+    let (a, b) = pair();
+    let l = b.ch.create_id(PortSpace::TCP);
+    l.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 20000))
+        .unwrap();
+    l.listen(1).unwrap();
+    let c = a.ch.create_id(PortSpace::TCP);
+    c.resolve_addr(None, SocketAddr::new(ip(2), 20000), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    c.connect(&param(b"may I?")).unwrap();
+    let req = expect(&b.ch, EventType::ConnectRequest);
+    req.id.reject(b"no, sorry").unwrap();
+    let e = expect(&a.ch, EventType::Rejected);
+    assert_eq!(e.status, 28, "REJ reason: consumer reject");
+    assert_eq!(&e.private_data()[..9], b"no, sorry");
+}
+
+/// The channel's descriptor is readable while an event waits, and not after it is read.
+#[test]
+fn channel_fd_is_readable_with_events() {
+    use ferroce::io::event::poll_readable;
+    let (a, _b) = pair();
+    let c = a.ch.create_id(PortSpace::TCP);
+    let fd = a.ch.fd();
+    let readable = |t| poll_readable(&[fd], Some(t)).unwrap();
+    assert!(!readable(Duration::from_millis(1)));
+    c.resolve_addr(None, SocketAddr::new(ip(2), 1), Duration::from_secs(2))
+        .unwrap();
+    assert!(readable(Duration::from_secs(5)));
+    expect(&a.ch, EventType::AddrResolved);
+    assert!(!readable(Duration::from_millis(1)));
+}
