@@ -1,5 +1,5 @@
 //! `ferroce install-links DIR`: symbolic links named like perftest's and rdma-core's programs
-//! (`ib_write_bw`, ..., `ibv_rc_pingpong`) pointing at the ferroce binary. Started under one
+//! (`ib_write_bw`, ..., `ibv_rc_pingpong`, `rping`) pointing at the ferroce binary. Started under one
 //! of those names, ferroce behaves as that program (`src/bin/ferroce.rs` looks at `argv[0]`),
 //! so benchmark scripts written for the real tools run unchanged with `DIR` first in `PATH`.
 
@@ -35,6 +35,7 @@ pub fn program_names() -> Vec<String> {
             .iter()
             .map(|e| e.program().to_string()),
     );
+    v.push("rping".to_string());
     v
 }
 
@@ -90,12 +91,13 @@ mod tests {
         let target = target.canonicalize().unwrap();
         let links = dir.join("links");
         let made = install_to(&links, &target, false).unwrap();
-        assert_eq!(made.len(), 12);
+        assert_eq!(made.len(), 13);
         for name in [
             "ib_write_bw",
             "ib_send_lat",
             "ib_atomic_bw",
             "ibv_rc_pingpong",
+            "rping",
         ] {
             let l = links.join(name);
             assert!(std::fs::symlink_metadata(&l)
@@ -105,7 +107,7 @@ mod tests {
             assert_eq!(std::fs::canonicalize(&l).unwrap(), target);
         }
         // again: nothing to do
-        assert_eq!(install_to(&links, &target, false).unwrap().len(), 12);
+        assert_eq!(install_to(&links, &target, false).unwrap().len(), 13);
         // a foreign file under one of the names: refused, then replaced with --force
         std::fs::remove_file(links.join("ib_read_bw")).unwrap();
         std::fs::write(links.join("ib_read_bw"), b"not ours").unwrap();

@@ -16,5 +16,6 @@ pub mod logging;
 pub mod pattern;
 pub mod perf;
 pub mod pingpong;
+pub mod rping;
 pub mod switch;
 pub mod tool;

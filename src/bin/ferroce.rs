@@ -85,6 +85,13 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// librdmacm's rping over ferroce's RDMA-CM: -s | -c -a ADDR, -p -C -S -v -V -d -P -I
+    /// (rping's flags, protocol, output and exit status), plus --backend, --ib-dev, --pcap.
+    Rping {
+        /// rping's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Make links named like perftest's and rdma-core's programs (ib_write_bw, ...,
     /// ibv_rc_pingpong) to this binary in DIR: invoked under those names, ferroce behaves as
     /// those programs.
@@ -712,6 +719,21 @@ fn usage_exit(code: i32, dev_required: bool) -> ExitCode {
 }
 
 /// rdma-core's ping-pong with its command line (`ferroce pingpong ...` or `ibv_rc_pingpong`).
+fn run_rping(args: Vec<std::ffi::OsString>) -> ExitCode {
+    use ferroce::apps::rping;
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let (mut out, mut err) = (io::stdout(), io::stderr());
+    let code = match rping::parse(&args, &mut out, &mut err) {
+        Ok(a) => rping::run(&a, &mut out, &mut err),
+        Err(code) => code,
+    };
+    let _ = out.flush();
+    ExitCode::from(code as u8)
+}
+
 fn run_pingpong(
     example: ferroce::apps::pingpong::Example,
     program: &str,
@@ -771,6 +793,9 @@ fn as_program() -> Option<ExitCode> {
     if let Some(e) = ferroce::apps::pingpong::Example::of_program(&name) {
         return Some(run_pingpong(e, &name, false, argv.collect()));
     }
+    if name == "rping" {
+        return Some(run_rping(argv.collect()));
+    }
     None
 }
 
@@ -815,6 +840,7 @@ fn main() -> ExitCode {
             true,
             args,
         ),
+        Cmd::Rping { args } => run_rping(args),
         Cmd::InstallLinks { dir, force } => install_links(&dir, force),
         Cmd::Conform(a) => run_conform(a),
         Cmd::Switch(a) => run_switch(a),

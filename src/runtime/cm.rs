@@ -259,6 +259,8 @@ struct State {
     cm: RdmaCm,
     qp1: Qp1,
     ids: HashMap<RdmaId, IdInfo>,
+    /// The local address MADs to a GID leave from (the address its connections use).
+    local_for: HashMap<Gid, IpAddr>,
     keys: KeyGen,
     /// MADs received, MADs sent, MADs not sent (no address handle), receive errors.
     mads_in: u64,
@@ -346,6 +348,7 @@ impl CmService {
                     backlog: VecDeque::new(),
                 },
                 ids: HashMap::new(),
+                local_for: HashMap::new(),
                 keys: KeyGen::new(seed.map(|s| s ^ 0x7073_6e00)),
                 mads_in: 0,
                 mads_out: 0,
@@ -512,12 +515,14 @@ impl State {
             let mut buf = [0u8; RECV_LEN];
             let n = (wc.byte_len as usize).min(RECV_LEN);
             if self.qp1.recv.read(slot * RECV_LEN, &mut buf[..n]).is_ok() && n > GRH_LEN {
-                let src = match GrhSlot::parse(&buf[..GRH_LEN]) {
-                    Ok(GrhSlot::V4 { src, .. }) => Some(IpAddr::V4(src)),
-                    Ok(GrhSlot::V6 { src, .. }) => Some(IpAddr::V6(src)),
+                let addrs = match GrhSlot::parse(&buf[..GRH_LEN]) {
+                    Ok(GrhSlot::V4 { src, dst, .. }) => Some((IpAddr::V4(src), IpAddr::V4(dst))),
+                    Ok(GrhSlot::V6 { src, dst, .. }) => Some((IpAddr::V6(src), IpAddr::V6(dst))),
                     Err(_) => None,
                 };
-                if let Some(ip) = src {
+                if let Some((ip, to)) = addrs {
+                    // Answers to this peer leave from the address it sent to.
+                    self.local_for.entry(Gid::from_ip(ip)).or_insert(to);
                     self.mads_in += 1;
                     let from = MadAddr {
                         gid: Gid::from_ip(ip),
@@ -605,7 +610,16 @@ impl State {
         }
         let dst = gid.to_ip();
         let gids = sh.nic.with_device(|d| d.config().gids.clone());
-        let sgid_index = gids.iter().position(|g| g.is_ipv4() == dst.is_ipv4())?;
+        let local = self
+            .local_for
+            .get(&gid)
+            .copied()
+            .or_else(|| sh.resolver.local_addr(None, dst).ok())
+            .filter(|l| gids.contains(l));
+        let sgid_index = match local {
+            Some(l) => gids.iter().position(|g| *g == l)?,
+            None => gids.iter().position(|g| g.is_ipv4() == dst.is_ipv4())?,
+        };
         let local = gids[sgid_index];
         let mut av = AddressVector {
             dgid: gid.0,
@@ -633,6 +647,7 @@ impl State {
                 let _ = self.cm.complete_addr(now, id, res);
             }
             Request::ResolveRoute { id, src, dst } => {
+                self.local_for.insert(Gid::from_ip(dst), src);
                 let res = sh.resolver.neighbour(src, dst).map(|mac| {
                     if let Some(i) = self.ids.get_mut(&id) {
                         i.mac = Some(mac);
@@ -659,6 +674,9 @@ impl State {
                     mac: None,
                 },
             );
+            if let (Some(l), Some(p)) = (self.cm.local_addr(e.id), self.cm.peer_addr(e.id)) {
+                self.local_for.insert(Gid::from_ip(p.ip()), l.ip());
+            }
         }
         let Some(info) = self.ids.get(&e.id) else {
             return;
