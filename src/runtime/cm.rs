@@ -719,7 +719,8 @@ impl State {
         info.channel.push(ev);
     }
 
-    /// RTR and RTS from what the REQ and REP say (`rdma_init_qp_attr` for RTR and RTS).
+    /// RTR and RTS from what the REQ and REP say (`rdma_init_qp_attr` for RTR and RTS), with
+    /// Linux's reading of the starting PSNs (see `rq_psn` below).
     fn apply_rtr_rts(
         &mut self,
         sh: &Arc<Shared>,
@@ -743,7 +744,11 @@ impl State {
             qp_state: QpState::Rtr,
             path_mtu: mtu_of(p.path_mtu).min(sh.port_mtu),
             dest_qp_num: p.remote_qpn.get(),
-            rq_psn: p.rq_psn.get(),
+            // Linux's rdma_cm sets rq_psn to the starting PSN its own REQ/REP carried
+            // (rdma_init_qp_attr: `rq_psn = id_priv->seq_num`) and sends from the peer's: the
+            // starting PSN in a message is what its sender expects to receive. rxe↔rxe
+            // captures show it (the active side's first SEND carries the REP's PSN).
+            rq_psn: p.sq_psn.get(),
             max_dest_rd_atomic: p.max_dest_rd_atomic,
             min_rnr_timer: 12,
             ah_attr: AddressVector {
@@ -769,7 +774,7 @@ impl State {
         )?;
         let rts = QpAttr {
             qp_state: QpState::Rts,
-            sq_psn: p.sq_psn.get(),
+            sq_psn: p.rq_psn.get(),
             timeout: p.local_ack_timeout,
             retry_cnt: p.retry_count,
             rnr_retry: p.rnr_retry_count,
