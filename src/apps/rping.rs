@@ -199,8 +199,7 @@ pub fn parse(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> Resul
         let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
             continue; // getopt leaves operands alone; rping ignores them
         };
-        let mut chars = flags.char_indices();
-        while let Some((k, c)) = chars.next() {
+        for (k, c) in flags.char_indices() {
             let takes = matches!(c, 'a' | 'I' | 'p' | 'C' | 'S' | 't');
             let optarg = if takes {
                 let rest = &flags[k + c.len_utf8()..];
