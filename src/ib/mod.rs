@@ -22,6 +22,7 @@
 //! `verbs`, no `cc`: the dependency points one way, `verbs → rc → ib → wire`.
 
 pub mod ah;
+pub mod appmem;
 pub mod attr;
 pub mod counters;
 pub mod cq;
@@ -35,6 +36,7 @@ pub(crate) mod wqe;
 pub mod wr;
 
 pub use ah::{ah_attr_from_wc, Ah, AhFromWcError};
+pub use appmem::AppMemory;
 pub use attr::{
     AccessFlags, AddressVector, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };

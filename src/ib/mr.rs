@@ -18,7 +18,15 @@
 //!
 //! Addresses: an MR is given a virtual address (`addr()`), page-aligned, chosen by the device;
 //! scatter/gather entries and remote keys name bytes by that address, as in libibverbs.
+//!
+//! **Application memory.** A region may instead sit on memory the application owns
+//! ([`AppMemory`], `Device::reg_mr_app`: what `ibv_reg_mr(pd, addr, len, access)` registers).
+//! The engine then reads and writes those bytes directly, with no copy, under the same lock;
+//! the `unsafe` this needs and its safety argument are in [`super::appmem`], the only such
+//! module of the library. Its address is the one the application gives (the buffer's own, or
+//! an I/O virtual address). Deregistration releases it: every later access fails.
 
+use super::appmem::{AppMemory, Memory};
 use super::attr::AccessFlags;
 use super::wc::WcStatus;
 use super::wr::Sge;
@@ -38,6 +46,9 @@ pub struct Pd(pub(crate) u32);
 /// Errors of MR access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MrError {
+    /// The region's memory is gone: application memory ([`AppMemory`]) after deregistration.
+    #[error("the region was deregistered and its application memory released")]
+    Gone,
     /// The range is not inside the region.
     #[error("range {offset}+{len} outside a region of {size} bytes")]
     OutOfBounds {
@@ -59,7 +70,7 @@ pub(crate) struct MrShared {
     pub(crate) access: AccessFlags,
     pub(crate) va: u64,
     pub(crate) len: usize,
-    mem: RwLock<Box<[u8]>>,
+    mem: RwLock<Memory>,
     /// Cleared by SEND with invalidate and by deregistration: the rkey no longer works.
     pub(crate) rkey_valid: AtomicBool,
 }
@@ -90,18 +101,111 @@ impl MrShared {
             access,
             va,
             len,
-            mem: RwLock::new(vec![0u8; len].into_boxed_slice()),
+            mem: RwLock::new(Memory::Owned(vec![0u8; len].into_boxed_slice())),
+            rkey_valid: AtomicBool::new(true),
+        }
+    }
+
+    /// A region over the application's own memory, at virtual address `va` (`ibv_reg_mr`
+    /// passes the pointer itself, `ibv_reg_mr_iova2` any I/O virtual address).
+    pub(crate) fn new_app(
+        lkey: LKey,
+        rkey: RKey,
+        pd: Pd,
+        access: AccessFlags,
+        va: u64,
+        mem: AppMemory,
+    ) -> Self {
+        MrShared {
+            lkey,
+            rkey,
+            pd,
+            access,
+            va,
+            len: mem.len(),
+            mem: RwLock::new(Memory::App(mem)),
             rkey_valid: AtomicBool::new(true),
         }
     }
 
     /// The read lock. A poisoned lock (a panic while holding it) still guards valid bytes.
-    pub(crate) fn bytes(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
+    fn lock_read(&self) -> RwLockReadGuard<'_, Memory> {
         self.mem.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn bytes_mut(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
+    fn lock_write(&self) -> RwLockWriteGuard<'_, Memory> {
         self.mem.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copy `dst.len()` bytes at offset `off` out of the region; false if the range is outside
+    /// it or its memory is gone.
+    pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) -> bool {
+        let g = self.lock_read();
+        match g
+            .get()
+            .and_then(|b| b.get(off..off.checked_add(dst.len())?))
+        {
+            Some(src) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Copy `src` into the region at offset `off`; false if the range is outside it or its
+    /// memory is gone.
+    pub(crate) fn write_at(&self, off: usize, src: &[u8]) -> bool {
+        let mut g = self.lock_write();
+        match g
+            .get_mut()
+            .and_then(|b| b.get_mut(off..off.checked_add(src.len())?))
+        {
+            Some(dst) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Run `f` on the bytes under the write lock (an ATOMIC); `None` if the memory is gone.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        self.lock_write().get_mut().map(f)
+    }
+
+    /// Run `f` on the bytes under the read lock (empty if the memory is gone).
+    pub(crate) fn view<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        f(self.lock_read().get().unwrap_or(&[]))
+    }
+
+    /// Run `f` on the bytes under the write lock (empty if the memory is gone).
+    pub(crate) fn view_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut g = self.lock_write();
+        match g.get_mut() {
+            Some(b) => f(b),
+            None => f(&mut []),
+        }
+    }
+
+    /// Deregistration: application memory is released to its owner (every later access
+    /// fails); memory the region owns stays with the handles that remain.
+    pub(crate) fn release_app_memory(&self) {
+        let mut g = self.lock_write();
+        if g.is_app() {
+            *g = Memory::Gone;
+        }
+    }
+
+    /// Whether the region is over the application's memory (still registered).
+    pub(crate) fn is_app(&self) -> bool {
+        self.lock_read().is_app()
+    }
+
+    /// A copy of the bytes `[from, to)` (test helper).
+    #[cfg(test)]
+    pub(crate) fn copy_range(&self, r: std::ops::Range<usize>) -> Vec<u8> {
+        self.view(|b| b[r].to_vec())
     }
 
     /// Offset of `[va, va + len)` inside the region, if it lies inside.
@@ -185,35 +289,46 @@ impl MemoryRegion {
     /// Copy `out.len()` bytes starting at `offset` out of the region.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MrError> {
         self.check(offset, out.len())?;
-        out.copy_from_slice(&self.0.bytes()[offset..offset + out.len()]);
-        Ok(())
+        self.0
+            .read_at(offset, out)
+            .then_some(())
+            .ok_or(MrError::Gone)
     }
 
     /// Copy `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MrError> {
         self.check(offset, data.len())?;
-        self.0.bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
-        Ok(())
+        self.0
+            .write_at(offset, data)
+            .then_some(())
+            .ok_or(MrError::Gone)
     }
 
-    /// Fill the whole region with `byte`.
+    /// Fill the whole region with `byte` (nothing once application memory is released).
     pub fn fill(&self, byte: u8) {
-        self.0.bytes_mut().fill(byte);
+        self.0.update(|b| b.fill(byte));
     }
 
-    /// A copy of the whole region.
+    /// A copy of the whole region (empty once application memory is released).
     pub fn to_vec(&self) -> Vec<u8> {
-        self.0.bytes().to_vec()
+        self.0.view(|b| b.to_vec())
     }
 
-    /// Look at the bytes while holding the region's read lock (the device cannot write meanwhile).
+    /// Look at the bytes while holding the region's read lock (the device cannot write
+    /// meanwhile). Application memory released by deregistration shows as no bytes.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        f(&self.0.bytes())
+        self.0.view(f)
     }
 
-    /// Change the bytes while holding the region's write lock.
+    /// Change the bytes while holding the region's write lock (no bytes once application
+    /// memory is released).
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut self.0.bytes_mut())
+        self.0.view_mut(f)
+    }
+
+    /// Whether the region is over the application's own memory ([`AppMemory`]).
+    pub fn is_app_memory(&self) -> bool {
+        self.0.is_app()
     }
 }
 
@@ -271,7 +386,9 @@ pub(crate) fn gather(
         let mo = mr
             .offset_of(s.addr + off, take as u64)
             .ok_or(WcStatus::LocProtErr)?;
-        dst[done..done + take].copy_from_slice(&mr.bytes()[mo..mo + take]);
+        if !mr.read_at(mo, &mut dst[done..done + take]) {
+            return Err(WcStatus::LocProtErr);
+        }
         done += take;
         off = 0;
     }
@@ -304,7 +421,9 @@ pub(crate) fn scatter(
         let mo = mr
             .offset_of(s.addr + off, take as u64)
             .ok_or(WcStatus::LocProtErr)?;
-        mr.bytes_mut()[mo..mo + take].copy_from_slice(&src[done..done + take]);
+        if !mr.write_at(mo, &src[done..done + take]) {
+            return Err(WcStatus::LocProtErr);
+        }
         done += take;
         off = 0;
     }
@@ -326,7 +445,9 @@ pub(crate) fn gather_any(mrs: &MrTable, sges: &[Sge], dst: &mut [u8]) -> Result<
         }
         let mr = mrs.lkey_ref(s.lkey).ok_or(WcStatus::LocProtErr)?;
         let o = mr.offset_of(s.addr, n as u64).ok_or(WcStatus::LocProtErr)?;
-        dst[at..at + n].copy_from_slice(&mr.bytes()[o..o + n]);
+        if !mr.read_at(o, &mut dst[at..at + n]) {
+            return Err(WcStatus::LocProtErr);
+        }
         at += n;
     }
     Ok(())

@@ -666,8 +666,11 @@ impl Qp {
         match src {
             PayloadSrc::None => Ok(()),
             PayloadSrc::Mr { mr, off } => {
-                dst.copy_from_slice(&mr.bytes()[*off..*off + dst.len()]);
-                Ok(())
+                if mr.read_at(*off, dst) {
+                    Ok(())
+                } else {
+                    Err(WcStatus::LocProtErr)
+                }
             }
             PayloadSrc::Wqe { idx, off } => {
                 let w = &self.sq[*idx].wqe;

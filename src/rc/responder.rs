@@ -563,7 +563,10 @@ impl Qp {
                 return Err(Stop::Fatal(Step::Execute, ACCESS));
             }
             let at = *mr_off + *done as usize;
-            mr.bytes_mut()[at..at + payload.len()].copy_from_slice(payload);
+            if !mr.write_at(at, payload) {
+                self.counters.mr_gone += 1;
+                return Err(Stop::Fatal(Step::Execute, ACCESS));
+            }
         }
         *done = end;
         if !f.contains(OpFlags::LAST) {
@@ -637,7 +640,13 @@ impl Qp {
         let (Some(a), Some(Target { mr: Some(mr), off })) = (r.ext.atomic_eth, target) else {
             return;
         };
-        let orig = apply_atomic(r.bth.opcode, a, &mr, off);
+        // The R_Key was checked under the device lock, which deregistration takes too: the
+        // memory is there. Should it be gone, nothing is executed or answered (the retry
+        // then meets the invalid R_Key).
+        let Some(orig) = apply_atomic(r.bth.opcode, a, &mr, off) else {
+            self.counters.mr_gone += 1;
+            return;
+        };
         self.push_resource(Resource::Atomic { psn: p, orig });
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.next();
@@ -652,7 +661,9 @@ impl Qp {
         if let (Some(a), Ok(Some(Target { mr: Some(mr), off }))) =
             (r.ext.atomic_eth, self.check_rkey(ctx, r, f))
         {
-            let orig = apply_atomic(r.bth.opcode, a, &mr, off);
+            let Some(orig) = apply_atomic(r.bth.opcode, a, &mr, off) else {
+                return;
+            };
             let msn = self.resp.msn;
             self.push_resp(RespItem::AtomicAck {
                 psn: r.bth.psn,
@@ -872,21 +883,24 @@ impl Qp {
 }
 
 /// An ATOMIC on the 8 bytes at `off` of `mr`, under the region's write lock, in host byte
-/// order as rxe does: the original value.
-fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> u64 {
-    let mut m = mr.bytes_mut();
-    let mut cur = [0u8; 8];
-    cur.copy_from_slice(&m[off..off + 8]);
-    let orig = u64::from_ne_bytes(cur);
-    let new = if op == Opcode::RC_CMP_SWAP {
-        if orig == a.compare {
-            a.swap_add
+/// order as rxe does: the original value (`None` if the region's memory is gone).
+fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> Option<u64> {
+    mr.update(|m| {
+        let cell = m.get_mut(off..off.checked_add(8)?)?;
+        let mut cur = [0u8; 8];
+        cur.copy_from_slice(cell);
+        let orig = u64::from_ne_bytes(cur);
+        let new = if op == Opcode::RC_CMP_SWAP {
+            if orig == a.compare {
+                a.swap_add
+            } else {
+                orig
+            }
         } else {
-            orig
-        }
-    } else {
-        orig.wrapping_add(a.swap_add)
-    };
-    m[off..off + 8].copy_from_slice(&new.to_ne_bytes());
-    orig
+            orig.wrapping_add(a.swap_add)
+        };
+        cell.copy_from_slice(&new.to_ne_bytes());
+        Some(orig)
+    })
+    .flatten()
 }

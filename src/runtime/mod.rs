@@ -275,6 +275,22 @@ impl Nic {
         self.with_device(|d| d.reg_mr(pd, len, access))
     }
 
+    /// `ibv_reg_mr` on the application's own memory (see [`Device::reg_mr_app`]).
+    pub fn reg_mr_app(
+        &self,
+        pd: Pd,
+        mem: crate::verbs::AppMemory,
+        iova: u64,
+        access: crate::verbs::AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.with_device(|d| d.reg_mr_app(pd, mem, iova, access))
+    }
+
+    /// `ibv_dereg_mr` (see [`Device::dereg_mr`]).
+    pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
+        self.with_device(|d| d.dereg_mr(mr))
+    }
+
     /// `ibv_create_cq`, with its lock-free completion queue.
     pub fn create_cq(&self, depth: usize) -> Result<Cq, VerbsError> {
         let cq = self.with_device(|d| d.create_cq(depth))?;

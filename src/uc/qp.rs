@@ -648,7 +648,9 @@ impl Qp {
                 }
                 if let Some(mr) = mr {
                     let at = *mr_off + *done as usize;
-                    mr.bytes_mut()[at..at + payload.len()].copy_from_slice(payload);
+                    if !mr.write_at(at, payload) {
+                        return Err(Stop::Drop(Step::Execute, WcStatus::RemAccessErr));
+                    }
                 }
                 *done = end;
             }
@@ -1031,7 +1033,7 @@ mod tests {
             (wcs[0].status, wcs[0].byte_len, wcs[0].imm_data),
             (WcStatus::Success, 700, Some(7))
         );
-        assert_eq!(&w.buf.bytes()[..700], &data[..]);
+        assert_eq!(&w.buf.copy_range(0..700)[..], &data[..]);
         assert_eq!(q.epsn, Psn::new(1003));
     }
 
@@ -1056,7 +1058,7 @@ mod tests {
         deliver(&mut w, &mut q, &send_packets(1003, &b, None));
         let wcs = w.wcs(1);
         assert_eq!((wcs.len(), wcs[0].wr_id, wcs[0].byte_len), (1, 1, 600));
-        assert_eq!(&w.buf.bytes()[..600], &b[..]);
+        assert_eq!(&w.buf.copy_range(0..600)[..], &b[..]);
     }
 
     #[test]
@@ -1166,12 +1168,12 @@ mod tests {
         };
         deliver(&mut w, &mut q, &write(1000, 10, 600, None));
         let want: Vec<u8> = (0..600u32).map(|i| (i * 7) as u8).collect();
-        assert_eq!(&w.target.bytes()[..600], &want[..]);
+        assert_eq!(&w.target.copy_range(0..600)[..], &want[..]);
         // A bad R_Key: dropped, nothing written, QP fine.
-        w.target.bytes_mut()[..600].fill(0);
+        w.target.update(|b| b[..600].fill(0));
         deliver(&mut w, &mut q, &write(1003, 11, 600, None));
         assert_eq!(q.counters().msg_drops, 1);
-        assert!(w.target.bytes()[..600].iter().all(|&b| b == 0));
+        assert!(w.target.copy_range(0..600)[..].iter().all(|&b| b == 0));
         // With immediate and no WQE: dropped (the data lands, no completion).
         deliver(&mut w, &mut q, &write(1006, 10, 100, Some(5)));
         assert_eq!(q.counters().no_wqe_drops, 1);

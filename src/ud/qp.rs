@@ -686,7 +686,7 @@ mod tests {
         assert_eq!(wc.wc_flags, WcFlags::GRH | WcFlags::WITH_IMM);
         assert_eq!(wc.imm_data, Some(0xdead_beef));
         let mut buf = [0u8; 140];
-        buf.copy_from_slice(&w.mr.bytes()[..140]);
+        buf.copy_from_slice(&w.mr.copy_range(0..140));
         assert_eq!(buf[..20], [0u8; 20]);
         assert_eq!(buf[20..40], ip);
         assert_eq!(buf[40..], payload[..]);

@@ -7,6 +7,7 @@ use super::engine::{Scheduler, Slot};
 use super::frame::Framer;
 use super::qps::TransportQp;
 use crate::ib::ah::{ah_attr_from_wc, Ah, AhEntry, AhFromWcError};
+use crate::ib::appmem::AppMemory;
 use crate::ib::attr::check_modify_qp;
 use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
@@ -447,6 +448,44 @@ impl Device {
         len: usize,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
+        let (lkey, rkey) = self.mr_keys(pd, access)?;
+        // A page-aligned virtual address in the style of a user mapping.
+        let va = 0x0000_7f00_0000_0000 | ((self.keys.next_u64() & 0x00ff_ffff) << 16);
+        let mr = Arc::new(MrShared::new(LKey(lkey), RKey(rkey), pd, access, va, len));
+        self.mrs.insert(mr.clone());
+        Ok(MemoryRegion(mr))
+    }
+
+    /// `ibv_reg_mr` on the application's own memory: the engine reads and writes `mem`
+    /// directly, no copy (see [`AppMemory`]). Scatter/gather entries and the peer's requests
+    /// name its bytes from `iova` (`ibv_reg_mr` passes the buffer's own address,
+    /// `ibv_reg_mr_iova2` any other). The memory is the caller's again once
+    /// [`dereg_mr`](Self::dereg_mr) returns.
+    pub fn reg_mr_app(
+        &mut self,
+        pd: Pd,
+        mem: AppMemory,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if iova.checked_add(mem.len() as u64).is_none() {
+            return Err(VerbsError::BadCap("iova + length overflows"));
+        }
+        let (lkey, rkey) = self.mr_keys(pd, access)?;
+        let mr = Arc::new(MrShared::new_app(
+            LKey(lkey),
+            RKey(rkey),
+            pd,
+            access,
+            iova,
+            mem,
+        ));
+        self.mrs.insert(mr.clone());
+        Ok(MemoryRegion(mr))
+    }
+
+    /// The checks every registration makes, and a fresh pair of distinct keys.
+    fn mr_keys(&mut self, pd: Pd, access: AccessFlags) -> Result<(u32, u32), VerbsError> {
         if !self.pds.contains(&pd.0) {
             return Err(VerbsError::NoSuchPd);
         }
@@ -465,17 +504,16 @@ impl Device {
                 break k;
             }
         };
-        // A page-aligned virtual address in the style of a user mapping.
-        let va = 0x0000_7f00_0000_0000 | ((self.keys.next_u64() & 0x00ff_ffff) << 16);
-        let mr = Arc::new(MrShared::new(LKey(lkey), RKey(rkey), pd, access, va, len));
-        self.mrs.insert(mr.clone());
-        Ok(MemoryRegion(mr))
+        Ok((lkey, rkey))
     }
 
-    /// Deregister: the keys stop working at once (the memory lives while handles remain).
+    /// Deregister: the keys stop working at once. Memory the region owns lives while handles
+    /// remain; application memory ([`reg_mr_app`](Self::reg_mr_app)) is released: no access
+    /// to it after this returns, whoever still holds the region.
     pub fn dereg_mr(&mut self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         let m = self.mrs.remove(mr.lkey()).ok_or(VerbsError::NoSuchMr)?;
         m.invalidate_rkey();
+        m.release_app_memory();
         Ok(())
     }
 

@@ -10,6 +10,7 @@ pub(crate) mod frame;
 mod qps;
 
 pub use crate::ib::ah::{Ah, AhFromWcError};
+pub use crate::ib::appmem::AppMemory;
 pub use crate::ib::attr::{
     AccessFlags, AddressVector, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };
