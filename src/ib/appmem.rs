@@ -15,10 +15,10 @@
 //!    region is deregistered ([`crate::verbs::Device::dereg_mr`] returns) or, if it never is,
 //!    until the device and every [`super::MemoryRegion`] handle of it are dropped. This is
 //!    the contract of `ibv_reg_mr` (the memory must stay valid until `ibv_dereg_mr`).
-//! 2. **No access after deregistration.** Every access goes through [`Memory`], held in the
+//! 2. **No access after deregistration.** Every access goes through `Memory`, held in the
 //!    region's `RwLock`. Deregistration takes the write lock (so it waits for an access in
 //!    progress, which is one packet's copy or one atomic) and replaces the memory with
-//!    [`Memory::Gone`]; every later access finds no bytes and fails (a protection error, a
+//!    `Memory::Gone`; every later access finds no bytes and fails (a protection error, a
 //!    counted drop), whoever still holds the region (a responder's saved READ, a posted WQE).
 //!    So the caller may free the memory as soon as `dereg_mr` returns.
 //! 3. **No aliasing inside Rust.** A slice over the memory lives only inside one lock guard:
