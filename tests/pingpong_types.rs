@@ -7,6 +7,8 @@
 //!
 //! Against the real rdma-core programs and Linux rxe: tools/interop-rxe.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -26,26 +28,8 @@ fn links(test: &str) -> PathBuf {
     dir
 }
 
-/// Whether `unshare -rn` works here (root, or unprivileged user namespaces). If not, the test
-/// is skipped with a line saying so, unless it runs as root (then it fails).
 fn can_unshare(test: &str) -> bool {
-    let ok = Command::new("unshare")
-        .args(["-rn", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let root = std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-        assert!(!root, "unshare -rn fails as root");
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(
-            format!("skipped pingpong_types::{test}: unshare -rn (user namespaces) unavailable\n")
-                .as_bytes(),
-        );
-    }
-    ok
+    common::net::can_unshare("pingpong_types", test)
 }
 
 struct Run {

@@ -17,5 +17,6 @@ pub mod pattern;
 pub mod perf;
 pub mod pingpong;
 pub mod rping;
+pub mod stat;
 pub mod switch;
 pub mod tool;

@@ -14,7 +14,6 @@ use crate::verbs::{DeviceConfig, DeviceCounters, Mtu, QpCounters};
 use crate::wire::MacAddr;
 use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::time::Duration;
 
 /// How the NIC runtime polls (see [`PollMode`]).
@@ -366,32 +365,15 @@ fn perf_session(
     let mut ses = Session::new(stream, role, cfg.timeout);
     let sampling = std::sync::atomic::AtomicBool::new(inv.cc_csv.is_some());
     let mut samples: Vec<String> = Vec::new();
-    let publishing = std::sync::atomic::AtomicBool::new(true);
-    let stats_path = Path::new(STATS_DIR).join(format!("{}-{}.json", dev.name, std::process::id()));
-    let what = format!("ferroce perf: {}", cfg.test.title());
+    // What `ferroce stat` and `ferroce devinfo` show of this NIC.
+    nic.set_name(&format!("ferroce_{}", dev.name));
+    nic.set_label(&format!("ferroce perf: {}", cfg.test.title()));
     let mut sink = std::io::sink();
     let mut pr = Printer {
         out: if inv.json { &mut sink } else { out },
         device: inv.dev.clone().unwrap_or_else(|| dev.name.clone()),
     };
     let res = std::thread::scope(|sc| {
-        // Publish the counters for `ferroce devinfo` (best effort: skipped where /run is not
-        // writable).
-        let publisher = sc.spawn(|| {
-            let ok = std::fs::create_dir_all(STATS_DIR).is_ok();
-            while ok && publishing.load(std::sync::atomic::Ordering::Relaxed) {
-                if publish_stats(nic, &stats_path, &dev.name, &what).is_err() {
-                    break;
-                }
-                for _ in 0..20 {
-                    if !publishing.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
-            let _ = std::fs::remove_file(&stats_path);
-        });
         let sampler = inv.cc_csv.as_ref().map(|_| {
             sc.spawn(|| {
                 let mut rows = Vec::new();
@@ -408,8 +390,6 @@ fn perf_session(
         });
         let r = perf::run_with(nic, cfg, &mut ses, resolve, &mut pr);
         sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-        publishing.store(false, std::sync::atomic::Ordering::Relaxed);
-        let _ = publisher.join();
         if let Some(h) = sampler {
             samples = h.join().unwrap_or_default();
         }
@@ -445,30 +425,45 @@ pub fn connect(host: &str, port: u16) -> Result<TcpStream, ToolError> {
     ))
 }
 
-/// The live counters of the `ferroce perf` processes running on `dev` in this namespace, as
-/// `ferroce devinfo` prints them below the device (one `counters:` line per process, then its
-/// QP, device and I/O counters), or a line saying there is none.
+/// The live counters of the ferroce processes running on `dev` in this namespace, as
+/// `ferroce devinfo` prints them below the device (one `counters:` line per NIC, then its
+/// QP totals, device and I/O counters), or a line saying there is none. From the NICs' own
+/// sockets ([`crate::runtime::stat`]), as `ferroce stat` finds them.
 pub(crate) fn live_counter_lines(dev: &str) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let live = live_counters(dev);
+    let mine = crate::runtime::stat::discover();
+    let name = format!("ferroce_{dev}");
+    let netns = netns_id();
+    let live: Vec<_> = mine
+        .iter()
+        .filter(|n| n.name == name && n.netns == netns)
+        .collect();
     if live.is_empty() {
         let _ = writeln!(s, "\t\t\tcounters:\t\tno ferroce process running on {dev}");
     }
-    for j in live {
-        let age = unix_now() - j["updated_unix"].as_f64().unwrap_or(0.0);
+    let kv = |v: &[(String, u64)]| -> String {
+        let w: Vec<String> = v.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        w.join(" ")
+    };
+    for n in live {
+        let what = if n.label.is_empty() {
+            &n.comm
+        } else {
+            &n.label
+        };
         let _ = writeln!(
             s,
-            "\t\t\tcounters:\t\tpid {} ({}, {}, {age:.1} s ago)",
-            j["pid"],
-            j["tool"].as_str().unwrap_or("?"),
-            j["backend"].as_str().unwrap_or("?")
+            "\t\t\tcounters:\t\tpid {} ({what}, {}, up {:.1} s)",
+            n.pid, n.backend, n.uptime_s
         );
-        for key in ["qp_counters", "device_counters", "io"] {
-            if let Some(m) = j[key].as_object() {
-                let kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let _ = writeln!(s, "\t\t\t  {key}: {}", kv.join(" "));
-            }
+        let totals = crate::apps::stat::qp_totals(n);
+        for (key, v) in [
+            ("qp_counters", &totals),
+            ("device_counters", &n.device),
+            ("io", &n.io),
+        ] {
+            let _ = writeln!(s, "\t\t\t  {key}: {}", kv(v));
         }
     }
     s
@@ -479,11 +474,6 @@ fn counters_line(dc: &DeviceCounters, qc: &QpCounters, io: &IoStats) -> String {
     format!(" counters: tx_packets={} rx_packets={} retransmits={} timeouts={} probes={} seq_naks_sent={} seq_naks_rcvd={} rnr_naks_sent={} rnr_naks_rcvd={} duplicates={} icrc_drops={} malformed_drops={} unknown_qp_drops={} io_tx={} io_rx={} io_tx_dropped={} io_rx_dropped={} io_tx_offloaded={} io_rx_coalesced={}",
         qc.tx_packets, qc.rx_packets, qc.retransmits, qc.timeouts, qc.probes, qc.seq_naks_sent, qc.seq_naks_rcvd, qc.rnr_naks_sent, qc.rnr_naks_rcvd, qc.duplicates, dc.icrc_drops, dc.malformed_drops, dc.unknown_qp_drops, io.tx_frames, io.rx_frames, io.tx_dropped, io.rx_dropped, io.tx_offloaded, io.rx_coalesced)
 }
-
-/// Where running `ferroce perf` processes publish their counters (one JSON file per process,
-/// `<netdev>-<pid>.json`, rewritten every second, removed at exit): `ferroce devinfo` shows
-/// them, like `rdma stat` shows a kernel RNIC's.
-pub const STATS_DIR: &str = "/run/ferroce";
 
 /// This process's network namespace (`net:[inode]`): interface names repeat across
 /// namespaces, so devinfo shows only the counters of processes in its own.
@@ -498,38 +488,6 @@ fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-fn publish_stats(nic: &Nic, path: &std::path::Path, dev: &str, what: &str) -> std::io::Result<()> {
-    let (dc, qc, io) = nic.counters();
-    let v = serde_json::json!({ "pid": std::process::id(), "netns": netns_id(), "dev": dev,
-        "tool": what, "backend": nic.describe(), "updated_unix": unix_now(),
-        "device_counters": dc, "qp_counters": qc, "io": io });
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, v.to_string())?;
-    std::fs::rename(&tmp, path)
-}
-
-/// The counters published by running ferroce processes on `dev` in this namespace.
-fn live_counters(dev: &str) -> Vec<serde_json::Value> {
-    let mine = netns_id();
-    let Ok(rd) = std::fs::read_dir(STATS_DIR) else {
-        return Vec::new();
-    };
-    let mut v: Vec<serde_json::Value> = rd
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter(|j| j["dev"] == dev && j["netns"] == mine.as_str())
-        .filter(|j| {
-            j["pid"]
-                .as_u64()
-                .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
-        })
-        .collect();
-    v.sort_by_key(|j| j["pid"].as_u64());
-    v
 }
 
 /// The perftest port.

@@ -103,7 +103,7 @@ enum Cmd {
         force: bool,
     },
     /// ferroce's devices (one per network interface, `ferroce_<interface>`), their port, GID
-    /// table and the live counters of running `ferroce perf` processes, in the shape of
+    /// table and the live counters of running ferroce processes (`ferroce stat`), in the shape of
     /// ibv_devinfo.
     Devinfo {
         /// Only this device: `ferroce_<interface>` (as printed) or the interface name.
@@ -118,6 +118,15 @@ enum Cmd {
         /// Print only the device names.
         #[arg(short, long, conflicts_with = "verbose")]
         list: bool,
+    },
+    /// The counters of every running ferroce device, whatever process runs it (perf,
+    /// pingpong, conform --serve, a program on the library), as `rdma statistic show` prints
+    /// a kernel RNIC's: per device its counters, its QPs' totals and its packet device's.
+    Stat(StatArgs),
+    /// Resources of the running ferroce devices, as `rdma resource show`: `ferroce res qp`.
+    Res {
+        #[command(subcommand)]
+        cmd: ResCmd,
     },
     /// Simulations that need no network: `ferroce sim incast`.
     Sim {
@@ -223,6 +232,26 @@ struct ConformArgs {
     breaks: Vec<String>,
 }
 
+#[derive(clap::Args)]
+struct StatArgs {
+    /// Only this device: `ferroce_<interface>` (as printed) or the interface name.
+    #[arg(short = 'd', long = "dev")]
+    dev: Option<String>,
+    /// Only this process.
+    #[arg(short = 'p', long)]
+    pid: Option<u32>,
+    /// JSON instead of text.
+    #[arg(short = 'j', long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum ResCmd {
+    /// Every QP of every running ferroce device: state, PSNs, outstanding work requests,
+    /// retries, timeouts, RNR retries and rate, one line each.
+    Qp(StatArgs),
+}
+
 #[derive(Subcommand)]
 enum SimCmd {
     /// N senders into one receiver through one switch port (virtual time, seeded): DCQCN
@@ -322,6 +351,37 @@ struct IncastArgs {
     /// of its fair share.
     #[arg(long)]
     join_ms: Option<f64>,
+}
+
+/// `ferroce stat` and `ferroce res qp`.
+fn run_stat(a: &StatArgs, what: &str) -> ExitCode {
+    use ferroce::apps::stat;
+    let all = ferroce::runtime::stat::discover();
+    let v = match stat::select(all, a.dev.as_deref(), a.pid) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("ferroce: {what}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let text = match (what, a.json) {
+        ("stat", false) => stat::stat_text(&v),
+        ("stat", true) => format!("{}\n", stat::stat_json(&v)),
+        (_, false) => stat::res_qp_text(&v),
+        (_, true) => format!("{}\n", stat::res_qp_json(&v)),
+    };
+    if v.is_empty() && !a.json {
+        let dirs: Vec<String> = ferroce::runtime::stat::run_dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        eprintln!(
+            "ferroce: {what}: no running ferroce device (looked in {})",
+            dirs.join(", ")
+        );
+    }
+    let _ = io::stdout().write_all(text.as_bytes());
+    ExitCode::SUCCESS
 }
 
 fn run_incast(a: IncastArgs) -> ExitCode {
@@ -851,6 +911,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Cmd::Stat(a) => run_stat(&a, "stat"),
+        Cmd::Res { cmd: ResCmd::Qp(a) } => run_stat(&a, "res qp"),
         Cmd::Devinfo {
             dev, verbose, list, ..
         } => {

@@ -81,48 +81,81 @@ pub struct QpCounters {
     pub msg_drops: u64,
 }
 
-impl QpCounters {
-    /// Add `o` into `self` (for device totals).
-    pub fn accumulate(&mut self, o: &QpCounters) {
-        macro_rules! add { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
-        add!(
-            tx_packets,
-            tx_bytes,
-            rx_packets,
-            rx_bytes,
-            retransmits,
-            probes,
-            sr_resends,
-            reordered_kept,
-            timeouts,
-            seq_naks_sent,
-            seq_naks_rcvd,
-            rnr_naks_sent,
-            rnr_naks_rcvd,
-            err_naks_sent,
-            err_naks_rcvd,
-            duplicates,
-            dup_responses,
-            ghost_acks,
-            out_of_sequence,
-            state_drops,
-            read_replays,
-            dup_refused,
-            mr_gone,
-            atomic_replays,
-            acks_sent,
-            acks_rcvd,
-            send_completions,
-            recv_completions,
-            ce_rcvd,
-            cnps_sent,
-            cnps_handled,
-            qkey_drops,
-            no_wqe_drops,
-            msg_drops
-        );
-    }
+/// `named()` (every field with its name, in declaration order) for a struct of `u64`
+/// counters, and for [`QpCounters`] also `accumulate` over the same list.
+macro_rules! counter_fields {
+    ($t:ty { $($f:ident),* $(,)? }) => {
+        impl $t {
+            /// Every counter with its field name, in declaration order (for `ferroce stat`).
+            pub fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($f), self.$f)),*]
+            }
+        }
+    };
 }
+pub(crate) use counter_fields;
+
+macro_rules! qp_counters {
+    ($($f:ident),* $(,)?) => {
+        counter_fields!(QpCounters { $($f),* });
+        impl QpCounters {
+            /// Add `o` into `self` (for device totals).
+            pub fn accumulate(&mut self, o: &QpCounters) {
+                $( self.$f += o.$f; )*
+            }
+        }
+    };
+}
+
+qp_counters!(
+    tx_packets,
+    tx_bytes,
+    rx_packets,
+    rx_bytes,
+    retransmits,
+    timeouts,
+    probes,
+    sr_resends,
+    reordered_kept,
+    seq_naks_sent,
+    seq_naks_rcvd,
+    rnr_naks_sent,
+    rnr_naks_rcvd,
+    err_naks_sent,
+    err_naks_rcvd,
+    duplicates,
+    dup_responses,
+    ghost_acks,
+    out_of_sequence,
+    state_drops,
+    read_replays,
+    dup_refused,
+    mr_gone,
+    atomic_replays,
+    acks_sent,
+    acks_rcvd,
+    send_completions,
+    recv_completions,
+    ce_rcvd,
+    cnps_sent,
+    cnps_handled,
+    qkey_drops,
+    no_wqe_drops,
+    msg_drops,
+);
+
+counter_fields!(DeviceCounters {
+    rx_frames,
+    tx_frames,
+    icrc_drops,
+    malformed_drops,
+    not_roce,
+    unknown_qp_drops,
+    address_drops,
+    header_drops,
+    cnps_rcvd,
+    cq_overruns,
+});
 
 /// Per-device counters: the receive path's drops before a packet reaches a QP, plus totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -147,4 +180,25 @@ pub struct DeviceCounters {
     pub cnps_rcvd: u64,
     /// Completions lost to a full CQ.
     pub cq_overruns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_lists_every_counter() {
+        // Every field is a u64: the lists behind `named` and `accumulate` miss none.
+        let n = std::mem::size_of::<QpCounters>() / 8;
+        assert_eq!(QpCounters::default().named().len(), n);
+        let d = std::mem::size_of::<DeviceCounters>() / 8;
+        assert_eq!(DeviceCounters::default().named().len(), d);
+        let q = QpCounters {
+            msg_drops: 3,
+            ..Default::default()
+        };
+        let mut t = q;
+        t.accumulate(&q);
+        assert_eq!(t.named().last(), Some(&("msg_drops", 6)));
+    }
 }

@@ -76,6 +76,17 @@ pub struct IoStats {
     pub rx_coalesced: u64,
 }
 
+crate::ib::counters::counter_fields!(IoStats {
+    rx_frames,
+    rx_bytes,
+    tx_frames,
+    tx_bytes,
+    rx_dropped,
+    tx_dropped,
+    tx_offloaded,
+    rx_coalesced,
+});
+
 /// A packet device.
 pub trait PacketDevice: Send {
     /// Receive up to `max` frames. `f` is called once per frame with the frame in the device's

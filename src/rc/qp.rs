@@ -353,6 +353,11 @@ impl Qp {
     pub(crate) fn counters(&self) -> &QpCounters {
         &self.counters
     }
+    /// The sequence numbers: the next PSN a new request gets, the oldest one not yet
+    /// acknowledged, and the PSN the responder expects.
+    pub(crate) fn psns(&self) -> (Psn, Psn, Psn) {
+        (self.req.next_psn, self.req.una, self.resp.epsn)
+    }
     /// Send and receive work requests retired so far (completed or flushed).
     pub(crate) fn retired(&self) -> (u64, u64) {
         (self.sq_retired, self.rq_retired)

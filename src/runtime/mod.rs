@@ -21,6 +21,7 @@
 //!   which restores the interface (an AF_XDP device detaches its XDP program).
 
 pub mod cm;
+pub mod stat;
 
 use crate::io::{IoStats, PacketDevice};
 use crate::time::Instant;
@@ -184,6 +185,10 @@ pub struct Nic {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
     describe: String,
+    /// The name and label `ferroce stat` shows (see [`Nic::set_name`], [`Nic::set_label`]).
+    name: Arc<Mutex<Names>>,
+    /// Its socket for `ferroce stat` / `ferroce res qp` ([`stat`]).
+    publisher: Option<stat::Publisher>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -233,21 +238,46 @@ impl Nic {
             let thread = std::thread::Builder::new()
                 .name("ferroce-nic-bg".into())
                 .spawn(move || inline_background(&th, fd))?;
-            return Ok(Nic {
-                inner,
-                thread: Some(thread),
-                describe,
-            });
+            return Ok(Nic::with_publisher(inner, thread, describe));
         }
         let th = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferroce-nic".into())
             .spawn(move || engine_loop(&th, &mut pkt, opts))?;
-        Ok(Nic {
+        Ok(Nic::with_publisher(inner, thread, describe))
+    }
+
+    fn with_publisher(inner: Arc<Inner>, thread: JoinHandle<()>, describe: String) -> Nic {
+        let name = Arc::new(Mutex::new(Names::default()));
+        let (i, n, d) = (inner.clone(), name.clone(), describe.clone());
+        // The thread inherits this thread's network namespace: the names and netns it
+        // reports are those of the namespace the NIC was started in.
+        let netns = stat::netns();
+        let publisher = stat::Publisher::start(move || snapshot(&i, &n, &d, &netns));
+        Nic {
             inner,
             thread: Some(thread),
             describe,
-        })
+            name,
+            publisher,
+        }
+    }
+
+    /// The device name `ferroce stat` and `ferroce res qp` show for this NIC (default:
+    /// `ferroce_<interface>` of the interface holding its first GID, else `ferroce`).
+    pub fn set_name(&self, name: &str) {
+        lock(&self.name).name = Some(name.to_string());
+    }
+
+    /// What this process runs on the NIC, as `ferroce stat` shows it (for example
+    /// `ferroce perf: RDMA_Write BW Test`).
+    pub fn set_label(&self, label: &str) {
+        lock(&self.name).label = label.to_string();
+    }
+
+    /// What `ferroce stat` and `ferroce res qp` see of this NIC now.
+    pub fn stat(&self) -> stat::NicStat {
+        snapshot(&self.inner, &self.name, &self.describe, &stat::netns())
     }
 
     /// The packet device's description.
@@ -852,6 +882,7 @@ impl Nic {
     }
 
     fn stop(&mut self) {
+        self.publisher = None;
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake.signal();
         if let Some(t) = self.thread.take() {
@@ -868,6 +899,78 @@ impl Nic {
 impl Drop for Nic {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A NIC's name and label for [`stat`].
+#[derive(Default)]
+struct Names {
+    name: Option<String>,
+    label: String,
+}
+
+/// A [`stat::NicStat`] of the NIC now (the device lock held while the QPs are read).
+fn snapshot(inner: &Inner, names: &Mutex<Names>, describe: &str, netns: &str) -> stat::NicStat {
+    let (dc, qs, gid) = {
+        let d = lock(&inner.dev);
+        (
+            d.counters().0,
+            d.qp_status(),
+            d.config().gids.first().copied(),
+        )
+    };
+    let mut names = lock(names);
+    let label = names.label.clone();
+    let name = names
+        .name
+        .get_or_insert_with(|| {
+            let nd = gid.and_then(|g| {
+                crate::io::netdev::netdevs()
+                    .into_iter()
+                    .find(|n| n.gids.contains(&g))
+            });
+            nd.map_or_else(|| "ferroce".to_string(), |n| format!("ferroce_{}", n.name))
+        })
+        .clone();
+    drop(names);
+    let shadows = inner.qps.read().unwrap_or_else(|e| e.into_inner());
+    let owned = |v: Vec<(&'static str, u64)>| v.into_iter().map(|(k, n)| (k.to_string(), n));
+    stat::NicStat {
+        pid: std::process::id(),
+        comm: stat::comm(),
+        label,
+        netns: netns.to_string(),
+        name,
+        backend: describe.to_string(),
+        uptime_s: inner.epoch.elapsed().as_secs_f64(),
+        device: owned(dc.named()).collect(),
+        io: owned(lock(&inner.io_stats).named()).collect(),
+        qps: qs
+            .into_iter()
+            .map(|q| {
+                let out = |sh: &QpShadow| {
+                    let a = |x: &AtomicU64| x.load(Ordering::Acquire);
+                    (
+                        a(&sh.sq_posted).saturating_sub(a(&sh.sq_retired)),
+                        a(&sh.rq_posted).saturating_sub(a(&sh.rq_retired)),
+                    )
+                };
+                let (sq, rq) = shadows.get(&q.qpn.get()).map_or((0, 0), |sh| out(sh));
+                stat::QpStat {
+                    qpn: q.qpn.get(),
+                    qp_type: q.qp_type.name().to_string(),
+                    state: q.state.name().to_string(),
+                    dest_qp: q.dest_qp,
+                    next_psn: q.next_psn,
+                    una_psn: q.una_psn,
+                    expected_psn: q.expected_psn,
+                    sq_outstanding: sq,
+                    rq_outstanding: rq,
+                    rate_bps: q.rate_bps,
+                    counters: owned(q.counters.named()).collect(),
+                }
+            })
+            .collect(),
     }
 }
 

@@ -236,6 +236,10 @@ impl Qp {
     pub(crate) fn retired(&self) -> (u64, u64) {
         (self.sq_retired, self.rq_retired)
     }
+    /// The next PSN to send, the same (UC is never acknowledged), and the expected PSN.
+    pub(crate) fn psns(&self) -> (Psn, Psn, Psn) {
+        (self.next_psn, self.next_psn, self.epsn)
+    }
     pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_ref()
     }

@@ -139,6 +139,11 @@ impl Qp {
     pub(crate) fn retired(&self) -> (u64, u64) {
         (self.sq_retired, self.rq_retired)
     }
+    /// The next PSN to send, the same (never acknowledged), and 0: a UD receiver expects no
+    /// PSN.
+    pub(crate) fn psns(&self) -> (Psn, Psn, Psn) {
+        (self.next_psn, self.next_psn, Psn::new(0))
+    }
     /// The largest message: the port's MTU.
     pub(crate) fn max_message(&self) -> u32 {
         self.init.port_mtu.bytes()

@@ -123,6 +123,29 @@ impl DeviceConfig {
     }
 }
 
+/// One QP as [`Device::qp_status`] sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QpStatus {
+    /// Its number.
+    pub qpn: QpNumber,
+    /// Its transport.
+    pub qp_type: QpType,
+    /// Its state.
+    pub state: QpState,
+    /// The connected peer's QPN (0 for UD).
+    pub dest_qp: u32,
+    /// The PSN the next new request packet gets.
+    pub next_psn: u32,
+    /// The oldest PSN not yet acknowledged (RC; `next_psn` for UC and UD).
+    pub una_psn: u32,
+    /// The PSN the responder expects next (0 for UD).
+    pub expected_psn: u32,
+    /// Its sending rate under congestion control (the line rate without it), bits/s.
+    pub rate_bps: u64,
+    /// Its counters.
+    pub counters: QpCounters,
+}
+
 /// `struct ibv_qp_init_attr`.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr {
@@ -1167,6 +1190,32 @@ impl Device {
             })
             .collect();
         v.sort_by_key(|e| e.0.get());
+        v
+    }
+
+    /// Every QP's state, sequence numbers, rate and counters, by QPN (what `ferroce res qp`
+    /// shows).
+    pub fn qp_status(&self) -> Vec<QpStatus> {
+        let mut v: Vec<QpStatus> = self
+            .qps
+            .values()
+            .map(|s| {
+                let q = &s.qp;
+                let (next, una, expected) = q.psns();
+                QpStatus {
+                    qpn: q.num(),
+                    qp_type: q.qp_type(),
+                    state: q.state(),
+                    dest_qp: q.attr().dest_qp_num,
+                    next_psn: next.get(),
+                    una_psn: una.get(),
+                    expected_psn: expected.get(),
+                    rate_bps: q.rate_bps(self.cfg.line_rate_bps),
+                    counters: *q.counters(),
+                }
+            })
+            .collect();
+        v.sort_by_key(|e| e.qpn.get());
         v
     }
 

@@ -25,5 +25,5 @@ pub use crate::ib::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 pub use crate::rc::deviations::Deviations;
 pub use crate::wire::grh::{GrhSlot, GRH_LEN};
 pub use connect::{RcParams, RemoteQp, UcParams, UdParams};
-pub use device::{Device, DeviceConfig, QpInitAttr, VerbsError, PKEY_TABLE};
+pub use device::{Device, DeviceConfig, QpInitAttr, QpStatus, VerbsError, PKEY_TABLE};
 pub use engine::TransmitError;

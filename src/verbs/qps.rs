@@ -92,6 +92,9 @@ impl TransportQp {
     pub(super) fn retired(&self) -> (u64, u64) {
         each!(self, q => q.retired())
     }
+    pub(super) fn psns(&self) -> (crate::wire::Psn, crate::wire::Psn, crate::wire::Psn) {
+        each!(self, q => q.psns())
+    }
     pub(super) fn memory(&self) -> usize {
         each!(self, q => q.memory())
     }

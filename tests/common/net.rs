@@ -56,6 +56,25 @@ pub fn root_or_skip(test: &str, needs: &str) -> bool {
     false
 }
 
+/// Whether `unshare -rn` works here (root, or unprivileged user namespaces): tests that need
+/// only a network namespace of their own run in one without privilege. If not, the test is
+/// skipped with a line saying so (`target::test`), unless it runs as root (then it fails).
+pub fn can_unshare(target: &str, test: &str) -> bool {
+    use std::io::Write;
+    let ok = Command::new("unshare")
+        .args(["-rn", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(euid() != "0", "unshare -rn fails as root");
+        let _ = std::io::stderr().write_all(
+            format!("skipped {target}::{test}: unshare -rn (user namespaces) unavailable\n")
+                .as_bytes(),
+        );
+    }
+    ok
+}
+
 /// Return from the calling test (which then passes, with a line saying it was skipped) unless
 /// it runs as root; fail instead with `FERROCE_REQUIRE_ROOT=1` (see
 /// [`root_or_skip`](crate::common::net::root_or_skip)).
