@@ -1,0 +1,746 @@
+//! rdma-core's public structures (`<infiniband/verbs.h>`, rdma-core 44), field for field, as
+//! `#[repr(C)]` Rust. Only the layout matters here: `tests/layout.rs` compiles a C program
+//! against the system's headers and compares the size and every offset the library touches.
+//!
+//! Enumerations are C `int`s (`u32`/`i32`); `pthread_mutex_t`/`pthread_cond_t` come from libc.
+#![allow(non_camel_case_types, missing_docs)]
+
+use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t};
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+#[repr(C)]
+pub struct _ibv_device_ops {
+    pub _dummy1: usize,
+    pub _dummy2: usize,
+}
+
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: _ibv_device_ops,
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; 64],
+    pub dev_name: [c_char; 64],
+    pub dev_path: [c_char; 256],
+    pub ibdev_path: [c_char; 256],
+}
+
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+
+/// `struct ibv_context_ops`: 32 pointers; the inline `ibv_poll_cq`, `ibv_req_notify_cq`,
+/// `ibv_post_srq_recv`, `ibv_post_send` and `ibv_post_recv` call through the named ones.
+#[repr(C)]
+pub struct ibv_context_ops {
+    /// `_compat_query_device` … `_compat_create_cq` (11 entries).
+    pub _compat1: [usize; 11],
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyFn>,
+    /// `_compat_cq_event` … `_compat_destroy_srq` (7 entries).
+    pub _compat2: [usize; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    /// `_compat_create_qp` … `_compat_destroy_qp` (4 entries).
+    pub _compat3: [usize; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    /// `_compat_create_ah` … `_compat_async_event` (5 entries).
+    pub _compat4: [usize; 5],
+}
+
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context`: the extended operations (newest first), `sz`, and the
+/// `ibv_context` last. `abi_compat == (void *)-1` tells the inline wrappers it is there.
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    /// `advise_mr` … `_ABI_placeholder3` (38 entries), all NULL: the inline wrappers then
+    /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
+    pub _ex: [usize; 38],
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+#[repr(C)]
+pub struct ibv_port_attr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+#[repr(C)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network order) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union wr_union {
+    pub rdma: wr_rdma,
+    pub atomic: wr_atomic,
+    pub ud: wr_ud,
+}
+
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: c_uint,
+    /// `imm_data` (network order) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: wr_union,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// `bind_mw` / `tso` (48 bytes, 8-aligned).
+    pub _bind_mw_tso: [u64; 6],
+}
+
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_async_element {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut ibv_srq,
+    pub wq: *mut c_void,
+    pub port_num: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_async_event {
+    pub element: ibv_async_element,
+    pub event_type: c_int,
+}
+
+/// The layout facts `tests/layout.rs` checks against the C headers: (name, value).
+pub fn layout_facts() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! facts {
+        ($($t:ident { $($f:ident),* }),* $(,)?) => {{
+            let mut v = Vec::new();
+            $(
+                v.push((concat!("sizeof(struct ", stringify!($t), ")"), size_of::<$t>()));
+                $( v.push((concat!("offsetof(struct ", stringify!($t), ", ", stringify!($f), ")"), offset_of!($t, $f))); )*
+            )*
+            v
+        }};
+    }
+    let mut v = facts!(
+        ibv_device {
+            node_type,
+            transport_type,
+            name,
+            dev_name,
+            dev_path,
+            ibdev_path
+        },
+        ibv_context {
+            device,
+            ops,
+            cmd_fd,
+            async_fd,
+            num_comp_vectors,
+            mutex,
+            abi_compat
+        },
+        verbs_context {
+            query_port,
+            sz,
+            context
+        },
+        ibv_device_attr {
+            fw_ver,
+            node_guid,
+            sys_image_guid,
+            max_mr_size,
+            page_size_cap,
+            vendor_id,
+            vendor_part_id,
+            hw_ver,
+            max_qp,
+            max_qp_wr,
+            device_cap_flags,
+            max_sge,
+            max_sge_rd,
+            max_cq,
+            max_cqe,
+            max_mr,
+            max_pd,
+            max_qp_rd_atom,
+            max_ee_rd_atom,
+            max_res_rd_atom,
+            max_qp_init_rd_atom,
+            max_ee_init_rd_atom,
+            atomic_cap,
+            max_ee,
+            max_rdd,
+            max_mw,
+            max_raw_ipv6_qp,
+            max_raw_ethy_qp,
+            max_mcast_grp,
+            max_mcast_qp_attach,
+            max_total_mcast_qp_attach,
+            max_ah,
+            max_fmr,
+            max_map_per_fmr,
+            max_srq,
+            max_srq_wr,
+            max_srq_sge,
+            max_pkeys,
+            local_ca_ack_delay,
+            phys_port_cnt
+        },
+        ibv_port_attr {
+            state,
+            max_mtu,
+            active_mtu,
+            gid_tbl_len,
+            port_cap_flags,
+            max_msg_sz,
+            bad_pkey_cntr,
+            qkey_viol_cntr,
+            pkey_tbl_len,
+            lid,
+            sm_lid,
+            lmc,
+            max_vl_num,
+            sm_sl,
+            subnet_timeout,
+            init_type_reply,
+            active_width,
+            active_speed,
+            phys_state,
+            link_layer,
+            flags,
+            port_cap_flags2
+        },
+        ibv_gid_entry {
+            gid,
+            gid_index,
+            port_num,
+            gid_type,
+            ndev_ifindex
+        },
+        ibv_wc {
+            wr_id,
+            status,
+            opcode,
+            vendor_err,
+            byte_len,
+            imm_data,
+            qp_num,
+            src_qp,
+            wc_flags,
+            pkey_index,
+            slid,
+            sl,
+            dlid_path_bits
+        },
+        ibv_pd { context, handle },
+        ibv_mr {
+            context,
+            pd,
+            addr,
+            length,
+            handle,
+            lkey,
+            rkey
+        },
+        ibv_global_route {
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class
+        },
+        ibv_ah_attr {
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num
+        },
+        ibv_srq_attr {
+            max_wr,
+            max_sge,
+            srq_limit
+        },
+        ibv_srq_init_attr { srq_context, attr },
+        ibv_qp_cap {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
+            max_inline_data
+        },
+        ibv_qp_init_attr {
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all
+        },
+        ibv_qp_attr {
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            cap,
+            ah_attr,
+            alt_ah_attr,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout,
+            rate_limit
+        },
+        ibv_sge { addr, length, lkey },
+        ibv_send_wr {
+            wr_id,
+            next,
+            sg_list,
+            num_sge,
+            opcode,
+            send_flags,
+            imm_data,
+            wr
+        },
+        ibv_recv_wr {
+            wr_id,
+            next,
+            sg_list,
+            num_sge
+        },
+        ibv_srq {
+            context,
+            srq_context,
+            pd,
+            handle,
+            mutex,
+            cond,
+            events_completed
+        },
+        ibv_qp {
+            context,
+            qp_context,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            handle,
+            qp_num,
+            state,
+            qp_type,
+            mutex,
+            cond,
+            events_completed
+        },
+        ibv_comp_channel {
+            context,
+            fd,
+            refcnt
+        },
+        ibv_cq {
+            context,
+            channel,
+            cq_context,
+            handle,
+            cqe,
+            mutex,
+            cond,
+            comp_events_completed,
+            async_events_completed
+        },
+        ibv_ah {
+            context,
+            pd,
+            handle
+        },
+        ibv_async_event {
+            element,
+            event_type
+        },
+    );
+    // Fields inside the ops table and the work request's union, by their C names.
+    v.push((
+        "offsetof(struct ibv_context, ops.poll_cq)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, poll_cq),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.req_notify_cq)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, req_notify_cq),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.post_srq_recv)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_srq_recv),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.post_send)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_send),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.post_recv)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_recv),
+    ));
+    v.push((
+        "sizeof(struct ibv_context_ops)",
+        size_of::<ibv_context_ops>(),
+    ));
+    let w = offset_of!(ibv_send_wr, wr);
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.rdma.rkey)",
+        w + offset_of!(wr_rdma, rkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.atomic.compare_add)",
+        w + offset_of!(wr_atomic, compare_add),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.atomic.swap)",
+        w + offset_of!(wr_atomic, swap),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.atomic.rkey)",
+        w + offset_of!(wr_atomic, rkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.ud.remote_qpn)",
+        w + offset_of!(wr_ud, remote_qpn),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, wr.ud.remote_qkey)",
+        w + offset_of!(wr_ud, remote_qkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, qp_type.xrc.remote_srqn)",
+        offset_of!(ibv_send_wr, remote_srqn),
+    ));
+    v
+}

@@ -1,0 +1,34 @@
+//! `libibverbs.so.1` on ferroce: the functions and structures of rdma-core's libibverbs,
+//! implemented on the ferroce software RNIC, so that an unmodified RDMA application (linked
+//! against Debian's `libibverbs.so.1`) runs with no RDMA NIC, no `rdma_rxe` module and no
+//! root: `ferroce run -- ibv_rc_pingpong -g 0 host`, or `LD_LIBRARY_PATH=<dir with this
+//! library> ibv_rc_pingpong …`.
+//!
+//! - [`abi`]: rdma-core's structures as `#[repr(C)]` (checked against the C headers by
+//!   `tests/layout.rs`).
+//! - `device`: the one device this process sees (`ferroce_<interface>`), chosen by the
+//!   environment (`FERROCE_DEV`, `FERROCE_BACKEND`, `FERROCE_PCAP`), and the running NIC
+//!   behind every open context.
+//! - `verbs`: the exported `ibv_*` functions, and the operations the inline wrappers of
+//!   `<infiniband/verbs.h>` call through the context's ops table (`ibv_post_send`,
+//!   `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) and through the
+//!   extended context (`ibv_query_port`).
+//!
+//! Symbol versions are rdma-core's (`libibverbs.map`, applied when tools/build-cabi links the
+//! shared object), so binaries built against rdma-core bind to these functions unchanged.
+//!
+//! # Safety
+//! Every exported function takes pointers from C. The contract is libibverbs': pointers are
+//! either NULL (checked where libibverbs allows it) or point to live objects of the right type
+//! that this library handed out (contexts, PDs, CQs, QPs, …) or that the caller owns for the
+//! duration of the call (attribute structs, work request lists). Objects are `Box`es of a
+//! `#[repr(C)]` wrapper whose first field is the C structure, so a pointer to the C structure
+//! is a pointer to the wrapper.
+#![allow(clippy::missing_safety_doc)]
+
+pub mod abi;
+mod device;
+mod stubs;
+mod verbs;
+
+pub use device::DEVICE_PREFIX;

@@ -1,0 +1,1634 @@
+//! The exported `ibv_*` functions and the operations of the context's ops table.
+//!
+//! Return conventions are libibverbs': object constructors return NULL and set `errno`;
+//! `ibv_modify_qp`, `ibv_query_qp`, `ibv_dereg_mr`, `ibv_destroy_*`, the post verbs and
+//! `_ibv_query_gid_ex` return an errno value; `ibv_query_device`/`ibv_query_port` return an
+//! errno value too; `ibv_query_gid`, `ibv_get_cq_event` and `ibv_req_notify_cq` return 0 or
+//! -1 (with `errno`) as libibverbs does.
+
+use crate::abi::*;
+use crate::device::{self, Shared};
+use ferroce::verbs::LKey;
+use ferroce::verbs::{
+    AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, Pd, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Srq,
+    SrqAttr, SrqAttrMask, UdDest, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+use ferroce::wire::{QpNumber, RKey};
+use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, ENOSYS, EOPNOTSUPP};
+use std::mem::offset_of;
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+// ---- errno and small helpers ---------------------------------------------------------------
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// NULL with `errno` set: how libibverbs' constructors fail.
+fn fail<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+/// The errno a verbs error maps to (what rdma-core's providers return for the same cause).
+fn errno_of(e: &VerbsError) -> c_int {
+    match e {
+        VerbsError::QueueFull | VerbsError::NoResources(_) => ENOMEM,
+        VerbsError::Busy(_) => libc::EBUSY,
+        _ => EINVAL,
+    }
+}
+
+fn warn(what: &str) {
+    eprintln!("ferroce libibverbs: {what}");
+}
+
+// ---- objects: a Box of a wrapper whose first field is the C structure ----------------------
+
+/// An open device context.
+#[repr(C)]
+pub(crate) struct Ctx {
+    v: verbs_context,
+    sh: Arc<Shared>,
+}
+
+#[repr(C)]
+struct PdW {
+    c: ibv_pd,
+    pd: Pd,
+}
+
+#[repr(C)]
+struct MrW {
+    c: ibv_mr,
+    mr: MemoryRegion,
+}
+
+#[repr(C)]
+struct CqW {
+    c: ibv_cq,
+    cq: Cq,
+}
+
+#[repr(C)]
+struct QpW {
+    c: ibv_qp,
+    qpn: QpNumber,
+    qp_type: QpType,
+}
+
+#[repr(C)]
+struct SrqW {
+    c: ibv_srq,
+    srq: Srq,
+}
+
+#[repr(C)]
+struct AhW {
+    c: ibv_ah,
+    ah: Ah,
+}
+
+#[repr(C)]
+struct ChanW {
+    c: ibv_comp_channel,
+    /// The CQs bound to the channel: (handle, the C object's address).
+    cqs: Mutex<Vec<(Cq, usize)>>,
+}
+
+/// The wrapper of a context pointer.
+///
+/// # Safety
+/// `c` is a context this library returned from `ibv_open_device`, not yet closed.
+unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
+    // SAFETY: the context is the last field of the `verbs_context` at the start of `Ctx`
+    // (`#[repr(C)]`), so stepping back by its offset gives the `Ctx` (the caller's promise).
+    unsafe { &*((c as *mut u8).sub(offset_of!(verbs_context, context)) as *const Ctx) }
+}
+
+/// The shared device of any object with a context pointer.
+unsafe fn sh<'a>(c: *mut ibv_context) -> &'a Shared {
+    // SAFETY: as for `ctx`.
+    unsafe { &ctx(c).sh }
+}
+
+// ---- the device list -----------------------------------------------------------------------
+
+struct DevSlot(*mut ibv_device);
+// SAFETY: the device structure is written once, before it is published, and only read after.
+unsafe impl Send for DevSlot {}
+// SAFETY: as above.
+unsafe impl Sync for DevSlot {}
+
+static DEVICE: OnceLock<Option<DevSlot>> = OnceLock::new();
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+/// The process's one device (allocated once, never freed: `ibv_free_device_list` frees the
+/// list, not the devices, as in libibverbs).
+fn the_device() -> Option<*mut ibv_device> {
+    DEVICE
+        .get_or_init(|| match device::Port::from_env() {
+            Ok(p) => {
+                // SAFETY: ibv_device is plain C data; all-zero is a valid value.
+                let mut d: Box<ibv_device> = Box::new(unsafe { std::mem::zeroed() });
+                d.node_type = 1; // IBV_NODE_CA
+                d.transport_type = 0; // IBV_TRANSPORT_IB (RoCE devices report IB)
+                copy_str(&mut d.name, &p.name());
+                copy_str(&mut d.dev_name, "uverbs_ferroce");
+                copy_str(
+                    &mut d.dev_path,
+                    "/sys/class/infiniband_verbs/uverbs_ferroce",
+                );
+                copy_str(
+                    &mut d.ibdev_path,
+                    &format!("/sys/class/infiniband/{}", p.name()),
+                );
+                Some(DevSlot(Box::into_raw(d)))
+            }
+            Err(e) => {
+                warn(&e);
+                None
+            }
+        })
+        .as_ref()
+        .map(|d| d.0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    let devs: Vec<*mut ibv_device> = the_device().into_iter().collect();
+    // SAFETY: calloc of n+1 pointers; the list is freed by ibv_free_device_list with free().
+    let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }
+        as *mut *mut ibv_device;
+    if list.is_null() {
+        return fail(ENOMEM);
+    }
+    for (i, d) in devs.iter().enumerate() {
+        // SAFETY: `list` has devs.len() + 1 slots.
+        unsafe { *list.add(i) = *d };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's out parameter.
+        unsafe { *num = devs.len() as c_int };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: allocated by calloc in ibv_get_device_list (or NULL).
+    unsafe { libc::free(list as *mut c_void) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    if dev.is_null() {
+        return fail::<c_char>(EINVAL);
+    }
+    // SAFETY: a device from our list.
+    unsafe { (*dev).name.as_ptr() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(_dev: *mut ibv_device) -> u64 {
+    match device::Port::from_env() {
+        Ok(p) => u64::from_ne_bytes(p.guid()),
+        Err(_) => 0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(_dev: *mut ibv_device) -> c_int {
+    0
+}
+
+// ---- contexts --------------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    if dev.is_null() || Some(dev) != the_device() {
+        return fail(EINVAL);
+    }
+    let sh = match device::shared() {
+        Ok(s) => s,
+        Err(e) => {
+            warn(&e);
+            return fail(libc::ENODEV);
+        }
+    };
+    // SAFETY: verbs_context is plain C data (pointers, ints, a pthread mutex whose all-zero
+    // value is PTHREAD_MUTEX_INITIALIZER on glibc); every field used is set below.
+    let mut v: verbs_context = unsafe { std::mem::zeroed() };
+    v.query_port = Some(query_port_ex);
+    v.sz = size_of::<verbs_context>();
+    v.context.device = dev;
+    v.context.ops.poll_cq = Some(poll_cq);
+    v.context.ops.req_notify_cq = Some(req_notify_cq);
+    v.context.ops.post_send = Some(post_send);
+    v.context.ops.post_recv = Some(post_recv);
+    v.context.ops.post_srq_recv = Some(post_srq_recv);
+    v.context.cmd_fd = -1;
+    // SAFETY: eventfd(2); the descriptor is closed by ibv_close_device.
+    v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    v.context.num_comp_vectors = 1;
+    v.context.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
+    let b = Box::new(Ctx { v, sh });
+    let p = Box::into_raw(b);
+    // SAFETY: just allocated.
+    unsafe { &mut (*p).v.context }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
+    if c.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a context from ibv_open_device (see `ctx`); it is not used after this.
+    unsafe {
+        let p = (c as *mut u8).sub(offset_of!(verbs_context, context)) as *mut Ctx;
+        if (*p).v.context.async_fd >= 0 {
+            libc::close((*p).v.context.async_fd);
+        }
+        drop(Box::from_raw(p));
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_device_attr) -> c_int {
+    if c.is_null() || a.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: caller's context and out struct.
+    let (s, a) = unsafe { (sh(c), &mut *a) };
+    let cfg = s.nic.with_device(|d| d.config().clone());
+    // SAFETY: plain C data.
+    *a = unsafe { std::mem::zeroed() };
+    copy_str(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
+    a.node_guid = u64::from_ne_bytes(s.port.guid());
+    a.sys_image_guid = a.node_guid;
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = 0xffff_f000;
+    a.vendor_id = 0xffffff; // as rxe: no vendor
+    a.hw_ver = 0;
+    a.max_qp = cfg.max_qp as c_int;
+    a.max_qp_wr = cfg.max_qp_wr as c_int;
+    // IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_N_NOTIFY_CQ
+    a.device_cap_flags = (1 << 12) | (1 << 13) | (1 << 14);
+    a.max_sge = cfg.max_sge as c_int;
+    a.max_sge_rd = cfg.max_sge as c_int;
+    a.max_cq = 16384;
+    a.max_cqe = cfg.max_cqe as c_int;
+    a.max_mr = 1 << 20;
+    a.max_pd = 1 << 16;
+    a.max_qp_rd_atom = 128;
+    a.max_res_rd_atom = 128 * cfg.max_qp as c_int;
+    a.max_qp_init_rd_atom = 128;
+    a.atomic_cap = 1; // IBV_ATOMIC_HCA
+    a.max_ah = 1 << 16;
+    a.max_srq = 1 << 16;
+    a.max_srq_wr = cfg.max_qp_wr as c_int;
+    a.max_srq_sge = cfg.max_sge as c_int;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+    0
+}
+
+fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
+    // SAFETY: plain C data.
+    *a = unsafe { std::mem::zeroed() };
+    a.state = 4; // IBV_PORT_ACTIVE
+    a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
+    a.active_mtu = s.port.mtu.to_ibv() as c_int;
+    a.gid_tbl_len = s.port.gids.len() as c_int;
+    // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS
+    a.port_cap_flags = (1 << 16) | (1 << 26);
+    a.max_msg_sz = 0x8000_0000;
+    a.pkey_tbl_len = 1;
+    a.max_vl_num = 1;
+    a.active_width = 2; // 4X
+    a.active_speed = 32; // EDR
+    a.phys_state = 5; // LinkUp
+    a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
+}
+
+/// `verbs_context.query_port`: what the inline `ibv_query_port` calls.
+unsafe extern "C" fn query_port_ex(
+    c: *mut ibv_context,
+    port: u8,
+    a: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    if c.is_null() || a.is_null() || port != 1 {
+        return EINVAL;
+    }
+    let mut full: ibv_port_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: caller's context.
+    fill_port(unsafe { sh(c) }, &mut full);
+    let n = len.min(size_of::<ibv_port_attr>());
+    // SAFETY: the caller's struct holds `len` bytes; we copy at most that many.
+    unsafe { std::ptr::copy_nonoverlapping(&full as *const _ as *const u8, a as *mut u8, n) };
+    0
+}
+
+/// The exported `ibv_query_port` (IBVERBS_1.1), for callers of the old ABI: the structure up to
+/// `link_layer` (`struct _compat_ibv_port_attr`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    c: *mut ibv_context,
+    port: u8,
+    a: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { query_port_ex(c, port, a, offset_of!(ibv_port_attr, flags)) }
+}
+
+fn gid_bytes(s: &Shared, index: c_int) -> Option<[u8; 16]> {
+    let i = usize::try_from(index).ok()?;
+    s.port.gids.get(i).map(|ip| ferroce::verbs::gid_of(*ip))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    if c.is_null() || gid.is_null() || port != 1 {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: caller's context and out struct.
+    match gid_bytes(unsafe { sh(c) }, index) {
+        Some(g) => {
+            unsafe { (*gid).raw = g };
+            0
+        }
+        None => {
+            set_errno(EINVAL);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    c: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    _flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if c.is_null() || entry.is_null() || port != 1 || entry_size < size_of::<ibv_gid_entry>() {
+        return EINVAL;
+    }
+    // SAFETY: caller's context.
+    let s = unsafe { sh(c) };
+    match gid_bytes(s, index as c_int) {
+        Some(g) => {
+            // SAFETY: the caller's entry of at least our size.
+            unsafe {
+                *entry = ibv_gid_entry {
+                    gid: ibv_gid { raw: g },
+                    gid_index: index,
+                    port_num: port,
+                    gid_type: 2, // IBV_GID_TYPE_ROCE_V2
+                    ndev_ifindex: s.port.netdev.index,
+                };
+            }
+            0
+        }
+        None => libc::ENODATA,
+    }
+}
+
+/// IBVERBS_PRIVATE: `ibv_devinfo` asks each GID's type (RoCE v2 for all of ours).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    c: *mut ibv_context,
+    _port: u8,
+    index: u32,
+    ty: *mut c_int,
+) -> c_int {
+    if c.is_null() || ty.is_null() {
+        return -1;
+    }
+    // SAFETY: caller's context and out parameter.
+    if gid_bytes(unsafe { sh(c) }, index as c_int).is_none() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    unsafe { *ty = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    if c.is_null() || pkey.is_null() || port != 1 || index != 0 {
+        return EINVAL;
+    }
+    // SAFETY: caller's out parameter; the default P_Key, network order.
+    unsafe { *pkey = 0xffffu16.to_be() };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(_c: *mut ibv_context, _port: u8, pkey: u16) -> c_int {
+    if u16::from_be(pkey) & 0x7fff == 0x7fff {
+        0
+    } else {
+        -1
+    }
+}
+
+/// `ibv_read_sysfs_file`: the file's first line (without the newline), as libibverbs reads it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+        return -1;
+    }
+    // SAFETY: NUL-terminated strings from the caller.
+    let (d, f) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(dir).to_string_lossy().into_owned(),
+            std::ffi::CStr::from_ptr(file)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    let Ok(mut s) = std::fs::read(format!("{d}/{f}")) else {
+        return -1;
+    };
+    if s.last() == Some(&b'\n') {
+        s.pop();
+    }
+    let n = s.len().min(size - 1);
+    // SAFETY: `buf` holds `size` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, n);
+        *buf.add(n) = 0;
+    }
+    n as c_int
+}
+
+// ---- protection domains and memory regions -------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
+    if c.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: caller's context.
+    let pd = unsafe { sh(c) }.nic.alloc_pd();
+    let w = Box::new(PdW {
+        c: ibv_pd {
+            context: c,
+            handle: 0,
+        },
+        pd,
+    });
+    Box::into_raw(w) as *mut ibv_pd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a PD from ibv_alloc_pd, not used after this.
+    drop(unsafe { Box::from_raw(pd as *mut PdW) });
+    0
+}
+
+unsafe fn reg(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    if pd.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd.
+    let p = unsafe { &*(pd as *mut PdW) };
+    let s = unsafe { sh(p.c.context) };
+    // The optional and MW/zero-based/on-demand bits have no meaning here; the four rights do.
+    let acc = AccessFlags::from_bits_truncate(access as u32 & 0xf);
+    // SAFETY: ibv_reg_mr's contract: `len` bytes at `addr` are the caller's, readable and
+    // writable (with local write) until ibv_dereg_mr returns — the promise AppMemory::new asks.
+    let Some(mem) = (unsafe { AppMemory::new(addr as *mut u8, len) }) else {
+        return fail(EINVAL);
+    };
+    match s.nic.reg_mr_app(p.pd, mem, iova, acc) {
+        Ok(mr) => {
+            let w = Box::new(MrW {
+                c: ibv_mr {
+                    context: p.c.context,
+                    pd,
+                    addr,
+                    length: len,
+                    handle: 0,
+                    lkey: mr.lkey().0,
+                    rkey: mr.rkey().0,
+                },
+                mr,
+            });
+            Box::into_raw(w) as *mut ibv_mr
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg(pd, addr, len, addr as u64, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg(pd, addr, len, iova, access as c_int) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg(pd, addr, len, iova, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an MR from ibv_reg_mr, not used after this.
+    let w = unsafe { Box::from_raw(mr as *mut MrW) };
+    let s = unsafe { sh(w.c.context) };
+    match s.nic.dereg_mr(&w.mr) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+// ---- completion channels and CQs --------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
+    if c.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: eventfd(2); closed by ibv_destroy_comp_channel.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return null_mut();
+    }
+    let w = Box::new(ChanW {
+        c: ibv_comp_channel {
+            context: c,
+            fd,
+            refcnt: 0,
+        },
+        cqs: Mutex::new(Vec::new()),
+    });
+    Box::into_raw(w) as *mut ibv_comp_channel
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if ch.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a channel from ibv_create_comp_channel.
+    let w = unsafe { &*(ch as *mut ChanW) };
+    if !w.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        return libc::EBUSY;
+    }
+    // SAFETY: not used after this.
+    let w = unsafe { Box::from_raw(ch as *mut ChanW) };
+    unsafe { libc::close(w.c.fd) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    if c.is_null() || cqe <= 0 {
+        return fail(EINVAL);
+    }
+    // SAFETY: caller's context.
+    let s = unsafe { sh(c) };
+    let cq = match s.nic.create_cq(cqe as usize) {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    // SAFETY: plain C data (the mutex and condition variable all-zero are their initialisers).
+    let mut cc: ibv_cq = unsafe { std::mem::zeroed() };
+    cc.context = c;
+    cc.channel = channel;
+    cc.cq_context = cq_context;
+    cc.handle = cq.index();
+    cc.cqe = cqe;
+    let p = Box::into_raw(Box::new(CqW { c: cc, cq })) as *mut ibv_cq;
+    if !channel.is_null() {
+        // SAFETY: a channel from ibv_create_comp_channel.
+        let ch = unsafe { &*(channel as *mut ChanW) };
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((cq, p as usize));
+    }
+    p
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq, not used after this.
+    let w = unsafe { Box::from_raw(cq as *mut CqW) };
+    if !w.c.channel.is_null() {
+        let ch = unsafe { &*(w.c.channel as *mut ChanW) };
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&(_, p)| p != cq as usize);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    EOPNOTSUPP
+}
+
+/// `ibv_get_cq_event`: block until a CQ bound to the channel fires an armed notification.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    if ch.is_null() || cq_out.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a channel from ibv_create_comp_channel.
+    let w = unsafe { &*(ch as *mut ChanW) };
+    let s = unsafe { sh(w.c.context) };
+    loop {
+        let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if cqs.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        let slice = if cqs.len() == 1 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(1)
+        };
+        for (cq, p) in cqs {
+            if let Ok(true) = s.nic.get_cq_event(cq, slice) {
+                let p = p as *mut ibv_cq;
+                // SAFETY: out parameters; `p` is a live CQ bound to the channel.
+                unsafe {
+                    *cq_out = p;
+                    if !ctx_out.is_null() {
+                        *ctx_out = (*p).cq_context;
+                    }
+                }
+                return 0;
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
+    if !cq.is_null() {
+        // SAFETY: a CQ from ibv_create_cq.
+        unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+    }
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited: c_int) -> c_int {
+    if cq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq.
+    let w = unsafe { &*(cq as *mut CqW) };
+    let mode = if solicited != 0 {
+        NotifyMode::SolicitedOnly
+    } else {
+        NotifyMode::NextCompletion
+    };
+    match unsafe { sh(w.c.context) }.nic.req_notify_cq(w.cq, mode) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+fn wc_status(s: WcStatus) -> c_int {
+    match s {
+        WcStatus::Success => 0,
+        WcStatus::LocLenErr => 1,
+        WcStatus::LocQpOpErr => 2,
+        WcStatus::LocProtErr => 4,
+        WcStatus::WrFlushErr => 5,
+        WcStatus::BadRespErr => 7,
+        WcStatus::LocAccessErr => 8,
+        WcStatus::RemInvReqErr => 9,
+        WcStatus::RemAccessErr => 10,
+        WcStatus::RemOpErr => 11,
+        WcStatus::RetryExcErr => 12,
+        WcStatus::RnrRetryExcErr => 13,
+        WcStatus::RemInvRdReqErr => 15,
+        WcStatus::GeneralErr => 21,
+    }
+}
+
+fn wc_opcode(o: WcOpcode) -> c_int {
+    match o {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::Recv => 128,
+        WcOpcode::RecvRdmaWithImm => 129,
+    }
+}
+
+fn to_c_wc(w: &WorkCompletion) -> ibv_wc {
+    let mut flags = 0;
+    if w.wc_flags.contains(WcFlags::GRH) {
+        flags |= 1;
+    }
+    if w.wc_flags.contains(WcFlags::WITH_IMM) {
+        flags |= 2;
+    }
+    if w.wc_flags.contains(WcFlags::WITH_INV) {
+        flags |= 8;
+    }
+    let imm = match (w.imm_data, w.invalidated_rkey) {
+        (Some(i), _) => i.to_be(),
+        (None, Some(k)) => k.0,
+        _ => 0,
+    };
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: wc_status(w.status),
+        opcode: wc_opcode(w.opcode),
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        imm_data: imm,
+        qp_num: w.qp_num.get(),
+        src_qp: w.src_qp.get(),
+        wc_flags: flags,
+        pkey_index: w.pkey_index,
+        slid: w.slid,
+        sl: w.sl,
+        dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+thread_local! {
+    static WCS: std::cell::RefCell<Vec<WorkCompletion>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if cq.is_null() || n < 0 || (n > 0 && wc.is_null()) {
+        return -EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq.
+    let w = unsafe { &*(cq as *mut CqW) };
+    let s = unsafe { sh(w.c.context) };
+    WCS.with(|v| {
+        let mut v = v.borrow_mut();
+        v.clear();
+        match s.nic.poll_cq(w.cq, &mut v, n as usize) {
+            Ok(k) => {
+                for (i, x) in v.iter().take(k).enumerate() {
+                    // SAFETY: the caller's array of `n` >= k entries.
+                    unsafe { *wc.add(i) = to_c_wc(x) };
+                }
+                k as c_int
+            }
+            Err(_) => -EINVAL,
+        }
+    })
+}
+
+// ---- shared receive queues ----------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    if pd.is_null() || init.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
+    let (p, init) = unsafe { (&*(pd as *mut PdW), &mut *init) };
+    let s = unsafe { sh(p.c.context) };
+    let attr = SrqAttr {
+        max_wr: init.attr.max_wr,
+        max_sge: init.attr.max_sge,
+        srq_limit: init.attr.srq_limit,
+    };
+    let srq = match s.nic.create_srq(p.pd, attr) {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    if let Ok(a) = s.nic.query_srq(srq) {
+        init.attr.max_wr = a.max_wr;
+        init.attr.max_sge = a.max_sge;
+    }
+    // SAFETY: plain C data.
+    let mut c: ibv_srq = unsafe { std::mem::zeroed() };
+    c.context = p.c.context;
+    c.srq_context = init.srq_context;
+    c.pd = pd;
+    c.handle = srq.number();
+    Box::into_raw(Box::new(SrqW { c, srq })) as *mut ibv_srq
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ from ibv_create_srq and the caller's attributes.
+    let (w, a) = unsafe { (&*(srq as *mut SrqW), &*attr) };
+    let s = unsafe { sh(w.c.context) };
+    let at = SrqAttr {
+        max_wr: a.max_wr,
+        max_sge: a.max_sge,
+        srq_limit: a.srq_limit,
+    };
+    match s
+        .nic
+        .modify_srq(w.srq, &at, SrqAttrMask::from_bits_truncate(mask as u32))
+    {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: as ibv_modify_srq.
+    let w = unsafe { &*(srq as *mut SrqW) };
+    match unsafe { sh(w.c.context) }.nic.query_srq(w.srq) {
+        Ok(a) => {
+            unsafe {
+                *attr = ibv_srq_attr {
+                    max_wr: a.max_wr,
+                    max_sge: a.max_sge,
+                    srq_limit: a.srq_limit,
+                }
+            };
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ from ibv_create_srq.
+    let w = unsafe { &*(srq as *mut SrqW) };
+    match unsafe { sh(w.c.context) }.nic.destroy_srq(w.srq) {
+        Ok(()) => {
+            // SAFETY: not used after this.
+            drop(unsafe { Box::from_raw(srq as *mut SrqW) });
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// The scatter/gather list of a work request.
+///
+/// # Safety
+/// `sg` points to `n` entries (or `n` is 0).
+unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && sg.is_null()) {
+        return Err(EINVAL);
+    }
+    // SAFETY: the caller's array.
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    Ok(s.iter()
+        .map(|e| Sge {
+            addr: e.addr,
+            length: e.length,
+            lkey: LKey(e.lkey),
+        })
+        .collect())
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ from ibv_create_srq; `wr` the caller's list.
+    let w = unsafe { &*(srq as *mut SrqW) };
+    let s = unsafe { sh(w.c.context) };
+    while !wr.is_null() {
+        let r = unsafe { &*wr };
+        let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
+            s.nic
+                .post_srq_recv(
+                    w.srq,
+                    RecvWr {
+                        wr_id: r.wr_id,
+                        sg_list,
+                    },
+                )
+                .map_err(|e| errno_of(&e))
+        });
+        if let Err(e) = res {
+            if !bad.is_null() {
+                unsafe { *bad = wr };
+            }
+            return e;
+        }
+        wr = r.next;
+    }
+    0
+}
+
+// ---- queue pairs -----------------------------------------------------------------------------------
+
+fn qp_type_of(t: c_int) -> Option<QpType> {
+    match t {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+fn qp_type_code(t: QpType) -> c_int {
+    match t {
+        QpType::Rc => 2,
+        QpType::Uc => 3,
+        QpType::Ud => 4,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    if pd.is_null() || init.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd; the caller's attributes with CQs (and an SRQ) of ours.
+    let (p, ia) = unsafe { (&*(pd as *mut PdW), &mut *init) };
+    let s = unsafe { sh(p.c.context) };
+    let Some(qp_type) = qp_type_of(ia.qp_type) else {
+        return fail(EOPNOTSUPP);
+    };
+    if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+        return fail(EINVAL);
+    }
+    let (scq, rcq) = unsafe {
+        (
+            (*(ia.send_cq as *mut CqW)).cq,
+            (*(ia.recv_cq as *mut CqW)).cq,
+        )
+    };
+    let srq = (!ia.srq.is_null()).then(|| unsafe { (*(ia.srq as *mut SrqW)).srq });
+    let cap = QpCap {
+        max_send_wr: ia.cap.max_send_wr.max(1),
+        max_recv_wr: if srq.is_some() {
+            0
+        } else {
+            ia.cap.max_recv_wr.max(1)
+        },
+        max_send_sge: ia.cap.max_send_sge.max(1),
+        max_recv_sge: ia.cap.max_recv_sge.max(1),
+        max_inline_data: ia.cap.max_inline_data,
+    };
+    let mut qi = QpInitAttr::new(p.pd, scq, rcq, cap).with_type(qp_type);
+    qi.sq_sig_all = ia.sq_sig_all != 0;
+    if let Some(q) = srq {
+        qi = qi.with_srq(q);
+    }
+    let qpn = match s.nic.create_qp(qi) {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    // SAFETY: plain C data.
+    let mut c: ibv_qp = unsafe { std::mem::zeroed() };
+    c.context = p.c.context;
+    c.qp_context = ia.qp_context;
+    c.pd = pd;
+    c.send_cq = ia.send_cq;
+    c.recv_cq = ia.recv_cq;
+    c.srq = ia.srq;
+    c.handle = qpn.get();
+    c.qp_num = qpn.get();
+    c.state = 0;
+    c.qp_type = ia.qp_type;
+    Box::into_raw(Box::new(QpW { c, qpn, qp_type })) as *mut ibv_qp
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp.
+    let w = unsafe { &*(qp as *mut QpW) };
+    match unsafe { sh(w.c.context) }.nic.destroy_qp(w.qpn) {
+        Ok(()) => {
+            // SAFETY: not used after this.
+            drop(unsafe { Box::from_raw(qp as *mut QpW) });
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+fn av_of(s: &Shared, a: &ibv_ah_attr) -> Result<AddressVector, c_int> {
+    // RoCE needs the GRH: the GID is the address (rxe refuses an AV without it too).
+    if a.is_global == 0 {
+        return Err(EINVAL);
+    }
+    let dgid = a.grh.dgid.raw;
+    let ip = ferroce::verbs::ip_of_gid(dgid);
+    let dmac = s.port.resolve(ip).ok_or(libc::EHOSTUNREACH)?;
+    Ok(AddressVector {
+        dgid,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        dmac: Some(dmac.0),
+    })
+}
+
+fn c_av(av: &AddressVector) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: av.dgid },
+            flow_label: av.flow_label,
+            sgid_index: av.sgid_index,
+            hop_limit: av.hop_limit,
+            traffic_class: av.traffic_class,
+        },
+        dlid: 0,
+        sl: 0,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: 1,
+        port_num: 1,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp and the caller's attributes.
+    let (w, a) = unsafe { (&mut *(qp as *mut QpW), &*attr) };
+    let s = unsafe { sh(w.c.context) };
+    let m = QpAttrMask::from_bits_truncate(mask as u32);
+    let mut at = QpAttr::default();
+    if m.contains(QpAttrMask::STATE) {
+        match QpState::from_ibv(a.qp_state as u32) {
+            Some(st) => at.qp_state = st,
+            None => return EINVAL,
+        }
+    }
+    if m.contains(QpAttrMask::CUR_STATE) {
+        match QpState::from_ibv(a.cur_qp_state as u32) {
+            Some(st) => at.cur_qp_state = st,
+            None => return EINVAL,
+        }
+    }
+    if m.contains(QpAttrMask::PATH_MTU) {
+        match Mtu::from_ibv(a.path_mtu as u32) {
+            Some(x) => at.path_mtu = x,
+            None => return EINVAL,
+        }
+    }
+    if m.contains(QpAttrMask::AV) {
+        match av_of(s, &a.ah_attr) {
+            Ok(av) => at.ah_attr = av,
+            Err(e) => return e,
+        }
+    }
+    at.qp_access_flags = AccessFlags::from_bits_truncate(a.qp_access_flags & 0xf);
+    at.pkey_index = a.pkey_index;
+    at.port_num = a.port_num;
+    at.qkey = a.qkey;
+    at.dest_qp_num = a.dest_qp_num;
+    at.rq_psn = a.rq_psn;
+    at.sq_psn = a.sq_psn;
+    at.timeout = a.timeout;
+    at.retry_cnt = a.retry_cnt;
+    at.rnr_retry = a.rnr_retry;
+    at.min_rnr_timer = a.min_rnr_timer;
+    at.max_rd_atomic = a.max_rd_atomic;
+    at.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    at.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    at.cap = QpCap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    match s.nic.modify_qp(w.qpn, &at, m) {
+        Ok(()) => {
+            if let Ok((st, _)) = s.nic.query_qp(w.qpn) {
+                w.c.state = st.to_ibv() as c_int;
+            }
+            0
+        }
+        Err(e) => {
+            if std::env::var_os("FERROCE_DEBUG").is_some() {
+                warn(&format!("ibv_modify_qp: {e}"));
+            }
+            errno_of(&e)
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp and the caller's out structs.
+    let w = unsafe { &mut *(qp as *mut QpW) };
+    let s = unsafe { sh(w.c.context) };
+    let (st, q) = match s.nic.query_qp(w.qpn) {
+        Ok(x) => x,
+        Err(e) => return errno_of(&e),
+    };
+    w.c.state = st.to_ibv() as c_int;
+    // SAFETY: plain C data.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = st.to_ibv() as c_int;
+    a.cur_qp_state = a.qp_state;
+    a.path_mtu = q.path_mtu.to_ibv() as c_int;
+    a.qkey = q.qkey;
+    a.rq_psn = q.rq_psn;
+    a.sq_psn = q.sq_psn;
+    a.dest_qp_num = q.dest_qp_num;
+    a.qp_access_flags = q.qp_access_flags.bits();
+    a.cap = ibv_qp_cap {
+        max_send_wr: q.cap.max_send_wr,
+        max_recv_wr: q.cap.max_recv_wr,
+        max_send_sge: q.cap.max_send_sge,
+        max_recv_sge: q.cap.max_recv_sge,
+        max_inline_data: q.cap.max_inline_data,
+    };
+    a.ah_attr = c_av(&q.ah_attr);
+    a.pkey_index = q.pkey_index;
+    a.max_rd_atomic = q.max_rd_atomic;
+    a.max_dest_rd_atomic = q.max_dest_rd_atomic;
+    a.min_rnr_timer = q.min_rnr_timer;
+    a.port_num = 1;
+    a.timeout = q.timeout;
+    a.retry_cnt = q.retry_cnt;
+    a.rnr_retry = q.rnr_retry;
+    let cap = a.cap;
+    unsafe { *attr = a };
+    if !init.is_null() {
+        unsafe {
+            (*init).qp_context = w.c.qp_context;
+            (*init).send_cq = w.c.send_cq;
+            (*init).recv_cq = w.c.recv_cq;
+            (*init).srq = w.c.srq;
+            (*init).cap = cap;
+            (*init).qp_type = qp_type_code(w.qp_type);
+            (*init).sq_sig_all = 0;
+        }
+    }
+    0
+}
+
+/// `ibv_qp_to_qp_ex`: ferroce's QPs are not extended QPs (no `ibv_wr_*` send API): NULL, as
+/// libibverbs returns for a QP created without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
+    null_mut()
+}
+
+fn send_op(r: &ibv_send_wr) -> Result<SendOp, c_int> {
+    // SAFETY: reading the union member the opcode names (all members are plain data).
+    let (rdma, atomic) = unsafe { (r.wr.rdma, r.wr.atomic) };
+    Ok(match r.opcode {
+        0 => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+        },
+        1 => SendOp::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+            imm: u32::from_be(r.imm_data),
+        },
+        2 => SendOp::Send,
+        3 => SendOp::SendWithImm {
+            imm: u32::from_be(r.imm_data),
+        },
+        4 => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+        },
+        5 => SendOp::AtomicCmpSwp {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => SendOp::AtomicFetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey(atomic.rkey),
+            add: atomic.compare_add,
+        },
+        9 => SendOp::SendWithInv {
+            invalidate_rkey: RKey(r.imm_data),
+        },
+        _ => return Err(EINVAL),
+    })
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
+    let w = unsafe { &*(qp as *mut QpW) };
+    let s = unsafe { sh(w.c.context) };
+    while !wr.is_null() {
+        let r = unsafe { &*wr };
+        let res = (|| -> Result<(), c_int> {
+            let op = send_op(r)?;
+            let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
+            let mut x = SendWr::new(r.wr_id, op, sg_list)
+                .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
+            if w.qp_type == QpType::Ud {
+                // SAFETY: the UD member of the union, with an AH of ours.
+                let ud = unsafe { r.wr.ud };
+                if ud.ah.is_null() {
+                    return Err(EINVAL);
+                }
+                let ah = unsafe { (*(ud.ah as *mut AhW)).ah };
+                x = x.with_ud(UdDest {
+                    ah,
+                    remote_qpn: QpNumber::new(ud.remote_qpn),
+                    remote_qkey: ud.remote_qkey,
+                });
+            }
+            s.nic.post_send(w.qpn, x).map_err(|e| errno_of(&e))
+        })();
+        if let Err(e) = res {
+            if !bad.is_null() {
+                unsafe { *bad = wr };
+            }
+            return e;
+        }
+        wr = r.next;
+    }
+    0
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
+    let w = unsafe { &*(qp as *mut QpW) };
+    let s = unsafe { sh(w.c.context) };
+    while !wr.is_null() {
+        let r = unsafe { &*wr };
+        let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
+            s.nic
+                .post_recv(
+                    w.qpn,
+                    RecvWr {
+                        wr_id: r.wr_id,
+                        sg_list,
+                    },
+                )
+                .map_err(|e| errno_of(&e))
+        });
+        if let Err(e) = res {
+            if !bad.is_null() {
+                unsafe { *bad = wr };
+            }
+            return e;
+        }
+        wr = r.next;
+    }
+    0
+}
+
+// ---- address handles ----------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    if pd.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
+    let (p, a) = unsafe { (&*(pd as *mut PdW), &*attr) };
+    let s = unsafe { sh(p.c.context) };
+    let av = match av_of(s, a) {
+        Ok(av) => av,
+        Err(e) => return fail(e),
+    };
+    match s.nic.create_ah(p.pd, &av) {
+        Ok(ah) => Box::into_raw(Box::new(AhW {
+            c: ibv_ah {
+                context: p.c.context,
+                pd,
+                handle: ah.index(),
+            },
+            ah,
+        })) as *mut ibv_ah,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `ibv_init_ah_from_wc`: the address back to the sender of a UD receive (its GRH).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    c: *mut ibv_context,
+    _port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    attr: *mut ibv_ah_attr,
+) -> c_int {
+    if c.is_null() || wc.is_null() || grh.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: caller's context, completion, the 40-byte GRH slot and out struct.
+    let (s, w) = unsafe { (sh(c), &*wc) };
+    let g = unsafe { std::slice::from_raw_parts(grh, 40) };
+    match s.nic.init_ah_from_wc(&rust_wc(w), g) {
+        Ok(av) => {
+            unsafe { *attr = c_av(&av) };
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+fn rust_wc(w: &ibv_wc) -> WorkCompletion {
+    let mut flags = WcFlags::empty();
+    if w.wc_flags & 1 != 0 {
+        flags |= WcFlags::GRH;
+    }
+    if w.wc_flags & 2 != 0 {
+        flags |= WcFlags::WITH_IMM;
+    }
+    WorkCompletion {
+        wr_id: w.wr_id,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        byte_len: w.byte_len,
+        imm_data: (w.wc_flags & 2 != 0).then(|| u32::from_be(w.imm_data)),
+        invalidated_rkey: None,
+        qp_num: QpNumber::new(w.qp_num),
+        src_qp: QpNumber::new(w.src_qp),
+        wc_flags: flags,
+        solicited: false,
+        pkey_index: w.pkey_index,
+        slid: w.slid,
+        sl: w.sl,
+        dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    port: u8,
+) -> *mut ibv_ah {
+    if pd.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a PD from ibv_alloc_pd; the rest checked by ibv_init_ah_from_wc.
+    let p = unsafe { &*(pd as *mut PdW) };
+    let mut a: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    let r = unsafe { ibv_init_ah_from_wc(p.c.context, port, wc, grh, &mut a) };
+    if r != 0 {
+        return fail(r);
+    }
+    // SAFETY: forwarded with our own attributes.
+    unsafe { ibv_create_ah(pd, &mut a) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an AH from ibv_create_ah.
+    let w = unsafe { &*(ah as *mut AhW) };
+    match unsafe { sh(w.c.context) }.nic.destroy_ah(w.ah) {
+        Ok(()) => {
+            drop(unsafe { Box::from_raw(ah as *mut AhW) });
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+// ---- asynchronous events ------------------------------------------------------------------------
+
+/// `ibv_get_async_event`: blocks until the device reports an event. QP and SRQ events name
+/// the element by its number (the C objects are found through the handle fields).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut ibv_context,
+    ev: *mut ibv_async_event,
+) -> c_int {
+    if c.is_null() || ev.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    let _ = (c, ev);
+    // Which C object an event names needs a registry of them by number; not kept yet.
+    set_errno(ENOSYS);
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
+
+// ---- strings ------------------------------------------------------------------------------------
+
+/// rdma-core's strings for `enum ibv_wc_status`, by value.
+const WC_STATUS_STR: [&std::ffi::CStr; 22] = [
+    c"success",
+    c"local length error",
+    c"local QP operation error",
+    c"local EE context operation error",
+    c"local protection error",
+    c"Work Request Flushed Error",
+    c"memory management operation error",
+    c"bad response error",
+    c"local access error",
+    c"remote invalid request error",
+    c"remote access error",
+    c"remote operation error",
+    c"transport retry counter exceeded",
+    c"RNR retry counter exceeded",
+    c"local RDD violation error",
+    c"remote invalid RD request",
+    c"aborted error",
+    c"invalid EE context number",
+    c"invalid EE context state",
+    c"fatal error",
+    c"response timeout error",
+    c"general error",
+];
+
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
+    usize::try_from(status)
+        .ok()
+        .and_then(|i| WC_STATUS_STR.get(i))
+        .unwrap_or(&c"unknown")
+        .as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(t: c_int) -> *const c_char {
+    match t {
+        1 => c"InfiniBand channel adapter",
+        2 => c"InfiniBand switch",
+        3 => c"InfiniBand router",
+        4 => c"iWARP NIC",
+        5 => c"usNIC",
+        6 => c"usNIC UDP",
+        7 => c"unspecified",
+        _ => c"unknown",
+    }
+    .as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(s: c_int) -> *const c_char {
+    match s {
+        0 => c"PORT_NOP",
+        1 => c"PORT_DOWN",
+        2 => c"PORT_INIT",
+        3 => c"PORT_ARMED",
+        4 => c"PORT_ACTIVE",
+        5 => c"PORT_ACTIVE_DEFER",
+        _ => c"invalid state",
+    }
+    .as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(e: c_int) -> *const c_char {
+    match e {
+        0 => c"CQ error",
+        1 => c"local work queue catastrophic error",
+        2 => c"invalid request local work queue error",
+        3 => c"local access violation work queue error",
+        15 => c"SRQ limit reached",
+        16 => c"last WQE reached",
+        _ => c"unknown",
+    }
+    .as_ptr()
+}
+
+/// `ibv_fork_init`: nothing to prepare (no pinned pages, no device file).
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
