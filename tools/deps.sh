@@ -15,6 +15,9 @@ Groups:
   net    iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd
                                               (tools/testbed, tools/baseline)
   bench  sockperf iperf3                      (tools/bench-testbed's C baselines)
+  rdma   ibverbs-utils perftest rdmacm-utils libibverbs-dev librdmacm-dev
+                                              (Debian's RDMA programs and headers, run on
+                                              ferroce's libibverbs.so.1: cabi/tests)
   vm     qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd
          tcpdump ethtool                      (VM-based tests)
   all    every group above
@@ -28,8 +31,9 @@ declare -A GROUP_PKGS=(
     [net]="iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd"
     [bench]="sockperf iperf3"
     [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump ethtool"
+    [rdma]="ibverbs-utils perftest rdmacm-utils libibverbs-dev librdmacm-dev binutils"
 )
-ALL_GROUPS=(wire net bench vm)
+ALL_GROUPS=(wire net bench vm rdma)
 
 die() { echo "deps.sh: $*" >&2; exit 1; }
 

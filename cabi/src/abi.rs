@@ -7,7 +7,8 @@
 
 use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t};
 
-#[repr(C)]
+/// `union ibv_gid`: 16 bytes, 8-aligned (its `global` member holds two `__be64`).
+#[repr(C, align(8))]
 #[derive(Clone, Copy)]
 pub struct ibv_gid {
     pub raw: [u8; 16],

@@ -25,6 +25,8 @@
 //! `#[repr(C)]` wrapper whose first field is the C structure, so a pointer to the C structure
 //! is a pointer to the wrapper.
 #![allow(clippy::missing_safety_doc)]
+// SAFETY: pointers from the caller, valid per libibverbs' contract (see the crate's Safety section).
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi;
 mod device;

@@ -333,6 +333,7 @@ unsafe extern "C" fn query_port_ex(
     if c.is_null() || a.is_null() || port != 1 {
         return EINVAL;
     }
+    // SAFETY: plain C data: all-zero is a valid value of every field.
     let mut full: ibv_port_attr = unsafe { std::mem::zeroed() };
     // SAFETY: caller's context.
     fill_port(unsafe { sh(c) }, &mut full);
@@ -373,6 +374,7 @@ pub unsafe extern "C" fn ibv_query_gid(
     // SAFETY: caller's context and out struct.
     match gid_bytes(unsafe { sh(c) }, index) {
         Some(g) => {
+            // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe { (*gid).raw = g };
             0
         }
@@ -431,6 +433,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
         set_errno(EINVAL);
         return -1;
     }
+    // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
     unsafe { *ty = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
     0
 }
@@ -535,6 +538,7 @@ unsafe fn reg(
     }
     // SAFETY: a PD from ibv_alloc_pd.
     let p = unsafe { &*(pd as *mut PdW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
     // The optional and MW/zero-based/on-demand bits have no meaning here; the four rights do.
     let acc = AccessFlags::from_bits_truncate(access as u32 & 0xf);
@@ -605,6 +609,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     }
     // SAFETY: an MR from ibv_reg_mr, not used after this.
     let w = unsafe { Box::from_raw(mr as *mut MrW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     match s.nic.dereg_mr(&w.mr) {
         Ok(()) => 0,
@@ -647,6 +652,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
     }
     // SAFETY: not used after this.
     let w = unsafe { Box::from_raw(ch as *mut ChanW) };
+    // SAFETY: closes a descriptor this object owns, once.
     unsafe { libc::close(w.c.fd) };
     0
 }
@@ -695,6 +701,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: a CQ from ibv_create_cq, not used after this.
     let w = unsafe { Box::from_raw(cq as *mut CqW) };
     if !w.c.channel.is_null() {
+        // SAFETY: the CQ's channel is one of ours, alive while CQs are bound to it.
         let ch = unsafe { &*(w.c.channel as *mut ChanW) };
         ch.cqs
             .lock()
@@ -722,6 +729,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     }
     // SAFETY: a channel from ibv_create_comp_channel.
     let w = unsafe { &*(ch as *mut ChanW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -769,6 +777,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited: c_int) -> c_int {
     } else {
         NotifyMode::NextCompletion
     };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.req_notify_cq(w.cq, mode) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
@@ -849,6 +858,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     }
     // SAFETY: a CQ from ibv_create_cq.
     let w = unsafe { &*(cq as *mut CqW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     WCS.with(|v| {
         let mut v = v.borrow_mut();
@@ -878,6 +888,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     }
     // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
     let (p, init) = unsafe { (&*(pd as *mut PdW), &mut *init) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
     let attr = SrqAttr {
         max_wr: init.attr.max_wr,
@@ -912,6 +923,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
     }
     // SAFETY: an SRQ from ibv_create_srq and the caller's attributes.
     let (w, a) = unsafe { (&*(srq as *mut SrqW), &*attr) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     let at = SrqAttr {
         max_wr: a.max_wr,
@@ -934,8 +946,10 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     }
     // SAFETY: as ibv_modify_srq.
     let w = unsafe { &*(srq as *mut SrqW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.query_srq(w.srq) {
         Ok(a) => {
+            // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe {
                 *attr = ibv_srq_attr {
                     max_wr: a.max_wr,
@@ -956,6 +970,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     }
     // SAFETY: an SRQ from ibv_create_srq.
     let w = unsafe { &*(srq as *mut SrqW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.destroy_srq(w.srq) {
         Ok(()) => {
             // SAFETY: not used after this.
@@ -995,9 +1010,12 @@ unsafe extern "C" fn post_srq_recv(
     }
     // SAFETY: an SRQ from ibv_create_srq; `wr` the caller's list.
     let w = unsafe { &*(srq as *mut SrqW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     while !wr.is_null() {
+        // SAFETY: the caller's work request list: live requests (libibverbs' contract).
         let r = unsafe { &*wr };
+        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
         let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
             s.nic
                 .post_srq_recv(
@@ -1011,6 +1029,7 @@ unsafe extern "C" fn post_srq_recv(
         });
         if let Err(e) = res {
             if !bad.is_null() {
+                // SAFETY: the caller's out parameter.
                 unsafe { *bad = wr };
             }
             return e;
@@ -1049,6 +1068,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     }
     // SAFETY: a PD from ibv_alloc_pd; the caller's attributes with CQs (and an SRQ) of ours.
     let (p, ia) = unsafe { (&*(pd as *mut PdW), &mut *init) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
     let Some(qp_type) = qp_type_of(ia.qp_type) else {
         return fail(EOPNOTSUPP);
@@ -1056,12 +1076,14 @@ pub unsafe extern "C" fn ibv_create_qp(
     if ia.send_cq.is_null() || ia.recv_cq.is_null() {
         return fail(EINVAL);
     }
+    // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
     let (scq, rcq) = unsafe {
         (
             (*(ia.send_cq as *mut CqW)).cq,
             (*(ia.recv_cq as *mut CqW)).cq,
         )
     };
+    // SAFETY: CQs, SRQs and AHs the caller names are ours and alive (libibverbs' contract).
     let srq = (!ia.srq.is_null()).then(|| unsafe { (*(ia.srq as *mut SrqW)).srq });
     let cap = QpCap {
         max_send_wr: ia.cap.max_send_wr.max(1),
@@ -1105,6 +1127,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: a QP from ibv_create_qp.
     let w = unsafe { &*(qp as *mut QpW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.destroy_qp(w.qpn) {
         Ok(()) => {
             // SAFETY: not used after this.
@@ -1162,6 +1185,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     }
     // SAFETY: a QP from ibv_create_qp and the caller's attributes.
     let (w, a) = unsafe { (&mut *(qp as *mut QpW), &*attr) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     let m = QpAttrMask::from_bits_truncate(mask as u32);
     let mut at = QpAttr::default();
@@ -1238,6 +1262,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     }
     // SAFETY: a QP from ibv_create_qp and the caller's out structs.
     let w = unsafe { &mut *(qp as *mut QpW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     let (st, q) = match s.nic.query_qp(w.qpn) {
         Ok(x) => x,
@@ -1271,8 +1296,10 @@ pub unsafe extern "C" fn ibv_query_qp(
     a.retry_cnt = q.retry_cnt;
     a.rnr_retry = q.rnr_retry;
     let cap = a.cap;
+    // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
     unsafe { *attr = a };
     if !init.is_null() {
+        // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
         unsafe {
             (*init).qp_context = w.c.qp_context;
             (*init).send_cq = w.c.send_cq;
@@ -1342,11 +1369,14 @@ unsafe extern "C" fn post_send(
     }
     // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
     let w = unsafe { &*(qp as *mut QpW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     while !wr.is_null() {
+        // SAFETY: the caller's work request list: live requests (libibverbs' contract).
         let r = unsafe { &*wr };
         let res = (|| -> Result<(), c_int> {
             let op = send_op(r)?;
+            // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
             let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
             let mut x = SendWr::new(r.wr_id, op, sg_list)
                 .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
@@ -1356,6 +1386,7 @@ unsafe extern "C" fn post_send(
                 if ud.ah.is_null() {
                     return Err(EINVAL);
                 }
+                // SAFETY: CQs, SRQs and AHs the caller names are ours and alive (libibverbs' contract).
                 let ah = unsafe { (*(ud.ah as *mut AhW)).ah };
                 x = x.with_ud(UdDest {
                     ah,
@@ -1367,6 +1398,7 @@ unsafe extern "C" fn post_send(
         })();
         if let Err(e) = res {
             if !bad.is_null() {
+                // SAFETY: the caller's out parameter.
                 unsafe { *bad = wr };
             }
             return e;
@@ -1386,9 +1418,12 @@ unsafe extern "C" fn post_recv(
     }
     // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
     let w = unsafe { &*(qp as *mut QpW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     while !wr.is_null() {
+        // SAFETY: the caller's work request list: live requests (libibverbs' contract).
         let r = unsafe { &*wr };
+        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
         let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
             s.nic
                 .post_recv(
@@ -1402,6 +1437,7 @@ unsafe extern "C" fn post_recv(
         });
         if let Err(e) = res {
             if !bad.is_null() {
+                // SAFETY: the caller's out parameter.
                 unsafe { *bad = wr };
             }
             return e;
@@ -1420,6 +1456,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     }
     // SAFETY: a PD from ibv_alloc_pd and the caller's attributes.
     let (p, a) = unsafe { (&*(pd as *mut PdW), &*attr) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
     let av = match av_of(s, a) {
         Ok(av) => av,
@@ -1452,9 +1489,11 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     }
     // SAFETY: caller's context, completion, the 40-byte GRH slot and out struct.
     let (s, w) = unsafe { (sh(c), &*wc) };
+    // SAFETY: the caller's buffer, valid for that length (libibverbs' contract).
     let g = unsafe { std::slice::from_raw_parts(grh, 40) };
     match s.nic.init_ah_from_wc(&rust_wc(w), g) {
         Ok(av) => {
+            // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe { *attr = c_av(&av) };
             0
         }
@@ -1500,7 +1539,9 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     }
     // SAFETY: a PD from ibv_alloc_pd; the rest checked by ibv_init_ah_from_wc.
     let p = unsafe { &*(pd as *mut PdW) };
+    // SAFETY: plain C data: all-zero is a valid value of every field.
     let mut a: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: forwarded with the caller's pointers, under the same contract.
     let r = unsafe { ibv_init_ah_from_wc(p.c.context, port, wc, grh, &mut a) };
     if r != 0 {
         return fail(r);
@@ -1516,8 +1557,10 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     }
     // SAFETY: an AH from ibv_create_ah.
     let w = unsafe { &*(ah as *mut AhW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.destroy_ah(w.ah) {
         Ok(()) => {
+            // SAFETY: allocated here with Box::into_raw; the caller gives the object up (libibverbs' contract), nothing uses it after.
             drop(unsafe { Box::from_raw(ah as *mut AhW) });
             0
         }

@@ -17,6 +17,7 @@ pub mod pattern;
 pub mod perf;
 pub mod pingpong;
 pub mod rping;
+pub mod run;
 pub mod stat;
 pub mod switch;
 pub mod tool;

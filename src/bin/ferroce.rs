@@ -92,6 +92,39 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Run an unmodified RDMA application (linked against libibverbs) on ferroce: its
+    /// libibverbs.so.1 is ferroce's (no RDMA device, no kernel module; with the UDP backend no
+    /// root). `ferroce run -- ibv_rc_pingpong -g 0 HOST`.
+    ///
+    /// Exit status: the program's; 127 if it cannot be started, 1 if ferroce's library is
+    /// missing.
+    Run {
+        /// The interface (`eth0` or `ferroce_eth0`). Default: the first non-loopback one with an
+        /// address.
+        #[arg(short = 'd', long = "ib-dev")]
+        dev: Option<String>,
+        /// Use only this address of the interface (two programs on one host bind two
+        /// addresses).
+        #[arg(long)]
+        addr: Option<std::net::IpAddr>,
+        /// Packet backend.
+        #[arg(long, value_enum)]
+        backend: Option<ferroce::io::backend::BackendKind>,
+        /// Capture every frame into this pcap file.
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+        /// How the engine runs: inline (in the program's verbs calls), busy or adaptive (its
+        /// own thread).
+        #[arg(long, value_parser = ["inline", "busy", "adaptive"])]
+        poll: Option<String>,
+        /// The directory with ferroce's libibverbs.so.1 (default: cabi/ next to this binary,
+        /// or $FERROCE_LIB_DIR).
+        #[arg(long)]
+        lib_dir: Option<PathBuf>,
+        /// The program and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Make links named like perftest's and rdma-core's programs (ib_write_bw, ...,
     /// ibv_rc_pingpong) to this binary in DIR: invoked under those names, ferroce behaves as
     /// those programs.
@@ -902,6 +935,32 @@ fn main() -> ExitCode {
         ),
         Cmd::Rping { args } => run_rping(args),
         Cmd::InstallLinks { dir, force } => install_links(&dir, force),
+        Cmd::Run {
+            dev,
+            addr,
+            backend,
+            pcap,
+            poll,
+            lib_dir,
+            command,
+        } => {
+            use ferroce::apps::run;
+            let o = run::RunOptions {
+                dev,
+                addr,
+                backend: backend.map(|b| b.name().to_string()),
+                pcap,
+                poll,
+                lib_dir,
+                command,
+            };
+            let e = run::exec(&o);
+            eprintln!("ferroce: run: {e}");
+            match e {
+                run::RunError::Exec(..) => ExitCode::from(127),
+                _ => ExitCode::from(1),
+            }
+        }
         Cmd::Conform(a) => run_conform(a),
         Cmd::Switch(a) => run_switch(a),
         Cmd::CcPlot(a) => match cc_plot(&a) {

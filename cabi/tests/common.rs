@@ -1,0 +1,126 @@
+//! Shared by the cabi tests: the built library, prerequisites, and two processes on one host
+//! in an unprivileged network namespace.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// A missing prerequisite: a failure under FERROCE_REQUIRE_DEPS=1 (tools/test installs them
+/// all), otherwise the test is skipped with the reason printed.
+pub fn have(ok: bool, test: &str, what: &str) -> bool {
+    if !ok {
+        if std::env::var_os("FERROCE_REQUIRE_DEPS").is_some_and(|v| v == "1") {
+            panic!("{test}: missing prerequisite: {what}");
+        }
+        eprintln!("skipped {test}: {what} unavailable");
+    }
+    ok
+}
+
+pub fn which(p: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {p}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// tools/build-cabi, once per test binary: the directory holding libibverbs.so.1.
+pub fn lib_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(repo().join("tools/build-cabi"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tools/build-cabi: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = repo().join(String::from_utf8_lossy(&out.stdout).trim());
+        p.parent().unwrap().to_path_buf()
+    })
+    .clone()
+}
+
+/// The ferroce binary of this tree (built if needed).
+pub fn ferroce_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let st = Command::new("cargo")
+            .args(["build", "--release", "-q", "--bin", "ferroce"])
+            .current_dir(repo())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        repo().join("target/release/ferroce")
+    })
+    .clone()
+}
+
+pub fn can_unshare(test: &str) -> bool {
+    let ok = Command::new("unshare")
+        .args(["-rn", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    have(
+        ok,
+        test,
+        "unshare -rn (unprivileged user and network namespaces)",
+    )
+}
+
+/// Run `script` with sh in a new user and network namespace whose loopback has 127.0.0.1 and
+/// 127.0.0.2, with $LIB the library's directory and $F the ferroce binary. Returns its output.
+pub fn in_netns(script: &str) -> Output {
+    let full = format!(
+        "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\nexport FERROCE_DEV=lo\n{script}"
+    );
+    Command::new("unshare")
+        .args(["-rn", "sh", "-c", &full])
+        .env("LIB", lib_dir())
+        .env("F", ferroce_bin())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A server and a client program, each with ferroce's library and its own address, run to the
+/// end (30 s at most each); returns (server output, client output, status line).
+pub fn pair(server: &str, client: &str) -> (String, String, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "ferroce-cabi-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (s, c) = (dir.join("server.out"), dir.join("client.out"));
+    let script = format!(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         FERROCE_ADDR=127.0.0.1 timeout 30 {server} > {s} 2>&1 &\n\
+         sleep 0.5\n\
+         FERROCE_ADDR=127.0.0.2 timeout 30 {client} 127.0.0.1 > {c} 2>&1\n\
+         cs=$?\nwait $!\necho \"server=$? client=$cs\"",
+        s = s.display(),
+        c = c.display()
+    );
+    let out = in_netns(&script);
+    let r = (
+        std::fs::read_to_string(&s).unwrap_or_default(),
+        std::fs::read_to_string(&c).unwrap_or_default(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}

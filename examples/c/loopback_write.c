@@ -1,0 +1,167 @@
+/*
+ * loopback_write.c — a plain libibverbs program: one device, two RC QPs connected to each
+ * other through the device's first GID, an RDMA WRITE from one buffer into the other, polled
+ * to completion and checked. Then two mistakes, answered as libibverbs specifies: a post on a
+ * QP in RESET fails with an errno, a WRITE whose SGE lies outside every MR completes with
+ * IBV_WC_LOC_PROT_ERR.
+ *
+ * Built against the system's <infiniband/verbs.h> and -libverbs; run on ferroce with
+ *   ferroce run -- ./loopback_write
+ * Prints "ok" and exits 0 when every check passes.
+ */
+#include <infiniband/verbs.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 8192
+
+static int fail(const char *what, int e)
+{
+	fprintf(stderr, "loopback_write: %s: %s\n", what, strerror(e));
+	exit(1);
+}
+
+static struct ibv_wc poll_one(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000L; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			fail("ibv_poll_cq", -n);
+		if (n == 1)
+			return wc;
+	}
+	fprintf(stderr, "loopback_write: no completion\n");
+	exit(1);
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.pkey_index = 0,
+		.port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+	};
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				      IBV_QP_ACCESS_FLAGS);
+	if (r)
+		fail("modify to INIT", r);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = 100;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.sgid_index = 0;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				      IBV_QP_MIN_RNR_TIMER);
+	if (r)
+		fail("modify to RTR", r);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 100;
+	a.max_rd_atomic = 1;
+	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (r)
+		fail("modify to RTS", r);
+}
+
+int main(void)
+{
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	if (!list || num < 1)
+		fail("no device", ENODEV);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		fail("ibv_open_device", errno);
+	struct ibv_port_attr port;
+	if (ibv_query_port(ctx, 1, &port))
+		fail("ibv_query_port", errno);
+	if (port.state != IBV_PORT_ACTIVE || port.link_layer != IBV_LINK_LAYER_ETHERNET)
+		fail("port not an active RoCE port", EINVAL);
+	union ibv_gid gid;
+	if (ibv_query_gid(ctx, 1, 0, &gid))
+		fail("ibv_query_gid", errno);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	if (!pd || !cq)
+		fail("pd/cq", errno);
+	char *src = malloc(N), *dst = calloc(1, N);
+	for (int i = 0; i < N; i++)
+		src[i] = (char)(i * 7 % 251);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, N, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!smr || !dmr)
+		fail("ibv_reg_mr", errno);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = ibv_create_qp(pd, &ia);
+	if (!a || !b)
+		fail("ibv_create_qp", errno);
+
+	/* A post on a QP in RESET is refused with an errno, and nothing completes. */
+	struct ibv_sge sge = { .addr = (uintptr_t)src, .length = N, .lkey = smr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)dst, .rkey = dmr->rkey },
+	}, *bad = NULL;
+	int r = ibv_post_send(a, &wr, &bad);
+	if (r == 0 || bad != &wr)
+		fail("post_send in RESET was accepted", EINVAL);
+	printf("post_send in RESET: %s\n", strerror(r));
+
+	to_rts(a, b->qp_num, &gid);
+	to_rts(b, a->qp_num, &gid);
+
+	r = ibv_post_send(a, &wr, &bad);
+	if (r)
+		fail("ibv_post_send", r);
+	struct ibv_wc wc = poll_one(cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 1 || wc.opcode != IBV_WC_RDMA_WRITE)
+		fail(ibv_wc_status_str(wc.status), EIO);
+	if (memcmp(src, dst, N))
+		fail("WRITE: the destination buffer differs", EIO);
+	printf("RDMA WRITE %d bytes: %s, data identical\n", N, ibv_wc_status_str(wc.status));
+
+	/* An SGE outside every MR: a local protection error completion. */
+	struct ibv_sge wild = { .addr = (uintptr_t)src + N, .length = 64, .lkey = smr->lkey };
+	wr.wr_id = 2;
+	wr.sg_list = &wild;
+	r = ibv_post_send(a, &wr, &bad);
+	if (r)
+		fail("ibv_post_send (bad SGE)", r);
+	wc = poll_one(cq);
+	if (wc.wr_id != 2 || wc.status != IBV_WC_LOC_PROT_ERR)
+		fail("bad SGE did not complete with a local protection error", EIO);
+	printf("SGE outside every MR: %s\n", ibv_wc_status_str(wc.status));
+
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(smr);
+	ibv_dereg_mr(dmr);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	free(src);
+	free(dst);
+	printf("ok\n");
+	return 0;
+}

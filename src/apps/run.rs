@@ -1,0 +1,110 @@
+//! `ferroce run -- COMMAND`: an unmodified RDMA application on ferroce.
+//!
+//! The command runs with ferroce's `libibverbs.so.1` (the `cabi/` crate, built by
+//! tools/build-cabi) first on `LD_LIBRARY_PATH`, and the device it shows chosen by the
+//! environment that library reads (`FERROCE_DEV`, `FERROCE_ADDR`, `FERROCE_BACKEND`,
+//! `FERROCE_PCAP`, `FERROCE_POLL`; see `cabi/src/device.rs`). Nothing else changes: no kernel
+//! module, no RDMA device, and with the UDP backend (the default) no privilege.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What `ferroce run` was asked.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// The interface (`eth0` or `ferroce_eth0`).
+    pub dev: Option<String>,
+    /// The one address of the interface to use.
+    pub addr: Option<IpAddr>,
+    /// `udp`, `packet` or `xdp`.
+    pub backend: Option<String>,
+    /// Capture every frame into this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// `inline`, `busy` or `adaptive`.
+    pub poll: Option<String>,
+    /// The directory holding ferroce's libibverbs.so.1.
+    pub lib_dir: Option<PathBuf>,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// Why `ferroce run` could not start the program.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No program given.
+    #[error("no command given (ferroce run [OPTIONS] -- COMMAND [ARGS...])")]
+    NoCommand,
+    /// The library is not where it was looked for.
+    #[error("ferroce's libibverbs.so.1 is not in {0} (build it with tools/build-cabi, or give --lib-dir)")]
+    NoLibrary(String),
+    /// exec failed.
+    #[error("{0}: {1}")]
+    Exec(String, std::io::Error),
+}
+
+/// Where ferroce's libibverbs.so.1 is: `--lib-dir`, else `FERROCE_LIB_DIR`, else `cabi/` next
+/// to this executable (target/release/cabi for a build tree).
+pub fn lib_dir(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
+    let cands: Vec<PathBuf> = match explicit {
+        Some(d) => vec![d.to_path_buf()],
+        None => match std::env::var_os("FERROCE_LIB_DIR").filter(|s| !s.is_empty()) {
+            Some(d) => vec![PathBuf::from(d)],
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(Path::to_path_buf))
+                .map(|d| vec![d.join("cabi"), d.join("../lib/ferroce")])
+                .unwrap_or_default(),
+        },
+    };
+    cands
+        .iter()
+        .find(|d| d.join("libibverbs.so.1").is_file())
+        .cloned()
+        .ok_or_else(|| {
+            RunError::NoLibrary(
+                cands
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+            )
+        })
+}
+
+/// The command, with its environment, ready to run.
+pub fn command(o: &RunOptions) -> Result<Command, RunError> {
+    let (prog, args) = o.command.split_first().ok_or(RunError::NoCommand)?;
+    let dir = lib_dir(o.lib_dir.as_deref())?;
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|s| !s.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut c = Command::new(prog);
+    c.args(args).env("LD_LIBRARY_PATH", path);
+    let mut set = |k: &str, v: Option<OsString>| {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    };
+    set("FERROCE_DEV", o.dev.clone().map(Into::into));
+    set("FERROCE_ADDR", o.addr.map(|a| a.to_string().into()));
+    set("FERROCE_BACKEND", o.backend.clone().map(Into::into));
+    set("FERROCE_PCAP", o.pcap.clone().map(Into::into));
+    set("FERROCE_POLL", o.poll.clone().map(Into::into));
+    Ok(c)
+}
+
+/// Replace this process with the command (returns only on failure).
+pub fn exec(o: &RunOptions) -> RunError {
+    use std::os::unix::process::CommandExt;
+    match command(o) {
+        Ok(mut c) => {
+            let e = c.exec();
+            RunError::Exec(o.command[0].to_string_lossy().into_owned(), e)
+        }
+        Err(e) => e,
+    }
+}
