@@ -504,7 +504,66 @@ const BREAK_EFFECTS: &[(&str, &[&str], &[&str])] = &[
         &[],
     ),
     ("zero-credits", &["ack.credits"], &[]),
+    ("retry-seven-forever", &["ack.retry-exhausted"], &[]),
 ];
+
+/// The peer-requester retry tests alone: against ferroce they pass, each saying how many
+/// transmissions it counted; with `retry-seven-forever` (rxe's reading of retry_cnt 7) the
+/// ACK-timeout one fails by count (a ninth transmission), the others still pass.
+#[test]
+fn the_retry_limit_tests_count_the_peers_transmissions() {
+    let only = ["ack.*retry*"];
+    let ids = [
+        "ack.retry-exhausted",
+        "ack.nak-retry-exhausted",
+        "ack.rnr-retry-exhausted",
+        "ack.rnr-retry-infinite",
+    ];
+    let r = against_ferroce(&only, |_| {});
+    println!("{}", ferroce::apps::conform::report::table(&r, true));
+    let got: Vec<_> = r.results.iter().map(|t| t.id).collect();
+    assert_eq!(got, ids);
+    let says = |id: &str, what: &str| {
+        let t = r.results.iter().find(|t| t.id == id).unwrap();
+        assert_eq!(t.outcome.verdict, Verdict::Pass, "{id}: {:#?}", t.outcome);
+        assert!(
+            t.outcome.did.iter().any(|d| d.contains(what)),
+            "{id}: no {what:?} in {:#?}",
+            t.outcome.did
+        );
+    };
+    // retry_cnt 7: the first transmission and seven retries; rnr_retry 3: four.
+    says("ack.retry-exhausted", "sent 8 times");
+    says("ack.retry-exhausted", "completed with RETRY_EXC_ERR");
+    says("ack.nak-retry-exhausted", "sent 8 times");
+    says("ack.nak-retry-exhausted", "completed with RETRY_EXC_ERR");
+    says("ack.rnr-retry-exhausted", "sent 4 times");
+    says(
+        "ack.rnr-retry-exhausted",
+        "completed with RNR_RETRY_EXC_ERR",
+    );
+    says("ack.rnr-retry-infinite", "sent again after 12 RNR NAKs");
+    says("ack.rnr-retry-infinite", "completed successfully");
+
+    let r = against_ferroce(&only, |c| c.deviations.retry_seven_forever = true);
+    let bad = &r.results[0];
+    assert_eq!(bad.id, "ack.retry-exhausted");
+    assert_eq!(bad.outcome.verdict, Verdict::Fail, "{:#?}", bad.outcome);
+    assert!(
+        bad.outcome.why[0].contains("sent 9 times and still going"),
+        "{:#?}",
+        bad.outcome
+    );
+    for t in &r.results[1..] {
+        assert_eq!(
+            t.outcome.verdict,
+            Verdict::Pass,
+            "{}: {:#?}",
+            t.id,
+            t.outcome
+        );
+    }
+}
 
 /// Against ferroce with each deliberate deviation: exactly the matching tests fail, all
 /// others pass (or are inconclusive where the break removes what they decide by).

@@ -38,6 +38,10 @@ pub struct Deviations {
     pub no_length_check: bool,
     /// Every ACK advertises zero credits, whatever the receive queue holds (IBTA 9.7.7.2).
     pub zero_credits: bool,
+    /// A retry count of 7 means "retry without end" for the local ACK timeout, as Linux
+    /// rxe treats it (IBTA 9.7.6.1.3: only an RNR retry count of 7 is infinite; a retry
+    /// count of 7 is seven retries, then RETRY_EXC_ERR).
+    pub retry_seven_forever: bool,
 }
 
 /// The break names `--break` takes, each with what it does.
@@ -61,6 +65,10 @@ pub const BREAKS: &[(&str, &str)] = &[
         "no payload length, READ length or ATOMIC alignment check",
     ),
     ("zero-credits", "advertise zero credits in every ACK"),
+    (
+        "retry-seven-forever",
+        "retry_cnt 7 retries timeouts without end (as rxe)",
+    ),
 ];
 
 impl Deviations {
@@ -77,6 +85,7 @@ impl Deviations {
             "no-opseq-check" => &mut self.no_opseq_check,
             "no-length-check" => &mut self.no_length_check,
             "zero-credits" => &mut self.zero_credits,
+            "retry-seven-forever" => &mut self.retry_seven_forever,
             _ => return false,
         };
         *flag = true;

@@ -400,13 +400,13 @@ impl Qp {
         // The retry below resends from `una`: responses of the old stream that still
         // arrive past that point are the same gap, not a new one (see `gap_retry`).
         self.req.gap_retry = Some(self.req.una);
-        if self.req.retry_left == 0 {
+        if self.req.retry_left == 0 && !(self.dev.retry_seven_forever && self.attr.retry_cnt == 7) {
             tracing::debug!(qpn = %self.num, psn = %self.req.una, "requester: retries exhausted");
             self.complete_send_head(ctx, WcStatus::RetryExcErr);
             self.enter_error(ctx);
             return;
         }
-        self.req.retry_left -= 1;
+        self.req.retry_left = self.req.retry_left.saturating_sub(1);
         let una = self.req.una;
         self.retry_from(una, Retry::Timeout);
         self.req.recovery_until = self.sq.front().filter(|w| w.assigned).map(|w| w.last_psn());

@@ -8,7 +8,7 @@
 
 use super::ctx::{Ctx, Got, Obs, Outcome, Resp, Verdict};
 use super::frames::Pkt;
-use super::peer::{PeerTool, ReadBack, RecvCount, Region, Rights, SessionReq};
+use super::peer::{PeerTool, ReadBack, RecvCount, Region, RetrySettings, Rights, SessionReq};
 use crate::wire::{Ecn, NakCode, Opcode, Psn, Syndrome};
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,9 @@ pub struct Profile {
     pub readback: ReadBack,
     /// How its receive completions can be counted.
     pub recv_count: RecvCount,
+    /// Its requester's retry settings, where the tool fixes them (or the ferroce peer
+    /// takes them from the session request).
+    pub retry: Option<RetrySettings>,
 }
 
 impl Profile {
@@ -123,6 +126,7 @@ impl Profile {
                 requester: true,
                 readback: ReadBack::None,
                 recv_count: RecvCount::Echo,
+                retry: Some(RetrySettings::PINGPONG),
             },
             PeerTool::PerftestWrite => Profile {
                 tool,
@@ -133,6 +137,7 @@ impl Profile {
                 requester: false,
                 readback: ReadBack::None,
                 recv_count: RecvCount::None,
+                retry: None,
             },
             PeerTool::PerftestRead => Profile {
                 tool,
@@ -143,6 +148,7 @@ impl Profile {
                 requester: false,
                 readback: ReadBack::Read,
                 recv_count: RecvCount::None,
+                retry: None,
             },
             PeerTool::PerftestAtomic => Profile {
                 tool,
@@ -153,6 +159,7 @@ impl Profile {
                 requester: false,
                 readback: ReadBack::Atomic,
                 recv_count: RecvCount::None,
+                retry: None,
             },
             PeerTool::PerftestSend => Profile {
                 tool,
@@ -163,6 +170,7 @@ impl Profile {
                 requester: false,
                 readback: ReadBack::None,
                 recv_count: RecvCount::None,
+                retry: None,
             },
             PeerTool::Ferroce => Profile {
                 tool,
@@ -173,6 +181,7 @@ impl Profile {
                 requester: true,
                 readback: ReadBack::Control,
                 recv_count: RecvCount::Control,
+                retry: Some(req.retry.unwrap_or(RetrySettings::PINGPONG)),
             },
         }
     }
@@ -263,6 +272,33 @@ fn need_requester(p: &Profile, _: &Caps) -> Result<(), String> {
             "{} sends no requests to the tester",
             p.tool.program()
         ))
+    }
+}
+fn need_requester_retry(p: &Profile, c: &Caps) -> Result<(), String> {
+    need_requester(p, c)?;
+    match p.retry {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "{}'s retry settings are not known to the tester",
+            p.tool.program()
+        )),
+    }
+}
+fn need_requester_rnr_finite(p: &Profile, c: &Caps) -> Result<(), String> {
+    need_requester_retry(p, c)?;
+    match p.retry {
+        Some(r) if r.rnr_retry < 7 => Ok(()),
+        _ => Err(format!(
+            "{} sets rnr_retry 7 (without end): see ack.rnr-retry-infinite",
+            p.tool.program()
+        )),
+    }
+}
+fn need_requester_rnr_infinite(p: &Profile, c: &Caps) -> Result<(), String> {
+    need_requester_retry(p, c)?;
+    match p.retry {
+        Some(r) if r.rnr_retry == 7 => Ok(()),
+        _ => Err(format!("{} sets an rnr_retry below 7", p.tool.program())),
     }
 }
 fn need_write_readback(p: &Profile, c: &Caps) -> Result<(), String> {
@@ -2032,6 +2068,284 @@ fn t_unsolicited(c: &mut Ctx) -> Outcome {
 }
 
 // ---------------------------------------------------------------------------------------
+// the peer's requester: retry limits
+
+/// Make the peer's requester send us one message with our automatic ACKs off (the ferroce
+/// peer on request; `ibv_rc_pingpong` answers our SEND with its own). Returns the PSN of
+/// its first packet, or the outcome when it sends nothing.
+fn provoke_send(c: &mut Ctx, o: &mut Obs) -> Result<u32, Outcome> {
+    c.st.peer.auto_ack = false;
+    c.st.peer.held.clear();
+    match c.control.as_mut() {
+        Some(ctl) => {
+            ctl.post_send(32).map_err(Outcome::inconclusive)?;
+            o.did("asked the ferroce peer to SEND 32 bytes");
+        }
+        None => {
+            let p = c.psn();
+            c.send(o, &[Pkt::send_only(p, b"please answer...")]);
+            let got = c.answer(p, 1);
+            c.note_all(o, &got);
+            if ack_at(&got, p).is_none() {
+                c.release_held();
+                c.end_unknown();
+                return Err(Outcome::inconclusive(
+                    "our SEND (to draw the peer's own SEND) was not acknowledged",
+                ));
+            }
+            c.take(1);
+        }
+    }
+    let t0 = Instant::now();
+    while c.st.peer.held.is_empty() && t0.elapsed() < c.timeout * 2 && c.io_error.is_none() {
+        let _ = c.collect(c.timeout / 10, Duration::ZERO, |_| false);
+    }
+    match c.st.peer.held.first() {
+        Some(r) => {
+            o.did(format!("the peer's request: {}", r.line));
+            Ok(r.psn())
+        }
+        None => {
+            c.release_held();
+            c.end_unknown();
+            Err(Outcome::inconclusive(
+                "the peer sent no request to the tester",
+            ))
+        }
+    }
+}
+
+/// Count the peer's transmissions of its request at `q` (the first and every retry), sending
+/// `answer(n)` back after the n-th, until more than `limit` were seen or none came for
+/// `quiet`. The verdicts rest on this count, not on when the retries came.
+fn count_transmissions(
+    c: &mut Ctx,
+    q: u32,
+    limit: u32,
+    quiet: Duration,
+    mut answer: impl FnMut(u32) -> Option<Pkt>,
+) -> u32 {
+    let mut seen = 0usize;
+    let mut n = 0u32;
+    let mut last = Instant::now();
+    loop {
+        let mut out = Vec::new();
+        while seen < c.st.peer.held.len() {
+            if c.st.peer.held[seen].psn() == q {
+                n += 1;
+                last = Instant::now();
+                out.extend(answer(n));
+            }
+            seen += 1;
+        }
+        if !out.is_empty() {
+            c.send(&mut Obs::new(), &out);
+        }
+        if n > limit || c.io_error.is_some() || last.elapsed() >= quiet {
+            return n;
+        }
+        // Short waits: an answer held back longer than the peer's local ACK timeout would
+        // draw a timeout retry on top of the one it answers.
+        let _ = c.collect(Duration::from_millis(1), Duration::ZERO, |_| false);
+    }
+}
+
+/// How long without a retry means the peer stopped: the tester's timeout, at least four
+/// local ACK timeouts, plus one.
+fn retry_quiet(c: &Ctx, r: &RetrySettings) -> Duration {
+    let ack = r.ack_timeout().unwrap_or(c.timeout);
+    c.timeout.max(ack * 4) + ack
+}
+
+/// After the peer gave up: it must complete the WR with `status` (ferroce peer) and its QP
+/// must be in the error state.
+fn end_gave_up(c: &mut Ctx, o: &mut Obs, status: &str) {
+    if let Some(ctl) = c.control.as_mut() {
+        match ctl.first_send_error() {
+            Ok(s) if s == status => o.did(format!("the peer's SEND completed with {s}")),
+            Ok(s) => o.fail(format!("the peer's SEND completed with {s}, not {status}")),
+            Err(e) => o.unsure(e),
+        }
+    }
+    c.st.peer.held.clear();
+    c.st.peer.auto_ack = true;
+    c.end_error_state(o);
+}
+
+fn t_retry_exhausted(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let Some(r) = c.info.retry else {
+        return Outcome::inconclusive("the peer's retry settings are unknown");
+    };
+    let q = match provoke_send(c, &mut o) {
+        Ok(q) => q,
+        Err(out) => return out,
+    };
+    let limit = u32::from(r.retry_cnt) + 1;
+    o.did(format!(
+        "withholding every ACK: retry_cnt {} allows {limit} transmissions of PSN {q:#08x} (local ACK timeout code {})",
+        r.retry_cnt, r.timeout
+    ));
+    let n = count_transmissions(c, q, limit, retry_quiet(c, &r), |_| None);
+    if n > limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times and still going: more than 1 + retry_cnt ({limit}); a retry count of 7 is seven retries (only an RNR retry count of 7 means without end)"
+        ));
+        c.release_held();
+        c.end_unknown();
+        return o.done();
+    }
+    if n < limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times, then nothing: fewer than 1 + retry_cnt ({limit})"
+        ));
+    } else {
+        o.did(format!(
+            "PSN {q:#08x} sent {n} times (the first and retry_cnt {} retries), then nothing",
+            r.retry_cnt
+        ));
+    }
+    end_gave_up(c, &mut o, "RETRY_EXC_ERR");
+    o.done()
+}
+
+fn t_nak_retry_exhausted(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let Some(r) = c.info.retry else {
+        return Outcome::inconclusive("the peer's retry settings are unknown");
+    };
+    let q = match provoke_send(c, &mut o) {
+        Ok(q) => q,
+        Err(out) => return out,
+    };
+    let limit = u32::from(r.retry_cnt) + 1;
+    let msn = c.st.peer.msn;
+    o.did(format!(
+        "answering every transmission of PSN {q:#08x} with NAK PSN sequence error at {q:#08x}: retry_cnt {} allows {limit}",
+        r.retry_cnt
+    ));
+    let nak = Pkt::ack_to_peer(q, Syndrome::Nak(NakCode::PsnSequenceError), msn);
+    let n = count_transmissions(c, q, limit, retry_quiet(c, &r), |_| Some(nak.clone()));
+    if n > limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times and still going: more than 1 + retry_cnt ({limit})"
+        ));
+        c.release_held();
+        c.end_unknown();
+        return o.done();
+    }
+    if n < limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times, then nothing: fewer than 1 + retry_cnt ({limit})"
+        ));
+    } else {
+        o.did(format!("PSN {q:#08x} sent {n} times, then nothing"));
+    }
+    end_gave_up(c, &mut o, "RETRY_EXC_ERR");
+    o.done()
+}
+
+/// The RNR NAK timer code the tester answers with (1: 0.01 ms, the shortest).
+const RNR_CODE: u8 = 1;
+
+fn rnr_nak(q: u32, msn: u32) -> Pkt {
+    Pkt::ack_to_peer(
+        q,
+        Syndrome::RnrNak(crate::wire::RnrTimer::new(RNR_CODE)),
+        msn,
+    )
+}
+
+fn t_rnr_retry_exhausted(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let Some(r) = c.info.retry else {
+        return Outcome::inconclusive("the peer's retry settings are unknown");
+    };
+    if r.rnr_retry == 7 {
+        return Outcome::not_applicable("the peer's rnr_retry is 7 (without end)");
+    }
+    let q = match provoke_send(c, &mut o) {
+        Ok(q) => q,
+        Err(out) => return out,
+    };
+    let limit = u32::from(r.rnr_retry) + 1;
+    let msn = c.st.peer.msn;
+    o.did(format!(
+        "answering every transmission of PSN {q:#08x} with an RNR NAK (timer code {RNR_CODE}): rnr_retry {} allows {limit}",
+        r.rnr_retry
+    ));
+    let n = count_transmissions(c, q, limit, retry_quiet(c, &r), |_| Some(rnr_nak(q, msn)));
+    if n > limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times and still going: more than 1 + rnr_retry ({limit})"
+        ));
+        c.release_held();
+        c.end_unknown();
+        return o.done();
+    }
+    if n < limit {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times, then nothing: fewer than 1 + rnr_retry ({limit})"
+        ));
+    } else {
+        o.did(format!("PSN {q:#08x} sent {n} times, then nothing"));
+    }
+    end_gave_up(c, &mut o, "RNR_RETRY_EXC_ERR");
+    o.done()
+}
+
+/// RNR NAKs the tester sends before it lets a peer with rnr_retry 7 through.
+const RNR_MANY: u32 = 12;
+
+fn t_rnr_retry_infinite(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let Some(r) = c.info.retry else {
+        return Outcome::inconclusive("the peer's retry settings are unknown");
+    };
+    let q = match provoke_send(c, &mut o) {
+        Ok(q) => q,
+        Err(out) => return out,
+    };
+    let msn = c.st.peer.msn;
+    o.did(format!(
+        "answering the first {RNR_MANY} transmissions of PSN {q:#08x} with RNR NAKs (timer code {RNR_CODE}); rnr_retry 7 means retry without end"
+    ));
+    let n = count_transmissions(c, q, RNR_MANY, retry_quiet(c, &r), |k| {
+        (k <= RNR_MANY).then(|| rnr_nak(q, msn))
+    });
+    if n <= RNR_MANY {
+        o.fail(format!(
+            "PSN {q:#08x} sent {n} times, then nothing after {} RNR NAKs: rnr_retry 7 must retry without end",
+            n
+        ));
+        if let Some(ctl) = c.control.as_mut() {
+            if let Ok(s) = ctl.first_send_error() {
+                o.did(format!("the peer's first send error: {s}"));
+            }
+        }
+        c.release_held();
+        c.end_unknown();
+        return o.done();
+    }
+    o.did(format!(
+        "PSN {q:#08x} sent again after {RNR_MANY} RNR NAKs; now acknowledged"
+    ));
+    c.release_held();
+    let _ = c.listen(c.timeout / 2);
+    if let Some(ctl) = c.control.as_mut() {
+        match ctl.send_completions() {
+            Ok((ok, 0)) if ok > 0 => o.did("the peer's SEND completed successfully"),
+            Ok((ok, err)) => o.fail(format!(
+                "after the ACK: {ok} sends completed, {err} with errors"
+            )),
+            Err(e) => o.unsure(e),
+        }
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+// ---------------------------------------------------------------------------------------
 // ECN
 
 fn t_ce_executed(c: &mut Ctx) -> Outcome {
@@ -2260,7 +2574,22 @@ const FRESH: SessionReq = SessionReq {
     qp_rights: None,
     recvs: None,
     fresh: false,
+    retry: None,
 };
+
+/// The ferroce peer's retry settings for the timeout and sequence-NAK retry tests: retry_cnt
+/// 7 as ibv_rc_pingpong's, a 16.8 ms local ACK timeout (code 12).
+const RETRY_TIMEOUT: Option<RetrySettings> = Some(RetrySettings {
+    retry_cnt: 7,
+    rnr_retry: 7,
+    timeout: 12,
+});
+/// The ferroce peer's retry settings for the finite RNR retry test: rnr_retry 3.
+const RETRY_RNR3: Option<RetrySettings> = Some(RetrySettings {
+    retry_cnt: 7,
+    rnr_retry: 3,
+    timeout: 14,
+});
 
 const fn rights(read: bool, write: bool, atomic: bool) -> Option<Rights> {
     Some(Rights {
@@ -2671,6 +3000,31 @@ pub fn catalogue() -> Vec<TestDef> {
            "ignore them; the QP stays usable",
            "the probe afterwards; ferroce: send completions and QP state",
            always, FRESH, t_unsolicited),
+        // the peer's requester: retry limits
+        t!("ack.retry-exhausted", Acks, "the peer's requester stops after retry_cnt retries (ACK timeout)",
+           "IBTA Vol 1 §9.7.6.1.3, §10.7.3.1 (RETRY_EXC_ERR)",
+           "A requester whose request stays unacknowledged retransmits it after each local ACK timeout at most retry_cnt times (7 is seven: only rnr_retry 7 means without end), then completes the WR with RETRY_EXC_ERR and moves the QP to the error state.",
+           "exactly 1 + retry_cnt transmissions, then RETRY_EXC_ERR and the error state",
+           "the count of its transmissions (pingpong: retry_cnt 7 from its source; ferroce: retry_cnt 7, timeout code 12), a silent probe; ferroce: the completion status and QP state",
+           need_requester_retry, SessionReq { retry: RETRY_TIMEOUT, ..FRESH }, t_retry_exhausted),
+        t!("ack.nak-retry-exhausted", Acks, "the peer's requester stops after retry_cnt retries (sequence-error NAKs)",
+           "IBTA Vol 1 §9.7.5.2.3, §9.7.6.1.3",
+           "A PSN sequence error NAK makes the requester resend from the NAK's PSN; each such retry spends one of retry_cnt, then RETRY_EXC_ERR and the error state.",
+           "exactly 1 + retry_cnt transmissions, then RETRY_EXC_ERR and the error state",
+           "the count of its transmissions, a silent probe; ferroce: the completion status and QP state",
+           need_requester_retry, SessionReq { retry: RETRY_TIMEOUT, ..FRESH }, t_nak_retry_exhausted),
+        t!("ack.rnr-retry-exhausted", Acks, "the peer's requester stops after rnr_retry RNR retries",
+           "IBTA Vol 1 §9.7.5.2.8, §9.7.6.1.3 (RNR_RETRY_EXC_ERR)",
+           "After an RNR NAK the requester waits the NAK's timer and resends; with rnr_retry below 7 it does so at most rnr_retry times, then completes the WR with RNR_RETRY_EXC_ERR and moves the QP to the error state.",
+           "exactly 1 + rnr_retry transmissions, then RNR_RETRY_EXC_ERR and the error state",
+           "the count of its transmissions (ferroce: rnr_retry 3; tools whose rnr_retry is 7 are not applicable), a silent probe, the completion status and QP state",
+           need_requester_rnr_finite, SessionReq { retry: RETRY_RNR3, ..FRESH }, t_rnr_retry_exhausted),
+        t!("ack.rnr-retry-infinite", Acks, "rnr_retry 7: the peer's requester retries RNR NAKs without end",
+           "IBTA Vol 1 §9.7.5.2.8",
+           "An RNR retry count of 7 means retry without end: after any number of RNR NAKs the requester resends, and completes normally once acknowledged.",
+           "a transmission after each of 12 RNR NAKs; success once acknowledged",
+           "the count of its transmissions (pingpong and ferroce: rnr_retry 7), the probe; ferroce: the completion",
+           need_requester_rnr_infinite, SessionReq { retry: RETRY_TIMEOUT, ..FRESH }, t_rnr_retry_infinite),
         // ECN
         t!("ecn.ce-executed", Ecn, "a CE-marked request is executed",
            "IBTA Annex A17.9.3",

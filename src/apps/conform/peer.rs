@@ -204,6 +204,8 @@ pub struct PeerInfo {
     pub min_rnr_timer: u8,
     /// The peer's CNP interval, if it says it sends CNPs.
     pub cnp_interval: Option<Duration>,
+    /// The requester's retry settings of the peer's QP (None: unknown).
+    pub retry: Option<RetrySettings>,
     /// The session can only be ended by making the peer's QP fail (the tool has no other
     /// way to stop early: `ibv_rc_pingpong`, `ib_send_bw`).
     pub end_by_error: bool,
@@ -215,6 +217,31 @@ impl PeerInfo {
     /// The peer's IP address (from its GID).
     pub fn ip(&self) -> IpAddr {
         ip_of_gid(self.gid)
+    }
+}
+
+/// The retry settings of the peer's requester (IBTA 9.7.6.1: the local ACK timeout and
+/// its retry count, and the RNR retry count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetrySettings {
+    /// Retries after a local ACK timeout or a sequence-error NAK (7 is seven).
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (7: without end).
+    pub rnr_retry: u8,
+    /// The local ACK timeout code: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+}
+
+impl RetrySettings {
+    /// What `ibv_rc_pingpong` sets (rdma-core's libibverbs/examples/rc_pingpong.c).
+    pub const PINGPONG: RetrySettings = RetrySettings {
+        retry_cnt: 7,
+        rnr_retry: 7,
+        timeout: 14,
+    };
+    /// The local ACK timeout (None for code 0: no timeout).
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        (self.timeout > 0).then(|| Duration::from_nanos(4096u64 << self.timeout))
     }
 }
 
@@ -245,6 +272,8 @@ pub struct SessionReq {
     pub recvs: Option<u32>,
     /// A fresh session even if the current one is usable.
     pub fresh: bool,
+    /// The ferroce peer's requester retry settings (default: ibv_rc_pingpong's).
+    pub retry: Option<RetrySettings>,
 }
 
 /// An open session with the peer tool.
@@ -356,6 +385,7 @@ fn open_pingpong(
         max_dest_rd_atomic: 1,
         min_rnr_timer: 12,
         cnp_interval: None,
+        retry: Some(RetrySettings::PINGPONG),
         end_by_error: true,
         about: format!(
             "ibv_rc_pingpong QPN {:#08x} PSN {:#08x} GID {} (path MTU {} assumed: --peer-mtu)",
@@ -512,6 +542,7 @@ fn open_perftest(
         max_dest_rd_atomic: u32::from(t.out_reads).max(1),
         min_rnr_timer: 12,
         cnp_interval: None,
+        retry: None,
         end_by_error: tool == PeerTool::PerftestSend,
         about: format!(
             "{} QPN {:#08x} PSN {:#08x} R_Key {:#010x} VA {:#x} out_reads {} GID {} path MTU {}",
@@ -658,6 +689,15 @@ impl Control {
         Ok((n("ok"), n("err")))
     }
 
+    /// The status of the peer's first send completion with an error (`RETRY_EXC_ERR`,
+    /// `RNR_RETRY_EXC_ERR`, ..., or `none`).
+    pub fn first_send_error(&mut self) -> Result<String, String> {
+        Ok(kv(&self.call("sends")?)
+            .get("first_err")
+            .cloned()
+            .unwrap_or_else(|| "none".into()))
+    }
+
     /// Make the peer post a SEND of `len` bytes to us.
     pub fn post_send(&mut self, len: usize) -> Result<(), String> {
         self.call(&format!("post_send len={len}")).map(drop)
@@ -705,13 +745,26 @@ fn open_ferroce(
     let recvs = req.recvs.unwrap_or(64);
     let gid: String = ours.gid.iter().map(|b| format!("{b:02x}")).collect();
     let mac: String = ours.mac.0.iter().map(|b| format!("{b:02x}")).collect();
+    let r = req.retry.unwrap_or(RetrySettings::PINGPONG);
     let a = kv(&ctl.call(&format!(
-        "qp qpn={:x} psn={:x} gid={gid} mac={mac} rights={} recvs={recvs} mtu={}",
+        "qp qpn={:x} psn={:x} gid={gid} mac={mac} rights={} recvs={recvs} mtu={} retry_cnt={} rnr_retry={} timeout={}",
         ours.qpn,
         ours.psn,
         rights.letters(),
-        ours.mtu.bytes()
+        ours.mtu.bytes(),
+        r.retry_cnt,
+        r.rnr_retry,
+        r.timeout
     ))?);
+    let small = |k: &str| a.get(k).and_then(|v| v.parse::<u8>().ok());
+    let retry = match (small("retry_cnt"), small("rnr_retry"), small("timeout")) {
+        (Some(retry_cnt), Some(rnr_retry), Some(timeout)) => Some(RetrySettings {
+            retry_cnt,
+            rnr_retry,
+            timeout,
+        }),
+        _ => None,
+    };
     let region = |p: &str, r: Rights| -> Result<Region, String> {
         Ok(Region {
             rkey: hex(&a, &format!("{p}rkey"))? as u32,
@@ -773,6 +826,7 @@ fn open_ferroce(
             .and_then(|v| v.parse().ok())
             .unwrap_or(12),
         cnp_interval: cnp_us.filter(|&u| u > 0).map(Duration::from_micros),
+        retry,
         end_by_error: false,
         about: format!(
             "ferroce peer QPN {} rights {} receives {recvs} knobs {}",

@@ -5,9 +5,9 @@
 //! | request | answer |
 //! | --- | --- |
 //! | `hello` | `ok ferroce-conform/1 cnp_interval_us=N break=KNOBS` |
-//! | `qp qpn=HEX psn=HEX gid=HEX32 mac=HEX12 rights=rwa recvs=N mtu=BYTES` | `ok qpn= psn= gid= mtu= rkey= va= len= noread_rkey= ... max_dest_rd_atomic= min_rnr_timer= cnp_interval_us=` |
+//! | `qp qpn=HEX psn=HEX gid=HEX32 mac=HEX12 rights=rwa recvs=N mtu=BYTES [retry_cnt=N rnr_retry=N timeout=N]` | `ok qpn= psn= gid= mtu= rkey= va= len= noread_rkey= ... max_dest_rd_atomic= min_rnr_timer= cnp_interval_us= retry_cnt= rnr_retry= timeout=` |
 //! | `read va=HEX len=N` | `ok HEX` (N bytes of the peer's regions) |
-//! | `recvs` / `sends` | `ok ok=N err=M` (receive / send completions so far) |
+//! | `recvs` / `sends` | `ok ok=N err=M` (receive / send completions so far; `sends` adds `first_err=STATUS`: RETRY_EXC_ERR, RNR_RETRY_EXC_ERR, WR_FLUSH_ERR, OTHER_ERR or none) |
 //! | `post_send len=N` | `ok` (a signaled SEND of N bytes to the tester) |
 //! | `state` | `ok state=RTS` (the QP's state: RESET INIT RTR RTS SQD SQE ERR) |
 //! | `bye` | `ok` (the QP is moved to the error state) |
@@ -67,6 +67,17 @@ fn num(m: &std::collections::HashMap<String, String>, k: &str, radix: u32) -> Re
     u64::from_str_radix(v.trim_start_matches("0x"), radix).map_err(|_| format!("bad {k}={v}"))
 }
 
+/// A work completion status as the `sends` answer names it (the verbs enum's names).
+fn status_word(s: WcStatus) -> &'static str {
+    match s {
+        WcStatus::Success => "SUCCESS",
+        WcStatus::RetryExcErr => "RETRY_EXC_ERR",
+        WcStatus::RnrRetryExcErr => "RNR_RETRY_EXC_ERR",
+        WcStatus::WrFlushErr => "WR_FLUSH_ERR",
+        _ => "OTHER_ERR",
+    }
+}
+
 /// One control connection's QP and regions.
 struct Conn<'a> {
     nic: &'a Nic,
@@ -79,6 +90,7 @@ struct Conn<'a> {
     recv_err: u64,
     send_ok: u64,
     send_err: u64,
+    send_status: Option<WcStatus>,
 }
 
 impl Conn<'_> {
@@ -103,7 +115,10 @@ impl Conn<'_> {
                         }
                     }
                     _ if ok => self.send_ok += 1,
-                    _ => self.send_err += 1,
+                    _ => {
+                        self.send_err += 1;
+                        self.send_status.get_or_insert(wc.status);
+                    }
                 }
             }
         }
@@ -140,6 +155,23 @@ impl Conn<'_> {
                 }
             })
             .unwrap_or(self.o.mtu);
+        // The requester's retry settings (defaults: ibv_rc_pingpong's).
+        let small = |k: &str, max: u64, dflt: u8| -> Result<u8, String> {
+            match m.get(k) {
+                None => Ok(dflt),
+                Some(_) => {
+                    let v = num(m, k, 10)?;
+                    if v > max {
+                        Err(format!("{k}= above {max}"))
+                    } else {
+                        Ok(v as u8)
+                    }
+                }
+            }
+        };
+        let retry_cnt = small("retry_cnt", 7, 7)?;
+        let rnr_retry = small("rnr_retry", 7, 7)?;
+        let timeout = small("timeout", 31, 14)?;
         let nic = self.nic;
         let e = |x: crate::verbs::VerbsError| x.to_string();
         let pd = nic.alloc_pd();
@@ -198,9 +230,9 @@ impl Conn<'_> {
             access,
             sgid_index: self.o.sgid_index,
             local_psn: psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout,
+            retry_cnt,
+            rnr_retry,
             min_rnr_timer: self.o.min_rnr_timer,
             max_rd_atomic: 4,
             max_dest_rd_atomic: self.o.max_dest_rd_atomic,
@@ -240,7 +272,7 @@ impl Conn<'_> {
             )
         };
         let answer = format!(
-            "qpn={:x} psn={psn:x} gid={} mtu={} {} {} {} {} max_dest_rd_atomic={} min_rnr_timer={} cnp_interval_us={}",
+            "qpn={:x} psn={psn:x} gid={} mtu={} {} {} {} {} max_dest_rd_atomic={} min_rnr_timer={} cnp_interval_us={} retry_cnt={retry_cnt} rnr_retry={rnr_retry} timeout={timeout}",
             qpn.get(),
             hex32(&self.o.gid),
             mtu.bytes(),
@@ -296,7 +328,12 @@ impl Conn<'_> {
             }
             "sends" => {
                 self.poll();
-                Ok(format!("ok={} err={}", self.send_ok, self.send_err))
+                Ok(format!(
+                    "ok={} err={} first_err={}",
+                    self.send_ok,
+                    self.send_err,
+                    self.send_status.map(status_word).unwrap_or("none")
+                ))
             }
             "post_send" => {
                 let len = num(&m, "len", 10)?.min(SIDE_LEN as u64) as u32;
@@ -369,6 +406,7 @@ pub fn serve_conn(nic: &Nic, o: &ServeOptions, s: TcpStream, stop: &AtomicBool) 
         recv_err: 0,
         send_ok: 0,
         send_err: 0,
+        send_status: None,
     };
     let mut line = String::new();
     loop {
