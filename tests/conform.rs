@@ -117,11 +117,56 @@ fn lonely(tool: PeerTool, port: u16, timeout: Duration) -> (Setup, Options, Loop
     (setup, o, lp)
 }
 
-/// Every decided test is inconclusive (or not applicable), each with a reason that
-/// contains `why`; and the run ended within `bound`.
-fn all_inconclusive(r: &Report, why: &str, took: Duration, bound: Duration) {
-    assert!(took < bound, "took {took:?}, bound {bound:?}");
-    assert!(!r.results.is_empty());
+/// A count shared with a fake peer's threads (connections accepted; a stop flag).
+#[derive(Clone, Default)]
+struct Counter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counter {
+    fn bump(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Run the tester on a broken peer under a watchdog. The watchdog is not a performance
+/// bound: the tester's own limits (two session attempts, each bounded by the exchange
+/// timeout and `patience`, then every later test decided without one) end such a run in
+/// seconds; if it is still running after `WATCHDOG` it hangs, and the watchdog turns that
+/// hang into a failure that says so (exit status 101) instead of a test binary that never
+/// ends. What the tests assert is structural: every test of the catalogue has a verdict,
+/// and the peer saw at most two session attempts.
+fn run_watched(o: &Options, setup: &mut Setup) -> Report {
+    const WATCHDOG: Duration = Duration::from_secs(300);
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let what = format!("{:?} at port {}", o.tool, o.port);
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(WATCHDOG) {
+            eprintln!(
+                "watchdog: ferroce conform against the broken peer ({what}) has not returned after {WATCHDOG:?}: the tester hangs past its timeouts"
+            );
+            std::process::exit(101);
+        }
+    });
+    let r = conform::run(o, setup, &mut |_| {});
+    let _ = done.send(());
+    r
+}
+
+/// Every test of the catalogue has a verdict: inconclusive (or not applicable), each with
+/// a reason that contains `why`; and the peer saw at most two session attempts
+/// (`attempts`: the connections its listener accepted), after which the tester gave up.
+fn all_inconclusive(r: &Report, why: &str, attempts: usize) {
+    assert!(
+        (1..=2).contains(&attempts),
+        "{attempts} session attempts (the tester gives up after two)"
+    );
+    assert_eq!(
+        r.results.len(),
+        ferroce::apps::conform::catalogue::catalogue().len(),
+        "every test has a verdict"
+    );
     for t in &r.results {
         match t.outcome.verdict {
             Verdict::NotApplicable => {}
@@ -142,27 +187,24 @@ fn a_peer_that_never_answers_the_exchange_gives_inconclusive_verdicts_in_bounded
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         // Accepts and holds every connection, never writes a byte.
+        let (acc, stop) = (Counter::default(), Counter::default());
+        let (acc2, stop2) = (acc.clone(), stop.clone());
         let keep = std::thread::spawn(move || {
             let mut held = Vec::new();
             l.set_nonblocking(true).unwrap();
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < Duration::from_secs(40) {
+            while stop2.get() == 0 {
                 if let Ok((s, _)) = l.accept() {
+                    acc2.bump();
                     held.push(s);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
         let (mut setup, o, _far) = lonely(tool, port, Duration::from_millis(100));
-        let t0 = std::time::Instant::now();
-        let r = conform::run(&o, &mut setup, &mut |_| {});
+        let r = run_watched(&o, &mut setup);
         // Two session attempts at most, each bounded by the exchange timeout (5 s minimum).
-        all_inconclusive(
-            &r,
-            "no session with the peer",
-            t0.elapsed(),
-            Duration::from_secs(25),
-        );
+        all_inconclusive(&r, "no session with the peer", acc.get());
+        stop.bump();
         assert!(
             r.results.iter().any(|t| t
                 .outcome
@@ -171,7 +213,7 @@ fn a_peer_that_never_answers_the_exchange_gives_inconclusive_verdicts_in_bounded
                 .any(|w| w.contains("timed out") || w.contains("no answer"))),
             "{tool:?}: the reason names the timeout"
         );
-        drop(keep);
+        keep.join().unwrap();
     }
 }
 
@@ -193,13 +235,15 @@ fn garbage_on_the_exchange_is_a_clear_verdict() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let junk = junk.to_vec();
-        std::thread::spawn(move || {
+        let (acc, stop) = (Counter::default(), Counter::default());
+        let (acc2, stop2) = (acc.clone(), stop.clone());
+        let server = std::thread::spawn(move || {
             l.set_nonblocking(true).unwrap();
-            let t0 = std::time::Instant::now();
             let mut held = Vec::new();
-            while t0.elapsed() < Duration::from_secs(20) {
+            while stop2.get() == 0 {
                 if let Ok((mut s, _)) = l.accept() {
                     use std::io::Write;
+                    acc2.bump();
                     let _ = s.write_all(&junk);
                     held.push(s);
                 }
@@ -207,9 +251,10 @@ fn garbage_on_the_exchange_is_a_clear_verdict() {
             }
         });
         let (mut setup, o, _far) = lonely(tool, port, Duration::from_millis(100));
-        let t0 = std::time::Instant::now();
-        let r = conform::run(&o, &mut setup, &mut |_| {});
-        all_inconclusive(&r, says, t0.elapsed(), Duration::from_secs(25));
+        let r = run_watched(&o, &mut setup);
+        all_inconclusive(&r, says, acc.get());
+        stop.bump();
+        server.join().unwrap();
     }
 }
 
@@ -226,12 +271,14 @@ fn a_peer_that_closes_mid_exchange_is_a_clear_verdict() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let part = part.to_vec();
-        std::thread::spawn(move || {
+        let (acc, stop) = (Counter::default(), Counter::default());
+        let (acc2, stop2) = (acc.clone(), stop.clone());
+        let server = std::thread::spawn(move || {
             l.set_nonblocking(true).unwrap();
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < Duration::from_secs(20) {
+            while stop2.get() == 0 {
                 if let Ok((mut s, _)) = l.accept() {
                     use std::io::{Read, Write};
+                    acc2.bump();
                     s.set_nonblocking(false).unwrap();
                     s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
                     let mut buf = [0u8; 64];
@@ -243,14 +290,11 @@ fn a_peer_that_closes_mid_exchange_is_a_clear_verdict() {
             }
         });
         let (mut setup, o, _far) = lonely(tool, port, Duration::from_millis(100));
-        let t0 = std::time::Instant::now();
-        let r = conform::run(&o, &mut setup, &mut |_| {});
-        all_inconclusive(&r, "closed", t0.elapsed(), Duration::from_secs(25));
-        println!(
-            "{tool:?}: {:?} in {:?}",
-            r.results[0].outcome.why,
-            t0.elapsed()
-        );
+        let r = run_watched(&o, &mut setup);
+        all_inconclusive(&r, "closed", acc.get());
+        stop.bump();
+        server.join().unwrap();
+        println!("{tool:?}: {:?}", r.results[0].outcome.why);
     }
 }
 
@@ -260,9 +304,20 @@ fn a_peer_that_answers_nothing_on_the_wire_is_inconclusive_not_failed() {
     use ferroce::oob::perftest::{KeyMsg, Role, Session};
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming().take(2).flatten() {
-            std::thread::spawn(move || {
+    let (acc, stop) = (Counter::default(), Counter::default());
+    let (acc2, stop2) = (acc.clone(), stop.clone());
+    let server = std::thread::spawn(move || {
+        l.set_nonblocking(true).unwrap();
+        let mut conns = Vec::new();
+        while stop2.get() == 0 {
+            let Ok((s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            acc2.bump();
+            let stop3 = stop2.clone();
+            conns.push(std::thread::spawn(move || {
                 let mut ses = Session::new(s, Role::Server, Duration::from_secs(5));
                 let key = KeyMsg {
                     lid: 0,
@@ -277,20 +332,22 @@ fn a_peer_that_answers_nothing_on_the_wire_is_inconclusive_not_failed() {
                 if ses.handshake(Mtu::M1024).is_ok() && ses.exchange_keys(&[key]).is_ok() {
                     let _ = ses.barrier(&key);
                     let _ = ses.barrier(&key);
-                    std::thread::sleep(Duration::from_secs(10));
+                    // Hold the connection (silent on the wire) until the test ends.
+                    while stop3.get() == 0 {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 }
-            });
+            }));
+        }
+        for c in conns {
+            c.join().unwrap();
         }
     });
     let (mut setup, o, _far) = lonely(PeerTool::PerftestWrite, port, Duration::from_millis(100));
-    let t0 = std::time::Instant::now();
-    let r = conform::run(&o, &mut setup, &mut |_| {});
-    all_inconclusive(
-        &r,
-        "does not answer a valid request",
-        t0.elapsed(),
-        Duration::from_secs(30),
-    );
+    let r = run_watched(&o, &mut setup);
+    all_inconclusive(&r, "does not answer a valid request", acc.get());
+    stop.bump();
+    server.join().unwrap();
 }
 
 #[test]
