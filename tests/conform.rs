@@ -629,7 +629,12 @@ fn each_deliberate_deviation_fails_exactly_its_tests() {
     use ferroce::rc::deviations::BREAKS;
     assert_eq!(BREAK_EFFECTS.len(), BREAKS.len());
     let mut wrong = Vec::new();
+    // FERROCE_CONFORM_BREAKS=a,b runs only those breaks (to look at one by hand).
+    let pick = std::env::var("FERROCE_CONFORM_BREAKS").unwrap_or_default();
     for (name, fails, unsure) in BREAK_EFFECTS {
+        if !pick.is_empty() && !pick.split(',').any(|p| p == *name) {
+            continue;
+        }
         let r = against_ferroce(&[], |c| assert!(c.deviations.set(name), "{name}"));
         let of = |v: Verdict| -> Vec<&str> {
             let mut ids: Vec<&str> = r
@@ -647,6 +652,17 @@ fn each_deliberate_deviation_fails_exactly_its_tests() {
         let (got_f, got_u) = (of(Verdict::Fail), of(Verdict::Inconclusive));
         println!("--break {name}: failed {got_f:?}, inconclusive {got_u:?}");
         if got_f != f || got_u != u || !of(Verdict::NotApplicable).is_empty() {
+            // The first unexpected verdict's reasons, to tell a real change from a starved run.
+            if let Some(t) = r.results.iter().find(|t| {
+                !matches!(t.outcome.verdict, Verdict::Pass)
+                    && !f.contains(&t.id)
+                    && !u.contains(&t.id)
+            }) {
+                println!(
+                    "  first unexpected: {} {:?}: {:?}",
+                    t.id, t.outcome.verdict, t.outcome.why
+                );
+            }
             wrong.push((name, got_f, got_u));
         }
     }

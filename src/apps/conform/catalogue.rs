@@ -2150,11 +2150,18 @@ fn count_transmissions(
     }
 }
 
-/// How long without a retry means the peer stopped: the tester's timeout, at least four
-/// local ACK timeouts, plus one.
+/// How long without a retry means the peer stopped retrying on its local ACK timeout:
+/// twice the tester's timeout or eight ACK timeouts, plus one (generous: it only ends the
+/// count; a starved tester must not miss a late retry).
 fn retry_quiet(c: &Ctx, r: &RetrySettings) -> Duration {
     let ack = r.ack_timeout().unwrap_or(c.timeout);
-    c.timeout.max(ack * 4) + ack
+    (c.timeout * 2).max(ack * 8) + ack
+}
+
+/// How long without a retry means the peer stopped answering our NAKs with retries (it
+/// resends at once, or after the NAK's short RNR timer): twice the tester's timeout.
+fn nak_quiet(c: &Ctx) -> Duration {
+    c.timeout * 2
 }
 
 /// After the peer gave up: it must complete the WR with `status` (ferroce peer) and its QP
@@ -2225,7 +2232,7 @@ fn t_nak_retry_exhausted(c: &mut Ctx) -> Outcome {
         r.retry_cnt
     ));
     let nak = Pkt::ack_to_peer(q, Syndrome::Nak(NakCode::PsnSequenceError), msn);
-    let n = count_transmissions(c, q, limit, retry_quiet(c, &r), |_| Some(nak.clone()));
+    let n = count_transmissions(c, q, limit, nak_quiet(c), |_| Some(nak.clone()));
     if n > limit {
         o.fail(format!(
             "PSN {q:#08x} sent {n} times and still going: more than 1 + retry_cnt ({limit})"
@@ -2274,7 +2281,7 @@ fn t_rnr_retry_exhausted(c: &mut Ctx) -> Outcome {
         "answering every transmission of PSN {q:#08x} with an RNR NAK (timer code {RNR_CODE}): rnr_retry {} allows {limit}",
         r.rnr_retry
     ));
-    let n = count_transmissions(c, q, limit, retry_quiet(c, &r), |_| Some(rnr_nak(q, msn)));
+    let n = count_transmissions(c, q, limit, nak_quiet(c), |_| Some(rnr_nak(q, msn)));
     if n > limit {
         o.fail(format!(
             "PSN {q:#08x} sent {n} times and still going: more than 1 + rnr_retry ({limit})"
@@ -2299,9 +2306,9 @@ const RNR_MANY: u32 = 12;
 
 fn t_rnr_retry_infinite(c: &mut Ctx) -> Outcome {
     let mut o = Obs::new();
-    let Some(r) = c.info.retry else {
+    if c.info.retry.is_none() {
         return Outcome::inconclusive("the peer's retry settings are unknown");
-    };
+    }
     let q = match provoke_send(c, &mut o) {
         Ok(q) => q,
         Err(out) => return out,
@@ -2310,7 +2317,7 @@ fn t_rnr_retry_infinite(c: &mut Ctx) -> Outcome {
     o.did(format!(
         "answering the first {RNR_MANY} transmissions of PSN {q:#08x} with RNR NAKs (timer code {RNR_CODE}); rnr_retry 7 means retry without end"
     ));
-    let n = count_transmissions(c, q, RNR_MANY, retry_quiet(c, &r), |k| {
+    let n = count_transmissions(c, q, RNR_MANY, nak_quiet(c), |k| {
         (k <= RNR_MANY).then(|| rnr_nak(q, msn))
     });
     if n <= RNR_MANY {
@@ -2584,11 +2591,19 @@ const RETRY_TIMEOUT: Option<RetrySettings> = Some(RetrySettings {
     rnr_retry: 7,
     timeout: 12,
 });
-/// The ferroce peer's retry settings for the finite RNR retry test: rnr_retry 3.
+/// The ferroce peer's retry settings for the tests that answer every transmission with a
+/// NAK: a local ACK timeout of 1.07 s (code 18), so that no timeout retry comes between a
+/// transmission and the tester's answer, however slowly the tester runs.
+const RETRY_NAK: Option<RetrySettings> = Some(RetrySettings {
+    retry_cnt: 7,
+    rnr_retry: 7,
+    timeout: 18,
+});
+/// As [`RETRY_NAK`], with rnr_retry 3 for the finite RNR retry test.
 const RETRY_RNR3: Option<RetrySettings> = Some(RetrySettings {
     retry_cnt: 7,
     rnr_retry: 3,
-    timeout: 14,
+    timeout: 18,
 });
 
 const fn rights(read: bool, write: bool, atomic: bool) -> Option<Rights> {
@@ -3011,8 +3026,8 @@ pub fn catalogue() -> Vec<TestDef> {
            "IBTA Vol 1 §9.7.5.2.3, §9.7.6.1.3",
            "A PSN sequence error NAK makes the requester resend from the NAK's PSN; each such retry spends one of retry_cnt, then RETRY_EXC_ERR and the error state.",
            "exactly 1 + retry_cnt transmissions, then RETRY_EXC_ERR and the error state",
-           "the count of its transmissions, a silent probe; ferroce: the completion status and QP state",
-           need_requester_retry, SessionReq { retry: RETRY_TIMEOUT, ..FRESH }, t_nak_retry_exhausted),
+           "the count of its transmissions (ferroce: retry_cnt 7, timeout code 18 so that no timeout retry interferes), a silent probe; ferroce: the completion status and QP state",
+           need_requester_retry, SessionReq { retry: RETRY_NAK, ..FRESH }, t_nak_retry_exhausted),
         t!("ack.rnr-retry-exhausted", Acks, "the peer's requester stops after rnr_retry RNR retries",
            "IBTA Vol 1 §9.7.5.2.8, §9.7.6.1.3 (RNR_RETRY_EXC_ERR)",
            "After an RNR NAK the requester waits the NAK's timer and resends; with rnr_retry below 7 it does so at most rnr_retry times, then completes the WR with RNR_RETRY_EXC_ERR and moves the QP to the error state.",
@@ -3024,7 +3039,7 @@ pub fn catalogue() -> Vec<TestDef> {
            "An RNR retry count of 7 means retry without end: after any number of RNR NAKs the requester resends, and completes normally once acknowledged.",
            "a transmission after each of 12 RNR NAKs; success once acknowledged",
            "the count of its transmissions (pingpong and ferroce: rnr_retry 7), the probe; ferroce: the completion",
-           need_requester_rnr_infinite, SessionReq { retry: RETRY_TIMEOUT, ..FRESH }, t_rnr_retry_infinite),
+           need_requester_rnr_infinite, SessionReq { retry: RETRY_NAK, ..FRESH }, t_rnr_retry_infinite),
         // ECN
         t!("ecn.ce-executed", Ecn, "a CE-marked request is executed",
            "IBTA Annex A17.9.3",
