@@ -20,8 +20,8 @@ use crate::ib::wc::WorkCompletion;
 use crate::ib::wqe::{RecvWqe, SendWqe, UdSendDest};
 use crate::ib::wr::{RecvWr, SendFlags, SendWr};
 use crate::ib::{
-    AccessFlags, AddressVector, Ctx, KeyMap, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap,
-    QpState, QpType,
+    AccessFlags, AddressVector, KeyMap, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap, QpState,
+    QpType,
 };
 use crate::keys::KeyGen;
 use crate::rc::qp::{Qp, QpConfig, QpInit};
@@ -849,14 +849,7 @@ impl Device {
             None
         };
         let now = self.sched.now;
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            srqs: &mut self.srqs,
-            events: &mut self.events,
-            dev: &mut self.counters,
-        };
+        let mut ctx = ctx!(self, now);
         qp.modify(&mut ctx, attr, mask, next, path);
         self.schedule(qpn.get(), now);
         Ok(())
@@ -901,14 +894,7 @@ impl Device {
         };
         let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
         let now = self.sched.now;
-        let mut ctx = Ctx {
-            now,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            srqs: &mut self.srqs,
-            events: &mut self.events,
-            dev: &mut self.counters,
-        };
+        let mut ctx = ctx!(self, now);
         let mut wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd());
         wqe.ud = ud;
         qp.post_send(&mut ctx, wqe);
@@ -928,14 +914,7 @@ impl Device {
         if wr.sg_list.len() > qp.cap().max_recv_sge.max(1) as usize {
             return Err(VerbsError::TooManySge(wr.sg_list.len()));
         }
-        let mut ctx = Ctx {
-            now: self.sched.now,
-            mrs: &self.mrs,
-            cqs: &mut self.cqs,
-            srqs: &mut self.srqs,
-            events: &mut self.events,
-            dev: &mut self.counters,
-        };
+        let mut ctx = ctx!(self, self.sched.now);
         let wqe = RecvWqe::new(wr, ctx.mrs, qp.pd());
         qp.post_recv(&mut ctx, wqe);
         Ok(())

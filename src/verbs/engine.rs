@@ -27,7 +27,7 @@ use super::device::Device;
 use super::frame::{FrameError, Framer};
 use super::qps::TransportQp;
 use crate::ib::QpState;
-use crate::ib::{Ctx, WcStatus};
+use crate::ib::WcStatus;
 use crate::time::Instant;
 use crate::wire::{self, Ecn, MacAddr, QpNumber, Transport};
 use std::cmp::Reverse;
@@ -170,14 +170,7 @@ impl Device {
             }
             slot.timer_armed = None;
             if slot.qp.next_deadline().is_some_and(|d| d <= now) {
-                let mut ctx = Ctx {
-                    now,
-                    mrs: &self.mrs,
-                    cqs: &mut self.cqs,
-                    srqs: &mut self.srqs,
-                    events: &mut self.events,
-                    dev: &mut self.counters,
-                };
+                let mut ctx = ctx!(self, now);
                 slot.qp.handle_timeout(&mut ctx);
             }
             self.schedule(qpn, now);
@@ -206,14 +199,7 @@ impl Device {
                 {
                     continue;
                 }
-                let mut ctx = Ctx {
-                    now,
-                    mrs: &self.mrs,
-                    cqs: &mut self.cqs,
-                    srqs: &mut self.srqs,
-                    events: &mut self.events,
-                    dev: &mut self.counters,
-                };
+                let mut ctx = ctx!(self, now);
                 ctx.events.push(crate::ib::AsyncEvent::QpFatal(qp.num()));
                 let attr = crate::ib::QpAttr {
                     qp_state: QpState::Err,
@@ -351,14 +337,7 @@ impl Device {
             // our QPN, as the peer's notification point addresses it).
             slot.qp.handle_cnp(now);
         } else {
-            let mut ctx = Ctx {
-                now,
-                mrs: &self.mrs,
-                cqs: &mut self.cqs,
-                srqs: &mut self.srqs,
-                events: &mut self.events,
-                dev: &mut self.counters,
-            };
+            let mut ctx = ctx!(self, now);
             slot.qp
                 .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
         }
@@ -409,14 +388,7 @@ impl Device {
                             had: buf.len(),
                         });
                     }
-                    let mut ctx = Ctx {
-                        now,
-                        mrs: &self.mrs,
-                        cqs: &mut self.cqs,
-                        srqs: &mut self.srqs,
-                        events: &mut self.events,
-                        dev: &mut self.counters,
-                    };
+                    let mut ctx = ctx!(self, now);
                     match qp.build_tx(&mut ctx, kind) {
                         None => None,
                         Some((desc, path)) => {

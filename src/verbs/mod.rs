@@ -3,6 +3,22 @@
 //! shared receive queues, address handles, work requests, work completions and asynchronous
 //! events. See [`device::Device`] for the verbs and the sans-IO contract.
 
+/// The [`Ctx`](crate::ib::Ctx) over a device's shared objects (MRs, CQs, SRQs, events,
+/// counters) at `now`. A macro rather than a method so that it borrows only those fields of
+/// the [`Device`]: the QP being driven stays borrowed from its table meanwhile.
+macro_rules! ctx {
+    ($dev:expr, $now:expr) => {
+        crate::ib::Ctx {
+            now: $now,
+            mrs: &$dev.mrs,
+            cqs: &mut $dev.cqs,
+            srqs: &mut $dev.srqs,
+            events: &mut $dev.events,
+            dev: &mut $dev.counters,
+        }
+    };
+}
+
 pub mod connect;
 pub mod device;
 pub mod engine;
