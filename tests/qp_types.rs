@@ -699,17 +699,59 @@ fn modify_qp_follows_each_transport_s_table() {
 /// that arrives is whole and correct (its length, its bytes, the GRH slot naming the sender),
 /// never more than the port MTU, and arrives no more often than copies of its packet reached
 /// B; what the network lost is simply absent (UD has no retransmission), the QPs stay in RTS.
+/// A 25 Gb/s link with 5 µs latency and 3 µs jitter that loses `loss` of the frames,
+/// duplicates 5 % and reorders 10 % by up to 20 µs.
+fn hostile(loss: f64) -> LinkConfig {
+    LinkConfig::new()
+        .latency(Duration::from_micros(5))
+        .jitter(Duration::from_micros(3))
+        .bandwidth_bps(25_000_000_000)
+        .loss(loss)
+        .duplicate(0.05)
+        .reorder(0.1, Duration::from_micros(20))
+}
+
+/// Drive the pair until idle: every one of A's `n` requests completes successfully at the
+/// sender (neither UD nor UC waits for the peer), and the network did lose, duplicate and
+/// reorder A's frames. Returns what it did to them.
+fn sent_through_hostile(p: &mut Pair, cq: Cq, n: usize) -> ferroce::sim::LinkStats {
+    assert!(p.drive_for(Duration::from_millis(20)));
+    let wa = poll(&mut p.a, cq);
+    assert_eq!(wa.len(), n, "every request completes at the sender");
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success));
+    let (ea, eb) = p.endpoints();
+    let st = p.net.stats(ea, eb);
+    assert!(
+        st.duplicated > 0 && st.dropped_loss > 0 && st.reordered > 0,
+        "{st:?}"
+    );
+    st
+}
+
+/// A message delivered more than once only for copies the network made (`seen`: deliveries
+/// per message), and both QPs still in RTS.
+fn repeats_only_for_copies(
+    p: &Pair,
+    seed: u64,
+    seen: &std::collections::HashMap<usize, usize>,
+    st: &ferroce::sim::LinkStats,
+    qa: QpNumber,
+    qb: QpNumber,
+) {
+    let again: usize = seen.values().map(|&c| c - 1).sum();
+    assert!(
+        again as u64 <= st.duplicated,
+        "seed {seed}: {again} repeated deliveries, {} copies made",
+        st.duplicated
+    );
+    assert_eq!(p.a.query_qp(qa).unwrap().0, QpState::Rts);
+    assert_eq!(p.b.query_qp(qb).unwrap().0, QpState::Rts);
+}
+
 #[test]
 fn ud_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing() {
     for seed in [11u64, 12, 13, 14] {
-        let link = LinkConfig::new()
-            .latency(Duration::from_micros(5))
-            .jitter(Duration::from_micros(3))
-            .bandwidth_bps(25_000_000_000)
-            .loss(0.05)
-            .duplicate(0.05)
-            .reorder(0.1, Duration::from_micros(20));
-        let mut p = Pair::new(seed, link);
+        let mut p = Pair::new(seed, hostile(0.05));
         p.trace = Some(Vec::new());
         let a = ud_end(&mut p.a, 1 << 20, None, None);
         let b = ud_end(&mut p.b, 1 << 20, None, None);
@@ -732,17 +774,8 @@ fn ud_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
             p.a.post_send(a.qp, wr).unwrap();
             p.drive_for(Duration::from_micros(3));
         }
-        assert!(p.drive_for(Duration::from_millis(20)));
-        let wa = poll(&mut p.a, a.cq);
-        assert_eq!(wa.len(), n, "every UD send completes at the sender");
-        assert!(wa.iter().all(|w| w.status == WcStatus::Success));
         // What the network did to A's frames: delivered to B (copies included), duplicated.
-        let (ea, eb) = p.endpoints();
-        let st = p.net.stats(ea, eb);
-        assert!(
-            st.duplicated > 0 && st.dropped_loss > 0 && st.reordered > 0,
-            "{st:?}"
-        );
+        let st = sent_through_hostile(&mut p, a.cq, n);
         let wb = poll(&mut p.b, b.cq);
         assert!(
             !wb.is_empty() && wb.len() as u64 <= st.delivered,
@@ -777,14 +810,7 @@ fn ud_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
         }
         // Some lost; a message delivered again only for a copy the network made.
         assert!(seen.len() < n, "seed {seed}: 5 % loss lost nothing");
-        let again: usize = seen.values().map(|&c| c - 1).sum();
-        assert!(
-            again as u64 <= st.duplicated,
-            "seed {seed}: {again} repeated deliveries, {} copies made",
-            st.duplicated
-        );
-        assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Rts);
-        assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+        repeats_only_for_copies(&p, seed, &seen, &st, a.qp, b.qp);
     }
 }
 
@@ -797,14 +823,7 @@ fn ud_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
 #[test]
 fn uc_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing() {
     for seed in [21u64, 22, 23, 24] {
-        let link = LinkConfig::new()
-            .latency(Duration::from_micros(5))
-            .jitter(Duration::from_micros(3))
-            .bandwidth_bps(25_000_000_000)
-            .loss(0.03)
-            .duplicate(0.05)
-            .reorder(0.1, Duration::from_micros(20));
-        let (mut p, a, b) = uc_pair(seed, link);
+        let (mut p, a, b) = uc_pair(seed, hostile(0.03));
         let n = 150usize;
         let len_of = |i: usize| 1 + (i * 331) % 1500;
         let data = |i: usize| pattern(len_of(i), seed * 1000 + i as u64);
@@ -835,16 +854,7 @@ fn uc_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
             .unwrap();
             p.drive_for(Duration::from_micros(5));
         }
-        assert!(p.drive_for(Duration::from_millis(20)));
-        let wa = poll(&mut p.a, a.cq);
-        assert_eq!(wa.len(), n, "every UC request completes at the sender");
-        assert!(wa.iter().all(|w| w.status == WcStatus::Success));
-        let (ea, eb) = p.endpoints();
-        let st = p.net.stats(ea, eb);
-        assert!(
-            st.duplicated > 0 && st.dropped_loss > 0 && st.reordered > 0,
-            "{st:?}"
-        );
+        let st = sent_through_hostile(&mut p, a.cq, n);
         let wb = poll(&mut p.b, b.cq);
         let mut seen = std::collections::HashMap::<usize, usize>::new();
         for wc in &wb {
@@ -867,15 +877,8 @@ fn uc_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
         // (Every reordered packet ends a message in UC, and a late FIRST/ONLY the one after it:
         // how many get through depends on the seed; that some do is what this checks.)
         assert!(!seen.is_empty(), "seed {seed}: nothing delivered");
-        let again: usize = seen.values().map(|&c| c - 1).sum();
-        assert!(
-            again as u64 <= st.duplicated,
-            "seed {seed}: {again} repeated deliveries, {} copies made",
-            st.duplicated
-        );
         let c = p.b.qp_counters(b.qp).unwrap();
         assert!(c.out_of_sequence > 0, "seed {seed}");
-        assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Rts);
-        assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+        repeats_only_for_copies(&p, seed, &seen, &st, a.qp, b.qp);
     }
 }

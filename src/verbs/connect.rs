@@ -144,7 +144,16 @@ impl Device {
         remote: &RemoteQp,
         p: &RcParams,
     ) -> Result<(), VerbsError> {
-        for (a, mask) in [p.init_attr(), p.rtr_attr(remote), p.rts_attr()] {
+        self.modify_through(qpn, [p.init_attr(), p.rtr_attr(remote), p.rts_attr()])
+    }
+
+    /// RESET → INIT → RTR → RTS: the three `modify_qp` calls of a bring-up, in order.
+    fn modify_through(
+        &mut self,
+        qpn: QpNumber,
+        steps: [(QpAttr, QpAttrMask); 3],
+    ) -> Result<(), VerbsError> {
+        for (a, mask) in steps {
             self.modify_qp(qpn, &a, mask)?;
         }
         Ok(())
@@ -297,17 +306,11 @@ impl Device {
         remote: &RemoteQp,
         p: &UcParams,
     ) -> Result<(), VerbsError> {
-        for (a, mask) in [p.init_attr(), p.rtr_attr(remote), p.rts_attr()] {
-            self.modify_qp(qpn, &a, mask)?;
-        }
-        Ok(())
+        self.modify_through(qpn, [p.init_attr(), p.rtr_attr(remote), p.rts_attr()])
     }
 
     /// Move a UD QP from RESET through INIT and RTR to RTS.
     pub fn bring_up_ud(&mut self, qpn: QpNumber, p: &UdParams) -> Result<(), VerbsError> {
-        for (a, mask) in [p.init_attr(), p.rtr_attr(), p.rts_attr()] {
-            self.modify_qp(qpn, &a, mask)?;
-        }
-        Ok(())
+        self.modify_through(qpn, [p.init_attr(), p.rtr_attr(), p.rts_attr()])
     }
 }
