@@ -1,7 +1,7 @@
 //! The runtime with real threads: two NICs over the in-memory loopback device.
 
 mod common;
-use common::ALL;
+use common::{nic_rc_pair, ALL};
 use ferroce::io::Loopback;
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
@@ -27,38 +27,9 @@ fn run(poll: PollMode) {
         max_recv_sge: 2,
         max_inline_data: 64,
     };
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (ca, cb) = (a.create_cq(1024).unwrap(), b.create_cq(1024).unwrap());
-    let qa = ferroce::runtime::create_rc_qp(&a, pa, ca, cap).unwrap();
-    let qb = ferroce::runtime::create_rc_qp(&b, pb, cb, cap).unwrap();
-    let (ma, mb) = (
-        a.reg_mr(pa, 1 << 20, ALL).unwrap(),
-        b.reg_mr(pb, 1 << 20, ALL).unwrap(),
-    );
-    let (ea, eb) = (
-        a.local_end(qa, 0, 100).unwrap(),
-        b.local_end(qb, 0, 200).unwrap(),
-    );
-    a.connect_rc(
-        qa,
-        &eb,
-        &RcParams {
-            local_psn: 100,
-            mtu: Mtu::M4096,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    b.connect_rc(
-        qb,
-        &ea,
-        &RcParams {
-            local_psn: 200,
-            mtu: Mtu::M4096,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (x, y) = nic_rc_pair(&a, &b, cap, 1024, 1 << 20, Mtu::M4096);
+    let (ca, qa, ma) = (x.cq, x.qp, x.mr);
+    let (cb, qb, mb) = (y.cq, y.qp, y.mr);
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     ma.write(0, &data).unwrap();
     // 200 WRITEs of 300 KB from another thread, posted as fast as the queue allows.
@@ -273,25 +244,9 @@ fn held_ack_leaves_at_shutdown(poll: PollMode) {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (ca, cb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
-    let qa = ferroce::runtime::create_rc_qp(&a, pa, ca, cap).unwrap();
-    let qb = ferroce::runtime::create_rc_qp(&b, pb, cb, cap).unwrap();
-    let (ma, mb) = (
-        a.reg_mr(pa, 4096, ALL).unwrap(),
-        b.reg_mr(pb, 4096, ALL).unwrap(),
-    );
-    let (ea, eb) = (
-        a.local_end(qa, 0, 100).unwrap(),
-        b.local_end(qb, 0, 200).unwrap(),
-    );
-    let params = |psn| RcParams {
-        local_psn: psn,
-        mtu: Mtu::M1024,
-        ..Default::default()
-    };
-    a.connect_rc(qa, &eb, &params(100)).unwrap();
-    b.connect_rc(qb, &ea, &params(200)).unwrap();
+    let (x, y) = nic_rc_pair(&a, &b, cap, 16, 4096, Mtu::M1024);
+    let (ca, qa, ma) = (x.cq, x.qp, x.mr);
+    let (qb, mb) = (y.qp, y.mr);
     ma.write(0, &[0x5a; 64]).unwrap();
     a.post_send(
         qa,

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::ALL;
+use common::nic_rc_pair;
 use ferroce::io::Loopback;
 use ferroce::runtime::stat::{self, NicStat};
 use ferroce::runtime::{Nic, NicOptions, PollMode};
@@ -85,25 +85,10 @@ fn a_library_program_is_seen_by_stat_and_res_qp() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = ferroce::runtime::create_rc_qp(&a, pa, ca, cap).unwrap();
-    let qb = ferroce::runtime::create_rc_qp(&b, pb, cb, cap).unwrap();
-    let (ma, mb) = (
-        a.reg_mr(pa, 1 << 16, ALL).unwrap(),
-        b.reg_mr(pb, 1 << 16, ALL).unwrap(),
-    );
-    let (ea, eb) = (
-        a.local_end(qa, 0, 100).unwrap(),
-        b.local_end(qb, 0, 200).unwrap(),
-    );
-    let params = |psn| RcParams {
-        local_psn: psn,
-        mtu: Mtu::M4096,
-        ..Default::default()
-    };
-    a.connect_rc(qa, &eb, &params(100)).unwrap();
-    b.connect_rc(qb, &ea, &params(200)).unwrap();
+    // Starting PSNs 100 (A) and 200 (B).
+    let (x, y) = nic_rc_pair(&a, &b, cap, 64, 1 << 16, Mtu::M4096);
+    let (ca, qa, ma) = (x.cq, x.qp, x.mr);
+    let (qb, mb) = (y.qp, y.mr);
     // Ten WRITEs of 4096 bytes at a 4096-byte MTU: ten request packets, PSNs 100..=109.
     for i in 0..10u64 {
         let op = SendOp::RdmaWrite {

@@ -882,7 +882,6 @@ impl Nic {
     }
 
     fn stop(&mut self) {
-        self.publisher = None;
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake.signal();
         if let Some(t) = self.thread.take() {
@@ -893,6 +892,8 @@ impl Nic {
                 "NIC stopped"
             );
         }
+        // After the engine (its last held ACKs out first): stop answering `ferroce stat`.
+        self.publisher = None;
     }
 }
 

@@ -22,6 +22,46 @@ pub const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 
+/// One end of an RC connection on a running NIC ([`nic_rc_pair`]).
+pub struct NicEnd {
+    pub cq: Cq,
+    pub qp: QpNumber,
+    pub mr: MemoryRegion,
+}
+
+/// An RC QP on each of two running NICs, connected at path MTU `mtu` with starting PSNs 100
+/// (A) and 200 (B): each with a PD of its own, one CQ of `cq_depth` for both queues, and a
+/// region of `mr_len` bytes with every right.
+pub fn nic_rc_pair(
+    a: &ferroce::runtime::Nic,
+    b: &ferroce::runtime::Nic,
+    cap: QpCap,
+    cq_depth: usize,
+    mr_len: usize,
+    mtu: Mtu,
+) -> (NicEnd, NicEnd) {
+    let side = |n: &ferroce::runtime::Nic| {
+        let pd = n.alloc_pd();
+        let cq = n.create_cq(cq_depth).unwrap();
+        let qp = ferroce::runtime::create_rc_qp(n, pd, cq, cap).unwrap();
+        let mr = n.reg_mr(pd, mr_len, ALL).unwrap();
+        NicEnd { cq, qp, mr }
+    };
+    let (x, y) = (side(a), side(b));
+    let (ea, eb) = (
+        a.local_end(x.qp, 0, 100).unwrap(),
+        b.local_end(y.qp, 0, 200).unwrap(),
+    );
+    let params = |psn| RcParams {
+        local_psn: psn,
+        mtu,
+        ..Default::default()
+    };
+    a.connect_rc(x.qp, &eb, &params(100)).unwrap();
+    b.connect_rc(y.qp, &ea, &params(200)).unwrap();
+    (x, y)
+}
+
 pub fn cap() -> QpCap {
     QpCap {
         max_send_wr: 512,
