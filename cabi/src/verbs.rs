@@ -15,7 +15,7 @@ use ferroce::verbs::{
     SrqAttr, SrqAttrMask, UdDest, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use ferroce::wire::{QpNumber, RKey};
-use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, ENOSYS, EOPNOTSUPP};
+use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, EOPNOTSUPP};
 use std::mem::offset_of;
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -98,6 +98,22 @@ struct ChanW {
     c: ibv_comp_channel,
     /// The CQs bound to the channel: (handle, the C object's address).
     cqs: Mutex<Vec<(Cq, usize)>>,
+}
+
+/// The C objects by their number on the device, for asynchronous events (which name a QP by
+/// its number, a CQ or an SRQ by its index): the object's address.
+#[derive(Default)]
+struct Objects {
+    qps: std::collections::HashMap<u32, usize>,
+    cqs: std::collections::HashMap<u32, usize>,
+    srqs: std::collections::HashMap<u32, usize>,
+}
+
+static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
+
+fn objects<R>(f: impl FnOnce(&mut Objects) -> R) -> R {
+    let mut g = OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Objects::default))
 }
 
 /// The wrapper of a context pointer.
@@ -239,7 +255,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.context.ops.post_srq_recv = Some(post_srq_recv);
     v.context.cmd_fd = -1;
     // SAFETY: eventfd(2); the descriptor is closed by ibv_close_device.
-    v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // Blocking, as the kernel's; a program may set O_NONBLOCK (see ibv_get_async_event).
+    v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     v.context.num_comp_vectors = 1;
     v.context.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
     let b = Box::new(Ctx { v, sh });
@@ -625,7 +642,9 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
         return fail(EINVAL);
     }
     // SAFETY: eventfd(2); closed by ibv_destroy_comp_channel.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // A blocking descriptor, as the kernel's: a program may set O_NONBLOCK on it, and then
+    // ibv_get_cq_event returns EAGAIN instead of waiting.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
         return null_mut();
     }
@@ -682,6 +701,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     cc.handle = cq.index();
     cc.cqe = cqe;
     let p = Box::into_raw(Box::new(CqW { c: cc, cq })) as *mut ibv_cq;
+    objects(|o| o.cqs.insert(cq.index(), p as usize));
     if !channel.is_null() {
         // SAFETY: a channel from ibv_create_comp_channel.
         let ch = unsafe { &*(channel as *mut ChanW) };
@@ -689,6 +709,14 @@ pub unsafe extern "C" fn ibv_create_cq(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((cq, p as usize));
+        let fd = ch.c.fd;
+        let notify: ferroce::runtime::CqNotify = Arc::new(move || {
+            let one: u64 = 1;
+            // SAFETY: an 8-byte write from a local to the channel's eventfd, which lives until
+            // ibv_destroy_comp_channel (refused while CQs are bound to it).
+            unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+        });
+        let _ = s.nic.set_cq_notify(cq, Some(notify));
     }
     p
 }
@@ -700,6 +728,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: a CQ from ibv_create_cq, not used after this.
     let w = unsafe { Box::from_raw(cq as *mut CqW) };
+    objects(|o| o.cqs.remove(&w.cq.index()));
     if !w.c.channel.is_null() {
         // SAFETY: the CQ's channel is one of ours, alive while CQs are bound to it.
         let ch = unsafe { &*(w.c.channel as *mut ChanW) };
@@ -707,6 +736,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&(_, p)| p != cq as usize);
+        // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+        let _ = unsafe { sh(w.c.context) }.nic.set_cq_notify(w.cq, None);
     }
     0
 }
@@ -731,19 +762,42 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     let w = unsafe { &*(ch as *mut ChanW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
+    // SAFETY: fcntl on the channel's own descriptor.
+    let nonblock = unsafe { libc::fcntl(w.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if cqs.is_empty() {
+            if nonblock {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
             std::thread::sleep(Duration::from_millis(10));
             continue;
         }
-        let slice = if cqs.len() == 1 {
+        let slice = if nonblock {
+            Duration::ZERO
+        } else if cqs.len() == 1 {
             Duration::from_secs(1)
         } else {
             Duration::from_millis(1)
         };
-        for (cq, p) in cqs {
+        for &(cq, p) in &cqs {
             if let Ok(true) = s.nic.get_cq_event(cq, slice) {
+                // The descriptor counts notifications: take this one off it (a read of the
+                // whole count), and make it readable again if others wait.
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a local from the channel's eventfd; it is
+                // readable (this notification signalled it), so the read does not block.
+                let _ = unsafe { libc::read(w.c.fd, &mut v as *mut u64 as *mut c_void, 8) };
+                let more: u64 = cqs
+                    .iter()
+                    .map(|&(q, _)| s.nic.cq_events_pending(q).unwrap_or(0))
+                    .sum();
+                if more > 0 {
+                    let one = 1u64;
+                    // SAFETY: an 8-byte write from a local to the channel's eventfd.
+                    unsafe { libc::write(w.c.fd, &one as *const u64 as *const c_void, 8) };
+                }
                 let p = p as *mut ibv_cq;
                 // SAFETY: out parameters; `p` is a live CQ bound to the channel.
                 unsafe {
@@ -754,6 +808,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 }
                 return 0;
             }
+        }
+        if nonblock {
+            set_errno(libc::EAGAIN);
+            return -1;
         }
     }
 }
@@ -909,7 +967,9 @@ pub unsafe extern "C" fn ibv_create_srq(
     c.srq_context = init.srq_context;
     c.pd = pd;
     c.handle = srq.number();
-    Box::into_raw(Box::new(SrqW { c, srq })) as *mut ibv_srq
+    let p = Box::into_raw(Box::new(SrqW { c, srq })) as *mut ibv_srq;
+    objects(|o| o.srqs.insert(srq.number(), p as usize));
+    p
 }
 
 #[no_mangle]
@@ -973,6 +1033,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.destroy_srq(w.srq) {
         Ok(()) => {
+            objects(|o| o.srqs.remove(&w.srq.number()));
             // SAFETY: not used after this.
             drop(unsafe { Box::from_raw(srq as *mut SrqW) });
             0
@@ -1117,7 +1178,9 @@ pub unsafe extern "C" fn ibv_create_qp(
     c.qp_num = qpn.get();
     c.state = 0;
     c.qp_type = ia.qp_type;
-    Box::into_raw(Box::new(QpW { c, qpn, qp_type })) as *mut ibv_qp
+    let p = Box::into_raw(Box::new(QpW { c, qpn, qp_type })) as *mut ibv_qp;
+    objects(|o| o.qps.insert(qpn.get(), p as usize));
+    p
 }
 
 #[no_mangle]
@@ -1130,6 +1193,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     match unsafe { sh(w.c.context) }.nic.destroy_qp(w.qpn) {
         Ok(()) => {
+            objects(|o| o.qps.remove(&w.qpn.get()));
             // SAFETY: not used after this.
             drop(unsafe { Box::from_raw(qp as *mut QpW) });
             0
@@ -1570,8 +1634,10 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 
 // ---- asynchronous events ------------------------------------------------------------------------
 
-/// `ibv_get_async_event`: blocks until the device reports an event. QP and SRQ events name
-/// the element by its number (the C objects are found through the handle fields).
+/// `ibv_get_async_event`: the next asynchronous event of the device (CQ error, QP fatal /
+/// request / access error, last WQE reached, SRQ limit reached), with the C object it names.
+/// Blocks until one comes, unless the program set `O_NONBLOCK` on `async_fd`: then -1 and
+/// `EAGAIN` when none is there. Events about objects already destroyed are dropped.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut ibv_context,
@@ -1581,10 +1647,48 @@ pub unsafe extern "C" fn ibv_get_async_event(
         set_errno(EINVAL);
         return -1;
     }
-    let _ = (c, ev);
-    // Which C object an event names needs a registry of them by number; not kept yet.
-    set_errno(ENOSYS);
-    -1
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract).
+    let (s, fd) = unsafe { (sh(c), (*c).async_fd) };
+    // SAFETY: fcntl on the context's own descriptor.
+    let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let wait = if nonblock {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        };
+        let Some(e) = s.nic.get_async_event(wait) else {
+            if nonblock {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            continue;
+        };
+        use ferroce::verbs::AsyncEvent as E;
+        let element = objects(|o| match e {
+            E::CqErr(cq) => o.cqs.get(&cq.index()).map(|&p| ibv_async_element {
+                cq: p as *mut ibv_cq,
+            }),
+            E::QpFatal(q) | E::QpReqErr(q) | E::QpAccessErr(q) | E::QpLastWqeReached(q) => {
+                o.qps.get(&q.get()).map(|&p| ibv_async_element {
+                    qp: p as *mut ibv_qp,
+                })
+            }
+            E::SrqLimitReached(q) => o.srqs.get(&q.number()).map(|&p| ibv_async_element {
+                srq: p as *mut ibv_srq,
+            }),
+        });
+        if let Some(element) = element {
+            // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
+            unsafe {
+                *ev = ibv_async_event {
+                    element,
+                    event_type: e.event_type() as c_int,
+                }
+            };
+            return 0;
+        }
+    }
 }
 
 #[no_mangle]

@@ -3,7 +3,10 @@
  * other through the device's first GID, an RDMA WRITE from one buffer into the other, polled
  * to completion and checked. Then two mistakes, answered as libibverbs specifies: a post on a
  * QP in RESET fails with an errno, a WRITE whose SGE lies outside every MR completes with
- * IBV_WC_LOC_PROT_ERR.
+ * IBV_WC_LOC_PROT_ERR. The WRITE's completion is also announced on a completion channel whose
+ * descriptor the program poll()s, as event-driven programs do; with O_NONBLOCK and nothing
+ * pending, ibv_get_cq_event fails with EAGAIN. Last, a CQ of 2 entries given 8 completions
+ * overruns: ibv_get_async_event reports IBV_EVENT_CQ_ERR for it.
  *
  * Built against the system's <infiniband/verbs.h> and -libverbs; run on ferroce with
  *   ferroce run -- ./loopback_write
@@ -11,6 +14,8 @@
  */
 #include <infiniband/verbs.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +102,10 @@ int main(void)
 	if (ibv_query_gid(ctx, 1, 0, &gid))
 		fail("ibv_query_gid", errno);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		fail("ibv_create_comp_channel", errno);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, (void *)0x1234, ch, 0);
 	if (!pd || !cq)
 		fail("pd/cq", errno);
 	char *src = malloc(N), *dst = calloc(1, N);
@@ -130,9 +138,24 @@ int main(void)
 	to_rts(a, b->qp_num, &gid);
 	to_rts(b, a->qp_num, &gid);
 
+	/* Nothing armed, descriptor non-blocking: no event, EAGAIN. */
+	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) != -1 || errno != EAGAIN)
+		fail("ibv_get_cq_event without an event did not fail with EAGAIN", EINVAL);
+	if (ibv_req_notify_cq(cq, 0))
+		fail("ibv_req_notify_cq", errno);
 	r = ibv_post_send(a, &wr, &bad);
 	if (r)
 		fail("ibv_post_send", r);
+	struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&pfd, 1, 10000) != 1 || !(pfd.revents & POLLIN))
+		fail("the completion channel's descriptor did not become readable", ETIMEDOUT);
+	if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) || ev_cq != cq || ev_ctx != (void *)0x1234)
+		fail("ibv_get_cq_event", errno);
+	ibv_ack_cq_events(cq, 1);
+	printf("completion channel: descriptor readable, event for the CQ\n");
 	struct ibv_wc wc = poll_one(cq);
 	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 1 || wc.opcode != IBV_WC_RDMA_WRITE)
 		fail(ibv_wc_status_str(wc.status), EIO);
@@ -152,11 +175,45 @@ int main(void)
 		fail("bad SGE did not complete with a local protection error", EIO);
 	printf("SGE outside every MR: %s\n", ibv_wc_status_str(wc.status));
 
+	/* CQ overrun: a CQ error event names the CQ. */
+	struct ibv_cq *small = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+	if (!small)
+		fail("ibv_create_cq(2)", errno);
+	ia.send_cq = ia.recv_cq = small;
+	struct ibv_qp *c = ibv_create_qp(pd, &ia), *d = ibv_create_qp(pd, &ia);
+	if (!c || !d)
+		fail("ibv_create_qp", errno);
+	to_rts(c, d->qp_num, &gid);
+	to_rts(d, c->qp_num, &gid);
+	sge.length = 64;
+	wr.sg_list = &sge;
+	for (int i = 0; i < 8; i++) {
+		wr.wr_id = 10 + i;
+		r = ibv_post_send(c, &wr, &bad);
+		if (r)
+			fail("ibv_post_send (overrun)", r);
+	}
+	struct ibv_async_event ev;
+	for (;;) {
+		if (ibv_get_async_event(ctx, &ev))
+			fail("ibv_get_async_event", errno);
+		int mine = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small;
+		ibv_ack_async_event(&ev);
+		if (mine)
+			break;
+	}
+	printf("CQ overrun: async event %s for the CQ\n", ibv_event_type_str(IBV_EVENT_CQ_ERR));
+	ibv_destroy_qp(c);
+	ibv_destroy_qp(d);
+	ibv_destroy_cq(small);
+
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_dereg_mr(smr);
 	ibv_dereg_mr(dmr);
 	ibv_destroy_cq(cq);
+	if (ibv_destroy_comp_channel(ch))
+		fail("ibv_destroy_comp_channel", errno);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);

@@ -132,6 +132,9 @@ fn state_of(c: u8) -> QpState {
     QpState::from_ibv(u32::from(c)).unwrap_or(QpState::Err)
 }
 
+/// What a CQ's notification calls (see [`Nic::set_cq_notify`]).
+pub type CqNotify = Arc<dyn Fn() + Send + Sync>;
+
 struct CqShadow {
     q: SegQueue<WorkCompletion>,
     len: AtomicUsize,
@@ -140,6 +143,8 @@ struct CqShadow {
     cv: Condvar,
     /// 0 = not armed, 1 = next completion, 2 = solicited only.
     armed: AtomicU8,
+    /// Called with every notification (a completion channel signals its descriptor).
+    channel: Mutex<Option<CqNotify>>,
     events: AtomicU64,
 }
 
@@ -333,6 +338,7 @@ impl Nic {
                 lock: Mutex::new(()),
                 cv: Condvar::new(),
                 armed: AtomicU8::new(0),
+                channel: Mutex::new(None),
                 events: AtomicU64::new(0),
             }));
         }
@@ -804,6 +810,19 @@ impl Nic {
         Ok(())
     }
 
+    /// Bind the CQ to a completion channel: `f` runs (on the engine's thread, briefly) with
+    /// every notification that fires, e.g. to make the channel's descriptor readable for a
+    /// program that `poll()`s it before `get_cq_event`.
+    pub fn set_cq_notify(&self, cq: Cq, f: Option<CqNotify>) -> Result<(), VerbsError> {
+        *lock(&self.cq(cq)?.channel) = f;
+        Ok(())
+    }
+
+    /// Notifications that fired and were not taken by `get_cq_event` yet.
+    pub fn cq_events_pending(&self, cq: Cq) -> Result<u64, VerbsError> {
+        Ok(self.cq(cq)?.events.load(Ordering::Acquire))
+    }
+
     /// `ibv_get_cq_event`: block until an armed notification fires or `timeout` passes.
     pub fn get_cq_event(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
         let c = self.cq(cq)?;
@@ -1204,6 +1223,9 @@ fn engine_step(
                 if fire {
                     c.armed.store(0, Ordering::Release);
                     c.events.fetch_add(1, Ordering::AcqRel);
+                    if let Some(f) = lock(&c.channel).as_ref() {
+                        f();
+                    }
                 }
                 let _g = lock(&c.lock);
                 c.cv.notify_all();
