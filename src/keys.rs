@@ -9,7 +9,7 @@
 //! 2: the former SplitMix64 stream was invertible — one observed key and address left 238
 //! candidates for the next region after a 2^32 search). A seeded one (`DeviceConfig::seed`,
 //! for reproducible tests and simulations whose expected traces name keys and addresses)
-//! is the [`SplitMix64`](crate::rng::SplitMix64) stream of the seed: predictable by
+//! is the [`crate::rng::SplitMix64`] stream of the seed: predictable by
 //! construction, never for a device on a network you do not control.
 
 use crate::rng::SplitMix64;

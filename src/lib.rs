@@ -25,6 +25,8 @@
 //!
 //! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` may allow it.
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "cli")]
 pub mod apps;
 pub mod cc;

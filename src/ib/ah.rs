@@ -1,7 +1,7 @@
 //! Address handles (`ibv_create_ah`, `ibv_create_ah_from_wc`, `ibv_destroy_ah`): where a UD
 //! send goes. An address handle is an address vector resolved once into the outer headers of
 //! the packets sent along it (MACs, IP addresses, traffic class, hop limit); the UDP source
-//! port is the sending QP's (see [`super::path::rxe_ud_udp_sport`]).
+//! port is the sending QP's (see `ib::path::rxe_ud_udp_sport`).
 //!
 //! [`ah_attr_from_wc`] is `ibv_init_ah_from_wc`: the address vector that answers a received
 //! UD message, read from the work completion and the GRH slot of its receive buffer the way

@@ -3,7 +3,7 @@
 //! shared receive queue, the last receive WQE of a QP attached to one, a completion queue that
 //! overflowed.
 //!
-//! The device keeps them in a bounded queue ([`EventQueue`]); an event that finds it full is
+//! The device keeps them in a bounded queue (`EventQueue`); an event that finds it full is
 //! counted as lost, never blocks the engine and never grows memory.
 
 use super::cq::Cq;

@@ -1,11 +1,11 @@
 //! The Unreliable Datagram transport (IBTA Vol. 1 §9.8, §10.2.4) as a sans-IO state machine:
-//! a UD queue pair ([`qp::Qp`]) sends each work request as one `SEND_ONLY` (or
+//! a UD queue pair (`ud::qp::Qp`) sends each work request as one `SEND_ONLY` (or
 //! `SEND_ONLY_WITH_IMMEDIATE`) packet with a DETH to the address its address handle names,
 //! and delivers each packet it accepts into one receive WQE, behind the 40-byte GRH slot. No
 //! ACKs, no retries, no PSN checks at the receiver.
 //!
 //! QP1, the general services QP that carries connection-management MADs, is a UD QP with the
-//! well-known Q_Key 0x80010000 ([`qp::GSI_QKEY`]).
+//! well-known Q_Key 0x80010000 (`ud::qp::GSI_QKEY`).
 //!
 //! # What this module may import
 //!

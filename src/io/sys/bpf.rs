@@ -307,7 +307,9 @@ struct ProgLoadAttr {
 /// none, e.g. for a permission error).
 #[derive(Debug)]
 pub struct ProgLoadError {
+    /// The system call's error.
     pub error: io::Error,
+    /// The verifier's log.
     pub log: String,
 }
 

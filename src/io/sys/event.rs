@@ -11,6 +11,7 @@ use std::time::Duration;
 pub struct EventFd(OwnedFd);
 
 impl EventFd {
+    /// A new counter at zero (non-blocking, closed on exec).
     pub fn new() -> io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; a negative return is an error, otherwise we own
         // the new descriptor.
@@ -36,6 +37,7 @@ impl EventFd {
         let _ = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
     }
 
+    /// The descriptor, readable while the counter is not zero (for `poll`).
     pub fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
