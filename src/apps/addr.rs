@@ -4,18 +4,56 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 
+/// A HOST argument that is not an address or a host name, or a name that does not resolve.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// An empty argument.
+    #[error("the host is empty")]
+    Empty,
+    /// Only digits and dots, but not a dotted quad.
+    #[error("{0:?} is not a valid IPv4 address (four numbers 0-255 separated by dots)")]
+    BadIpv4(String),
+    /// `HOST:PORT`.
+    #[error("{host:?}: give the port with -p/--port ({port}), not in the host")]
+    PortInHost {
+        /// The argument.
+        host: String,
+        /// The port in it.
+        port: String,
+    },
+    /// A colon, but not an IPv6 address.
+    #[error("{0:?} is not a valid IPv6 address")]
+    BadIpv6(String),
+    /// Not a syntactically valid host name.
+    #[error("{0:?} is not a valid host name or address")]
+    BadName(String),
+    /// The name lookup failed.
+    #[error("cannot resolve host name {host:?}: {err}")]
+    Resolve {
+        /// The name.
+        host: String,
+        /// Why.
+        #[source]
+        err: std::io::Error,
+    },
+    /// The name resolved to nothing.
+    #[error("host name {0:?} has no address")]
+    NoAddress(String),
+}
+
 /// Check a HOST argument without resolving it: an IPv4 address (only digits and dots must be
 /// a dotted quad; no `inet_aton` shorthand such as `127.1`), an IPv6 address (anything with a
 /// colon; brackets and a `%zone` allowed), or a syntactically valid host name. Returns the
 /// argument unchanged; the error says what is wrong in one line.
-pub fn check_host(s: &str) -> Result<String, String> {
+pub fn check_host(s: &str) -> Result<String, HostError> {
     if s.is_empty() {
-        return Err("the host is empty".into());
+        return Err(HostError::Empty);
     }
     if s.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return s.parse::<Ipv4Addr>().map(|_| s.to_string()).map_err(|_| {
-            format!("{s:?} is not a valid IPv4 address (four numbers 0-255 separated by dots)")
-        });
+        return s
+            .parse::<Ipv4Addr>()
+            .map(|_| s.to_string())
+            .map_err(|_| HostError::BadIpv4(s.to_string()));
     }
     if let Some((_, port)) = s.split_once(':').filter(|(h, p)| {
         !h.contains(':')
@@ -23,9 +61,10 @@ pub fn check_host(s: &str) -> Result<String, String> {
             && !p.is_empty()
             && p.chars().all(|c| c.is_ascii_digit())
     }) {
-        return Err(format!(
-            "{s:?}: give the port with -p/--port ({port}), not in the host"
-        ));
+        return Err(HostError::PortInHost {
+            host: s.to_string(),
+            port: port.to_string(),
+        });
     }
     if s.contains(':') {
         let inner = s
@@ -36,7 +75,7 @@ pub fn check_host(s: &str) -> Result<String, String> {
         return addr
             .parse::<Ipv6Addr>()
             .map(|_| s.to_string())
-            .map_err(|_| format!("{s:?} is not a valid IPv6 address"));
+            .map_err(|_| HostError::BadIpv6(s.to_string()));
     }
     let label_ok = |l: &str| {
         !l.is_empty()
@@ -48,14 +87,14 @@ pub fn check_host(s: &str) -> Result<String, String> {
     };
     let name = s.strip_suffix('.').unwrap_or(s);
     if name.len() > 253 || !name.split('.').all(label_ok) {
-        return Err(format!("{s:?} is not a valid host name or address"));
+        return Err(HostError::BadName(s.to_string()));
     }
     Ok(s.to_string())
 }
 
 /// Resolve a HOST argument (see [`check_host`]) and `port` to the first socket address; a
 /// name that does not resolve is reported as such.
-pub fn resolve_host(host: &str, port: u16) -> Result<SocketAddr, String> {
+pub fn resolve_host(host: &str, port: u16) -> Result<SocketAddr, HostError> {
     let host = check_host(host)?;
     let bare = host
         .strip_prefix('[')
@@ -66,9 +105,12 @@ pub fn resolve_host(host: &str, port: u16) -> Result<SocketAddr, String> {
     }
     (bare, port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve host name {host:?}: {e}"))?
+        .map_err(|err| HostError::Resolve {
+            host: host.clone(),
+            err,
+        })?
         .next()
-        .ok_or_else(|| format!("host name {host:?} has no address"))
+        .ok_or(HostError::NoAddress(host))
 }
 
 #[cfg(test)]
@@ -87,7 +129,7 @@ mod tests {
             "host-a.example.",
             "rxe_peer",
         ] {
-            assert_eq!(check_host(ok).as_deref(), Ok(ok), "{ok}");
+            assert_eq!(check_host(ok).unwrap(), ok, "{ok}");
         }
     }
 
@@ -106,18 +148,22 @@ mod tests {
             ("a..b", "not a valid host name or address"),
             ("", "empty"),
         ] {
-            let e = check_host(bad).unwrap_err();
+            let e = check_host(bad).unwrap_err().to_string();
             assert!(e.contains(what), "{bad}: {e}");
-            assert!(resolve_host(bad, 1).unwrap_err().contains(what), "{bad}");
+            let r = resolve_host(bad, 1).unwrap_err().to_string();
+            assert!(r.contains(what), "{bad}");
         }
     }
 
     #[test]
     fn literal_addresses_resolve_without_a_lookup() {
         assert_eq!(
-            resolve_host("10.1.2.3", 7),
-            Ok("10.1.2.3:7".parse().unwrap())
+            resolve_host("10.1.2.3", 7).unwrap(),
+            "10.1.2.3:7".parse().unwrap()
         );
-        assert_eq!(resolve_host("[::1]", 7), Ok("[::1]:7".parse().unwrap()));
+        assert_eq!(
+            resolve_host("[::1]", 7).unwrap(),
+            "[::1]:7".parse().unwrap()
+        );
     }
 }

@@ -83,8 +83,8 @@ pub enum ToolError {
     #[error("no results")]
     NoResults,
     /// The host could not be resolved (see [`crate::apps::addr`]).
-    #[error("{0}")]
-    Host(String),
+    #[error(transparent)]
+    Host(#[from] crate::apps::addr::HostError),
 }
 
 impl ToolError {

@@ -540,7 +540,7 @@ fn run_incast(a: IncastArgs) -> ExitCode {
     }
     let result = match incast::run(&cfg) {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     };
     if let Some(path) = &a.csv {
         let r = File::create(path)

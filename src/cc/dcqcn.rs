@@ -36,6 +36,53 @@
 use super::RateControl;
 use crate::time::{Duration, Instant};
 
+/// A `--dcqcn KEY=VALUE` override that cannot be applied ([`Params::set`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParamError {
+    /// Not `KEY=VALUE`.
+    #[error("'{0}' is not KEY=VALUE")]
+    NotKeyValue(String),
+    /// A key that is none of [`Params::KEYS`].
+    #[error("unknown DCQCN parameter '{0}' (one of: {keys})", keys = Params::KEYS.join(", "))]
+    Unknown(String),
+    /// A value that is not a finite number ≥ 0.
+    #[error("{key}: '{value}' is not a non-negative number")]
+    NotANumber {
+        /// The parameter.
+        key: String,
+        /// The value given.
+        value: String,
+    },
+    /// A fraction above 1.
+    #[error("{key}: {value} is not in [0, 1]")]
+    NotAFraction {
+        /// The parameter.
+        key: String,
+        /// The value given.
+        value: f64,
+    },
+    /// None of the parameter's named choices.
+    #[error("{key}: '{value}' ({choices})")]
+    NotAChoice {
+        /// The parameter.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The choices, `|`-separated.
+        choices: &'static str,
+    },
+}
+
+impl ParamError {
+    fn choice(key: &'static str, value: &str, choices: &'static str) -> ParamError {
+        ParamError::NotAChoice {
+            key,
+            value: value.to_string(),
+            choices,
+        }
+    }
+}
+
 /// How α is updated (the paper and the ConnectX firmware differ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AlphaUpdate {
@@ -177,11 +224,14 @@ impl Params {
 
     /// Override one parameter by name (the CLI's `--dcqcn KEY=VALUE`): see [`KEYS`](Self::KEYS).
     /// `time_scale` applies [`time_scaled`](Self::time_scaled). Rates in Mb/s, periods in µs.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        fn num(key: &str, v: &str) -> Result<f64, String> {
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ParamError> {
+        fn num(key: &str, v: &str) -> Result<f64, ParamError> {
             match v.parse::<f64>() {
                 Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-                _ => Err(format!("{key}: '{v}' is not a non-negative number")),
+                _ => Err(ParamError::NotANumber {
+                    key: key.to_string(),
+                    value: v.to_string(),
+                }),
             }
         }
         let us = |v: &str| num(key, v).map(|x| Duration::from_nanos((x * 1e3).round() as u64));
@@ -190,7 +240,10 @@ impl Params {
             "g" | "initial_alpha" | "min_dec_factor" => {
                 let x = num(key, value)?;
                 if x > 1.0 {
-                    return Err(format!("{key}: {x} is not in [0, 1]"));
+                    return Err(ParamError::NotAFraction {
+                        key: key.to_string(),
+                        value: x,
+                    });
                 }
                 match key {
                     "g" => self.g = x,
@@ -202,7 +255,7 @@ impl Params {
                 self.alpha_update = match value {
                     "on-cnp" => AlphaUpdate::OnCnp,
                     "periodic" => AlphaUpdate::Periodic,
-                    _ => return Err(format!("alpha_update: '{value}' (on-cnp|periodic)")),
+                    _ => return Err(ParamError::choice("alpha_update", value, "on-cnp|periodic")),
                 }
             }
             "clamp_target" => {
@@ -210,8 +263,10 @@ impl Params {
                     "always" => ClampTarget::Always,
                     "after-timer-increase" => ClampTarget::AfterTimerIncrease,
                     _ => {
-                        return Err(format!(
-                            "clamp_target: '{value}' (always|after-timer-increase)"
+                        return Err(ParamError::choice(
+                            "clamp_target",
+                            value,
+                            "always|after-timer-increase",
                         ))
                     }
                 }
@@ -225,23 +280,18 @@ impl Params {
             "rhai_mbps" => self.rhai_bps = mbps(value)?,
             "min_rate_mbps" => self.min_rate_bps = mbps(value)?.max(1),
             "time_scale" => *self = self.clone().time_scaled(num(key, value)?),
-            _ => {
-                return Err(format!(
-                    "unknown DCQCN parameter '{key}' (one of: {})",
-                    Self::KEYS.join(", ")
-                ))
-            }
+            _ => return Err(ParamError::Unknown(key.to_string())),
         }
         Ok(())
     }
 
     /// Apply `KEY=VALUE` overrides in order.
-    pub fn with_overrides<S: AsRef<str>>(mut self, kvs: &[S]) -> Result<Self, String> {
+    pub fn with_overrides<S: AsRef<str>>(mut self, kvs: &[S]) -> Result<Self, ParamError> {
         for kv in kvs {
             let kv = kv.as_ref();
             let (k, v) = kv
                 .split_once('=')
-                .ok_or_else(|| format!("'{kv}' is not KEY=VALUE"))?;
+                .ok_or_else(|| ParamError::NotKeyValue(kv.to_string()))?;
             self.set(k.trim(), v.trim())?;
         }
         Ok(self)

@@ -145,34 +145,60 @@ impl IncastConfig {
     }
 
     /// Check the configuration; the message says what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), IncastConfigError> {
         if self.senders == 0 {
-            return Err("need at least one sender".into());
+            return Err(IncastConfigError::NoSenders);
         }
         if self.link_bps == 0 {
-            return Err("the link rate must be positive".into());
+            return Err(IncastConfigError::ZeroLinkRate);
         }
         if self.frame_bytes == 0 {
-            return Err("the frame size must be positive".into());
+            return Err(IncastConfigError::ZeroFrame);
         }
         if self.duration.is_zero() || self.sample_interval.is_zero() {
-            return Err("the duration and the sample interval must be positive".into());
+            return Err(IncastConfigError::ZeroDuration);
         }
         if !(0.0..1.0).contains(&self.steady_from) {
-            return Err("steady_from must be in [0, 1)".into());
+            return Err(IncastConfigError::SteadyFrom);
         }
         if let Some(r) = self.red {
             if r.kmin_bytes > r.kmax_bytes || !(0.0..=1.0).contains(&r.pmax) {
-                return Err("RED needs kmin <= kmax and pmax in [0, 1]".into());
+                return Err(IncastConfigError::Red);
             }
         }
         if let Some(p) = self.pfc {
             if p.xon_bytes > p.xoff_bytes {
-                return Err("PFC needs xon <= xoff".into());
+                return Err(IncastConfigError::Pfc);
             }
         }
         Ok(())
     }
+}
+
+/// What is wrong with an [`IncastConfig`] ([`IncastConfig::validate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IncastConfigError {
+    /// No sender.
+    #[error("need at least one sender")]
+    NoSenders,
+    /// A link rate of 0.
+    #[error("the link rate must be positive")]
+    ZeroLinkRate,
+    /// A frame size of 0.
+    #[error("the frame size must be positive")]
+    ZeroFrame,
+    /// A duration or sample interval of 0.
+    #[error("the duration and the sample interval must be positive")]
+    ZeroDuration,
+    /// `steady_from` outside [0, 1).
+    #[error("steady_from must be in [0, 1)")]
+    SteadyFrom,
+    /// RED's thresholds or probability out of order.
+    #[error("RED needs kmin <= kmax and pmax in [0, 1]")]
+    Red,
+    /// PFC's XON above XOFF.
+    #[error("PFC needs xon <= xoff")]
+    Pfc,
 }
 
 /// One flow at one sample instant.
@@ -742,8 +768,8 @@ impl Sim {
 /// Run an incast experiment.
 ///
 /// # Errors
-/// The configuration's [`validate`](IncastConfig::validate) message.
-pub fn run(cfg: &IncastConfig) -> Result<IncastResult, String> {
+/// What [`validate`](IncastConfig::validate) finds wrong with the configuration.
+pub fn run(cfg: &IncastConfig) -> Result<IncastResult, IncastConfigError> {
     cfg.validate()?;
     let bin_ns = cfg.sample_interval.as_nanos() as u64;
     let end = Instant::ZERO + cfg.duration;

@@ -411,8 +411,19 @@ fn overrides_by_name() {
     assert_eq!(p.g, 0.5);
     let s = Params::paper().with_overrides(&["time_scale=10"]).unwrap();
     assert_eq!(s.alpha_period, Duration::from_micros(550));
-    assert!(Params::paper().with_overrides(&["bogus=1"]).is_err());
-    assert!(Params::paper().with_overrides(&["g=2"]).is_err());
-    assert!(Params::paper().with_overrides(&["g"]).is_err());
-    assert!(Params::paper().with_overrides(&["rai_mbps=-1"]).is_err());
+    let err = |kv: &str| Params::paper().with_overrides(&[kv]).unwrap_err();
+    assert_eq!(err("bogus=1"), ParamError::Unknown("bogus".into()));
+    assert!(err("bogus=1")
+        .to_string()
+        .starts_with("unknown DCQCN parameter 'bogus' (one of: g, initial_alpha, "));
+    assert_eq!(err("g=2").to_string(), "g: 2 is not in [0, 1]");
+    assert_eq!(err("g"), ParamError::NotKeyValue("g".into()));
+    assert_eq!(
+        err("rai_mbps=-1").to_string(),
+        "rai_mbps: '-1' is not a non-negative number"
+    );
+    assert_eq!(
+        err("alpha_update=never").to_string(),
+        "alpha_update: 'never' (on-cnp|periodic)"
+    );
 }
