@@ -53,6 +53,7 @@ fn against_ferroce(only: &[&str], tweak: impl FnOnce(&mut DeviceConfig)) -> Repo
         sgid_index: 0,
         gid: Ipv4Addr::new(10, 9, 0, 2).to_ipv6_mapped().octets(),
         knobs: String::new(),
+        resolve_dev: None,
     };
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
@@ -379,6 +380,7 @@ fn a_peer_that_goes_away_mid_run_gives_clear_verdicts() {
         sgid_index: 0,
         gid: Ipv4Addr::new(10, 9, 0, 2).to_ipv6_mapped().octets(),
         knobs: String::new(),
+        resolve_dev: None,
     };
     let stop = AtomicBool::new(false);
     let r = std::thread::scope(|sc| {

@@ -233,6 +233,7 @@ fn serve_cli(
         sgid_index: gid_index,
         gid: super::frames::gid_of(local),
         knobs: o.breaks.join(","),
+        resolve_dev: Some(dev.name.clone()),
     };
     writeln!(
         out,

@@ -43,6 +43,10 @@ pub struct ServeOptions {
     pub gid: [u8; 16],
     /// The deliberate non-conformance knobs set on the device (reported in `hello`).
     pub knobs: String,
+    /// Resolve the next hop's MAC address towards the tester through the kernel's routes and
+    /// neighbours on this interface (the CLI sets it: a routed path needs the router's MAC);
+    /// None, or when that fails: the `mac=` the tester sends.
+    pub resolve_dev: Option<String>,
 }
 
 const MAIN_LEN: usize = 64 * 1024;
@@ -141,6 +145,18 @@ impl Conn<'_> {
             .and_then(|v| <[u8; 6]>::try_from(v).ok())
             .map(MacAddr)
             .unwrap_or(MacAddr::ZERO);
+        let mac = self
+            .o
+            .resolve_dev
+            .as_deref()
+            .and_then(|dev| {
+                crate::io::netdev::resolve(
+                    super::frames::ip_of_gid(gid),
+                    Some(dev),
+                    Duration::from_secs(2),
+                )
+            })
+            .unwrap_or(mac);
         let rights = Rights::parse(m.get("rights").map(String::as_str).unwrap_or("rwa"));
         let recvs = num(m, "recvs", 10).unwrap_or(64).min(1024) as u32;
         let mtu = m
