@@ -835,6 +835,7 @@ fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         ifname: dev.name.clone(),
         gids: dev.gids.clone(),
         udp: a.backend == BackendKind::Udp,
+        local: Some(local),
     };
     let svc = CmService::start(
         nic.clone(),

@@ -264,6 +264,7 @@ pub fn run_perf(
         None => Nic::start(dcfg, pkt, opts),
     }
     .map_err(|e| ToolError::io("starting the NIC", e))?;
+    let nic = std::sync::Arc::new(nic);
     let udp = inv.backend == BackendKind::Udp;
     let ifname = dev.name.clone();
     let resolve = move |ip: IpAddr| -> Option<MacAddr> {
@@ -282,7 +283,9 @@ pub fn run_perf(
             if !inv.json {
                 writeln!(out, "{}", counters_line(&dc, &qc, &io)).ok();
             }
-            nic.shutdown();
+            if let Ok(n) = std::sync::Arc::try_unwrap(nic) {
+                n.shutdown();
+            }
             return Err(e);
         }
     };
@@ -326,7 +329,9 @@ pub fn run_perf(
         Report::Lat(v) => v.is_empty() && inv.host.is_some(),
         Report::LatDuration(v) => v.is_empty() && inv.host.is_some(),
     };
-    nic.shutdown();
+    if let Ok(n) = std::sync::Arc::try_unwrap(nic) {
+        n.shutdown();
+    }
     if empty && !matches!(cfg.test, perf::Test::ReadLat | perf::Test::AtomicLat) {
         return Err(ToolError::NoResults);
     }
@@ -338,31 +343,65 @@ fn perf_session(
     inv: &Invocation,
     cfg: &perf::PerfConfig,
     dev: &Netdev,
-    nic: &Nic,
+    nic: &std::sync::Arc<Nic>,
     resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
     out: &mut dyn Write,
 ) -> Result<RunOutput, ToolError> {
-    let stream = match &inv.host {
-        None => {
-            let l = TcpListener::bind(("::", inv.port))
-                .or_else(|_| TcpListener::bind(("0.0.0.0", inv.port)))
-                .map_err(|e| ToolError::io(format!("Couldn't listen to port {}", inv.port), e))?;
-            if !inv.json && cfg.output == perf::Output::Full {
-                writeln!(out, "\n************************************\n* Waiting for client to connect... *\n************************************").ok();
-                out.flush().ok();
-            }
-            l.accept()
-                .map_err(|e| ToolError::io("accept() failed", e))?
-                .0
-        }
-        Some(h) => connect(h, inv.port)?,
-    };
     let role = if inv.host.is_some() {
         Role::Client
     } else {
         Role::Server
     };
-    let mut ses = Session::new(stream, role, cfg.timeout);
+    let banner = |out: &mut dyn Write| {
+        if !inv.json && cfg.output == perf::Output::Full {
+            writeln!(out, "\n************************************\n* Waiting for client to connect... *\n************************************").ok();
+            out.flush().ok();
+        }
+    };
+    let mut ses = if cfg.rdma_cm {
+        // perftest -R: the exchange over an RDMA-CM connected QP, no TCP.
+        let host = match &inv.host {
+            Some(h) => Some(
+                crate::apps::addr::resolve_host(h, inv.port).map_err(ToolError::Host)?,
+            ),
+            None => {
+                banner(out);
+                None
+            }
+        };
+        let resolver = crate::runtime::cm::KernelResolver {
+            ifname: dev.name.clone(),
+            gids: dev.gids.clone(),
+            udp: inv.backend == BackendKind::Udp,
+            local: Some(dev.gids[usize::from(cfg.gid_index)]),
+        };
+        let link = crate::apps::perf::rdma_cm::RdmaLink::open(
+            nic,
+            dev.mac,
+            Box::new(resolver),
+            host,
+            inv.port,
+            cfg.retry_count,
+            cfg.timeout,
+        )?;
+        Session::new_rdma(Box::new(link), role, cfg.timeout)
+    } else {
+        let stream = match &inv.host {
+            None => {
+                let l = TcpListener::bind(("::", inv.port))
+                    .or_else(|_| TcpListener::bind(("0.0.0.0", inv.port)))
+                    .map_err(|e| {
+                        ToolError::io(format!("Couldn't listen to port {}", inv.port), e)
+                    })?;
+                banner(out);
+                l.accept()
+                    .map_err(|e| ToolError::io("accept() failed", e))?
+                    .0
+            }
+            Some(h) => connect(h, inv.port)?,
+        };
+        Session::new(stream, role, cfg.timeout)
+    };
     let sampling = std::sync::atomic::AtomicBool::new(inv.cc_csv.is_some());
     let mut samples: Vec<String> = Vec::new();
     // What `ferroce stat` and `ferroce devinfo` show of this NIC.

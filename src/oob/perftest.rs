@@ -183,10 +183,85 @@ pub enum Role {
     Server,
 }
 
+/// A message channel that carries perftest's exchange when the control connection is an
+/// RDMA-CM connected RC QP (`-R`, "Data ex. method : rdma_cm"): each message one SEND of
+/// exactly its size, received into a posted buffer.
+pub trait MsgLink: Send {
+    /// Send one message.
+    fn send(&mut self, msg: &[u8]) -> Result<(), CmError>;
+    /// The next message of the peer (`len` bytes expected), waiting at most `timeout`.
+    fn recv(&mut self, len: usize, what: &'static str, timeout: Duration)
+        -> Result<Vec<u8>, CmError>;
+    /// Connect the test QP `qpn` over RDMA-CM (client: REQ to the server's port; server:
+    /// accept the next connection request) with `resources` as responder resources and
+    /// initiator depth and `retry_count`; returns when it is established.
+    fn connect_qp(
+        &mut self,
+        qpn: crate::wire::QpNumber,
+        resources: u8,
+        retry_count: u8,
+        timeout: Duration,
+    ) -> Result<(), CmError>;
+}
+
+/// The control connection: perftest's TCP socket, or an RDMA-CM connected QP.
+pub enum Link {
+    /// TCP (perftest's default; messages as text where perftest writes text).
+    Tcp(TcpStream),
+    /// RDMA-CM (`-R`): binary messages over SEND.
+    Rdma(Box<dyn MsgLink>),
+}
+
+/// The size of perftest's `struct pingpong_dest` (the key message over rdma_cm).
+pub const DEST_LEN: usize = 56;
+
+impl KeyMsg {
+    /// `struct pingpong_dest` as perftest sends it over rdma_cm (`rdma_write_keys`): lid,
+    /// out_reads, qpn, psn, rkey as big-endian 32-bit words, 4 bytes of padding, vaddr as a
+    /// big-endian 64-bit word, the GID, srqn, gid_index (captured from perftest 6.06 against
+    /// rxe: `00000000 00000001 00000012 00f19296 000003c3 ........ 000055b5bbccf000 ...`).
+    pub fn to_dest(&self, gid_index: u32) -> [u8; DEST_LEN] {
+        let mut b = [0u8; DEST_LEN];
+        b[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        b[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b[52..56].copy_from_slice(&gid_index.to_be_bytes());
+        b
+    }
+
+    /// Parse a peer's `struct pingpong_dest` (perftest reads no srqn from it: 0).
+    pub fn from_dest(b: &[u8]) -> Result<KeyMsg, CmError> {
+        if b.len() < DEST_LEN {
+            return Err(CmError::Malformed {
+                what: "perftest pingpong_dest",
+                detail: format!("{} bytes, expected {DEST_LEN}", b.len()),
+            });
+        }
+        let w = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        Ok(KeyMsg {
+            lid: w(0) as u16,
+            out_reads: w(4) as u16,
+            qpn: w(8) & 0xff_ffff,
+            psn: w(12) & 0xff_ffff,
+            rkey: w(16),
+            vaddr: u64::from_be_bytes(b[24..32].try_into().expect("8 bytes")),
+            gid,
+            srqn: 0,
+        })
+    }
+}
+
 /// A perftest control connection.
 pub struct Session {
-    /// The TCP connection.
-    pub stream: TcpStream,
+    /// The control connection.
+    pub link: Link,
     /// Which end this is.
     pub role: Role,
     /// How long to wait for each message of the peer.
@@ -196,6 +271,8 @@ pub struct Session {
     pub peer_page: u32,
     /// The peer's cache line size.
     pub peer_cache_line: u32,
+    /// The GID index sent in rdma_cm key messages (`gid_index` of `pingpong_dest`).
+    pub gid_index: u32,
 }
 
 impl Session {
@@ -203,28 +280,86 @@ impl Session {
     pub fn new(stream: TcpStream, role: Role, timeout: Duration) -> Self {
         let _ = stream.set_nodelay(true);
         Session {
-            stream,
+            link: Link::Tcp(stream),
             role,
             timeout,
             peer_page: 4096,
             peer_cache_line: 64,
+            gid_index: 0,
+        }
+    }
+
+    /// A session over an RDMA-CM connected control QP (perftest `-R`).
+    pub fn new_rdma(link: Box<dyn MsgLink>, role: Role, timeout: Duration) -> Self {
+        Session {
+            link: Link::Rdma(link),
+            role,
+            timeout,
+            peer_page: 4096,
+            peer_cache_line: 64,
+            gid_index: 0,
+        }
+    }
+
+    /// Whether the exchange runs over rdma_cm (binary messages).
+    pub fn is_rdma(&self) -> bool {
+        matches!(self.link, Link::Rdma(_))
+    }
+
+    fn write(&mut self, ours: &[u8]) -> Result<(), CmError> {
+        match &mut self.link {
+            Link::Tcp(s) => write_all(s, ours),
+            Link::Rdma(l) => l.send(ours),
+        }
+    }
+
+    fn read(&mut self, len: usize, what: &'static str) -> Result<Vec<u8>, CmError> {
+        match &mut self.link {
+            Link::Tcp(s) => {
+                let mut theirs = vec![0u8; len];
+                read_exact(s, &mut theirs, what, self.timeout)?;
+                Ok(theirs)
+            }
+            Link::Rdma(l) => l.recv(len, what, self.timeout),
         }
     }
 
     /// One `ctx_xchg_data` round: the client writes then reads, the server reads then writes.
     fn xchg(&mut self, ours: &[u8], what: &'static str) -> Result<Vec<u8>, CmError> {
-        let mut theirs = vec![0u8; ours.len()];
         match self.role {
             Role::Client => {
-                write_all(&mut self.stream, ours)?;
-                read_exact(&mut self.stream, &mut theirs, what, self.timeout)?;
+                self.write(ours)?;
+                self.read(ours.len(), what)
             }
             Role::Server => {
-                read_exact(&mut self.stream, &mut theirs, what, self.timeout)?;
-                write_all(&mut self.stream, ours)?;
+                let t = self.read(ours.len(), what)?;
+                self.write(ours)?;
+                Ok(t)
             }
         }
-        Ok(theirs)
+    }
+
+    /// rdma_cm only: connect the test QP (see [`MsgLink::connect_qp`]).
+    pub fn connect_qp(
+        &mut self,
+        qpn: crate::wire::QpNumber,
+        resources: u8,
+        retry_count: u8,
+    ) -> Result<(), CmError> {
+        let t = self.timeout;
+        match &mut self.link {
+            Link::Rdma(l) => l.connect_qp(qpn, resources, retry_count, t),
+            Link::Tcp(_) => Err(CmError::Malformed {
+                what: "rdma_cm",
+                detail: "the test QP of a TCP session is connected by hand".into(),
+            }),
+        }
+    }
+
+    /// rdma_cm only: a key-message round with an all-zero `pingpong_dest`, as perftest does
+    /// before and after it connects the test QPs.
+    pub fn zero_round(&mut self) -> Result<(), CmError> {
+        self.xchg(&[0u8; DEST_LEN], "key message").map(|_| ())
     }
 
     /// Steps 1–4: version, page size, cache line, MTU. Returns the agreed (smaller) MTU.
@@ -250,8 +385,10 @@ impl Session {
         let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
         self.peer_page = be(&page);
         self.peer_cache_line = be(&line);
-        let ours = [b'0' + mtu_enum(mtu), 0];
-        let t = self.xchg(&ours, "MTU")?;
+        // Over rdma_cm the MTU character goes in 4 bytes (captured: `33 00 00 00`).
+        let ours = [b'0' + mtu_enum(mtu), 0, 0, 0];
+        let n = if self.is_rdma() { 4 } else { 2 };
+        let t = self.xchg(&ours[..n], "MTU")?;
         let their = t[0].wrapping_sub(b'0');
         let theirs = Mtu::from_ibv(u32::from(their)).ok_or_else(|| CmError::Malformed {
             what: "MTU",
@@ -272,6 +409,10 @@ impl Session {
     /// perftest's `ctx_hand_shake`: one key message each way (the client's first); returns
     /// the peer's.
     pub fn hand_shake(&mut self, ours: &KeyMsg) -> Result<KeyMsg, CmError> {
+        if self.is_rdma() {
+            let t = self.xchg(&ours.to_dest(self.gid_index), "key message")?;
+            return KeyMsg::from_dest(&t);
+        }
         let t = self.xchg(&ours.to_wire(), "key message")?;
         KeyMsg::from_wire(&t)
     }
@@ -297,11 +438,15 @@ impl Session {
     /// Step 8: the closing barrier and `done`.
     pub fn close(&mut self, ours: &KeyMsg) -> Result<(), CmError> {
         self.barrier(ours)?;
-        write_all(&mut self.stream, b"done\0")?;
+        let Link::Tcp(stream) = &mut self.link else {
+            // rdma_cm: no `done` (the connections are disconnected instead).
+            return Ok(());
+        };
+        write_all(stream, b"done\0")?;
         let mut d = [0u8; 5];
         // The peer's `done` (best effort: it may already have closed).
         let _ = read_exact(
-            &mut self.stream,
+            stream,
             &mut d,
             "done",
             self.timeout.min(Duration::from_secs(2)),

@@ -95,6 +95,9 @@ pub struct KernelResolver {
     pub gids: Vec<IpAddr>,
     /// The UDP backend: the kernel builds the Ethernet header, no MAC is needed.
     pub udp: bool,
+    /// The address the device runs with (the GID in use): the source for destinations of
+    /// its family, before the kernel's route is asked.
+    pub local: Option<IpAddr>,
 }
 
 impl Resolver for KernelResolver {
@@ -105,6 +108,9 @@ impl Resolver for KernelResolver {
             } else {
                 Err(errno::EADDRNOTAVAIL)
             };
+        }
+        if let Some(l) = self.local.filter(|l| l.is_ipv4() == dst.is_ipv4()) {
+            return Ok(l);
         }
         if self.gids.contains(&dst) {
             return Ok(dst);
@@ -1019,6 +1025,54 @@ impl CmId {
             }
             Ok(qpn)
         })
+    }
+
+    /// Give the id a QP the application created (librdmacm's "self-created QP", as perftest
+    /// and `rping -q` do): an RC QP in RESET is moved to INIT as [`create_qp`](Self::create_qp)
+    /// does; one already in INIT is taken as it is. From then on the CM moves it as it moves
+    /// its own. [`detach_qp`](Self::detach_qp) gives it back.
+    pub fn attach_qp(&self, qpn: QpNumber) -> Result<(), CmApiError> {
+        self.call(|st, sh, _| {
+            let info = st.ids.get(&self.id).ok_or(RdmaCmError::NoSuchId)?;
+            if info.qp.is_some() {
+                return Err(CmApiError::Qp("the id has a QP already"));
+            }
+            let (state, _) = sh.nic.query_qp(qpn)?;
+            match state {
+                QpState::Reset => {
+                    use QpAttrMask as M;
+                    let a = QpAttr {
+                        qp_state: QpState::Init,
+                        pkey_index: 0,
+                        port_num: 1,
+                        qp_access_flags: AccessFlags::LOCAL_WRITE
+                            | AccessFlags::REMOTE_WRITE
+                            | AccessFlags::REMOTE_READ
+                            | AccessFlags::REMOTE_ATOMIC,
+                        ..QpAttr::default()
+                    };
+                    sh.nic.modify_qp(
+                        qpn,
+                        &a,
+                        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                    )?;
+                }
+                QpState::Init => {}
+                _ => return Err(CmApiError::Qp("the QP is past INIT")),
+            }
+            if let Some(i) = st.ids.get_mut(&self.id) {
+                i.qp = Some(qpn);
+            }
+            Ok(())
+        })
+    }
+
+    /// Forget the id's QP without destroying it (the application keeps it).
+    pub fn detach_qp(&self) -> Option<QpNumber> {
+        lock(&self.sh.st)
+            .ids
+            .get_mut(&self.id)
+            .and_then(|i| i.qp.take())
     }
 
     /// `rdma_destroy_qp`.

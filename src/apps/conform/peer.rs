@@ -412,7 +412,10 @@ impl Session for PerftestSession {
         &self.info
     }
     fn alive(&mut self) -> bool {
-        still_open(&self.ses.stream)
+        match &self.ses.link {
+            crate::oob::perftest::Link::Tcp(s) => still_open(s),
+            crate::oob::perftest::Link::Rdma(_) => true,
+        }
     }
     fn finish(&mut self, timeout: Duration) -> Result<(), String> {
         if self.info.tool == PeerTool::PerftestSend {

@@ -971,8 +971,17 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         }
         cfg.limit_msgrate = Some(v);
     }
-    if c.comm_rdma_cm || c.rdma_cm {
-        return refuse("rdma_cm (-R, -z)");
+    if c.comm_rdma_cm {
+        return refuse("-z (rdma_cm for the exchange with QPs connected by hand; -R is supported)");
+    }
+    if c.rdma_cm {
+        if cfg.connection != Connection::Rc {
+            return refuse("-R with -c UC/UD (ferroce's -R connects RC QPs; UD over SIDR is not done)");
+        }
+        if cfg.qps > 1 {
+            return refuse("-R with -q > 1 (one rdma_cm test QP)");
+        }
+        cfg.rdma_cm = true;
     }
     if c.dualport {
         return refuse("-O (dual-port: ferroce devices have one port)");
@@ -1093,6 +1102,7 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         if v < 0 {
             return Err(bad("--retry_count", s, "Retry Count must be non-negative"));
         }
+        cfg.retry_count = v.min(7) as u8;
     }
     if c.dont_xchg_versions {
         // perftest 6.06 then sees version "" from the peer and stops (atof("") < 5.70).
@@ -1425,7 +1435,8 @@ mod tests {
             e(Test::WriteBw, &["a", "b"]),
             "Invalid Command line. Please check command rerun"
         );
-        assert!(e(Test::WriteBw, &["-R"]).contains("not supported"));
+        assert!(e(Test::WriteBw, &["-z"]).contains("not supported"));
+        assert!(e(Test::WriteBw, &["-R", "-c", "UD"]).contains("not supported"));
         assert!(matches!(
             run(Test::WriteBw, &["--bogus"]),
             Err(ArgsError::Clap(_))

@@ -26,6 +26,7 @@ pub mod args;
 mod bw;
 mod ctx;
 mod lat;
+pub mod rdma_cm;
 pub mod report;
 mod verify;
 
@@ -189,6 +190,11 @@ pub const CACHE_LINE: usize = 64;
 #[derive(Clone, Debug)]
 pub struct PerfConfig {
     pub test: Test,
+    /// `-R`: the test QP and the exchange over RDMA-CM (perftest's "rdma_cm QPs: ON, Data ex.
+    /// method: rdma_cm"): see `apps/perf/rdma_cm.rs`.
+    pub rdma_cm: bool,
+    /// `--retry_count` (rdma_cm's `conn_param.retry_count`; default 7).
+    pub retry_count: u8,
     /// `-c`.
     pub connection: Connection,
     /// `-s`: message size (with `-a` the largest, 8 MiB).
@@ -287,6 +293,8 @@ impl PerfConfig {
         let bw = test.is_bw();
         PerfConfig {
             test,
+            rdma_cm: false,
+            retry_count: 7,
             connection: Connection::Rc,
             size: match test.verb() {
                 Verb::Atomic => 8,
@@ -583,6 +591,19 @@ pub fn run_with(
             "GID index not in the table",
         )))?;
     let ours = ep.keys(gid);
+    if ses.is_rdma() {
+        // perftest -R: an all-zero key round, the test QP connected over RDMA-CM (RTR and
+        // RTS from the REQ/REP: no ctx_connect), another all-zero round.
+        ses.gid_index = u32::from(cfg.gid_index);
+        ses.zero_round()?;
+        let resources = if matches!(cfg.test.verb(), Verb::Read | Verb::Atomic) {
+            ep.out_reads.clamp(1, 255) as u8
+        } else {
+            0
+        };
+        ses.connect_qp(ep.qps[0], resources, cfg.retry_count)?;
+        ses.zero_round()?;
+    }
     let info = TestInfo {
         device: pr.device.clone(),
         mtu: mtu.bytes(),
@@ -594,6 +615,11 @@ pub fn run_with(
     };
     if full {
         pr.line(&report::test_info(&cfg, &info))?;
+        if cfg.rdma_cm && tcp_role == Role::Server {
+            pr.line(" Waiting for client rdma_cm QP to connect")?;
+            pr.line(" Please run the same command with the IB/RoCE interface IP")?;
+            pr.line(report::RESULT_LINE)?;
+        }
     }
     let verb = cfg.test.verb();
     let lat_rdma = matches!(cfg.test, Test::WriteLat | Test::ReadLat | Test::AtomicLat);
@@ -604,7 +630,9 @@ pub fn run_with(
     for k in &ours {
         theirs.push(ses.hand_shake(k)?);
     }
-    ep.connect(&cfg, mtu, &theirs, resolve)?;
+    if !ses.is_rdma() {
+        ep.connect(&cfg, mtu, &theirs, resolve)?;
+    }
     let send_family = verb == Verb::Send;
     if send_family {
         ses.hand_shake(&ours[0])?;

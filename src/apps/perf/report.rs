@@ -490,8 +490,13 @@ pub fn test_info(cfg: &PerfConfig, info: &TestInfo) -> String {
     } else {
         let _ = writeln!(s, " Max inline data : {}[B]", cfg.inline_size);
     }
-    let _ = writeln!(s, " rdma_cm QPs\t : OFF");
-    let _ = writeln!(s, " Data ex. method : Ethernet");
+    if cfg.rdma_cm {
+        let _ = writeln!(s, " rdma_cm QPs\t : ON");
+        let _ = writeln!(s, " Data ex. method : rdma_cm");
+    } else {
+        let _ = writeln!(s, " rdma_cm QPs\t : OFF");
+        let _ = writeln!(s, " Data ex. method : Ethernet");
+    }
     let _ = write!(s, "{RESULT_LINE}");
     s
 }
@@ -644,7 +649,11 @@ fn json_test_info(cfg: &PerfConfig, info: &TestInfo) -> String {
     } else {
         let _ = writeln!(s, "Max_inline_data: {},", cfg.inline_size);
     }
-    let _ = writeln!(s, "rdma_cm_QPs: OFF,\nData_ex_method: Ethernet,");
+    if cfg.rdma_cm {
+        let _ = writeln!(s, "rdma_cm_QPs: ON,\nData_ex_method: rdma_cm,");
+    } else {
+        let _ = writeln!(s, "rdma_cm_QPs: OFF,\nData_ex_method: Ethernet,");
+    }
     s.push_str("},\n");
     s
 }
