@@ -230,6 +230,11 @@ pub fn run_perf(
     })?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
+    if cfg.rdma_cm {
+        // RDMA-CM takes the path MTU from the port (and QP1 sends at it): the port's MTU
+        // must fit the interface's frames.
+        dcfg.port_mtu = mtu;
+    }
     dcfg.cc = inv.cc.clone();
     dcfg.cnp_interval =
         (inv.cnp_interval_us > 0).then(|| crate::time::Duration::from_micros(inv.cnp_interval_us));
@@ -361,9 +366,7 @@ fn perf_session(
     let mut ses = if cfg.rdma_cm {
         // perftest -R: the exchange over an RDMA-CM connected QP, no TCP.
         let host = match &inv.host {
-            Some(h) => Some(
-                crate::apps::addr::resolve_host(h, inv.port).map_err(ToolError::Host)?,
-            ),
+            Some(h) => Some(crate::apps::addr::resolve_host(h, inv.port).map_err(ToolError::Host)?),
             None => {
                 banner(out);
                 None

@@ -190,8 +190,12 @@ pub trait MsgLink: Send {
     /// Send one message.
     fn send(&mut self, msg: &[u8]) -> Result<(), CmError>;
     /// The next message of the peer (`len` bytes expected), waiting at most `timeout`.
-    fn recv(&mut self, len: usize, what: &'static str, timeout: Duration)
-        -> Result<Vec<u8>, CmError>;
+    fn recv(
+        &mut self,
+        len: usize,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CmError>;
     /// Connect the test QP `qpn` over RDMA-CM (client: REQ to the server's port; server:
     /// accept the next connection request) with `resources` as responder resources and
     /// initiator depth and `retry_count`; returns when it is established.
@@ -385,10 +389,8 @@ impl Session {
         let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
         self.peer_page = be(&page);
         self.peer_cache_line = be(&line);
-        // Over rdma_cm the MTU character goes in 4 bytes (captured: `33 00 00 00`).
-        let ours = [b'0' + mtu_enum(mtu), 0, 0, 0];
-        let n = if self.is_rdma() { 4 } else { 2 };
-        let t = self.xchg(&ours[..n], "MTU")?;
+        let ours = [b'0' + mtu_enum(mtu), 0];
+        let t = self.xchg(&ours, "MTU")?;
         let their = t[0].wrapping_sub(b'0');
         let theirs = Mtu::from_ibv(u32::from(their)).ok_or_else(|| CmError::Malformed {
             what: "MTU",

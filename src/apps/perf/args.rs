@@ -976,7 +976,9 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
     }
     if c.rdma_cm {
         if cfg.connection != Connection::Rc {
-            return refuse("-R with -c UC/UD (ferroce's -R connects RC QPs; UD over SIDR is not done)");
+            return refuse(
+                "-R with -c UC/UD (ferroce's -R connects RC QPs; UD over SIDR is not done)",
+            );
         }
         if cfg.qps > 1 {
             return refuse("-R with -q > 1 (one rdma_cm test QP)");
@@ -1436,7 +1438,8 @@ mod tests {
             "Invalid Command line. Please check command rerun"
         );
         assert!(e(Test::WriteBw, &["-z"]).contains("not supported"));
-        assert!(e(Test::WriteBw, &["-R", "-c", "UD"]).contains("not supported"));
+        assert!(e(Test::SendBw, &["-R", "-c", "UD"]).contains("not supported"));
+        assert!(e(Test::SendBw, &["-R", "-q", "2"]).contains("not supported"));
         assert!(matches!(
             run(Test::WriteBw, &["--bogus"]),
             Err(ArgsError::Clap(_))

@@ -6,7 +6,7 @@
 //! control RC QP with RDMA-CM to the server's port (default 18515); every message of the
 //! exchange (version, page size, cache line, MTU, key messages, bandwidth reports) is one
 //! SEND of exactly its size on that QP, received into a posted buffer; key messages are
-//! `struct pingpong_dest` in binary (big-endian), the MTU four bytes. After the MTU, an
+//! `struct pingpong_dest` in binary (big-endian). After the MTU, an
 //! all-zero key message each way; the client connects the test QP with a second REQ to the
 //! same port (responder resources and initiator depth the outstanding reads for READ and
 //! ATOMIC tests, 0 otherwise; retry count `--retry_count`, RNR retry 7); another all-zero
@@ -16,8 +16,7 @@
 use crate::oob::perftest::MsgLink;
 use crate::oob::CmError;
 use crate::runtime::cm::{
-    ca_guid_of, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType, PortSpace,
-    Resolver,
+    ca_guid_of, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType, PortSpace, Resolver,
 };
 use crate::runtime::Nic;
 use crate::verbs::{
@@ -114,7 +113,8 @@ fn client_connect(
     let mut last = String::new();
     for _ in 0..CONNECT_TRIES {
         let id = ch.create_id(PortSpace::TCP);
-        let step = |r: Result<(), crate::runtime::cm::CmApiError>| r.map_err(|e| err(e.to_string()));
+        let step =
+            |r: Result<(), crate::runtime::cm::CmApiError>| r.map_err(|e| err(e.to_string()));
         step(id.resolve_addr(None, dst, Duration::from_secs(2)))?;
         let e = next_event(ch, stash, Some(&id), timeout)?;
         if e.event != EventType::AddrResolved {
@@ -179,9 +179,7 @@ impl RdmaLink {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qp = nic
-            .create_qp(QpInitAttr::new(pd, cq, cq, cap))
-            .map_err(v)?;
+        let qp = nic.create_qp(QpInitAttr::new(pd, cq, cq, cap)).map_err(v)?;
         let send_mr = nic.reg_mr(pd, SLOT, AccessFlags::LOCAL_WRITE).map_err(v)?;
         let recv_mr = nic
             .reg_mr(pd, SLOT * RECV_SLOTS, AccessFlags::LOCAL_WRITE)
