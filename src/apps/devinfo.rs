@@ -94,13 +94,19 @@ fn link_words(flags: u32) -> &'static str {
     }
 }
 
+/// Why `ferroce devinfo` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DevinfoError {
+    /// `-d` names no device.
+    #[error("no device named {0:?} (ferroce's devices are {HCA_PREFIX}<interface>, or give the interface; `ferroce devinfo -l` lists them)")]
+    NoDevice(String),
+    /// Standard output failed.
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
+}
+
 /// Find a device by `ferroce_<interface>` or by the interface name.
-pub fn find(name: &str) -> Result<Netdev, String> {
-    let not_found = || {
-        format!(
-            "no device named {name:?} (ferroce's devices are {HCA_PREFIX}<interface>, or give the interface; `ferroce devinfo -l` lists them)"
-        )
-    };
+pub fn find(name: &str) -> Result<Netdev, DevinfoError> {
     let candidates = [name.strip_prefix(HCA_PREFIX), Some(name)];
     for ifname in candidates.into_iter().flatten() {
         if ifname.is_empty() {
@@ -110,7 +116,7 @@ pub fn find(name: &str) -> Result<Netdev, String> {
             return Ok(d);
         }
     }
-    Err(not_found())
+    Err(DevinfoError::NoDevice(name.to_string()))
 }
 
 /// One `key:` followed by tabs up to `column` (as ibv_devinfo aligns: column 32 for the
@@ -195,12 +201,12 @@ pub fn device_block(d: &Netdev, state: PortState, flags: u32, verbose: bool) -> 
 }
 
 /// Run `ferroce devinfo`.
-pub fn run(o: &DevinfoOptions, out: &mut dyn Write) -> Result<(), String> {
+pub fn run(o: &DevinfoOptions, out: &mut dyn Write) -> Result<(), DevinfoError> {
     let devs: Vec<Netdev> = match &o.dev {
         Some(n) => vec![find(n)?],
         None => netdev::netdevs(),
     };
-    let w = |out: &mut dyn Write, s: &str| out.write_all(s.as_bytes()).map_err(|e| e.to_string());
+    let w = |out: &mut dyn Write, s: &str| out.write_all(s.as_bytes()).map_err(DevinfoError::from);
     if o.list {
         let mut s = format!(
             "{} HCA{} found:\n",
@@ -336,7 +342,7 @@ mod tests {
         assert_eq!(hca_id("eth0"), "ferroce_eth0");
         let lo = find("lo").unwrap();
         assert_eq!(find(&hca_id("lo")).unwrap().name, lo.name);
-        let e = find("ferroce_nosuch0").unwrap_err();
+        let e = find("ferroce_nosuch0").unwrap_err().to_string();
         assert!(e.contains("no device named \"ferroce_nosuch0\""), "{e}");
         assert!(find("ferroce_").is_err());
     }

@@ -7,6 +7,23 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// Why logging could not be turned on.
+#[derive(Debug, thiserror::Error)]
+pub enum LogInitError {
+    /// A directive that does not parse.
+    #[error("{ENV}={filter:?}: {err}")]
+    Filter {
+        /// The directives.
+        filter: String,
+        /// What is wrong.
+        #[source]
+        err: tracing_subscriber::filter::ParseError,
+    },
+    /// A subscriber was already installed.
+    #[error("{0}")]
+    Installed(String),
+}
+
 /// The environment variable that turns logging on.
 pub const ENV: &str = "RUST_LOG";
 
@@ -15,7 +32,7 @@ pub const ENV: &str = "RUST_LOG";
 ///
 /// # Errors
 /// A directive that does not parse (the message names it); nothing is installed then.
-pub fn init_from_env() -> Result<bool, String> {
+pub fn init_from_env() -> Result<bool, LogInitError> {
     match std::env::var(ENV) {
         Ok(v) if !v.trim().is_empty() => init(&v).map(|()| true),
         _ => Ok(false),
@@ -27,8 +44,11 @@ pub fn init_from_env() -> Result<bool, String> {
 ///
 /// # Errors
 /// A directive that does not parse, or a subscriber already installed.
-pub fn init(filter: &str) -> Result<(), String> {
-    let filter = EnvFilter::try_new(filter).map_err(|e| format!("{ENV}={filter:?}: {e}"))?;
+pub fn init(filter: &str) -> Result<(), LogInitError> {
+    let filter = EnvFilter::try_new(filter).map_err(|err| LogInitError::Filter {
+        filter: filter.to_string(),
+        err,
+    })?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -36,5 +56,5 @@ pub fn init(filter: &str) -> Result<(), String> {
         .with_ansi(ansi)
         .with_thread_names(true)
         .try_init()
-        .map_err(|e| e.to_string())
+        .map_err(|e| LogInitError::Installed(e.to_string()))
 }

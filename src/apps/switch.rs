@@ -605,50 +605,106 @@ fn report(
     }
 }
 
+/// Why the switch cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// Fewer than two ports.
+    #[error("a switch needs at least two ports (--port IFACE, repeated)")]
+    TooFewPorts,
+    /// A port given twice.
+    #[error("port {0} given twice")]
+    DuplicatePort(String),
+    /// RED's Kmin above its Kmax.
+    #[error("--kmin-kb must not exceed --kmax-kb")]
+    KminAboveKmax,
+    /// RED's marking probability outside [0, 1].
+    #[error("--pmax must be in [0, 1]")]
+    Pmax,
+    /// No buffer.
+    #[error("--buffer-kb must be positive")]
+    ZeroBuffer,
+    /// A capture port that is not a switch port.
+    #[error("--pcap-port {0} is not one of the switch's ports")]
+    PcapPort(String),
+    /// A receive ring of no blocks.
+    #[error("receive ring must have blocks")]
+    NoRxBlocks,
+    /// The network namespace could not be entered.
+    #[error("{0}")]
+    Netns(#[source] std::io::Error),
+    /// The capture could not be started.
+    #[error(transparent)]
+    Capture(#[from] crate::pcap::capture::CaptureError),
+    /// Frames that could not be written to the capture.
+    #[error("{0} frames could not be written to the capture")]
+    CaptureFrames(u64),
+    /// The report could not be encoded.
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    /// A system call failed.
+    #[error("{what}: {err}{hint}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        err: std::io::Error,
+        /// What to do about it, or empty.
+        hint: &'static str,
+    },
+}
+
+impl SwitchError {
+    fn io(what: impl Into<String>, err: std::io::Error) -> SwitchError {
+        SwitchError::Io {
+            what: what.into(),
+            err,
+            hint: "",
+        }
+    }
+}
+
 /// Check the configuration before touching any socket.
-pub fn validate(cfg: &SwitchConfig) -> Result<(), String> {
+pub fn validate(cfg: &SwitchConfig) -> Result<(), SwitchError> {
     if cfg.ports.len() < 2 {
-        return Err("a switch needs at least two ports (--port IFACE, repeated)".into());
+        return Err(SwitchError::TooFewPorts);
     }
     for (i, p) in cfg.ports.iter().enumerate() {
         if cfg.ports[..i].contains(p) {
-            return Err(format!("port {p} given twice"));
+            return Err(SwitchError::DuplicatePort(p.clone()));
         }
     }
     if let Some(red) = cfg.queue.red {
         if red.kmin_bytes > red.kmax_bytes {
-            return Err("--kmin-kb must not exceed --kmax-kb".into());
+            return Err(SwitchError::KminAboveKmax);
         }
         if !(0.0..=1.0).contains(&red.pmax) {
-            return Err("--pmax must be in [0, 1]".into());
+            return Err(SwitchError::Pmax);
         }
     }
     if cfg.queue.buffer_bytes == 0 {
-        return Err("--buffer-kb must be positive".into());
+        return Err(SwitchError::ZeroBuffer);
     }
     if let Some(pc) = &cfg.pcap {
         if !cfg.ports.contains(&pc.port) {
-            return Err(format!(
-                "--pcap-port {} is not one of the switch's ports",
-                pc.port
-            ));
+            return Err(SwitchError::PcapPort(pc.port.clone()));
         }
     }
     if cfg.rx_block_kib == 0 || cfg.rx_blocks == 0 {
-        return Err("receive ring must have blocks".into());
+        return Err(SwitchError::NoRxBlocks);
     }
     Ok(())
 }
 
 /// Run the switch until SIGINT/SIGTERM or the configured duration; print the report to `out`
 /// (and the JSON where configured) and return it.
-pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, String> {
+pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, SwitchError> {
     validate(cfg)?;
     if let Some(ns) = &cfg.netns {
-        crate::io::enter_netns(ns).map_err(|e| e.to_string())?;
+        crate::io::enter_netns(ns).map_err(SwitchError::Netns)?;
     }
     let stop = crate::io::stop_on_sigint_sigterm()
-        .map_err(|e| format!("installing the SIGINT/SIGTERM handler: {e}"))?;
+        .map_err(|e| SwitchError::io("installing the SIGINT/SIGTERM handler", e))?;
     let mut devs = Vec::new();
     for name in &cfg.ports {
         let mut c = AfPacketConfig::new(name);
@@ -668,7 +724,11 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
             } else {
                 ""
             };
-            format!("port {name}: {e}{hint}")
+            SwitchError::Io {
+                what: format!("port {name}"),
+                err: e,
+                hint,
+            }
         })?;
         devs.push(d);
     }
@@ -677,10 +737,10 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
     let mut tap = match &cfg.pcap {
         Some(pc) => {
             let f = std::fs::File::create(&pc.path)
-                .map_err(|e| format!("{}: {e}", pc.path.display()))?;
+                .map_err(|e| SwitchError::io(pc.path.display().to_string(), e))?;
             Some(Tap {
                 port: cfg.ports.iter().position(|p| *p == pc.port).unwrap_or(0),
-                sink: PcapSink::new(BufWriter::new(f)).map_err(|e| e.to_string())?,
+                sink: PcapSink::new(BufWriter::new(f))?,
                 left: pc.max_frames,
                 frames: 0,
                 errors: 0,
@@ -717,7 +777,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     }
                     core.ingress(now, i, f);
                 })
-                .map_err(|e| format!("receive on {}: {e}", cfg.ports[i]))?;
+                .map_err(|e| SwitchError::io(format!("receive on {}", cfg.ports[i]), e))?;
             work += n;
         }
         for (i, d) in devs.iter_mut().enumerate() {
@@ -734,7 +794,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                         core.recycle(f);
                         Some(len)
                     })
-                    .map_err(|e| format!("send on {}: {e}", cfg.ports[i]))?;
+                    .map_err(|e| SwitchError::io(format!("send on {}", cfg.ports[i]), e))?;
                 work += n;
                 if n == 0 {
                     break;
@@ -797,7 +857,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                     let wait = Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos()));
                     if wait > Duration::from_micros(20) {
                         crate::io::event::poll_readable_precise(&fds, wait)
-                            .map_err(|e| format!("poll: {e}"))?;
+                            .map_err(|e| SwitchError::io("poll", e))?;
                     } else {
                         std::hint::spin_loop();
                     }
@@ -809,7 +869,7 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
                         wait = wait.min(d.saturating_sub(t0.elapsed()));
                     }
                     crate::io::event::poll_readable(&fds, Some(wait))
-                        .map_err(|e| format!("poll: {e}"))?;
+                        .map_err(|e| SwitchError::io("poll", e))?;
                 }
             }
         }
@@ -819,22 +879,21 @@ pub fn run(cfg: &SwitchConfig, out: &mut dyn Write) -> Result<SwitchReport, Stri
     if let Some(t) = tap {
         pcap_frames = t.frames;
         let mut w = t.sink.into_inner();
-        w.flush().map_err(|e| format!("writing the capture: {e}"))?;
+        w.flush()
+            .map_err(|e| SwitchError::io("writing the capture", e))?;
         if t.errors > 0 {
-            return Err(format!(
-                "{} frames could not be written to the capture",
-                t.errors
-            ));
+            return Err(SwitchError::CaptureFrames(t.errors));
         }
     }
     let r = report(cfg, &core, &devs, secs, pcap_frames);
     write!(out, "{}", r.text()).ok();
     if let Some(p) = &cfg.json {
-        let v = serde_json::to_string(&r).map_err(|e| e.to_string())?;
+        let v = serde_json::to_string(&r).map_err(SwitchError::Json)?;
         if p.as_os_str() == "-" {
             writeln!(out, "{v}").ok();
         } else {
-            std::fs::write(p, format!("{v}\n")).map_err(|e| format!("{}: {e}", p.display()))?;
+            std::fs::write(p, format!("{v}\n"))
+                .map_err(|e| SwitchError::io(p.display().to_string(), e))?;
         }
     }
     out.flush().ok();
@@ -1101,9 +1160,9 @@ mod tests {
     #[test]
     fn validate_rejects_bad_configs() {
         let mut c = SwitchConfig::new(vec!["a".into()]);
-        assert!(validate(&c).unwrap_err().contains("two ports"));
+        assert!(validate(&c).unwrap_err().to_string().contains("two ports"));
         c.ports = vec!["a".into(), "a".into()];
-        assert!(validate(&c).unwrap_err().contains("twice"));
+        assert!(validate(&c).unwrap_err().to_string().contains("twice"));
         c.ports = vec!["a".into(), "b".into()];
         assert!(validate(&c).is_ok());
         c.queue.red = Some(Red::new(10, 5, 0.1));
@@ -1114,6 +1173,9 @@ mod tests {
             port: "c".into(),
             max_frames: None,
         });
-        assert!(validate(&c).unwrap_err().contains("--pcap-port"));
+        assert!(validate(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("--pcap-port"));
     }
 }
