@@ -6,7 +6,8 @@
 //!
 //! - **Where**: `$FERROCE_RUN_DIR` if set; otherwise `/run/ferroce` for root, else
 //!   `$XDG_RUNTIME_DIR/ferroce`, else `/tmp/ferroce-<uid>` (made mode 0700: PSNs and QPNs are
-//!   for the owner only). [`discover`] looks in all of them.
+//!   for the owner only; a directory owned by another user, or a link, is not used).
+//!   [`discover`] looks in all of them.
 //! - **Cost**: a thread per NIC blocked in `accept`; the device lock is taken only while a
 //!   snapshot is taken, when someone asks. `FERROCE_STAT=off` turns publishing off.
 //! - **Format** (what the socket answers; [`NicStat::to_text`], [`NicStat::parse`]): a first
@@ -324,6 +325,15 @@ impl Publisher {
         if made && euid() != Some(0) {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        // A directory someone else made (a shared /tmp) is not ours to publish PSNs in.
+        let owner = std::fs::symlink_metadata(&dir).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.uid(), m.is_dir())
+        });
+        if !matches!(owner, Ok((uid, true)) if Some(uid) == euid() || uid == 0) {
+            tracing::debug!(dir = %dir.display(), "stat directory not owned by this user");
+            return None;
         }
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{}-{n}.sock", std::process::id()));
