@@ -869,3 +869,60 @@ fn reads_beyond_the_responder_resources_are_an_invalid_request() {
     );
     assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Err);
 }
+
+/// Issue 17, finding 3: a forged RNR NAK inside the window, repeated before its timer ends,
+/// must not hold the requester off forever (rnr_retry 7 retries forever, IBTA 9.7.5.2.8, but
+/// each NAK may only start a wait, not push a running one further out). A's SEND has reached
+/// B, whose ACK is lost; an attacker sends A an RNR NAK for the SEND's PSN (timer code 0:
+/// 655.36 ms) every 500 ms. The RNR wait ends at 655 ms, A resends, B re-ACKs, the SEND
+/// completes. Before the fix every forged NAK moved the end of the wait 655 ms further and
+/// the SEND never completed.
+#[test]
+fn repeated_forged_rnr_naks_cannot_stall_the_requester() {
+    use ferroce::wire::{AethRepr, RnrTimer, Syndrome};
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    post_recv(&mut b, &mb, 7);
+    post_recv(&mut b, &mb, 8);
+    let t0 = Instant::from_nanos(1_000_000);
+    post_send(&mut a, &ma, 1);
+    for f in take_frames(&mut a, t0) {
+        b.dev.handle_frame(t0, &f);
+    }
+    let acks = take_frames(&mut b, t0);
+    assert_eq!(acks.len(), 1, "B acknowledges the SEND");
+    // The forged RNR NAK: B's ACK, syndrome RNR NAK with timer code 0.
+    let p = ferroce::wire::parse_frame(&acks[0]).unwrap();
+    let mut repr = p.repr;
+    repr.roce.ext.aeth = Some(AethRepr {
+        syndrome: Syndrome::RnrNak(RnrTimer::new(0)),
+        ..repr.roce.ext.aeth.unwrap()
+    });
+    let mut forged = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut forged, p.payload).unwrap();
+    let mut done = None;
+    for k in 0..10u64 {
+        let now = t0 + Duration::from_millis(500 * k);
+        a.dev.handle_frame(now, &forged);
+        let now = now + Duration::from_millis(1);
+        a.dev.handle_timeout(now);
+        for f in take_frames(&mut a, now) {
+            b.dev.handle_frame(now, &f);
+        }
+        for f in take_frames(&mut b, now) {
+            a.dev.handle_frame(now, &f);
+        }
+        if let Some(wc) = poll(&mut a).into_iter().find(|w| w.wr_id == 1) {
+            done = Some((k, wc.status));
+            break;
+        }
+    }
+    let (k, status) = done.expect("the SEND never completed under repeated forged RNR NAKs");
+    assert_eq!(status, WcStatus::Success);
+    assert!(k <= 2, "completed only after {k} rounds");
+    // The NAKs that arrived during the wait were counted and not acted on.
+    assert!(a.dev.qp_counters(a.qp).unwrap().rnr_naks_ignored >= 1);
+    assert_eq!(poll(&mut b).len(), 1, "B received the SEND once");
+}

@@ -32,6 +32,8 @@ pub struct QpCounters {
     pub rnr_naks_sent: u64,
     /// RNR NAKs received.
     pub rnr_naks_rcvd: u64,
+    /// RNR NAKs received while an RNR wait was already running, not acted on.
+    pub rnr_naks_ignored: u64,
     /// Other NAKs (invalid request, remote access, remote operational) sent.
     pub err_naks_sent: u64,
     /// Other NAKs received.
@@ -121,6 +123,7 @@ qp_counters!(
     seq_naks_rcvd,
     rnr_naks_sent,
     rnr_naks_rcvd,
+    rnr_naks_ignored,
     err_naks_sent,
     err_naks_rcvd,
     duplicates,

@@ -260,8 +260,18 @@ impl Qp {
     /// An RNR NAK at PSN `p`: the WQEs before it are acknowledged; wait out its timer and
     /// resend from `p` (rnr_retry 7 means retry forever, IBTA 9.7.5.2.8), or fail the oldest
     /// WQE with RNR_RETRY_EXC_ERR when the RNR retries are spent.
+    ///
+    /// An RNR NAK while a wait is already running is not acted on (counted
+    /// `rnr_naks_ignored`): nothing has been resent since the wait began, so a genuine peer has
+    /// nothing new to refuse, and a forged or duplicated NAK must not push the end of the wait
+    /// further out (repeated before the timer ends it would stall the QP forever with
+    /// rnr_retry 7; issue 17 finding 3).
     fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, p: Psn, t: RnrTimer) {
         self.counters.rnr_naks_rcvd += 1;
+        if self.timers.is_armed(Timer::Rnr) {
+            self.counters.rnr_naks_ignored += 1;
+            return;
+        }
         let a = self.ack_through(ctx, p.sub(1));
         if !self.handle_acked(ctx, a) {
             return;
