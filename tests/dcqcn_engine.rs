@@ -309,3 +309,55 @@ fn incast_without_congestion_control_drops_and_retransmits() {
     assert!(retx > 1000, "{retx} retransmissions");
     assert_eq!(cnps, 0);
 }
+
+/// Issue 17, finding 3: a CE mark makes the notification point owe a CNP only for a packet
+/// the QP takes as part of its connection. A's WRITE, CE-marked, is delivered to B three ways:
+/// with a PSN far ahead of B's expected one (a forgery: no CNP), as sent (one CNP), and to
+/// B's QP once it is in the error state (no CNP).
+/// Before the fix each of the first two owed a CNP, which would throttle the real sender.
+#[test]
+fn ce_marks_owe_a_cnp_only_for_packets_of_the_connection() {
+    let (mut p, a, b) = dcqcn_pair(0.0, 10);
+    write(&mut p, &a, &b, 1, 64);
+    let mut buf = vec![0u8; 9000];
+    let now = p.now;
+    let n =
+        p.a.poll_transmit(now, &mut buf)
+            .unwrap()
+            .expect("A's WRITE");
+    let frame = buf[..n].to_vec();
+    let ce = |f: &[u8], psn_ahead: u32| {
+        let parsed = wire::parse_frame(f).unwrap();
+        let mut repr = parsed.repr;
+        repr.roce.bth.psn = repr.roce.bth.psn.add(psn_ahead);
+        let mut out = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut out, parsed.payload).unwrap();
+        assert!(wire::ip::set_ecn(&mut out[14..], Ecn::Ce));
+        out
+    };
+    let cnps = |d: &mut Device| {
+        let mut v = Vec::new();
+        let mut buf = vec![0u8; 9000];
+        while let Some(n) = d.poll_transmit(now, &mut buf).unwrap() {
+            v.push(buf[n.min(43) - 1]);
+        }
+        (d.counters().1.cnps_sent, v)
+    };
+    // Far ahead: out of sequence; a NAK, no CNP.
+    p.b.handle_frame(now, &ce(&frame, 100_000));
+    let (sent, _) = cnps(&mut p.b);
+    assert_eq!(sent, 0, "a CNP for a packet far outside the window");
+    // As sent: one CNP.
+    p.b.handle_frame(now, &ce(&frame, 0));
+    let (sent, _) = cnps(&mut p.b);
+    assert_eq!(sent, 1, "no CNP for a CE-marked packet of the connection");
+    // B's QP no longer receives (moved to the error state): no CNP.
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    p.b.modify_qp(b.qp, &err, QpAttrMask::STATE).unwrap();
+    p.b.handle_frame(now, &ce(&frame, 1));
+    let (sent, _) = cnps(&mut p.b);
+    assert_eq!(sent, 1, "a CNP from a QP in the error state");
+}

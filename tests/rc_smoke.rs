@@ -875,8 +875,8 @@ fn reads_beyond_the_responder_resources_are_an_invalid_request() {
 /// each NAK may only start a wait, not push a running one further out). A's SEND has reached
 /// B, whose ACK is lost; an attacker sends A an RNR NAK for the SEND's PSN (timer code 0:
 /// 655.36 ms) every 500 ms. The RNR wait ends at 655 ms, A resends, B re-ACKs, the SEND
-/// completes. Before the fix every forged NAK moved the end of the wait 655 ms further and
-/// the SEND never completed.
+/// completes; the NAKs that arrive during the wait are counted as ignored (a wait pushed
+/// further out by every forged NAK would never end).
 #[test]
 fn repeated_forged_rnr_naks_cannot_stall_the_requester() {
     use ferroce::wire::{AethRepr, RnrTimer, Syndrome};
@@ -925,4 +925,65 @@ fn repeated_forged_rnr_naks_cannot_stall_the_requester() {
     // The NAKs that arrived during the wait were counted and not acted on.
     assert!(a.dev.qp_counters(a.qp).unwrap().rnr_naks_ignored >= 1);
     assert_eq!(poll(&mut b).len(), 1, "B received the SEND once");
+    let c = a.dev.qp_counters(a.qp).unwrap();
+    assert_eq!((c.rnr_naks_rcvd, c.rnr_naks_ignored), (3, 2));
+}
+
+/// Issue 17, finding 3: the all-zero destination MAC is not a unicast address on a real wire
+/// (only a UDP-socket backend synthesises it, and a device behind one is told so with
+/// `accept_zero_dst_mac`). A's SEND with its destination MAC zeroed (the Ethernet header is
+/// outside the ICRC, so the frame still verifies) is dropped by B (counted address_drops, no
+/// receive completion, nothing acknowledged); the same frame to a device that accepts zero
+/// MACs is delivered. Before the fix B took it and completed the receive.
+#[test]
+fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    post_recv(&mut b, &mb, 7);
+    let t0 = Instant::from_nanos(1_000_000);
+    post_send(&mut a, &ma, 1);
+    let mut frames = take_frames(&mut a, t0);
+    assert_eq!(frames.len(), 1);
+    frames[0][..6].fill(0);
+    let drops = b.dev.counters().0.address_drops;
+    b.dev.handle_frame(t0, &frames[0]);
+    assert_eq!(b.dev.counters().0.address_drops, drops + 1);
+    assert!(
+        poll(&mut b).is_empty(),
+        "B delivered a frame sent to 00:00:00:00:00:00"
+    );
+    assert!(take_frames(&mut b, t0).is_empty(), "B answered it");
+
+    // A device behind a UDP socket takes it.
+    let mut cfg = b.dev.config().clone();
+    cfg.accept_zero_dst_mac = true;
+    let mut c = Side {
+        dev: Device::new(cfg),
+        ..side(2)
+    };
+    let (pd, cq) = (c.dev.alloc_pd(), c.dev.create_cq(64).unwrap());
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    c.pd = pd;
+    c.cq = cq;
+    c.qp = c.dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
+    let mut a2 = side(1);
+    connect(&mut a2, &mut c, Mtu::M1024);
+    let ma2 = a2.dev.reg_mr(a2.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mc = c.dev.reg_mr(c.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    post_recv(&mut c, &mc, 7);
+    post_send(&mut a2, &ma2, 1);
+    let mut frames = take_frames(&mut a2, t0);
+    frames[0][..6].fill(0);
+    c.dev.handle_frame(t0, &frames[0]);
+    let wcs = poll(&mut c);
+    assert_eq!(wcs.len(), 1, "a zero-MAC device delivers the SEND");
+    assert_eq!(wcs[0].status, WcStatus::Success);
 }

@@ -81,8 +81,8 @@ for arg in "$@"; do
     case "$arg" in
         -h|--help) usage; exit 0 ;;
         all) groups+=("${ALL_GROUPS[@]}") ;;
-        wire|net|bench|vm) groups+=("$arg") ;;
-        *) echo "deps.sh: unknown group '$arg' (expected wire|net|bench|vm|all; -h for help)" >&2; exit 2 ;;
+        wire|net|bench|vm|rdma) groups+=("$arg") ;;
+        *) echo "deps.sh: unknown group '$arg' (expected wire|net|bench|vm|rdma|all; -h for help)" >&2; exit 2 ;;
     esac
 done
 [[ ${#groups[@]} -gt 0 ]] || groups=("${ALL_GROUPS[@]}")

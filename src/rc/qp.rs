@@ -538,7 +538,7 @@ impl Qp {
     ) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += payload.len() as u64;
-        if ecn == Ecn::Ce {
+        if ecn == Ecn::Ce && self.ce_counts(r) {
             // The notification point: a congested path; CNPs to the sender, spaced.
             self.counters.ce_rcvd += 1;
             let every = self.dev.cnp_every_ce;
@@ -561,6 +561,24 @@ impl Qp {
             if let Some(d) = self.ack_delay {
                 self.hold_ack(ctx.now, d);
             }
+        }
+    }
+
+    /// Whether a CE-marked packet makes this QP owe its sender a CNP: only a packet this QP
+    /// takes as part of the connection, checked before anything is owed (issue 17, finding 3;
+    /// a forged packet must not throttle the real peer through our CNPs). The QP receives
+    /// (RTR, RTS, SQD); a request's PSN is the expected one or a duplicate of one before it
+    /// (a retransmission crossing the same congestion); a response's PSN is outstanding
+    /// (`[una, hwm)`, the completer's own check).
+    fn ce_counts(&self, r: &RoceRepr) -> bool {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return false;
+        }
+        let p = r.bth.psn;
+        if r.bth.opcode.is(OpFlags::RESPONSE) {
+            !p.before(self.req.una) && p.before(self.req.hwm)
+        } else {
+            p.before_or_eq(self.resp.epsn)
         }
     }
 

@@ -207,6 +207,11 @@ impl Nic {
         mut pkt: D,
         opts: NicOptions,
     ) -> std::io::Result<Nic> {
+        let mut cfg = cfg;
+        if pkt.medium() == crate::io::Medium::UdpSocket {
+            // Its received frames carry the synthesised all-zero destination MAC.
+            cfg.accept_zero_dst_mac = true;
+        }
         let inner = Arc::new(Inner {
             dev: Mutex::new(Device::new(cfg)),
             doorbell: SegQueue::new(),

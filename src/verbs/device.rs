@@ -85,6 +85,12 @@ pub struct DeviceConfig {
     /// names. Implies `fast_recovery`. Against a peer without it every gap costs a round
     /// trip per packet dropped behind it, so both ends must agree. Default off.
     pub selective_repeat: bool,
+    /// Accept frames whose destination MAC is all zeros. Only what a UDP-socket backend
+    /// synthesises (the kernel took the real Ethernet header off) carries it; on a real wire
+    /// it is never a valid unicast address, so a device on whole Ethernet frames drops it
+    /// (counted `address_drops`; issue 17 finding 3). [`crate::runtime::Nic::start`] sets it
+    /// for a backend whose medium is [`crate::io::Medium::UdpSocket`]. Default off.
+    pub accept_zero_dst_mac: bool,
     /// TEST-ONLY: deliberate deviations from IBTA (all off by default), so that a
     /// conformance tester's own tests can show each check fails (`ferroce conform --serve
     /// --break NAME`). Never set on a device that talks to anything but a tester.
@@ -112,6 +118,7 @@ impl DeviceConfig {
             port_mtu: Mtu::M4096,
             fast_recovery: false,
             selective_repeat: false,
+            accept_zero_dst_mac: false,
             deviations: crate::rc::deviations::Deviations::default(),
         }
     }

@@ -238,8 +238,10 @@ impl Device {
         };
         if let Some(e) = p.repr.eth {
             // The all-zero MAC is what a socket backend synthesises (the kernel took the real
-            // Ethernet header off); it never appears on a real wire.
-            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && e.dst != MacAddr::ZERO {
+            // Ethernet header off); it never appears on a real wire, so only a device behind
+            // such a backend takes it.
+            let zero_ok = self.cfg.accept_zero_dst_mac && e.dst == MacAddr::ZERO;
+            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && !zero_ok {
                 self.counters.address_drops += 1;
                 return;
             }

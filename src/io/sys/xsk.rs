@@ -749,15 +749,33 @@ impl XskSocket {
             sxdp_queue_id: queue,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: `sa` is a valid sockaddr_xdp of the length given.
-        cvt(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sa as *const libc::sockaddr_xdp as *const libc::sockaddr,
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        })
-        .map_err(step("bind"))?;
+        // A queue the previous owner just left (its process exited or closed the socket) can
+        // stay busy for a moment: the kernel releases an AF_XDP socket's binding after an RCU
+        // grace period. A server restarted at once (perftest runs one test after another)
+        // then gets EBUSY; wait for the release, at most 2 s.
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: `sa` is a valid sockaddr_xdp of the length given.
+            let r = cvt(unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    &sa as *const libc::sockaddr_xdp as *const libc::sockaddr,
+                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            });
+            match r {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        && t0.elapsed() < std::time::Duration::from_secs(2) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => {
+                    r.map_err(step("bind"))?;
+                    break;
+                }
+            }
+        }
         Ok(XskSocket {
             fd,
             fill,
