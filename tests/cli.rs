@@ -542,6 +542,16 @@ fn devinfo_port_state_follows_the_interface() {
         "ip netns add (needs root): {}",
         String::from_utf8_lossy(&added.stderr)
     );
+    // The namespace goes with the test, also when a step below fails (two were left behind).
+    struct DelNs(String);
+    impl Drop for DelNs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.0])
+                .status();
+        }
+    }
+    let _del = DelNs(ns.clone());
     let devinfo = |dev: &str| {
         let o = sh(&[
             "ip",
@@ -571,7 +581,6 @@ fn devinfo_port_state_follows_the_interface() {
     let no_carrier = devinfo("ferroce_v0");
     ip(&["link", "set", "v1", "up"]);
     let both_up = devinfo("v0");
-    let _ = sh(&["ip", "netns", "del", &ns]);
     for (text, port, phys, link) in [
         (&down, "PORT_DOWN (1)", "DISABLED (3)", "down)"),
         (&up, "PORT_ACTIVE (4)", "LINK_UP (5)", "up)"),
