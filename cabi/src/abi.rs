@@ -1,5 +1,5 @@
 //! rdma-core's public structures (`<infiniband/verbs.h>`, rdma-core 44), field for field, as
-//! `#[repr(C)]` Rust. Only the layout matters here: `tests/layout.rs` compiles a C program
+//! `#[repr(C)]` Rust. Only the layout matters here: `tests/abi.rs` compiles a C program
 //! against the system's headers and compares the size and every offset the library touches.
 //!
 //! Enumerations are C `int`s (`u32`/`i32`); `pthread_mutex_t`/`pthread_cond_t` come from libc.
@@ -422,7 +422,8 @@ pub struct ibv_async_event {
     pub event_type: c_int,
 }
 
-/// The layout facts `tests/layout.rs` checks against the C headers: (name, value).
+/// The layout facts `tests/abi.rs` checks against the C headers: (C expression, value):
+/// sizes, offsets, and the numbers of the completion enums.
 pub fn layout_facts() -> Vec<(&'static str, usize)> {
     use std::mem::{offset_of, size_of};
     macro_rules! facts {
@@ -743,5 +744,36 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         "offsetof(struct ibv_send_wr, qp_type.xrc.remote_srqn)",
         offset_of!(ibv_send_wr, remote_srqn),
     ));
+    // The numbers of the completion enums ferroce::verbs writes into `ibv_wc`.
+    use ferroce::verbs::{WcOpcode, WcStatus};
+    for (name, st) in [
+        ("IBV_WC_SUCCESS", WcStatus::Success),
+        ("IBV_WC_LOC_LEN_ERR", WcStatus::LocLenErr),
+        ("IBV_WC_LOC_QP_OP_ERR", WcStatus::LocQpOpErr),
+        ("IBV_WC_LOC_PROT_ERR", WcStatus::LocProtErr),
+        ("IBV_WC_WR_FLUSH_ERR", WcStatus::WrFlushErr),
+        ("IBV_WC_BAD_RESP_ERR", WcStatus::BadRespErr),
+        ("IBV_WC_LOC_ACCESS_ERR", WcStatus::LocAccessErr),
+        ("IBV_WC_REM_INV_REQ_ERR", WcStatus::RemInvReqErr),
+        ("IBV_WC_REM_ACCESS_ERR", WcStatus::RemAccessErr),
+        ("IBV_WC_REM_OP_ERR", WcStatus::RemOpErr),
+        ("IBV_WC_RETRY_EXC_ERR", WcStatus::RetryExcErr),
+        ("IBV_WC_RNR_RETRY_EXC_ERR", WcStatus::RnrRetryExcErr),
+        ("IBV_WC_REM_INV_RD_REQ_ERR", WcStatus::RemInvRdReqErr),
+        ("IBV_WC_GENERAL_ERR", WcStatus::GeneralErr),
+    ] {
+        v.push((name, st.to_ibv() as usize));
+    }
+    for (name, op) in [
+        ("IBV_WC_SEND", WcOpcode::Send),
+        ("IBV_WC_RDMA_WRITE", WcOpcode::RdmaWrite),
+        ("IBV_WC_RDMA_READ", WcOpcode::RdmaRead),
+        ("IBV_WC_COMP_SWAP", WcOpcode::CompSwap),
+        ("IBV_WC_FETCH_ADD", WcOpcode::FetchAdd),
+        ("IBV_WC_RECV", WcOpcode::Recv),
+        ("IBV_WC_RECV_RDMA_WITH_IMM", WcOpcode::RecvRdmaWithImm),
+    ] {
+        v.push((name, op.to_ibv() as usize));
+    }
     v
 }

@@ -5,7 +5,7 @@
 //! library> ibv_rc_pingpong …`.
 //!
 //! - [`abi`]: rdma-core's structures as `#[repr(C)]` (checked against the C headers by
-//!   `tests/layout.rs`).
+//!   `tests/abi.rs`).
 //! - `device`: the one device this process sees (`ferroce_<interface>`), chosen by the
 //!   environment (`FERROCE_DEV`, `FERROCE_BACKEND`, `FERROCE_PCAP`), and the running NIC
 //!   behind every open context.

@@ -842,37 +842,6 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited: c_int) -> c_int {
     }
 }
 
-fn wc_status(s: WcStatus) -> c_int {
-    match s {
-        WcStatus::Success => 0,
-        WcStatus::LocLenErr => 1,
-        WcStatus::LocQpOpErr => 2,
-        WcStatus::LocProtErr => 4,
-        WcStatus::WrFlushErr => 5,
-        WcStatus::BadRespErr => 7,
-        WcStatus::LocAccessErr => 8,
-        WcStatus::RemInvReqErr => 9,
-        WcStatus::RemAccessErr => 10,
-        WcStatus::RemOpErr => 11,
-        WcStatus::RetryExcErr => 12,
-        WcStatus::RnrRetryExcErr => 13,
-        WcStatus::RemInvRdReqErr => 15,
-        WcStatus::GeneralErr => 21,
-    }
-}
-
-fn wc_opcode(o: WcOpcode) -> c_int {
-    match o {
-        WcOpcode::Send => 0,
-        WcOpcode::RdmaWrite => 1,
-        WcOpcode::RdmaRead => 2,
-        WcOpcode::CompSwap => 3,
-        WcOpcode::FetchAdd => 4,
-        WcOpcode::Recv => 128,
-        WcOpcode::RecvRdmaWithImm => 129,
-    }
-}
-
 fn to_c_wc(w: &WorkCompletion) -> ibv_wc {
     let mut flags = 0;
     if w.wc_flags.contains(WcFlags::GRH) {
@@ -891,8 +860,8 @@ fn to_c_wc(w: &WorkCompletion) -> ibv_wc {
     };
     ibv_wc {
         wr_id: w.wr_id,
-        status: wc_status(w.status),
-        opcode: wc_opcode(w.opcode),
+        status: w.status.to_ibv() as c_int,
+        opcode: w.opcode.to_ibv() as c_int,
         vendor_err: 0,
         byte_len: w.byte_len,
         imm_data: imm,

@@ -286,26 +286,6 @@ pub enum State {
     Error,
 }
 
-/// `enum ibv_wc_status`'s number.
-fn wc_status_code(s: WcStatus) -> u32 {
-    match s {
-        WcStatus::Success => 0,
-        WcStatus::LocLenErr => 1,
-        WcStatus::LocQpOpErr => 2,
-        WcStatus::LocProtErr => 4,
-        WcStatus::WrFlushErr => 5,
-        WcStatus::BadRespErr => 7,
-        WcStatus::LocAccessErr => 8,
-        WcStatus::RemInvReqErr => 9,
-        WcStatus::RemAccessErr => 10,
-        WcStatus::RemOpErr => 11,
-        WcStatus::RetryExcErr => 12,
-        WcStatus::RnrRetryExcErr => 13,
-        WcStatus::RemInvRdReqErr => 15,
-        WcStatus::GeneralErr => 21,
-    }
-}
-
 /// Why rping stops with a CM event it does not expect (its CM thread's `exit(-1)`).
 struct Fatal;
 
@@ -528,7 +508,7 @@ impl<'a> Conn<'a> {
             let _ = writeln!(
                 self.err,
                 "cq completion failed status {}",
-                wc_status_code(wc.status)
+                wc.status.to_ibv()
             );
             self.state = State::Error;
             self.sem += 1;

@@ -39,6 +39,27 @@ pub enum WcStatus {
 }
 
 impl WcStatus {
+    /// Its number in `enum ibv_wc_status` (rdma-core's `<infiniband/verbs.h>`; the C-ABI
+    /// crate's layout test compares these with the header).
+    pub const fn to_ibv(self) -> u32 {
+        match self {
+            WcStatus::Success => 0,
+            WcStatus::LocLenErr => 1,
+            WcStatus::LocQpOpErr => 2,
+            WcStatus::LocProtErr => 4,
+            WcStatus::WrFlushErr => 5,
+            WcStatus::BadRespErr => 7,
+            WcStatus::LocAccessErr => 8,
+            WcStatus::RemInvReqErr => 9,
+            WcStatus::RemAccessErr => 10,
+            WcStatus::RemOpErr => 11,
+            WcStatus::RetryExcErr => 12,
+            WcStatus::RnrRetryExcErr => 13,
+            WcStatus::RemInvRdReqErr => 15,
+            WcStatus::GeneralErr => 21,
+        }
+    }
+
     /// The `ibv_wc_status_str` spelling.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -83,6 +104,21 @@ pub enum WcOpcode {
     Recv,
     /// An RDMA WRITE with immediate was received.
     RecvRdmaWithImm,
+}
+
+impl WcOpcode {
+    /// Its number in `enum ibv_wc_opcode` (receive completions from 128, as in rdma-core).
+    pub const fn to_ibv(self) -> u32 {
+        match self {
+            WcOpcode::Send => 0,
+            WcOpcode::RdmaWrite => 1,
+            WcOpcode::RdmaRead => 2,
+            WcOpcode::CompSwap => 3,
+            WcOpcode::FetchAdd => 4,
+            WcOpcode::Recv => 128,
+            WcOpcode::RecvRdmaWithImm => 129,
+        }
+    }
 }
 
 bitflags! {
