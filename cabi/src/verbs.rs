@@ -134,7 +134,9 @@ unsafe fn sh<'a>(c: *mut ibv_context) -> &'a Shared {
 
 // ---- the device list -----------------------------------------------------------------------
 
-struct DevSlot(*mut ibv_device);
+/// The device and its node GUID (network-order bytes, as `ibv_get_device_guid` returns them),
+/// both fixed when the list is first read.
+struct DevSlot(*mut ibv_device, u64);
 // SAFETY: the device structure is written once, before it is published, and only read after.
 unsafe impl Send for DevSlot {}
 // SAFETY: as above.
@@ -169,7 +171,7 @@ fn the_device() -> Option<*mut ibv_device> {
                     &mut d.ibdev_path,
                     &format!("/sys/class/infiniband/{}", p.name()),
                 );
-                Some(DevSlot(Box::into_raw(d)))
+                Some(DevSlot(Box::into_raw(d), u64::from_ne_bytes(p.guid())))
             }
             Err(e) => {
                 warn(&e);
@@ -216,10 +218,11 @@ pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_device_guid(_dev: *mut ibv_device) -> u64 {
-    match device::Port::from_env() {
-        Ok(p) => u64::from_ne_bytes(p.guid()),
-        Err(_) => 0,
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
+    // The slot's GUID, without looking the interface up again.
+    match DEVICE.get().and_then(Option::as_ref) {
+        Some(d) if d.0 == dev => d.1,
+        _ => 0,
     }
 }
 
@@ -1030,43 +1033,77 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
         .collect())
 }
 
-unsafe extern "C" fn post_srq_recv(
-    srq: *mut ibv_srq,
-    mut wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-) -> c_int {
-    if srq.is_null() {
-        return EINVAL;
+/// A C work request list: each request names the next (NULL ends it).
+trait WrList {
+    fn next(&self) -> *mut Self;
+}
+
+impl WrList for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
     }
-    // SAFETY: an SRQ from ibv_create_srq; `wr` the caller's list.
-    let w = unsafe { &*(srq as *mut SrqW) };
-    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    let s = unsafe { sh(w.c.context) };
+}
+
+impl WrList for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Post each request of the list `wr` with `post`, in order. The first one refused stops the
+/// walk: `*bad` names it and its errno is returned, as libibverbs' post verbs do.
+///
+/// # Safety
+/// `wr` is NULL or the caller's list of live requests; `bad` is NULL or writable.
+unsafe fn post_list<W: WrList>(
+    mut wr: *mut W,
+    bad: *mut *mut W,
+    mut post: impl FnMut(&W) -> Result<(), c_int>,
+) -> c_int {
     while !wr.is_null() {
         // SAFETY: the caller's work request list: live requests (libibverbs' contract).
         let r = unsafe { &*wr };
-        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-        let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
-            s.nic
-                .post_srq_recv(
-                    w.srq,
-                    RecvWr {
-                        wr_id: r.wr_id,
-                        sg_list,
-                    },
-                )
-                .map_err(|e| errno_of(&e))
-        });
-        if let Err(e) = res {
+        if let Err(e) = post(r) {
             if !bad.is_null() {
                 // SAFETY: the caller's out parameter.
                 unsafe { *bad = wr };
             }
             return e;
         }
-        wr = r.next;
+        wr = r.next();
     }
     0
+}
+
+/// A receive request as the engine takes it.
+fn recv_wr(r: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+    // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
+    let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
+    Ok(RecvWr {
+        wr_id: r.wr_id,
+        sg_list,
+    })
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ from ibv_create_srq.
+    let w = unsafe { &*(srq as *mut SrqW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    let s = unsafe { sh(w.c.context) };
+    // SAFETY: the caller's list and out parameter (libibverbs' contract).
+    unsafe {
+        post_list(wr, bad, |r| {
+            let x = recv_wr(r)?;
+            s.nic.post_srq_recv(w.srq, x).map_err(|e| errno_of(&e))
+        })
+    }
 }
 
 // ---- queue pairs -----------------------------------------------------------------------------------
@@ -1394,90 +1431,61 @@ fn send_op(r: &ibv_send_wr) -> Result<SendOp, c_int> {
 
 unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_send_wr,
+    wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     if qp.is_null() {
         return EINVAL;
     }
-    // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
+    // SAFETY: a QP from ibv_create_qp.
     let w = unsafe { &*(qp as *mut QpW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    while !wr.is_null() {
-        // SAFETY: the caller's work request list: live requests (libibverbs' contract).
-        let r = unsafe { &*wr };
-        let res = (|| -> Result<(), c_int> {
-            let op = send_op(r)?;
-            // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-            let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
-            let mut x = SendWr::new(r.wr_id, op, sg_list)
-                .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
-            if w.qp_type == QpType::Ud {
-                // SAFETY: the UD member of the union, with an AH of ours.
-                let ud = unsafe { r.wr.ud };
-                if ud.ah.is_null() {
-                    return Err(EINVAL);
-                }
-                // SAFETY: CQs, SRQs and AHs the caller names are ours and alive (libibverbs' contract).
-                let ah = unsafe { (*(ud.ah as *mut AhW)).ah };
-                x = x.with_ud(UdDest {
-                    ah,
-                    remote_qpn: QpNumber::new(ud.remote_qpn),
-                    remote_qkey: ud.remote_qkey,
-                });
+    let post = |r: &ibv_send_wr| -> Result<(), c_int> {
+        let op = send_op(r)?;
+        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
+        let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
+        let mut x = SendWr::new(r.wr_id, op, sg_list)
+            .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
+        if w.qp_type == QpType::Ud {
+            // SAFETY: the UD member of the union, with an AH of ours.
+            let ud = unsafe { r.wr.ud };
+            if ud.ah.is_null() {
+                return Err(EINVAL);
             }
-            s.nic.post_send(w.qpn, x).map_err(|e| errno_of(&e))
-        })();
-        if let Err(e) = res {
-            if !bad.is_null() {
-                // SAFETY: the caller's out parameter.
-                unsafe { *bad = wr };
-            }
-            return e;
+            // SAFETY: CQs, SRQs and AHs the caller names are ours and alive (libibverbs' contract).
+            let ah = unsafe { (*(ud.ah as *mut AhW)).ah };
+            x = x.with_ud(UdDest {
+                ah,
+                remote_qpn: QpNumber::new(ud.remote_qpn),
+                remote_qkey: ud.remote_qkey,
+            });
         }
-        wr = r.next;
-    }
-    0
+        s.nic.post_send(w.qpn, x).map_err(|e| errno_of(&e))
+    };
+    // SAFETY: the caller's list and out parameter (libibverbs' contract).
+    unsafe { post_list(wr, bad, post) }
 }
 
 unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     if qp.is_null() {
         return EINVAL;
     }
-    // SAFETY: a QP from ibv_create_qp; `wr` the caller's list.
+    // SAFETY: a QP from ibv_create_qp.
     let w = unsafe { &*(qp as *mut QpW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    while !wr.is_null() {
-        // SAFETY: the caller's work request list: live requests (libibverbs' contract).
-        let r = unsafe { &*wr };
-        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-        let res = unsafe { sges(r.sg_list, r.num_sge) }.and_then(|sg_list| {
-            s.nic
-                .post_recv(
-                    w.qpn,
-                    RecvWr {
-                        wr_id: r.wr_id,
-                        sg_list,
-                    },
-                )
-                .map_err(|e| errno_of(&e))
-        });
-        if let Err(e) = res {
-            if !bad.is_null() {
-                // SAFETY: the caller's out parameter.
-                unsafe { *bad = wr };
-            }
-            return e;
-        }
-        wr = r.next;
+    // SAFETY: the caller's list and out parameter (libibverbs' contract).
+    unsafe {
+        post_list(wr, bad, |r| {
+            let x = recv_wr(r)?;
+            s.nic.post_recv(w.qpn, x).map_err(|e| errno_of(&e))
+        })
     }
-    0
 }
 
 // ---- address handles ----------------------------------------------------------------------------
