@@ -173,6 +173,8 @@ struct Inner {
     stats_at: AtomicU64,
     stats_req: AtomicBool,
     stats_gen: AtomicU64,
+    /// Engine rounds whose receive found no frame waiting (see [`Nic::settle`]).
+    quiet_rounds: AtomicU64,
 }
 
 /// How often the engine refreshes the packet device's counters (see `engine_step`).
@@ -230,6 +232,7 @@ impl Nic {
             stats_at: AtomicU64::new(0),
             stats_req: AtomicBool::new(false),
             stats_gen: AtomicU64::new(0),
+            quiet_rounds: AtomicU64::new(0),
         });
         let describe = pkt.describe();
         tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, "NIC starting");
@@ -863,6 +866,34 @@ impl Nic {
         }
     }
 
+    /// Wait until the engine has taken in every frame that was waiting in the packet device
+    /// when this was called: until a whole engine round that began after the call found
+    /// nothing to receive. `false` if that did not happen within `timeout` (frames kept
+    /// arriving, or the engine is stopped).
+    ///
+    /// Unreliable transports need it: a UC or UD sender's completion says the packet left,
+    /// not that the receiver has placed it, so a receiver told "done" out of band (perftest's
+    /// final exchange) settles its NIC before it looks at the memory.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let quiet = || self.inner.quiet_rounds.load(Ordering::Acquire);
+        // A round already running may have looked before the call and count after it: the
+        // second quiet round from here is the first one wholly after the call.
+        let want = quiet() + 2;
+        let t0 = std::time::Instant::now();
+        loop {
+            if self.progress() == 0 && quiet() < want {
+                self.ring_engine();
+                std::thread::yield_now();
+            }
+            if quiet() >= want {
+                return true;
+            }
+            if t0.elapsed() >= timeout || self.inner.stop.load(Ordering::Acquire) {
+                return false;
+            }
+        }
+    }
+
     /// Device counters, QP totals and the packet device's counters.
     pub fn counters(&self) -> (DeviceCounters, QpCounters, IoStats) {
         // Ask the engine for fresh packet-device counters and wait (briefly) for them.
@@ -1162,6 +1193,9 @@ fn engine_step(
             inner,
             pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)),
         );
+        if n == 0 {
+            inner.quiet_rounds.fetch_add(1, Ordering::AcqRel);
+        }
         work += n;
         more |= n >= opts.batch;
         if dev.poll_timeout().is_some_and(|t| t <= now) {
