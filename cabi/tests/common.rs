@@ -93,9 +93,28 @@ pub fn in_netns(script: &str) -> Output {
         .unwrap()
 }
 
+/// What shows that a server is ready for its client: a listening TCP socket (the
+/// out-of-band exchange of rdma-core's examples and perftest), or a UDP socket (RDMA-CM
+/// programs: the UDP backend's socket; the program listens right after it opens the device).
+#[derive(Clone, Copy, Debug)]
+pub enum Ready {
+    /// `ss -Hltn` lists a socket.
+    TcpListen,
+    /// `ss -Huan` lists a socket.
+    Udp,
+}
+
 /// A server and a client program, each with ferroce's library and its own address, run to the
-/// end (30 s at most each); returns (server output, client output, status line).
+/// end (30 s at most each); the client starts once the server listens on TCP. Returns
+/// (server output, client output, status line).
 pub fn pair(server: &str, client: &str) -> (String, String, String) {
+    pair_when(Ready::TcpListen, server, client)
+}
+
+/// [`pair`], the client starting when `ready` shows the server's socket (polled every 50 ms,
+/// for 20 s at most: then the client starts anyway and the test reports what it sees). The
+/// namespace is the test's own, so the only sockets in it are the server's.
+pub fn pair_when(ready: Ready, server: &str, client: &str) -> (String, String, String) {
     let dir = std::env::temp_dir().join(format!(
         "ferroce-cabi-{}-{}",
         std::process::id(),
@@ -109,11 +128,15 @@ pub fn pair(server: &str, client: &str) -> (String, String, String) {
     let script = format!(
         "export LD_LIBRARY_PATH=$LIB\n\
          FERROCE_ADDR=127.0.0.1 timeout 30 {server} > {s} 2>&1 &\n\
-         sleep 0.5\n\
+         i=0; while [ $i -lt 400 ] && [ -z \"$(ss {ss})\" ]; do sleep 0.05; i=$((i+1)); done\n\
          FERROCE_ADDR=127.0.0.2 timeout 30 {client} 127.0.0.1 > {c} 2>&1\n\
          cs=$?\nwait $!\necho \"server=$? client=$cs\"",
         s = s.display(),
-        c = c.display()
+        c = c.display(),
+        ss = match ready {
+            Ready::TcpListen => "-Hltn",
+            Ready::Udp => "-Huan",
+        }
     );
     let out = in_netns(&script);
     let r = (
