@@ -438,13 +438,24 @@ fn perftest_with_an_srq() {
     let mut dst: Vec<u64> = reqs.iter().map(|r| r.0).collect();
     dst.dedup();
     assert_eq!(dst.len(), 4);
-    let args = ["--use_srq", "-s", "4096", "-n", "300", "--verify"];
+    // --verify with four QPs on the SRQ: each message is checked as the k-th of the QP it
+    // arrived on (the work completion's qp_num), whichever QP's receive it took
+    let args = [
+        "--use_srq",
+        "-q",
+        "4",
+        "-s",
+        "4096",
+        "-n",
+        "300",
+        "--verify",
+    ];
     let r = pair("srqbw1", "ib_send_bw", &args, &args);
     ok(&r);
     assert!(
         r.server
             .1
-            .contains("verify: ok: 300 messages, 1228800 bytes"),
+            .contains("verify: ok: 1200 messages, 4915200 bytes"),
         "{}",
         r.server.1
     );

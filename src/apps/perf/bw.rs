@@ -492,7 +492,7 @@ pub(super) fn post_receives(
     for q in 0..ep.nq() {
         if ep.vbuf.is_some() {
             for j in 0..u64::from(per_qp) {
-                post_verify_recv(ep, q, j, size)?;
+                post_verify_recv(ep, q, ep.vslot(q, j) / ep.vstride.max(1), size)?;
             }
         } else {
             ep.post_recvs(q, per_qp, size, walk)?;
@@ -501,17 +501,18 @@ pub(super) fn post_receives(
     Ok(())
 }
 
-/// `--verify`: receive `k` of QP `q` lands in its own slot, to be checked when it completes.
-fn post_verify_recv(ep: &Endpoint<'_>, q: usize, k: u64, size: u32) -> Result<(), PerfError> {
+/// `--verify`: a receive into slot `slot` of the check buffer (its `wr_id`), to be checked
+/// when it completes. Without an SRQ QP `q` posts it and takes it; with one, any QP may.
+fn post_verify_recv(ep: &Endpoint<'_>, q: usize, slot: usize, size: u32) -> Result<(), PerfError> {
     let Some(vb) = &ep.vbuf else {
         return Ok(());
     };
     ep.post_recv(
         q,
         RecvWr {
-            wr_id: q as u64,
+            wr_id: slot as u64,
             sg_list: vec![Sge {
-                addr: vb.addr() + ep.vslot(q, k) as u64,
+                addr: vb.addr() + (slot * ep.vstride) as u64,
                 length: size + ep.grh as u32,
                 lkey: vb.lkey(),
             }],
@@ -527,6 +528,9 @@ struct Receiver {
     walk: bool,
     step: usize,
     slots: usize,
+    /// `--verify`: the check buffer's slots no receive is posted into (with an SRQ a message
+    /// of any QP may land in any posted slot, so a freed slot goes back to one pool).
+    free: Vec<usize>,
 }
 
 impl Receiver {
@@ -546,32 +550,52 @@ impl Receiver {
             walk: walks(ep, size) && cfg.recv_post_list <= 1,
             step,
             slots: (ep.cycle / step).max(1),
+            free: if ep.vbuf.is_some() {
+                (0..ep.nq())
+                    .flat_map(|q| (per_qp as usize..ep.vslots).map(move |j| q * ep.vslots + j))
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
-    /// A receive of QP `q` completed: check it (`--verify`), and post more while fewer than
-    /// `-n` were posted (every message gets exactly one receive).
+    /// A receive completed on QP `q` (`wc`): check it (`--verify`), and post more while fewer
+    /// than `-n` were posted (every message gets exactly one receive).
     fn completed(
         &mut self,
         ep: &Endpoint<'_>,
         cfg: &PerfConfig,
-        q: usize,
+        wc: &WorkCompletion,
         size: u32,
         duration: bool,
         checker: &mut SendCheck,
     ) -> Result<(), PerfError> {
+        let q = ep.recv_qp(wc)?;
         let l = u64::from(cfg.recv_post_list.max(1));
         let r = &mut self.rx[q];
         let k = r.received;
         r.received += 1;
         r.unused += 1;
         if ep.vbuf.is_some() {
-            checker.check(ep, cfg, q, k, size)?;
+            let slot = wc.wr_id as usize;
+            if slot >= ep.vslots * ep.nq() {
+                return Err(PerfError::Peer(
+                    "a receive completion for a slot we never posted",
+                ));
+            }
+            // A QP's messages complete in order (RC, and UC and UD drop rather than reorder):
+            // this is its message k, wherever the SRQ put it.
+            checker.check(ep, cfg, q, k, slot, size)?;
+            self.free.push(slot);
         }
         if (duration || r.posted + l <= cfg.iters) && r.unused >= l {
             for _ in 0..l {
                 if ep.vbuf.is_some() {
-                    post_verify_recv(ep, q, r.posted, size)?;
+                    let slot = self.free.pop().ok_or(PerfError::Peer(
+                        "more receives outstanding than check slots",
+                    ))?;
+                    post_verify_recv(ep, q, slot, size)?;
                 } else {
                     ep.post_recv(
                         q,
@@ -651,17 +675,11 @@ pub(super) fn run_iter_bw_server(
         }
         for wc in &wcs {
             check(wc)?;
-            let q = wc.wr_id as usize;
-            if q >= nq {
-                return Err(PerfError::Peer(
-                    "a receive completion for a QP we do not have",
-                ));
-            }
             rcnt += 1;
             if clock.is_some_and(|k| k.phase() == Phase::Sample) {
                 counted += 1;
             }
-            rcv.completed(ep, cfg, q, size, cfg.duration.is_some(), checker)?;
+            rcv.completed(ep, cfg, wc, size, cfg.duration.is_some(), checker)?;
         }
     }
     Ok(match (clock, cfg.duration) {
@@ -793,14 +811,8 @@ pub(super) fn run_iter_bi(
         }
         for wc in &wcs {
             check(wc)?;
-            let q = wc.wr_id as usize;
-            if q >= nq {
-                return Err(PerfError::Peer(
-                    "a receive completion for a QP we do not have",
-                ));
-            }
             totrcnt += 1;
-            rcv.completed(ep, cfg, q, size, clock.is_some(), checker)?;
+            rcv.completed(ep, cfg, wc, size, clock.is_some(), checker)?;
         }
         wcs.clear();
         ep.nic.poll_cq(ep.send_cq, &mut wcs, POLL_BATCH)?;
@@ -968,8 +980,7 @@ pub(super) fn run_infinitely_server(
         }
         for wc in &wcs {
             check(wc)?;
-            let q = (wc.wr_id as usize).min(ep.nq() - 1);
-            rcv.completed(ep, cfg, q, size, true, &mut checker)?;
+            rcv.completed(ep, cfg, wc, size, true, &mut checker)?;
             done += 1;
         }
         if since.elapsed() >= period {

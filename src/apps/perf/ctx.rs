@@ -257,6 +257,17 @@ impl<'a> Endpoint<'a> {
         }
     }
 
+    /// Which of our QPs a receive completion belongs to (with an SRQ not the one that posted
+    /// the receive: the one whose message took it).
+    pub fn recv_qp(&self, wc: &crate::verbs::WorkCompletion) -> Result<usize, PerfError> {
+        self.qps
+            .iter()
+            .position(|&n| n == wc.qp_num)
+            .ok_or(PerfError::Peer(
+                "a receive completion for a QP we do not have",
+            ))
+    }
+
     /// `--verify`: the offset in `vbuf` of QP `q`'s slot for its message (or receive) `k`.
     pub fn vslot(&self, q: usize, k: u64) -> usize {
         let vs = self.vslots.max(1);

@@ -297,6 +297,7 @@ impl SendCheck {
         cfg: &PerfConfig,
         q: usize,
         k: u64,
+        slot: usize,
         size: u32,
     ) -> Result<(), PerfError> {
         let (true, Some(vbuf)) = (self.enabled, &ep.vbuf) else {
@@ -304,7 +305,7 @@ impl SendCheck {
         };
         let len = size as usize;
         self.tmp.resize(len, 0);
-        vbuf.read(ep.vslot(q, k) + ep.grh, &mut self.tmp)
+        vbuf.read(slot * ep.vstride + ep.grh, &mut self.tmp)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
         if matches!(self.src, Source::Unknown) {
