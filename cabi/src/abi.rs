@@ -246,6 +246,7 @@ pub struct ibv_qp_cap {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ibv_qp_init_attr {
     pub qp_context: *mut c_void,
     pub send_cq: *mut ibv_cq,
@@ -774,6 +775,345 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         ("IBV_WC_RECV_RDMA_WITH_IMM", WcOpcode::RecvRdmaWithImm),
     ] {
         v.push((name, op.to_ibv() as usize));
+    }
+    v
+}
+
+// ---- librdmacm (`<rdma/rdma_cma.h>`, `<infiniband/sa.h>`) ------------------------------------
+
+/// `struct ibv_qp_init_attr_ex`, up to the fields this library reads (`comp_mask`, `pd`,
+/// `send_ops_flags` are checked against the header; the rest is never touched).
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf`: a u8 function, a u8 key length, a key pointer, a u64 mask.
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `IBV_QP_INIT_ATTR_PD`.
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+
+/// `struct ibv_sa_path_rec` (`<infiniband/sa.h>`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: u16,
+    pub slid: u16,
+    pub raw_traffic: c_int,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: c_int,
+    pub numb_path: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: the source and destination unions are `struct sockaddr_storage`
+/// sized; `addr` holds only `ibaddr`.
+#[repr(C)]
+pub struct rdma_addr {
+    pub src_storage: libc::sockaddr_storage,
+    pub dst_storage: libc::sockaddr_storage,
+    pub ibaddr: rdma_ib_addr,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut ibv_sa_path_rec,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_cm_id`.
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: c_int,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: c_int,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// The `param` union of `struct rdma_cm_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_cm_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+/// `struct rdma_cm_event`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_int,
+    pub status: c_int,
+    pub param: rdma_cm_event_param,
+}
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `RDMA_PS_TCP`, `RDMA_PS_UDP`, `RDMA_PS_IB`, `RDMA_PS_IPOIB`.
+pub const RDMA_PS_TCP: c_int = 0x0106;
+pub const RDMA_PS_UDP: c_int = 0x0111;
+pub const RDMA_PS_IB: c_int = 0x013F;
+pub const RDMA_PS_IPOIB: c_int = 0x0002;
+/// `RAI_PASSIVE`, `RAI_NUMERICHOST`, `RAI_NOROUTE`, `RAI_FAMILY`.
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;
+pub const RAI_NOROUTE: c_int = 4;
+pub const RAI_FAMILY: c_int = 8;
+/// `RDMA_UDP_QKEY`.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// The layout facts of librdmacm's structures (`<rdma/rdma_cma.h>`), as [`layout_facts`].
+pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! facts {
+        ($($t:ident { $($f:ident),* }),* $(,)?) => {{
+            let mut v = Vec::new();
+            $(
+                v.push((concat!("sizeof(struct ", stringify!($t), ")"), size_of::<$t>()));
+                $( v.push((concat!("offsetof(struct ", stringify!($t), ", ", stringify!($f), ")"), offset_of!($t, $f))); )*
+            )*
+            v
+        }};
+    }
+    let mut v = facts!(
+        ibv_qp_init_attr_ex {
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all,
+            comp_mask,
+            pd,
+            xrcd,
+            create_flags,
+            max_tso_header,
+            rwq_ind_tbl,
+            rx_hash_conf,
+            source_qpn,
+            send_ops_flags
+        },
+        ibv_sa_path_rec {
+            dgid,
+            sgid,
+            dlid,
+            slid,
+            raw_traffic,
+            flow_label,
+            hop_limit,
+            traffic_class,
+            reversible,
+            numb_path,
+            pkey,
+            sl,
+            mtu_selector,
+            mtu,
+            rate_selector,
+            rate,
+            packet_life_time_selector,
+            packet_life_time,
+            preference
+        },
+        rdma_event_channel { fd },
+        rdma_ib_addr { sgid, dgid, pkey },
+        rdma_addr {
+            src_storage,
+            dst_storage
+        },
+        rdma_route {
+            addr,
+            path_rec,
+            num_paths
+        },
+        rdma_cm_id {
+            verbs,
+            channel,
+            context,
+            qp,
+            route,
+            ps,
+            port_num,
+            event,
+            send_cq_channel,
+            send_cq,
+            recv_cq_channel,
+            recv_cq,
+            srq,
+            pd,
+            qp_type
+        },
+        rdma_conn_param {
+            private_data,
+            private_data_len,
+            responder_resources,
+            initiator_depth,
+            flow_control,
+            retry_count,
+            rnr_retry_count,
+            srq,
+            qp_num
+        },
+        rdma_ud_param {
+            private_data,
+            private_data_len,
+            ah_attr,
+            qp_num,
+            qkey
+        },
+        rdma_cm_event {
+            id,
+            listen_id,
+            event,
+            status,
+            param
+        },
+        rdma_addrinfo {
+            ai_flags,
+            ai_family,
+            ai_qp_type,
+            ai_port_space,
+            ai_src_len,
+            ai_dst_len,
+            ai_src_addr,
+            ai_dst_addr,
+            ai_src_canonname,
+            ai_dst_canonname,
+            ai_route_len,
+            ai_route,
+            ai_connect_len,
+            ai_connect,
+            ai_next
+        },
+    );
+    v.push((
+        "offsetof(struct rdma_addr, addr.ibaddr)",
+        offset_of!(rdma_addr, ibaddr),
+    ));
+    v.push((
+        "offsetof(struct rdma_cm_event, param.ud.qkey)",
+        offset_of!(rdma_cm_event, param) + offset_of!(rdma_ud_param, qkey),
+    ));
+    v.push((
+        "offsetof(struct rdma_cm_event, param.conn.qp_num)",
+        offset_of!(rdma_cm_event, param) + offset_of!(rdma_conn_param, qp_num),
+    ));
+    v.push((
+        "sizeof(((struct rdma_cm_event *)0)->param)",
+        size_of::<rdma_cm_event_param>(),
+    ));
+    for (name, n) in [
+        ("RDMA_PS_TCP", RDMA_PS_TCP),
+        ("RDMA_PS_UDP", RDMA_PS_UDP),
+        ("RDMA_PS_IB", RDMA_PS_IB),
+        ("RDMA_PS_IPOIB", RDMA_PS_IPOIB),
+        ("RAI_PASSIVE", RAI_PASSIVE),
+        ("RAI_NUMERICHOST", RAI_NUMERICHOST),
+        ("RAI_NOROUTE", RAI_NOROUTE),
+        ("RAI_FAMILY", RAI_FAMILY),
+        ("RDMA_UDP_QKEY", RDMA_UDP_QKEY as c_int),
+        ("IBV_QP_INIT_ATTR_PD", IBV_QP_INIT_ATTR_PD as c_int),
+    ] {
+        v.push((name, n as usize));
     }
     v
 }

@@ -123,7 +123,7 @@ impl Port {
 /// What every open context of the process shares: the port and the running NIC.
 pub(crate) struct Shared {
     pub port: Port,
-    pub nic: Nic,
+    pub nic: Arc<Nic>,
 }
 
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
@@ -172,7 +172,10 @@ pub(crate) fn shared() -> Result<Arc<Shared>, String> {
         None => Nic::start(cfg, pkt, opts),
     }
     .map_err(|e| format!("starting the NIC: {e}"))?;
-    let s = Arc::new(Shared { port, nic });
+    let s = Arc::new(Shared {
+        port,
+        nic: Arc::new(nic),
+    });
     *g = Some(Arc::downgrade(&s));
     Ok(s)
 }

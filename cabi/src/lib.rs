@@ -14,6 +14,9 @@
 //!   `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) and through the
 //!   extended context (`ibv_query_port`).
 //!
+//! - [`rdmacm`]: librdmacm's `rdma_*` functions on ferroce's RDMA-CM, exported from this
+//!   library as `ferroce_rdma_*`; `librdmacm.so.1` (tools/build-cabi) forwards to them.
+//!
 //! Symbol versions are rdma-core's (`libibverbs.map`, applied when tools/build-cabi links the
 //! shared object), so binaries built against rdma-core bind to these functions unchanged.
 //!
@@ -30,6 +33,7 @@
 
 pub mod abi;
 mod device;
+pub mod rdmacm;
 mod stubs;
 mod verbs;
 

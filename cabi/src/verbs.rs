@@ -23,7 +23,7 @@ use std::time::Duration;
 
 // ---- errno and small helpers ---------------------------------------------------------------
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno, always valid.
     unsafe { *libc::__errno_location() = e };
 }
@@ -35,7 +35,7 @@ fn fail<T>(e: c_int) -> *mut T {
 }
 
 /// The errno a verbs error maps to (what rdma-core's providers return for the same cause).
-fn errno_of(e: &VerbsError) -> c_int {
+pub(crate) fn errno_of(e: &VerbsError) -> c_int {
     match e {
         VerbsError::QueueFull | VerbsError::NoResources(_) => ENOMEM,
         VerbsError::Busy(_) => libc::EBUSY,
@@ -75,10 +75,10 @@ struct CqW {
 }
 
 #[repr(C)]
-struct QpW {
-    c: ibv_qp,
-    qpn: QpNumber,
-    qp_type: QpType,
+pub(crate) struct QpW {
+    pub(crate) c: ibv_qp,
+    pub(crate) qpn: QpNumber,
+    pub(crate) qp_type: QpType,
 }
 
 #[repr(C)]
@@ -127,7 +127,7 @@ unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
 }
 
 /// The shared device of any object with a context pointer.
-unsafe fn sh<'a>(c: *mut ibv_context) -> &'a Shared {
+pub(crate) unsafe fn sh<'a>(c: *mut ibv_context) -> &'a Shared {
     // SAFETY: as for `ctx`.
     unsafe { &ctx(c).sh }
 }
@@ -153,7 +153,7 @@ fn copy_str(dst: &mut [c_char], s: &str) {
 
 /// The process's one device (allocated once, never freed: `ibv_free_device_list` frees the
 /// list, not the devices, as in libibverbs).
-fn the_device() -> Option<*mut ibv_device> {
+pub(crate) fn the_device() -> Option<*mut ibv_device> {
     DEVICE
         .get_or_init(|| match device::Port::from_env() {
             Ok(p) => {

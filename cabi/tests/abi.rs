@@ -7,25 +7,18 @@ use common::*;
 use std::collections::HashMap;
 use std::process::Command;
 
-#[test]
-fn struct_layouts_match_the_rdma_core_headers() {
-    let t = "struct_layouts_match_the_rdma_core_headers";
-    if !have(
-        std::path::Path::new("/usr/include/infiniband/verbs.h").exists() && which("cc"),
-        t,
-        "a C compiler and <infiniband/verbs.h> (libibverbs-dev)",
-    ) {
-        return;
-    }
-    let facts = ferroce_cabi::abi::layout_facts();
-    let mut c = String::from(
-        "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",
-    );
-    for (name, _) in &facts {
+/// Compile a C program printing each fact's expression against `includes`, and compare.
+fn check_facts(facts: &[(&str, usize)], includes: &str) {
+    let mut c = format!("{includes}#include <stddef.h>\n#include <stdio.h>\nint main(void) {{\n");
+    for (name, _) in facts {
         c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({name}));\n"));
     }
     c.push_str("  return 0;\n}\n");
-    let dir = std::env::temp_dir().join(format!("ferroce-layout-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "ferroce-layout-{}-{}",
+        std::process::id(),
+        facts.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("l.c"), &c).unwrap();
     let st = Command::new("cc")
@@ -48,11 +41,52 @@ fn struct_layouts_match_the_rdma_core_headers() {
         .map(|((n, ours), c)| format!("{n}: ours {ours}, rdma-core {c}"))
         .collect();
     assert!(bad.is_empty(), "layout differs:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn struct_layouts_match_the_rdma_core_headers() {
+    let t = "struct_layouts_match_the_rdma_core_headers";
+    if !have(
+        std::path::Path::new("/usr/include/infiniband/verbs.h").exists() && which("cc"),
+        t,
+        "a C compiler and <infiniband/verbs.h> (libibverbs-dev)",
+    ) {
+        return;
+    }
+    let facts = ferroce_cabi::abi::layout_facts();
+    check_facts(&facts, "#include <infiniband/verbs.h>\n");
     assert!(facts.len() > 150, "only {} facts", facts.len());
+}
+
+#[test]
+fn librdmacm_layouts_match_the_rdma_core_headers() {
+    let t = "librdmacm_layouts_match_the_rdma_core_headers";
+    if !have(
+        std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() && which("cc"),
+        t,
+        "a C compiler and <rdma/rdma_cma.h> (librdmacm-dev)",
+    ) {
+        return;
+    }
+    let mut facts = ferroce_cabi::abi::rdmacm_layout_facts();
+    // Every event number this library writes, against the header's enum.
+    for (t, name) in ferroce_cabi::rdmacm::EVENT_NAMES {
+        facts.push((name, ferroce_cabi::rdmacm::event_code(t) as usize));
+    }
+    check_facts(
+        &facts,
+        "#include <rdma/rdma_cma.h>\n#include <infiniband/sa.h>\n",
+    );
+    assert!(facts.len() > 100, "only {} facts", facts.len());
 }
 
 /// `objdump -T`: defined dynamic symbols → their default version.
 fn versions(lib: &std::path::Path) -> HashMap<String, String> {
+    versions_of(lib, "IBVERBS")
+}
+
+/// `objdump -T`: defined dynamic symbols whose version starts with `prefix` → that version.
+fn versions_of(lib: &std::path::Path, prefix: &str) -> HashMap<String, String> {
     let out = Command::new("objdump").arg("-T").arg(lib).output().unwrap();
     assert!(out.status.success());
     String::from_utf8_lossy(&out.stdout)
@@ -61,7 +95,7 @@ fn versions(lib: &std::path::Path) -> HashMap<String, String> {
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             let (v, s) = (f[f.len() - 2], f[f.len() - 1]);
-            (!v.starts_with('(') && v.starts_with("IBVERBS") && v != s)
+            (!v.starts_with('(') && v.starts_with(prefix) && v != s)
                 .then(|| (s.to_string(), v.to_string()))
         })
         .collect()
@@ -140,5 +174,38 @@ fn which_path(p: &str) -> Result<String, ()> {
         Ok(s)
     } else {
         Err(())
+    }
+}
+
+#[test]
+fn librdmacm_has_rdma_cores_symbols_versions_and_soname() {
+    let t = "librdmacm_has_rdma_cores_symbols_versions_and_soname";
+    let real = std::path::Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
+    if !have(which("objdump"), t, "objdump (binutils)")
+        || !have(real.exists(), t, "Debian's librdmacm.so.1 (librdmacm1)")
+    {
+        return;
+    }
+    let ours_path = lib_dir().join("librdmacm.so.1");
+    let (ours, theirs) = (
+        versions_of(&ours_path, "RDMACM"),
+        versions_of(real, "RDMACM"),
+    );
+    // The same names, each in the same version node.
+    assert_eq!(ours, theirs);
+    let dyn_ = Command::new("objdump")
+        .arg("-p")
+        .arg(&ours_path)
+        .output()
+        .unwrap();
+    let p = String::from_utf8_lossy(&dyn_.stdout);
+    assert!(p.contains("SONAME               librdmacm.so.1"), "{p}");
+    assert!(p.contains("NEEDED               libibverbs.so.1"), "{p}");
+    // Every function it forwards to is exported by ferroce's libibverbs.so.1.
+    let fwd = versions_of(&lib_dir().join("libibverbs.so.1"), "FERROCE_RDMACM");
+    for s in ours.keys() {
+        if s != "rpoll" && s != "rselect" {
+            assert!(fwd.contains_key(&format!("ferroce_{s}")), "ferroce_{s}");
+        }
     }
 }

@@ -191,3 +191,149 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// rping's lines of ping data (`ping data: rdma-ping-N: …`), without the prefix the server
+/// adds.
+fn ping_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| {
+            l.strip_prefix("server ping data: ")
+                .or_else(|| l.strip_prefix("ping data: "))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// rping's data check: `n` lines `rdma-ping-K: ` then `size - 1` characters of its rotating
+/// pattern starting at 'A' + K, identical on both ends.
+fn assert_rping(t: &str, (s, c, st): (String, String, String), n: usize) {
+    assert_eq!(
+        st, "server=0 client=0",
+        "{t}\n--- server\n{s}\n--- client\n{c}"
+    );
+    let (sl, cl) = (ping_lines(&s), ping_lines(&c));
+    assert_eq!(sl.len(), n, "{t}: server lines\n{s}");
+    assert_eq!(sl, cl, "{t}: the server saw other data than the client");
+    for (k, l) in cl.iter().enumerate() {
+        let head = format!("rdma-ping-{k}: ");
+        assert!(l.starts_with(&head), "{t}: {l}");
+        assert_eq!(l.len(), 99, "{t}: {l}");
+        assert_eq!(l.as_bytes()[head.len()], b'A' + (k % 58) as u8, "{t}: {l}");
+    }
+}
+
+#[test]
+fn rping_both_ends_on_ferroces_librdmacm() {
+    let t = "rping_both_ends_on_ferroces_librdmacm";
+    if !ready(t, &["rping"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cabi-rping-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("server.pcap");
+    let r = pair_when(
+        Ready::Udp,
+        &format!(
+            "env FERROCE_PCAP={} rping -s -v -S 100 -C 10 -a 127.0.0.1",
+            pcap.display()
+        ),
+        "rping -c -v -S 100 -C 10 -a",
+    );
+    assert_rping(t, r, 10);
+    // The RDMA-CM MADs (REQ, REP, RTU, DREQ, DREP) and the data are RoCE v2 that inspect,
+    // tshark and the independent checker accept.
+    if which("tshark") {
+        let chk = std::process::Command::new(repo().join("tools/check-captures"))
+            .arg(&pcap)
+            .output()
+            .unwrap();
+        assert!(
+            chk.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&chk.stdout),
+            String::from_utf8_lossy(&chk.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rping_against_ferroces_own_rping_both_roles() {
+    let t = "rping_against_ferroces_own_rping_both_roles";
+    if !ready(t, &["rping"]) {
+        return;
+    }
+    let native = "env -u LD_LIBRARY_PATH $F rping --ib-dev lo --backend udp";
+    let r = pair_when(
+        Ready::Udp,
+        &format!("{native} -s -v -S 100 -C 10 -a 127.0.0.1"),
+        "rping -c -v -S 100 -C 10 -a",
+    );
+    assert_rping("native server, Debian's rping client", r, 10);
+    let r = pair_when(
+        Ready::Udp,
+        "rping -s -v -S 100 -C 10 -a 127.0.0.1",
+        &format!("{native} -c -v -S 100 -C 10 -I 127.0.0.2 -a"),
+    );
+    assert_rping("Debian's rping server, native client", r, 10);
+}
+
+/// The result line of a perftest run: the size, then `n` iterations.
+fn result_line<'a>(what: &str, out: &'a str, n: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(n))
+        .unwrap_or_else(|| panic!("{what}: no result line with {n} iterations:\n{out}"))
+}
+
+#[test]
+fn perftest_over_rdma_cm_both_ends() {
+    let t = "perftest_over_rdma_cm_both_ends";
+    let progs = ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_send_lat"];
+    if !ready(t, &progs) {
+        return;
+    }
+    for p in progs {
+        let cmd = format!("{p} -R -d ferroce_lo -n 300");
+        let (s, c, st) = pair_when(Ready::Udp, &cmd, &cmd);
+        assert_eq!(
+            st, "server=0 client=0",
+            "{cmd}\n--- server\n{s}\n--- client\n{c}"
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.contains("Data ex. method : rdma_cm"), "{cmd}: {who}\n{o}");
+        }
+        result_line(&cmd, &c, "300");
+    }
+}
+
+#[test]
+fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
+    let t = "perftest_over_rdma_cm_against_ferroce_perf_both_roles";
+    if !ready(t, &["ib_write_bw"]) {
+        return;
+    }
+    // ferroce perf's UDP backend binds the address of its GID index (-x 1: 127.0.0.2).
+    let native = "env -u LD_LIBRARY_PATH $F perf write-bw -R -n 300 --ib-dev lo --backend udp";
+    let debian = "ib_write_bw -R -d ferroce_lo -n 300";
+    let native_client = format!("{native} -x 1");
+    for (server, client, what) in [
+        (
+            native,
+            debian,
+            "ferroce perf server, Debian's ib_write_bw client",
+        ),
+        (
+            debian,
+            native_client.as_str(),
+            "Debian's ib_write_bw server, ferroce perf client",
+        ),
+    ] {
+        let (s, c, st) = pair_when(Ready::Udp, server, client);
+        assert_eq!(
+            st, "server=0 client=0",
+            "{what}\n--- server\n{s}\n--- client\n{c}"
+        );
+        result_line(what, &c, "300");
+        result_line(what, &s, "300");
+    }
+}

@@ -235,8 +235,13 @@ struct ChannelShared {
 
 impl ChannelShared {
     fn push(&self, e: CmEvent) {
-        lock(&self.q).push_back(e);
+        // Signalled under the queue's lock: the counter is not zero exactly while events
+        // wait, so the reader's drain (under the same lock, when the queue runs empty) never
+        // finds it zero, and the descriptor may be made blocking (librdmacm's C channel).
+        let mut q = lock(&self.q);
+        q.push_back(e);
         self.fd.signal();
+        drop(q);
         self.cv.notify_all();
     }
 }

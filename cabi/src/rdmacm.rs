@@ -1,0 +1,1712 @@
+//! librdmacm on ferroce: the `rdma_*` calls of `<rdma/rdma_cma.h>` over
+//! [`ferroce::runtime::cm`], sharing the NIC of this library's verbs.
+//!
+//! The functions live in `libibverbs.so.1` under their own names prefixed `ferroce_` (version
+//! node `FERROCE_RDMACM_PRIVATE`), so that the connection manager and the verbs of one
+//! process share one NIC, one set of QPs and one set of C objects. `librdmacm.so.1`
+//! (tools/build-cabi, `cabi/librdmacm.map`) is a forwarder: each of its names, with
+//! rdma-core's version (RDMACM_1.0 … 1.3), jumps to the `ferroce_` function here. `rpoll` and
+//! `rselect` jump to libc's `poll` and `select` (rsocket's own calls on descriptors that are
+//! not rsockets), so that a thread cancelled while it waits there (rping's CM thread) never
+//! unwinds through Rust.
+//!
+//! # Objects
+//! - An event channel is a `Box<ChW>`: `struct rdma_event_channel` (its `fd` the runtime's
+//!   eventfd: readable while events wait) and the runtime's [`EventChannel`].
+//! - An id is a `Box<IdW>`: `struct rdma_cm_id` and the runtime's [`CmId`]. A CONNECT_REQUEST's
+//!   new id is made when the event is read, with the listener's channel and `context`, as
+//!   librdmacm does. `id->verbs` is the CM's context (opened once, with the first channel):
+//!   the application allocates PDs, CQs and MRs on it with this library's verbs.
+//! - An event is a `Box<EvW>`: `struct rdma_cm_event` and the runtime's [`CmEvent`], whose
+//!   private data it points to; `rdma_ack_cm_event` frees it.
+//! - `rdma_create_qp` creates the QP with this library's `ibv_create_qp` and gives it to the
+//!   id ([`CmId::attach_qp`]): the CM moves it through INIT, RTR, RTS and ERROR. A UD id's QP
+//!   is brought to RTS here with Q_Key `RDMA_UDP_QKEY` (SIDR needs no QP transitions).
+//!
+//! Synchronous ids (`rdma_create_ep`, or a NULL channel to `rdma_create_id`) get a channel of
+//! their own; their calls wait for the event that ends them, as librdmacm's do.
+
+use crate::abi::*;
+use crate::verbs::{self, set_errno, QpW};
+use ferroce::cm::CmConfig;
+use ferroce::io::backend::BackendKind;
+use ferroce::runtime::cm::{
+    ca_guid_of, CmApiError, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType,
+    KernelResolver, PortSpace,
+};
+use ferroce::wire::{Psn, QpNumber};
+use libc::{c_char, c_int, c_void, sockaddr, EINVAL, ENODEV, ENOMEM, ENOSYS, EOPNOTSUPP};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// -1 with `errno` set: how librdmacm's calls fail.
+fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+/// The errno of a runtime CM error (librdmacm returns the kernel's for the same cause).
+fn errno_of(e: &CmApiError) -> c_int {
+    use ferroce::cm::rdma::RdmaCmError as R;
+    match e {
+        CmApiError::Cm(c) => match c {
+            R::NoSuchId => EINVAL,
+            R::AddrInUse(..) => libc::EADDRINUSE,
+            R::InvalidState(_) => EINVAL,
+            _ => EINVAL,
+        },
+        CmApiError::Verbs(v) => verbs::errno_of(v),
+        CmApiError::Qp(_) => EINVAL,
+        CmApiError::Stopped => ENODEV,
+        CmApiError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+/// `FERROCE_DEBUG` set: say what happens on standard error.
+fn trace() -> bool {
+    static T: OnceLock<bool> = OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("FERROCE_DEBUG").is_some())
+}
+
+fn ret(r: Result<(), CmApiError>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            if trace() {
+                eprintln!("ferroce librdmacm: {e}");
+            }
+            fail(errno_of(&e))
+        }
+    }
+}
+
+// ---- the CM service, once per process ---------------------------------------------------------
+
+struct Cm {
+    /// The context every id's `verbs` names (never closed: the CM lives as long as the
+    /// process).
+    ctx: usize,
+    svc: CmService,
+    /// The address the device runs with (the GID at index 0).
+    local: IpAddr,
+}
+
+static CM: OnceLock<Result<Cm, c_int>> = OnceLock::new();
+
+fn cm() -> Result<&'static Cm, c_int> {
+    CM.get_or_init(|| {
+        let dev = verbs::the_device().ok_or(ENODEV)?;
+        // SAFETY: the process's device, from this library's list.
+        let ctx = unsafe { verbs::ibv_open_device(dev) };
+        if ctx.is_null() {
+            return Err(ENODEV);
+        }
+        // SAFETY: a context just opened.
+        let sh = unsafe { verbs::sh(ctx) };
+        let port = &sh.port;
+        let resolver = KernelResolver {
+            ifname: port.netdev.name.clone(),
+            gids: port.gids.clone(),
+            udp: port.backend == BackendKind::Udp,
+            local: Some(port.gids[0]),
+        };
+        let svc = CmService::start(
+            sh.nic.clone(),
+            CmConfig::new(ca_guid_of(port.netdev.mac)),
+            Box::new(resolver),
+        )
+        .map_err(|e| {
+            eprintln!("ferroce librdmacm: {e}");
+            ENODEV
+        })?;
+        // SAFETY: atexit(3) with a function that lives as long as the process.
+        unsafe { libc::atexit(disconnect_at_exit) };
+        Ok(Cm {
+            ctx: ctx as usize,
+            svc,
+            local: port.gids[0],
+        })
+    })
+    .as_ref()
+    .map_err(|e| *e)
+}
+
+/// Let what the CM just emitted leave: a program may exit right after `rdma_disconnect` (as
+/// perftest's server does), and its DREQ must not die in the doorbell queue with it (the
+/// kernel's CM would still send it).
+fn flush() {
+    if let Ok(c) = cm() {
+        c.svc.nic().settle(Duration::from_millis(200));
+    }
+}
+
+/// At exit, what the kernel does when a process closes its RDMA-CM descriptor: every
+/// connection still up is disconnected (DREQ), so that peers see DISCONNECTED instead of
+/// waiting for their DREQ's retries to run out.
+extern "C" fn disconnect_at_exit() {
+    let live: Vec<usize> = ids(|m| m.values().copied().collect());
+    let mut any = false;
+    for p in live {
+        // SAFETY: live C ids (in the map); nothing else runs this at exit.
+        let w = unsafe { &*(p as *const IdW) };
+        if let Some(c) = w.id.as_ref() {
+            if c.state() == Some(ferroce::runtime::cm::IdState::Connect) {
+                any |= c.disconnect().is_ok();
+            }
+        }
+    }
+    if any {
+        flush();
+    }
+}
+
+fn cm_ctx() -> *mut ibv_context {
+    cm().map(|c| c.ctx as *mut ibv_context)
+        .unwrap_or(null_mut())
+}
+
+// ---- objects -------------------------------------------------------------------------------------
+
+#[repr(C)]
+struct ChW {
+    c: rdma_event_channel,
+    ch: EventChannel,
+    /// Events read while a synchronous call waited for another id's.
+    stash: Mutex<VecDeque<CmEvent>>,
+}
+
+#[repr(C)]
+struct IdW {
+    c: rdma_cm_id,
+    id: Option<CmId>,
+    /// A UD id's QP, set up here (not given to the CM).
+    ud_qp: Option<QpNumber>,
+    /// The path record `route.path_rec` points to.
+    path: Box<ibv_sa_path_rec>,
+    /// The channel was made for this id (a synchronous id): destroyed with it.
+    own_channel: bool,
+    /// A synchronous id (its own channel, or a request's id from `rdma_get_request`): its
+    /// calls wait for the event that ends them.
+    sync: bool,
+    /// The CQs and channels `rdma_create_qp` made (destroyed by `rdma_destroy_qp`).
+    made_cqs: bool,
+    /// A synchronous listener: the QP attributes each new id gets (`rdma_create_ep`).
+    ep_qp_attr: Option<(usize, ibv_qp_init_attr)>,
+}
+
+#[repr(C)]
+struct EvW {
+    c: rdma_cm_event,
+    ev: CmEvent,
+}
+
+/// The C id of each runtime id, by number.
+static IDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
+
+fn ids<R>(f: impl FnOnce(&mut HashMap<u32, usize>) -> R) -> R {
+    f(lock(&IDS).get_or_insert_with(HashMap::new))
+}
+
+/// # Safety
+/// `id` is an id of this library, not destroyed.
+unsafe fn idw<'a>(id: *mut rdma_cm_id) -> &'a mut IdW {
+    // SAFETY: `IdW` starts with the C id (`#[repr(C)]`).
+    unsafe { &mut *(id as *mut IdW) }
+}
+
+fn port_space(ps: c_int) -> Option<PortSpace> {
+    match ps {
+        RDMA_PS_TCP => Some(PortSpace::TCP),
+        RDMA_PS_UDP => Some(PortSpace::UDP),
+        _ => None,
+    }
+}
+
+/// The `enum rdma_cm_event_type` number of an event.
+pub fn event_code(t: EventType) -> c_int {
+    match t {
+        EventType::AddrResolved => 0,
+        EventType::AddrError => 1,
+        EventType::RouteResolved => 2,
+        EventType::RouteError => 3,
+        EventType::ConnectRequest => 4,
+        EventType::ConnectResponse => 5,
+        EventType::ConnectError => 6,
+        EventType::Unreachable => 7,
+        EventType::Rejected => 8,
+        EventType::Established => 9,
+        EventType::Disconnected => 10,
+        EventType::TimewaitExit => 15,
+    }
+}
+
+/// Every event type with its C name.
+pub const EVENT_NAMES: [(EventType, &str); 12] = [
+    (EventType::AddrResolved, "RDMA_CM_EVENT_ADDR_RESOLVED"),
+    (EventType::AddrError, "RDMA_CM_EVENT_ADDR_ERROR"),
+    (EventType::RouteResolved, "RDMA_CM_EVENT_ROUTE_RESOLVED"),
+    (EventType::RouteError, "RDMA_CM_EVENT_ROUTE_ERROR"),
+    (EventType::ConnectRequest, "RDMA_CM_EVENT_CONNECT_REQUEST"),
+    (EventType::ConnectResponse, "RDMA_CM_EVENT_CONNECT_RESPONSE"),
+    (EventType::ConnectError, "RDMA_CM_EVENT_CONNECT_ERROR"),
+    (EventType::Unreachable, "RDMA_CM_EVENT_UNREACHABLE"),
+    (EventType::Rejected, "RDMA_CM_EVENT_REJECTED"),
+    (EventType::Established, "RDMA_CM_EVENT_ESTABLISHED"),
+    (EventType::Disconnected, "RDMA_CM_EVENT_DISCONNECTED"),
+    (EventType::TimewaitExit, "RDMA_CM_EVENT_TIMEWAIT_EXIT"),
+];
+
+// ---- socket addresses ------------------------------------------------------------------------------
+
+/// # Safety
+/// `sa` is NULL or points to a socket address of its family's size.
+unsafe fn from_sockaddr(sa: *const sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's socket address; the family says which structure it is.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET => {
+                let s = &*(sa as *const libc::sockaddr_in);
+                Some(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
+                    u16::from_be(s.sin_port),
+                ))
+            }
+            libc::AF_INET6 => {
+                let s = &*(sa as *const libc::sockaddr_in6);
+                Some(SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
+                    u16::from_be(s.sin6_port),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Write `a` into a `sockaddr_storage`; its length.
+fn to_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen_t {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    *dst = unsafe { std::mem::zeroed() };
+    match a {
+        SocketAddr::V4(v) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any socket address.
+            let s = unsafe { &mut *(dst as *mut _ as *mut libc::sockaddr_in) };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v.ip()).to_be();
+            size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(v) => {
+            // SAFETY: as above.
+            let s = unsafe { &mut *(dst as *mut _ as *mut libc::sockaddr_in6) };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v.port().to_be();
+            s.sin6_addr.s6_addr = v.ip().octets();
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// A RoCE v2 GID of an address (IPv4-mapped for IPv4).
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The index of `ip` in the device's GID table (0 when it is not there).
+fn gid_index(ip: IpAddr) -> u8 {
+    // SAFETY: the CM's context, open for the life of the process.
+    let gids = cm()
+        .ok()
+        .map(|c| {
+            unsafe { verbs::sh(c.ctx as *mut ibv_context) }
+                .port
+                .gids
+                .clone()
+        })
+        .unwrap_or_default();
+    gids.iter().position(|g| *g == ip).unwrap_or(0) as u8
+}
+
+impl IdW {
+    fn cmid(&self) -> Result<&CmId, c_int> {
+        self.id.as_ref().ok_or(EINVAL)
+    }
+
+    /// Copy the id's addresses (and, once known, its route) into `route`.
+    fn refresh(&mut self) {
+        let Some(id) = self.id.as_ref() else { return };
+        let (local, peer, route) = (id.local_addr(), id.peer_addr(), id.route());
+        if let Some(a) = local {
+            to_sockaddr(&mut self.c.route.addr.src_storage, a);
+            self.c.route.addr.ibaddr.sgid.raw = gid_of(a.ip());
+            if !a.ip().is_unspecified() {
+                self.c.verbs = cm_ctx();
+                self.c.port_num = 1;
+            }
+        }
+        if let Some(a) = peer {
+            to_sockaddr(&mut self.c.route.addr.dst_storage, a);
+            self.c.route.addr.ibaddr.dgid.raw = gid_of(a.ip());
+        }
+        self.c.route.addr.ibaddr.pkey = 0xffffu16.to_be();
+        if let Some(r) = route {
+            let p = &mut self.path;
+            p.sgid.raw = r.local_gid.0;
+            p.dgid.raw = r.remote_gid.0;
+            p.hop_limit = r.hop_limit;
+            p.traffic_class = r.traffic_class;
+            p.flow_label = r.flow_label.to_be();
+            p.pkey = 0xffffu16.to_be();
+            p.reversible = 1;
+            p.numb_path = 1;
+            p.mtu_selector = 2; // exactly
+            p.mtu = r.path_mtu.0;
+            p.rate_selector = 2;
+            p.rate = 3; // IB_RATE_10_GBPS, as rxe reports
+            p.packet_life_time_selector = 2;
+            self.c.route.path_rec = &mut *self.path;
+            self.c.route.num_paths = 1;
+        }
+    }
+
+    /// The C QP's state from the engine (the CM moves it).
+    fn refresh_qp_state(&mut self) {
+        if self.c.qp.is_null() {
+            return;
+        }
+        // SAFETY: the id's QP, a QP of this library alive while the id holds it.
+        let w = unsafe { &mut *(self.c.qp as *mut QpW) };
+        // SAFETY: its context is this library's.
+        if let Ok((st, _)) = unsafe { verbs::sh(w.c.context) }.nic.query_qp(w.qpn) {
+            w.c.state = st.to_ibv() as c_int;
+        }
+    }
+}
+
+fn new_idw(
+    id: CmId,
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: c_int,
+) -> *mut IdW {
+    // SAFETY: rdma_cm_id and ibv_sa_path_rec are plain C data; all-zero is valid.
+    let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+    c.channel = channel;
+    c.context = context;
+    c.ps = ps;
+    c.qp_type = if ps == RDMA_PS_UDP { 4 } else { 2 };
+    let num = id.id().0;
+    let w = Box::into_raw(Box::new(IdW {
+        c,
+        id: Some(id),
+        ud_qp: None,
+        // SAFETY: as above.
+        path: Box::new(unsafe { std::mem::zeroed() }),
+        own_channel: false,
+        sync: false,
+        made_cqs: false,
+        ep_qp_attr: None,
+    }));
+    ids(|m| m.insert(num, w as usize));
+    w
+}
+
+// ---- event channels ---------------------------------------------------------------------------------
+
+fn new_channel() -> Result<*mut ChW, c_int> {
+    let cm = cm()?;
+    let ch = cm.svc.create_event_channel().map_err(|e| errno_of(&e))?;
+    // librdmacm's descriptor is blocking until the application sets O_NONBLOCK (then
+    // rdma_get_cm_event returns EAGAIN instead of waiting). The runtime reads it only when it
+    // is readable, so it never blocks there.
+    // SAFETY: fcntl on the channel's own descriptor.
+    unsafe {
+        let fl = libc::fcntl(ch.fd(), libc::F_GETFL);
+        libc::fcntl(ch.fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+    }
+    Ok(Box::into_raw(Box::new(ChW {
+        c: rdma_event_channel { fd: ch.fd() },
+        ch,
+        stash: Mutex::new(VecDeque::new()),
+    })))
+}
+
+/// librdmacm's `rdma_create_event_channel` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_event_channel"]
+pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    match new_channel() {
+        Ok(p) => p as *mut rdma_event_channel,
+        Err(e) => {
+            set_errno(e);
+            null_mut()
+        }
+    }
+}
+
+/// librdmacm's `rdma_destroy_event_channel` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_destroy_event_channel"]
+pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
+    if !ch.is_null() {
+        // SAFETY: a channel of this library, not used after this (librdmacm's contract).
+        drop(unsafe { Box::from_raw(ch as *mut ChW) });
+    }
+}
+
+/// Turn a runtime event into a C one (making a CONNECT_REQUEST's id); NULL for an event of an
+/// id already destroyed.
+fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
+    let num = ev.id.id().0;
+    let listen = ev
+        .listen_id
+        .as_ref()
+        .and_then(|l| ids(|m| m.get(&l.id().0).copied()));
+    let mut id = ids(|m| m.get(&num).copied());
+    if ev.event == EventType::ConnectRequest && id.is_none() {
+        let Some(l) = listen else { return null_mut() };
+        // SAFETY: the listener's C id, alive (it is in the map).
+        let lw = unsafe { &*(l as *mut IdW) };
+        let w = new_idw(ev.id.clone(), lw.c.channel, lw.c.context, lw.c.ps);
+        // SAFETY: just made.
+        unsafe {
+            (*w).c.verbs = cm_ctx();
+            (*w).c.port_num = 1;
+        }
+        id = Some(w as usize);
+    }
+    if trace() {
+        eprintln!(
+            "ferroce librdmacm: {} id {} status {}{}",
+            ev.event.as_str(),
+            num,
+            ev.status,
+            if id.is_none() {
+                " (no such id: dropped)"
+            } else {
+                ""
+            }
+        );
+    }
+    let Some(idp) = id else { return null_mut() };
+    // SAFETY: a live C id of this library.
+    let w = unsafe { &mut *(idp as *mut IdW) };
+    w.refresh();
+    w.refresh_qp_state();
+    // SAFETY: plain C data.
+    let mut c: rdma_cm_event = unsafe { std::mem::zeroed() };
+    c.id = idp as *mut rdma_cm_id;
+    c.listen_id = listen.map_or(null_mut(), |l| l as *mut rdma_cm_id);
+    c.event = event_code(ev.event);
+    c.status = ev.status;
+    let mut b = Box::new(EvW { c, ev });
+    let p = &b.ev.param;
+    let (pd, pdl) = (b.ev.private_data().as_ptr(), b.ev.private_data().len());
+    if w.c.ps == RDMA_PS_UDP {
+        // SAFETY: plain C data.
+        let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
+        ud.private_data = pd as *const c_void;
+        ud.private_data_len = pdl.min(255) as u8;
+        ud.qp_num = p.qp_num.map_or(0, |q| q.get());
+        ud.qkey = p.qkey.unwrap_or(RDMA_UDP_QKEY);
+        if let (Some(l), Some(r)) = (
+            b.ev.id.local_addr().map(|a| a.ip()),
+            b.ev.id.peer_addr().map(|a| a.ip()),
+        ) {
+            ud.ah_attr.is_global = 1;
+            ud.ah_attr.port_num = 1;
+            ud.ah_attr.grh.dgid.raw = gid_of(r);
+            ud.ah_attr.grh.sgid_index = gid_index(l);
+            ud.ah_attr.grh.hop_limit = 64;
+        }
+        b.c.param.ud = ud;
+    } else {
+        b.c.param.conn = rdma_conn_param {
+            private_data: pd as *const c_void,
+            private_data_len: pdl.min(255) as u8,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: 1,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq as u8,
+            qp_num: p.qp_num.map_or(0, |q| q.get()),
+        };
+    }
+    let e = Box::into_raw(b) as *mut rdma_cm_event;
+    w.c.event = e;
+    e
+}
+
+/// The next event of a channel: a stashed one first; waits unless the descriptor is
+/// non-blocking. `Err(errno)` when there is none.
+fn next_event(chw: &ChW, wait: bool) -> Result<CmEvent, c_int> {
+    if let Some(e) = lock(&chw.stash).pop_front() {
+        return Ok(e);
+    }
+    if wait {
+        chw.ch.get_cm_event(None).ok_or(ENODEV)
+    } else {
+        chw.ch.try_get_cm_event().ok_or(libc::EAGAIN)
+    }
+}
+
+/// librdmacm's `rdma_get_cm_event` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_cm_event"]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    if channel.is_null() || event.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: a channel of this library.
+    let chw = unsafe { &*(channel as *mut ChW) };
+    // SAFETY: fcntl on the channel's own descriptor.
+    let nonblock = unsafe { libc::fcntl(chw.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let ev = match next_event(chw, !nonblock) {
+            Ok(e) => e,
+            Err(e) => return fail(e),
+        };
+        let p = deliver(ev);
+        if !p.is_null() {
+            // SAFETY: the caller's out parameter.
+            unsafe { *event = p };
+            return 0;
+        }
+    }
+}
+
+/// librdmacm's `rdma_ack_cm_event` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_ack_cm_event"]
+pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    if event.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an event of this library, not used after this (librdmacm's contract).
+    let b = unsafe { Box::from_raw(event as *mut EvW) };
+    if let Some(idp) = ids(|m| m.get(&b.ev.id.id().0).copied()) {
+        // SAFETY: a live C id.
+        let w = unsafe { &mut *(idp as *mut IdW) };
+        if w.c.event == event {
+            w.c.event = null_mut();
+        }
+    }
+    0
+}
+
+/// Wait on a synchronous id's channel for the next event of `id` (others are stashed), and
+/// consume it: `Ok(event)` for the one wanted, `Err(errno)` otherwise.
+fn sync_wait(w: &IdW, want: EventType) -> Result<CmEvent, c_int> {
+    // SAFETY: a synchronous id's channel is its own, alive while the id is.
+    let chw = unsafe { &*(w.c.channel as *mut ChW) };
+    let me = w.cmid()?.id();
+    loop {
+        let e = chw.ch.get_cm_event(None).ok_or(ENODEV)?;
+        let mine = e.id.id() == me || e.listen_id.as_ref().is_some_and(|l| l.id() == me);
+        if !mine {
+            lock(&chw.stash).push_back(e);
+            continue;
+        }
+        if e.event == want {
+            return Ok(e);
+        }
+        return Err(match e.event {
+            EventType::Rejected => libc::ECONNREFUSED,
+            EventType::Unreachable => libc::ENETUNREACH,
+            EventType::AddrError | EventType::RouteError => libc::EHOSTUNREACH,
+            _ if e.status < 0 => -e.status,
+            _ => libc::ECONNABORTED,
+        });
+    }
+}
+
+// ---- ids ------------------------------------------------------------------------------------------
+
+/// librdmacm's `rdma_create_id` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_id"]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    let Some(space) = port_space(ps) else {
+        return fail(EOPNOTSUPP);
+    };
+    let (ch, own) = if channel.is_null() {
+        match new_channel() {
+            Ok(c) => (c, true),
+            Err(e) => return fail(e),
+        }
+    } else {
+        (channel as *mut ChW, false)
+    };
+    // SAFETY: a channel of this library.
+    let cmid = unsafe { &*ch }.ch.create_id(space);
+    let w = new_idw(cmid, ch as *mut rdma_event_channel, context, ps);
+    // SAFETY: just made; the caller's out parameter.
+    unsafe {
+        (*w).own_channel = own;
+        (*w).sync = own;
+        *id = w as *mut rdma_cm_id;
+    }
+    0
+}
+
+/// librdmacm's `rdma_destroy_id` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_destroy_id"]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library, not used after this.
+    let w = unsafe { Box::from_raw(id as *mut IdW) };
+    let mut r = Ok(());
+    if let Some(cmid) = w.id {
+        ids(|m| m.remove(&cmid.id().0));
+        // The application's QP stays the application's: librdmacm does not destroy it.
+        cmid.detach_qp();
+        let was = cmid.state();
+        r = cmid.destroy();
+        if matches!(
+            was,
+            Some(
+                ferroce::runtime::cm::IdState::Connect | ferroce::runtime::cm::IdState::Disconnect
+            )
+        ) {
+            flush();
+        }
+    }
+    if w.own_channel {
+        // SAFETY: the id's own channel, used by nothing else.
+        unsafe { rdma_destroy_event_channel(w.c.channel) };
+    }
+    ret(r)
+}
+
+/// librdmacm's `rdma_bind_addr` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_bind_addr"]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's address.
+    let (w, a) = unsafe { (idw(id), from_sockaddr(addr)) };
+    let Some(a) = a else {
+        return fail(libc::EAFNOSUPPORT);
+    };
+    let r = match w.cmid() {
+        Ok(c) => c.bind_addr(a),
+        Err(e) => return fail(e),
+    };
+    w.refresh();
+    ret(r)
+}
+
+/// librdmacm's `rdma_resolve_addr` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_resolve_addr"]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut sockaddr,
+    dst: *mut sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's addresses.
+    let (w, s, d) = unsafe { (idw(id), from_sockaddr(src), from_sockaddr(dst)) };
+    let Some(d) = d else {
+        return fail(libc::EAFNOSUPPORT);
+    };
+    let t = Duration::from_millis(timeout_ms.max(1) as u64);
+    let r = match w.cmid() {
+        Ok(c) => c.resolve_addr(s, d, t),
+        Err(e) => return fail(e),
+    };
+    if r.is_ok() && w.sync {
+        return match sync_wait(w, EventType::AddrResolved) {
+            Ok(_) => {
+                w.refresh();
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    ret(r)
+}
+
+/// librdmacm's `rdma_resolve_route` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_resolve_route"]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    let t = Duration::from_millis(timeout_ms.max(1) as u64);
+    let r = match w.cmid() {
+        Ok(c) => c.resolve_route(t),
+        Err(e) => return fail(e),
+    };
+    if r.is_ok() && w.sync {
+        return match sync_wait(w, EventType::RouteResolved) {
+            Ok(_) => {
+                w.refresh();
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    ret(r)
+}
+
+// ---- QPs ---------------------------------------------------------------------------------------------
+
+/// A completion channel and a CQ of `n` entries on the CM's context.
+fn cq_with_channel(n: u32) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
+    let ctx = cm_ctx();
+    // SAFETY: the CM's context.
+    let ch = unsafe { verbs::ibv_create_comp_channel(ctx) };
+    if ch.is_null() {
+        return Err(ENOMEM);
+    }
+    // SAFETY: as above, with the channel just made.
+    let cq = unsafe { verbs::ibv_create_cq(ctx, n.max(1) as c_int, null_mut(), ch, 0) };
+    if cq.is_null() {
+        // SAFETY: the channel just made, bound to nothing.
+        unsafe { verbs::ibv_destroy_comp_channel(ch) };
+        return Err(ENOMEM);
+    }
+    Ok((ch, cq))
+}
+
+/// Bring a UD QP to RTS with librdmacm's Q_Key (`RDMA_UDP_QKEY`), as librdmacm does for ids
+/// of `RDMA_PS_UDP`.
+fn ud_to_rts(qp: *mut ibv_qp) -> c_int {
+    for (state, mask) in [
+        (1, 1 | 16 | 32 | 64), // INIT: state, pkey index, port, qkey
+        (2, 1),                // RTR
+        (3, 1 | 65536),        // RTS: state, sq_psn
+    ] {
+        // SAFETY: plain C data.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = state;
+        a.port_num = 1;
+        a.qkey = RDMA_UDP_QKEY;
+        // SAFETY: a QP of this library and a local attribute struct.
+        let r = unsafe { verbs::ibv_modify_qp(qp, &mut a, mask) };
+        if r != 0 {
+            return r;
+        }
+    }
+    0
+}
+
+/// librdmacm's `rdma_create_qp` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_qp"]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's attributes.
+    let (w, a) = unsafe { (idw(id), &mut *attr) };
+    let Ok(cmid) = w.cmid().cloned() else {
+        return fail(EINVAL);
+    };
+    if !w.c.qp.is_null() {
+        return fail(EINVAL);
+    }
+    let mut pd = if pd.is_null() { w.c.pd } else { pd };
+    if pd.is_null() {
+        // SAFETY: the CM's context.
+        pd = unsafe { verbs::ibv_alloc_pd(cm_ctx()) };
+        if pd.is_null() {
+            return -1;
+        }
+    }
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        // librdmacm makes the CQs the application did not give, each with a channel.
+        if w.c.send_cq.is_null() {
+            let (sch, scq) = match cq_with_channel(a.cap.max_send_wr) {
+                Ok(x) => x,
+                Err(e) => return fail(e),
+            };
+            let (rch, rcq) = match cq_with_channel(a.cap.max_recv_wr) {
+                Ok(x) => x,
+                Err(e) => return fail(e),
+            };
+            w.c.send_cq_channel = sch;
+            w.c.send_cq = scq;
+            w.c.recv_cq_channel = rch;
+            w.c.recv_cq = rcq;
+            w.made_cqs = true;
+        }
+        if a.send_cq.is_null() {
+            a.send_cq = w.c.send_cq;
+        }
+        if a.recv_cq.is_null() {
+            a.recv_cq = w.c.recv_cq;
+        }
+    }
+    if a.srq.is_null() {
+        a.srq = w.c.srq;
+    }
+    let ud = w.c.ps == RDMA_PS_UDP;
+    a.qp_type = if ud { 4 } else { 2 };
+    // SAFETY: a PD of this library and the caller's attributes, CQs filled in.
+    let qp = unsafe { verbs::ibv_create_qp(pd, attr) };
+    if qp.is_null() {
+        return -1;
+    }
+    // SAFETY: a QP just made by this library.
+    let qpn = unsafe { (*(qp as *mut QpW)).qpn };
+    if ud {
+        let r = ud_to_rts(qp);
+        if r != 0 {
+            // SAFETY: the QP just made.
+            unsafe { verbs::ibv_destroy_qp(qp) };
+            return fail(r);
+        }
+        w.ud_qp = Some(qpn);
+    } else if let Err(e) = cmid.attach_qp(qpn) {
+        // SAFETY: the QP just made.
+        unsafe { verbs::ibv_destroy_qp(qp) };
+        return fail(errno_of(&e));
+    }
+    w.c.qp = qp;
+    w.c.pd = pd;
+    w.refresh_qp_state();
+    0
+}
+
+/// librdmacm's `rdma_create_qp_ex` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_qp_ex"]
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    if id.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    // Only the PD: not the extended send API (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS), XRC, RSS.
+    if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
+        return fail(EOPNOTSUPP);
+    }
+    let mut b = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        null_mut()
+    };
+    // SAFETY: forwarded.
+    let r = unsafe { rdma_create_qp(id, pd, &mut b) };
+    if r == 0 {
+        a.send_cq = b.send_cq;
+        a.recv_cq = b.recv_cq;
+        a.cap = b.cap;
+    }
+    r
+}
+
+/// librdmacm's `rdma_destroy_qp` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_destroy_qp"]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    if let Some(c) = w.id.as_ref() {
+        c.detach_qp();
+    }
+    w.ud_qp = None;
+    if !w.c.qp.is_null() {
+        // SAFETY: the id's QP, not used after this.
+        unsafe { verbs::ibv_destroy_qp(w.c.qp) };
+        w.c.qp = null_mut();
+    }
+    if w.made_cqs {
+        // SAFETY: the CQs and channels rdma_create_qp made for this id.
+        unsafe {
+            verbs::ibv_destroy_cq(w.c.send_cq);
+            verbs::ibv_destroy_cq(w.c.recv_cq);
+            verbs::ibv_destroy_comp_channel(w.c.send_cq_channel);
+            verbs::ibv_destroy_comp_channel(w.c.recv_cq_channel);
+        }
+        w.c.send_cq = null_mut();
+        w.c.recv_cq = null_mut();
+        w.c.send_cq_channel = null_mut();
+        w.c.recv_cq_channel = null_mut();
+        w.made_cqs = false;
+    }
+}
+
+/// librdmacm's `rdma_init_qp_attr` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_init_qp_attr"]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    if id.is_null() || attr.is_null() || mask.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's out structures.
+    let (w, a) = unsafe { (idw(id), &mut *attr) };
+    // INIT only: what an id's QP needs before the connection (the CM moves a QP it holds
+    // itself; the connection's RTR/RTS attributes of a self-made QP are not available).
+    // SAFETY: plain C data.
+    *a = unsafe { std::mem::zeroed() };
+    a.qp_state = 1;
+    a.port_num = 1;
+    a.pkey_index = 0;
+    if w.c.ps == RDMA_PS_UDP {
+        a.qkey = RDMA_UDP_QKEY;
+        // SAFETY: the caller's out parameter.
+        unsafe { *mask = 1 | 16 | 32 | 64 };
+    } else {
+        a.qp_access_flags = 1 | 2 | 4 | 8;
+        // SAFETY: as above.
+        unsafe { *mask = 1 | 8 | 16 | 32 };
+    }
+    0
+}
+
+// ---- connections ------------------------------------------------------------------------------------
+
+/// The runtime's connection parameters from C's (NULL: librdmacm's defaults).
+///
+/// # Safety
+/// `p` is NULL or the caller's parameters, its private data `private_data_len` bytes.
+unsafe fn conn_param<'a>(p: *const rdma_conn_param, qpn: u32) -> ConnParam<'a> {
+    let mut c = ConnParam::new(QpNumber::new(qpn), Psn::new(0), &[]);
+    if p.is_null() {
+        return c;
+    }
+    // SAFETY: the caller's parameters.
+    let p = unsafe { &*p };
+    if !p.private_data.is_null() && p.private_data_len > 0 {
+        // SAFETY: as promised.
+        c.private_data = unsafe {
+            std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
+        };
+    }
+    c.responder_resources = p.responder_resources;
+    c.initiator_depth = p.initiator_depth;
+    c.retry_count = p.retry_count.min(7);
+    c.rnr_retry_count = p.rnr_retry_count.min(7);
+    c.srq = p.srq != 0;
+    if qpn == 0 {
+        c.qp_num = QpNumber::new(p.qp_num);
+    }
+    c
+}
+
+/// librdmacm's `rdma_connect` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_connect"]
+pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    // SAFETY: the caller's parameters.
+    let cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    let r = match w.cmid() {
+        Ok(c) => c.connect(&cp),
+        Err(e) => return fail(e),
+    };
+    if r.is_ok() && w.sync {
+        return match sync_wait(w, EventType::Established) {
+            Ok(_) => {
+                w.refresh();
+                w.refresh_qp_state();
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    ret(r)
+}
+
+/// librdmacm's `rdma_establish` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_establish"]
+pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    match unsafe { idw(id) }.cmid() {
+        Ok(c) => ret(c.establish()),
+        Err(e) => fail(e),
+    }
+}
+
+/// librdmacm's `rdma_listen` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_listen"]
+pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    match unsafe { idw(id) }.cmid() {
+        Ok(c) => ret(c.listen(if backlog <= 0 { 1024 } else { backlog as usize })),
+        Err(e) => fail(e),
+    }
+}
+
+/// librdmacm's `rdma_get_request` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_request"]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    if listen.is_null() || id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let lw = unsafe { idw(listen) };
+    if !lw.own_channel {
+        return fail(EINVAL);
+    }
+    let ev = match sync_wait(lw, EventType::ConnectRequest) {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    let e = deliver(ev);
+    if e.is_null() {
+        return fail(libc::ECONNABORTED);
+    }
+    // SAFETY: the event just made; its id is the new id.
+    let new = unsafe { (*e).id };
+    // SAFETY: as above; the event is not handed out.
+    unsafe { rdma_ack_cm_event(e) };
+    // SAFETY: the new id; it inherits the listener's synchronous channel.
+    let nw = unsafe { idw(new) };
+    nw.sync = true;
+    nw.c.pd = lw.c.pd;
+    nw.c.srq = lw.c.srq;
+    if let Some((pd, mut a)) = lw.ep_qp_attr {
+        // SAFETY: the listener's PD (or NULL) and a copy of its QP attributes.
+        if unsafe { rdma_create_qp(new, pd as *mut ibv_pd, &mut a) } != 0 {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(EINVAL);
+            // SAFETY: the new id, not handed out.
+            let _ = unsafe { rdma_reject(new, std::ptr::null(), 0) };
+            return fail(e);
+        }
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *id = new };
+    0
+}
+
+/// librdmacm's `rdma_accept` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_accept"]
+pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    // SAFETY: the caller's parameters.
+    let mut cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    cp.qkey = RDMA_UDP_QKEY;
+    let r = match w.cmid() {
+        Ok(c) => c.accept(&cp),
+        Err(e) => return fail(e),
+    };
+    w.refresh_qp_state();
+    // A synchronous id (from rdma_get_request) waits for the connection.
+    if r.is_ok() && w.sync && w.c.ps == RDMA_PS_TCP {
+        return match sync_wait(w, EventType::Established) {
+            Ok(_) => {
+                w.refresh_qp_state();
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    ret(r)
+}
+
+/// librdmacm's `rdma_reject` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_reject"]
+pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    let pd: &[u8] = if data.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's private data of `len` bytes.
+        unsafe { std::slice::from_raw_parts(data as *const u8, len as usize) }
+    };
+    // SAFETY: an id of this library.
+    match unsafe { idw(id) }.cmid() {
+        Ok(c) => ret(c.reject(pd)),
+        Err(e) => fail(e),
+    }
+}
+
+/// librdmacm's `rdma_reject_ece` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_reject_ece"]
+pub unsafe extern "C" fn rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { rdma_reject(id, data, len) }
+}
+
+/// librdmacm's `rdma_disconnect` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_disconnect"]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    if trace() {
+        eprintln!(
+            "ferroce librdmacm: rdma_disconnect id {:?}",
+            w.id.as_ref().map(|c| c.id().0)
+        );
+    }
+    let r = match w.cmid() {
+        Ok(c) => c.disconnect(),
+        Err(e) => return fail(e),
+    };
+    w.refresh_qp_state();
+    flush();
+    ret(r)
+}
+
+/// librdmacm's `rdma_notify` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_notify"]
+pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    0
+}
+
+/// librdmacm's `rdma_set_option` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_set_option"]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    _len: usize,
+) -> c_int {
+    if id.is_null() || val.is_null() {
+        return fail(EINVAL);
+    }
+    match (level, name) {
+        // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT — accepted; the connection
+        // uses ferroce's defaults for them.
+        (0, 0..=3) => 0,
+        // RDMA_OPTION_IB_PATH: path records from an SA; a RoCE route is resolved here.
+        (1, 1) => fail(ENOSYS),
+        _ => fail(ENOSYS),
+    }
+}
+
+/// librdmacm's `rdma_migrate_id` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_migrate_id"]
+pub unsafe extern "C" fn rdma_migrate_id(
+    _id: *mut rdma_cm_id,
+    _channel: *mut rdma_event_channel,
+) -> c_int {
+    // The runtime delivers an id's events to the channel it was created on.
+    fail(ENOSYS)
+}
+
+/// librdmacm's `rdma_get_src_port` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_src_port"]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    w.id.as_ref()
+        .and_then(|c| c.local_addr())
+        .map_or(0, |a| a.port().to_be())
+}
+
+/// librdmacm's `rdma_get_dst_port` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_dst_port"]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    w.id.as_ref()
+        .and_then(|c| c.peer_addr())
+        .map_or(0, |a| a.port().to_be())
+}
+
+// ---- SRQs ----------------------------------------------------------------------------------------------
+
+/// librdmacm's `rdma_create_srq` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_srq"]
+pub unsafe extern "C" fn rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    if id.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    let mut pd = if pd.is_null() { w.c.pd } else { pd };
+    if pd.is_null() {
+        // SAFETY: the CM's context.
+        pd = unsafe { verbs::ibv_alloc_pd(cm_ctx()) };
+        if pd.is_null() {
+            return -1;
+        }
+    }
+    // SAFETY: a PD of this library and the caller's attributes.
+    let srq = unsafe { verbs::ibv_create_srq(pd, attr) };
+    if srq.is_null() {
+        return -1;
+    }
+    w.c.srq = srq;
+    w.c.pd = pd;
+    0
+}
+
+/// librdmacm's `rdma_create_srq_ex` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_srq_ex"]
+pub unsafe extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
+    fail(EOPNOTSUPP)
+}
+
+/// librdmacm's `rdma_destroy_srq` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_destroy_srq"]
+pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    if !w.c.srq.is_null() {
+        // SAFETY: the id's SRQ, not used after this.
+        unsafe { verbs::ibv_destroy_srq(w.c.srq) };
+        w.c.srq = null_mut();
+    }
+}
+
+// ---- endpoints (the synchronous API) --------------------------------------------------------------------
+
+/// librdmacm's `rdma_create_ep` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_create_ep"]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's address information.
+    let r = unsafe { &*res };
+    let ps = if r.ai_port_space != 0 {
+        r.ai_port_space
+    } else if r.ai_qp_type == 4 {
+        RDMA_PS_UDP
+    } else {
+        RDMA_PS_TCP
+    };
+    let mut new: *mut rdma_cm_id = null_mut();
+    // SAFETY: a NULL channel: a synchronous id.
+    if unsafe { rdma_create_id(null_mut(), &mut new, null_mut(), ps) } != 0 {
+        return -1;
+    }
+    let passive = r.ai_flags & RAI_PASSIVE != 0;
+    // SAFETY: the id just made; the caller's addresses.
+    let st = unsafe {
+        if passive {
+            rdma_bind_addr(new, r.ai_src_addr)
+        } else {
+            let s = rdma_resolve_addr(new, r.ai_src_addr, r.ai_dst_addr, 2000);
+            if s == 0 {
+                rdma_resolve_route(new, 2000)
+            } else {
+                s
+            }
+        }
+    };
+    if st != 0 {
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(EINVAL);
+        // SAFETY: the id just made.
+        unsafe { rdma_destroy_id(new) };
+        return fail(e);
+    }
+    // SAFETY: the id just made.
+    let w = unsafe { idw(new) };
+    w.c.pd = pd;
+    if !qp_attr.is_null() {
+        if passive {
+            // SAFETY: the caller's attributes, copied for each request's id.
+            w.ep_qp_attr = Some((pd as usize, unsafe { std::ptr::read(qp_attr) }));
+        } else {
+            // SAFETY: the id just made and the caller's attributes.
+            if unsafe { rdma_create_qp(new, pd, qp_attr) } != 0 {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(EINVAL);
+                // SAFETY: the id just made.
+                unsafe { rdma_destroy_id(new) };
+                return fail(e);
+            }
+        }
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *id = new };
+    0
+}
+
+/// librdmacm's `rdma_destroy_ep` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_destroy_ep"]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: an id of this library, not used after this.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
+        rdma_destroy_id(id);
+    }
+}
+
+// ---- devices, strings, ECE, multicast ---------------------------------------------------------------------
+
+/// librdmacm's `rdma_get_devices` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_devices"]
+pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    let ctx = cm_ctx();
+    let n = usize::from(!ctx.is_null());
+    // SAFETY: calloc of n+1 pointers, freed by rdma_free_devices.
+    let list =
+        unsafe { libc::calloc(n + 1, size_of::<*mut ibv_context>()) } as *mut *mut ibv_context;
+    if list.is_null() {
+        set_errno(ENOMEM);
+        return null_mut();
+    }
+    if n == 1 {
+        // SAFETY: two slots.
+        unsafe { *list = ctx };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's out parameter.
+        unsafe { *num = n as c_int };
+    }
+    list
+}
+
+/// librdmacm's `rdma_free_devices` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_free_devices"]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: from rdma_get_devices (calloc) or NULL.
+    unsafe { libc::free(list as *mut c_void) };
+}
+
+/// librdmacm's `rdma_event_str` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_event_str"]
+pub extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
+    static NAMES: [&std::ffi::CStr; 17] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        c"UNKNOWN EVENT",
+    ];
+    let i = usize::try_from(event).unwrap_or(16).min(16);
+    NAMES[i].as_ptr()
+}
+
+/// `struct ibv_ece`.
+#[repr(C)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
+/// librdmacm's `rdma_set_local_ece` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_set_local_ece"]
+pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    if id.is_null() || ece.is_null() {
+        return fail(EINVAL);
+    }
+    // ECE (vendor options in the REQ/REP) is not negotiated: accepted and not sent.
+    0
+}
+
+/// librdmacm's `rdma_get_remote_ece` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_get_remote_ece"]
+pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    if id.is_null() || ece.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's out structure.
+    unsafe {
+        *ece = ibv_ece {
+            vendor_id: 0,
+            options: 0,
+            comp_mask: 0,
+        }
+    };
+    0
+}
+
+/// librdmacm's `rdma_join_multicast` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_join_multicast"]
+pub unsafe extern "C" fn rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+    _ctx: *mut c_void,
+) -> c_int {
+    fail(ENOSYS)
+}
+
+/// librdmacm's `rdma_join_multicast_ex` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_join_multicast_ex"]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    _id: *mut rdma_cm_id,
+    _attr: *mut c_void,
+    _ctx: *mut c_void,
+) -> c_int {
+    fail(ENOSYS)
+}
+
+/// librdmacm's `rdma_leave_multicast` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_leave_multicast"]
+pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
+    fail(ENOSYS)
+}
+
+// ---- rdma_getaddrinfo ---------------------------------------------------------------------------------
+
+#[repr(C)]
+struct AiW {
+    c: rdma_addrinfo,
+    src: libc::sockaddr_storage,
+    dst: libc::sockaddr_storage,
+}
+
+/// The first address `node`/`service` name (numeric, or through the system's resolver).
+///
+/// # Safety
+/// `node` and `service` are NULL or C strings.
+unsafe fn lookup(
+    node: *const c_char,
+    service: *const c_char,
+    family: c_int,
+    flags: c_int,
+    passive: bool,
+) -> Result<SocketAddr, c_int> {
+    // SAFETY: plain C data.
+    let mut h: libc::addrinfo = unsafe { std::mem::zeroed() };
+    h.ai_family = family;
+    h.ai_socktype = libc::SOCK_STREAM;
+    if flags & RAI_NUMERICHOST != 0 {
+        h.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    if passive {
+        h.ai_flags |= libc::AI_PASSIVE;
+    }
+    let mut res: *mut libc::addrinfo = null_mut();
+    // SAFETY: getaddrinfo(3) with the caller's strings and a local hints structure.
+    let r = unsafe { libc::getaddrinfo(node, service, &h, &mut res) };
+    if r != 0 || res.is_null() {
+        return Err(r);
+    }
+    // The first answer, as librdmacm takes it.
+    // SAFETY: a list from getaddrinfo, freed right after.
+    let a = unsafe { from_sockaddr((*res).ai_addr) };
+    // SAFETY: as above.
+    unsafe { libc::freeaddrinfo(res) };
+    a.ok_or(libc::EAI_FAMILY)
+}
+
+/// librdmacm's `rdma_getaddrinfo` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_getaddrinfo"]
+pub unsafe extern "C" fn rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    if res.is_null() || (node.is_null() && service.is_null()) {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's hints (or none).
+    let h = unsafe { hints.as_ref() };
+    let flags = h.map_or(0, |h| h.ai_flags);
+    let passive = flags & RAI_PASSIVE != 0;
+    let mut family = h.map_or(0, |h| h.ai_family);
+    if family == 0 && node.is_null() {
+        // A wildcard address: IPv4's (ferroce's CM binds every address of the family).
+        family = libc::AF_INET;
+    }
+    // SAFETY: the caller's strings.
+    let addr = match unsafe { lookup(node, service, family, flags, passive) } {
+        Ok(a) => a,
+        Err(e) => {
+            // librdmacm returns getaddrinfo's code (negative) and sets errno.
+            set_errno(EINVAL);
+            return if e != 0 { e } else { -1 };
+        }
+    };
+    // SAFETY: plain C data.
+    let mut w: Box<AiW> = Box::new(unsafe { std::mem::zeroed() });
+    w.c.ai_flags = flags;
+    w.c.ai_family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    w.c.ai_port_space = h
+        .map(|h| h.ai_port_space)
+        .filter(|p| *p != 0)
+        .unwrap_or(RDMA_PS_TCP);
+    w.c.ai_qp_type = h.map(|h| h.ai_qp_type).filter(|q| *q != 0).unwrap_or(
+        if w.c.ai_port_space == RDMA_PS_UDP {
+            4
+        } else {
+            2
+        },
+    );
+    if passive {
+        w.c.ai_src_len = to_sockaddr(&mut w.src, addr);
+        w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
+    } else {
+        w.c.ai_dst_len = to_sockaddr(&mut w.dst, addr);
+        w.c.ai_dst_addr = &mut w.dst as *mut _ as *mut sockaddr;
+        // A source address from the hints.
+        // SAFETY: the caller's hints' address.
+        if let Some(s) = h.and_then(|h| unsafe { from_sockaddr(h.ai_src_addr) }) {
+            w.c.ai_src_len = to_sockaddr(&mut w.src, s);
+            w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
+        } else if flags & RAI_NOROUTE == 0 {
+            // The local address that reaches the destination, as librdmacm fills it in.
+            if let Ok(c) = cm() {
+                if c.local.is_ipv4() == addr.is_ipv4() {
+                    w.c.ai_src_len = to_sockaddr(&mut w.src, SocketAddr::new(c.local, 0));
+                    w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *res = Box::into_raw(w) as *mut rdma_addrinfo };
+    0
+}
+
+/// librdmacm's `rdma_freeaddrinfo` (`librdmacm.so.1` forwards to it).
+#[export_name = "ferroce_rdma_freeaddrinfo"]
+pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: a list from rdma_getaddrinfo, not used after this.
+        let b = unsafe { Box::from_raw(p as *mut AiW) };
+        p = b.c.ai_next;
+    }
+}
+
+// ---- rsockets: not provided ----------------------------------------------------------------------------------
+
+macro_rules! rsocket_stubs {
+    ($($n:ident => $e:literal),* $(,)?) => { $(
+        /// rsockets (sockets over RDMA) are not provided: -1 with `errno` ENOSYS.
+        #[export_name = $e]
+        pub extern "C" fn $n() -> isize {
+            set_errno(ENOSYS);
+            -1
+        }
+    )* };
+}
+
+rsocket_stubs!(
+    raccept => "ferroce_raccept",
+    rbind => "ferroce_rbind",
+    rclose => "ferroce_rclose",
+    rconnect => "ferroce_rconnect",
+    rfcntl => "ferroce_rfcntl",
+    rgetpeername => "ferroce_rgetpeername",
+    rgetsockname => "ferroce_rgetsockname",
+    rgetsockopt => "ferroce_rgetsockopt",
+    riomap => "ferroce_riomap",
+    riounmap => "ferroce_riounmap",
+    riowrite => "ferroce_riowrite",
+    rlisten => "ferroce_rlisten",
+    rread => "ferroce_rread",
+    rreadv => "ferroce_rreadv",
+    rrecv => "ferroce_rrecv",
+    rrecvfrom => "ferroce_rrecvfrom",
+    rrecvmsg => "ferroce_rrecvmsg",
+    rsend => "ferroce_rsend",
+    rsendmsg => "ferroce_rsendmsg",
+    rsendto => "ferroce_rsendto",
+    rsetsockopt => "ferroce_rsetsockopt",
+    rshutdown => "ferroce_rshutdown",
+    rsocket => "ferroce_rsocket",
+    rwrite => "ferroce_rwrite",
+    rwritev => "ferroce_rwritev",
+);
