@@ -25,7 +25,6 @@ use crate::verbs::{AccessFlags, AddressVector, Mtu, QpCap};
 use crate::wire::{MacAddr, QpNumber};
 use std::ffi::OsString;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -190,6 +189,8 @@ pub struct PingpongRun {
     pub host: Option<String>,
     /// `-p`: TCP port of the exchange.
     pub port: u16,
+    /// `--bind`: the server listens on this address only (default: all interfaces).
+    pub bind: Option<std::net::IpAddr>,
     /// `-d`: a network interface or `ferroce_<interface>` (default: the first with an address).
     pub dev: Option<String>,
     /// The packet backend.
@@ -279,6 +280,9 @@ struct Cli {
     /// Write every frame sent and received to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
+    /// Server: listen on this address only (default: all interfaces).
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
     /// Seconds to wait for the peer.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
@@ -367,7 +371,7 @@ pub fn usage_for(example: Example, program: &str) -> String {
         ""
     };
     format!(
-        "Usage:\n  {program}            start a server and wait for connection\n  {program} <host>     connect to server at <host>\n\nOptions:\n  -p, --port=<port>      listen on/connect to port <port> (default 18515)\n  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)\n  -i, --ib-port=<port>   use port <port> of IB device (default 1)\n{size}{mtu}{num_qp}  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)\n{iters}{sl}  -e, --events           sleep on CQ events (default poll)\n  -g, --gid-idx=<gid index> local port gid index\n  -c, --chk              validate received buffer\n\nferroce's own options:{transport} --backend xdp|packet|udp, --pcap FILE, --timeout S, --verify [--verify-seed N]\n"
+        "Usage:\n  {program}            start a server and wait for connection\n  {program} <host>     connect to server at <host>\n\nOptions:\n  -p, --port=<port>      listen on/connect to port <port> (default 18515)\n  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)\n  -i, --ib-port=<port>   use port <port> of IB device (default 1)\n{size}{mtu}{num_qp}  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)\n{iters}{sl}  -e, --events           sleep on CQ events (default poll)\n  -g, --gid-idx=<gid index> local port gid index\n  -c, --chk              validate received buffer\n\nferroce's own options:{transport} --backend xdp|packet|udp, --pcap FILE, --timeout S, --bind ADDR, --verify [--verify-seed N]\n"
     )
 }
 
@@ -525,6 +529,7 @@ where
         example,
         host,
         port: port as u16,
+        bind: c.bind,
         dev: c.ib_dev,
         backend,
         gid_index,
@@ -854,12 +859,10 @@ fn pingpong_on(
     let mut ah = None;
     let theirs: Vec<Dest> = match &o.host {
         None => {
-            let l = TcpListener::bind(("::", o.port))
-                .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
-                .map_err(|e| ToolError::Io {
-                    what: format!("Couldn't listen to port {}", o.port),
-                    err: e,
-                })?;
+            let l = crate::oob::listen(o.bind, o.port).map_err(|e| ToolError::Io {
+                what: format!("Couldn't listen to port {}", o.port),
+                err: e,
+            })?;
             let (mut s, _) = l.accept().map_err(|e| ToolError::Io {
                 what: "accept() failed".into(),
                 err: e,
@@ -1176,6 +1179,13 @@ mod tests {
             run(&["10.0.0.1", "-g", "1"]).host.as_deref(),
             Some("10.0.0.1")
         );
+        // --bind (issue 17 finding 6): all interfaces unless given; a bad address refused.
+        assert_eq!(r.bind, None);
+        assert_eq!(
+            run(&["--bind", "10.0.0.2"]).bind,
+            Some("10.0.0.2".parse().unwrap())
+        );
+        assert!(parse(Example::Rc, ["--bind", "10.0.0"].iter().copied()).is_err());
     }
 
     #[test]

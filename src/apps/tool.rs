@@ -13,7 +13,7 @@ use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{DeviceConfig, DeviceCounters, Mtu, QpCounters};
 use crate::wire::MacAddr;
 use std::io::Write;
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::time::Duration;
 
 /// How the NIC runtime polls (see [`PollMode`]).
@@ -391,11 +391,9 @@ fn perf_session(
     } else {
         let stream = match &inv.host {
             None => {
-                let l = TcpListener::bind(("::", inv.port))
-                    .or_else(|_| TcpListener::bind(("0.0.0.0", inv.port)))
-                    .map_err(|e| {
-                        ToolError::io(format!("Couldn't listen to port {}", inv.port), e)
-                    })?;
+                let l = crate::oob::listen(inv.bind, inv.port).map_err(|e| {
+                    ToolError::io(format!("Couldn't listen to port {}", inv.port), e)
+                })?;
                 banner(out);
                 l.accept()
                     .map_err(|e| ToolError::io("accept() failed", e))?

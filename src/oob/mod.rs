@@ -4,15 +4,22 @@
 //! - [`perftest`]: perftest's version / page size / cache line / MTU / key messages /
 //!   barriers / bandwidth reports / `done` sequence over TCP port 18515.
 //!
-//! Every read has a timeout; a malformed or unexpected peer message ends the exchange with a
-//! clear [`CmError`], never a hang.
+//! Every message of the peer has a deadline (the whole message, not each `read()`: a peer
+//! that drips one byte at a time cannot stretch it); a malformed or unexpected peer message
+//! ends the exchange with a clear [`CmError`], never a hang.
+//!
+//! The servers ([`listen`]) serve **one client**: the first that connects gets the exchange,
+//! and with it (perftest) the R_Key and address of the region under test; no other client is
+//! accepted. They listen on all interfaces unless given a bind address (`--bind`), as
+//! `ibv_rc_pingpong` and perftest do. Nothing in the exchange is authenticated: run the
+//! servers on a trusted network or bind them to one (docs/security.md).
 
 pub mod perftest;
 pub mod pingpong;
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,17 +43,30 @@ pub enum CmError {
     },
 }
 
-/// Read exactly `buf.len()` bytes (`what` names the message for errors).
+/// Read exactly `buf.len()` bytes (`what` names the message for errors) within `timeout` for
+/// the whole message: each `read()` waits only for what is left of it, so a peer sending a
+/// byte at a time cannot keep the exchange waiting beyond `timeout`.
 pub(crate) fn read_exact(
     s: &mut TcpStream,
     buf: &mut [u8],
     what: &'static str,
     timeout: Duration,
 ) -> Result<(), CmError> {
-    // Durations beyond any run (`Duration::MAX`: wait for ever) mean no timeout.
-    s.set_read_timeout((timeout < Duration::from_secs(1 << 40)).then_some(timeout))?;
+    // Durations beyond any run (`Duration::MAX`: wait for ever) mean no deadline.
+    let deadline = (timeout < Duration::from_secs(1 << 40))
+        .then(|| Instant::now().checked_add(timeout))
+        .flatten();
     let mut got = 0;
     while got < buf.len() {
+        let left = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                // A zero read timeout is refused by the socket: the deadline has passed.
+                Some(l) if !l.is_zero() => Some(l),
+                _ => return Err(CmError::Timeout(timeout, what)),
+            },
+            None => None,
+        };
+        s.set_read_timeout(left)?;
         match s.read(&mut buf[got..]) {
             Ok(0) => return Err(CmError::Closed(what)),
             Ok(n) => got += n,
@@ -63,6 +83,17 @@ pub(crate) fn read_exact(
         }
     }
     Ok(())
+}
+
+/// The listening socket of an out-of-band server on `port`: on `bind` if given, else on all
+/// interfaces (`::`, which takes IPv4 too where the system allows it, else `0.0.0.0`), as
+/// `ibv_rc_pingpong` and perftest listen. The caller accepts one client (see the module
+/// documentation).
+pub fn listen(bind: Option<IpAddr>, port: u16) -> io::Result<TcpListener> {
+    match bind {
+        Some(a) => TcpListener::bind((a, port)),
+        None => TcpListener::bind(("::", port)).or_else(|_| TcpListener::bind(("0.0.0.0", port))),
+    }
 }
 
 pub(crate) fn write_all(s: &mut TcpStream, buf: &[u8]) -> Result<(), CmError> {
@@ -86,4 +117,89 @@ pub fn gid_from_wire(s: &str) -> Option<[u8; 16]> {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
     }
     Some(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::Ipv4Addr;
+
+    /// A client that sends `msg` one byte every `gap`, then keeps the connection open.
+    fn drip(
+        addr: std::net::SocketAddr,
+        msg: Vec<u8>,
+        gap: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            for b in msg {
+                if c.write_all(&[b]).is_err() {
+                    return; // the server gave up and closed
+                }
+                std::thread::sleep(gap);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        })
+    }
+
+    #[test]
+    fn a_client_dripping_bytes_cannot_stretch_the_message_deadline() {
+        // Issue 17 finding 6: the timeout was set per read(), so a byte every 40 ms kept a
+        // 300 ms deadline alive for the whole 52-byte message (about 2 s).
+        let l = listen(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), 0).unwrap();
+        let msg = b"0000:000011:670d5e:00000000000000000000ffff0a4d000c\0".to_vec();
+        let client = drip(l.local_addr().unwrap(), msg, Duration::from_millis(40));
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; pingpong::MSG_LEN];
+        let r = read_exact(
+            &mut s,
+            &mut buf,
+            "connection message",
+            Duration::from_millis(300),
+        );
+        drop(s);
+        client.join().unwrap();
+        assert!(
+            matches!(r, Err(CmError::Timeout(_, "connection message"))),
+            "a 52-byte message dripped over ~2 s was accepted under a 300 ms deadline: {r:?}"
+        );
+    }
+
+    #[test]
+    fn a_silent_or_half_message_client_ends_the_exchange() {
+        let l = listen(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), 0).unwrap();
+        let addr = l.local_addr().unwrap();
+        // Connects and sends nothing: the deadline ends the wait.
+        let silent = std::thread::spawn(move || {
+            let c = TcpStream::connect(addr).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+            drop(c);
+        });
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; perftest::KEY_LEN];
+        let r = read_exact(&mut s, &mut buf, "key message", Duration::from_millis(100));
+        assert!(matches!(r, Err(CmError::Timeout(..))), "{r:?}");
+        silent.join().unwrap();
+        // Sends half a key message and closes: Closed, not a hang or a short message.
+        let half = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(&[b'0'; perftest::KEY_LEN / 2]).unwrap();
+        });
+        let (mut s, _) = l.accept().unwrap();
+        let r = read_exact(&mut s, &mut buf, "key message", Duration::from_secs(20));
+        assert!(matches!(r, Err(CmError::Closed("key message"))), "{r:?}");
+        half.join().unwrap();
+    }
+
+    #[test]
+    fn listen_binds_the_given_address_only() {
+        let l = listen(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), 0).unwrap();
+        assert_eq!(
+            l.local_addr().unwrap().ip(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        let any = listen(None, 0).unwrap();
+        assert!(any.local_addr().unwrap().ip().is_unspecified());
+    }
 }

@@ -14,7 +14,7 @@ use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{DeviceConfig, Mtu};
 use crate::wire::MacAddr;
 use std::io::Write;
-use std::net::{IpAddr, TcpListener};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -222,9 +222,8 @@ fn serve_cli(
         },
     )
     .map_err(|e| format!("starting the NIC: {e}"))?;
-    let l = TcpListener::bind(("::", o.port))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
-        .map_err(|e| format!("listen on port {}: {e}", o.port))?;
+    let l =
+        crate::oob::listen(None, o.port).map_err(|e| format!("listen on port {}: {e}", o.port))?;
     let so = ServeOptions {
         cnp_interval: cnp,
         max_dest_rd_atomic: o.max_rd_atomic,

@@ -377,6 +377,9 @@ struct FerroceCli {
     /// Print no progress lines on standard error.
     #[arg(long = "no-progress")]
     no_progress: bool,
+    /// Server: listen on this address only (default: all interfaces).
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
 }
 
 /// A parsed command line: the test parameters and everything about where and how to run it.
@@ -386,6 +389,8 @@ pub struct Invocation {
     /// The server (client role), or none (server role).
     pub host: Option<String>,
     pub port: u16,
+    /// `--bind`: the server listens on this address only (default: all interfaces).
+    pub bind: Option<std::net::IpAddr>,
     /// `-d`: a network interface, or `ferroce_<interface>` as `ferroce devinfo` names it.
     pub dev: Option<String>,
     /// `-x` if given.
@@ -610,7 +615,10 @@ pub fn usage(program: &str, test: Test) -> String {
     s.push_str("      --pcap FILE                 capture every frame sent and received\n");
     s.push_str("      --poll auto|adaptive|busy|inline, --busy\n");
     s.push_str("      --json                      one JSON object with results and counters\n");
-    s.push_str("      --timeout S                 wait at most S s for the peer (default 20)\n");
+    s.push_str("      --timeout S                 wait at most S s for each message of the peer (default 20)\n");
+    s.push_str(
+        "      --bind ADDR                 server: listen on ADDR only (default: all interfaces)\n",
+    );
     s.push_str(
         "      --verify [--verify-seed N]  check every byte of the data (docs/interop-rxe.md)\n",
     );
@@ -1292,6 +1300,7 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         cfg,
         host,
         port,
+        bind: fx.bind,
         dev: c.ib_dev,
         gid_index,
         ipv6: c.ipv6,
@@ -1392,6 +1401,11 @@ mod tests {
         assert_eq!(i.host.as_deref(), Some("10.0.0.1"));
         let i = run(Test::WriteBw, &["-n", "0x10"]).unwrap();
         assert_eq!(i.cfg.iters, 16);
+        assert_eq!(i.bind, None);
+        // ferroce's --bind (issue 17 finding 6).
+        let i = run(Test::WriteBw, &["--bind", "::1"]).unwrap();
+        assert_eq!(i.bind, Some("::1".parse().unwrap()));
+        assert!(run(Test::WriteBw, &["--bind", "nowhere"]).is_err());
     }
 
     #[test]
