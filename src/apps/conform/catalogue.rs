@@ -77,7 +77,7 @@ pub struct TestDef {
     /// How it is observed, per tool.
     pub observes: &'static str,
     /// Ok if the test applies to this peer tool (and session), Err(reason) if not.
-    pub applies: fn(&Profile, &Caps) -> Result<(), String>,
+    pub applies: fn(&Profile, &Caps) -> Result<(), Inapplicable>,
     /// What the session must be (fresh, start PSN, the ferroce peer's QP settings).
     pub session: SessionReq,
     /// The test script.
@@ -203,142 +203,186 @@ impl Profile {
 // ---------------------------------------------------------------------------------------
 // applicability
 
-fn always(p: &Profile, _: &Caps) -> Result<(), String> {
+/// Why a test does not apply to a peer tool (the reason its verdict `n/a` shows). Each
+/// variant holding a `&str` names the peer program ([`PeerTool::program`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Inapplicable {
+    /// Nothing at all executes on the peer's QP.
+    #[error("no request executes on this peer's QP")]
+    NoRequest,
+    /// The packet needs a raw backend.
+    #[error("the UDP-socket backend cannot send this packet (it rewrites IP/UDP and the ICRC): use --backend packet or xdp")]
+    NeedsRaw,
+    /// The peer allows no RDMA WRITE.
+    #[error("{tool} allows no RDMA WRITE (QP rights {qp}, R_Key rights {mr})")]
+    NoWrite {
+        /// The peer program.
+        tool: &'static str,
+        /// Its QP's rights (`rwa` letters).
+        qp: String,
+        /// Its R_Key's rights, or `none`.
+        mr: String,
+    },
+    /// The peer allows no RDMA READ.
+    #[error("{0} allows no RDMA READ")]
+    NoRead(&'static str),
+    /// The peer allows no atomics.
+    #[error("{0} allows no atomics")]
+    NoAtomic(&'static str),
+    /// The peer posts no receive WQEs.
+    #[error("{0} posts no receives")]
+    NoRecvs(&'static str),
+    /// The peer takes no message of more than one packet.
+    #[error("{0} takes no multi-packet message (no receives posted, no RDMA WRITE)")]
+    NoMultiPacket(&'static str),
+    /// The peer's requester sends nothing.
+    #[error("{0} sends no requests to the tester")]
+    NoRequester(&'static str),
+    /// The peer's retry settings are not known.
+    #[error("{0}'s retry settings are not known to the tester")]
+    RetryUnknown(&'static str),
+    /// The peer retries RNR NAKs without end.
+    #[error("{0} sets rnr_retry 7 (without end): see ack.rnr-retry-infinite")]
+    RnrInfinite(&'static str),
+    /// The peer's RNR retries end.
+    #[error("{0} sets an rnr_retry below 7")]
+    RnrFinite(&'static str),
+    /// What was written cannot be read back.
+    #[error("written memory cannot be read back with {0} (its buffer has no remote read right)")]
+    NoReadBack(&'static str),
+    /// The peer's receive completions cannot be counted.
+    #[error("{0} does not show its receive completions to the peer")]
+    NoRecvCount(&'static str),
+    /// The peer's QP has the right whose absence the test needs.
+    #[error("{tool}'s QP allows {what}")]
+    QpAllows {
+        /// The peer program.
+        tool: &'static str,
+        /// The operation.
+        what: &'static str,
+    },
+    /// The peer's QP lacks a right the test needs.
+    #[error("{tool}'s QP does not enable {what}")]
+    QpLacks {
+        /// The peer program.
+        tool: &'static str,
+        /// The operation.
+        what: &'static str,
+    },
+    /// The peer announces no R_Key lacking a right its QP has.
+    #[error("{tool} has no R_Key lacking {what} on a QP that enables it")]
+    NoKeyLacking {
+        /// The peer program.
+        tool: &'static str,
+        /// The right (`write`, `read`, `atomic`).
+        what: &'static str,
+    },
+    /// The peer keeps receives posted.
+    #[error("{0} keeps receives posted (an RNR NAK cannot be provoked)")]
+    KeepsRecvs(&'static str),
+}
+
+fn always(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
     if p.any_op() {
         Ok(())
     } else {
-        Err("no request executes on this peer's QP".into())
+        Err(Inapplicable::NoRequest)
     }
 }
-fn need_raw(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_raw(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     always(p, c)?;
     if c.raw {
         Ok(())
     } else {
-        Err("the UDP-socket backend cannot send this packet (it rewrites IP/UDP and the ICRC): use --backend packet or xdp".into())
+        Err(Inapplicable::NeedsRaw)
     }
 }
-fn need_write(p: &Profile, _: &Caps) -> Result<(), String> {
+/// `Ok` when `ok`, else the reason `why` gives for the peer program.
+fn need(ok: bool, p: &Profile, why: fn(&'static str) -> Inapplicable) -> Result<(), Inapplicable> {
+    if ok {
+        Ok(())
+    } else {
+        Err(why(p.tool.program()))
+    }
+}
+fn need_write(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
     if p.can_write() {
         Ok(())
     } else {
-        Err(format!(
-            "{} allows no RDMA WRITE (QP rights {}, R_Key rights {})",
-            p.tool.program(),
-            p.qp.letters(),
-            p.mr.map(|m| m.letters()).unwrap_or_else(|| "none".into())
-        ))
+        Err(Inapplicable::NoWrite {
+            tool: p.tool.program(),
+            qp: p.qp.letters(),
+            mr: p.mr.map(|m| m.letters()).unwrap_or_else(|| "none".into()),
+        })
     }
 }
-fn need_read(p: &Profile, _: &Caps) -> Result<(), String> {
-    if p.can_read() {
-        Ok(())
-    } else {
-        Err(format!("{} allows no RDMA READ", p.tool.program()))
-    }
+fn need_read(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    need(p.can_read(), p, Inapplicable::NoRead)
 }
-fn need_atomic(p: &Profile, _: &Caps) -> Result<(), String> {
-    if p.can_atomic() {
-        Ok(())
-    } else {
-        Err(format!("{} allows no atomics", p.tool.program()))
-    }
+fn need_atomic(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    need(p.can_atomic(), p, Inapplicable::NoAtomic)
 }
-fn need_recvs(p: &Profile, _: &Caps) -> Result<(), String> {
-    if p.recvs {
-        Ok(())
-    } else {
-        Err(format!("{} posts no receives", p.tool.program()))
-    }
+fn need_recvs(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    need(p.recvs, p, Inapplicable::NoRecvs)
 }
-fn need_multi(p: &Profile, _: &Caps) -> Result<(), String> {
-    if p.recvs || p.can_write() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} takes no multi-packet message (no receives posted, no RDMA WRITE)",
-            p.tool.program()
-        ))
-    }
+fn need_multi(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    need(p.recvs || p.can_write(), p, Inapplicable::NoMultiPacket)
 }
-fn need_send_or_write(p: &Profile, _: &Caps) -> Result<(), String> {
+fn need_send_or_write(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
     need_multi(p, &Caps { raw: true })
 }
-fn need_requester(p: &Profile, _: &Caps) -> Result<(), String> {
-    if p.requester {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} sends no requests to the tester",
-            p.tool.program()
-        ))
-    }
+fn need_requester(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    need(p.requester, p, Inapplicable::NoRequester)
 }
-fn need_requester_retry(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_requester_retry(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_requester(p, c)?;
-    match p.retry {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "{}'s retry settings are not known to the tester",
-            p.tool.program()
-        )),
-    }
+    need(p.retry.is_some(), p, Inapplicable::RetryUnknown)
 }
-fn need_requester_rnr_finite(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_requester_rnr_finite(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_requester_retry(p, c)?;
-    match p.retry {
-        Some(r) if r.rnr_retry < 7 => Ok(()),
-        _ => Err(format!(
-            "{} sets rnr_retry 7 (without end): see ack.rnr-retry-infinite",
-            p.tool.program()
-        )),
-    }
+    let finite = p.retry.is_some_and(|r| r.rnr_retry < 7);
+    need(finite, p, Inapplicable::RnrInfinite)
 }
-fn need_requester_rnr_infinite(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_requester_rnr_infinite(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_requester_retry(p, c)?;
-    match p.retry {
-        Some(r) if r.rnr_retry == 7 => Ok(()),
-        _ => Err(format!("{} sets an rnr_retry below 7", p.tool.program())),
-    }
+    let infinite = p.retry.is_some_and(|r| r.rnr_retry == 7);
+    need(infinite, p, Inapplicable::RnrFinite)
 }
-fn need_write_readback(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_write_readback(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_write(p, c)?;
-    if p.readback == ReadBack::None || (p.readback == ReadBack::Read && !p.can_read()) {
-        return Err(format!(
-            "written memory cannot be read back with {} (its buffer has no remote read right)",
-            p.tool.program()
-        ));
-    }
-    Ok(())
+    let none = p.readback == ReadBack::None || (p.readback == ReadBack::Read && !p.can_read());
+    need(!none, p, Inapplicable::NoReadBack)
 }
-fn need_recv_count(p: &Profile, c: &Caps) -> Result<(), String> {
+fn need_recv_count(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_recvs(p, c)?;
-    if p.recv_count == RecvCount::None {
-        return Err(format!(
-            "{} does not show its receive completions to the peer",
-            p.tool.program()
-        ));
-    }
-    Ok(())
+    need(
+        p.recv_count != RecvCount::None,
+        p,
+        Inapplicable::NoRecvCount,
+    )
 }
-fn need_qp_lacks(p: &Profile, right: fn(&Rights) -> bool, what: &str) -> Result<(), String> {
+fn need_qp_lacks(
+    p: &Profile,
+    right: fn(&Rights) -> bool,
+    what: &'static str,
+) -> Result<(), Inapplicable> {
     if !p.any_op() {
-        return Err("no request executes on this peer's QP".into());
+        return Err(Inapplicable::NoRequest);
     }
     if right(&p.qp) {
-        Err(format!("{}'s QP allows {what}", p.tool.program()))
+        Err(Inapplicable::QpAllows {
+            tool: p.tool.program(),
+            what,
+        })
     } else {
         Ok(())
     }
 }
-fn need_no_recvs(p: &Profile, _: &Caps) -> Result<(), String> {
+fn need_no_recvs(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
     if p.recvs {
-        Err(format!(
-            "{} keeps receives posted (an RNR NAK cannot be provoked)",
-            p.tool.program()
-        ))
+        Err(Inapplicable::KeepsRecvs(p.tool.program()))
     } else if !p.any_op() {
-        Err("no request executes on this peer's QP".into())
+        Err(Inapplicable::NoRequest)
     } else {
         Ok(())
     }
@@ -766,7 +810,16 @@ fn t_dup_send_not_executed(c: &mut Ctx) -> Outcome {
     o.done()
 }
 
-fn read_all(got: &[Got], first: u32, npkts: u32) -> Result<Vec<u8>, String> {
+/// What is missing from a READ's responses.
+#[derive(Debug, thiserror::Error)]
+enum ReadGap {
+    #[error("PSN {psn:#08x} came as {got}, expected {want}")]
+    Opcode { psn: u32, got: Opcode, want: Opcode },
+    #[error("no READ response for PSN {0:#08x}")]
+    Missing(u32),
+}
+
+fn read_all(got: &[Got], first: u32, npkts: u32) -> Result<Vec<u8>, ReadGap> {
     let mut out = Vec::new();
     for k in 0..npkts {
         let psn = Psn::new(first).add(k).get();
@@ -786,8 +839,8 @@ fn read_all(got: &[Got], first: u32, npkts: u32) -> Result<Vec<u8>, String> {
             _ => None,
         }) {
             Some((op, d)) if op == want => out.extend_from_slice(d),
-            Some((op, _)) => return Err(format!("PSN {psn:#08x} came as {op}, expected {want}")),
-            None => return Err(format!("no READ response for PSN {psn:#08x}")),
+            Some((got, _)) => return Err(ReadGap::Opcode { psn, got, want }),
+            None => return Err(ReadGap::Missing(psn)),
         }
     }
     Ok(out)
@@ -2804,14 +2857,14 @@ pub fn catalogue() -> Vec<TestDef> {
            "A zero-length RDMA WRITE accesses no memory: its R_Key and VA are not checked, and it is acknowledged.",
            "ACK it whatever its R_Key",
            "the ACK (QPs with RDMA WRITE enabled)",
-           |p, c| if p.qp.write { always(p, c) } else { Err(format!("{}'s QP does not enable RDMA WRITE", p.tool.program())) },
+           |p, c| if p.qp.write { always(p, c) } else { Err(Inapplicable::QpLacks { tool: p.tool.program(), what: "RDMA WRITE" }) },
            FRESH, t_zero_write),
         t!("len.zero-read", Length, "a zero-length RDMA READ",
            "IBTA Vol 1 §9.7.5.1.7, C9-88",
            "A zero-length RDMA READ accesses no memory and is answered with one READ RESPONSE ONLY with no payload.",
            "one empty READ RESPONSE ONLY",
            "the response (QPs with RDMA READ enabled)",
-           |p, c| if p.qp.read { always(p, c) } else { Err(format!("{}'s QP does not enable RDMA READ", p.tool.program())) },
+           |p, c| if p.qp.read { always(p, c) } else { Err(Inapplicable::QpLacks { tool: p.tool.program(), what: "RDMA READ" }) },
            FRESH, t_zero_read),
         t!("len.read-too-long", Length, "an RDMA READ longer than 2^31 bytes",
            "IBTA Vol 1 §9.7.5.1.4, C9-94",
@@ -2867,21 +2920,21 @@ pub fn catalogue() -> Vec<TestDef> {
            "The region must grant the operation's remote right; the QP allowing it is not enough.",
            "NAK REM_ACCESS_ERR, error state",
            "the NAK and a silent probe (ib_send_bw: its buffer has no remote rights while its QP enables WRITE; ferroce: a key without write)",
-           |p, _| if p.qp.write && (p.lacking || p.mr.is_some_and(|m| !m.write)) { Ok(()) } else { Err(format!("{} has no R_Key lacking write on a QP that enables it", p.tool.program())) },
+           |p, _| if p.qp.write && (p.lacking || p.mr.is_some_and(|m| !m.write)) { Ok(()) } else { Err(Inapplicable::NoKeyLacking { tool: p.tool.program(), what: "write" }) },
            SessionReq { qp_rights: rights(true, true, true), ..FRESH }, t_no_write_right),
         t!("key.no-read-right", Keys, "RDMA READ through an R_Key without remote read",
            "IBTA Vol 1 §10.6.3, §9.7.5.1.7",
            "As above, for READ.",
            "NAK REM_ACCESS_ERR, error state",
            "the NAK and a silent probe (ferroce: a key without read)",
-           |p, _| if p.qp.read && p.lacking { Ok(()) } else { Err(format!("{} has no R_Key lacking read on a QP that enables it", p.tool.program())) },
+           |p, _| if p.qp.read && p.lacking { Ok(()) } else { Err(Inapplicable::NoKeyLacking { tool: p.tool.program(), what: "read" }) },
            FRESH, t_no_read_right),
         t!("key.no-atomic-right", Keys, "ATOMIC through an R_Key without remote atomic",
            "IBTA Vol 1 §10.6.3, §9.7.5.1.7",
            "As above, for atomics.",
            "NAK REM_ACCESS_ERR, error state",
            "the NAK and a silent probe (ferroce: a key without atomic)",
-           |p, _| if p.qp.atomic && p.lacking { Ok(()) } else { Err(format!("{} has no R_Key lacking atomic on a QP that enables it", p.tool.program())) },
+           |p, _| if p.qp.atomic && p.lacking { Ok(()) } else { Err(Inapplicable::NoKeyLacking { tool: p.tool.program(), what: "atomic" }) },
            FRESH, t_no_atomic_right),
         t!("key.qp-write-disabled", Keys, "RDMA WRITE to a QP that does not enable it",
            "IBTA Vol 1 §9.7.5.1.3, §9.9.3 (class C)",

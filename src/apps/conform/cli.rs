@@ -7,6 +7,7 @@ use super::peer::PeerTool;
 use super::report;
 use super::serve::{self, ServeOptions};
 use super::{Options, Setup};
+use crate::apps::tool::ToolError;
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev;
 use crate::rc::deviations::{Deviations, BREAKS};
@@ -68,72 +69,119 @@ pub struct ConformRun {
     pub breaks: Vec<String>,
 }
 
-/// The device deviations named by `breaks` (`--break`), or a one-line error.
-pub fn deviations(breaks: &[String]) -> Result<Deviations, String> {
+/// Why `ferroce conform` could not run (one line for the user).
+#[derive(Debug, thiserror::Error)]
+pub enum ConformError {
+    /// `--break` names no deviation.
+    #[error("--break {name}: unknown; one of {}", BREAKS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "))]
+    UnknownBreak {
+        /// The name given.
+        name: String,
+    },
+    /// `--break` without `--serve`.
+    #[error("--break makes the ferroce peer non-conformant: it needs --serve")]
+    BreakNeedsServe,
+    /// No `-d`.
+    #[error("-d/--ib-dev IF is required (the interface to test through)")]
+    NoDevice,
+    /// The interface cannot be opened.
+    #[error("{dev}: {err}")]
+    Netdev {
+        /// The interface.
+        dev: String,
+        /// Why.
+        #[source]
+        err: std::io::Error,
+    },
+    /// `--mtu` is not an IB MTU.
+    #[error("MTU {0} is not one of 256, 512, 1024, 2048, 4096")]
+    Mtu(u32),
+    /// No peer address.
+    #[error("the peer's address is required (ferroce conform HOST -d IF)")]
+    NoHost,
+    /// An empty `--only` pattern.
+    #[error("--only: empty pattern")]
+    EmptyPattern,
+    /// `--only` selects nothing.
+    #[error("--only {0:?} selects no test (see --list)")]
+    NothingSelected(String),
+    /// Choosing the GID, opening the backend, a file or a socket failed.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The NIC did not start.
+    #[error("starting the NIC: {0}")]
+    Nic(#[source] std::io::Error),
+    /// Standard output failed.
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// The device deviations named by `breaks` (`--break`).
+pub fn deviations(breaks: &[String]) -> Result<Deviations, ConformError> {
     let mut d = Deviations::default();
     for b in breaks {
         if !d.set(b) {
-            let names: Vec<_> = BREAKS.iter().map(|(n, _)| *n).collect();
-            return Err(format!("--break {b}: unknown; one of {}", names.join(", ")));
+            return Err(ConformError::UnknownBreak { name: b.clone() });
         }
     }
     Ok(d)
 }
 
-/// Run it; returns the exit status (0 all passed, 1 a test failed) or a one-line error.
-pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, String> {
+fn io_error(what: String, err: std::io::Error) -> ConformError {
+    ConformError::Tool(ToolError::Io { what, err })
+}
+
+fn backend_error(o: &ConformRun, dev: &netdev::Netdev, err: std::io::Error) -> ConformError {
+    ConformError::Tool(ToolError::Backend {
+        kind: o.backend.name(),
+        dev: dev.name.clone(),
+        err,
+    })
+}
+
+/// Run it; returns the exit status (0 all passed, 1 a test failed).
+pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, ConformError> {
     let raw = o.backend != BackendKind::Udp;
     if o.list {
-        write!(out, "{}", super::listing(&Caps { raw })).map_err(|e| e.to_string())?;
+        write!(out, "{}", super::listing(&Caps { raw }))?;
         return Ok(0);
     }
     let devs = deviations(&o.breaks)?;
     if devs.any() && !o.serve {
-        return Err("--break makes the ferroce peer non-conformant: it needs --serve".into());
+        return Err(ConformError::BreakNeedsServe);
     }
-    let dev_name = o
-        .dev
-        .as_deref()
-        .ok_or("-d/--ib-dev IF is required (the interface to test through)")?;
-    let dev = netdev::netdev(dev_name).map_err(|e| format!("{dev_name}: {e}"))?;
-    let gid_index = crate::apps::tool::pick_gid(&dev, o.gid_index).map_err(|e| e.to_string())?;
+    let dev_name = o.dev.as_deref().ok_or(ConformError::NoDevice)?;
+    let dev = netdev::netdev(dev_name).map_err(|err| ConformError::Netdev {
+        dev: dev_name.into(),
+        err,
+    })?;
+    let gid_index = crate::apps::tool::pick_gid(&dev, o.gid_index)?;
     let local = dev.gids[usize::from(gid_index)];
     let link_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
     let mtu = match o.mtu {
-        Some(m) => Mtu::from_bytes(m)
-            .ok_or_else(|| format!("MTU {m} is not one of 256, 512, 1024, 2048, 4096"))?,
+        Some(m) => Mtu::from_bytes(m).ok_or(ConformError::Mtu(m))?,
         None => link_mtu,
     };
     if o.serve {
         return serve_cli(o, &dev, gid_index, local, mtu, out);
     }
-    let host = o
-        .host
-        .clone()
-        .ok_or("the peer's address is required (ferroce conform HOST -d IF)")?;
-    if !crate::apps::conform::peer::PeerTool::ALL.contains(&o.tool) {
-        return Err("unknown peer tool".into());
-    }
-    for p in &o.only {
-        if p.is_empty() {
-            return Err("--only: empty pattern".into());
-        }
+    let host = o.host.clone().ok_or(ConformError::NoHost)?;
+    if o.only.iter().any(String::is_empty) {
+        return Err(ConformError::EmptyPattern);
     }
     let total = super::catalogue::catalogue()
         .iter()
         .filter(|t| super::selected(t.id, &o.only))
         .count();
     if total == 0 {
-        return Err(format!(
-            "--only {:?} selects no test (see --list)",
-            o.only.join(",")
-        ));
+        return Err(ConformError::NothingSelected(o.only.join(",")));
     }
     if let Some(d) = &o.pcap_dir {
-        std::fs::create_dir_all(d).map_err(|e| format!("--pcap-dir {}: {e}", d.display()))?;
+        std::fs::create_dir_all(d)
+            .map_err(|e| io_error(format!("--pcap-dir {}", d.display()), e))?;
     }
-    let pkt = backend::open_with(o.backend, &dev, local, true)
-        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+    let pkt =
+        backend::open_with(o.backend, &dev, local, true).map_err(|e| backend_error(o, &dev, e))?;
     // A raw backend leaves the kernel's UDP stack to see the peer's packets too: keep it
     // from answering them with ICMP port unreachable (best effort; an nftables drop rule
     // does the same, see tools/rxe-peer net-up --drop-roce-input).
@@ -184,14 +232,14 @@ pub fn run(o: &ConformRun, out: &mut dyn Write, err: &mut dyn Write) -> Result<u
     });
     if let Some(j) = &o.junit {
         std::fs::write(j, report::junit(&rep))
-            .map_err(|e| format!("--junit {}: {e}", j.display()))?;
+            .map_err(|e| io_error(format!("--junit {}", j.display()), e))?;
     }
     let text = if o.tap {
         report::tap(&rep)
     } else {
         report::table(&rep, o.verbose)
     };
-    out.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    out.write_all(text.as_bytes())?;
     Ok(super::exit_code(&rep) as u8)
 }
 
@@ -202,9 +250,9 @@ fn serve_cli(
     local: IpAddr,
     mtu: Mtu,
     out: &mut dyn Write,
-) -> Result<u8, String> {
-    let pkt = backend::open_with(o.backend, dev, local, true)
-        .map_err(|e| format!("{} backend on {}: {e}", o.backend.name(), dev.name))?;
+) -> Result<u8, ConformError> {
+    let pkt =
+        backend::open_with(o.backend, dev, local, true).map_err(|e| backend_error(o, dev, e))?;
     let mut cfg = DeviceConfig::new(dev.mac, local);
     cfg.gids = dev.gids.clone();
     let cnp = (o.cnp_interval_us > 0).then(|| Duration::from_micros(o.cnp_interval_us));
@@ -221,9 +269,9 @@ fn serve_cli(
             batch: 64,
         },
     )
-    .map_err(|e| format!("starting the NIC: {e}"))?;
-    let l =
-        crate::oob::listen(None, o.port).map_err(|e| format!("listen on port {}: {e}", o.port))?;
+    .map_err(ConformError::Nic)?;
+    let l = crate::oob::listen(None, o.port)
+        .map_err(|e| io_error(format!("listen on port {}", o.port), e))?;
     let so = ServeOptions {
         cnp_interval: cnp,
         max_dest_rd_atomic: o.max_rd_atomic,
@@ -245,10 +293,10 @@ fn serve_cli(
         } else {
             &so.knobs
         }
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let _ = out.flush();
-    let stop = crate::io::stop_on_sigint_sigterm().map_err(|e| e.to_string())?;
+    let stop = crate::io::stop_on_sigint_sigterm()
+        .map_err(|e| io_error("installing the signal handlers".into(), e))?;
     serve::serve(&nic, &so, l, stop);
     nic.shutdown();
     Ok(0)

@@ -51,19 +51,19 @@ pub struct Outcome {
 
 impl Outcome {
     /// Not applicable, because of `why`.
-    pub fn not_applicable(why: impl Into<String>) -> Outcome {
+    pub fn not_applicable(why: impl std::fmt::Display) -> Outcome {
         Outcome {
             verdict: Verdict::NotApplicable,
             did: Vec::new(),
-            why: vec![why.into()],
+            why: vec![why.to_string()],
         }
     }
     /// Inconclusive, because of `why`.
-    pub fn inconclusive(why: impl Into<String>) -> Outcome {
+    pub fn inconclusive(why: impl std::fmt::Display) -> Outcome {
         Outcome {
             verdict: Verdict::Inconclusive,
             did: Vec::new(),
-            why: vec![why.into()],
+            why: vec![why.to_string()],
         }
     }
 }
@@ -82,18 +82,18 @@ impl Obs {
         Obs::default()
     }
     /// Something the peer did (or the tester sent), for the report.
-    pub fn did(&mut self, s: impl Into<String>) {
-        self.did.push(s.into());
+    pub fn did(&mut self, s: impl std::fmt::Display) {
+        self.did.push(s.to_string());
     }
     /// The peer broke the rule.
-    pub fn fail(&mut self, s: impl Into<String>) {
-        let s = s.into();
+    pub fn fail(&mut self, s: impl std::fmt::Display) {
+        let s = s.to_string();
         self.did.push(format!("FAIL: {s}"));
         self.fails.push(s);
     }
     /// The test cannot decide this part.
-    pub fn unsure(&mut self, s: impl Into<String>) {
-        let s = s.into();
+    pub fn unsure(&mut self, s: impl std::fmt::Display) {
+        let s = s.to_string();
         self.did.push(format!("?: {s}"));
         self.unsure.push(s);
     }

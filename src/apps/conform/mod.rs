@@ -31,7 +31,7 @@ use catalogue::{Caps, Profile, TestDef};
 use ctx::{Ctx, Obs, Outcome, PeerRequester, Probe, SessionState, Verdict};
 use frames::{gid_of, Endpoints, Pkt};
 use link::Link;
-use peer::{Ours, PeerTool, Session};
+use peer::{Ours, PeerError, PeerTool, Session};
 use report::{Report, TestResult};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -220,7 +220,7 @@ fn open(
     addr: SocketAddr,
     t: &TestDef,
     n: u32,
-) -> Result<(Live, String), String> {
+) -> Result<(Live, String), PeerError> {
     let qpn = (o.qpn_base + n) & 0xff_ffff;
     let psn = t.session.start_psn.unwrap_or(o.start_psn) & Psn::MASK;
     let ours = Ours {
@@ -242,10 +242,10 @@ fn open(
     let info = ses.info().clone();
     let peer_ip = info.ip();
     if peer_ip.is_ipv4() != setup.our_ip.is_ipv4() {
-        return Err(format!(
-            "the peer's GID is {peer_ip}, ours {}: use the same IP version (-x/-g on the peer, --gid-index here)",
-            setup.our_ip
-        ));
+        return Err(PeerError::IpVersion {
+            peer: peer_ip,
+            ours: setup.our_ip,
+        });
     }
     let mut mac = None;
     for _ in 0..3 {
@@ -254,7 +254,7 @@ fn open(
             break;
         }
     }
-    let peer_mac = mac.ok_or_else(|| format!("cannot resolve the MAC address of {peer_ip}"))?;
+    let peer_mac = mac.ok_or(PeerError::NoMac(peer_ip))?;
     let ep = Endpoints {
         our_mac: setup.our_mac,
         peer_mac,
@@ -323,7 +323,7 @@ pub fn run(o: &Options, setup: &mut Setup, progress: &mut dyn FnMut(&TestResult)
                     }
                     Err(e) => {
                         open_failures += 1;
-                        last_err = e;
+                        last_err = e.to_string();
                     }
                 }
             }

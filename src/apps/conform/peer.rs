@@ -23,6 +23,7 @@
 use super::frames::ip_of_gid;
 use crate::oob::perftest::{BwReport, KeyMsg, Role, Session as PtSession};
 use crate::oob::pingpong::{self, Dest};
+use crate::oob::CmError;
 use crate::verbs::Mtu;
 use crate::wire::MacAddr;
 use std::collections::HashMap;
@@ -276,6 +277,104 @@ pub struct SessionReq {
     pub retry: Option<RetrySettings>,
 }
 
+/// Why a session with the peer tool could not be opened, or a request on it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The peer's port did not accept a connection within the patience.
+    #[error("connect to {addr}: {err}")]
+    Connect {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The last attempt's error.
+        #[source]
+        err: std::io::Error,
+    },
+    /// The tool's out-of-band exchange failed.
+    #[error("{tool} exchange: {err}")]
+    Exchange {
+        /// `ibv_rc_pingpong` or `perftest`.
+        tool: &'static str,
+        /// Why.
+        #[source]
+        err: CmError,
+    },
+    /// perftest's server sent no key message.
+    #[error("perftest exchange: no key message")]
+    NoKeyMessage,
+    /// perftest's closing exchange (barrier, reports, `done`) failed.
+    #[error("perftest closing exchange: {0}")]
+    Closing(#[source] CmError),
+    /// The peer announced an all-zero GID.
+    #[error("the peer announced an all-zero GID: run {tool} with {flag} (RoCE needs a GID)")]
+    ZeroGid {
+        /// `ibv_rc_pingpong` or `perftest`.
+        tool: &'static str,
+        /// The tool's option that sets a GID index.
+        flag: &'static str,
+    },
+    /// The peer's GID and ours are of different IP versions.
+    #[error("the peer's GID is {peer}, ours {ours}: use the same IP version (-x/-g on the peer, --gid-index here)")]
+    IpVersion {
+        /// The peer's address (from its GID).
+        peer: IpAddr,
+        /// Ours.
+        ours: IpAddr,
+    },
+    /// No neighbour entry for the peer.
+    #[error("cannot resolve the MAC address of {0}")]
+    NoMac(IpAddr),
+    /// `hello` was answered by something else.
+    #[error("not a ferroce conformance peer: {0:?}")]
+    NotAPeer(String),
+    /// The control connection failed.
+    #[error("ferroce peer: {0}")]
+    Io(#[source] std::io::Error),
+    /// The ferroce peer closed the control connection.
+    #[error("ferroce peer closed the control connection")]
+    Closed,
+    /// No answer within the timeout.
+    #[error("ferroce peer: no answer to {what:?} within {timeout:?}")]
+    NoAnswer {
+        /// The request's first word.
+        what: String,
+        /// How long it was awaited.
+        timeout: Duration,
+    },
+    /// An answer longer than 1 MiB, or one that took too long to arrive.
+    #[error("ferroce peer: answer too long or too slow")]
+    TooLong,
+    /// The ferroce peer answered `err`.
+    #[error("ferroce peer refused {what:?}: {why}")]
+    Refused {
+        /// The request's first word.
+        what: String,
+        /// The peer's reason.
+        why: String,
+    },
+    /// The answer is neither `ok` nor `err`.
+    #[error("answered {what:?} with {shown:?}: not a ferroce conformance peer")]
+    Garbled {
+        /// The request's first word.
+        what: String,
+        /// The answer's first 60 characters.
+        shown: String,
+    },
+    /// `read` returned the wrong number of hex digits, or something else than hex digits.
+    #[error("ferroce peer: read returned {0:?}, not {1} hex digits")]
+    BadRead(String, usize),
+    /// A key is missing from an answer.
+    #[error("ferroce peer: no {0}= in its answer")]
+    Missing(String),
+    /// A key's value in an answer does not parse.
+    #[error("ferroce peer: bad {key}={value}")]
+    Bad {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+}
+
 /// An open session with the peer tool.
 pub trait Session: Send {
     /// What the exchange told us about the peer.
@@ -285,7 +384,7 @@ pub trait Session: Send {
         None
     }
     /// The tool's closing steps, where it has them (perftest's barrier, reports and `done`).
-    fn finish(&mut self, timeout: Duration) -> Result<(), String>;
+    fn finish(&mut self, timeout: Duration) -> Result<(), PeerError>;
     /// Whether the peer still holds the out-of-band connection (a perftest server or the
     /// ferroce peer that closes it has gone away; `ibv_rc_pingpong` closes it by design).
     fn alive(&mut self) -> bool {
@@ -310,7 +409,7 @@ fn still_open(s: &TcpStream) -> bool {
 
 /// Connect, retrying until `patience` runs out (a peer tool started in a loop may be between
 /// two runs).
-pub fn connect(addr: SocketAddr, patience: Duration) -> Result<TcpStream, String> {
+pub fn connect(addr: SocketAddr, patience: Duration) -> Result<TcpStream, PeerError> {
     let t0 = Instant::now();
     loop {
         match TcpStream::connect_timeout(
@@ -322,7 +421,7 @@ pub fn connect(addr: SocketAddr, patience: Duration) -> Result<TcpStream, String
                 return Ok(s);
             }
             Err(e) if t0.elapsed() >= patience => {
-                return Err(format!("connect to {addr}: {e}"));
+                return Err(PeerError::Connect { addr, err: e });
             }
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
@@ -341,7 +440,7 @@ impl Session for PingpongSession {
     fn info(&self) -> &PeerInfo {
         &self.info
     }
-    fn finish(&mut self, _: Duration) -> Result<(), String> {
+    fn finish(&mut self, _: Duration) -> Result<(), PeerError> {
         Ok(())
     }
 }
@@ -352,7 +451,7 @@ fn open_pingpong(
     peer_mtu: u32,
     timeout: Duration,
     patience: Duration,
-) -> Result<Box<dyn Session>, String> {
+) -> Result<Box<dyn Session>, PeerError> {
     let mut s = connect(addr, patience)?;
     let mine = Dest {
         lid: 0,
@@ -360,14 +459,17 @@ fn open_pingpong(
         psn: ours.psn,
         gid: ours.gid,
     };
-    let theirs = pingpong::client_exchange(&mut s, &mine, timeout)
-        .map_err(|e| format!("ibv_rc_pingpong exchange: {e}"))?;
-    pingpong::send_done(&mut s).map_err(|e| format!("ibv_rc_pingpong exchange: {e}"))?;
+    let what = |err| PeerError::Exchange {
+        tool: "ibv_rc_pingpong",
+        err,
+    };
+    let theirs = pingpong::client_exchange(&mut s, &mine, timeout).map_err(what)?;
+    pingpong::send_done(&mut s).map_err(what)?;
     if theirs.gid == [0; 16] {
-        return Err(
-            "the peer announced an all-zero GID: run ibv_rc_pingpong with -g (RoCE needs a GID)"
-                .into(),
-        );
+        return Err(PeerError::ZeroGid {
+            tool: "ibv_rc_pingpong",
+            flag: "-g",
+        });
     }
     let info = PeerInfo {
         tool: PeerTool::Pingpong,
@@ -417,7 +519,7 @@ impl Session for PerftestSession {
             crate::oob::perftest::Link::Rdma(_) => true,
         }
     }
-    fn finish(&mut self, timeout: Duration) -> Result<(), String> {
+    fn finish(&mut self, timeout: Duration) -> Result<(), PeerError> {
         if self.info.tool == PeerTool::PerftestSend {
             // ib_send_bw waits for its messages before it reads the socket again.
             return Ok(());
@@ -435,7 +537,7 @@ impl Session for PerftestSession {
             .and_then(|_| self.ses.bw_reports(&r))
             .and_then(|_| self.ses.close(&self.ours))
             .map(drop)
-            .map_err(|e| format!("perftest closing exchange: {e}"))
+            .map_err(PeerError::Closing)
     }
 }
 
@@ -445,10 +547,13 @@ fn open_perftest(
     ours: &Ours,
     timeout: Duration,
     patience: Duration,
-) -> Result<Box<dyn Session>, String> {
+) -> Result<Box<dyn Session>, PeerError> {
     let s = connect(addr, patience)?;
     let mut ses = PtSession::new(s, Role::Client, timeout);
-    let what = |e: crate::oob::CmError| format!("perftest exchange: {e}");
+    let what = |err| PeerError::Exchange {
+        tool: "perftest",
+        err,
+    };
     let mtu = ses.handshake(ours.mtu).map_err(what)?;
     let mine = KeyMsg {
         lid: 0,
@@ -461,9 +566,7 @@ fn open_perftest(
         srqn: 0,
     };
     let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
-    let t = *theirs
-        .first()
-        .ok_or_else(|| "perftest exchange: no key message".to_string())?;
+    let t = *theirs.first().ok_or(PeerError::NoKeyMessage)?;
     // "print remote" and "both QPs in RTR"; ib_send_bw adds one once its receives are up.
     ses.barrier(&mine).map_err(what)?;
     ses.barrier(&mine).map_err(what)?;
@@ -471,9 +574,10 @@ fn open_perftest(
         ses.barrier(&mine).map_err(what)?;
     }
     if t.gid == [0; 16] {
-        return Err(
-            "the peer announced an all-zero GID: run perftest with -x (RoCE needs a GID)".into(),
-        );
+        return Err(PeerError::ZeroGid {
+            tool: "perftest",
+            flag: "-x",
+        });
     }
     let (qp_rights, rights, recvs, readback) = match tool {
         PeerTool::PerftestWrite => (
@@ -586,12 +690,12 @@ pub fn kv(line: &str) -> HashMap<String, String> {
         .collect()
 }
 
-fn hex(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
-    let v = m
-        .get(k)
-        .ok_or_else(|| format!("ferroce peer: no {k}= in its answer"))?;
-    u64::from_str_radix(v.trim_start_matches("0x"), 16)
-        .map_err(|_| format!("ferroce peer: bad {k}={v}"))
+fn hex(m: &HashMap<String, String>, k: &str) -> Result<u64, PeerError> {
+    let v = m.get(k).ok_or_else(|| PeerError::Missing(k.into()))?;
+    u64::from_str_radix(v.trim_start_matches("0x"), 16).map_err(|_| PeerError::Bad {
+        key: k.into(),
+        value: v.clone(),
+    })
 }
 
 impl Control {
@@ -601,11 +705,10 @@ impl Control {
         addr: SocketAddr,
         timeout: Duration,
         patience: Duration,
-    ) -> Result<Control, String> {
+    ) -> Result<Control, PeerError> {
         let s = connect(addr, patience)?;
-        s.set_read_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
-        let w = s.try_clone().map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(timeout)).map_err(PeerError::Io)?;
+        let w = s.try_clone().map_err(PeerError::Io)?;
         let mut c = Control {
             r: BufReader::new(s),
             w,
@@ -614,20 +717,20 @@ impl Control {
         };
         let h = c.call("hello")?;
         if !h.starts_with("ferroce-conform/1") {
-            return Err(format!("not a ferroce conformance peer: {h:?}"));
+            return Err(PeerError::NotAPeer(h));
         }
         c.hello = kv(&h);
         Ok(c)
     }
 
     /// Send one request and return the text after `ok `.
-    pub fn call(&mut self, req: &str) -> Result<String, String> {
-        writeln!(self.w, "{req}").map_err(|e| format!("ferroce peer: {e}"))?;
+    pub fn call(&mut self, req: &str) -> Result<String, PeerError> {
+        writeln!(self.w, "{req}").map_err(PeerError::Io)?;
         let mut line = String::new();
         let t0 = Instant::now();
         loop {
             match self.r.read_line(&mut line) {
-                Ok(0) => return Err("ferroce peer closed the control connection".into()),
+                Ok(0) => return Err(PeerError::Closed),
                 Ok(_) if line.ends_with('\n') => break,
                 Ok(_) => {}
                 Err(e)
@@ -636,17 +739,16 @@ impl Control {
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) =>
                 {
-                    return Err(format!(
-                        "ferroce peer: no answer to {:?} within {:?}",
-                        req.split_whitespace().next().unwrap_or(""),
-                        self.timeout
-                    ))
+                    return Err(PeerError::NoAnswer {
+                        what: req.split_whitespace().next().unwrap_or("").into(),
+                        timeout: self.timeout,
+                    })
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("ferroce peer: {e}")),
+                Err(e) => return Err(PeerError::Io(e)),
             }
             if t0.elapsed() > self.timeout || line.len() > 1 << 20 {
-                return Err("ferroce peer: answer too long or too slow".into());
+                return Err(PeerError::TooLong);
             }
         }
         let line = line.trim_end();
@@ -654,39 +756,41 @@ impl Control {
         if let Some(rest) = line.strip_prefix("ok") {
             Ok(rest.trim_start().to_string())
         } else if let Some(e) = line.strip_prefix("err ") {
-            Err(format!("ferroce peer refused {what:?}: {e}"))
+            Err(PeerError::Refused {
+                what: what.into(),
+                why: e.into(),
+            })
         } else {
-            let shown: String = line.chars().take(60).collect();
-            Err(format!(
-                "answered {what:?} with {shown:?}: not a ferroce conformance peer"
-            ))
+            Err(PeerError::Garbled {
+                what: what.into(),
+                shown: line.chars().take(60).collect(),
+            })
         }
     }
 
     /// Read `len` bytes of the peer's memory at `va`.
-    pub fn read_mem(&mut self, va: u64, len: usize) -> Result<Vec<u8>, String> {
+    pub fn read_mem(&mut self, va: u64, len: usize) -> Result<Vec<u8>, PeerError> {
         let s = self.call(&format!("read va={va:x} len={len}"))?;
         let h = s.trim();
-        if h.len() != 2 * len {
-            return Err(format!(
-                "ferroce peer: read returned {} hex digits",
-                h.len()
-            ));
-        }
-        (0..len)
-            .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).map_err(|e| e.to_string()))
-            .collect()
+        let bytes = (h.len() == 2 * len)
+            .then(|| {
+                (0..len)
+                    .map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect::<Option<Vec<u8>>>()
+            })
+            .flatten();
+        bytes.ok_or_else(|| PeerError::BadRead(h.chars().take(40).collect(), 2 * len))
     }
 
     /// Receive completions so far: (successful, with an error).
-    pub fn recv_completions(&mut self) -> Result<(u64, u64), String> {
+    pub fn recv_completions(&mut self) -> Result<(u64, u64), PeerError> {
         let m = kv(&self.call("recvs")?);
         let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         Ok((n("ok"), n("err")))
     }
 
     /// Send completions so far: (successful, with an error).
-    pub fn send_completions(&mut self) -> Result<(u64, u64), String> {
+    pub fn send_completions(&mut self) -> Result<(u64, u64), PeerError> {
         let m = kv(&self.call("sends")?);
         let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         Ok((n("ok"), n("err")))
@@ -694,7 +798,7 @@ impl Control {
 
     /// The status of the peer's first send completion with an error (`RETRY_EXC_ERR`,
     /// `RNR_RETRY_EXC_ERR`, ..., or `none`).
-    pub fn first_send_error(&mut self) -> Result<String, String> {
+    pub fn first_send_error(&mut self) -> Result<String, PeerError> {
         Ok(kv(&self.call("sends")?)
             .get("first_err")
             .cloned()
@@ -702,12 +806,12 @@ impl Control {
     }
 
     /// Make the peer post a SEND of `len` bytes to us.
-    pub fn post_send(&mut self, len: usize) -> Result<(), String> {
+    pub fn post_send(&mut self, len: usize) -> Result<(), PeerError> {
         self.call(&format!("post_send len={len}")).map(drop)
     }
 
     /// The peer QP's state (`RTS`, `ERR`, ...).
-    pub fn state(&mut self) -> Result<String, String> {
+    pub fn state(&mut self) -> Result<String, PeerError> {
         Ok(kv(&self.call("state")?)
             .get("state")
             .cloned()
@@ -730,7 +834,7 @@ impl Session for FerroceSession {
     fn control(&mut self) -> Option<&mut Control> {
         Some(&mut self.ctl)
     }
-    fn finish(&mut self, _: Duration) -> Result<(), String> {
+    fn finish(&mut self, _: Duration) -> Result<(), PeerError> {
         let _ = self.ctl.call("bye");
         Ok(())
     }
@@ -742,7 +846,7 @@ fn open_ferroce(
     req: &SessionReq,
     timeout: Duration,
     patience: Duration,
-) -> Result<Box<dyn Session>, String> {
+) -> Result<Box<dyn Session>, PeerError> {
     let mut ctl = Control::connect(addr, timeout, patience)?;
     let rights = req.qp_rights.unwrap_or(Rights::ALL);
     let recvs = req.recvs.unwrap_or(64);
@@ -768,7 +872,7 @@ fn open_ferroce(
         }),
         _ => None,
     };
-    let region = |p: &str, r: Rights| -> Result<Region, String> {
+    let region = |p: &str, r: Rights| -> Result<Region, PeerError> {
         Ok(Region {
             rkey: hex(&a, &format!("{p}rkey"))? as u32,
             va: hex(&a, &format!("{p}va"))?,
@@ -777,13 +881,15 @@ fn open_ferroce(
         })
     };
     let gid_hex = a.get("gid").cloned().unwrap_or_default();
-    let mut gidb = [0u8; 16];
-    if gid_hex.len() != 32 {
-        return Err("ferroce peer: bad gid=".into());
-    }
-    for (i, b) in gidb.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&gid_hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
+    let gidb: [u8; 16] = (0..16)
+        .map(|i| u8::from_str_radix(gid_hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()
+        .filter(|_| gid_hex.len() == 32)
+        .and_then(|v| v.try_into().ok())
+        .ok_or(PeerError::Bad {
+            key: "gid".into(),
+            value: gid_hex,
+        })?;
     let cnp_us = a.get("cnp_interval_us").and_then(|v| v.parse::<u64>().ok());
     let info = PeerInfo {
         tool: PeerTool::Ferroce,
@@ -850,7 +956,7 @@ pub fn open(
     peer_mtu: u32,
     timeout: Duration,
     patience: Duration,
-) -> Result<Box<dyn Session>, String> {
+) -> Result<Box<dyn Session>, PeerError> {
     match tool {
         PeerTool::Pingpong => open_pingpong(addr, ours, peer_mtu, timeout, patience),
         PeerTool::Ferroce => open_ferroce(addr, ours, req, timeout, patience),

@@ -20,6 +20,7 @@ use crate::verbs::{
     AccessFlags, Cq, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpCap, QpState, RcParams, RecvWr,
     RemoteQp, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
+use crate::verbs::{MrError, VerbsError};
 use crate::wire::{MacAddr, QpNumber};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -66,9 +67,45 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn num(m: &std::collections::HashMap<String, String>, k: &str, radix: u32) -> Result<u64, String> {
-    let v = m.get(k).ok_or_else(|| format!("missing {k}="))?;
-    u64::from_str_radix(v.trim_start_matches("0x"), radix).map_err(|_| format!("bad {k}={v}"))
+/// Why a request is refused (the text after `err `).
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("missing {0}=")]
+    Missing(String),
+    #[error("bad {key}={value}")]
+    Bad { key: String, value: String },
+    #[error("bad gid=")]
+    BadGid,
+    #[error("{key}= above {max}")]
+    Above { key: String, max: u64 },
+    #[error("this connection already has a QP")]
+    HasQp,
+    #[error("no QP yet")]
+    NoQp,
+    #[error("len too large")]
+    TooLong,
+    #[error("no region holds that range")]
+    NoRegion,
+    #[error("empty request")]
+    Empty,
+    #[error("unknown request {0:?}")]
+    Unknown(String),
+    #[error("{0}")]
+    Verbs(#[from] VerbsError),
+    #[error("{0}")]
+    Mr(#[from] MrError),
+}
+
+fn num(
+    m: &std::collections::HashMap<String, String>,
+    k: &str,
+    radix: u32,
+) -> Result<u64, RequestError> {
+    let v = m.get(k).ok_or_else(|| RequestError::Missing(k.into()))?;
+    u64::from_str_radix(v.trim_start_matches("0x"), radix).map_err(|_| RequestError::Bad {
+        key: k.into(),
+        value: v.clone(),
+    })
 }
 
 /// A work completion status as the `sends` answer names it (the verbs enum's names).
@@ -128,9 +165,12 @@ impl Conn<'_> {
         }
     }
 
-    fn qp(&mut self, m: &std::collections::HashMap<String, String>) -> Result<String, String> {
+    fn qp(
+        &mut self,
+        m: &std::collections::HashMap<String, String>,
+    ) -> Result<String, RequestError> {
         if self.qpn.is_some() {
-            return Err("this connection already has a QP".into());
+            return Err(RequestError::HasQp);
         }
         let their_qpn = num(m, "qpn", 16)? as u32 & 0xff_ffff;
         let their_psn = num(m, "psn", 16)? as u32 & 0xff_ffff;
@@ -138,7 +178,7 @@ impl Conn<'_> {
             .get("gid")
             .and_then(|g| unhex(g))
             .and_then(|v| v.try_into().ok())
-            .ok_or("bad gid=")?;
+            .ok_or(RequestError::BadGid)?;
         let mac = m
             .get("mac")
             .and_then(|g| unhex(g))
@@ -172,13 +212,13 @@ impl Conn<'_> {
             })
             .unwrap_or(self.o.mtu);
         // The requester's retry settings (defaults: ibv_rc_pingpong's).
-        let small = |k: &str, max: u64, dflt: u8| -> Result<u8, String> {
+        let small = |k: &str, max: u64, dflt: u8| -> Result<u8, RequestError> {
             match m.get(k) {
                 None => Ok(dflt),
                 Some(_) => {
                     let v = num(m, k, 10)?;
                     if v > max {
-                        Err(format!("{k}= above {max}"))
+                        Err(RequestError::Above { key: k.into(), max })
                     } else {
                         Ok(v as u8)
                     }
@@ -189,9 +229,8 @@ impl Conn<'_> {
         let rnr_retry = small("rnr_retry", 7, 7)?;
         let timeout = small("timeout", 31, 14)?;
         let nic = self.nic;
-        let e = |x: crate::verbs::VerbsError| x.to_string();
         let pd = nic.alloc_pd();
-        let cq = nic.create_cq(4096).map_err(e)?;
+        let cq = nic.create_cq(4096)?;
         let cap = QpCap {
             max_send_wr: 64,
             max_recv_wr: recvs.max(1),
@@ -199,36 +238,26 @@ impl Conn<'_> {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qpn = crate::runtime::create_rc_qp(nic, pd, cq, cap).map_err(e)?;
+        let qpn = crate::runtime::create_rc_qp(nic, pd, cq, cap)?;
         let all = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_ATOMIC;
-        let main = nic.reg_mr(pd, MAIN_LEN, all).map_err(e)?;
+        let main = nic.reg_mr(pd, MAIN_LEN, all)?;
         main.with_bytes_mut(|b| {
             for (i, x) in b.iter_mut().enumerate() {
                 *x = (i as u8).wrapping_mul(7).wrapping_add(3);
             }
         });
-        let noread = nic
-            .reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_READ)
-            .map_err(e)?;
-        let nowrite = nic
-            .reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_WRITE)
-            .map_err(e)?;
-        let noatomic = nic
-            .reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_ATOMIC)
-            .map_err(e)?;
-        let recv_mr = nic
-            .reg_mr(
-                pd,
-                RECV_LEN as usize * recvs.max(1) as usize,
-                AccessFlags::LOCAL_WRITE,
-            )
-            .map_err(e)?;
-        let send_mr = nic
-            .reg_mr(pd, SIDE_LEN, AccessFlags::LOCAL_WRITE)
-            .map_err(e)?;
+        let noread = nic.reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_READ)?;
+        let nowrite = nic.reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_WRITE)?;
+        let noatomic = nic.reg_mr(pd, SIDE_LEN, all - AccessFlags::REMOTE_ATOMIC)?;
+        let recv_mr = nic.reg_mr(
+            pd,
+            RECV_LEN as usize * recvs.max(1) as usize,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let send_mr = nic.reg_mr(pd, SIDE_LEN, AccessFlags::LOCAL_WRITE)?;
         send_mr.fill(0x5e);
         let mut access = AccessFlags::LOCAL_WRITE;
         if rights.read {
@@ -263,8 +292,7 @@ impl Conn<'_> {
                 psn: their_psn,
             },
             &p,
-        )
-        .map_err(e)?;
+        )?;
         for i in 0..recvs {
             nic.post_recv(
                 qpn,
@@ -276,8 +304,7 @@ impl Conn<'_> {
                         lkey: recv_mr.lkey(),
                     }],
                 },
-            )
-            .map_err(e)?;
+            )?;
         }
         let region = |p: &str, mr: &MemoryRegion| {
             format!(
@@ -307,7 +334,7 @@ impl Conn<'_> {
         Ok(answer)
     }
 
-    fn handle(&mut self, line: &str) -> Result<String, String> {
+    fn handle(&mut self, line: &str) -> Result<String, RequestError> {
         let mut words = line.split_whitespace();
         let cmd = words.next().unwrap_or("");
         let m = kv(line);
@@ -326,16 +353,15 @@ impl Conn<'_> {
                 let va = num(&m, "va", 16)?;
                 let len = num(&m, "len", 10)? as usize;
                 if len > 1 << 20 {
-                    return Err("len too large".into());
+                    return Err(RequestError::TooLong);
                 }
                 let mr = self
                     .mrs
                     .iter()
                     .find(|r| va >= r.addr() && va + len as u64 <= r.addr() + r.len() as u64)
-                    .ok_or("no region holds that range")?;
+                    .ok_or(RequestError::NoRegion)?;
                 let mut buf = vec![0u8; len];
-                mr.read((va - mr.addr()) as usize, &mut buf)
-                    .map_err(|e| e.to_string())?;
+                mr.read((va - mr.addr()) as usize, &mut buf)?;
                 Ok(hex32(&buf))
             }
             "recvs" => {
@@ -353,26 +379,27 @@ impl Conn<'_> {
             }
             "post_send" => {
                 let len = num(&m, "len", 10)?.min(SIDE_LEN as u64) as u32;
-                let (qpn, mr) = self.qpn.zip(self.send_mr.as_ref()).ok_or("no QP yet")?;
-                self.nic
-                    .post_send(
-                        qpn,
-                        SendWr::new(
-                            7,
-                            SendOp::Send,
-                            vec![Sge {
-                                addr: mr.addr(),
-                                length: len,
-                                lkey: mr.lkey(),
-                            }],
-                        ),
-                    )
-                    .map_err(|e| e.to_string())?;
+                let (qpn, mr) = self
+                    .qpn
+                    .zip(self.send_mr.as_ref())
+                    .ok_or(RequestError::NoQp)?;
+                self.nic.post_send(
+                    qpn,
+                    SendWr::new(
+                        7,
+                        SendOp::Send,
+                        vec![Sge {
+                            addr: mr.addr(),
+                            length: len,
+                            lkey: mr.lkey(),
+                        }],
+                    ),
+                )?;
                 Ok(String::new())
             }
             "state" => {
-                let qpn = self.qpn.ok_or("no QP yet")?;
-                let (st, _) = self.nic.query_qp(qpn).map_err(|e| e.to_string())?;
+                let qpn = self.qpn.ok_or(RequestError::NoQp)?;
+                let (st, _) = self.nic.query_qp(qpn)?;
                 let s = match st {
                     QpState::Reset => "RESET",
                     QpState::Init => "INIT",
@@ -388,8 +415,8 @@ impl Conn<'_> {
                 self.end();
                 Ok(String::new())
             }
-            "" => Err("empty request".into()),
-            c => Err(format!("unknown request {c:?}")),
+            "" => Err(RequestError::Empty),
+            c => Err(RequestError::Unknown(c.into())),
         }
     }
 
