@@ -9,9 +9,10 @@
 //! default name, [`DEFAULT_CAPTURE`], moves on to the next free `ferroce-demo-N.pcap`, and an
 //! explicit path that exists is refused unless [`DemoOptions::overwrite`] says otherwise.
 
-use crate::apps::perf::{self, PerfConfig, Report, Test};
+use crate::apps::perf::{self, PerfConfig, PerfError, Report, Test};
 use crate::io::{Loopback, PcapTap};
 use crate::oob::perftest::{Role, Session};
+use crate::pcap::capture::CaptureError;
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::DeviceConfig;
 use crate::verbs::Mtu;
@@ -48,6 +49,82 @@ pub struct DemoOptions {
     pub quick: bool,
 }
 
+/// Why the demo could not run (one line for the user).
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The capture file given exists and `overwrite` is not set.
+    #[error("{} exists; not replacing it (give another --pcap, or add --overwrite)", .0.display())]
+    CaptureExists(PathBuf),
+    /// Every default capture name is taken.
+    #[error("{DEFAULT_CAPTURE} and ferroce-demo-2.pcap .. ferroce-demo-999.pcap all exist here; give --pcap FILE")]
+    NoFreeName,
+    /// A file could not be created or opened.
+    #[error("{}: {err}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        err: std::io::Error,
+    },
+    /// The `ip` command could not be run.
+    #[error("running ip: {0} (install iproute2)")]
+    NoIpCommand(#[source] std::io::Error),
+    /// An `ip` command failed.
+    #[error("ip {args}: {stderr}")]
+    Ip {
+        /// Its arguments.
+        args: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// Setting up a device, a namespace or a socket failed.
+    #[error("{what}: {err}")]
+    Setup {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        err: std::io::Error,
+    },
+    /// The namespace's interface has no IPv4 address.
+    #[error("{0} has no IPv4 address")]
+    NoIpv4(String),
+    /// One side of a test failed.
+    #[error("{test}: {side}: {err}")]
+    Test {
+        /// The test's title.
+        test: &'static str,
+        /// `client` or `server`.
+        side: &'static str,
+        /// Why.
+        #[source]
+        err: Box<DemoError>,
+    },
+    /// The test itself failed.
+    #[error(transparent)]
+    Perf(#[from] PerfError),
+    /// The server ended before it listened.
+    #[error("the server thread ended before it listened")]
+    NoServer,
+    /// A thread panicked.
+    #[error("{0} thread panicked")]
+    Panicked(&'static str),
+    /// The capture could not be written or read back.
+    #[error("the capture: {0}")]
+    Capture(#[from] CaptureError),
+    /// Writing the output failed.
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
+}
+
+impl DemoError {
+    fn setup(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DemoError {
+        let what = what.into();
+        move |err| DemoError::Setup { what, err }
+    }
+}
+
 /// The capture's name when none is given.
 pub const DEFAULT_CAPTURE: &str = "ferroce-demo.pcap";
 
@@ -57,7 +134,7 @@ pub const BW_CAPTURE_FRAMES: u64 = 512;
 
 /// Create the capture file without replacing anything unasked: the path and, when the default
 /// name was taken, a sentence saying which name was used instead.
-fn create_capture(o: &DemoOptions) -> Result<(std::fs::File, PathBuf, Option<String>), String> {
+fn create_capture(o: &DemoOptions) -> Result<(std::fs::File, PathBuf, Option<String>), DemoError> {
     use std::fs::OpenOptions;
     use std::io::ErrorKind;
     if let Some(p) = &o.pcap {
@@ -68,11 +145,13 @@ fn create_capture(o: &DemoOptions) -> Result<(std::fs::File, PathBuf, Option<Str
         };
         return match r {
             Ok(f) => Ok((f, p.clone(), None)),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(format!(
-                "{} exists; not replacing it (give another --pcap, or add --overwrite)",
-                p.display()
-            )),
-            Err(e) => Err(format!("{}: {e}", p.display())),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                Err(DemoError::CaptureExists(p.clone()))
+            }
+            Err(err) => Err(DemoError::File {
+                path: p.clone(),
+                err,
+            }),
         };
     }
     for n in 1..=999u32 {
@@ -92,12 +171,10 @@ fn create_capture(o: &DemoOptions) -> Result<(std::fs::File, PathBuf, Option<Str
                 return Ok((f, p, note));
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("{}: {e}", p.display())),
+            Err(err) => return Err(DemoError::File { path: p, err }),
         }
     }
-    Err(format!(
-        "{DEFAULT_CAPTURE} and ferroce-demo-2.pcap .. ferroce-demo-999.pcap all exist here; give --pcap FILE"
-    ))
+    Err(DemoError::NoFreeName)
 }
 
 /// The capture's budget and what each test left in it.
@@ -176,7 +253,7 @@ const PCAP_HEADER_LEN: usize = 24;
 /// would run them: the bandwidth tests with an engine thread per device (it pipelines), the
 /// latency test with the test threads driving the engines (`PollMode::Inline`) and a 20 µs
 /// delayed ACK. Device A's frames of both phases go to the one capture.
-pub fn run(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, Box<dyn std::error::Error>> {
+pub fn run(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, DemoError> {
     let (f, pcap, note) = create_capture(o)?;
     if let Some(n) = note {
         writeln!(out, "{n}")?;
@@ -221,7 +298,7 @@ pub fn run(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, Box<dyn s
     // duplicates, ACKs sent; A's loopback device: frames sent, received.
     let mut c = [0u64; 13];
     for (k, (tests, opts, ack_delay)) in phases.into_iter().enumerate() {
-        let (la, lb) = Loopback::pair(8192, 9000)?;
+        let (la, lb) = Loopback::pair(8192, 9000).map_err(DemoError::setup("loopback pair"))?;
         let skip = if k == 0 { 0 } else { PCAP_HEADER_LEN };
         let tap = PcapTap::with_budget(
             la,
@@ -235,8 +312,8 @@ pub fn run(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, Box<dyn s
         let mut cb = DeviceConfig::new(MAC_B, ip(2));
         ca.ack_delay = ack_delay;
         cb.ack_delay = ack_delay;
-        let a = Nic::start(ca, tap, opts)?;
-        let b = Nic::start(cb, lb, opts)?;
+        let a = Nic::start(ca, tap, opts).map_err(DemoError::setup("starting device A"))?;
+        let b = Nic::start(cb, lb, opts).map_err(DemoError::setup("starting device B"))?;
         if k == 0 {
             writeln!(out, "ferroce demo: two devices (10.0.0.1 {} and 10.0.0.2 {}) over the in-memory loopback backend", a.describe(), b.describe())?;
         }
@@ -296,7 +373,7 @@ fn run_tests(
     ns: Option<(&[String; 2], u8)>,
     tests: &[Test],
     cap: &mut Capture,
-) -> Result<Vec<(Test, Report)>, Box<dyn std::error::Error>> {
+) -> Result<Vec<(Test, Report)>, DemoError> {
     // Across namespaces: the namespace names and the GID index of the IPv4 address.
     let (ns, gid_index) = match ns {
         Some((n, g)) => (Some(n), g),
@@ -319,58 +396,73 @@ fn run_tests(
         let cfg = &cfg;
         cap.start(test);
         let (server, client) = std::thread::scope(|s| {
-            let (ptx, prx) = std::sync::mpsc::channel::<Result<u16, String>>();
-            let srv = s.spawn(move || -> Result<Report, String> {
+            let (ptx, prx) = std::sync::mpsc::channel::<Result<u16, DemoError>>();
+            let srv = s.spawn(move || -> Result<Report, DemoError> {
                 if let Some(ns) = ns {
-                    crate::io::enter_netns(&ns[1]).map_err(|e| e.to_string())?;
+                    crate::io::enter_netns(&ns[1])
+                        .map_err(DemoError::setup(format!("entering {}", ns[1])))?;
                 }
                 let host = if ns.is_some() {
                     "10.99.0.2"
                 } else {
                     "127.0.0.1"
                 };
+                let what = format!("listening on {host}");
                 let l = match TcpListener::bind((host, 0)) {
                     Ok(l) => l,
                     Err(e) => {
-                        let _ = ptx.send(Err(e.to_string()));
-                        return Err(e.to_string());
+                        // The client learns it from the server's result.
+                        let _ = ptx.send(Err(DemoError::NoServer));
+                        return Err(DemoError::setup(what)(e));
                     }
                 };
-                let _ = ptx.send(l.local_addr().map(|a| a.port()).map_err(|e| e.to_string()));
-                let (st, _) = l.accept().map_err(|e| e.to_string())?;
+                let _ = ptx.send(
+                    l.local_addr()
+                        .map(|a| a.port())
+                        .map_err(DemoError::setup(what)),
+                );
+                let (st, _) = l.accept().map_err(DemoError::setup("accept"))?;
                 let mut ses = Session::new(st, Role::Server, cfg.timeout);
-                perf::run(b, cfg, &mut ses, resolve)
-                    .map(|r| r.0)
-                    .map_err(|e| e.to_string())
+                Ok(perf::run(b, cfg, &mut ses, resolve)?.0)
             });
             let cli = s
-                .spawn(move || -> Result<Report, String> {
-                    let port = prx.recv().map_err(|e| e.to_string())??;
+                .spawn(move || -> Result<Report, DemoError> {
+                    let port = prx.recv().map_err(|_| DemoError::NoServer)??;
                     if let Some(ns) = ns {
-                        crate::io::enter_netns(&ns[0]).map_err(|e| e.to_string())?;
+                        crate::io::enter_netns(&ns[0])
+                            .map_err(DemoError::setup(format!("entering {}", ns[0])))?;
                     }
                     let host = if ns.is_some() {
                         "10.99.0.2"
                     } else {
                         "127.0.0.1"
                     };
-                    let st = TcpStream::connect((host, port)).map_err(|e| e.to_string())?;
+                    let st = TcpStream::connect((host, port))
+                        .map_err(DemoError::setup(format!("connecting to {host}:{port}")))?;
                     let mut ses = Session::new(st, Role::Client, cfg.timeout);
-                    perf::run(a, cfg, &mut ses, resolve)
-                        .map(|r| r.0)
-                        .map_err(|e| e.to_string())
+                    Ok(perf::run(a, cfg, &mut ses, resolve)?.0)
                 })
                 .join()
-                .unwrap_or_else(|_| Err("client thread panicked".into()));
+                .unwrap_or(Err(DemoError::Panicked("client")));
             (
-                srv.join()
-                    .unwrap_or_else(|_| Err("server thread panicked".into())),
+                srv.join().unwrap_or(Err(DemoError::Panicked("server"))),
                 cli,
             )
         });
         cap.end(test);
-        let client = client.map_err(|e| format!("{}: client: {e}", test.title()))?;
-        server.map_err(|e| format!("{}: server: {e}", test.title()))?;
+        let side = |side: &'static str| {
+            move |e: DemoError| DemoError::Test {
+                test: test.title(),
+                side,
+                err: Box::new(e),
+            }
+        };
+        let client = match (client, server) {
+            (Ok(c), Ok(_)) => c,
+            // The server's own error says why it never listened.
+            (Err(DemoError::NoServer), Err(e)) | (Ok(_), Err(e)) => return Err(side("server")(e)),
+            (Err(e), _) => return Err(side("client")(e)),
+        };
         writeln!(out, "---------------------------------------------------------------------------------------")?;
         writeln!(
             out,
@@ -399,8 +491,11 @@ fn check_capture(
     pcap: &Path,
     reports: Vec<(Test, Report)>,
     cap: &Capture,
-) -> Result<DemoResult, Box<dyn std::error::Error>> {
-    let f = std::fs::File::open(pcap).map_err(|e| format!("{}: {e}", pcap.display()))?;
+) -> Result<DemoResult, DemoError> {
+    let f = std::fs::File::open(pcap).map_err(|err| DemoError::File {
+        path: pcap.to_path_buf(),
+        err,
+    })?;
     let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
     let mut sum = crate::apps::inspect::Summary {
         file: pcap.display().to_string(),
@@ -500,24 +595,23 @@ struct NetnsPair {
     names: [String; 2],
 }
 
-fn run_ip(args: &[&str]) -> Result<(), String> {
+fn run_ip(args: &[&str]) -> Result<(), DemoError> {
     let o = std::process::Command::new("ip")
         .args(args)
         .output()
-        .map_err(|e| format!("running ip: {e} (install iproute2)"))?;
+        .map_err(DemoError::NoIpCommand)?;
     if o.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ))
+        Err(DemoError::Ip {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        })
     }
 }
 
 impl NetnsPair {
-    fn new() -> Result<NetnsPair, String> {
+    fn new() -> Result<NetnsPair, DemoError> {
         let tag = std::process::id() % 100_000;
         let names = [
             format!("ferroce-demo-a{tag}"),
@@ -564,10 +658,7 @@ impl Drop for NetnsPair {
 
 /// `ferroce demo --netns`: the same tests between two network namespaces joined by a veth pair
 /// (MTU 9000, path MTU 4096), each side an AF_XDP device. Needs root.
-pub fn run_netns(
-    out: &mut dyn Write,
-    o: &DemoOptions,
-) -> Result<DemoResult, Box<dyn std::error::Error>> {
+pub fn run_netns(out: &mut dyn Write, o: &DemoOptions) -> Result<DemoResult, DemoError> {
     use crate::io::netdev;
     use crate::io::xdp::{XdpDevice, XdpOptions};
     let (file, pcap, note) = create_capture(o)?;
@@ -576,27 +667,29 @@ pub fn run_netns(
     }
     let mut cap = Capture::new(o.full_capture);
     let ns = NetnsPair::new()?;
-    let (tx_a, rx_a) = std::sync::mpsc::channel::<Result<Nic, String>>();
-    let (tx_b, rx_b) = std::sync::mpsc::channel::<Result<Nic, String>>();
+    let (tx_a, rx_a) = std::sync::mpsc::channel::<Result<Nic, DemoError>>();
+    let (tx_b, rx_b) = std::sync::mpsc::channel::<Result<Nic, DemoError>>();
     // Each NIC is created by a thread that entered its namespace (its engine thread inherits it).
     let start = |i: usize,
                  name: String,
-                 tx: std::sync::mpsc::Sender<Result<Nic, String>>,
+                 tx: std::sync::mpsc::Sender<Result<Nic, DemoError>>,
                  pcap: Option<(std::fs::File, crate::io::PcapBudget)>|
      -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
-            let r = (|| -> Result<Nic, String> {
-                crate::io::enter_netns(&name).map_err(|e| format!("entering {name}: {e}"))?;
-                let dev = netdev::netdev(&format!("fdemo{i}")).map_err(|e| e.to_string())?;
+            let r = (|| -> Result<Nic, DemoError> {
+                crate::io::enter_netns(&name)
+                    .map_err(DemoError::setup(format!("entering {name}")))?;
+                let ifname = format!("fdemo{i}");
+                let dev = netdev::netdev(&ifname).map_err(DemoError::setup(ifname.clone()))?;
                 let x = XdpDevice::open_all_queues(&dev.name, XdpOptions::default())
-                    .map_err(|e| e.to_string())?;
+                    .map_err(DemoError::setup(format!("AF_XDP on {ifname}")))?;
                 let mut cfg = DeviceConfig::new(
                     dev.mac,
                     dev.gids
                         .iter()
                         .copied()
                         .find(|g| g.is_ipv4())
-                        .ok_or("no IPv4 address")?,
+                        .ok_or_else(|| DemoError::NoIpv4(ifname.clone()))?,
                 );
                 cfg.gids = dev.gids.clone();
                 let opts = NicOptions {
@@ -608,12 +701,12 @@ pub fn run_netns(
                 };
                 match pcap {
                     Some((f, budget)) => {
-                        let tap = PcapTap::with_budget(x, std::io::BufWriter::new(f), budget)
-                            .map_err(|e| e.to_string())?;
-                        Nic::start(cfg, tap, opts).map_err(|e| e.to_string())
+                        let tap = PcapTap::with_budget(x, std::io::BufWriter::new(f), budget)?;
+                        Nic::start(cfg, tap, opts)
                     }
-                    None => Nic::start(cfg, x, opts).map_err(|e| e.to_string()),
+                    None => Nic::start(cfg, x, opts),
                 }
+                .map_err(DemoError::setup(format!("starting the device on {ifname}")))
             })();
             let _ = tx.send(r);
         })
@@ -625,12 +718,16 @@ pub fn run_netns(
         Some((file, cap.budget.clone())),
     )
     .join()
-    .map_err(|_| "thread panicked")?;
+    .map_err(|_| DemoError::Panicked("device A's"))?;
     start(1, ns.names[1].clone(), tx_b, None)
         .join()
-        .map_err(|_| "thread panicked")?;
-    let a = rx_a.recv()??;
-    let b = rx_b.recv()??;
+        .map_err(|_| DemoError::Panicked("device B's"))?;
+    let a = rx_a
+        .recv()
+        .map_err(|_| DemoError::Panicked("device A's"))??;
+    let b = rx_b
+        .recv()
+        .map_err(|_| DemoError::Panicked("device B's"))??;
     let mac = |i: u8| MacAddr([0x02, 0xfe, 0xde, 0, 0, i]);
     let resolve = |addr: IpAddr| match addr {
         IpAddr::V4(v) if v == Ipv4Addr::new(10, 99, 0, 1) => Some(mac(1)),

@@ -21,18 +21,20 @@
 //! `$FERROCE_BACKEND`, else xdp), `--ib-dev IFACE` (default `$FERROCE_DEV`, else the
 //! interface of the address), `--pcap FILE`.
 
+use crate::apps::tool::ToolError;
 use crate::cm::CmConfig;
 use crate::io::backend::{self, BackendKind};
 use crate::io::netdev::{self, Netdev};
 use crate::io::PcapTap;
+use crate::runtime::cm::CmApiError;
 use crate::runtime::cm::{
     ca_guid_of, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType, KernelResolver,
     PortSpace,
 };
 use crate::runtime::{Nic, NicOptions, PollMode};
 use crate::verbs::{
-    AccessFlags, Cq, MemoryRegion, QpCap, QpInitAttr, RecvWr, SendOp, SendWr, Sge, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, Cq, MemoryRegion, QpCap, QpInitAttr, RecvWr, SendOp, SendWr, Sge, VerbsError,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{Psn, QpNumber};
 use std::collections::VecDeque;
@@ -313,6 +315,39 @@ struct Conn<'a> {
 
 const INFO_LEN: usize = 16;
 
+/// Why rping could not start, or could not set up a connection's QP (one line for the user).
+#[derive(Debug, thiserror::Error)]
+enum RpingError {
+    /// Finding the device, its address, opening the backend or the capture file.
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    /// The capture could not be started.
+    #[error("{}: {err}", path.display())]
+    Capture {
+        path: std::path::PathBuf,
+        #[source]
+        err: crate::pcap::capture::CaptureError,
+    },
+    /// The NIC did not start.
+    #[error("starting the NIC: {0}")]
+    Nic(#[source] std::io::Error),
+    /// The connection manager failed.
+    #[error("{0}")]
+    Cm(#[from] CmApiError),
+    /// The completion queue could not be created.
+    #[error("{0}")]
+    Cq(#[source] VerbsError),
+    /// The QP could not be created.
+    #[error("rdma_create_qp: {0}")]
+    CreateQp(#[source] CmApiError),
+    /// A memory region could not be registered.
+    #[error("reg_mr: {0}")]
+    RegMr(#[source] VerbsError),
+    /// The first receive could not be posted.
+    #[error("ibv_post_recv failed: {0}")]
+    PostRecv(#[source] VerbsError),
+}
+
 impl<'a> Conn<'a> {
     #[allow(clippy::too_many_arguments)]
     fn setup(
@@ -324,9 +359,9 @@ impl<'a> Conn<'a> {
         debug: bool,
         stash: &'a mut VecDeque<CmEvent>,
         err: &'a mut dyn Write,
-    ) -> Result<Conn<'a>, String> {
+    ) -> Result<Conn<'a>, RpingError> {
         let pd = nic.alloc_pd();
-        let cq = nic.create_cq(32).map_err(|e| e.to_string())?;
+        let cq = nic.create_cq(32).map_err(RpingError::Cq)?;
         let cap = QpCap {
             max_send_wr: 16,
             max_recv_wr: 2,
@@ -336,12 +371,12 @@ impl<'a> Conn<'a> {
         };
         let qp = id
             .create_qp(QpInitAttr::new(pd, cq, cq, cap))
-            .map_err(|e| format!("rdma_create_qp: {e}"))?;
+            .map_err(RpingError::CreateQp)?;
         let reg = |len: usize, acc: AccessFlags| nic.reg_mr(pd, len, acc);
         let remote =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
         let r = (|| {
-            Ok::<_, crate::verbs::VerbsError>((
+            Ok::<_, VerbsError>((
                 reg(INFO_LEN, AccessFlags::LOCAL_WRITE)?,
                 reg(INFO_LEN, AccessFlags::empty())?,
                 reg(size, remote)?,
@@ -352,7 +387,7 @@ impl<'a> Conn<'a> {
                 },
             ))
         })()
-        .map_err(|e| format!("reg_mr: {e}"))?;
+        .map_err(RpingError::RegMr)?;
         let c = Conn {
             nic,
             ch,
@@ -372,12 +407,11 @@ impl<'a> Conn<'a> {
             stash,
             err,
         };
-        c.post_recv()
-            .map_err(|e| format!("ibv_post_recv failed: {e}"))?;
+        c.post_recv().map_err(RpingError::PostRecv)?;
         Ok(c)
     }
 
-    fn post_recv(&self) -> Result<(), crate::verbs::VerbsError> {
+    fn post_recv(&self) -> Result<(), VerbsError> {
         self.nic.post_recv(
             self.qp,
             RecvWr {
@@ -741,9 +775,9 @@ fn conn_param() -> ConnParam<'static> {
 /// The interface to run on: `--ib-dev`/`$FERROCE_DEV`, else the one holding the address
 /// (server) or the source address of the route to it (client), else the first one with an
 /// address.
-fn pick_device(a: &RpingArgs) -> Result<Netdev, String> {
+fn pick_device(a: &RpingArgs) -> Result<Netdev, ToolError> {
     if let Some(d) = &a.dev {
-        return crate::apps::tool::find_device(Some(d)).map_err(|e| e.to_string());
+        return crate::apps::tool::find_device(Some(d));
     }
     let all = netdev::netdevs();
     let want = if a.server {
@@ -760,7 +794,7 @@ fn pick_device(a: &RpingArgs) -> Result<Netdev, String> {
             return Ok(d.clone());
         }
     }
-    crate::apps::tool::find_device(None).map_err(|e| e.to_string())
+    crate::apps::tool::find_device(None)
 }
 
 /// Run rping as `a` says; returns the exit status.
@@ -774,7 +808,7 @@ pub fn run(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     }
 }
 
-fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, String> {
+fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, RpingError> {
     let dev = pick_device(a)?;
     let want_v6 = a.addr.is_some_and(|ip| ip.is_ipv6());
     let local = a
@@ -787,9 +821,13 @@ fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
                 .or(dev.gids.first())
                 .copied()
         })
-        .ok_or_else(|| format!("{} has no IP address", dev.name))?;
-    let pkt = backend::open_with(a.backend, &dev, local, true)
-        .map_err(|e| format!("{} backend on {}: {e}", a.backend.name(), dev.name))?;
+        .ok_or_else(|| ToolError::NoAddress(dev.name.clone()))?;
+    let pkt =
+        backend::open_with(a.backend, &dev, local, true).map_err(|err| ToolError::Backend {
+            kind: a.backend.name(),
+            dev: dev.name.clone(),
+            err,
+        })?;
     let mut dcfg = crate::verbs::DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
     dcfg.port_mtu = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500));
@@ -802,14 +840,21 @@ fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     };
     let nic = match &a.pcap {
         Some(p) => {
-            let f = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let tap = PcapTap::new(pkt, std::io::BufWriter::new(f))
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+            let f = std::fs::File::create(p).map_err(|err| ToolError::Io {
+                what: p.display().to_string(),
+                err,
+            })?;
+            let tap = PcapTap::new(pkt, std::io::BufWriter::new(f)).map_err(|err| {
+                RpingError::Capture {
+                    path: p.clone(),
+                    err,
+                }
+            })?;
             Nic::start(dcfg, tap, opts)
         }
         None => Nic::start(dcfg, pkt, opts),
     }
-    .map_err(|e| format!("starting the NIC: {e}"))?;
+    .map_err(RpingError::Nic)?;
     let nic = Arc::new(nic);
     let resolver = KernelResolver {
         ifname: dev.name.clone(),
@@ -821,9 +866,8 @@ fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         nic.clone(),
         CmConfig::new(ca_guid_of(dev.mac)),
         Box::new(resolver),
-    )
-    .map_err(|e| e.to_string())?;
-    let ch = svc.create_event_channel().map_err(|e| e.to_string())?;
+    )?;
+    let ch = svc.create_event_channel()?;
     let code = if a.server {
         server(a, &nic, &ch, out, err)
     } else {

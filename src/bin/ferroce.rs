@@ -650,43 +650,66 @@ struct SwitchArgs {
     rx_ring: bool,
 }
 
+/// A command-line value out of its range (one line for the user; clap prints the value
+/// parsers' ones after "invalid value ... for ...").
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("{flag}: {v} is negative")]
+    Negative { flag: &'static str, v: f64 },
+    #[error("{flag}: {v} is not a usable number of seconds")]
+    Seconds { flag: &'static str, v: f64 },
+    #[error("--rate-gbps must be 0 (unlimited) to 10000, not {0}")]
+    RateGbps(f64),
+    #[error("--buffer-kb must be greater than 0 and at most 1e9, not {0}")]
+    BufferKb(f64),
+    #[error("{flag} must be 0 to 1e9, not {v}")]
+    Threshold { flag: &'static str, v: f64 },
+    #[error("--kmin-kb ({lo}) must not exceed --kmax-kb ({hi})")]
+    Thresholds { lo: f64, hi: f64 },
+    #[error("--pmax must be in [0, 1], not {0}")]
+    Pmax(f64),
+    #[error("unknown test {0:?} (write-bw, read-bw, send-bw, atomic-bw, write-lat, read-lat, send-lat, atomic-lat)")]
+    Test(String),
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("MTU {0} is not one of 256, 512, 1024, 2048, 4096")]
+    Mtu(u32),
+    #[error("{0:?} is not a hexadecimal PSN")]
+    NotHexPsn(String),
+    #[error("PSN {0} is wider than 24 bits")]
+    WidePsn(String),
+}
+
 /// A CLI duration in seconds: finite, not negative, representable.
-fn seconds(flag: &str, v: f64) -> Result<std::time::Duration, String> {
+fn seconds(flag: &'static str, v: f64) -> Result<std::time::Duration, ArgError> {
     if v < 0.0 {
-        return Err(format!("{flag}: {v} is negative"));
+        return Err(ArgError::Negative { flag, v });
     }
-    std::time::Duration::try_from_secs_f64(v)
-        .map_err(|_| format!("{flag}: {v} is not a usable number of seconds"))
+    std::time::Duration::try_from_secs_f64(v).map_err(|_| ArgError::Seconds { flag, v })
 }
 
 /// The numbers of `ferroce switch`, checked before any port is opened.
-fn check_switch_args(a: &SwitchArgs) -> Result<(), String> {
+fn check_switch_args(a: &SwitchArgs) -> Result<(), ArgError> {
     if !a.rate_gbps.is_finite() || !(0.0..=10_000.0).contains(&a.rate_gbps) {
-        return Err(format!(
-            "--rate-gbps must be 0 (unlimited) to 10000, not {}",
-            a.rate_gbps
-        ));
+        return Err(ArgError::RateGbps(a.rate_gbps));
     }
     if !a.buffer_kb.is_finite() || a.buffer_kb <= 0.0 || a.buffer_kb > 1e9 {
-        return Err(format!(
-            "--buffer-kb must be greater than 0 and at most 1e9, not {}",
-            a.buffer_kb
-        ));
+        return Err(ArgError::BufferKb(a.buffer_kb));
     }
-    for (name, v) in [("--kmin-kb", a.kmin_kb), ("--kmax-kb", a.kmax_kb)] {
+    for (flag, v) in [("--kmin-kb", a.kmin_kb), ("--kmax-kb", a.kmax_kb)] {
         if let Some(v) = v {
             if !v.is_finite() || !(0.0..=1e9).contains(&v) {
-                return Err(format!("{name} must be 0 to 1e9, not {v}"));
+                return Err(ArgError::Threshold { flag, v });
             }
         }
     }
     if let (Some(lo), Some(hi)) = (a.kmin_kb, a.kmax_kb) {
         if lo > hi {
-            return Err(format!("--kmin-kb ({lo}) must not exceed --kmax-kb ({hi})"));
+            return Err(ArgError::Thresholds { lo, hi });
         }
     }
     if !(0.0..=1.0).contains(&a.pmax) {
-        return Err(format!("--pmax must be in [0, 1], not {}", a.pmax));
+        return Err(ArgError::Pmax(a.pmax));
     }
     Ok(())
 }
@@ -698,7 +721,7 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let kb = |v: f64| (v.max(0.0) * 1000.0).round() as usize;
-    let secs = |flag: &str, v: Option<f64>| match v.map(|v| seconds(flag, v)).transpose() {
+    let secs = |flag: &'static str, v: Option<f64>| match v.map(|v| seconds(flag, v)).transpose() {
         Ok(d) => Ok(d),
         Err(e) => {
             eprintln!("ferroce: switch: {e}");
@@ -749,15 +772,15 @@ fn run_switch(a: SwitchArgs) -> ExitCode {
     }
 }
 
-fn parse_test(s: &str) -> Result<ferroce::apps::perf::Test, String> {
-    ferroce::apps::perf::Test::from_name(s).ok_or_else(|| format!("unknown test {s:?} (write-bw, read-bw, send-bw, atomic-bw, write-lat, read-lat, send-lat, atomic-lat)"))
+fn parse_test(s: &str) -> Result<ferroce::apps::perf::Test, ArgError> {
+    ferroce::apps::perf::Test::from_name(s).ok_or_else(|| ArgError::Test(s.into()))
 }
 
-fn parse_mtu(s: &str) -> Result<u32, String> {
-    let v: u32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+fn parse_mtu(s: &str) -> Result<u32, ArgError> {
+    let v: u32 = s.parse().map_err(|_| ArgError::NotANumber(s.into()))?;
     ferroce::verbs::Mtu::from_bytes(v)
         .map(|_| v)
-        .ok_or_else(|| format!("MTU {v} is not one of 256, 512, 1024, 2048, 4096"))
+        .ok_or(ArgError::Mtu(v))
 }
 
 /// A perftest test with perftest's command line (`ferroce perf TEST ...` or `ib_write_bw ...`).
@@ -1159,8 +1182,28 @@ fn inspect_one(
     Ok(sum)
 }
 
+/// Why `ferroce cc-plot` drew nothing.
+#[derive(Debug, thiserror::Error)]
+enum PlotError {
+    #[error("{}: {err}", path.display())]
+    File { path: PathBuf, err: io::Error },
+    #[error("{}: not a `ferroce perf --cc-csv` file", .0.display())]
+    NotCcCsv(PathBuf),
+    #[error("{}: line {line}: malformed", path.display())]
+    Malformed { path: PathBuf, line: usize },
+    #[error("no samples")]
+    NoSamples,
+}
+
+fn file_error(path: &Path) -> impl FnOnce(io::Error) -> PlotError + '_ {
+    |err| PlotError::File {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
 /// `ferroce cc-plot`: see [`CcPlotArgs`].
-fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
+fn cc_plot(a: &CcPlotArgs) -> Result<(), PlotError> {
     use ferroce::apps::incast_plot::{write_panels_png, Panel};
     type Pts = Vec<(f64, f64)>;
     type Series = Vec<(String, Pts)>;
@@ -1168,18 +1211,18 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
     let mut t0 = f64::INFINITY;
     let mut t1 = 0f64;
     for (i, p) in a.csvs.iter().enumerate() {
-        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let text = std::fs::read_to_string(p).map_err(file_error(p))?;
         let mut lines = text.lines();
         if lines.next() != Some(ferroce::apps::cc_csv::HEADER) {
-            return Err(format!(
-                "{}: not a `ferroce perf --cc-csv` file",
-                p.display()
-            ));
+            return Err(PlotError::NotCcCsv(p.clone()));
         }
         let mut per_qp: std::collections::BTreeMap<String, (Pts, Pts)> = Default::default();
         for (n, l) in lines.enumerate() {
             let f: Vec<&str> = l.split(',').collect();
-            let bad = || format!("{}: line {}: malformed", p.display(), n + 2);
+            let bad = || PlotError::Malformed {
+                path: p.clone(),
+                line: n + 2,
+            };
             if f.len() != 6 {
                 return Err(bad());
             }
@@ -1209,7 +1252,7 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
     }
     let (mut queue, mut rx): (Series, Series) = (Vec::new(), Vec::new());
     if let Some(p) = &a.switch_log {
-        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let text = std::fs::read_to_string(p).map_err(file_error(p))?;
         let list = |l: &str, key: &str| -> Option<Vec<f64>> {
             let i = l.find(key)? + key.len();
             let j = l[i..].find(']')? + i;
@@ -1248,7 +1291,7 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
         }
     }
     if !t0.is_finite() {
-        return Err("no samples".into());
+        return Err(PlotError::NoSamples);
     }
     let shift = |s: Series| -> Series {
         s.into_iter()
@@ -1280,8 +1323,7 @@ fn cc_plot(a: &CcPlotArgs) -> Result<(), String> {
         });
     }
     let h = 260 * panels.len() as u32;
-    write_panels_png(&a.out, 1000, h, "time (s)", t1 - t0, &panels)
-        .map_err(|e| format!("{}: {e}", a.out.display()))
+    write_panels_png(&a.out, 1000, h, "time (s)", t1 - t0, &panels).map_err(file_error(&a.out))
 }
 
 fn run_conform(a: ConformArgs) -> ExitCode {
@@ -1328,11 +1370,11 @@ fn run_conform(a: ConformArgs) -> ExitCode {
     }
 }
 
-fn parse_hex_psn(s: &str) -> Result<u32, String> {
+fn parse_hex_psn(s: &str) -> Result<u32, ArgError> {
     let v = u32::from_str_radix(s.trim_start_matches("0x"), 16)
-        .map_err(|_| format!("{s:?} is not a hexadecimal PSN"))?;
+        .map_err(|_| ArgError::NotHexPsn(s.into()))?;
     if v > 0xff_ffff {
-        return Err(format!("PSN {s} is wider than 24 bits"));
+        return Err(ArgError::WidePsn(s.into()));
     }
     Ok(v)
 }

@@ -264,15 +264,30 @@ impl Asm {
         self.push(BPF_JMP | EXIT, 0, 0, 0, 0)
     }
     /// Resolve jumps (offsets count instructions after the jump) and return the program.
-    pub fn finish(mut self) -> Result<Vec<Insn>, String> {
+    pub fn finish(mut self) -> Result<Vec<Insn>, AsmError> {
         for &(at, l) in &self.fixups {
-            let target = self.labels[l.0].ok_or_else(|| format!("label {} never bound", l.0))?;
+            let target = self.labels[l.0].ok_or(AsmError::Unbound(l.0))?;
             let off = target as i64 - at as i64 - 1;
-            self.insns[at].off =
-                i16::try_from(off).map_err(|_| format!("jump at {at} too far ({off})"))?;
+            self.insns[at].off = i16::try_from(off).map_err(|_| AsmError::TooFar { at, off })?;
         }
         Ok(self.insns)
     }
+}
+
+/// Why [`Asm::finish`] cannot resolve the program's jumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AsmError {
+    /// A jump's target label was never bound.
+    #[error("label {0} never bound")]
+    Unbound(usize),
+    /// A jump's offset does not fit 16 bits.
+    #[error("jump at {at} too far ({off})")]
+    TooFar {
+        /// The jump's index.
+        at: usize,
+        /// Its offset.
+        off: i64,
+    },
 }
 
 /// Offsets in `struct xdp_md`, the XDP program's context.
@@ -380,6 +395,71 @@ pub struct Run {
     pub redirect_key: Option<u32>,
 }
 
+/// Why [`interpret`] stopped without a verdict (`at`: the instruction's index).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    /// The program counter left the program.
+    #[error("pc {0} out of the program")]
+    PcOutOfProgram(usize),
+    /// A register number above 10.
+    #[error("bad register at {0}")]
+    BadRegister(usize),
+    /// An ALU operation the interpreter does not model.
+    #[error("unsupported ALU op {op:#x} at {at}")]
+    AluOp {
+        /// The operation bits.
+        op: u8,
+        /// Where.
+        at: usize,
+    },
+    /// A context field the interpreter does not model.
+    #[error("unsupported context offset {0}")]
+    ContextOffset(i16),
+    /// A packet read past its end (what the kernel's verifier prevents).
+    #[error("out-of-bounds packet read of {size} at {offset} (len {len})")]
+    OutOfBounds {
+        /// Bytes read.
+        size: usize,
+        /// From this offset.
+        offset: usize,
+        /// The packet's length.
+        len: usize,
+    },
+    /// A load from an address that is not the context or the packet.
+    #[error("load from unknown address {addr:#x} at {at}")]
+    UnknownAddress {
+        /// The address.
+        addr: u64,
+        /// Where.
+        at: usize,
+    },
+    /// A load other than of the XSKMAP.
+    #[error("unsupported LD at {0}")]
+    Ld(usize),
+    /// A call other than `bpf_redirect_map` on the XSKMAP.
+    #[error("unsupported call at {0}")]
+    Call(usize),
+    /// A jump the interpreter does not model.
+    #[error("unsupported jump {op:#x} at {at}")]
+    Jump {
+        /// The operation bits.
+        op: u8,
+        /// Where.
+        at: usize,
+    },
+    /// An instruction class the interpreter does not model.
+    #[error("unsupported instruction class {class} at {at}")]
+    Class {
+        /// The class bits.
+        class: u8,
+        /// Where.
+        at: usize,
+    },
+    /// The program ran 10 000 instructions without exiting.
+    #[error("no exit after 10000 steps")]
+    NoExit,
+}
+
 /// Run `prog` on `packet` arriving on `rx_queue`, with an XSKMAP that holds a socket for the
 /// keys where `has_socket` is true. Supports exactly the instructions the assembler emits.
 /// A packet read outside `packet` (which the kernel's verifier exists to prevent) is an
@@ -389,7 +469,7 @@ pub fn interpret(
     packet: &[u8],
     rx_queue: u32,
     has_socket: &dyn Fn(u32) -> bool,
-) -> Result<Run, String> {
+) -> Result<Run, Fault> {
     // Pointers are modelled as addresses in disjoint regions.
     const CTX: u64 = 0x1_0000_0000;
     const PKT: u64 = 0x2_0000_0000;
@@ -399,10 +479,10 @@ pub fn interpret(
     let mut redirect_key = None;
     let mut pc = 0usize;
     for _ in 0..10_000 {
-        let i = *prog.get(pc).ok_or(format!("pc {pc} out of the program"))?;
+        let i = *prog.get(pc).ok_or(Fault::PcOutOfProgram(pc))?;
         let (dst, src) = (usize::from(i.dst), usize::from(i.src));
         if dst > 10 || src > 10 {
-            return Err(format!("bad register at {pc}"));
+            return Err(Fault::BadRegister(pc));
         }
         let class = i.code & 0x07;
         let operand = |r: &[u64; 11]| {
@@ -420,7 +500,7 @@ pub fn interpret(
                     AND => r[dst] & v,
                     LSH => r[dst].wrapping_shl(v as u32),
                     MOV => v,
-                    op => return Err(format!("unsupported ALU op {op:#x} at {pc}")),
+                    op => return Err(Fault::AluOp { op, at: pc }),
                 };
             }
             BPF_LDX => {
@@ -437,14 +517,15 @@ pub fn interpret(
                         xdp_md::DATA => PKT,
                         xdp_md::DATA_END => PKT + packet.len() as u64,
                         xdp_md::RX_QUEUE_INDEX => u64::from(rx_queue),
-                        o => return Err(format!("unsupported context offset {o}")),
+                        o => return Err(Fault::ContextOffset(o)),
                     }
                 } else if (PKT..PKT + (1 << 20)).contains(&addr) {
                     let o = (addr - PKT) as usize;
-                    let b = packet.get(o..o + size).ok_or(format!(
-                        "out-of-bounds packet read of {size} at {o} (len {})",
-                        packet.len()
-                    ))?;
+                    let b = packet.get(o..o + size).ok_or(Fault::OutOfBounds {
+                        size,
+                        offset: o,
+                        len: packet.len(),
+                    })?;
                     // Host byte order, like the machine the kernel runs on.
                     match size {
                         1 => u64::from(b[0]),
@@ -452,12 +533,12 @@ pub fn interpret(
                         _ => u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
                     }
                 } else {
-                    return Err(format!("load from unknown address {addr:#x} at {pc}"));
+                    return Err(Fault::UnknownAddress { addr, at: pc });
                 };
             }
             BPF_LD => {
                 if i.code != BPF_LD | DW | IMM || i.src != BPF_PSEUDO_MAP_FD {
-                    return Err(format!("unsupported LD at {pc}"));
+                    return Err(Fault::Ld(pc));
                 }
                 r[dst] = MAP;
                 pc += 2;
@@ -470,7 +551,7 @@ pub fn interpret(
                 }
                 CALL => {
                     if i.imm != HELPER_REDIRECT_MAP || r[1] != MAP {
-                        return Err(format!("unsupported call at {pc}"));
+                        return Err(Fault::Call(pc));
                     }
                     let key = r[2] as u32;
                     redirect_key = Some(key);
@@ -488,18 +569,18 @@ pub fn interpret(
                     })
                 }
                 op => {
-                    let c = Cond::from_op(op).ok_or(format!("unsupported jump {op:#x} at {pc}"))?;
+                    let c = Cond::from_op(op).ok_or(Fault::Jump { op, at: pc })?;
                     if c.holds(r[dst], operand(&r)) {
                         pc = (pc as i64 + 1 + i64::from(i.off)) as usize;
                         continue;
                     }
                 }
             },
-            _ => return Err(format!("unsupported instruction class {class} at {pc}")),
+            _ => return Err(Fault::Class { class, at: pc }),
         }
         pc += 1;
     }
-    Err("no exit after 10000 steps".into())
+    Err(Fault::NoExit)
 }
 
 #[cfg(test)]
