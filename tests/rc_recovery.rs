@@ -164,3 +164,34 @@ fn selective_repeat_resends_about_one_packet_per_loss() {
         transfer(1, 0.0, false, false).took
     );
 }
+
+/// Selective repeat on both ends, READ: the requester lands responses that arrive after a
+/// lost one and asks again for the gap alone; the responder answers that retry ahead of the
+/// responses still queued instead of dropping them.
+#[test]
+fn selective_repeat_reads_again_only_the_gap() {
+    for seed in [1, 2, 3] {
+        let fast = transfer(seed, 0.01, true, true);
+        let sr = transfer_with(seed, 0.01, true, true, true);
+        eprintln!(
+            "seed={seed}: sr {:.3} pkts/needed {:?} (timeouts {}, probes {}); fast {:.3} {:?}",
+            sr.tx_per_needed, sr.took, sr.timeouts, sr.probes, fast.tx_per_needed, fast.took
+        );
+        assert_eq!(sr.timeouts, 0);
+        assert!(
+            sr.tx_per_needed < 1.3,
+            "seed={seed}: {:.3}",
+            sr.tx_per_needed
+        );
+        assert!(
+            sr.took <= fast.took,
+            "seed={seed}: {:?} vs {:?}",
+            sr.took,
+            fast.took
+        );
+    }
+    assert_eq!(
+        transfer_with(1, 0.0, true, true, true).took,
+        transfer(1, 0.0, true, false).took
+    );
+}

@@ -164,7 +164,9 @@ impl Qp {
             return;
         }
         self.req.retry_left -= 1;
-        if self.sr && why == Retry::SequenceNak {
+        let read_gap =
+            why == Retry::Gap && self.sq.iter().any(|w| w.contains(p) && w.wqe.op.is_read());
+        if self.sr && (why == Retry::SequenceNak || read_gap) {
             // Selective repeat: the peer kept what came after p; resend p alone.
             self.counters.sr_resends += 1;
             self.req.sr_resend = Some(p);
@@ -292,7 +294,8 @@ impl Qp {
 
     /// Complete the SEND/WRITE WQEs wholly before `p` (a response at `p` acknowledges them) and
     /// say where `p` falls now.
-    fn implicit_ack_before(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> RespAt {
+    fn implicit_ack_before(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) -> RespAt {
+        let p = r.bth.psn;
         loop {
             let Some(w) = self.sq.front() else {
                 return RespAt::Nowhere;
@@ -307,8 +310,14 @@ impl Qp {
                 return RespAt::Nowhere;
             }
             if w.wqe.op.is_rd_atomic() {
-                // A later response arrived but this one's did not: resend it.
+                // A later response arrived but this one's did not: resend it (selective
+                // repeat: after landing the later one in its own READ).
                 let q = w.first_psn.add(w.read_done / self.mtu());
+                if self.sr {
+                    if let Some(idx) = self.sq.iter().position(|w| w.contains(p)) {
+                        self.sr_place_read(ctx, idx, r, payload);
+                    }
+                }
                 self.gap_retry(ctx, q);
                 return RespAt::Gap;
             }
@@ -320,7 +329,7 @@ impl Qp {
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
         let p = r.bth.psn;
-        match self.implicit_ack_before(ctx, p) {
+        match self.implicit_ack_before(ctx, r, payload) {
             RespAt::Head => {}
             // Out of order (an earlier response is missing or late): the retry is started,
             // this one is dropped; the retried request brings it again.
@@ -349,7 +358,11 @@ impl Qp {
             return;
         }
         if p.after(expected) {
-            // A response packet went missing: resume the READ from the first missing byte.
+            // A response packet went missing: resume the READ from the first missing byte
+            // (selective repeat: keep this one and ask for the gap alone).
+            if self.sr {
+                self.sr_place_read(ctx, 0, r, payload);
+            }
             self.gap_retry(ctx, expected);
             return;
         }
@@ -359,7 +372,8 @@ impl Qp {
         // FIRST/ONLY at its PSN) and stragglers of the original (MIDDLE/LAST). Both carry the
         // right bytes for their PSN. FIRST/ONLY may start only where a request started;
         // MIDDLE/LAST may not appear at the READ's first PSN.
-        let starts_request = p == w.read_req_psn || p == w.first_psn;
+        // With selective repeat a retry of a gap alone may start at any PSN of the READ.
+        let starts_request = p == w.read_req_psn || p == w.first_psn || self.sr;
         let op = r.bth.opcode;
         let pos_ok = match (op, last) {
             (Opcode::RC_READ_RESPONSE_ONLY, true) | (Opcode::RC_READ_RESPONSE_FIRST, false) => {
@@ -368,6 +382,9 @@ impl Qp {
             (Opcode::RC_READ_RESPONSE_LAST, true) | (Opcode::RC_READ_RESPONSE_MIDDLE, false) => {
                 p != w.first_psn
             }
+            // Selective repeat: a retry of a gap alone ends before the READ does.
+            (Opcode::RC_READ_RESPONSE_ONLY, false) => self.sr,
+            (Opcode::RC_READ_RESPONSE_LAST, false) => self.sr && p != w.first_psn,
             _ => false,
         };
         let want_len = if last { remaining } else { mtu };
@@ -386,12 +403,15 @@ impl Qp {
         if last {
             self.complete_send_head(ctx, WcStatus::Success);
         }
+        if self.sr {
+            self.sr_drain_reads(ctx);
+        }
         self.on_progress(ctx);
     }
 
     fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr) {
         let p = r.bth.psn;
-        match self.implicit_ack_before(ctx, p) {
+        match self.implicit_ack_before(ctx, r, &[]) {
             RespAt::Head => {}
             // Out of order: dropped, the retry from the missing response is started.
             RespAt::Gap => return,

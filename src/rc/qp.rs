@@ -91,6 +91,9 @@ pub(crate) struct SqEntry {
     /// READ: the PSN of the latest READ request sent for this WQE (a retry restarts the
     /// response sequence there with FIRST/ONLY).
     pub read_req_psn: Psn,
+    /// READ with selective repeat: response packets placed ahead of `read_done` (their
+    /// PSN's distance from `first_psn`), counted in once the gap before them is filled.
+    pub read_placed: std::collections::BTreeSet<u32>,
 }
 
 impl SqEntry {
@@ -102,6 +105,7 @@ impl SqEntry {
             npkts: 0,
             read_done: 0,
             read_req_psn: Psn::default(),
+            read_placed: std::collections::BTreeSet::new(),
         }
     }
     pub(crate) fn last_psn(&self) -> Psn {

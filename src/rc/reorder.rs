@@ -96,8 +96,117 @@ impl Qp {
         ) = saved;
         d.map(|mut d| {
             d.repr.bth.ack_req = true;
+            if let Some(reth) = d.repr.ext.reth.as_mut() {
+                if d.repr.bth.opcode == crate::wire::Opcode::RC_READ_REQUEST {
+                    reth.dma_len = reth.dma_len.min(self.sr_read_gap_len(p));
+                }
+            }
             d
         })
+    }
+
+    /// A READ with selective repeat: how many bytes from its response PSN `p` up to the
+    /// first response placed beyond it (the rest of the READ when none is).
+    fn sr_read_gap_len(&self, p: Psn) -> u32 {
+        let mtu = self.mtu();
+        self.sq
+            .iter()
+            .find(|w| w.contains(p) && w.wqe.op.is_read())
+            .and_then(|w| {
+                let k = p.distance_from(w.first_psn);
+                let end = w.read_placed.range(k + 1..).next()?;
+                Some((end - k) * mtu)
+            })
+            .unwrap_or(u32::MAX)
+    }
+
+    /// A READ response at `p`, ahead of the response expected for the READ WQE `idx` that
+    /// holds it (selective repeat): check it as the in-order one would be, land its bytes and
+    /// remember it. True if it was handled (placed, or a copy of one already placed).
+    pub(super) fn sr_place_read(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        idx: usize,
+        r: &RoceRepr,
+        payload: &[u8],
+    ) -> bool {
+        let mtu = self.mtu();
+        let p = r.bth.psn;
+        let Some(w) = self.sq.get(idx) else {
+            return false;
+        };
+        if !self.sr || !w.wqe.op.is_read() || !w.contains(p) {
+            return false;
+        }
+        // A READ lands early only where no byte it writes can still be written by anything
+        // else: its own scatter entries are disjoint (in order, where two overlap the later
+        // offset's bytes win; placed out of order, a gap filled last would overwrite them),
+        // and every WQE before it is a READ into other local bytes (local writes keep the
+        // order of the send queue).
+        let clear = !sges_overlap(&w.wqe.sges)
+            && self.sq.iter().take(idx).all(|e| {
+                e.wqe.op.is_read()
+                    && e.wqe
+                        .sges
+                        .iter()
+                        .all(|a| w.wqe.sges.iter().all(|b| !sge_pair_overlaps(a, b)))
+            });
+        if !clear {
+            return false;
+        }
+        let k = p.distance_from(w.first_psn);
+        let off = k * mtu;
+        if off < w.read_done || w.read_placed.contains(&k) {
+            self.counters.dup_responses += 1;
+            return true;
+        }
+        let want = (w.wqe.len - off).min(mtu);
+        let nak = r.ext.aeth.is_some_and(|a| !a.syndrome.is_ack());
+        if off >= w.wqe.len || payload.len() != want as usize || nak {
+            return false;
+        }
+        if crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, u64::from(off), payload).is_err() {
+            return false;
+        }
+        self.sq[idx].read_placed.insert(k);
+        self.counters.reordered_kept += 1;
+        true
+    }
+
+    /// Selective repeat: count in the responses placed right after the head READ's
+    /// `read_done`, completing it (and the READs after it) when whole; if a gap remains
+    /// behind placed responses, ask for it at once.
+    pub(super) fn sr_drain_reads(&mut self, ctx: &mut Ctx<'_>) {
+        let mtu = self.mtu();
+        loop {
+            let Some(w) = self.sq.front_mut() else {
+                return;
+            };
+            if !w.assigned || !w.wqe.op.is_read() || w.read_placed.is_empty() {
+                return;
+            }
+            while w.read_placed.remove(&(w.read_done / mtu)) {
+                w.read_done = (w.read_done + mtu).min(w.wqe.len);
+            }
+            let done = w.read_done == w.wqe.len;
+            let una = if done {
+                w.last_psn().next()
+            } else {
+                w.first_psn.add(w.read_done / mtu)
+            };
+            if una.after(self.req.una) {
+                self.req.una = una;
+            }
+            if !done {
+                if !self.sq[0].read_placed.is_empty() && self.req.sr_resend.is_none() {
+                    self.counters.sr_resends += 1;
+                    self.req.gap_retry = Some(una);
+                    self.req.sr_resend = Some(una);
+                }
+                return;
+            }
+            self.complete_send_head(ctx, crate::ib::WcStatus::Success);
+        }
     }
 
     /// Queue a PSN-sequence-error NAK for `psn`.
@@ -109,4 +218,20 @@ impl Qp {
             msn,
         });
     }
+}
+
+/// Whether two entries of a scatter list may share a byte of memory (same addresses, under
+/// any key: two MRs may cover the same memory).
+fn sges_overlap(sges: &[crate::ib::Sge]) -> bool {
+    sges.iter()
+        .enumerate()
+        .any(|(i, a)| sges[i + 1..].iter().any(|b| sge_pair_overlaps(a, b)))
+}
+
+/// Whether two scatter entries may share a byte of memory.
+fn sge_pair_overlaps(a: &crate::ib::Sge, b: &crate::ib::Sge) -> bool {
+    a.length > 0
+        && b.length > 0
+        && a.addr < b.addr.saturating_add(u64::from(b.length))
+        && b.addr < a.addr.saturating_add(u64::from(a.length))
 }

@@ -741,6 +741,23 @@ impl Qp {
             // of later READs and ATOMICs) cannot help: drop them, and answer the retry at
             // once instead of behind them. The saved resources stay: the requests that follow
             // are answered from them.
+            // Selective repeat (`rc/reorder.rs`): the requester keeps those replies and asks
+            // for the gap alone, so they stay, and the retry goes before them.
+            let item = RespItem::Read {
+                mr,
+                mr_off: mr_off + skip as usize,
+                len: dup_len,
+                first_psn: p,
+                npkts: dup_len.div_ceil(mtu).max(1),
+                sent: 0,
+            };
+            self.counters.read_replays += 1;
+            if self.sr {
+                if self.resp.resp_q.len() < MAX_RESP_QUEUE {
+                    self.resp.resp_q.push_front(item);
+                }
+                return;
+            }
             self.resp.resp_q.retain(|i| match i {
                 RespItem::Read {
                     first_psn, npkts, ..
@@ -748,15 +765,7 @@ impl Qp {
                 RespItem::AtomicAck { psn, .. } => psn.before(p),
                 RespItem::Ack { .. } => true,
             });
-            self.counters.read_replays += 1;
-            self.push_resp(RespItem::Read {
-                mr,
-                mr_off: mr_off + skip as usize,
-                len: dup_len,
-                first_psn: p,
-                npkts: dup_len.div_ceil(mtu).max(1),
-                sent: 0,
-            });
+            self.push_resp(item);
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
             let orig = self.resp.resources.iter().find_map(|res| match res {
                 Resource::Atomic { psn, orig } if *psn == p => Some(*orig),
