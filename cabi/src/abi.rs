@@ -39,6 +39,10 @@ pub type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type CreateCqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq;
+pub type CreateQpExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
@@ -77,9 +81,18 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `_ABI_placeholder3` (38 entries), all NULL: the inline wrappers then
+    /// `advise_mr` … `query_rt_values` (24 entries), all NULL: the inline wrappers then
     /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
-    pub _ex: [usize; 38],
+    pub _ex1: [usize; 24],
+    pub create_cq_ex: Option<CreateCqExFn>,
+    pub _priv: usize,
+    pub query_device_ex: usize,
+    /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`,
+    /// `open_qp`.
+    pub _ex2: [usize; 5],
+    pub create_qp_ex: Option<CreateQpExFn>,
+    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, `_ABI_placeholder3`.
+    pub _ex3: [usize; 5],
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -1115,5 +1128,212 @@ pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
     ] {
         v.push((name, n as usize));
     }
+    v
+}
+
+// ---- extended CQs and QPs (`struct ibv_cq_ex`, `struct ibv_qp_ex`) ----------------------------
+
+/// An `ibv_cq_ex *` is the same address as its `ibv_cq *` (`ibv_cq_ex_to_cq` is a cast).
+pub type CqExPtr = *mut ibv_cq;
+/// An `ibv_qp_ex *` is the same address as its `ibv_qp *` (`qp_base` is its first field).
+pub type QpExPtr = *mut ibv_qp;
+
+/// What `struct ibv_cq_ex` adds after the fields it shares with `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq_ex_tail {
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(CqExPtr, *mut c_void) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(CqExPtr) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(CqExPtr)>,
+    pub read_opcode: Option<unsafe extern "C" fn(CqExPtr) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(CqExPtr) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(CqExPtr) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(CqExPtr) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(CqExPtr) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(CqExPtr) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(CqExPtr) -> u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(CqExPtr, *mut c_void)>,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(CqExPtr) -> u64>,
+}
+
+/// `struct ibv_cq_ex`: `struct ibv_cq`'s fields, then the polling interface.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub cq: ibv_cq,
+    pub ex: ibv_cq_ex_tail,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+/// What `struct ibv_qp_ex` adds after `struct ibv_qp qp_base`: the work request builder.
+#[repr(C)]
+pub struct ibv_qp_ex_tail {
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u64)>,
+    pub wr_bind_mw: Option<unsafe extern "C" fn(QpExPtr, *mut c_void, u32, *const c_void)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(QpExPtr, u32)>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(QpExPtr, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(QpExPtr, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(QpExPtr)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(QpExPtr, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(QpExPtr, u32)>,
+    pub wr_send_tso: Option<unsafe extern "C" fn(QpExPtr, *mut c_void, u16, u16)>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(QpExPtr, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(QpExPtr, u32)>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(QpExPtr, *mut c_void, usize)>,
+    pub wr_set_inline_data_list: Option<unsafe extern "C" fn(QpExPtr, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(QpExPtr, usize, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(QpExPtr)>,
+    pub wr_complete: Option<unsafe extern "C" fn(QpExPtr) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(QpExPtr)>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(QpExPtr, u32, u64, *const c_void)>,
+}
+
+/// `struct ibv_qp_ex`.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub ex: ibv_qp_ex_tail,
+}
+
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// `IBV_WC_STANDARD_FLAGS`: the completion fields every CQ has (byte length, immediate, QP
+/// number, source QP, SLID, SL, DLID path bits).
+pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
+
+/// The layout facts of the extended CQ and QP, as [`layout_facts`].
+pub fn ex_layout_facts() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    let mut v = Vec::new();
+    macro_rules! tail {
+        ($outer:ident, $c:literal, $t:ident { $($f:ident),* }) => {
+            $( v.push((concat!("offsetof(struct ", $c, ", ", stringify!($f), ")"),
+                offset_of!($outer, ex) + offset_of!($t, $f))); )*
+        };
+    }
+    v.push(("sizeof(struct ibv_cq_ex)", size_of::<ibv_cq_ex>()));
+    tail!(
+        ibv_cq_ex,
+        "ibv_cq_ex",
+        ibv_cq_ex_tail {
+            comp_mask,
+            status,
+            wr_id,
+            start_poll,
+            next_poll,
+            end_poll,
+            read_opcode,
+            read_vendor_err,
+            read_byte_len,
+            read_imm_data,
+            read_qp_num,
+            read_src_qp,
+            read_wc_flags,
+            read_slid,
+            read_sl,
+            read_dlid_path_bits,
+            read_completion_ts,
+            read_cvlan,
+            read_flow_tag,
+            read_tm_info,
+            read_completion_wallclock_ns
+        }
+    );
+    v.push(("sizeof(struct ibv_qp_ex)", size_of::<ibv_qp_ex>()));
+    tail!(
+        ibv_qp_ex,
+        "ibv_qp_ex",
+        ibv_qp_ex_tail {
+            comp_mask,
+            wr_id,
+            wr_flags,
+            wr_atomic_cmp_swp,
+            wr_atomic_fetch_add,
+            wr_bind_mw,
+            wr_local_inv,
+            wr_rdma_read,
+            wr_rdma_write,
+            wr_rdma_write_imm,
+            wr_send,
+            wr_send_imm,
+            wr_send_inv,
+            wr_send_tso,
+            wr_set_ud_addr,
+            wr_set_xrc_srqn,
+            wr_set_inline_data,
+            wr_set_inline_data_list,
+            wr_set_sge,
+            wr_set_sge_list,
+            wr_start,
+            wr_complete,
+            wr_abort,
+            wr_atomic_write
+        }
+    );
+    macro_rules! plain {
+        ($($t:ident { $($f:ident),* }),*) => { $(
+            v.push((concat!("sizeof(struct ", stringify!($t), ")"), size_of::<$t>()));
+            $( v.push((concat!("offsetof(struct ", stringify!($t), ", ", stringify!($f), ")"),
+                offset_of!($t, $f))); )*
+        )* };
+    }
+    plain!(
+        ibv_cq_init_attr_ex {
+            cqe,
+            cq_context,
+            channel,
+            comp_vector,
+            wc_flags,
+            comp_mask,
+            flags,
+            parent_domain
+        },
+        ibv_data_buf { addr, length }
+    );
+    v.push((
+        "offsetof(struct verbs_context, create_cq_ex)",
+        offset_of!(verbs_context, create_cq_ex),
+    ));
+    v.push((
+        "offsetof(struct verbs_context, create_qp_ex)",
+        offset_of!(verbs_context, create_qp_ex),
+    ));
+    v.push((
+        "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
+        IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as usize,
+    ));
+    v.push(("IBV_WC_STANDARD_FLAGS", IBV_WC_STANDARD_FLAGS as usize));
     v
 }

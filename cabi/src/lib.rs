@@ -14,6 +14,8 @@
 //!   `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) and through the
 //!   extended context (`ibv_query_port`).
 //!
+//! - `ex`: the extended verbs (`ibv_create_cq_ex` and its polling interface,
+//!   `ibv_create_qp_ex` and the `ibv_wr_*` builder) and inline data copied at post time.
 //! - [`rdmacm`]: librdmacm's `rdma_*` functions on ferroce's RDMA-CM, exported from this
 //!   library as `ferroce_rdma_*`; `librdmacm.so.1` (tools/build-cabi) forwards to them.
 //!
@@ -33,6 +35,7 @@
 
 pub mod abi;
 mod device;
+mod ex;
 pub mod rdmacm;
 mod stubs;
 mod verbs;

@@ -1080,10 +1080,19 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
-    match unsafe { idw(id) }.cmid() {
-        Ok(c) => ret(c.listen(if backlog <= 0 { 1024 } else { backlog as usize })),
-        Err(e) => fail(e),
+    let r = match unsafe { idw(id) }.cmid() {
+        Ok(c) => c.listen(if backlog <= 0 { 1024 } else { backlog as usize }),
+        Err(e) => return fail(e),
+    };
+    if r.is_ok() {
+        // FERROCE_LISTENING=FILE: say "listening" in FILE once an id listens, so that a script
+        // starts its client when the server is ready (a client whose REQ comes first is
+        // rejected, as with the kernel's CM).
+        if let Some(f) = std::env::var_os("FERROCE_LISTENING").filter(|f| !f.is_empty()) {
+            let _ = std::fs::write(f, "listening\n");
+        }
     }
+    ret(r)
 }
 
 /// librdmacm's `rdma_get_request` (`librdmacm.so.1` forwards to it).

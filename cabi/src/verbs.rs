@@ -68,17 +68,27 @@ struct MrW {
     mr: MemoryRegion,
 }
 
+/// A CQ: `struct ibv_cq_ex` (whose first part is `struct ibv_cq`), then ferroce's handle.
 #[repr(C)]
-struct CqW {
-    c: ibv_cq,
-    cq: Cq,
+pub(crate) struct CqW {
+    pub(crate) c: ibv_cq,
+    pub(crate) ex: ibv_cq_ex_tail,
+    pub(crate) cq: Cq,
+    /// The polling session of the extended interface.
+    pub(crate) poll: Mutex<crate::ex::ExPoll>,
 }
 
+/// A QP: `struct ibv_qp_ex` (whose first part is `struct ibv_qp`), then ferroce's state.
 #[repr(C)]
 pub(crate) struct QpW {
     pub(crate) c: ibv_qp,
+    pub(crate) ex: ibv_qp_ex_tail,
     pub(crate) qpn: QpNumber,
     pub(crate) qp_type: QpType,
+    /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex` hands out `ex`.
+    pub(crate) ex_on: bool,
+    /// The builder's session and the inline bounce region.
+    pub(crate) tx: Mutex<crate::ex::Tx>,
 }
 
 #[repr(C)]
@@ -249,6 +259,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     // value is PTHREAD_MUTEX_INITIALIZER on glibc); every field used is set below.
     let mut v: verbs_context = unsafe { std::mem::zeroed() };
     v.query_port = Some(query_port_ex);
+    v.create_cq_ex = Some(crate::ex::create_cq_ex);
+    v.create_qp_ex = Some(crate::ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;
     v.context.ops.poll_cq = Some(poll_cq);
@@ -703,7 +715,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     cc.cq_context = cq_context;
     cc.handle = cq.index();
     cc.cqe = cqe;
-    let p = Box::into_raw(Box::new(CqW { c: cc, cq })) as *mut ibv_cq;
+    let p = Box::into_raw(Box::new(CqW {
+        c: cc,
+        ex: crate::ex::cq_ex_tail(),
+        cq,
+        poll: Mutex::new(Default::default()),
+    })) as *mut ibv_cq;
     objects(|o| o.cqs.insert(cq.index(), p as usize));
     if !channel.is_null() {
         // SAFETY: a channel from ibv_create_comp_channel.
@@ -845,7 +862,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited: c_int) -> c_int {
     }
 }
 
-fn to_c_wc(w: &WorkCompletion) -> ibv_wc {
+pub(crate) fn to_c_wc(w: &WorkCompletion) -> ibv_wc {
     let mut flags = 0;
     if w.wc_flags.contains(WcFlags::GRH) {
         flags |= 1;
@@ -1184,7 +1201,20 @@ pub unsafe extern "C" fn ibv_create_qp(
     c.qp_num = qpn.get();
     c.state = 0;
     c.qp_type = ia.qp_type;
-    let p = Box::into_raw(Box::new(QpW { c, qpn, qp_type })) as *mut ibv_qp;
+    let tx = crate::ex::Tx::new(crate::ex::Bounce::new(
+        s,
+        p.pd,
+        cap.max_send_wr,
+        cap.max_inline_data,
+    ));
+    let p = Box::into_raw(Box::new(QpW {
+        c,
+        ex: crate::ex::qp_ex_tail(),
+        qpn,
+        qp_type,
+        ex_on: false,
+        tx: Mutex::new(tx),
+    })) as *mut ibv_qp;
     objects(|o| o.qps.insert(qpn.get(), p as usize));
     p
 }
@@ -1201,7 +1231,12 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         Ok(()) => {
             objects(|o| o.qps.remove(&w.qpn.get()));
             // SAFETY: not used after this.
-            drop(unsafe { Box::from_raw(qp as *mut QpW) });
+            let b = unsafe { Box::from_raw(qp as *mut QpW) };
+            let bounce = b.tx.lock().unwrap_or_else(|e| e.into_inner()).bounce.take();
+            if let Some(r) = bounce {
+                // SAFETY: an object this library handed out; its context is the one set at creation.
+                r.release(unsafe { sh(b.c.context) });
+            }
             0
         }
         Err(e) => errno_of(&e),
@@ -1383,11 +1418,22 @@ pub unsafe extern "C" fn ibv_query_qp(
     0
 }
 
-/// `ibv_qp_to_qp_ex`: ferroce's QPs are not extended QPs (no `ibv_wr_*` send API): NULL, as
-/// libibverbs returns for a QP created without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+/// `ibv_qp_to_qp_ex`: the work request builder of a QP created with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (`ibv_create_qp_ex`); NULL for other QPs, as libibverbs
+/// returns.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut c_void {
+    // SAFETY: a QP of this library (or NULL).
+    match unsafe { (qp as *mut QpW).as_ref() } {
+        Some(w) if w.ex_on => qp as *mut c_void,
+        _ => null_mut(),
+    }
+}
+
+/// The engine's handle of an address handle of this library.
+pub(crate) fn ah_handle(ah: *mut ibv_ah) -> Option<Ah> {
+    // SAFETY: an AH of this library (libibverbs' contract) or NULL.
+    unsafe { (ah as *mut AhW).as_ref() }.map(|w| w.ah)
 }
 
 fn send_op(r: &ibv_send_wr) -> Result<SendOp, c_int> {
@@ -1461,7 +1507,10 @@ unsafe extern "C" fn post_send(
                 remote_qkey: ud.remote_qkey,
             });
         }
-        s.nic.post_send(w.qpn, x).map_err(|e| errno_of(&e))
+        let mut tx = w.tx.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: an inline request's entries are readable memory of the program
+        // (libibverbs' contract for IBV_SEND_INLINE).
+        unsafe { crate::ex::submit(s, w, &mut tx, x, None) }
     };
     // SAFETY: the caller's list and out parameter (libibverbs' contract).
     unsafe { post_list(wr, bad, post) }

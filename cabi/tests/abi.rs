@@ -53,7 +53,8 @@ fn struct_layouts_match_the_rdma_core_headers() {
     ) {
         return;
     }
-    let facts = ferroce_cabi::abi::layout_facts();
+    let mut facts = ferroce_cabi::abi::layout_facts();
+    facts.extend(ferroce_cabi::abi::ex_layout_facts());
     check_facts(&facts, "#include <infiniband/verbs.h>\n");
     assert!(facts.len() > 150, "only {} facts", facts.len());
 }

@@ -102,6 +102,9 @@ pub enum Ready {
     TcpListen,
     /// `ss -Huan` lists a socket.
     Udp,
+    /// A program on ferroce's librdmacm listens (it writes `$L`, the file FERROCE_LISTENING
+    /// names).
+    CmListen,
 }
 
 /// A server and a client program, each with ferroce's library and its own address, run to the
@@ -124,18 +127,24 @@ pub fn pair_when(ready: Ready, server: &str, client: &str) -> (String, String, S
             .as_nanos()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let (s, c) = (dir.join("server.out"), dir.join("client.out"));
+    let (s, c, l) = (
+        dir.join("server.out"),
+        dir.join("client.out"),
+        dir.join("listening"),
+    );
     let script = format!(
         "export LD_LIBRARY_PATH=$LIB\n\
-         FERROCE_ADDR=127.0.0.1 timeout 30 {server} > {s} 2>&1 &\n\
-         i=0; while [ $i -lt 400 ] && [ -z \"$(ss {ss})\" ]; do sleep 0.05; i=$((i+1)); done\n\
+         FERROCE_LISTENING={l} FERROCE_ADDR=127.0.0.1 timeout 30 {server} > {s} 2>&1 &\n\
+         i=0; while [ $i -lt 400 ] && ! {ready}; do sleep 0.05; i=$((i+1)); done\n\
          FERROCE_ADDR=127.0.0.2 timeout 30 {client} 127.0.0.1 > {c} 2>&1\n\
          cs=$?\nwait $!\necho \"server=$? client=$cs\"",
         s = s.display(),
         c = c.display(),
-        ss = match ready {
-            Ready::TcpListen => "-Hltn",
-            Ready::Udp => "-Huan",
+        l = l.display(),
+        ready = match ready {
+            Ready::TcpListen => "[ -n \"$(ss -Hltn)\" ]".to_string(),
+            Ready::Udp => "[ -n \"$(ss -Huan)\" ]".to_string(),
+            Ready::CmListen => format!("[ -e {} ]", l.display()),
         }
     );
     let out = in_netns(&script);

@@ -64,6 +64,9 @@ fn rdma_core_pingpong_examples_both_ends() {
         let cmd = format!("{p} -g 0 -n 200");
         assert_pair(p, pair(&cmd, &cmd), "200 iters in");
     }
+    // The new post-send API (-N: ibv_create_qp_ex with send ops, ibv_wr_*).
+    let cmd = "ibv_rc_pingpong -g 0 -n 200 -N";
+    assert_pair("rc -N", pair(cmd, cmd), "200 iters in");
     // Events instead of polling (-e: completion channel, ibv_req_notify_cq, ibv_get_cq_event)
     // and a size over several packets.
     let cmd = "ibv_rc_pingpong -g 0 -n 100 -e -s 10000 -m 1024";
@@ -232,7 +235,7 @@ fn rping_both_ends_on_ferroces_librdmacm() {
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("server.pcap");
     let r = pair_when(
-        Ready::Udp,
+        Ready::CmListen,
         &format!(
             "env FERROCE_PCAP={} rping -s -v -S 100 -C 10 -a 127.0.0.1",
             pcap.display()
@@ -271,7 +274,7 @@ fn rping_against_ferroces_own_rping_both_roles() {
     );
     assert_rping("native server, Debian's rping client", r, 10);
     let r = pair_when(
-        Ready::Udp,
+        Ready::CmListen,
         "rping -s -v -S 100 -C 10 -a 127.0.0.1",
         &format!("{native} -c -v -S 100 -C 10 -I 127.0.0.2 -a"),
     );
@@ -294,7 +297,7 @@ fn perftest_over_rdma_cm_both_ends() {
     }
     for p in progs {
         let cmd = format!("{p} -R -d ferroce_lo -n 300");
-        let (s, c, st) = pair_when(Ready::Udp, &cmd, &cmd);
+        let (s, c, st) = pair_when(Ready::CmListen, &cmd, &cmd);
         assert_eq!(
             st, "server=0 client=0",
             "{cmd}\n--- server\n{s}\n--- client\n{c}"
@@ -316,19 +319,22 @@ fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
     let native = "env -u LD_LIBRARY_PATH $F perf write-bw -R -n 300 --ib-dev lo --backend udp";
     let debian = "ib_write_bw -R -d ferroce_lo -n 300";
     let native_client = format!("{native} -x 1");
-    for (server, client, what) in [
+    // (ferroce perf's server listens right after its UDP socket opens.)
+    for (ready, server, client, what) in [
         (
+            Ready::Udp,
             native,
             debian,
             "ferroce perf server, Debian's ib_write_bw client",
         ),
         (
+            Ready::CmListen,
             debian,
             native_client.as_str(),
             "Debian's ib_write_bw server, ferroce perf client",
         ),
     ] {
-        let (s, c, st) = pair_when(Ready::Udp, server, client);
+        let (s, c, st) = pair_when(ready, server, client);
         assert_eq!(
             st, "server=0 client=0",
             "{what}\n--- server\n{s}\n--- client\n{c}"
@@ -336,4 +342,76 @@ fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
         result_line(what, &c, "300");
         result_line(what, &s, "300");
     }
+}
+
+#[test]
+fn the_extended_verbs_and_inline_data_in_a_c_program() {
+    let t = "the_extended_verbs_and_inline_data_in_a_c_program";
+    if !have(
+        which("cc") && std::path::Path::new("/usr/include/infiniband/verbs.h").exists(),
+        t,
+        "a C compiler and libibverbs-dev",
+    ) || !can_unshare(t)
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cex2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("ex_verbs");
+    let st = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(repo().join("examples/c/ex_verbs.c"))
+        .arg("-libverbs")
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc -libverbs examples/c/ex_verbs.c");
+    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "extended CQ and ibv_wr_*: RDMA WRITE 4096 bytes, data identical",
+        "inline data from unregistered memory, overwritten after the post: as posted",
+        "ok",
+    ] {
+        assert!(so.contains(want), "no {want:?} in:\n{so}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rdmacm_utils_examples_both_ends() {
+    let t = "rdmacm_utils_examples_both_ends";
+    if !ready(t, &["udaddy", "ucmatose", "ib_send_bw"]) {
+        return;
+    }
+    // UD over SIDR (udaddy), RC with several connections and data (ucmatose), perftest's UD -R.
+    for (server, client) in [
+        ("udaddy -b 127.0.0.1", "udaddy -b 127.0.0.2 -s"),
+        ("ucmatose -b 127.0.0.1", "ucmatose -b 127.0.0.2 -s"),
+    ] {
+        let (s, c, st) = pair_when(Ready::CmListen, server, client);
+        assert_eq!(
+            st, "server=0 client=0",
+            "{server}\n--- server\n{s}\n--- client\n{c}"
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(
+                o.contains("data transfers complete") && o.contains("return status 0"),
+                "{server}: {who}\n{o}"
+            );
+        }
+    }
+    let cmd = "ib_send_bw -R -c UD -d ferroce_lo -n 300";
+    let (s, c, st) = pair_when(Ready::CmListen, cmd, cmd);
+    assert_eq!(
+        st, "server=0 client=0",
+        "{cmd}\n--- server\n{s}\n--- client\n{c}"
+    );
+    result_line(cmd, &c, "300");
 }

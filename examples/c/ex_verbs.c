@@ -1,0 +1,242 @@
+/*
+ * ex_verbs.c — libibverbs' extended interface, on one device with two RC QPs connected to
+ * each other through the device's first GID:
+ *
+ *  - a CQ from ibv_create_cq_ex, read with ibv_start_poll / ibv_next_poll / ibv_end_poll and
+ *    ibv_wc_read_opcode / ibv_wc_read_byte_len / ibv_wc_read_qp_num;
+ *  - QPs from ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, posted to through
+ *    ibv_qp_to_qp_ex: ibv_wr_start, ibv_wr_rdma_write + ibv_wr_set_sge, ibv_wr_send +
+ *    ibv_wr_set_inline_data, ibv_wr_complete;
+ *  - inline data as libibverbs defines it: taken at post time from memory that is not
+ *    registered, so the program may overwrite its buffer as soon as the post returns (both
+ *    through ibv_wr_set_inline_data and through ibv_post_send with IBV_SEND_INLINE).
+ *
+ * Built against the system's <infiniband/verbs.h> and -libverbs; run on ferroce with
+ *   ferroce run -- ./ex_verbs
+ * Prints "ok" and exits 0 when every check passes.
+ */
+#include <infiniband/verbs.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 4096
+#define MSG 64
+
+static int fail(const char *what, int e)
+{
+	fprintf(stderr, "ex_verbs: %s: %s\n", what, strerror(e));
+	exit(1);
+}
+
+/* The next completion through the extended polling interface. */
+struct done {
+	uint64_t wr_id;
+	int status, opcode;
+	uint32_t byte_len, qp_num;
+};
+
+static struct done next_done(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr pa = { 0 };
+	for (long i = 0; i < 200000000L; i++) {
+		int r = ibv_start_poll(cq, &pa);
+		if (r == ENOENT)
+			continue;
+		if (r)
+			fail("ibv_start_poll", r);
+		struct done d = {
+			.wr_id = cq->wr_id,
+			.status = cq->status,
+			.opcode = ibv_wc_read_opcode(cq),
+			.byte_len = ibv_wc_read_byte_len(cq),
+			.qp_num = ibv_wc_read_qp_num(cq),
+		};
+		ibv_end_poll(cq);
+		return d;
+	}
+	fprintf(stderr, "ex_verbs: no completion\n");
+	exit(1);
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
+	};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				     IBV_QP_ACCESS_FLAGS))
+		fail("modify to INIT", EINVAL);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = 7;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				     IBV_QP_MIN_RNR_TIMER))
+		fail("modify to RTR", EINVAL);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 7;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("modify to RTS", EINVAL);
+}
+
+int main(void)
+{
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	if (!list || num < 1)
+		fail("no device", ENODEV);
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		fail("ibv_open_device", errno);
+	union ibv_gid gid;
+	if (ibv_query_gid(ctx, 1, 0, &gid))
+		fail("ibv_query_gid", errno);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	if (!pd)
+		fail("ibv_alloc_pd", errno);
+
+	/* Completion timestamps are not offered: refused, as on a provider without them. */
+	struct ibv_cq_init_attr_ex ca = {
+		.cqe = 32,
+		.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+	};
+	if (ibv_create_cq_ex(ctx, &ca) || errno != EOPNOTSUPP)
+		fail("a timestamped CQ was not refused with EOPNOTSUPP", EINVAL);
+	ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM;
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &ca);
+	if (!cq)
+		fail("ibv_create_cq_ex", errno);
+
+	char *src = malloc(N), *dst = calloc(1, N), *rbuf = calloc(1, 4 * MSG);
+	for (int i = 0; i < N; i++)
+		src[i] = (char)(i * 13 % 251);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, N, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *rmr = ibv_reg_mr(pd, rbuf, 4 * MSG, IBV_ACCESS_LOCAL_WRITE);
+	if (!smr || !dmr || !rmr)
+		fail("ibv_reg_mr", errno);
+
+	struct ibv_qp_init_attr_ex ia = {
+		.send_cq = ibv_cq_ex_to_cq(cq),
+		.recv_cq = ibv_cq_ex_to_cq(cq),
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = MSG },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND,
+	};
+	struct ibv_qp *a = ibv_create_qp_ex(ctx, &ia), *b = ibv_create_qp_ex(ctx, &ia);
+	if (!a || !b)
+		fail("ibv_create_qp_ex", errno);
+	struct ibv_qp_ex *ax = ibv_qp_to_qp_ex(a);
+	if (!ax)
+		fail("ibv_qp_to_qp_ex", EINVAL);
+	to_rts(a, b->qp_num, &gid);
+	to_rts(b, a->qp_num, &gid);
+	for (int i = 0; i < 2; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)(rbuf + i * MSG), .length = MSG,
+				      .lkey = rmr->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 100 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
+		if (ibv_post_recv(b, &rw, &rbad))
+			fail("ibv_post_recv", EINVAL);
+	}
+
+	/* An RDMA WRITE and an inline SEND in one builder session. The SEND's data is on the
+	 * stack, not registered, and overwritten right after ibv_wr_complete returns. */
+	char msg[MSG];
+	memset(msg, 'I', sizeof(msg));
+	memcpy(msg, "inline through ibv_wr_set_inline_data", 37);
+	ibv_wr_start(ax);
+	ax->wr_id = 1;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(ax, dmr->rkey, (uintptr_t)dst);
+	ibv_wr_set_sge(ax, smr->lkey, (uintptr_t)src, N);
+	ax->wr_id = 2;
+	ax->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send(ax);
+	ibv_wr_set_inline_data(ax, msg, sizeof(msg));
+	int r = ibv_wr_complete(ax);
+	if (r)
+		fail("ibv_wr_complete", r);
+	memset(msg, 'X', sizeof(msg));
+
+	/* The same through ibv_post_send with IBV_SEND_INLINE (lkey 0: no MR at all). */
+	char msg2[MSG];
+	memset(msg2, 'J', sizeof(msg2));
+	memcpy(msg2, "inline through ibv_post_send", 28);
+	struct ibv_sge is = { .addr = (uintptr_t)msg2, .length = MSG, .lkey = 0 };
+	struct ibv_send_wr sw = { .wr_id = 3, .sg_list = &is, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE },
+			   *bad;
+	r = ibv_post_send(a, &sw, &bad);
+	if (r)
+		fail("ibv_post_send inline", r);
+	memset(msg2, 'Y', sizeof(msg2));
+
+	int seen_write = 0, seen_send = 0, seen_send2 = 0, recvs = 0;
+	for (int k = 0; k < 5; k++) {
+		struct done d = next_done(cq);
+		if (d.status != IBV_WC_SUCCESS) {
+			fprintf(stderr, "ex_verbs: wr_id %llu: %s\n", (unsigned long long)d.wr_id,
+				ibv_wc_status_str(d.status));
+			exit(1);
+		}
+		if (d.wr_id == 1 && d.opcode == IBV_WC_RDMA_WRITE && d.qp_num == a->qp_num)
+			seen_write = 1;
+		else if (d.wr_id == 2 && d.opcode == IBV_WC_SEND)
+			seen_send = 1;
+		else if (d.wr_id == 3 && d.opcode == IBV_WC_SEND)
+			seen_send2 = 1;
+		else if (d.wr_id >= 100 && d.opcode == IBV_WC_RECV && d.byte_len == MSG &&
+			 d.qp_num == b->qp_num)
+			recvs++;
+		else {
+			fprintf(stderr, "ex_verbs: unexpected completion wr_id %llu opcode %d len %u\n",
+				(unsigned long long)d.wr_id, d.opcode, d.byte_len);
+			exit(1);
+		}
+	}
+	if (!seen_write || !seen_send || !seen_send2 || recvs != 2)
+		fail("missing completions", EINVAL);
+	if (memcmp(src, dst, N))
+		fail("RDMA WRITE through ibv_wr_*: data differs", EINVAL);
+	printf("extended CQ and ibv_wr_*: RDMA WRITE %d bytes, data identical\n", N);
+	char want[MSG];
+	memset(want, 'I', sizeof(want));
+	memcpy(want, "inline through ibv_wr_set_inline_data", 37);
+	if (memcmp(rbuf, want, MSG))
+		fail("inline SEND (ibv_wr_set_inline_data): data differs", EINVAL);
+	memset(want, 'J', sizeof(want));
+	memcpy(want, "inline through ibv_post_send", 28);
+	if (memcmp(rbuf + MSG, want, MSG))
+		fail("inline SEND (ibv_post_send): data differs", EINVAL);
+	printf("inline data from unregistered memory, overwritten after the post: as posted\n");
+
+	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(ibv_cq_ex_to_cq(cq)))
+		fail("destroy", EINVAL);
+	ibv_dereg_mr(smr);
+	ibv_dereg_mr(dmr);
+	ibv_dereg_mr(rmr);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	printf("ok\n");
+	return 0;
+}
