@@ -303,3 +303,125 @@ fn channel_fd_is_readable_with_events() {
     expect(&a.ch, EventType::AddrResolved);
     assert!(!readable(Duration::from_millis(1)));
 }
+
+/// UD over SIDR, as perftest's `-c UD -R` does it: the client attaches a UD QP it made
+/// itself (RESET), the server one made by the CM; SIDR_REQ with private data, SIDR_REP with
+/// the server's QPN and RDMA-CM's UD Q_Key (0x01234567, `RDMA_UDP_QKEY` in
+/// <rdma/rdma_cma.h>); a SEND with immediate data goes from the client's QP to the server's
+/// with what ESTABLISHED said. A SIDR_REQ to a port where nothing listens: UNREACHABLE,
+/// promptly.
+#[test]
+fn ud_over_sidr() {
+    let (a, b) = pair();
+    let l = b.ch.create_id(PortSpace::UDP);
+    l.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 18515))
+        .unwrap();
+    l.listen(4).unwrap();
+
+    let c = a.ch.create_id(PortSpace::UDP);
+    c.resolve_addr(None, SocketAddr::new(ip(2), 18515), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    let (mut ia, pda, cqa) = qp_init(&a.nic);
+    ia.qp_type = QpType::Ud;
+    let qa = a.nic.create_qp(ia).unwrap();
+    c.attach_qp(qa).unwrap();
+    let (st, attr) = a.nic.query_qp(qa).unwrap();
+    assert_eq!((st, attr.qkey), (QpState::Rts, 0x0123_4567));
+    c.connect(&param(b"ud please")).unwrap();
+
+    let req = expect(&b.ch, EventType::ConnectRequest);
+    assert_eq!(req.private_data()[..9], *b"ud please");
+    assert_eq!(req.listen_id.as_ref(), Some(&l));
+    let s = req.id.clone();
+    assert_eq!(s.peer_addr().unwrap().ip(), ip(1));
+    let (ib, pdb, cqb) = qp_init(&b.nic);
+    let qb = s.create_qp(ib).unwrap();
+    let (st, battr) = b.nic.query_qp(qb).unwrap();
+    assert_eq!((st, battr.qkey), (QpState::Rts, 0x0123_4567));
+    let mrb = b.nic.reg_mr(pdb, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    b.nic
+        .post_recv(
+            qb,
+            RecvWr {
+                wr_id: 5,
+                sg_list: vec![Sge {
+                    addr: mrb.addr(),
+                    length: 40 + 64,
+                    lkey: mrb.lkey(),
+                }],
+            },
+        )
+        .unwrap();
+    s.accept(&param(b"ok")).unwrap();
+
+    let est = expect(&a.ch, EventType::Established);
+    assert_eq!(est.param.qp_num, Some(qb));
+    assert_eq!(est.param.qkey, Some(0x0123_4567));
+    assert_eq!(est.private_data()[..2], *b"ok");
+    assert!(
+        b.ch.try_get_cm_event().is_none(),
+        "no ESTABLISHED on the passive side of SIDR"
+    );
+
+    let mra = a.nic.reg_mr(pda, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    mra.write(0, b"datagram").unwrap();
+    let ah = a
+        .nic
+        .create_ah(
+            pda,
+            &AddressVector {
+                dgid: ferroce::wire::mad::Gid::from_ip(ip(2)).0,
+                sgid_index: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+                dmac: Some(mac(2).0),
+            },
+        )
+        .unwrap();
+    let wr = SendWr::new(
+        9,
+        SendOp::SendWithImm { imm: qa.get() },
+        vec![Sge {
+            addr: mra.addr(),
+            length: 8,
+            lkey: mra.lkey(),
+        }],
+    )
+    .with_ud(UdDest {
+        ah,
+        remote_qpn: est.param.qp_num.unwrap(),
+        remote_qkey: est.param.qkey.unwrap(),
+    });
+    a.nic.post_send(qa, wr).unwrap();
+    assert_eq!(wait_wc(&a.nic, cqa).status, WcStatus::Success);
+    let wc = wait_wc(&b.nic, cqb);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len, wc.src_qp, wc.imm_data),
+        (5, WcStatus::Success, 40 + 8, qa, Some(qa.get()))
+    );
+    let mut got = [0u8; 8];
+    mrb.read(40, &mut got).unwrap();
+    assert_eq!(&got, b"datagram");
+
+    // Nothing listens on this UDP port: the SIDR_REP says so at once.
+    let c2 = a.ch.create_id(PortSpace::UDP);
+    c2.resolve_addr(None, SocketAddr::new(ip(2), 18516), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    c2.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    c2.connect(&param(&[])).unwrap();
+    let e =
+        a.ch.get_cm_event(Some(Duration::from_secs(2)))
+            .expect("an answer before the SIDR timeout");
+    assert_eq!(e.event, EventType::Unreachable);
+    assert_ne!(e.status, 0);
+    c.detach_qp();
+    c.destroy().unwrap();
+    s.destroy().unwrap();
+    l.destroy().unwrap();
+}

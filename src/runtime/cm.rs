@@ -1035,7 +1035,10 @@ impl CmId {
     /// Give the id a QP the application created (librdmacm's "self-created QP", as perftest
     /// and `rping -q` do): an RC QP in RESET is moved to INIT as [`create_qp`](Self::create_qp)
     /// does; one already in INIT is taken as it is. From then on the CM moves it as it moves
-    /// its own. [`detach_qp`](Self::detach_qp) gives it back.
+    /// its own. A UD QP (an id of `PortSpace::UDP`) is brought to RTS as `create_qp` brings
+    /// its own: from RESET with Q_Key [`UDP_QKEY`], from INIT with the Q_Key it has (give it
+    /// `UDP_QKEY`: that is what the SIDR_REP announces); one at RTS is taken as it is.
+    /// [`detach_qp`](Self::detach_qp) gives it back.
     pub fn attach_qp(&self, qpn: QpNumber) -> Result<(), CmApiError> {
         self.call(|st, sh, _| {
             let info = st.ids.get(&self.id).ok_or(RdmaCmError::NoSuchId)?;
@@ -1043,6 +1046,26 @@ impl CmId {
                 return Err(CmApiError::Qp("the id has a QP already"));
             }
             let (state, _) = sh.nic.query_qp(qpn)?;
+            if st.cm.kind(self.id) == Some(QpKind::Ud) {
+                let p = UdParams {
+                    qkey: UDP_QKEY,
+                    local_psn: st.keys.psn(),
+                };
+                match state {
+                    QpState::Reset => sh.nic.bring_up_ud(qpn, &p)?,
+                    QpState::Init => {
+                        for (a, mask) in [p.rtr_attr(), p.rts_attr()] {
+                            sh.nic.modify_qp(qpn, &a, mask)?;
+                        }
+                    }
+                    QpState::Rts => {}
+                    _ => return Err(CmApiError::Qp("the UD QP is neither RESET, INIT nor RTS")),
+                }
+                if let Some(i) = st.ids.get_mut(&self.id) {
+                    i.qp = Some(qpn);
+                }
+                return Ok(());
+            }
             match state {
                 QpState::Reset => {
                     use QpAttrMask as M;
