@@ -386,6 +386,7 @@ fn perf_session(
             inv.port,
             cfg.retry_count,
             cfg.timeout,
+            cfg.connection == perf::Connection::Ud,
         )?;
         Session::new_rdma(Box::new(link), role, cfg.timeout)
     } else {

@@ -206,6 +206,26 @@ pub trait MsgLink: Send {
         retry_count: u8,
         timeout: Duration,
     ) -> Result<(), CmError>;
+    /// Connect the UD test QP `qpn` over RDMA-CM's SIDR (perftest `-c UD -R`; the QP is
+    /// brought to RTS with RDMA-CM's UD Q_Key): the client sends a SIDR_REQ to the server's
+    /// port and returns the server's QP from the SIDR_REP; the server answers the next
+    /// request with `qpn` and returns `None` (a SIDR_REQ does not say which QP sent it).
+    fn connect_ud(
+        &mut self,
+        qpn: crate::wire::QpNumber,
+        timeout: Duration,
+    ) -> Result<Option<UdPeer>, CmError>;
+}
+
+/// The server's UD QP as the SIDR_REP announced it (`event->param.ud`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UdPeer {
+    /// The server's QP.
+    pub qpn: crate::wire::QpNumber,
+    /// The Q_Key to send with.
+    pub qkey: u32,
+    /// The server's address (the GID of the address handle).
+    pub ip: std::net::IpAddr,
 }
 
 /// The control connection: perftest's TCP socket, or an RDMA-CM connected QP.
@@ -353,6 +373,18 @@ impl Session {
         let t = self.timeout;
         match &mut self.link {
             Link::Rdma(l) => l.connect_qp(qpn, resources, retry_count, t),
+            Link::Tcp(_) => Err(CmError::Malformed {
+                what: "rdma_cm",
+                detail: "the test QP of a TCP session is connected by hand".into(),
+            }),
+        }
+    }
+
+    /// The UD test QP over RDMA-CM's SIDR (see [`MsgLink::connect_ud`]).
+    pub fn connect_ud(&mut self, qpn: crate::wire::QpNumber) -> Result<Option<UdPeer>, CmError> {
+        let t = self.timeout;
+        match &mut self.link {
+            Link::Rdma(l) => l.connect_ud(qpn, t),
             Link::Tcp(_) => Err(CmError::Malformed {
                 what: "rdma_cm",
                 detail: "the test QP of a TCP session is connected by hand".into(),

@@ -9,7 +9,8 @@
 //! ferroce's own options (the packet backend, captures, congestion control, `--verify`) are
 //! long options that perftest does not have.
 //!
-//! What ferroce cannot do is refused with a one-line reason: rdma_cm (`-R`, `-z`), dual port,
+//! What ferroce cannot do is refused with a one-line reason: `-z`, `-R` with UC or `-q > 1`,
+//! dual port,
 //! multicast, raw Ethernet, hardware counters, ODP, mmap'd buffers, the rate limiter. `-c UC`
 //! (SEND and WRITE) and `-c UD` (SEND, messages up to the MTU) run as perftest allows them,
 //! `--use-srq` too (an SRQ on the receiving side).
@@ -983,10 +984,8 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         return refuse("-z (rdma_cm for the exchange with QPs connected by hand; -R is supported)");
     }
     if c.rdma_cm {
-        if cfg.connection != Connection::Rc {
-            return refuse(
-                "-R with -c UC/UD (ferroce's -R connects RC QPs; UD over SIDR is not done)",
-            );
+        if cfg.connection == Connection::Uc {
+            return refuse("-R with -c UC (rdma_cm connects RC QPs, and UD ones over SIDR)");
         }
         if cfg.qps > 1 {
             return refuse("-R with -q > 1 (one rdma_cm test QP)");
@@ -1452,7 +1451,8 @@ mod tests {
             "Invalid Command line. Please check command rerun"
         );
         assert!(e(Test::WriteBw, &["-z"]).contains("not supported"));
-        assert!(e(Test::SendBw, &["-R", "-c", "UD"]).contains("not supported"));
+        assert!(e(Test::SendBw, &["-R", "-c", "UC"]).contains("not supported"));
+        assert!(run(Test::SendBw, &["-R", "-c", "UD"]).unwrap().cfg.rdma_cm);
         assert!(e(Test::SendBw, &["-R", "-q", "2"]).contains("not supported"));
         assert!(matches!(
             run(Test::WriteBw, &["--bogus"]),

@@ -166,8 +166,18 @@ impl<'a> Endpoint<'a> {
             }
             let q = nic.create_qp(init)?;
             if ud {
-                // perftest's UD QPs: INIT with its Q_Key, 0x11111111.
-                let (a, mask) = UdParams::default().init_attr();
+                // perftest's UD QPs: INIT with its Q_Key, 0x11111111; with -R, made by
+                // rdma_create_qp: RDMA-CM's UD Q_Key, 0x01234567 (what the SIDR_REP says).
+                let qkey = if cfg.rdma_cm {
+                    crate::runtime::cm::UDP_QKEY
+                } else {
+                    UdParams::default().qkey
+                };
+                let (a, mask) = UdParams {
+                    qkey,
+                    ..UdParams::default()
+                }
+                .init_attr();
                 nic.modify_qp(q, &a, mask)?;
             } else if cfg.connection == Connection::Uc {
                 let (a, mask) = UcParams {
@@ -418,6 +428,37 @@ impl<'a> Endpoint<'a> {
             let _ = self.ud.set(dests);
         }
         Ok(())
+    }
+
+    /// UD: where each QP's sends go (set once; `-R` sets them from the SIDR exchange).
+    pub fn set_ud_dests(&self, dests: Vec<UdDest>) {
+        let _ = self.ud.set(dests);
+    }
+
+    /// An address handle to the port with GID `ip` (`resolve` gives its MAC).
+    pub fn ah_to(
+        &self,
+        cfg: &PerfConfig,
+        ip: IpAddr,
+        resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
+    ) -> Result<crate::verbs::Ah, PerfError> {
+        let mac = resolve(ip).ok_or(PerfError::Neighbour(ip))?;
+        let av = AddressVector {
+            dgid: crate::wire::mad::Gid::from_ip(ip).0,
+            sgid_index: cfg.gid_index,
+            hop_limit: 64,
+            traffic_class: cfg.traffic_class,
+            flow_label: 0,
+            dmac: Some(mac.0),
+        };
+        Ok(self.nic.create_ah(self.pd, &av)?)
+    }
+
+    /// Read from QP `q`'s receive area, `off` bytes in.
+    pub fn read_recv(&self, q: usize, off: usize, out: &mut [u8]) -> Result<(), PerfError> {
+        let (mr, base) = self.recv_base(q);
+        mr.read(base + off, out)
+            .map_err(|e| PerfError::Verify(e.to_string()))
     }
 
     /// Write `bytes` into QP `q`'s send half, `off` bytes in.

@@ -596,7 +596,11 @@ pub fn run_with(
         } else {
             0
         };
-        ses.connect_qp(ep.qps[0], resources, cfg.retry_count)?;
+        if cfg.connection == Connection::Ud {
+            ud_over_sidr(nic, &cfg, &ep, ses, tcp_role, resolve)?;
+        } else {
+            ses.connect_qp(ep.qps[0], resources, cfg.retry_count)?;
+        }
         ses.zero_round()?;
     }
     let info = TestInfo {
@@ -684,6 +688,104 @@ pub fn run_with(
         verify,
         mtu,
     })
+}
+
+/// perftest `-c UD -R`: the test QP's peer over RDMA-CM's SIDR. The client learns the
+/// server's QP and Q_Key from the SIDR_REP (ESTABLISHED); when the server sends too (`-b`,
+/// latency tests), the client then sends it a 4-byte SEND with immediate data, its QPN, and
+/// the server takes the address from that message (perftest's
+/// `rdma_cm_send_ud_connection_parameters` / `rdma_cm_initialize_ud_connection_parameters`:
+/// `ibv_create_ah_from_wc`, the QPN from the immediate, its own Q_Key).
+fn ud_over_sidr(
+    nic: &Nic,
+    cfg: &PerfConfig,
+    ep: &Endpoint<'_>,
+    ses: &mut Session,
+    role: Role,
+    resolve: &dyn Fn(IpAddr) -> Option<MacAddr>,
+) -> Result<(), PerfError> {
+    use crate::verbs::{RecvWr, SendOp, SendWr, UdDest, WcOpcode};
+    let both_ways = !cfg.test.is_bw() || cfg.duplex;
+    if role == Role::Server && both_ways {
+        // Before the SIDR_REP leaves: the client's message may follow it at once.
+        ep.post_recv(
+            0,
+            RecvWr {
+                wr_id: 0,
+                sg_list: vec![ep.recv_sge(0, 0, 4)],
+            },
+        )?;
+    }
+    let peer = ses.connect_ud(ep.qps[0])?;
+    let wait = |cq: crate::verbs::Cq| -> Result<crate::verbs::WorkCompletion, PerfError> {
+        let end = std::time::Instant::now() + cfg.timeout;
+        let mut v = Vec::new();
+        loop {
+            nic.poll_cq(cq, &mut v, 1)?;
+            if let Some(wc) = v.pop() {
+                if wc.status != WcStatus::Success {
+                    return Err(PerfError::Peer(
+                        "the UD connection parameters' completion failed",
+                    ));
+                }
+                return Ok(wc);
+            }
+            if std::time::Instant::now() >= end {
+                return Err(PerfError::Cm(CmError::Timeout(
+                    cfg.timeout,
+                    "UD connection parameters",
+                )));
+            }
+            nic.wait_cq(cq, Duration::from_millis(10))?;
+        }
+    };
+    match peer {
+        Some(p) => {
+            let ah = ep.ah_to(cfg, p.ip, resolve)?;
+            ep.set_ud_dests(vec![UdDest {
+                ah,
+                remote_qpn: p.qpn,
+                remote_qkey: p.qkey,
+            }]);
+            if both_ways {
+                let wr = SendWr::new(
+                    0,
+                    SendOp::SendWithImm {
+                        imm: ep.qps[0].get(),
+                    },
+                    vec![ep.send_sge(0, 0, 4)],
+                );
+                ep.post_send(0, wr)?;
+                wait(ep.send_cq)?;
+            }
+        }
+        None if both_ways => {
+            let wc = wait(ep.recv_cq)?;
+            let qpn = match (wc.opcode, wc.imm_data) {
+                (WcOpcode::Recv, Some(imm)) => crate::wire::QpNumber::new(imm),
+                _ => {
+                    return Err(PerfError::Peer(
+                        "the client's UD connection parameters carry no immediate data",
+                    ))
+                }
+            };
+            let mut grh = [0u8; crate::wire::grh::GRH_LEN];
+            ep.read_recv(0, 0, &mut grh)?;
+            let ip = match crate::wire::grh::GrhSlot::parse(&grh) {
+                Ok(crate::wire::grh::GrhSlot::V4 { src, .. }) => IpAddr::V4(src),
+                Ok(crate::wire::grh::GrhSlot::V6 { src, .. }) => IpAddr::V6(src),
+                Err(_) => return Err(PerfError::Peer("the client's message has no GRH")),
+            };
+            let ah = ep.ah_to(cfg, ip, resolve)?;
+            ep.set_ud_dests(vec![UdDest {
+                ah,
+                remote_qpn: qpn,
+                remote_qkey: crate::runtime::cm::UDP_QKEY,
+            }]);
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// What the test phases share.

@@ -13,10 +13,11 @@
 //! round; then the exchange continues as over TCP (without the closing `done`), and both
 //! connections are disconnected (DREQ/DREP) at the end.
 
-use crate::oob::perftest::MsgLink;
+use crate::oob::perftest::{MsgLink, UdPeer};
 use crate::oob::CmError;
 use crate::runtime::cm::{
     ca_guid_of, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType, PortSpace, Resolver,
+    UDP_QKEY,
 };
 use crate::runtime::Nic;
 use crate::verbs::{
@@ -44,7 +45,10 @@ pub struct RdmaLink {
     dst: Option<SocketAddr>,
     ctrl: CmId,
     listener: Option<CmId>,
+    /// `-c UD`: the server's listener for the test QP's SIDR_REQ (RDMA_PS_UDP, same port).
+    ud_listener: Option<CmId>,
     data: Option<CmId>,
+    data_ud: bool,
     qp: QpNumber,
     cq: Cq,
     send_mr: MemoryRegion,
@@ -100,19 +104,21 @@ fn param(resources: u8, retry: u8) -> ConnParam<'static> {
     p
 }
 
-/// Resolve address and route of a new id towards `dst`, then connect it with `qpn`
-/// attached; tries again while the server rejects (it may not listen yet).
+/// Resolve address and route of a new id of port space `ps` towards `dst`, then connect it
+/// with `qpn` attached; tries again while the server rejects (it may not listen yet).
+/// Returns the id and its ESTABLISHED event.
 fn client_connect(
     ch: &EventChannel,
     stash: &mut VecDeque<CmEvent>,
+    ps: PortSpace,
     dst: SocketAddr,
     qpn: QpNumber,
     p: &ConnParam<'_>,
     timeout: Duration,
-) -> Result<CmId, CmError> {
+) -> Result<(CmId, CmEvent), CmError> {
     let mut last = String::new();
     for _ in 0..CONNECT_TRIES {
-        let id = ch.create_id(PortSpace::TCP);
+        let id = ch.create_id(ps);
         let step =
             |r: Result<(), crate::runtime::cm::CmApiError>| r.map_err(|e| err(e.to_string()));
         step(id.resolve_addr(None, dst, Duration::from_secs(2)))?;
@@ -131,7 +137,7 @@ fn client_connect(
         step(id.connect(p))?;
         let e = next_event(ch, stash, Some(&id), timeout)?;
         match e.event {
-            EventType::Established => return Ok(id),
+            EventType::Established => return Ok((id, e)),
             EventType::Rejected | EventType::Unreachable => {
                 last = format!("{} (status {})", e.event.as_str(), e.status);
                 id.detach_qp();
@@ -151,7 +157,9 @@ fn client_connect(
 impl RdmaLink {
     /// Connect the control QP: as the client to `host:port`, or as the server on `port`
     /// (every address). `mac` is the port's MAC (the CA GUID), `resolver` answers address
-    /// and route resolution.
+    /// and route resolution. With `ud` (`-c UD`) the server also listens in the UDP port
+    /// space for the test QP's SIDR_REQ.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         nic: &Arc<Nic>,
         mac: MacAddr,
@@ -160,6 +168,7 @@ impl RdmaLink {
         port: u16,
         retry_count: u8,
         timeout: Duration,
+        ud: bool,
     ) -> Result<RdmaLink, CmError> {
         let svc = CmService::start(
             nic.clone(),
@@ -185,12 +194,23 @@ impl RdmaLink {
             .reg_mr(pd, SLOT * RECV_SLOTS, AccessFlags::LOCAL_WRITE)
             .map_err(v)?;
         let p = param(0, retry_count);
+        let mut ud_listener = None;
         let (ctrl, listener) = match host {
             Some(dst) => {
-                let id = client_connect(&ch, &mut stash, dst, qp, &p, timeout)?;
+                let (id, _) =
+                    client_connect(&ch, &mut stash, PortSpace::TCP, dst, qp, &p, timeout)?;
                 (id, None)
             }
             None => {
+                if ud {
+                    // Listening from the start: the client's SIDR_REQ may come as soon as
+                    // the zero round before it is over.
+                    let u = ch.create_id(PortSpace::UDP);
+                    u.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+                        .map_err(|e| err(e.to_string()))?;
+                    u.listen(4).map_err(|e| err(e.to_string()))?;
+                    ud_listener = Some(u);
+                }
                 let l = ch.create_id(PortSpace::TCP);
                 l.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
                     .map_err(|e| err(e.to_string()))?;
@@ -211,7 +231,9 @@ impl RdmaLink {
             dst: host,
             ctrl,
             listener,
+            ud_listener,
             data: None,
+            data_ud: false,
             qp,
             cq,
             send_mr,
@@ -349,7 +371,15 @@ impl MsgLink for RdmaLink {
     ) -> Result<(), CmError> {
         let p = param(resources, retry_count);
         if let Some(dst) = self.dst {
-            let id = client_connect(&self.ch, &mut self.stash, dst, qpn, &p, timeout)?;
+            let (id, _) = client_connect(
+                &self.ch,
+                &mut self.stash,
+                PortSpace::TCP,
+                dst,
+                qpn,
+                &p,
+                timeout,
+            )?;
             self.data = Some(id);
             return Ok(());
         }
@@ -369,14 +399,64 @@ impl MsgLink for RdmaLink {
         self.data = Some(id);
         Ok(())
     }
+
+    fn connect_ud(&mut self, qpn: QpNumber, timeout: Duration) -> Result<Option<UdPeer>, CmError> {
+        // perftest's conn_param for UD: retry and RNR retry `--retry_count`, no reads; the
+        // private data of a SIDR_REQ is RDMA-CM's header alone.
+        let mut p = param(0, 7);
+        p.qkey = UDP_QKEY;
+        self.data_ud = true;
+        if let Some(dst) = self.dst {
+            let (id, e) = client_connect(
+                &self.ch,
+                &mut self.stash,
+                PortSpace::UDP,
+                dst,
+                qpn,
+                &p,
+                timeout,
+            )?;
+            self.data = Some(id);
+            let (Some(qpn), Some(qkey)) = (e.param.qp_num, e.param.qkey) else {
+                return Err(err("ESTABLISHED of a UD id without the peer's QP"));
+            };
+            return Ok(Some(UdPeer {
+                qpn,
+                qkey,
+                ip: dst.ip(),
+            }));
+        }
+        let l = self
+            .ud_listener
+            .clone()
+            .ok_or_else(|| err("no UD listener"))?;
+        let e = next_event(&self.ch, &mut self.stash, Some(&l), timeout)?;
+        if e.event != EventType::ConnectRequest {
+            return Err(err(format!("{} while listening", e.event.as_str())));
+        }
+        let id = e.id.clone();
+        id.attach_qp(qpn).map_err(|e| err(e.to_string()))?;
+        id.accept(&p)
+            .map_err(|e| err(format!("rdma_accept: {e}")))?;
+        self.data = Some(id);
+        Ok(None)
+    }
 }
 
 impl Drop for RdmaLink {
     fn drop(&mut self) {
-        // The test QP belongs to the test: only the CM's side of it is ended here.
+        // The test QP belongs to the test: only the CM's side of it is ended here (UD: no
+        // DREQ, as perftest's rdma_cm_disconnect_nodes skips UD).
         if let Some(d) = self.data.take() {
             d.detach_qp();
-            let _ = d.disconnect();
+            if self.data_ud {
+                let _ = d.destroy();
+            } else {
+                let _ = d.disconnect();
+            }
+        }
+        if let Some(u) = self.ud_listener.take() {
+            let _ = u.destroy();
         }
         let _ = self.ctrl.disconnect();
         // Let the DREQs leave and their DREPs come.
