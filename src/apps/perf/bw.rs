@@ -967,7 +967,7 @@ pub(super) fn run_infinitely_server(
     let cfg = c.cfg;
     let period = cfg.duration.unwrap_or(Duration::from_secs(5));
     let mut rcv = Receiver::new(ep, cfg, size);
-    let mut checker = SendCheck::new(cfg);
+    let mut checker = SendCheck::new(cfg, c.tcp_role);
     let mut wcs = Vec::with_capacity(POLL_BATCH);
     // The sender may pause (it is someone else's process): no stall error here.
     let mut since = Instant::now();

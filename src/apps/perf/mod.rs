@@ -669,6 +669,7 @@ pub fn run_with(
     let ctl = Ctl {
         cfg: &cfg,
         machine,
+        tcp_role,
         info: &info,
     };
     let mut verify = None;
@@ -792,6 +793,8 @@ fn ud_over_sidr(
 struct Ctl<'a> {
     cfg: &'a PerfConfig,
     machine: Role,
+    /// Who connected (the client) and who listened.
+    tcp_role: Role,
     info: &'a TestInfo,
 }
 
@@ -999,7 +1002,7 @@ fn send_bw(
         unreachable!("run_infinitely returns only with an error");
     }
     let mut lines = Vec::new();
-    let mut checker = verify::SendCheck::new(cfg);
+    let mut checker = verify::SendCheck::new(cfg, c.tcp_role);
     for size in cfg.sizes() {
         if receiver {
             bw::post_receives(ep, cfg, size)?;

@@ -13,8 +13,9 @@
 //! - write_bw (passive side, and both sides of `-b`): every slot the peer wrote, after the run.
 
 use super::ctx::{inc, Endpoint};
-use super::{PerfConfig, PerfError, Verb};
+use super::{Connection, PerfConfig, PerfError, Verb};
 use crate::apps::pattern;
+use crate::oob::perftest::Role;
 use serde::Serialize;
 
 /// What was checked, for the report.
@@ -66,16 +67,20 @@ enum Source {
     Glibc(u32),
 }
 
-fn find_source(
+/// The source of `got` (a message from the sender's offset `stream_off`), from its byte
+/// `skip` on (those before are not the sender's fill).
+fn find_source_from(
     cfg: &PerfConfig,
     got: &[u8],
+    skip: usize,
     q: usize,
     stream_off: usize,
     what: &str,
 ) -> Result<Source, PerfError> {
-    if *got == pattern::expected(got.len(), cfg.verify_seed, q as u64, false)[..] {
+    if got[skip..] == pattern::expected(got.len(), cfg.verify_seed, q as u64, false)[skip..] {
         return Ok(Source::Ferroce);
     }
+    let (got, stream_off) = (&got[skip..], stream_off + skip);
     let now = pattern::unix_now();
     pattern::find_glibc_seed(got, stream_off, now, 900, 300)
         .map(Source::Glibc)
@@ -86,6 +91,16 @@ fn find_source(
                 &got[..got.len().min(8)]
             ))
         })
+}
+
+fn find_source(
+    cfg: &PerfConfig,
+    got: &[u8],
+    q: usize,
+    stream_off: usize,
+    what: &str,
+) -> Result<Source, PerfError> {
+    find_source_from(cfg, got, 0, q, stream_off, what)
 }
 
 fn against(src: &Source, cfg: &PerfConfig, whose: &str) -> String {
@@ -276,15 +291,33 @@ impl AtomicCheck {
 /// send_bw's receiver check: receive `k` of QP `q` is message `k` of the peer's QP `q`.
 pub struct SendCheck {
     enabled: bool,
+    /// Bytes at the start of QP 0's send buffer the peer overwrote before the run.
+    peer_prefix: usize,
     src: Source,
     tmp: Vec<u8>,
     report: VerifyReport,
 }
 
+/// perftest's server with `-c UD -R` that sends too (`-b`) receives the client's UD
+/// connection parameters (a 4-byte SEND with immediate) at the start of its buffer, GRH slot
+/// first (`rdma_cm_request_ud_connection_parameters`: the receive's address is `ctx->buf[0]`),
+/// and later sends from there: those bytes of its messages are the GRH and our message, not
+/// its fill (seen in captures of perftest 4.5-0.17 against rxe: 20 zero bytes, the IPv4
+/// header, 4 bytes, then the fill).
+pub const UD_RDMA_CM_PREFIX: usize = 40 + 4;
+
 impl SendCheck {
-    pub fn new(cfg: &PerfConfig) -> Self {
+    /// The receiver's check; `tcp_role` says whether the peer is perftest's server.
+    pub fn new(cfg: &PerfConfig, tcp_role: Role) -> Self {
+        let peer_prefix =
+            if cfg.connection == Connection::Ud && cfg.rdma_cm && tcp_role == Role::Client {
+                UD_RDMA_CM_PREFIX
+            } else {
+                0
+            };
         SendCheck {
             enabled: cfg.verify && cfg.test.verb() == Verb::Send,
+            peer_prefix,
             src: Source::Unknown,
             tmp: Vec::new(),
             report: VerifyReport::default(),
@@ -308,16 +341,38 @@ impl SendCheck {
         vbuf.read(slot * ep.vstride + ep.grh, &mut self.tmp)
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
+        // What the peer overwrote is not compared (see UD_RDMA_CM_PREFIX).
+        let skip = if q == 0 {
+            self.peer_prefix.saturating_sub(off).min(len)
+        } else {
+            0
+        };
+        if skip == len {
+            return Ok(());
+        }
         if matches!(self.src, Source::Unknown) {
-            self.src = find_source(cfg, &self.tmp, q, off, &format!("message {k} of QP {q}"))?;
+            self.src = find_source_from(
+                cfg,
+                &self.tmp,
+                skip,
+                q,
+                off,
+                &format!("message {k} of QP {q}"),
+            )?;
             self.report.against = against(&self.src, cfg, "the peer's send buffer");
+            if self.peer_prefix > 0 {
+                self.report.against += &format!(
+                    " (its first {} bytes, where perftest received our UD connection parameters, not compared)",
+                    self.peer_prefix
+                );
+            }
         }
         let want = expected(&self.src, cfg, q, off, len);
-        compare(&self.tmp, &want, || {
+        compare(&self.tmp[skip..], &want[skip..], || {
             format!("message {k} received on QP {q}")
         })?;
         self.report.messages += 1;
-        self.report.bytes += len as u64;
+        self.report.bytes += (len - skip) as u64;
         Ok(())
     }
 
