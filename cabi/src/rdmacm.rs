@@ -779,8 +779,12 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 
 // ---- QPs ---------------------------------------------------------------------------------------------
 
-/// A completion channel and a CQ of `n` entries on the CM's context.
-fn cq_with_channel(n: u32) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
+/// A completion channel and a CQ of `n` entries on the CM's context, whose `cq_context` is
+/// the id (librdmacm's `rdma_get_recv_comp`/`rdma_get_send_comp` check it).
+fn cq_with_channel(
+    n: u32,
+    id: *mut rdma_cm_id,
+) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
     let ctx = cm_ctx();
     // SAFETY: the CM's context.
     let ch = unsafe { verbs::ibv_create_comp_channel(ctx) };
@@ -788,7 +792,7 @@ fn cq_with_channel(n: u32) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int
         return Err(ENOMEM);
     }
     // SAFETY: as above, with the channel just made.
-    let cq = unsafe { verbs::ibv_create_cq(ctx, n.max(1) as c_int, null_mut(), ch, 0) };
+    let cq = unsafe { verbs::ibv_create_cq(ctx, n.max(1) as c_int, id as *mut c_void, ch, 0) };
     if cq.is_null() {
         // SAFETY: the channel just made, bound to nothing.
         unsafe { verbs::ibv_destroy_comp_channel(ch) };
@@ -848,11 +852,11 @@ pub unsafe extern "C" fn rdma_create_qp(
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         // librdmacm makes the CQs the application did not give, each with a channel.
         if w.c.send_cq.is_null() {
-            let (sch, scq) = match cq_with_channel(a.cap.max_send_wr) {
+            let (sch, scq) = match cq_with_channel(a.cap.max_send_wr, id) {
                 Ok(x) => x,
                 Err(e) => return fail(e),
             };
-            let (rch, rcq) = match cq_with_channel(a.cap.max_recv_wr) {
+            let (rch, rcq) = match cq_with_channel(a.cap.max_recv_wr, id) {
                 Ok(x) => x,
                 Err(e) => return fail(e),
             };

@@ -274,10 +274,17 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     v.context.num_comp_vectors = 1;
     v.context.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
+    if v.context.async_fd >= 0 {
+        lock_fds(&sh).push(v.context.async_fd);
+    }
     let b = Box::new(Ctx { v, sh });
     let p = Box::into_raw(b);
     // SAFETY: just allocated.
     unsafe { &mut (*p).v.context }
+}
+
+fn lock_fds(s: &Shared) -> std::sync::MutexGuard<'_, Vec<c_int>> {
+    s.async_fds.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[no_mangle]
@@ -288,8 +295,10 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     // SAFETY: a context from ibv_open_device (see `ctx`); it is not used after this.
     unsafe {
         let p = (c as *mut u8).sub(offset_of!(verbs_context, context)) as *mut Ctx;
-        if (*p).v.context.async_fd >= 0 {
-            libc::close((*p).v.context.async_fd);
+        let fd = (*p).v.context.async_fd;
+        if fd >= 0 {
+            lock_fds(&(*p).sh).retain(|&f| f != fd);
+            libc::close(fd);
         }
         drop(Box::from_raw(p));
     }
@@ -1704,6 +1713,26 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 srq: p as *mut ibv_srq,
             }),
         });
+        // The descriptor is readable while events wait: take its count, and give it back if
+        // more are queued (one the engine queued meanwhile has been or will be signalled).
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one local pollfd with no wait; read(2) of 8 bytes into a local
+        // from the context's eventfd, readable (so it does not block).
+        unsafe {
+            if libc::poll(&mut p, 1, 0) == 1 {
+                let mut v = 0u64;
+                libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
+            }
+        }
+        if s.nic.async_events_pending() > 0 {
+            let one = 1u64;
+            // SAFETY: an 8-byte write from a local to the context's eventfd.
+            unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+        }
         if let Some(element) = element {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe {

@@ -174,7 +174,7 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
         "completion channel: descriptor readable, event for the CQ",
         "RDMA WRITE 8192 bytes: success, data identical",
         "SGE outside every MR: local protection error",
-        "CQ overrun: async event CQ error for the CQ",
+        "CQ overrun: async_fd readable, async event CQ error for the CQ",
         "ok",
     ] {
         assert!(so.contains(want), "no {want:?} in:\n{so}");
@@ -387,7 +387,16 @@ fn the_extended_verbs_and_inline_data_in_a_c_program() {
 #[test]
 fn rdmacm_utils_examples_both_ends() {
     let t = "rdmacm_utils_examples_both_ends";
-    if !ready(t, &["udaddy", "ucmatose", "ib_send_bw"]) {
+    if !ready(
+        t,
+        &[
+            "udaddy",
+            "ucmatose",
+            "rdma_server",
+            "rdma_client",
+            "ib_send_bw",
+        ],
+    ) {
         return;
     }
     // UD over SIDR (udaddy), RC with several connections and data (ucmatose), perftest's UD -R.
@@ -407,6 +416,19 @@ fn rdmacm_utils_examples_both_ends() {
             );
         }
     }
+    // The synchronous endpoint API (rdma_create_ep, rdma_get_request, rdma_post_send with
+    // IBV_SEND_INLINE from unregistered memory, rdma_get_recv_comp on the CQs librdmacm makes).
+    let (s, c, st) = pair_when(
+        Ready::CmListen,
+        "rdma_server -s 127.0.0.1",
+        "rdma_client -s",
+    );
+    assert_eq!(
+        st, "server=0 client=0",
+        "rdma_server\n--- server\n{s}\n--- client\n{c}"
+    );
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+    assert!(c.contains("rdma_client: end 0"), "{c}");
     let cmd = "ib_send_bw -R -c UD -d ferroce_lo -n 300";
     let (s, c, st) = pair_when(Ready::CmListen, cmd, cmd);
     assert_eq!(

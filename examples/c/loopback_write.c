@@ -6,7 +6,8 @@
  * IBV_WC_LOC_PROT_ERR. The WRITE's completion is also announced on a completion channel whose
  * descriptor the program poll()s, as event-driven programs do; with O_NONBLOCK and nothing
  * pending, ibv_get_cq_event fails with EAGAIN. Last, a CQ of 2 entries given 8 completions
- * overruns: ibv_get_async_event reports IBV_EVENT_CQ_ERR for it.
+ * overruns: the context's async_fd becomes readable and ibv_get_async_event reports
+ * IBV_EVENT_CQ_ERR for it.
  *
  * Built against the system's <infiniband/verbs.h> and -libverbs; run on ferroce with
  *   ferroce run -- ./loopback_write
@@ -193,6 +194,10 @@ int main(void)
 		if (r)
 			fail("ibv_post_send (overrun)", r);
 	}
+	/* The context's async_fd becomes readable, as event loops that poll() it expect. */
+	struct pollfd apfd = { .fd = ctx->async_fd, .events = POLLIN };
+	if (poll(&apfd, 1, 10000) != 1 || !(apfd.revents & POLLIN))
+		fail("async_fd did not become readable", ETIMEDOUT);
 	struct ibv_async_event ev;
 	for (;;) {
 		if (ibv_get_async_event(ctx, &ev))
@@ -202,7 +207,8 @@ int main(void)
 		if (mine)
 			break;
 	}
-	printf("CQ overrun: async event %s for the CQ\n", ibv_event_type_str(IBV_EVENT_CQ_ERR));
+	printf("CQ overrun: async_fd readable, async event %s for the CQ\n",
+	       ibv_event_type_str(IBV_EVENT_CQ_ERR));
 	ibv_destroy_qp(c);
 	ibv_destroy_qp(d);
 	ibv_destroy_cq(small);

@@ -106,6 +106,8 @@ pub(crate) const MAX_EVENTS: usize = 1024;
 pub(crate) struct EventQueue {
     q: VecDeque<AsyncEvent>,
     lost: u64,
+    /// Events queued so far (a driver compares it to notice new ones).
+    queued: u64,
 }
 
 impl EventQueue {
@@ -116,7 +118,18 @@ impl EventQueue {
             self.lost += 1;
         } else {
             self.q.push_back(e);
+            self.queued += 1;
         }
+    }
+
+    /// Events queued so far (read or not).
+    pub(crate) fn queued(&self) -> u64 {
+        self.queued
+    }
+
+    /// Events waiting to be read.
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
     }
 
     /// The oldest unread event.

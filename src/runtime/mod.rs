@@ -175,6 +175,10 @@ struct Inner {
     stats_gen: AtomicU64,
     /// Engine rounds whose receive found no frame waiting (see [`Nic::settle`]).
     quiet_rounds: AtomicU64,
+    /// Called when asynchronous events were queued (see [`Nic::set_async_notify`]).
+    async_notify: Mutex<Option<CqNotify>>,
+    /// The device's queued-event count the engine last saw.
+    async_seen: AtomicU64,
 }
 
 /// How often the engine refreshes the packet device's counters (see `engine_step`).
@@ -233,6 +237,8 @@ impl Nic {
             stats_req: AtomicBool::new(false),
             stats_gen: AtomicU64::new(0),
             quiet_rounds: AtomicU64::new(0),
+            async_notify: Mutex::new(None),
+            async_seen: AtomicU64::new(0),
         });
         let describe = pkt.describe();
         tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, "NIC starting");
@@ -615,6 +621,18 @@ impl Nic {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// Call `f` (on the engine's thread, briefly) whenever asynchronous events have been
+    /// queued since the engine last looked, e.g. to make a descriptor readable for a program
+    /// that `poll()`s it before `ibv_get_async_event`.
+    pub fn set_async_notify(&self, f: Option<CqNotify>) {
+        *lock(&self.inner.async_notify) = f;
+    }
+
+    /// Asynchronous events waiting to be read.
+    pub fn async_events_pending(&self) -> usize {
+        self.with_device(|d| d.async_events_pending())
     }
 
     /// This end of a QP, for the peer (see [`Device::local_end`]).
@@ -1269,6 +1287,13 @@ fn engine_step(
                 let _g = lock(&c.lock);
                 c.cv.notify_all();
                 work += 1;
+            }
+        }
+        let q = dev.async_events_queued();
+        if q != inner.async_seen.load(Ordering::Relaxed) {
+            inner.async_seen.store(q, Ordering::Relaxed);
+            if let Some(f) = lock(&inner.async_notify).as_ref() {
+                f();
             }
         }
         next_timer = dev.poll_timeout();

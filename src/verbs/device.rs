@@ -1140,6 +1140,16 @@ impl Device {
         self.events.lost()
     }
 
+    /// Events queued so far, read or not (a driver notices new ones by comparing it).
+    pub fn async_events_queued(&self) -> u64 {
+        self.events.queued()
+    }
+
+    /// Events waiting to be read.
+    pub fn async_events_pending(&self) -> usize {
+        self.events.len()
+    }
+
     // ---- counters ---------------------------------------------------------------------
 
     /// Device counters with QP totals.
