@@ -14,9 +14,6 @@ pub mod inspect;
 pub mod links;
 pub mod logging;
 pub mod pattern;
-// Its public items still lack rustdoc; apps/perf belongs to another change in progress, which
-// documents them (then this allow goes).
-#[allow(missing_docs)]
 pub mod perf;
 pub mod pingpong;
 pub mod rping;

@@ -273,18 +273,28 @@ pub fn parse(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> Resul
 
 /// rping's states (`enum test_state`), numbered as rping prints them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[allow(missing_docs)]
 pub enum State {
+    /// Nothing happened yet (`IDLE`).
     Idle = 1,
+    /// The server got a connection request (`CONNECT_REQUEST`).
     ConnectRequest,
+    /// The client resolved the address (`ADDR_RESOLVED`).
     AddrResolved,
+    /// The client resolved the route (`ROUTE_RESOLVED`).
     RouteResolved,
+    /// Established (`CONNECTED`).
     Connected,
+    /// The server got the client's source buffer advertisement (`RDMA_READ_ADV`).
     ReadAdv,
+    /// The server's RDMA READ completed (`RDMA_READ_COMPLETE`).
     ReadComplete,
+    /// The server got the client's sink buffer advertisement (`RDMA_WRITE_ADV`).
     WriteAdv,
+    /// The server's RDMA WRITE completed (`RDMA_WRITE_COMPLETE`).
     WriteComplete,
+    /// The peer disconnected (`DISCONNECTED`).
     Disconnected,
+    /// A failure (`ERROR`).
     Error,
 }
 

@@ -31,8 +31,11 @@ pub enum ArgsError {
     /// A value perftest's rules refuse, with perftest's words for why.
     #[error("invalid value '{value}' for '{flag}': {why}")]
     Value {
+        /// The option.
         flag: String,
+        /// Its value as given.
         value: String,
+        /// perftest's reason.
         why: String,
     },
     /// A combination perftest refuses, or something ferroce cannot do.
@@ -63,32 +66,60 @@ fn err<T>(s: impl Into<String>) -> Result<T, ArgsError> {
 }
 
 /// A value `flag` had that perftest refuses.
-fn bad(flag: &str, value: &str, why: impl Into<String>) -> ArgsError {
+fn bad(flag: &str, value: &str, why: impl std::fmt::Display) -> ArgsError {
     ArgsError::Value {
         flag: flag.into(),
         value: value.into(),
-        why: why.into(),
+        why: why.to_string(),
     }
+}
+
+/// perftest's `CHECK_VALUE` / `CHECK_VALUE_IN_RANGE` complaints, in its words.
+#[derive(Debug, thiserror::Error)]
+enum BadNumber {
+    #[error("{name} argument {value} should be {ty}")]
+    NotA {
+        name: &'static str,
+        value: String,
+        ty: &'static str,
+    },
+    #[error("{name} should be between {min} and {max}")]
+    Range {
+        name: &'static str,
+        min: i64,
+        max: i64,
+    },
 }
 
 /// The engine's polling (see `tool::Poll`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollArg {
+    /// Inline for latency tests (a busy engine thread for a read-lat or atomic-lat server),
+    /// adaptive for bandwidth tests.
     Auto,
+    /// Spin a while, then sleep until woken.
     Adaptive,
+    /// An engine thread that never sleeps.
     Busy,
+    /// The test's thread drives the engine.
     Inline,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// `--cc`: the congestion control algorithm.
 pub enum CcArg {
+    /// None: send at line rate.
     None,
+    /// DCQCN (the reaction point; CNPs come from the peer).
     Dcqcn,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// `--cc-preset`: DCQCN's parameters.
 pub enum PresetArg {
+    /// The DCQCN paper's.
     Paper,
+    /// ConnectX firmware defaults.
     Connectx,
 }
 
@@ -386,9 +417,11 @@ struct FerroceCli {
 /// A parsed command line: the test parameters and everything about where and how to run it.
 #[derive(Clone, Debug)]
 pub struct Invocation {
+    /// The test parameters.
     pub cfg: PerfConfig,
     /// The server (client role), or none (server role).
     pub host: Option<String>,
+    /// The out-of-band TCP port (`-p`).
     pub port: u16,
     /// `--bind`: the server listens on this address only (default: all interfaces).
     pub bind: Option<std::net::IpAddr>,
@@ -406,25 +439,41 @@ pub struct Invocation {
     pub notices: Vec<String>,
     /// Lines perftest prints on standard error while it reads its options.
     pub warnings: Vec<String>,
+    /// `--backend`: the packet backend.
     pub backend: BackendKind,
+    /// `--pcap`: write every frame to this file.
     pub pcap: Option<PathBuf>,
+    /// `--poll`: how the engine polls.
     pub poll: PollArg,
+    /// `--busy`: same as `--poll busy`.
     pub busy: bool,
+    /// `--json`: one JSON object instead of perftest's text.
     pub json: bool,
+    /// `--cc`, `--cc-preset`, `--dcqcn`, `--cc-time-scale`: the congestion control.
     pub cc: crate::cc::CcConfig,
+    /// `--line-gbps`: the port's line rate (DCQCN's highest rate).
     pub line_gbps: f64,
+    /// `--cc-csv`: write the congestion control's samples here.
     pub cc_csv: Option<PathBuf>,
+    /// `--cc-sample-ms`: the sampling interval of `--cc-csv`.
     pub cc_sample: Duration,
+    /// `--cnp-interval-us`: at most one CNP per QP per this interval (0: no CNPs).
     pub cnp_interval_us: u64,
+    /// `--ack-delay-us`: hold an ACK this long for coalescing (default: 20 for latency
+    /// tests, 0 for bandwidth tests).
     pub ack_delay_us: Option<u64>,
+    /// `--fast-recovery`: probe timeout and adaptive window.
     pub fast_recovery: bool,
+    /// `--selective-repeat`: retransmit only what was lost (the peer must have it too).
     pub selective_repeat: bool,
+    /// `--max-inflight`: the go-back-N window in packets.
     pub max_inflight: Option<u32>,
 }
 
 /// What a command line asks for.
 #[derive(Debug)]
 pub enum Parsed {
+    /// Run the test.
     Run(Box<Invocation>),
     /// `-h`: the text to print.
     Help(String),
@@ -478,10 +527,14 @@ pub fn strtol(s: &str) -> (i64, &str) {
 }
 
 /// perftest's `CHECK_VALUE`: the whole argument must be a number.
-fn check_value(s: &str, name: &str, ty: &str) -> Result<i64, String> {
+fn check_value(s: &str, name: &'static str, ty: &'static str) -> Result<i64, BadNumber> {
     let (v, rest) = strtol(s);
     if !rest.is_empty() || s.trim().is_empty() {
-        return Err(format!("{name} argument {s} should be {ty}"));
+        return Err(BadNumber::NotA {
+            name,
+            value: s.into(),
+            ty,
+        });
     }
     Ok(v)
 }
@@ -492,10 +545,10 @@ fn as_int(v: i64) -> i64 {
 }
 
 /// `CHECK_VALUE_IN_RANGE` for an int.
-fn int_in_range(s: &str, name: &str, min: i64, max: i64) -> Result<i64, String> {
+fn int_in_range(s: &str, name: &'static str, min: i64, max: i64) -> Result<i64, BadNumber> {
     let v = as_int(check_value(s, name, "int")?);
     if v < min || v > max {
-        return Err(format!("{name} should be between {min} and {max}"));
+        return Err(BadNumber::Range { name, min, max });
     }
     Ok(v)
 }

@@ -49,9 +49,13 @@ use std::time::Duration;
 /// perftest's verbs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verb {
+    /// SEND (`ib_send_*`).
     Send,
+    /// RDMA WRITE (`ib_write_*`).
     Write,
+    /// RDMA READ (`ib_read_*`).
     Read,
+    /// Atomic FETCH_AND_ADD (`ib_atomic_*`).
     Atomic,
 }
 
@@ -70,17 +74,26 @@ impl Verb {
 /// The tests (perftest's programs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Test {
+    /// `ib_write_bw`.
     WriteBw,
+    /// `ib_read_bw`.
     ReadBw,
+    /// `ib_send_bw`.
     SendBw,
+    /// `ib_atomic_bw`.
     AtomicBw,
+    /// `ib_send_lat`.
     SendLat,
+    /// `ib_write_lat`.
     WriteLat,
+    /// `ib_read_lat`.
     ReadLat,
+    /// `ib_atomic_lat`.
     AtomicLat,
 }
 
 impl Test {
+    /// Every test, in perftest's order.
     pub const ALL: [Test; 8] = [
         Test::WriteBw,
         Test::ReadBw,
@@ -114,6 +127,7 @@ impl Test {
     pub fn program(self) -> String {
         format!("ib_{}", self.name())
     }
+    /// The verb the test measures.
     pub fn verb(self) -> Verb {
         match self {
             Test::WriteBw | Test::WriteLat => Verb::Write,
@@ -122,6 +136,7 @@ impl Test {
             Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
         }
     }
+    /// Whether it is a bandwidth test (`_bw`) rather than a latency test.
     pub fn is_bw(self) -> bool {
         matches!(
             self,
@@ -148,15 +163,22 @@ impl Test {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Connection {
     #[default]
+    /// Reliable Connection.
     Rc,
+    /// Unreliable Connection.
     Uc,
+    /// Unreliable Datagram.
     Ud,
+    /// eXtended Reliable Connection (not run by ferroce).
     Xrc,
+    /// Dynamically Connected (not run by ferroce).
     Dc,
+    /// Scalable Reliable Datagram (not run by ferroce).
     Srd,
 }
 
 impl Connection {
+    /// perftest's name (`RC`, `UC`, ...), as its banner prints it.
     pub fn name(self) -> &'static str {
         match self {
             Connection::Rc => "RC",
@@ -173,9 +195,13 @@ impl Connection {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Output {
     #[default]
+    /// Everything (perftest's default).
     Full,
+    /// Only the average bandwidth.
     Bandwidth,
+    /// Only the message rate.
     MessageRate,
+    /// Only the typical latency.
     Latency,
 }
 
@@ -183,12 +209,14 @@ pub enum Output {
 pub const MAX_SIZE: u32 = 8 << 20;
 /// perftest's page ("cycle buffer") and cache line size on this host.
 pub const PAGE: usize = 4096;
+/// perftest's cache line size on this host.
 pub const CACHE_LINE: usize = 64;
 
 /// Test parameters: perftest's flags, with perftest's defaults ([`PerfConfig::for_test`]), and
 /// ferroce's own (the timeout, `--verify`).
 #[derive(Clone, Debug)]
 pub struct PerfConfig {
+    /// Which test.
     pub test: Test,
     /// `-R`: the test QP and the exchange over RDMA-CM (perftest's "rdma_cm QPs: ON, Data ex.
     /// method: rdma_cm"): see `apps/perf/rdma_cm.rs`.
@@ -261,9 +289,11 @@ pub struct PerfConfig {
     pub output: Output,
     /// `-U`: also print every latency sample unsorted; `-H`: sorted (a histogram).
     pub unsorted: bool,
+    /// `-H`: print the latency samples sorted (a histogram).
     pub histogram: bool,
     /// `-w`, `-y`: fail if the average bandwidth / message rate is below.
     pub limit_bw: Option<f64>,
+    /// `-y`: fail if the average message rate (Mpps) is below.
     pub limit_msgrate: Option<f64>,
     /// `--latency_gap`: µs to wait before each latency post.
     pub latency_gap: u32,
@@ -459,31 +489,48 @@ impl PerfConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum PerfError {
     #[error(transparent)]
+    /// The out-of-band exchange failed.
     Cm(#[from] CmError),
     #[error("verbs: {0}")]
+    /// A verb failed.
     Verbs(#[from] VerbsError),
     #[error("work completion {wr_id} failed: {status}")]
-    Completion { wr_id: u64, status: WcStatus },
+    /// A work completion with an error status.
+    Completion {
+        /// The work request's id.
+        wr_id: u64,
+        /// Its status.
+        status: WcStatus,
+    },
     #[error("no progress for {0:?}")]
+    /// The run made no progress for this long.
     Stalled(Duration),
     #[error("cannot resolve the MAC address of {0}")]
+    /// No MAC address for the peer's GID.
     Neighbour(IpAddr),
     #[error("data check failed: {0}")]
+    /// `--verify` found data that differs from the pattern.
     Verify(String),
     #[error("the peer's exchange does not match ours: {0}")]
+    /// The peer's exchange does not match this side's settings.
     Peer(&'static str),
     #[error("{0}")]
+    /// Something ferroce does not run (a connection type, an option).
     Unsupported(String),
     #[error("writing the results: {0}")]
+    /// Standard output (or the JSON file) failed.
     Output(#[from] std::io::Error),
     #[error("Error: BW result is below bw limit")]
+    /// `-w`: the average bandwidth is below the limit (perftest's words).
     BwLimit,
     #[error("Error: Msg rate  is below msg_rate limit")]
+    /// `-y`: the average message rate is below the limit (perftest's words).
     MsgRateLimit,
 }
 
 /// Where the text goes and what the header says about this side.
 pub struct Printer<'a> {
+    /// Where the results go.
     pub out: &'a mut dyn Write,
     /// The device name perftest prints (`-d`).
     pub device: String,
@@ -500,9 +547,13 @@ impl Printer<'_> {
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct RunOutput {
+    /// The results.
     pub report: Report,
+    /// This side's key messages (one per QP).
     pub ours: Vec<KeyMsg>,
+    /// The peer's key messages.
     pub theirs: Vec<KeyMsg>,
+    /// What `--verify` checked, if it was asked for.
     pub verify: Option<VerifyReport>,
     /// The path MTU the two sides agreed on.
     pub mtu: Mtu,

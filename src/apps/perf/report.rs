@@ -22,11 +22,15 @@ pub const RESULT_LINE: &str =
 /// perftest's "MB/sec" is) or Gb/s (10^9 bits) with `--report_gbits`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BwLine {
+    /// Message size in bytes.
     pub bytes: u32,
     /// perftest's "#iterations": the iterations of every QP together.
     pub iterations: u64,
+    /// Peak bandwidth (MB/s or Gb/s).
     pub bw_peak: f64,
+    /// Average bandwidth (MB/s or Gb/s).
     pub bw_avg: f64,
+    /// Message rate in millions per second.
     pub msg_rate_mpps: f64,
 }
 
@@ -48,31 +52,47 @@ impl BwLine {
 /// with the monotonic clock).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LatLine {
+    /// Message size in bytes.
     pub bytes: u32,
+    /// Iterations measured.
     pub iterations: u64,
+    /// Smallest latency (µs).
     pub t_min: f64,
+    /// Largest latency (µs).
     pub t_max: f64,
+    /// Median latency (µs).
     pub t_typical: f64,
+    /// Average latency (µs).
     pub t_avg: f64,
+    /// Standard deviation (µs).
     pub t_stdev: f64,
+    /// 99th percentile (µs).
     pub p99: f64,
+    /// 99.9th percentile (µs).
     pub p999: f64,
 }
 
 /// A latency run measured for a time (`-D`): `print_report_lat_duration`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LatDurationLine {
+    /// Message size in bytes.
     pub bytes: u32,
+    /// Iterations completed.
     pub iterations: u64,
+    /// Average latency (µs).
     pub t_avg: f64,
+    /// Transactions per second.
     pub tps: f64,
 }
 
 /// The result of a run.
 #[derive(Clone, Debug, Serialize)]
 pub enum Report {
+    /// A bandwidth test's lines.
     Bw(Vec<BwLine>),
+    /// A latency test's lines.
     Lat(Vec<LatLine>),
+    /// A latency test run for a time (`-D`).
     LatDuration(Vec<LatDurationLine>),
 }
 
@@ -92,12 +112,16 @@ pub fn format_factor(gbits: bool) -> f64 {
 /// start and the end.
 #[derive(Debug)]
 pub struct BwStamps {
+    /// Only the start and the end are stamped.
     pub no_peak: bool,
+    /// Post times (one, the start, with `no_peak`).
     pub posted: Vec<Option<Instant>>,
+    /// Completion times (one, the end, with `no_peak`).
     pub completed: Vec<Option<Instant>>,
 }
 
 impl BwStamps {
+    /// Room for `total` stamps of each kind (one with `no_peak`).
     pub fn new(no_peak: bool, total: usize) -> Self {
         let n = if no_peak { 1 } else { total.max(1) };
         BwStamps {
@@ -106,19 +130,23 @@ impl BwStamps {
             completed: vec![None; n],
         }
     }
+    /// Stamp post `i` (ignored past the end).
     pub fn post(&mut self, i: usize) {
         if let Some(s) = self.posted.get_mut(i) {
             *s = Some(Instant::now());
         }
     }
+    /// Stamp completion `i` (ignored past the end).
     pub fn complete(&mut self, i: usize) {
         if let Some(s) = self.completed.get_mut(i) {
             *s = Some(Instant::now());
         }
     }
+    /// Stamp the start (without peak measurement).
     pub fn start(&mut self) {
         self.posted[0] = Some(Instant::now());
     }
+    /// Stamp the end (without peak measurement).
     pub fn end(&mut self) {
         self.completed[0] = Some(Instant::now());
     }
@@ -412,6 +440,7 @@ pub struct TestInfo {
     pub device: String,
     /// The path MTU in bytes.
     pub mtu: u32,
+    /// The GID index (`-x`).
     pub gid_index: u8,
     /// perftest's "client" machine (the sender in bandwidth tests), or `-b`: the header shows
     /// the TX depth.
