@@ -1,7 +1,7 @@
 //! The runtime with real threads: two NICs over the in-memory loopback device.
 
 mod common;
-use common::{nic_rc_pair, ALL};
+use common::{nic_rc_pair, nic_rc_pair_with, ALL};
 use ferroce::io::Loopback;
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
@@ -227,7 +227,10 @@ fn post_errors_are_synchronous() {
 /// down: the shutdown lets the held ACK go, so A's WRITE completes successfully without a
 /// single retransmission. Without the release, A would retry a request B had executed until
 /// its retry count ran out (seen as `transport retry counter exceeded` at the end of a
-/// write-lat test whose server exited first).
+/// write-lat test whose server exited first); here, with A's ACK timeout (code 24, ~69 s)
+/// longer than the test, its WRITE would never complete. (With the default 67 ms timeout, a
+/// loaded machine that delays the test thread between B's receipt and B's shutdown made A
+/// retransmit, or even give up, before the release: the test failed under load.)
 fn held_ack_leaves_at_shutdown(poll: PollMode) {
     let (la, lb) = Loopback::pair(4096, 9000).unwrap();
     let a = nic(1, la, poll);
@@ -244,7 +247,12 @@ fn held_ack_leaves_at_shutdown(poll: PollMode) {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let (x, y) = nic_rc_pair(&a, &b, cap, 16, 4096, Mtu::M1024);
+    let params = RcParams {
+        mtu: Mtu::M1024,
+        timeout: 24,
+        ..Default::default()
+    };
+    let (x, y) = nic_rc_pair_with(&a, &b, cap, 16, 4096, &params);
     let (ca, qa, ma) = (x.cq, x.qp, x.mr);
     let (qb, mb) = (y.qp, y.mr);
     ma.write(0, &[0x5a; 64]).unwrap();

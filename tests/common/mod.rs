@@ -40,6 +40,22 @@ pub fn nic_rc_pair(
     mr_len: usize,
     mtu: Mtu,
 ) -> (NicEnd, NicEnd) {
+    let params = RcParams {
+        mtu,
+        ..Default::default()
+    };
+    nic_rc_pair_with(a, b, cap, cq_depth, mr_len, &params)
+}
+
+/// [`nic_rc_pair`] with both QPs connected with `params` (but the starting PSNs 100 and 200).
+pub fn nic_rc_pair_with(
+    a: &ferroce::runtime::Nic,
+    b: &ferroce::runtime::Nic,
+    cap: QpCap,
+    cq_depth: usize,
+    mr_len: usize,
+    params: &RcParams,
+) -> (NicEnd, NicEnd) {
     let side = |n: &ferroce::runtime::Nic| {
         let pd = n.alloc_pd();
         let cq = n.create_cq(cq_depth).unwrap();
@@ -54,8 +70,7 @@ pub fn nic_rc_pair(
     );
     let params = |psn| RcParams {
         local_psn: psn,
-        mtu,
-        ..Default::default()
+        ..*params
     };
     a.connect_rc(x.qp, &eb, &params(100)).unwrap();
     b.connect_rc(y.qp, &ea, &params(200)).unwrap();
