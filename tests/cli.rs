@@ -2,19 +2,8 @@
 
 mod common;
 
+use common::cli::ferroce;
 use std::process::Command;
-
-fn ferroce(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn root(p: &str) -> String {
     format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))

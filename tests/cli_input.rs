@@ -4,20 +4,10 @@
 //! clap's status 2; errors found while running are one line `ferroce: ...`.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
 
-fn ferroce(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::cli::ferroce;
+use std::process::{Command, Stdio};
 
 /// A usage error: status 2, clap's message on stderr containing every `needles`, nothing on
 /// stdout, no panic.

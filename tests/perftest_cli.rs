@@ -6,36 +6,13 @@
 
 mod common;
 
+use common::cli::run;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// A fresh directory of links (one per test: they run in parallel).
 fn links(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferroce-links-{test}-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .arg("install-links")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
-}
-
-fn run(prog: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(prog)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::cli::links("links", test)
 }
 
 #[test]

@@ -4,18 +4,13 @@
 //! be is rdma-core's rping (librdmacm/examples/rping.c); against Debian's real rping and
 //! Linux rxe: tools/interop-rxe (rping cases).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn links(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferroce-rping-{test}-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .arg("install-links")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    dir
+    common::cli::links("rping", test)
 }
 
 fn can_unshare(test: &str) -> bool {

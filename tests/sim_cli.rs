@@ -1,19 +1,9 @@
 //! `ferroce sim incast` as a user runs it: one summary line, files written, one-line errors.
 
-use ferroce::apps::cc_csv;
-use std::process::Command;
+mod common;
 
-fn ferroce(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::cli::ferroce;
+use ferroce::apps::cc_csv;
 
 /// The value of `key=` in a summary line.
 fn field(line: &str, key: &str) -> f64 {

@@ -2,6 +2,7 @@
 //! tests that run as root in network namespaces ([`net`]).
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod net;
 
 use ferroce::sim::{LinkConfig, Pair};
