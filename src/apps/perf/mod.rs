@@ -650,7 +650,11 @@ pub fn run_with(
         if cfg.connection == Connection::Ud {
             ud_over_sidr(nic, &cfg, &ep, ses, tcp_role, resolve)?;
         } else {
-            ses.connect_qp(ep.qps[0], resources, cfg.retry_count)?;
+            // One connection per test QP, in order: perftest's server takes them in the order
+            // the REQs come, and its client sends them in the order of its QPs.
+            for q in &ep.qps {
+                ses.connect_qp(*q, resources, cfg.retry_count)?;
+            }
         }
         ses.zero_round()?;
     }

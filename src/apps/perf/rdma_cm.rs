@@ -36,6 +36,9 @@ const RECV_SLOTS: usize = 2;
 /// `retry_rdma_connect`: 10 times, 100 ms apart; the control connection as ferroce's TCP
 /// connect: for 5 s).
 const CONNECT_TRIES: u32 = 50;
+/// Connection requests a server keeps waiting for acceptance: perftest's client sends those of
+/// all its test QPs (`-q`) at once.
+const LISTEN_BACKLOG: usize = 64;
 
 /// The control connection and the CM service behind it.
 pub struct RdmaLink {
@@ -47,7 +50,8 @@ pub struct RdmaLink {
     listener: Option<CmId>,
     /// `-c UD`: the server's listener for the test QP's SIDR_REQ (RDMA_PS_UDP, same port).
     ud_listener: Option<CmId>,
-    data: Option<CmId>,
+    /// The test QPs' ids, in the order they connected.
+    data: Vec<CmId>,
     data_ud: bool,
     qp: QpNumber,
     cq: Cq,
@@ -214,7 +218,9 @@ impl RdmaLink {
                 let l = ch.create_id(PortSpace::TCP);
                 l.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
                     .map_err(|e| err(e.to_string()))?;
-                l.listen(4).map_err(|e| err(e.to_string()))?;
+                // The control connection, then one per test QP (perftest's client sends the
+                // test QPs' REQs together).
+                l.listen(LISTEN_BACKLOG).map_err(|e| err(e.to_string()))?;
                 let e = next_event(&ch, &mut stash, Some(&l), Duration::MAX)?;
                 if e.event != EventType::ConnectRequest {
                     return Err(err(format!("{} while listening", e.event.as_str())));
@@ -232,7 +238,7 @@ impl RdmaLink {
             ctrl,
             listener,
             ud_listener,
-            data: None,
+            data: Vec::new(),
             data_ud: false,
             qp,
             cq,
@@ -380,7 +386,7 @@ impl MsgLink for RdmaLink {
                 &p,
                 timeout,
             )?;
-            self.data = Some(id);
+            self.data.push(id);
             return Ok(());
         }
         let l = self.listener.clone().ok_or_else(|| err("no listener"))?;
@@ -396,7 +402,7 @@ impl MsgLink for RdmaLink {
         if e.event != EventType::Established {
             return Err(err(format!("{} (status {})", e.event.as_str(), e.status)));
         }
-        self.data = Some(id);
+        self.data.push(id);
         Ok(())
     }
 
@@ -416,7 +422,7 @@ impl MsgLink for RdmaLink {
                 &p,
                 timeout,
             )?;
-            self.data = Some(id);
+            self.data.push(id);
             let (Some(qpn), Some(qkey)) = (e.param.qp_num, e.param.qkey) else {
                 return Err(err("ESTABLISHED of a UD id without the peer's QP"));
             };
@@ -438,7 +444,7 @@ impl MsgLink for RdmaLink {
         id.attach_qp(qpn).map_err(|e| err(e.to_string()))?;
         id.accept(&p)
             .map_err(|e| err(format!("rdma_accept: {e}")))?;
-        self.data = Some(id);
+        self.data.push(id);
         Ok(None)
     }
 }
@@ -447,7 +453,7 @@ impl Drop for RdmaLink {
     fn drop(&mut self) {
         // The test QP belongs to the test: only the CM's side of it is ended here (UD: no
         // DREQ, as perftest's rdma_cm_disconnect_nodes skips UD).
-        if let Some(d) = self.data.take() {
+        for d in std::mem::take(&mut self.data) {
             d.detach_qp();
             if self.data_ud {
                 let _ = d.destroy();
