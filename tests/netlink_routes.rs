@@ -16,13 +16,12 @@
 
 mod common;
 
-use common::net::in_ns;
+use common::net::{in_ns, must, run_cmd, Testbed};
 use ferroce::io::netdev;
 use ferroce::io::route::{self, Neighbour, RouteError};
 use ferroce::wire::MacAddr;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::process::Command;
 use std::time::Duration;
 
 const PREFIX: &str = "fn";
@@ -36,51 +35,11 @@ fn ip_addr(s: &str) -> IpAddr {
 
 /// `ip ARGS`: (success, stdout + stderr).
 fn ip(args: &[&str]) -> (bool, String) {
-    let out = Command::new("ip").args(args).output().expect("ip");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    run_cmd(&[&["ip"], args].concat())
 }
 
 fn must_ip(args: &[&str]) -> String {
-    let (ok, text) = ip(args);
-    assert!(ok, "ip {args:?}: {text}");
-    text
-}
-
-struct Testbed {
-    script: String,
-}
-
-impl Testbed {
-    fn up() -> Testbed {
-        let script = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
-        let _ = Command::new(&script)
-            .args(["down", "--prefix", PREFIX])
-            .output();
-        let out = Command::new(&script)
-            .args(["up", "--prefix", PREFIX])
-            .output()
-            .expect("tools/testbed");
-        assert!(
-            out.status.success(),
-            "tools/testbed up failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Testbed { script }
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .args(["down", "--prefix", PREFIX])
-            .output();
-    }
+    must(&[&["ip"], args].concat())
 }
 
 /// The word after `key` in `ip`'s output.
@@ -183,7 +142,7 @@ fn check_neighbours(ns: &'static str, v6: bool) -> usize {
 #[test]
 fn routes_and_neighbours_agree_with_iproute2() {
     require_root!("netlink_routes", "network namespaces: CAP_SYS_ADMIN");
-    let _tb = Testbed::up();
+    let _tb = Testbed::up(PREFIX, &[]);
 
     // Routes: behind R (via R), on the connected network, local; IPv4 and IPv6.
     check_route(NS_A, "10.61.2.2", Some("10.61.1.1"));

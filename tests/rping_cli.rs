@@ -14,14 +14,7 @@ fn links(test: &str) -> PathBuf {
 }
 
 fn can_unshare(test: &str) -> bool {
-    let ok = Command::new("unshare")
-        .args(["-rn", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped rping_cli::{test}: unshare -rn (user namespaces) unavailable");
-    }
-    ok
+    common::net::can_unshare("rping_cli", test)
 }
 
 /// Runs `script` (with $R the rping link, $D a scratch directory) in a fresh namespace;

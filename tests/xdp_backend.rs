@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::net::in_ns;
+use common::net::{in_ns, must, Testbed};
 
 /// What these tests need root for.
 const NEEDS: &str =
@@ -39,7 +39,6 @@ use ferroce::wire::{
     MacAddr, Opcode, PKey, Psn, QpNumber, RoceRepr, UdpRepr, VlanTag,
 };
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -53,51 +52,16 @@ const B_V4: Ipv4Addr = Ipv4Addr::new(10, 61, 2, 2);
 const A_V6: Ipv6Addr = Ipv6Addr::new(0xfd61, 1, 0, 0, 0, 0, 0, 2);
 const B_V6: Ipv6Addr = Ipv6Addr::new(0xfd61, 2, 0, 0, 0, 0, 0, 2);
 
-fn run(cmd: &[&str]) -> (bool, String) {
-    let out = Command::new(cmd[0])
-        .args(&cmd[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn must(cmd: &[&str]) -> String {
-    let (ok, text) = run(cmd);
-    assert!(ok, "{cmd:?} failed:\n{text}");
-    text
-}
-
-/// The testbed, torn down on drop (also when the test panics).
-struct Testbed {
-    script: String,
-}
-
-impl Testbed {
-    fn up() -> Testbed {
-        let script = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
-        // A leftover from an interrupted run would make `up` refuse.
-        let _ = run(&[&script, "down", "--prefix", PREFIX]);
-        let tb = Testbed { script };
-        must(&[&tb.script, "up", "--prefix", PREFIX, "--drop-roce-input"]);
-        for ns in ["fxa", "fxr", "fxb"] {
-            assert!(
-                std::path::Path::new(&format!("/run/netns/{ns}")).exists(),
-                "namespace {ns} missing after tools/testbed up"
-            );
-        }
-        tb
+/// The testbed (`common::net::Testbed`) with RoCE dropped at A's and B's input hooks.
+fn testbed() -> Testbed {
+    let tb = Testbed::up(PREFIX, &["--drop-roce-input"]);
+    for ns in ["fxa", "fxr", "fxb"] {
+        assert!(
+            std::path::Path::new(&format!("/run/netns/{ns}")).exists(),
+            "namespace {ns} missing after tools/testbed up"
+        );
     }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = run(&[&self.script, "down", "--prefix", PREFIX]);
-    }
+    tb
 }
 
 fn open(ns: &'static str, all: bool, opts: XdpOptions) -> XdpDevice {
@@ -535,7 +499,7 @@ fn throughput(a: XdpDevice, b: XdpDevice, secs: f64) -> (XdpDevice, XdpDevice) {
 #[test]
 fn af_xdp_between_two_namespaces() {
     require_root!("xdp_backend", NEEDS);
-    let tb = Testbed::up();
+    let tb = testbed();
 
     // Errors are clear.
     let e = in_ns("fxa", || {

@@ -159,3 +159,52 @@ pub fn prime_neighbours(
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Run `cmd[0]` with the rest as arguments: (success, standard output then standard error).
+pub fn run_cmd(cmd: &[&str]) -> (bool, String) {
+    let out = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// [`run_cmd`], failing the test unless the command succeeds; its output.
+pub fn must(cmd: &[&str]) -> String {
+    let (ok, text) = run_cmd(cmd);
+    assert!(ok, "{cmd:?} failed:\n{text}");
+    text
+}
+
+/// `tools/testbed` with namespaces `PREFIX`a, `PREFIX`r, `PREFIX`b, up for the life of the
+/// value (torn down on drop, also when the test panics).
+pub struct Testbed {
+    /// The path of `tools/testbed` (to run it again, e.g. `up --force` with other options).
+    pub script: String,
+    prefix: &'static str,
+}
+
+impl Testbed {
+    /// `tools/testbed up --prefix PREFIX EXTRA...`, after taking down a leftover of an
+    /// interrupted run (which would make `up` refuse).
+    pub fn up(prefix: &'static str, extra: &[&str]) -> Testbed {
+        let script = format!("{}/tools/testbed", env!("CARGO_MANIFEST_DIR"));
+        let _ = run_cmd(&[&script, "down", "--prefix", prefix]);
+        let tb = Testbed { script, prefix };
+        let mut up = vec![tb.script.as_str(), "up", "--prefix", prefix];
+        up.extend_from_slice(extra);
+        must(&up);
+        tb
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = run_cmd(&[&self.script, "down", "--prefix", self.prefix]);
+    }
+}
