@@ -25,7 +25,19 @@ fn ip(n: u8) -> IpAddr {
 }
 
 /// Run the selected tests against a ferroce peer whose device config `tweak` may change.
-fn against_ferroce(only: &[&str], tweak: impl FnOnce(&mut DeviceConfig)) -> Report {
+/// The ferroce peer (`conform --serve`) on one end of a loopback pair, not yet serving.
+struct FerrocePeer {
+    nic: Nic,
+    /// Its control connection's listener, on 127.0.0.1.
+    listener: TcpListener,
+    port: u16,
+    so: ServeOptions,
+    /// The other end of the link: the tester's.
+    tester_end: Loopback,
+}
+
+/// The ferroce peer at 10.9.0.2 (CNPs every 500 µs unless `tweak` says otherwise).
+fn ferroce_peer(tweak: impl FnOnce(&mut DeviceConfig)) -> FerrocePeer {
     let (lt, lp) = Loopback::pair(4096, 9000).unwrap();
     let mut cfg = DeviceConfig::new(MAC_P, ip(2));
     cfg.cnp_interval = Some(Duration::from_micros(500));
@@ -55,16 +67,38 @@ fn against_ferroce(only: &[&str], tweak: impl FnOnce(&mut DeviceConfig)) -> Repo
         knobs: String::new(),
         resolve_dev: None,
     };
+    FerrocePeer {
+        nic,
+        listener: l,
+        port,
+        so,
+        tester_end: lt,
+    }
+}
+
+/// The tester at 10.9.0.1 on `link` (raw frames), the peer's MAC known.
+fn tester(link: Loopback) -> Setup {
+    Setup {
+        link: Link::new(Box::new(link), ip(1), true),
+        our_mac: MAC_T,
+        our_ip: ip(1),
+        resolve: Box::new(|_| Some(MAC_P)),
+        caps: Caps { raw: true },
+    }
+}
+
+fn against_ferroce(only: &[&str], tweak: impl FnOnce(&mut DeviceConfig)) -> Report {
+    let FerrocePeer {
+        nic,
+        listener: l,
+        port,
+        so,
+        tester_end: lt,
+    } = ferroce_peer(tweak);
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
         sc.spawn(|| serve::serve(&nic, &so, l, &stop));
-        let mut setup = Setup {
-            link: Link::new(Box::new(lt), ip(1), true),
-            our_mac: MAC_T,
-            our_ip: ip(1),
-            resolve: Box::new(|_| Some(MAC_P)),
-            caps: Caps { raw: true },
-        };
+        let mut setup = tester(lt);
         let o = Options {
             host: "127.0.0.1".into(),
             port,
@@ -100,13 +134,7 @@ fn every_test_applies_to_the_ferroce_peer_and_passes() {
 /// A tester whose link goes nowhere (the other end is kept, never read).
 fn lonely(tool: PeerTool, port: u16, timeout: Duration) -> (Setup, Options, Loopback) {
     let (lt, lp) = Loopback::pair(4096, 9000).unwrap();
-    let setup = Setup {
-        link: Link::new(Box::new(lt), ip(1), true),
-        our_mac: MAC_T,
-        our_ip: ip(1),
-        resolve: Box::new(|_| Some(MAC_P)),
-        caps: Caps { raw: true },
-    };
+    let setup = tester(lt);
     let o = Options {
         host: "127.0.0.1".into(),
         port,
@@ -355,43 +383,17 @@ fn a_peer_that_answers_nothing_on_the_wire_is_inconclusive_not_failed() {
 fn a_peer_that_goes_away_mid_run_gives_clear_verdicts() {
     // The ferroce peer stops after the third test: the session in progress fails or is
     // inconclusive, every later one is inconclusive (no session), and the run ends.
-    let (lt, lp) = Loopback::pair(4096, 9000).unwrap();
-    let mut cfg = DeviceConfig::new(MAC_P, ip(2));
-    cfg.cnp_interval = Some(Duration::from_micros(500));
-    let nic = Nic::start(
-        cfg,
-        lp,
-        NicOptions {
-            poll: PollMode::Adaptive {
-                spins: 200,
-                max_sleep: Duration::from_micros(200),
-            },
-            batch: 64,
-        },
-    )
-    .unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let so = ServeOptions {
-        cnp_interval: Some(Duration::from_micros(500)),
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 12,
-        mtu: Mtu::M1024,
-        sgid_index: 0,
-        gid: Ipv4Addr::new(10, 9, 0, 2).to_ipv6_mapped().octets(),
-        knobs: String::new(),
-        resolve_dev: None,
-    };
+    let FerrocePeer {
+        nic,
+        listener: l,
+        port,
+        so,
+        tester_end: lt,
+    } = ferroce_peer(|_| {});
     let stop = AtomicBool::new(false);
     let r = std::thread::scope(|sc| {
         sc.spawn(|| serve::serve(&nic, &so, l, &stop));
-        let mut setup = Setup {
-            link: Link::new(Box::new(lt), ip(1), true),
-            our_mac: MAC_T,
-            our_ip: ip(1),
-            resolve: Box::new(|_| Some(MAC_P)),
-            caps: Caps { raw: true },
-        };
+        let mut setup = tester(lt);
         let o = Options {
             host: "127.0.0.1".into(),
             port,
