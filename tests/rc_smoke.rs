@@ -17,12 +17,16 @@ fn side(i: u8) -> Side {
 }
 
 fn side_with(i: u8, ack_delay: Option<Duration>) -> Side {
+    side_configured(i, |c| c.ack_delay = ack_delay)
+}
+
+fn side_configured(i: u8, f: impl FnOnce(&mut DeviceConfig)) -> Side {
     let mut cfg = DeviceConfig::new(
         MacAddr([2, 0, 0, 0, 0, i]),
         IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
     )
     .with_seed(i as u64);
-    cfg.ack_delay = ack_delay;
+    f(&mut cfg);
     let mut dev = Device::new(cfg);
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096).unwrap();
@@ -868,6 +872,70 @@ fn reads_beyond_the_responder_resources_are_an_invalid_request() {
         ferroce::wire::Syndrome::Nak(ferroce::wire::NakCode::InvalidRequest)
     );
     assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Err);
+}
+
+/// Selective repeat: the answer to a retried READ (a duplicate READ request) is queued next
+/// to the original's responses instead of replacing them, and is the same request: it does
+/// not count against max_dest_rd_atomic again. 15 READs pending, a retry of the first, then
+/// a 16th new READ: within the 16 resources. Counting the retry too, the 16th was NAKed as an
+/// Invalid Request and B's QP went to the error state (on the testbed: `perf read_bw: work
+/// completion 4295 failed: remote invalid request error` with --selective-repeat, no loss).
+#[test]
+fn selective_repeat_read_retries_do_not_count_against_the_responder_resources() {
+    let sr = |c: &mut DeviceConfig| {
+        c.fast_recovery = true;
+        c.selective_repeat = true;
+    };
+    let (mut a, mut b) = (side_configured(1, sr), side_configured(2, sr));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
+    let now = Instant::from_nanos(1_000_000);
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::RdmaRead {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let req = take_frames(&mut a, now).remove(0);
+    let p = ferroce::wire::parse_frame(&req).unwrap();
+    let first = p.repr.roce.bth.psn;
+    let at = |k: u32| {
+        let mut repr = p.repr;
+        repr.roce.bth.psn = first.add(k);
+        let mut f = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut f, &[]).unwrap();
+        f
+    };
+    // 15 one-packet READs, the retry of the first, the 16th: none of B's responses sent in
+    // between.
+    for k in 0..15u32 {
+        b.dev.handle_frame(now, &at(k));
+    }
+    b.dev.handle_frame(now, &at(0));
+    b.dev.handle_frame(now, &at(15));
+    let out = take_frames(&mut b, now);
+    let data = out
+        .iter()
+        .filter(|f| opcode(f) == ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY)
+        .count();
+    assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Rts);
+    assert_eq!(data, 17, "16 READs and the retry of one answered");
+    assert!(out
+        .iter()
+        .all(|f| opcode(f) != ferroce::wire::Opcode::RC_ACK));
 }
 
 /// Issue 17, finding 3: a forged RNR NAK inside the window, repeated before its timer ends,

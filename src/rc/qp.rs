@@ -204,6 +204,9 @@ pub(crate) enum RespItem {
         first_psn: Psn,
         npkts: u32,
         sent: u32,
+        /// An answer to a duplicate READ (a retry of a request already counted): not counted
+        /// against `max_dest_rd_atomic` again.
+        replay: bool,
     },
     AtomicAck {
         psn: Psn,

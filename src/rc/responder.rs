@@ -339,7 +339,13 @@ impl Qp {
             .resp
             .resp_q
             .iter()
-            .filter(|i| matches!(i, RespItem::Read { .. } | RespItem::AtomicAck { .. }))
+            .filter(|i| match i {
+                // Selective repeat keeps the original's queued responses next to the answer
+                // to its retry: that answer is the same request, counted once.
+                RespItem::Read { replay, .. } => !(*replay && self.sr),
+                RespItem::AtomicAck { .. } => true,
+                RespItem::Ack { .. } => false,
+            })
             .count();
         pending >= usize::from(self.attr.max_dest_rd_atomic.max(1))
     }
@@ -630,6 +636,7 @@ impl Qp {
             first_psn: p,
             npkts,
             sent: 0,
+            replay: false,
         });
     }
 
@@ -750,6 +757,7 @@ impl Qp {
                 first_psn: p,
                 npkts: dup_len.div_ceil(mtu).max(1),
                 sent: 0,
+                replay: true,
             };
             self.counters.read_replays += 1;
             if self.sr {
@@ -829,6 +837,7 @@ impl Qp {
                 first_psn,
                 npkts,
                 sent,
+                ..
             } => {
                 let k = *sent;
                 // The region deregistered or invalidated since the request was accepted:
