@@ -1055,3 +1055,88 @@ fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
     assert_eq!(wcs.len(), 1, "a zero-MAC device delivers the SEND");
     assert_eq!(wcs[0].status, WcStatus::Success);
 }
+
+/// Issue 17, finding 7: a full response queue applies back-pressure. Here duplicates of an
+/// ATOMIC (each answered from the saved result, IBTA 9.7.5.1.1) fill B's response queue while
+/// B has not transmitted; then A's SEND arrives. Before the fix B executed it (a receive
+/// completion) and dropped its ACK: the answer to an executed request was lost. Now B does
+/// not take the SEND at all (`resp_full_drops`), and A's retry after its ACK timeout is
+/// executed and acknowledged once the queue has drained: every operation completes once,
+/// with success.
+#[test]
+fn a_full_response_queue_refuses_requests_instead_of_dropping_their_answers() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
+    let mut now = Instant::from_nanos(1_000_000);
+    a.dev
+        .post_send(
+            a.qp,
+            SendWr::new(
+                1,
+                SendOp::AtomicFetchAdd {
+                    remote_addr: mb.addr(),
+                    rkey: mb.rkey(),
+                    add: 1,
+                },
+                vec![Sge {
+                    addr: ma.addr(),
+                    length: 8,
+                    lkey: ma.lkey(),
+                }],
+            ),
+        )
+        .unwrap();
+    let atomic = take_frames(&mut a, now);
+    assert_eq!(atomic.len(), 1);
+    for _ in 0..300 {
+        b.dev.handle_frame(now, &atomic[0]);
+    }
+    let rb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
+    post_recv(&mut b, &rb, 7);
+    post_send(&mut a, &ma, 2);
+    let send = take_frames(&mut a, now);
+    assert_eq!(send.len(), 1);
+    b.dev.handle_frame(now, &send[0]);
+    let executed = b.dev.qp_counters(b.qp).unwrap().recv_completions > 0;
+    let replies = take_frames(&mut b, now);
+    let acks = replies
+        .iter()
+        .filter(|f| opcode(f) == ferroce::wire::Opcode::RC_ACK)
+        .count();
+    assert!(
+        !executed || acks > 0,
+        "B executed the SEND but its ACK was dropped: {} replies, none an ACK",
+        replies.len()
+    );
+    let c = b.dev.qp_counters(b.qp).unwrap();
+    // Every request is either taken (the first ATOMIC, the duplicates while there was room)
+    // or refused whole; no answer is lost.
+    assert_eq!(c.resp_queue_drops, 0);
+    assert_eq!(1 + c.duplicates + c.resp_full_drops, 301, "{c:?}");
+    assert!(c.resp_full_drops > 0, "{c:?}");
+    for f in &replies {
+        a.dev.handle_frame(now, f);
+    }
+    drive(&mut a, &mut b, &mut now);
+    let mut wa = poll(&mut a);
+    wa.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let wb = poll(&mut b);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(7, WcStatus::Success)]
+    );
+    // The ATOMIC was executed once, whatever its 300 duplicates.
+    let mut v = [0u8; 8];
+    mb.read(0, &mut v).unwrap();
+    assert!(
+        u64::from_le_bytes(v) == 1 || u64::from_be_bytes(v) == 1,
+        "{v:?}"
+    );
+}

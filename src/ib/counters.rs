@@ -58,6 +58,12 @@ pub struct QpCounters {
     pub mr_gone: u64,
     /// ATOMIC results replayed for duplicate ATOMIC requests.
     pub atomic_replays: u64,
+    /// Requests not taken because the response queue had no room for their answer
+    /// (back-pressure: nothing executed, the requester's retry brings them back).
+    pub resp_full_drops: u64,
+    /// Responses lost because the response queue was full after all (none expected: requests
+    /// are only taken with room for their answers).
+    pub resp_queue_drops: u64,
     /// ACK packets sent (positive and NAK).
     pub acks_sent: u64,
     /// Positive ACKs received.
@@ -135,6 +141,8 @@ qp_counters!(
     dup_refused,
     mr_gone,
     atomic_replays,
+    resp_full_drops,
+    resp_queue_drops,
     acks_sent,
     acks_rcvd,
     send_completions,

@@ -43,6 +43,11 @@ pub(crate) const DEFAULT_MAX_INFLIGHT: u32 = 256;
 pub(crate) const ACKREQ_EVERY: u32 = 64;
 /// Bound on queued responses (ACKs, read replies) per QP: a flood of duplicates cannot grow it.
 pub(crate) const MAX_RESP_QUEUE: usize = 256;
+/// Room a request needs in the response queue to be taken: one packet queues at most one
+/// response (an ACK, a NAK, a READ or ATOMIC reply), and requests kept by selective repeat
+/// that it releases add one each, up to the responder resources for READs and ATOMICs (ACKs
+/// coalesce). Below this room a request is dropped unexecuted (back-pressure).
+pub(crate) const RESP_ROOM: usize = 32;
 
 /// What the application gives `create_qp`.
 #[derive(Clone, Copy, Debug)]

@@ -7,7 +7,7 @@
 //! queue gets an RNR NAK; an invalid request, a remote access error and a remote operational
 //! error are fatal: one NAK, then the QP moves to the error state.
 
-use super::qp::{InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, MAX_RESP_QUEUE};
+use super::qp::{InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, MAX_RESP_QUEUE, RESP_ROOM};
 use crate::ib::mr::{scatter, MrShared};
 use crate::ib::wc::{WcOpcode, WcStatus};
 use crate::ib::{AccessFlags, AsyncEvent, Ctx, QpState};
@@ -105,8 +105,12 @@ impl Qp {
     }
 
     fn push_resp(&mut self, item: RespItem) {
-        if self.resp.resp_q.len() < MAX_RESP_QUEUE {
+        // Requests are taken only with room for their answers (`on_request`), so the bound
+        // is not reached; were it reached, the loss is counted, never silent.
+        if self.resp.resp_q.len() < MAX_RESP_QUEUE + RESP_ROOM {
             self.resp.resp_q.push_back(item);
+        } else {
+            self.counters.resp_queue_drops += 1;
         }
     }
 
@@ -140,6 +144,14 @@ impl Qp {
     pub(super) fn on_request(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             self.counters.state_drops += 1;
+            return;
+        }
+        // Back-pressure (issue 17 finding 7): a request whose answer may find no room in the
+        // response queue is not taken at all — no PSN, memory or receive WQE touched — and
+        // the requester's retry (IBTA 9.7.6.1.3: its ACK timeout) brings it back once the
+        // queue has drained, instead of executing it and dropping its ACK or NAK.
+        if self.resp.resp_q.len() + RESP_ROOM > MAX_RESP_QUEUE {
+            self.counters.resp_full_drops += 1;
             return;
         }
         match self.respond(ctx, r, payload) {
