@@ -5,7 +5,11 @@
 //! filter, so ARP, NDP and TCP cross it as well as RoCE):
 //!
 //! - it learns the source MAC of every frame on the port it came in on (a station that moves
-//!   is re-learned; entries do not age);
+//!   is re-learned); an entry not refreshed for [`FDB_AGEING`] (300 s, IEEE 802.1Q's default
+//!   ageing time) is forgotten, and the table holds at most [`FDB_MAX`] stations: when it is
+//!   full of live entries a new source is not learned (counted in `fdb_full`; frames to it
+//!   are flooded), so a flood of forged source MACs neither grows the switch's memory nor
+//!   evicts the stations already learned (issue 17 finding 7);
 //! - it forwards a unicast frame whose destination it knows to that port, and floods
 //!   broadcast, multicast and unknown unicast to every other port;
 //! - it never sends a frame back out of the port it came in on (a known destination behind
@@ -63,6 +67,11 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Most stations the forwarding table holds.
+pub const FDB_MAX: usize = 4096;
+/// A station not heard from for this long is forgotten (IEEE 802.1Q's default ageing time).
+pub const FDB_AGEING: Duration = Duration::from_secs(300);
+
 /// Bytes an Ethernet link spends on a frame beyond what the frame buffer holds: preamble and
 /// start delimiter (8), FCS (4) and the minimum inter-frame gap (12).
 pub const WIRE_OVERHEAD: usize = 24;
@@ -115,6 +124,9 @@ pub struct PortCounters {
     pub filtered: u64,
     /// Frames too large for this port's MTU (not forwarded).
     pub oversize: u64,
+    /// Frames received here whose source was not learned: the forwarding table was full of
+    /// live entries ([`FDB_MAX`]).
+    pub fdb_full: u64,
     /// Largest backlog of the egress queue, in bytes (frames and their wire overhead).
     pub max_queue_bytes: u64,
     /// Frames offered to the egress queue (queued or dropped), and the sum of the backlogs
@@ -147,7 +159,10 @@ struct Port {
 /// The switching logic and the egress queues, without any I/O (see the module documentation).
 pub struct SwitchCore {
     ports: Vec<Port>,
-    fdb: HashMap<MacAddr, usize>,
+    /// Station → (port, when last heard from).
+    fdb: HashMap<MacAddr, (usize, Instant)>,
+    fdb_max: usize,
+    fdb_ageing: Duration,
     cfg: QueueConfig,
     rng: SplitMix64,
     /// Spare frame buffers (no allocation per frame in the steady state).
@@ -196,6 +211,8 @@ impl SwitchCore {
                 })
                 .collect(),
             fdb: HashMap::new(),
+            fdb_max: FDB_MAX,
+            fdb_ageing: FDB_AGEING,
             rng: SplitMix64::new(cfg.seed),
             cfg,
             pool: Vec::new(),
@@ -207,14 +224,44 @@ impl SwitchCore {
         self.ports.len()
     }
 
-    /// The port a MAC address was learned on.
+    /// Other limits for the forwarding table than [`FDB_MAX`] and [`FDB_AGEING`].
+    pub fn set_fdb_limits(&mut self, max: usize, ageing: Duration) {
+        self.fdb_max = max;
+        self.fdb_ageing = ageing;
+    }
+
+    /// The port a MAC address was learned on (aged entries included until the next frame
+    /// finds them stale).
     pub fn lookup(&self, mac: &MacAddr) -> Option<usize> {
-        self.fdb.get(mac).copied()
+        self.fdb.get(mac).map(|e| e.0)
     }
 
     /// Learned stations.
     pub fn fdb_len(&self) -> usize {
         self.fdb.len()
+    }
+
+    fn live(&self, heard: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(heard) < self.fdb_ageing
+    }
+
+    /// Learn `src` on `port` at `now`, within the table's bound.
+    fn learn(&mut self, now: Instant, port: usize, src: MacAddr) {
+        if let Some(e) = self.fdb.get_mut(&src) {
+            *e = (port, now);
+            return;
+        }
+        if self.fdb.len() >= self.fdb_max {
+            // Forget the stations gone quiet; if every one is live, learn nothing.
+            let age = self.fdb_ageing;
+            self.fdb
+                .retain(|_, e| now.saturating_duration_since(e.1) < age);
+            if self.fdb.len() >= self.fdb_max {
+                self.ports[port].c.fdb_full += 1;
+                return;
+            }
+        }
+        self.fdb.insert(src, (port, now));
     }
 
     /// The counters of `port`.
@@ -266,15 +313,14 @@ impl SwitchCore {
         src.copy_from_slice(&frame[6..12]);
         let (dst, src) = (MacAddr(dst), MacAddr(src));
         if src.0[0] & 1 == 0 && src != MacAddr::ZERO {
-            match self.fdb.get_mut(&src) {
-                Some(p) => *p = port,
-                None => {
-                    self.fdb.insert(src, port);
-                }
-            }
+            self.learn(now, port, src);
         }
-        let known = (dst.0[0] & 1 == 0).then(|| self.fdb.get(&dst).copied());
-        match known.flatten() {
+        let known = (dst.0[0] & 1 == 0)
+            .then(|| self.fdb.get(&dst).copied())
+            .flatten()
+            .filter(|&(_, heard)| self.live(heard, now))
+            .map(|(p, _)| p);
+        match known {
             Some(out) if out == port => self.ports[port].c.filtered += 1,
             Some(out) => self.enqueue(now, out, frame),
             None => {
@@ -973,6 +1019,55 @@ mod tests {
         assert_eq!(s.fdb_len(), 3);
         assert_eq!(s.counters(0).rx_frames, 3);
         assert_eq!(s.counters(1).flooded, 2);
+    }
+
+    /// Issue 17 finding 7: the table was unbounded and never aged. A flood of forged source
+    /// MACs now stops at the bound without evicting live stations, and a station gone quiet
+    /// is forgotten after the ageing time (its frames flooded again, its slot reused).
+    #[test]
+    fn the_forwarding_table_is_bounded_and_ages() {
+        let mut s = SwitchCore::new(&[1518; 3], QueueConfig::default());
+        let t = Instant::from_nanos(0);
+        // A on port 0 and B on port 1 are learned first.
+        s.ingress(t, 0, &ip_frame(B, A, 60, Ecn::NotEct));
+        drain(&mut s, t, 1);
+        drain(&mut s, t, 2);
+        s.ingress(t, 1, &ip_frame(A, B, 60, Ecn::NotEct));
+        drain(&mut s, t, 0);
+        // Then a flood of forged sources from port 2.
+        let forged = FDB_MAX as u64 + 1000;
+        for i in 0..forged {
+            let [_, _, _, _, _, x, y, z] = i.to_be_bytes();
+            s.ingress(t, 2, &ip_frame(A, [2, 0x66, 0, x, y, z], 60, Ecn::NotEct));
+            drain(&mut s, t, 0);
+        }
+        assert_eq!(s.fdb_len(), FDB_MAX, "the table grew past its bound");
+        assert_eq!(s.counters(2).fdb_full, forged - (FDB_MAX as u64 - 2));
+        // A and B, learned before the flood, are still known: A → B goes to port 1 only.
+        s.ingress(t, 0, &ip_frame(B, A, 60, Ecn::NotEct));
+        assert_eq!((s.queue_len(1), s.queue_len(2)), (1, 0));
+        drain(&mut s, t, 1);
+        // A and B keep talking, the forged stations do not.
+        let later = t + (FDB_AGEING - Duration::from_secs(1));
+        s.ingress(later, 1, &ip_frame(A, B, 60, Ecn::NotEct));
+        s.ingress(later, 0, &ip_frame(B, A, 60, Ecn::NotEct));
+        drain(&mut s, later, 0);
+        drain(&mut s, later, 1);
+        // Past the ageing time the forged stations are forgotten: a new source is learned.
+        let aged = t + (FDB_AGEING + Duration::from_secs(1));
+        s.ingress(aged, 2, &ip_frame(A, C, 60, Ecn::NotEct));
+        drain(&mut s, aged, 0);
+        assert_eq!(s.counters(2).fdb_full, forged - (FDB_MAX as u64 - 2));
+        assert_eq!(s.lookup(&MacAddr(C)), Some(2));
+        assert_eq!(s.fdb_len(), 3, "A, B and C remain");
+        // A station not heard from for the ageing time is flooded to again.
+        let quiet = aged + FDB_AGEING;
+        s.ingress(quiet, 0, &ip_frame(C, A, 60, Ecn::NotEct));
+        assert_eq!(
+            (s.queue_len(1), s.queue_len(2)),
+            (1, 1),
+            "C aged out: flooded"
+        );
     }
 
     #[test]
