@@ -1,7 +1,8 @@
 //! `ferroce inspect`'s capture reader and analysis on arbitrary files (pcap and pcapng).
 #![no_main]
 
-use ferroce::{capture, inspect};
+use ferroce::apps::inspect;
+use ferroce::pcap::capture;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
