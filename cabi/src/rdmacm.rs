@@ -199,6 +199,16 @@ struct IdW {
     made_cqs: bool,
     /// A synchronous listener: the QP attributes each new id gets (`rdma_create_ep`).
     ep_qp_attr: Option<(usize, ibv_qp_init_attr)>,
+    /// The starting PSN this side announces for a QP the program moves itself.
+    my_psn: u32,
+    /// Active side: the connection's QP attributes (from CONNECT_RESPONSE).
+    conn_qp: Option<ferroce::cm::QpParams>,
+    /// `rdma_establish` was called: the runtime's ESTABLISHED that follows is not reported
+    /// (the kernel's CM reports none after CONNECT_RESPONSE; rping -q counts on it).
+    established_by_app: bool,
+    /// Passive side: the REQ's QP number, starting PSN, initiator depth, responder
+    /// resources, retry and RNR retry counts.
+    req: Option<(u32, u32, u8, u8, u8, u8)>,
 }
 
 #[repr(C)]
@@ -396,6 +406,14 @@ impl IdW {
     }
 }
 
+/// A random 24-bit starting PSN.
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    (h.finish() & 0xff_ffff) as u32
+}
+
 fn new_idw(
     id: CmId,
     channel: *mut rdma_event_channel,
@@ -419,6 +437,10 @@ fn new_idw(
         sync: false,
         made_cqs: false,
         ep_qp_attr: None,
+        my_psn: random_psn(),
+        conn_qp: None,
+        established_by_app: false,
+        req: None,
     }));
     ids(|m| m.insert(num, w as usize));
     w
@@ -502,6 +524,24 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
     let Some(idp) = id else { return null_mut() };
     // SAFETY: a live C id of this library.
     let w = unsafe { &mut *(idp as *mut IdW) };
+    if ev.event == EventType::Established && std::mem::take(&mut w.established_by_app) {
+        return null_mut();
+    }
+    if let Some(q) = ev.param.qp {
+        w.conn_qp = Some(q);
+    }
+    if ev.event == EventType::ConnectRequest {
+        if let (Some(q), Some(psn)) = (ev.param.qp_num, ev.param.starting_psn) {
+            w.req = Some((
+                q.get(),
+                psn.get(),
+                ev.param.initiator_depth,
+                ev.param.responder_resources,
+                ev.param.retry_count,
+                ev.param.rnr_retry_count,
+            ));
+        }
+    }
     w.refresh();
     w.refresh_qp_state();
     // SAFETY: plain C data.
@@ -986,24 +1026,111 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     if id.is_null() || attr.is_null() || mask.is_null() {
         return fail(EINVAL);
     }
-    // SAFETY: an id of this library; the caller's out structures.
+    // SAFETY: an id of this library; the caller's in/out structures.
     let (w, a) = unsafe { (idw(id), &mut *attr) };
-    // INIT only: what an id's QP needs before the connection (the CM moves a QP it holds
-    // itself; the connection's RTR/RTS attributes of a self-made QP are not available).
+    // The state asked for is the caller's `qp_state` (as the kernel's CM reads it).
+    let want = a.qp_state;
     // SAFETY: plain C data.
     *a = unsafe { std::mem::zeroed() };
-    a.qp_state = 1;
+    a.qp_state = want;
     a.port_num = 1;
-    a.pkey_index = 0;
-    if w.c.ps == RDMA_PS_UDP {
-        a.qkey = RDMA_UDP_QKEY;
-        // SAFETY: the caller's out parameter.
-        unsafe { *mask = 1 | 16 | 32 | 64 };
-    } else {
-        a.qp_access_flags = 1 | 2 | 4 | 8;
-        // SAFETY: as above.
-        unsafe { *mask = 1 | 8 | 16 | 32 };
+    const STATE: c_int = 1;
+    const ACCESS: c_int = 8;
+    const PKEY: c_int = 16;
+    const PORT: c_int = 32;
+    const QKEY: c_int = 64;
+    const AV: c_int = 128;
+    const PATH_MTU: c_int = 256;
+    const TIMEOUT: c_int = 512;
+    const RETRY: c_int = 1024;
+    const RNR_RETRY: c_int = 2048;
+    const RQ_PSN: c_int = 4096;
+    const MAX_RD: c_int = 8192;
+    const MIN_RNR: c_int = 32768;
+    const SQ_PSN: c_int = 65536;
+    const MAX_DEST_RD: c_int = 131072;
+    const DEST_QPN: c_int = 1 << 20;
+    let m = match want {
+        // INIT (and RESET, whose attributes librdmacm gives as INIT's).
+        0 | 1 => {
+            a.qp_state = 1;
+            if w.c.ps == RDMA_PS_UDP {
+                a.qkey = RDMA_UDP_QKEY;
+                STATE | PKEY | PORT | QKEY
+            } else {
+                a.qp_access_flags = 1 | 2 | 4 | 8;
+                STATE | ACCESS | PKEY | PORT
+            }
+        }
+        2 | 3 if w.c.ps == RDMA_PS_UDP => {
+            a.sq_psn = w.my_psn;
+            if want == 2 {
+                STATE
+            } else {
+                STATE | SQ_PSN
+            }
+        }
+        2 => {
+            let route = w.id.as_ref().and_then(|c| c.route());
+            let local = w.id.as_ref().and_then(|c| c.local_addr()).map(|s| s.ip());
+            a.min_rnr_timer = 12;
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = 1;
+            a.ah_attr.grh.sgid_index = local.map_or(0, gid_index);
+            if let Some(q) = w.conn_qp {
+                a.dest_qp_num = q.remote_qpn.get();
+                a.rq_psn = q.rq_psn.get();
+                a.path_mtu = c_int::from(q.path_mtu.0);
+                a.max_dest_rd_atomic = q.max_dest_rd_atomic;
+                a.ah_attr.grh.dgid.raw = q.remote_gid.0;
+                // (A route's hop limit; a REQ/REP-derived 0 would keep packets in.)
+                a.ah_attr.grh.hop_limit = if q.hop_limit == 0 { 64 } else { q.hop_limit };
+                a.ah_attr.grh.traffic_class = q.traffic_class;
+                a.ah_attr.grh.flow_label = q.flow_label;
+            } else if let (Some((qpn, psn, depth, ..)), Some(r)) = (w.req, route) {
+                a.dest_qp_num = qpn;
+                a.rq_psn = psn;
+                a.path_mtu = c_int::from(r.path_mtu.0);
+                a.max_dest_rd_atomic = depth;
+                a.ah_attr.grh.dgid.raw = r.remote_gid.0;
+                a.ah_attr.grh.hop_limit = r.hop_limit;
+                a.ah_attr.grh.traffic_class = r.traffic_class;
+                a.ah_attr.grh.flow_label = r.flow_label;
+            } else {
+                // No connection yet: nothing to be ready to receive from.
+                return fail(EINVAL);
+            }
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD | MIN_RNR
+        }
+        3 => {
+            if let Some(q) = w.conn_qp {
+                a.sq_psn = q.sq_psn.get();
+                a.timeout = q.local_ack_timeout;
+                a.retry_cnt = q.retry_count;
+                a.rnr_retry = q.rnr_retry_count;
+                a.max_rd_atomic = q.max_rd_atomic;
+            } else if let Some((_, _, _, resources, retry, rnr)) = w.req {
+                a.sq_psn = w.my_psn;
+                a.timeout = 14;
+                a.retry_cnt = retry;
+                a.rnr_retry = rnr;
+                a.max_rd_atomic = resources;
+            } else {
+                return fail(EINVAL);
+            }
+            STATE | TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD
+        }
+        _ => return fail(EINVAL),
+    };
+    if trace() {
+        eprintln!(
+            "ferroce librdmacm: rdma_init_qp_attr state {} mask {m:#x}: dest_qp {:#x} rq_psn {:#x} sq_psn {:#x} mtu {} rd {}/{} retry {}/{} hop {}",
+            a.qp_state, a.dest_qp_num, a.rq_psn, a.sq_psn, a.path_mtu, a.max_rd_atomic,
+            a.max_dest_rd_atomic, a.retry_cnt, a.rnr_retry, a.ah_attr.grh.hop_limit
+        );
     }
+    // SAFETY: the caller's out parameter.
+    unsafe { *mask = m };
     0
 }
 
@@ -1046,7 +1173,10 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_par
     // SAFETY: an id of this library.
     let w = unsafe { idw(id) };
     // SAFETY: the caller's parameters.
-    let cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    let mut cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    // A QP the program moves itself starts at the PSN rdma_init_qp_attr gives it (the CM
+    // picks its own for a QP it holds).
+    cp.starting_psn = Psn::new(w.my_psn);
     let r = match w.cmid() {
         Ok(c) => c.connect(&cp),
         Err(e) => return fail(e),
@@ -1071,9 +1201,14 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
-    match unsafe { idw(id) }.cmid() {
+    let w = unsafe { idw(id) };
+    w.established_by_app = true;
+    match w.cmid() {
         Ok(c) => ret(c.establish()),
-        Err(e) => fail(e),
+        Err(e) => {
+            w.established_by_app = false;
+            fail(e)
+        }
     }
 }
 
@@ -1157,6 +1292,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_para
     // SAFETY: the caller's parameters.
     let mut cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
     cp.qkey = RDMA_UDP_QKEY;
+    cp.starting_psn = Psn::new(w.my_psn);
     let r = match w.cmid() {
         Ok(c) => c.accept(&cp),
         Err(e) => return fail(e),

@@ -243,6 +243,14 @@ fn rping_both_ends_on_ferroces_librdmacm() {
         "rping -c -v -S 100 -C 10 -a",
     );
     assert_rping(t, r, 10);
+    // -q: the programs create their QPs themselves and move them with rdma_init_qp_attr
+    // (INIT, RTR from the REQ or REP, RTS) and rdma_establish.
+    let r = pair_when(
+        Ready::CmListen,
+        "rping -s -q -v -S 100 -C 10 -a 127.0.0.1",
+        "rping -c -q -v -S 100 -C 10 -a",
+    );
+    assert_rping("rping -q", r, 10);
     // The RDMA-CM MADs (REQ, REP, RTU, DREQ, DREP) and the data are RoCE v2 that inspect,
     // tshark and the independent checker accept.
     if which("tshark") {

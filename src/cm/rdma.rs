@@ -175,6 +175,9 @@ pub struct Event {
     pub qkey: Option<u32>,
     /// RC: what the QP must be set to (CONNECT_RESPONSE, ESTABLISHED).
     pub qp: Option<QpParams>,
+    /// CONNECT_REQUEST (RC): the REQ's starting PSN, the receive PSN of a QP the consumer
+    /// moves itself (`rdma_init_qp_attr` for RTR).
+    pub starting_psn: Option<Psn>,
 }
 
 impl Event {
@@ -194,6 +197,7 @@ impl Event {
             qp_num: None,
             qkey: None,
             qp: None,
+            starting_psn: None,
         }
     }
     fn with_private(mut self, d: &[u8]) -> Self {
@@ -1195,6 +1199,7 @@ impl RdmaCm {
         ev.rnr_retry_count = req.rnr_retry_count;
         ev.srq = req.srq;
         ev.qp_num = Some(req.local_qpn);
+        ev.starting_psn = Some(req.starting_psn);
         self.event(ev);
     }
 
