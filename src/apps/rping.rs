@@ -818,19 +818,28 @@ pub fn run(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     }
 }
 
+/// The local address when none was given: a GID of the peer's family that is not link-local
+/// (an IPv6 GID table starts with the link-local address, which the peer's routes do not
+/// reach back to), else any of that family, else the first.
+fn default_local(gids: &[IpAddr], want_v6: bool) -> Option<IpAddr> {
+    let link_local = |ip: &IpAddr| match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    gids.iter()
+        .find(|g| g.is_ipv6() == want_v6 && !link_local(g))
+        .or_else(|| gids.iter().find(|g| g.is_ipv6() == want_v6))
+        .or(gids.first())
+        .copied()
+}
+
 fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, RpingError> {
     let dev = pick_device(a)?;
     let want_v6 = a.addr.is_some_and(|ip| ip.is_ipv6());
     let local = a
         .src
         .or(a.addr.filter(|ip| a.server && !ip.is_unspecified()))
-        .or_else(|| {
-            dev.gids
-                .iter()
-                .find(|g| g.is_ipv6() == want_v6)
-                .or(dev.gids.first())
-                .copied()
-        })
+        .or_else(|| default_local(&dev.gids, want_v6))
         .ok_or_else(|| ToolError::NoAddress(dev.name.clone()))?;
     let pkt =
         backend::open_with(a.backend, &dev, local, true).map_err(|err| ToolError::Backend {
@@ -1084,6 +1093,26 @@ mod tests {
     fn p(args: &[&str]) -> Result<RpingArgs, i32> {
         let v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         parse(&v, &mut Vec::new(), &mut Vec::new())
+    }
+
+    /// A device's GID table as ferroce devinfo shows it (link-local first): an IPv6 client
+    /// talks from the global address; a v4 one from the v4 address (the capture of the first
+    /// IPv6 run against rxe showed the REQ and the QP's packets from fe80::…).
+    #[test]
+    fn default_local_skips_link_local() {
+        let gids: Vec<IpAddr> = ["fe80::5054:ff:fe77:2", "10.77.0.2", "fd77::2"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(default_local(&gids, true), Some("fd77::2".parse().unwrap()));
+        assert_eq!(
+            default_local(&gids, false),
+            Some("10.77.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            default_local(&gids[..1], true),
+            Some("fe80::5054:ff:fe77:2".parse().unwrap())
+        );
     }
 
     #[test]
