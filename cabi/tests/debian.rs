@@ -83,6 +83,8 @@ fn perftest_both_ends() {
         "ib_atomic_bw",
         "ib_send_lat",
         "ib_write_lat",
+        "ib_read_lat",
+        "ib_atomic_lat",
     ];
     if !ready(t, &progs) {
         return;
@@ -96,6 +98,8 @@ fn perftest_both_ends() {
         ("ib_write_bw", "-n 100 -q 2 -s 8192", "200"),
         ("ib_send_lat", "-n 500", "500"),
         ("ib_write_lat", "-n 500", "500"),
+        ("ib_read_lat", "-n 500", "500"),
+        ("ib_atomic_lat", "-n 500", "500"),
     ] {
         let cmd = format!("{p} -d ferroce_lo -x 0 {extra}");
         let (s, c, st) = pair(&cmd, &cmd);
@@ -299,7 +303,13 @@ fn result_line<'a>(what: &str, out: &'a str, n: &str) -> &'a str {
 #[test]
 fn perftest_over_rdma_cm_both_ends() {
     let t = "perftest_over_rdma_cm_both_ends";
-    let progs = ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_send_lat"];
+    let progs = [
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_send_lat",
+        "ib_write_lat",
+    ];
     if !ready(t, &progs) {
         return;
     }
