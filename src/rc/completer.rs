@@ -179,7 +179,7 @@ impl Qp {
     }
 
     /// Complete the oldest WQE with the error `status`; the QP moves to the error state.
-    fn fail_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+    pub(super) fn fail_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         self.complete_send_head(ctx, status);
         self.enter_error(ctx);
     }

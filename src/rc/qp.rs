@@ -99,6 +99,10 @@ pub(crate) struct SqEntry {
     /// READ with selective repeat: response packets placed ahead of `read_done` (their
     /// PSN's distance from `first_psn`), counted in once the gap before them is filled.
     pub read_placed: std::collections::BTreeSet<u32>,
+    /// READ with selective repeat: responses among `read_placed` that could not land yet (a
+    /// byte of theirs may still be written by an earlier WQE or an earlier offset): kept,
+    /// written in order when the gap before them fills.
+    pub read_kept: std::collections::BTreeMap<u32, Vec<u8>>,
 }
 
 impl SqEntry {
@@ -111,6 +115,7 @@ impl SqEntry {
             read_done: 0,
             read_req_psn: Psn::default(),
             read_placed: std::collections::BTreeSet::new(),
+            read_kept: std::collections::BTreeMap::new(),
         }
     }
     pub(crate) fn last_psn(&self) -> Psn {

@@ -138,8 +138,8 @@ impl Qp {
         if !self.sr || !w.wqe.op.is_read() || !w.contains(p) {
             return false;
         }
-        // A READ lands early only where no byte it writes can still be written by anything
-        // else: its own scatter entries are disjoint (in order, where two overlap the later
+        // A READ response lands early only where no byte it writes can still be written by
+        // anything else (otherwise it is kept and written in order): the READ's own scatter entries are disjoint (in order, where two overlap the later
         // offset's bytes win; placed out of order, a gap filled last would overwrite them),
         // and every WQE before it is a READ into other local bytes (local writes keep the
         // order of the send queue).
@@ -151,9 +151,6 @@ impl Qp {
                         .iter()
                         .all(|a| w.wqe.sges.iter().all(|b| !sge_pair_overlaps(a, b)))
             });
-        if !clear {
-            return false;
-        }
         let k = p.distance_from(w.first_psn);
         let off = k * mtu;
         if off < w.read_done || w.read_placed.contains(&k) {
@@ -165,7 +162,14 @@ impl Qp {
         if off >= w.wqe.len || payload.len() != want as usize || nak {
             return false;
         }
-        if crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, u64::from(off), payload).is_err() {
+        if !clear {
+            // Not yet: keep a copy (at most MAX_REORDER per QP), written in order later.
+            let kept: usize = self.sq.iter().map(|e| e.read_kept.len()).sum();
+            if kept >= super::reorder::MAX_REORDER {
+                return false;
+            }
+            self.sq[idx].read_kept.insert(k, payload.to_vec());
+        } else if crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, u64::from(off), payload).is_err() {
             return false;
         }
         self.sq[idx].read_placed.insert(k);
@@ -185,8 +189,20 @@ impl Qp {
             if !w.assigned || !w.wqe.op.is_read() || w.read_placed.is_empty() {
                 return;
             }
+            let mut failed = None;
             while w.read_placed.remove(&(w.read_done / mtu)) {
+                if let Some(bytes) = w.read_kept.remove(&(w.read_done / mtu)) {
+                    let at = u64::from(w.read_done);
+                    if let Err(status) = crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, at, &bytes) {
+                        failed = Some(status);
+                        break;
+                    }
+                }
                 w.read_done = (w.read_done + mtu).min(w.wqe.len);
+            }
+            if let Some(status) = failed {
+                self.fail_head(ctx, status);
+                return;
             }
             let done = w.read_done == w.wqe.len;
             let una = if done {
