@@ -143,7 +143,7 @@ impl Rig {
         let dcqcn = shape.cc == Some(true);
         let mut a = device_cc(1, dcqcn);
         let mut b = device_cc(2, dcqcn);
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
         let cq_a = a.create_cq(1 << 16).unwrap();
         let cq_b = b.create_cq(1 << 16).unwrap();
         let mr_a = a.reg_mr(pa, SLOTS * shape.msg, all_access()).unwrap();
@@ -396,7 +396,7 @@ fn memory_report() {
     // heap is fresh, so freed memory is not reused and hidden).
     let before = rss_bytes();
     let mut d = device(1);
-    let pd = d.alloc_pd();
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(1 << 16).unwrap();
     let peer = device(2);
     let mut qps = Vec::with_capacity(BIG_QPS);

@@ -112,7 +112,7 @@ fn open(ip: IpAddr, access: AccessFlags, psn: u32) -> Result<End> {
         dev,
         NicOptions::default(),
     )?;
-    let pd = nic.alloc_pd();
+    let pd = nic.alloc_pd()?;
     let cq = nic.create_cq(64)?;
     let cap = QpCap {
         max_send_wr: 16,

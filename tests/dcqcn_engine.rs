@@ -191,12 +191,12 @@ fn incast(n: usize, dcqcn: bool, ms: u64) -> (f64, f64, u64, u64, u64) {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let rpd = f.hosts[0].alloc_pd();
+    let rpd = f.hosts[0].alloc_pd().unwrap();
     let rcq = f.hosts[0].create_cq(1024).unwrap();
     let rmr = f.hosts[0].reg_mr(rpd, 1 << 20, ALL).unwrap();
     let mut flows = Vec::new();
     for s in 1..=n {
-        let pd = f.hosts[s].alloc_pd();
+        let pd = f.hosts[s].alloc_pd().unwrap();
         let cq = f.hosts[s].create_cq(1024).unwrap();
         let mr = f.hosts[s].reg_mr(pd, 1 << 16, ALL).unwrap();
         let qs = f.hosts[s]

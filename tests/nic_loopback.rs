@@ -141,7 +141,7 @@ fn inline_engine() {
 fn post_errors_are_synchronous() {
     let (la, _lb) = Loopback::pair(16, 9000).unwrap();
     let a = nic(1, la, PollMode::Busy);
-    let pd = a.alloc_pd();
+    let pd = a.alloc_pd().unwrap();
     let cq = a.create_cq(16).unwrap();
     let cap = QpCap {
         max_send_wr: 2,

@@ -37,7 +37,7 @@ struct UdEnd {
 }
 
 fn ud_end(dev: &mut Device, len: usize, srq: Option<Srq>, pd: Option<Pd>) -> UdEnd {
-    let pd = pd.unwrap_or_else(|| dev.alloc_pd());
+    let pd = pd.unwrap_or_else(|| dev.alloc_pd().unwrap());
     let cq = dev.create_cq(4096).unwrap();
     let mut init = QpInitAttr::new(pd, cq, cq, cap(256)).with_type(QpType::Ud);
     init.srq = srq;
@@ -244,7 +244,7 @@ fn ud_qkeys_mtu_and_bad_input() {
         Err(VerbsError::NoSuchAh)
     );
     // An address handle of another PD is not ours to use.
-    let other_pd = p.a.alloc_pd();
+    let other_pd = p.a.alloc_pd().unwrap();
     let ah2 = ah_to(&mut p.a, other_pd, &p.b);
     assert_eq!(
         p.a.post_send(a.qp, ud_send(10, &a.mr, 0, 8, ah2, b.qp, QKEY)),
@@ -277,7 +277,7 @@ fn ud_without_a_receive_wqe_drops_silently() {
 fn qp1_exchanges_mads_with_the_gsi_qkey() {
     let mut p = Pair::new(4, clean());
     let gsi = |dev: &mut Device| {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(64).unwrap();
         let init = QpInitAttr::new(pd, cq, cq, cap(16)).with_type(QpType::Ud);
         let qp = dev.create_gsi_qp(init).unwrap();
@@ -322,7 +322,7 @@ fn qp1_exchanges_mads_with_the_gsi_qkey() {
 fn uc_pair(seed: u64, link: LinkConfig) -> (Pair, common::End, common::End) {
     let mut p = Pair::new(seed, link);
     let mk = |dev: &mut Device| {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(1 << 14).unwrap();
         let qp = dev
             .create_qp(QpInitAttr::new(pd, cq, cq, cap(1024)).with_type(QpType::Uc))
@@ -491,7 +491,7 @@ fn uc_under_loss_delivers_whole_messages_or_nothing() {
 fn rc_qps_share_an_srq_with_rnr_and_the_limit_event() {
     let mut p = Pair::new(7, clean());
     // B: three RC QPs on one SRQ; A: three RC QPs.
-    let pd_b = p.b.alloc_pd();
+    let pd_b = p.b.alloc_pd().unwrap();
     let cq_b = p.b.create_cq(1024).unwrap();
     let srq =
         p.b.create_srq(
@@ -504,7 +504,7 @@ fn rc_qps_share_an_srq_with_rnr_and_the_limit_event() {
         )
         .unwrap();
     let mr_b = p.b.reg_mr(pd_b, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
-    let pd_a = p.a.alloc_pd();
+    let pd_a = p.a.alloc_pd().unwrap();
     let cq_a = p.a.create_cq(1024).unwrap();
     let mr_a = p.a.reg_mr(pd_a, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
     let params = RcParams {
@@ -610,7 +610,7 @@ fn rc_qps_share_an_srq_with_rnr_and_the_limit_event() {
 #[test]
 fn ud_qps_on_an_srq_drop_when_it_is_empty() {
     let mut p = Pair::new(8, clean());
-    let pd = p.b.alloc_pd();
+    let pd = p.b.alloc_pd().unwrap();
     let srq =
         p.b.create_srq(
             pd,
@@ -652,7 +652,7 @@ fn modify_qp_follows_each_transport_s_table() {
         wire::MacAddr([2, 0, 0, 0, 0, 1]),
         "10.0.0.1".parse().unwrap(),
     ));
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(8).unwrap();
     let ud = dev
         .create_qp(QpInitAttr::new(pd, cq, cq, cap(4)).with_type(QpType::Ud))

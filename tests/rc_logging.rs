@@ -74,7 +74,7 @@ fn a_cq_overrun_is_logged() {
     let out = logged(|| {
         let mut p = Pair::new(6, Default::default());
         let a = end(&mut p.a, 4096);
-        let pd = p.b.alloc_pd();
+        let pd = p.b.alloc_pd().unwrap();
         let cq = p.b.create_cq(1).unwrap();
         let qp = p.b.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
         let mr = p.b.reg_mr(pd, 4096, ALL).unwrap();

@@ -634,7 +634,7 @@ struct Side {
 
 impl Side {
     fn new(dev: &mut Device, sq_sig_all: bool) -> Side {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let scq = dev.create_cq(4096).unwrap();
         let rcq = dev.create_cq(4096).unwrap();
         let qp = dev
@@ -1368,7 +1368,7 @@ fn unsignaled_requests_complete_silently() {
 fn sq_sig_all_completes_every_request() {
     let mut p = Pair::new(5, lossy(0.05));
     let mk = |dev: &mut Device| {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(256).unwrap();
         let qp = dev
             .create_qp(QpInitAttr {

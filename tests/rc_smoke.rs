@@ -28,7 +28,7 @@ fn side_configured(i: u8, f: impl FnOnce(&mut DeviceConfig)) -> Side {
     .with_seed(i as u64);
     f(&mut cfg);
     let mut dev = Device::new(cfg);
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
     let cap = QpCap {
         max_send_wr: 256,
@@ -1031,7 +1031,7 @@ fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
         dev: Device::new(cfg),
         ..side(2)
     };
-    let (pd, cq) = (c.dev.alloc_pd(), c.dev.create_cq(64).unwrap());
+    let (pd, cq) = (c.dev.alloc_pd().unwrap(), c.dev.create_cq(64).unwrap());
     let cap = QpCap {
         max_send_wr: 4,
         max_recv_wr: 4,

@@ -82,7 +82,7 @@ fn cap() -> QpCap {
 }
 
 fn qp_init(nic: &Nic) -> (QpInitAttr, Pd, Cq) {
-    let pd = nic.alloc_pd();
+    let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(64).unwrap();
     (QpInitAttr::new(pd, cq, cq, cap()), pd, cq)
 }

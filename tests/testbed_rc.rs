@@ -382,7 +382,7 @@ fn host(
         Wrap::Faults(c) => Nic::start(cfg, FaultInjector::new(pkt, c), options()),
     }
     .map_err(|e| format!("{}: starting the NIC: {e}", spec.ns))?;
-    let pd = nic.alloc_pd();
+    let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(4096).map_err(|e| e.to_string())?;
     let cap = QpCap {
         max_send_wr: 64,

@@ -104,7 +104,7 @@ fn modify_errors_come_back_typed() {
         "{e}"
     );
     // A fresh QP: RESET -> INIT without its required attributes.
-    let pd = p.a.alloc_pd();
+    let pd = p.a.alloc_pd().unwrap();
     let cq = p.a.create_cq(16).unwrap();
     let q = p.a.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
     let e =
@@ -138,7 +138,7 @@ fn keys_are_unpredictable_and_never_sequential() {
         ferroce::wire::MacAddr([2, 0, 0, 0, 0, 9]),
         "10.0.0.9".parse().unwrap(),
     ));
-    let pd = d.alloc_pd();
+    let pd = d.alloc_pd().unwrap();
     let mrs: Vec<_> = (0..200).map(|_| d.reg_mr(pd, 64, ALL).unwrap()).collect();
     let mut keys: Vec<u32> = mrs.iter().flat_map(|m| [m.lkey().0, m.rkey().0]).collect();
     let n = keys.len();
@@ -163,7 +163,7 @@ fn keys_are_unpredictable_and_never_sequential() {
         ferroce::wire::MacAddr([2, 0, 0, 0, 0, 9]),
         "10.0.0.9".parse().unwrap(),
     ));
-    let pd = e.alloc_pd();
+    let pd = e.alloc_pd().unwrap();
     assert_ne!(e.reg_mr(pd, 64, ALL).unwrap().rkey(), mrs[0].rkey());
 }
 

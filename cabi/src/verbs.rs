@@ -312,35 +312,35 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_devic
     }
     // SAFETY: caller's context and out struct.
     let (s, a) = unsafe { (sh(c), &mut *a) };
-    let cfg = s.nic.with_device(|d| d.config().clone());
+    let l = s.nic.query_device();
     // SAFETY: plain C data.
     *a = unsafe { std::mem::zeroed() };
     copy_str(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
     a.node_guid = u64::from_ne_bytes(s.port.guid());
     a.sys_image_guid = a.node_guid;
-    a.max_mr_size = u64::MAX;
+    a.max_mr_size = l.max_mr_size;
     a.page_size_cap = 0xffff_f000;
     a.vendor_id = 0xffffff; // as rxe: no vendor
     a.hw_ver = 0;
-    a.max_qp = cfg.max_qp as c_int;
-    a.max_qp_wr = cfg.max_qp_wr as c_int;
-    // IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_N_NOTIFY_CQ
-    a.device_cap_flags = (1 << 12) | (1 << 13) | (1 << 14);
-    a.max_sge = cfg.max_sge as c_int;
-    a.max_sge_rd = cfg.max_sge as c_int;
-    a.max_cq = 16384;
-    a.max_cqe = cfg.max_cqe as c_int;
-    a.max_mr = 1 << 20;
-    a.max_pd = 1 << 16;
-    a.max_qp_rd_atom = 128;
-    a.max_res_rd_atom = 128 * cfg.max_qp as c_int;
-    a.max_qp_init_rd_atom = 128;
+    let int = |v: u32| v.min(c_int::MAX as u32) as c_int;
+    a.max_qp = int(l.max_qp);
+    a.max_qp_wr = int(l.max_qp_wr);
+    a.device_cap_flags = l.device_cap_flags;
+    a.max_sge = int(l.max_sge);
+    a.max_sge_rd = int(l.max_sge_rd);
+    a.max_cq = int(l.max_cq);
+    a.max_cqe = int(l.max_cqe);
+    a.max_mr = int(l.max_mr);
+    a.max_pd = int(l.max_pd);
+    a.max_qp_rd_atom = int(l.max_qp_rd_atom);
+    a.max_res_rd_atom = l.max_res_rd_atom.min(c_int::MAX as u64) as c_int;
+    a.max_qp_init_rd_atom = int(l.max_qp_init_rd_atom);
     a.atomic_cap = 1; // IBV_ATOMIC_HCA
-    a.max_ah = 1 << 16;
-    a.max_srq = 1 << 16;
-    a.max_srq_wr = cfg.max_qp_wr as c_int;
-    a.max_srq_sge = cfg.max_sge as c_int;
-    a.max_pkeys = 1;
+    a.max_ah = int(l.max_ah);
+    a.max_srq = int(l.max_srq);
+    a.max_srq_wr = int(l.max_srq_wr);
+    a.max_srq_sge = int(l.max_srq_sge);
+    a.max_pkeys = l.max_pkeys;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
     0
@@ -546,7 +546,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
         return fail(EINVAL);
     }
     // SAFETY: caller's context.
-    let pd = unsafe { sh(c) }.nic.alloc_pd();
+    let pd = match unsafe { sh(c) }.nic.alloc_pd() {
+        Ok(pd) => pd,
+        Err(e) => return fail(errno_of(&e)),
+    };
     let w = Box::new(PdW {
         c: ibv_pd {
             context: c,
@@ -562,7 +565,14 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
         return EINVAL;
     }
-    // SAFETY: a PD from ibv_alloc_pd, not used after this.
+    // SAFETY: a PD from ibv_alloc_pd; freed below only if the NIC let it go.
+    let w = unsafe { &*(pd as *mut PdW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    if let Err(e) = unsafe { sh(w.c.context) }.nic.dealloc_pd(w.pd) {
+        // EBUSY while its MRs, QPs, SRQs or AHs exist, as on any provider.
+        return errno_of(&e);
+    }
+    // SAFETY: a PD from ibv_alloc_pd, not used after this (the caller's contract).
     drop(unsafe { Box::from_raw(pd as *mut PdW) });
     0
 }
@@ -754,6 +764,15 @@ pub unsafe extern "C" fn ibv_create_cq(
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
         return EINVAL;
+    }
+    {
+        // SAFETY: a CQ from ibv_create_cq; freed below only if the NIC let it go.
+        let w = unsafe { &*(cq as *mut CqW) };
+        // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+        if let Err(e) = unsafe { sh(w.c.context) }.nic.destroy_cq(w.cq) {
+            // EBUSY while a QP completes into it.
+            return errno_of(&e);
+        }
     }
     // SAFETY: a CQ from ibv_create_cq, not used after this.
     let w = unsafe { Box::from_raw(cq as *mut CqW) };

@@ -151,6 +151,65 @@ pub fn node_guid(m: &MacAddr) -> String {
     )
 }
 
+/// `ibv_devinfo -v`'s device attributes: the limits a ferroce device on `d` enforces
+/// ([`crate::verbs::Device::query_device`]), in ibv_devinfo's order and format; what ferroce
+/// has none of (EE contexts, memory windows, multicast, FMRs) reads 0 as on any device
+/// without it.
+fn device_limits(s: &mut String, d: &Netdev) {
+    let ip = d
+        .gids
+        .first()
+        .copied()
+        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+    let l = crate::verbs::DeviceConfig::new(d.mac, ip).limits();
+    let dev = |s: &mut String, k: &str, v: &dyn std::fmt::Display| field(s, 1, 32, k, v);
+    dev(s, "max_mr_size", &format!("{:#x}", l.max_mr_size));
+    dev(s, "page_size_cap", &"0xfffff000");
+    dev(s, "max_qp", &l.max_qp);
+    dev(s, "max_qp_wr", &l.max_qp_wr);
+    dev(
+        s,
+        "device_cap_flags",
+        &format!("0x{:08x}", l.device_cap_flags),
+    );
+    for (bit, name) in crate::verbs::limits::DEVICE_CAP_NAMES {
+        if l.device_cap_flags & bit != 0 {
+            let _ = writeln!(s, "\t\t\t\t\t{name}");
+        }
+    }
+    dev(s, "max_sge", &l.max_sge);
+    dev(s, "max_sge_rd", &l.max_sge_rd);
+    dev(s, "max_cq", &l.max_cq);
+    dev(s, "max_cqe", &l.max_cqe);
+    dev(s, "max_mr", &l.max_mr);
+    dev(s, "max_pd", &l.max_pd);
+    dev(s, "max_qp_rd_atom", &l.max_qp_rd_atom);
+    dev(s, "max_ee_rd_atom", &0);
+    dev(s, "max_res_rd_atom", &l.max_res_rd_atom);
+    dev(s, "max_qp_init_rd_atom", &l.max_qp_init_rd_atom);
+    dev(s, "max_ee_init_rd_atom", &0);
+    dev(s, "atomic_cap", &"ATOMIC_HCA (1)");
+    for k in [
+        "max_ee",
+        "max_rdd",
+        "max_mw",
+        "max_raw_ipv6_qp",
+        "max_raw_ethy_qp",
+        "max_mcast_grp",
+        "max_mcast_qp_attach",
+        "max_total_mcast_qp_attach",
+    ] {
+        dev(s, k, &0);
+    }
+    dev(s, "max_ah", &l.max_ah);
+    dev(s, "max_fmr", &0);
+    dev(s, "max_srq", &l.max_srq);
+    dev(s, "max_srq_wr", &l.max_srq_wr);
+    dev(s, "max_srq_sge", &l.max_srq_sge);
+    dev(s, "max_pkeys", &l.max_pkeys);
+    dev(s, "local_ca_ack_delay", &15);
+}
+
 /// The `ibv_devinfo` block of one device (without the live counters), ending with the port's
 /// fields, the GID table and the interface line.
 pub fn device_block(d: &Netdev, state: PortState, flags: u32, verbose: bool) -> String {
@@ -166,6 +225,9 @@ pub fn device_block(d: &Netdev, state: PortState, flags: u32, verbose: bool) -> 
     dev(&mut s, "vendor_part_id", &0);
     dev(&mut s, "hw_ver", &"0x0");
     dev(&mut s, "phys_port_cnt", &1);
+    if verbose {
+        device_limits(&mut s, d);
+    }
     let _ = writeln!(s, "\t\tport:\t1");
     let mtu = d.mtu.unwrap_or(1500);
     let active = netdev::ib_mtu_for(mtu);
@@ -299,9 +361,22 @@ mod tests {
             assert!(rxe.lines().any(|r| r == l), "{l:?} not in the fixture");
             assert!(ours.lines().any(|r| r == l), "{l:?} not in\n{ours}");
         }
-        // Every port field we print with -v appears in rxe's -v output in the same order
-        // with the same alignment.
+        // Every device field we print with -v appears in rxe's -v output in the same order
+        // with the same alignment, and so does every port field.
         let theirs = shape(rxe);
+        let mut at = 0;
+        let dev_fields: Vec<_> = shape(&ours).into_iter().filter(|f| f.0 == 1).collect();
+        assert!(dev_fields.iter().any(|f| f.1 == "max_srq_sge"), "{ours}");
+        for f in dev_fields {
+            let k = theirs[at..]
+                .iter()
+                .position(|t| t.0 == 1 && t.1 == f.1)
+                .unwrap_or_else(|| panic!("{f:?} not (in this order) in rxe's -v output"));
+            assert_eq!(theirs[at + k].2, f.2, "{f:?}");
+            at += k + 1;
+        }
+        assert!(ours.contains("\n\t\t\t\t\tRC_RNR_NAK_GEN\n"), "{ours}");
+        assert!(rxe.contains("\n\t\t\t\t\tRC_RNR_NAK_GEN\n"));
         let mut at = 0;
         for f in shape(&ours)
             .into_iter()

@@ -652,7 +652,7 @@ fn pingpong_on(
     // UD: every buffer starts with the 40-byte GRH slot; the message follows it.
     let off = if ex == Example::Ud { GRH } else { 0 };
     let num_qp = if ex == Example::Srq { o.num_qp } else { 1 };
-    let pd = nic.alloc_pd();
+    let pd = nic.alloc_pd()?;
     let cq_depth = if ex == Example::Srq {
         o.rx_depth as usize + num_qp as usize
     } else {

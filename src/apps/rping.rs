@@ -344,6 +344,9 @@ enum RpingError {
     /// The connection manager failed.
     #[error("{0}")]
     Cm(#[from] CmApiError),
+    /// The protection domain could not be allocated.
+    #[error("alloc_pd: {0}")]
+    Pd(#[source] VerbsError),
     /// The completion queue could not be created.
     #[error("{0}")]
     Cq(#[source] VerbsError),
@@ -370,7 +373,7 @@ impl<'a> Conn<'a> {
         stash: &'a mut VecDeque<CmEvent>,
         err: &'a mut dyn Write,
     ) -> Result<Conn<'a>, RpingError> {
-        let pd = nic.alloc_pd();
+        let pd = nic.alloc_pd().map_err(RpingError::Pd)?;
         let cq = nic.create_cq(32).map_err(RpingError::Cq)?;
         let cap = QpCap {
             max_send_wr: 16,

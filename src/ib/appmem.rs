@@ -196,7 +196,7 @@ mod tests {
             )
             .with_seed(u64::from(i));
             let mut dev = Device::new(cfg);
-            let pd = dev.alloc_pd();
+            let pd = dev.alloc_pd().unwrap();
             let cq = dev.create_cq(64).unwrap();
             let cap = QpCap {
                 max_send_wr: 16,

@@ -348,6 +348,14 @@ impl MrTable {
     pub(crate) fn lkey_ref(&self, k: LKey) -> Option<&Arc<MrShared>> {
         self.by_lkey.get(&k.0)
     }
+    /// How many regions are registered.
+    pub(crate) fn len(&self) -> usize {
+        self.by_lkey.len()
+    }
+    /// Whether a region of protection domain `pd` is registered.
+    pub(crate) fn any_of_pd(&self, pd: Pd) -> bool {
+        self.by_lkey.values().any(|m| m.pd == pd)
+    }
     /// Whether `k` is in use as a local or a remote key.
     pub(crate) fn contains_key(&self, k: u32) -> bool {
         self.by_lkey.contains_key(&k) || self.by_rkey.contains_key(&k)

@@ -318,7 +318,7 @@ impl CmService {
         cfg: CmConfig,
         resolver: Box<dyn Resolver>,
     ) -> Result<CmService, CmApiError> {
-        let pd = nic.alloc_pd();
+        let pd = nic.alloc_pd()?;
         let cq = nic.create_cq(RECV_SLOTS + SEND_SLOTS + 16)?;
         let cap = QpCap {
             max_send_wr: SEND_SLOTS as u32,

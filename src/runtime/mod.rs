@@ -148,6 +148,21 @@ struct CqShadow {
     events: AtomicU64,
 }
 
+impl CqShadow {
+    fn new(depth: usize) -> Arc<CqShadow> {
+        Arc::new(CqShadow {
+            q: SegQueue::new(),
+            len: AtomicUsize::new(0),
+            depth,
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            armed: AtomicU8::new(0),
+            channel: Mutex::new(None),
+            events: AtomicU64::new(0),
+        })
+    }
+}
+
 struct Inner {
     dev: Mutex<Device>,
     doorbell: SegQueue<Doorbell>,
@@ -309,9 +324,19 @@ impl Nic {
         f(&mut lock(&self.inner.dev))
     }
 
-    /// `ibv_alloc_pd`.
-    pub fn alloc_pd(&self) -> Pd {
+    /// `ibv_query_device` (see [`Device::query_device`]).
+    pub fn query_device(&self) -> crate::verbs::DeviceAttr {
+        self.with_device(|d| d.query_device())
+    }
+
+    /// `ibv_alloc_pd` (see [`Device::alloc_pd`]).
+    pub fn alloc_pd(&self) -> Result<Pd, VerbsError> {
         self.with_device(|d| d.alloc_pd())
+    }
+
+    /// `ibv_dealloc_pd` (see [`Device::dealloc_pd`]).
+    pub fn dealloc_pd(&self, pd: Pd) -> Result<(), VerbsError> {
+        self.with_device(|d| d.dealloc_pd(pd))
     }
 
     /// `ibv_reg_mr`: `len` bytes owned by the region (see [`Device::reg_mr`]).
@@ -342,21 +367,30 @@ impl Nic {
 
     /// `ibv_create_cq`, with its lock-free completion queue.
     pub fn create_cq(&self, depth: usize) -> Result<Cq, VerbsError> {
-        let cq = self.with_device(|d| d.create_cq(depth))?;
+        // The shadow is put in place under the device lock (taken before the shadows' lock,
+        // as the engine does), so the engine never sees the new CQ with the shadow of a
+        // destroyed one that had its number.
+        let mut dev = lock(&self.inner.dev);
+        let cq = dev.create_cq(depth)?;
         let mut cqs = self.inner.cqs.write().unwrap_or_else(|e| e.into_inner());
-        while cqs.len() <= cq.0 as usize {
-            cqs.push(Arc::new(CqShadow {
-                q: SegQueue::new(),
-                len: AtomicUsize::new(0),
-                depth,
-                lock: Mutex::new(()),
-                cv: Condvar::new(),
-                armed: AtomicU8::new(0),
-                channel: Mutex::new(None),
-                events: AtomicU64::new(0),
-            }));
+        let i = cq.0 as usize;
+        while cqs.len() <= i {
+            cqs.push(CqShadow::new(0));
         }
+        cqs[i] = CqShadow::new(depth);
         Ok(cq)
+    }
+
+    /// `ibv_destroy_cq` (see [`Device::destroy_cq`]); its completions not yet polled go
+    /// with it.
+    pub fn destroy_cq(&self, cq: Cq) -> Result<(), VerbsError> {
+        let mut dev = lock(&self.inner.dev);
+        dev.destroy_cq(cq)?;
+        let mut cqs = self.inner.cqs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cqs.get_mut(cq.0 as usize) {
+            *c = CqShadow::new(0);
+        }
+        Ok(())
     }
 
     /// `ibv_create_qp` (RC, UC or UD, with or without an SRQ), with the QP's lock-free shadow

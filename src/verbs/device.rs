@@ -56,6 +56,21 @@ pub struct DeviceConfig {
     pub max_inline: u32,
     /// Most completions per CQ (`max_cqe`).
     pub max_cqe: u32,
+    /// Most completion queues (`max_cq`).
+    pub max_cq: u32,
+    /// Most protection domains (`max_pd`).
+    pub max_pd: u32,
+    /// Most memory regions (`max_mr`).
+    pub max_mr: u32,
+    /// Longest memory region in bytes (`max_mr_size`).
+    pub max_mr_size: u64,
+    /// Most shared receive queues (`max_srq`).
+    pub max_srq: u32,
+    /// Most address handles (`max_ah`).
+    pub max_ah: u32,
+    /// Most outstanding RDMA READ/atomic requests per QP, as initiator (`max_rd_atomic`) and
+    /// as responder (`max_dest_rd_atomic`): `max_qp_init_rd_atom` and `max_qp_rd_atom`.
+    pub max_qp_rd_atom: u8,
     /// Most unacknowledged packets per QP (the go-back-N window).
     pub max_inflight: u32,
     /// Congestion control of every QP's transmissions (default: none, line rate, unpaced).
@@ -110,6 +125,14 @@ impl DeviceConfig {
             max_sge: 32,
             max_inline: 512,
             max_cqe: 1 << 22,
+            max_cq: 1 << 16,
+            max_pd: 1 << 16,
+            max_mr: 1 << 20,
+            // The user half of an x86-64 or AArch64 address space (47 bits).
+            max_mr_size: 1 << 47,
+            max_srq: 1 << 16,
+            max_ah: 1 << 16,
+            max_qp_rd_atom: 128,
             max_inflight: crate::rc::qp::DEFAULT_MAX_INFLIGHT,
             cc: crate::cc::CcConfig::None,
             line_rate_bps: 100_000_000_000,
@@ -321,7 +344,7 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
 /// let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
 ///                   max_inline_data: 0 };
 /// let mut setup = |d: &mut Device| {
-///     let pd = d.alloc_pd();
+///     let pd = d.alloc_pd().unwrap();
 ///     let cq = d.create_cq(16).unwrap();
 ///     let qp = d.create_qp(QpInitAttr::new(pd, cq, cq, cap))
 ///         .unwrap();
@@ -440,12 +463,42 @@ impl Device {
 
     // ---- protection domains and memory regions -------------------------------------------
 
-    /// `ibv_alloc_pd`: a new protection domain.
-    pub fn alloc_pd(&mut self) -> Pd {
-        let id = self.next_pd;
-        self.next_pd += 1;
+    /// `ibv_alloc_pd`: a new protection domain (`NoResources("max_pd")` once `max_pd` live).
+    pub fn alloc_pd(&mut self) -> Result<Pd, VerbsError> {
+        if self.pds.len() >= self.cfg.max_pd as usize {
+            return Err(VerbsError::NoResources("max_pd"));
+        }
+        let mut id = self.next_pd;
+        while id == 0 || self.pds.contains(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next_pd = id.wrapping_add(1);
         self.pds.push(id);
-        Pd(id)
+        Ok(Pd(id))
+    }
+
+    /// `ibv_dealloc_pd`: refused (`Busy`, EBUSY) while a memory region, QP, SRQ or address
+    /// handle of the PD exists.
+    pub fn dealloc_pd(&mut self, pd: Pd) -> Result<(), VerbsError> {
+        let i = self
+            .pds
+            .iter()
+            .position(|&p| p == pd.0)
+            .ok_or(VerbsError::NoSuchPd)?;
+        if self.mrs.any_of_pd(pd) {
+            return Err(VerbsError::Busy("memory regions of the PD are registered"));
+        }
+        if self.qps.values().any(|s| s.qp.pd() == pd) {
+            return Err(VerbsError::Busy("QPs of the PD exist"));
+        }
+        if self.srqs.iter().flatten().any(|s| s.pd == pd) {
+            return Err(VerbsError::Busy("SRQs of the PD exist"));
+        }
+        if self.ahs.values().any(|a| a.pd == pd) {
+            return Err(VerbsError::Busy("address handles of the PD exist"));
+        }
+        self.pds.swap_remove(i);
+        Ok(())
     }
 
     fn new_key(&mut self) -> u32 {
@@ -463,7 +516,7 @@ impl Device {
     /// # use ferroce::verbs::*;
     /// # let mut dev = Device::new(DeviceConfig::new(
     /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
-    /// let pd = dev.alloc_pd();
+    /// let pd = dev.alloc_pd()?;
     /// let mr = dev.reg_mr(pd, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
     /// mr.write(0, b"readable by the peer")?;
     /// assert_eq!(mr.len(), 4096);
@@ -478,6 +531,15 @@ impl Device {
         len: usize,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
+        if len as u64 > self.cfg.max_mr_size {
+            return Err(VerbsError::BadCap("MR longer than max_mr_size"));
+        }
+        // The region's memory is allocated zeroed and lazily (calloc); ask first whether the
+        // allocator can have it at all, so that a length it cannot serve is an error and
+        // not an abort.
+        if Vec::<u8>::new().try_reserve_exact(len).is_err() {
+            return Err(VerbsError::NoResources("memory for the region"));
+        }
         let (lkey, rkey) = self.mr_keys(pd, access)?;
         // A page-aligned virtual address in the style of a user mapping.
         let va = 0x0000_7f00_0000_0000 | ((self.keys.next_u64() & 0x00ff_ffff) << 16);
@@ -501,6 +563,9 @@ impl Device {
         if iova.checked_add(mem.len() as u64).is_none() {
             return Err(VerbsError::BadCap("iova + length overflows"));
         }
+        if mem.len() as u64 > self.cfg.max_mr_size {
+            return Err(VerbsError::BadCap("MR longer than max_mr_size"));
+        }
         let (lkey, rkey) = self.mr_keys(pd, access)?;
         let mr = Arc::new(MrShared::new_app(
             LKey(lkey),
@@ -518,6 +583,9 @@ impl Device {
     fn mr_keys(&mut self, pd: Pd, access: AccessFlags) -> Result<(u32, u32), VerbsError> {
         if !self.pds.contains(&pd.0) {
             return Err(VerbsError::NoSuchPd);
+        }
+        if self.mrs.len() >= self.cfg.max_mr as usize {
+            return Err(VerbsError::NoResources("max_mr"));
         }
         // IBTA 10.6.3.1: remote write or atomic access needs local write.
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
@@ -553,12 +621,42 @@ impl Device {
     /// that finds it full is lost and counted (`DeviceCounters::cq_overruns`), the CQ is in
     /// error (`AsyncEvent::CqErr`) and every QP completing into it moves to the error state
     /// (`AsyncEvent::QpFatal`), as IBTA 11.6.2 asks.
+    ///
+    /// Numbers of destroyed CQs are used again. At most `max_cq` live
+    /// (`NoResources("max_cq")`).
     pub fn create_cq(&mut self, depth: usize) -> Result<Cq, VerbsError> {
         if depth == 0 || depth > self.cfg.max_cqe as usize {
             return Err(VerbsError::BadCap("CQ depth"));
         }
-        self.cqs.push(Some(CqRing::new(depth)));
-        Ok(Cq((self.cqs.len() - 1) as u32))
+        if self.cqs.iter().flatten().count() >= self.cfg.max_cq as usize {
+            return Err(VerbsError::NoResources("max_cq"));
+        }
+        let ring = Some(CqRing::new(depth));
+        match self.cqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.cqs[i] = ring;
+                Ok(Cq(i as u32))
+            }
+            None => {
+                self.cqs.push(ring);
+                Ok(Cq((self.cqs.len() - 1) as u32))
+            }
+        }
+    }
+
+    /// `ibv_destroy_cq`: refused (`Busy`, EBUSY) while a QP completes into it; completions
+    /// still in it are dropped with it.
+    pub fn destroy_cq(&mut self, cq: Cq) -> Result<(), VerbsError> {
+        self.cq_mut(cq)?;
+        if self
+            .qps
+            .values()
+            .any(|s| s.qp.send_cq() == cq || s.qp.recv_cq() == cq)
+        {
+            return Err(VerbsError::Busy("a QP completes into the CQ"));
+        }
+        self.cqs[cq.0 as usize] = None;
+        Ok(())
     }
 
     fn cq_mut(&mut self, cq: Cq) -> Result<&mut CqRing, VerbsError> {
@@ -610,7 +708,7 @@ impl Device {
     /// # use ferroce::verbs::*;
     /// # let mut dev = Device::new(DeviceConfig::new(
     /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
-    /// let pd = dev.alloc_pd();
+    /// let pd = dev.alloc_pd()?;
     /// let cq = dev.create_cq(64)?;
     /// let cap = QpCap { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2,
     ///                   max_inline_data: 64 };
@@ -803,7 +901,7 @@ impl Device {
     /// # use ferroce::verbs::*;
     /// # let mut dev = Device::new(DeviceConfig::new(
     /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
-    /// # let pd = dev.alloc_pd();
+    /// # let pd = dev.alloc_pd()?;
     /// # let cq = dev.create_cq(8)?;
     /// # let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1,
     /// #                   max_inline_data: 0 };
@@ -835,6 +933,25 @@ impl Device {
             .ok_or(VerbsError::NoSuchQp(qpn))?;
         let qp = &mut *slot.qp;
         let next = check_modify_qp(qp.qp_type(), qp.state(), attr, mask)?;
+        for (bit, name, v) in [
+            (
+                QpAttrMask::MAX_QP_RD_ATOMIC,
+                "max_rd_atomic",
+                attr.max_rd_atomic,
+            ),
+            (
+                QpAttrMask::MAX_DEST_RD_ATOMIC,
+                "max_dest_rd_atomic",
+                attr.max_dest_rd_atomic,
+            ),
+        ] {
+            if mask.contains(bit) && v > self.cfg.max_qp_rd_atom {
+                return Err(VerbsError::Modify(ModifyQpError::InvalidValue {
+                    attr: name,
+                    value: v.into(),
+                }));
+            }
+        }
         if mask.contains(QpAttrMask::PKEY_INDEX) && usize::from(attr.pkey_index) >= PKEY_TABLE.len()
         {
             return Err(VerbsError::Modify(ModifyQpError::InvalidValue {
@@ -944,7 +1061,7 @@ impl Device {
     /// # use ferroce::verbs::*;
     /// # let mut dev = Device::new(DeviceConfig::new(
     /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
-    /// let pd = dev.alloc_pd();
+    /// let pd = dev.alloc_pd()?;
     /// let srq = dev.create_srq(pd, SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?;
     /// dev.modify_srq(srq, &SrqAttr { srq_limit: 8, ..SrqAttr::default() }, SrqAttrMask::LIMIT)?;
     /// assert_eq!(dev.query_srq(srq)?.srq_limit, 8);
@@ -963,6 +1080,9 @@ impl Device {
         }
         if attr.max_wr == 0 || attr.max_wr > self.cfg.max_qp_wr {
             return Err(VerbsError::BadCap("SRQ max_wr"));
+        }
+        if self.srqs.iter().flatten().count() >= self.cfg.max_srq as usize {
+            return Err(VerbsError::NoResources("max_srq"));
         }
         if attr.max_sge > self.cfg.max_sge {
             return Err(VerbsError::BadCap("SRQ max_sge"));
@@ -1062,6 +1182,9 @@ impl Device {
         }
         let path = Path::resolve(&av, &self.cfg.gids, self.cfg.mac, 0, 0)
             .map_err(VerbsError::BadAddressVector)?;
+        if self.ahs.len() >= self.cfg.max_ah as usize {
+            return Err(VerbsError::NoResources("max_ah"));
+        }
         let mut n = self.next_ah;
         while self.ahs.contains_key(&n) || n == 0 {
             n = n.wrapping_add(1);

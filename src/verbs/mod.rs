@@ -23,6 +23,7 @@ pub mod connect;
 pub mod device;
 pub mod engine;
 pub(crate) mod frame;
+pub mod limits;
 mod qps;
 
 pub use crate::ib::ah::{Ah, AhFromWcError};
@@ -43,3 +44,4 @@ pub use crate::wire::grh::{GrhSlot, GRH_LEN};
 pub use connect::{RcParams, RemoteQp, UcParams, UdParams};
 pub use device::{Device, DeviceConfig, QpInitAttr, QpStatus, VerbsError, PKEY_TABLE};
 pub use engine::TransmitError;
+pub use limits::DeviceAttr;

@@ -58,7 +58,7 @@ pub fn nic_rc_pair_with(
     params: &RcParams,
 ) -> (NicEnd, NicEnd) {
     let side = |n: &ferroce::runtime::Nic| {
-        let pd = n.alloc_pd();
+        let pd = n.alloc_pd().unwrap();
         let cq = n.create_cq(cq_depth).unwrap();
         let qp = ferroce::runtime::create_rc_qp(n, pd, cq, cap).unwrap();
         let mr = n.reg_mr(pd, mr_len, ALL).unwrap();
@@ -89,7 +89,7 @@ pub fn cap() -> QpCap {
 }
 
 pub fn end(dev: &mut Device, mr_len: usize) -> End {
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(1 << 16).unwrap();
     let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap())).unwrap();
     let mr = dev.reg_mr(pd, mr_len, ALL).unwrap();

@@ -229,7 +229,7 @@ impl Conn<'_> {
         let rnr_retry = small("rnr_retry", 7, 7)?;
         let timeout = small("timeout", 31, 14)?;
         let nic = self.nic;
-        let pd = nic.alloc_pd();
+        let pd = nic.alloc_pd()?;
         let cq = nic.create_cq(4096)?;
         let cap = QpCap {
             max_send_wr: 64,

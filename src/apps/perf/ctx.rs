@@ -104,7 +104,7 @@ impl<'a> Endpoint<'a> {
         with_srq: bool,
     ) -> Result<Endpoint<'a>, PerfError> {
         let nq = cfg.qps.max(1) as usize;
-        let pd = nic.alloc_pd();
+        let pd = nic.alloc_pd()?;
         let size = cfg.ctx_size() as usize;
         let bsize = buff_size(size, cycle);
         let half = inc(bsize, line);

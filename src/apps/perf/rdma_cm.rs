@@ -183,7 +183,7 @@ impl RdmaLink {
         let ch = svc.create_event_channel().map_err(|e| err(e.to_string()))?;
         let mut stash = VecDeque::new();
         let v = |e: crate::verbs::VerbsError| err(e.to_string());
-        let pd = nic.alloc_pd();
+        let pd = nic.alloc_pd().map_err(v)?;
         let cq = nic.create_cq(16).map_err(v)?;
         let cap = QpCap {
             max_send_wr: 4,
