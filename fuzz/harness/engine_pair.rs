@@ -126,8 +126,8 @@ fn side(i: u8, seed: u64) -> Side {
     let ip = Ipv4Addr::new(10, 0, 0, i);
     let mac = MacAddr([2, 0, 0, 0, 0, i]);
     let mut dev = Device::new(DeviceConfig::new(mac, IpAddr::V4(ip)).with_seed(seed));
-    let pd = dev.alloc_pd();
-    let other_pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().expect("pd");
+    let other_pd = dev.alloc_pd().expect("pd");
     let cq = dev.create_cq(4 * QDEPTH as usize).expect("cq");
     let cap = QpCap {
         max_send_wr: QDEPTH,
