@@ -752,11 +752,9 @@ pub fn run_stats(data: &[u8]) -> Stats {
     for (s, who) in [(&a, "A"), (&b, "B")] {
         assert!(
             s.sends.is_empty(),
-            "{who}: sends never completed ({} left), QP in {:?}; {:?}; next timer {:?}",
+            "{who}: sends never completed ({} left), QP in {:?}",
             s.sends.len(),
-            state(s),
-            s.dev.qp_status(),
-            s.dev.poll_timeout()
+            state(s)
         );
     }
     // One more SEND from A to B where both still run: it completes, one way or the other.
