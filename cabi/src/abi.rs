@@ -817,6 +817,22 @@ pub struct ibv_qp_init_attr_ex {
     pub send_ops_flags: u64,
 }
 
+impl ibv_qp_init_attr_ex {
+    /// The leading fields it shares with `struct ibv_qp_init_attr`, as that structure (what
+    /// `ibv_create_qp` takes).
+    pub fn base(&self) -> ibv_qp_init_attr {
+        ibv_qp_init_attr {
+            qp_context: self.qp_context,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            srq: self.srq,
+            cap: self.cap,
+            qp_type: self.qp_type,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
+}
+
 /// `IBV_QP_INIT_ATTR_PD`.
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
 

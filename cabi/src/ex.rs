@@ -231,15 +231,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         set_errno(EOPNOTSUPP);
         return null_mut();
     }
-    let mut b = ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
+    let mut b = a.base();
     // SAFETY: forwarded.
     let qp = unsafe { crate::verbs::ibv_create_qp(a.pd, &mut b) };
     if !qp.is_null() && a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {

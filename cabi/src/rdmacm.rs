@@ -953,15 +953,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
         return fail(EOPNOTSUPP);
     }
-    let mut b = ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
+    let mut b = a.base();
     let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
         a.pd
     } else {

@@ -492,7 +492,7 @@ pub(super) fn post_receives(
     for q in 0..ep.nq() {
         if ep.vbuf.is_some() {
             for j in 0..u64::from(per_qp) {
-                post_verify_recv(ep, q, ep.vslot(q, j) / ep.vstride.max(1), size)?;
+                post_verify_recv(ep, q, ep.vslot_index(q, j), size)?;
             }
         } else {
             ep.post_recvs(q, per_qp, size, walk)?;

@@ -280,8 +280,14 @@ impl<'a> Endpoint<'a> {
 
     /// `--verify`: the offset in `vbuf` of QP `q`'s slot for its message (or receive) `k`.
     pub fn vslot(&self, q: usize, k: u64) -> usize {
+        self.vslot_index(q, k) * self.vstride
+    }
+
+    /// `--verify`: the number of QP `q`'s slot for its message (or receive) `k` (its offset
+    /// is this times `vstride`).
+    pub fn vslot_index(&self, q: usize, k: u64) -> usize {
         let vs = self.vslots.max(1);
-        (q * vs + (k % vs as u64) as usize) * self.vstride
+        q * vs + (k % vs as u64) as usize
     }
 
     /// The region QP `q` uses and the offset of its send half in it.
