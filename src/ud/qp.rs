@@ -77,6 +77,9 @@ pub(crate) struct Qp {
     counters: QpCounters,
     sq_retired: u64,
     rq_retired: u64,
+    /// The path of the packet [`build_tx`](Self::build_tx) built last (each UD packet takes
+    /// its WQE's address handle), kept for the engine to frame it by reference.
+    tx_path: Option<Path>,
 }
 
 impl Qp {
@@ -93,6 +96,7 @@ impl Qp {
             counters: QpCounters::default(),
             sq_retired: 0,
             rq_retired: 0,
+            tx_path: None,
         };
         q.reset_attr();
         q
@@ -438,6 +442,18 @@ impl Qp {
             },
             path,
         ))
+    }
+
+    /// [`build_tx`](Self::build_tx), keeping the path for [`tx_path`](Self::tx_path).
+    pub(crate) fn build_tx_keep_path(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
+        let (d, path) = self.build_tx(ctx)?;
+        self.tx_path = Some(path);
+        Some(d)
+    }
+
+    /// The path of the packet built last by [`build_tx_keep_path`](Self::build_tx_keep_path).
+    pub(crate) fn tx_path(&self) -> Option<&Path> {
+        self.tx_path.as_ref()
     }
 
     /// Copy the payload of the packet [`build_tx`](Self::build_tx) described.

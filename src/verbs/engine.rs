@@ -225,14 +225,16 @@ impl Device {
         self.counters.rx_frames += 1;
         // Decode once and judge the ICRC in place (parse_frame would move the large parsed
         // value through one more function).
-        let p = match wire::packet::decode_frame(frame) {
+        // Bound by reference: the parsed frame is large, and is not moved out of the Result.
+        let decoded = wire::packet::decode_frame(frame);
+        let p = match &decoded {
             Ok(p) if p.icrc_ok() || cfg!(fuzzing) || self.cfg.deviations.accept_bad_icrc => p,
             Ok(_) => {
                 self.counters.icrc_drops += 1;
                 return;
             }
             Err(e) => {
-                self.count_parse_error(e);
+                self.count_parse_error(*e);
                 return;
             }
         };
@@ -393,12 +395,19 @@ impl Device {
                     let mut ctx = ctx!(self, now);
                     match qp.build_tx(&mut ctx, kind) {
                         None => None,
-                        Some((desc, path)) => {
+                        Some(desc) => {
                             let payload_len = desc.repr.payload_len;
                             let mrs = ctx.mrs;
-                            let r = self.sched.framer.emit(buf, &path, kind, desc.repr, |dst| {
-                                qp.write_payload(mrs, &desc.payload, dst)
-                            });
+                            // build_tx checked that an RC or UC QP has its path; a UD QP
+                            // keeps the one of the packet it built.
+                            let r = match qp.tx_path() {
+                                Some(path) => {
+                                    self.sched.framer.emit(buf, path, kind, &desc.repr, |dst| {
+                                        qp.write_payload(mrs, &desc.payload, dst)
+                                    })
+                                }
+                                None => Err(FrameError::Payload(WcStatus::LocQpOpErr)),
+                            };
                             match r {
                                 Ok(n) => {
                                     qp.on_transmitted(&mut ctx, kind, n, payload_len);

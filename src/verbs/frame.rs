@@ -6,8 +6,7 @@ use crate::ib::path::Path;
 use crate::ib::tx::TxKind;
 use crate::ib::WcStatus;
 use crate::wire::{
-    self, eth, ip, udp, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr, UdpRepr,
-    ROCE_V2_PORT,
+    self, eth, ip, udp, EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceRepr, UdpRepr, ROCE_V2_PORT,
 };
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -72,7 +71,7 @@ impl Framer {
         buf: &mut [u8],
         path: &Path,
         kind: TxKind,
-        roce: RoceRepr,
+        roce: &RoceRepr,
         payload: impl FnOnce(&mut [u8]) -> Result<(), WcStatus>,
     ) -> Result<usize, FrameError> {
         let (dscp, ecn, sport) = match kind {
@@ -102,34 +101,30 @@ impl Framer {
                 hop_limit: path.hop_limit,
             }),
         };
-        let f = FrameRepr {
-            eth: Some(EthernetRepr {
-                dst: path.dst_mac,
-                src: path.src_mac,
-                vlan: None,
-                ethertype: 0,
-            }),
-            ip,
-            udp: UdpRepr {
-                src_port: sport,
-                dst_port: ROCE_V2_PORT,
-                checksum: 0,
-            },
-            roce,
+        let eth = EthernetRepr {
+            dst: path.dst_mac,
+            src: path.src_mac,
+            vlan: None,
+            ethertype: 0,
+        };
+        let udp = UdpRepr {
+            src_port: sport,
+            dst_port: ROCE_V2_PORT,
+            checksum: 0,
         };
         let mut failed = None;
-        let n = f
-            .emit_with(buf, |dst| {
-                payload(dst).map_err(|status| {
-                    failed = Some(status);
-                    wire::Error::FieldOverflow("payload")
-                })
+        // The parts by reference: the transport part is not moved into a `FrameRepr`.
+        let n = wire::packet::emit_frame_with(buf, Some(eth), &ip, &udp, roce, |dst| {
+            payload(dst).map_err(|status| {
+                failed = Some(status);
+                wire::Error::FieldOverflow("payload")
             })
-            .map_err(|e| match failed {
-                Some(status) => FrameError::Payload(status),
-                None => FrameError::Wire(e),
-            })?;
-        if let IpRepr::V6(_) = f.ip {
+        })
+        .map_err(|e| match failed {
+            Some(status) => FrameError::Payload(status),
+            None => FrameError::Wire(e),
+        })?;
+        if let IpRepr::V6(_) = ip {
             if self.ipv6_udp_checksum {
                 let at = eth::HEADER_LEN + ip::IPV6_HEADER_LEN;
                 wire::udp::fill_checksum(path.src_ip, path.dst_ip, &mut buf[at..n]);

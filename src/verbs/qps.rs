@@ -188,18 +188,29 @@ impl TransportQp {
         }
     }
 
-    /// The packet [`next_tx`](Self::next_tx) announced and the path it takes.
-    pub(super) fn build_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<(TxDesc, Path)> {
+    /// The packet [`next_tx`](Self::next_tx) announced; it takes [`tx_path`](Self::tx_path)
+    /// (the path is not copied per packet, nor the packet moved through a tuple).
+    pub(super) fn build_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<TxDesc> {
         match self {
             TransportQp::Rc(q) => {
-                let path = *q.path()?;
-                q.build_tx(ctx, kind).map(|d| (d, path))
+                q.path()?;
+                q.build_tx(ctx, kind)
             }
             TransportQp::Uc(q) => {
-                let path = *q.path()?;
-                q.build_tx(ctx).map(|d| (d, path))
+                q.path()?;
+                q.build_tx(ctx)
             }
-            TransportQp::Ud(q) => q.build_tx(ctx),
+            TransportQp::Ud(q) => q.build_tx_keep_path(ctx),
+        }
+    }
+
+    /// The path of the packet [`build_tx`](Self::build_tx) built: an RC or UC QP's connected
+    /// path, a UD packet's own (its WQE's address handle).
+    pub(super) fn tx_path(&self) -> Option<&Path> {
+        match self {
+            TransportQp::Rc(q) => q.path(),
+            TransportQp::Uc(q) => q.path(),
+            TransportQp::Ud(q) => q.tx_path(),
         }
     }
 

@@ -105,8 +105,17 @@ impl ExtRepr {
     /// Parse the extension headers of `opcode` from `buf`, which starts right after the BTH.
     /// Returns the headers and their total length.
     pub fn parse(opcode: Opcode, buf: &[u8]) -> Result<(ExtRepr, usize)> {
-        let info = opcode.info();
         let mut r = ExtRepr::default();
+        let n = r.parse_into(opcode, buf)?;
+        Ok((r, n))
+    }
+
+    /// [`parse`](Self::parse) into `self` (which must be empty, as `ExtRepr::default()`), so
+    /// a caller that holds the headers inside a larger value does not move them into it.
+    /// Returns the headers' total length.
+    pub(crate) fn parse_into(&mut self, opcode: Opcode, buf: &[u8]) -> Result<usize> {
+        let info = opcode.info();
+        let r = self;
         let mut off = 0usize;
         for ext in Ext::ALL {
             if !info.headers.contains(ext.flag()) {
@@ -148,7 +157,7 @@ impl ExtRepr {
             }
             off += n;
         }
-        Ok((r, off))
+        Ok(off)
     }
 
     /// Total length of the headers `opcode` carries (not counting the BTH).

@@ -10,7 +10,10 @@ use super::eth::{self, EthernetRepr};
 use super::ip::{IpParsed, IpRepr, Ipv4Repr, Ipv6Repr};
 use super::opcode::OpFlags;
 use super::udp::{self, UdpRepr};
-use super::{bth, icrc, need_room, BthRepr, Error, ExtRepr, Layer, Result, ROCE_V2_PORT};
+use super::{
+    bth, icrc, need_room, BthRepr, Error, ExtRepr, Layer, Opcode, Psn, QpNumber, Result,
+    ROCE_V2_PORT,
+};
 use core::ops::Range;
 
 /// Bytes of pad needed after `payload_len` bytes to reach a multiple of four.
@@ -86,12 +89,31 @@ impl RoceRepr {
     /// Parse a transport part (BTH up to and including the ICRC, exactly the UDP payload).
     /// Returns the `Repr` and the byte range of the payload. The ICRC is not checked here.
     pub fn parse(t: &[u8]) -> Result<(RoceRepr, Range<usize>)> {
+        let mut repr = RoceRepr::placeholder();
+        let payload = repr.parse_in_place(t)?;
+        Ok((repr, payload))
+    }
+
+    /// A value to parse into (a CNP to QP 0; every field is overwritten).
+    fn placeholder() -> RoceRepr {
+        RoceRepr::new(
+            BthRepr::new(Opcode::CNP, QpNumber::new(0), Psn::new(0)),
+            ExtRepr::default(),
+            0,
+        )
+    }
+
+    /// [`parse`](Self::parse) into `self` (whatever it held): the receive path decodes into
+    /// the frame it returns instead of moving the large value through each layer. Returns
+    /// where the payload is in `t`.
+    pub(crate) fn parse_in_place(&mut self, t: &[u8]) -> Result<Range<usize>> {
         let bth = BthRepr::parse(t)?;
         let info = bth.opcode.info();
         if info.is_reserved() {
             return Err(Error::UnknownOpcode(bth.opcode.0));
         }
-        let (ext, ext_len) = ExtRepr::parse(bth.opcode, &t[bth::HEADER_LEN..])?;
+        self.ext = ExtRepr::default();
+        let ext_len = self.ext.parse_into(bth.opcode, &t[bth::HEADER_LEN..])?;
         let hdr = bth::HEADER_LEN + ext_len;
         if t.len() < hdr + icrc::LEN {
             return Err(Error::Truncated {
@@ -108,13 +130,10 @@ impl RoceRepr {
                 data,
             });
         }
-        let repr = RoceRepr {
-            bth,
-            ext,
-            payload_len: data - pad,
-        };
-        repr.check_payload()?;
-        Ok((repr, hdr..hdr + repr.payload_len))
+        self.bth = bth;
+        self.payload_len = data - pad;
+        self.check_payload()?;
+        Ok(hdr..hdr + self.payload_len)
     }
 
     /// Write BTH, extension headers, `payload` and zero pad into `buf`, and a zero ICRC
@@ -207,34 +226,7 @@ impl FrameRepr {
         buf: &mut [u8],
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<usize> {
-        let n = self.buffer_len();
-        need_room(buf, n)?;
-        let roce = &self.roce;
-        if roce.bth.opcode.info().is_reserved() {
-            return Err(Error::UnknownOpcode(roce.bth.opcode.0));
-        }
-        roce.check_payload()?;
-        let mut off = 0;
-        if let Some(mut e) = self.eth {
-            e.ethertype = self.ip.ethertype();
-            off = e.emit(buf)?;
-        }
-        let t_len = roce.buffer_len();
-        let ip_start = off;
-        self.ip.emit(&mut buf[off..], udp::HEADER_LEN + t_len)?;
-        off += self.ip.buffer_len();
-        let udp_start = off;
-        self.udp.emit(&mut buf[off..], t_len)?;
-        off += udp::HEADER_LEN;
-        let t = &mut buf[off..off + t_len];
-        roce.bth.emit(t)?;
-        let hdr = bth::HEADER_LEN + roce.ext.emit(roce.bth.opcode, &mut t[bth::HEADER_LEN..])?;
-        fill(&mut t[hdr..hdr + roce.payload_len])?;
-        t[hdr + roce.payload_len..t_len - icrc::LEN].fill(0);
-        // One CRC pass over the contiguous frame, the variant fields masked in place.
-        let crc = icrc::compute_in_place(buf, ip_start, udp_start, off, off + t_len - icrc::LEN);
-        buf[off + t_len - icrc::LEN..off + t_len].copy_from_slice(&icrc::to_wire(crc));
-        Ok(n)
+        emit_frame_with(buf, self.eth, &self.ip, &self.udp, &self.roce, fill)
     }
 }
 
@@ -253,6 +245,46 @@ pub struct Offsets {
     pub icrc: usize,
     /// One past the ICRC (frame bytes after it are Ethernet padding).
     pub end: usize,
+}
+
+/// [`FrameRepr::emit_with`] from the layers' `Repr`s by reference: a sender that keeps the
+/// transport part and the path apart (the device's transmit path) frames a packet without
+/// first moving the large [`RoceRepr`] into a [`FrameRepr`].
+pub fn emit_frame_with(
+    buf: &mut [u8],
+    eth: Option<EthernetRepr>,
+    ip: &IpRepr,
+    udp: &UdpRepr,
+    roce: &RoceRepr,
+    fill: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<usize> {
+    let t_len = roce.buffer_len();
+    let n = eth.map_or(0, |e| e.buffer_len()) + ip.buffer_len() + udp::HEADER_LEN + t_len;
+    need_room(buf, n)?;
+    if roce.bth.opcode.info().is_reserved() {
+        return Err(Error::UnknownOpcode(roce.bth.opcode.0));
+    }
+    roce.check_payload()?;
+    let mut off = 0;
+    if let Some(mut e) = eth {
+        e.ethertype = ip.ethertype();
+        off = e.emit(buf)?;
+    }
+    let ip_start = off;
+    ip.emit(&mut buf[off..], udp::HEADER_LEN + t_len)?;
+    off += ip.buffer_len();
+    let udp_start = off;
+    udp.emit(&mut buf[off..], t_len)?;
+    off += udp::HEADER_LEN;
+    let t = &mut buf[off..off + t_len];
+    roce.bth.emit(t)?;
+    let hdr = bth::HEADER_LEN + roce.ext.emit(roce.bth.opcode, &mut t[bth::HEADER_LEN..])?;
+    fill(&mut t[hdr..hdr + roce.payload_len])?;
+    t[hdr + roce.payload_len..t_len - icrc::LEN].fill(0);
+    // One CRC pass over the contiguous frame, the variant fields masked in place.
+    let crc = icrc::compute_in_place(buf, ip_start, udp_start, off, off + t_len - icrc::LEN);
+    buf[off + t_len - icrc::LEN..off + t_len].copy_from_slice(&icrc::to_wire(crc));
+    Ok(n)
 }
 
 /// A decoded frame: the `Repr` of every layer, the payload in place, and the ICRC.
@@ -343,34 +375,37 @@ fn decode_at(buf: &[u8], eth: Option<EthernetRepr>, ip_off: usize) -> Result<Par
     }
     let bth_off = udp_off + udp::HEADER_LEN;
     let t = &buf[bth_off..ip_end];
-    let (roce, pr) = RoceRepr::parse(t)?;
     let icrc_off = ip_end - icrc::LEN;
-    let icrc_stored = icrc::stored(t).unwrap_or(0);
-    let icrc_computed = icrc::compute(
-        &buf[ip_off..udp_off],
-        &buf[udp_off..bth_off],
-        &t[..t.len() - icrc::LEN],
-    );
-    Ok(ParsedFrame {
+    // The transport part is parsed into the frame in place (not moved in: it is large).
+    let mut p = ParsedFrame {
         repr: FrameRepr {
             eth,
             ip,
             udp: udp_repr,
-            roce,
+            roce: RoceRepr::placeholder(),
         },
-        payload: &t[pr.clone()],
-        icrc_stored,
-        icrc_computed,
+        payload: &[],
+        icrc_stored: icrc::stored(t).unwrap_or(0),
+        icrc_computed: 0,
         ip_checksum_ok: parsed.checksum_ok,
         offsets: Offsets {
             ip: ip_off,
             udp: udp_off,
             bth: bth_off,
-            payload: bth_off + pr.start,
+            payload: bth_off,
             icrc: icrc_off,
             end: ip_end,
         },
-    })
+    };
+    let pr = p.repr.roce.parse_in_place(t)?;
+    p.icrc_computed = icrc::compute(
+        &buf[ip_off..udp_off],
+        &buf[udp_off..bth_off],
+        &t[..t.len() - icrc::LEN],
+    );
+    p.payload = &t[pr.clone()];
+    p.offsets.payload = bth_off + pr.start;
+    Ok(p)
 }
 
 fn verdict(p: ParsedFrame<'_>) -> Result<ParsedFrame<'_>> {
