@@ -14,6 +14,7 @@
 
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev::{self, Netdev};
+use ferroce::pcap::capture::CaptureError;
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::{DeviceConfig, Mtu};
 use ferroce::wire::MacAddr;
@@ -23,6 +24,86 @@ use std::time::Duration;
 
 /// The prefix of the device's name (`ferroce_eth0`), as ferroce's own tools name it.
 pub const DEVICE_PREFIX: &str = "ferroce_";
+
+/// Why the process has no device, or its NIC could not start: each names the environment
+/// variable or the interface at fault, in one line (printed as `ferroce libibverbs: ...`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DeviceError {
+    /// `FERROCE_BACKEND` names no backend.
+    #[error("FERROCE_BACKEND={0}: expected udp, packet or xdp")]
+    BadBackend(String),
+    /// `FERROCE_DEV` names no usable interface.
+    #[error("FERROCE_DEV={name}: {source}")]
+    Interface {
+        /// The interface's name (without the `ferroce_` prefix).
+        name: String,
+        /// What looking it up said.
+        source: std::io::Error,
+    },
+    /// No interface has an address (and `FERROCE_DEV` is not set).
+    #[error("no network interface with an address")]
+    NoInterface,
+    /// The chosen interface has no address.
+    #[error("interface {0} has no address")]
+    NoAddress(String),
+    /// `FERROCE_ADDR` is not an IP address.
+    #[error("FERROCE_ADDR={0}: not an IP address")]
+    AddrNotIp(String),
+    /// `FERROCE_ADDR` is not an address of the interface.
+    #[error("FERROCE_ADDR={addr}: not an address of {interface}")]
+    AddrNotOnInterface {
+        /// The address given.
+        addr: IpAddr,
+        /// The interface.
+        interface: String,
+    },
+    /// `FERROCE_POLL` names no mode.
+    #[error("FERROCE_POLL={0}: expected inline, busy or adaptive")]
+    BadPoll(String),
+    /// The packet backend did not open.
+    #[error("{backend} backend on {interface}: {source}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The interface.
+        interface: String,
+        /// The system's reason.
+        source: std::io::Error,
+    },
+    /// `FERROCE_PCAP`'s file could not be created or written.
+    #[error("FERROCE_PCAP={path}: {source}")]
+    Pcap {
+        /// The path given.
+        path: String,
+        /// The reason.
+        source: CaptureError,
+    },
+    /// The NIC's engine did not start.
+    #[error("starting the NIC: {0}")]
+    Start(#[source] std::io::Error),
+}
+
+impl DeviceError {
+    /// The errno `ibv_open_device` fails with: EINVAL for a setting that makes no sense, the
+    /// system's own errno where there is one (EPERM for a backend that needs privilege),
+    /// ENODEV otherwise.
+    pub(crate) fn errno(&self) -> libc::c_int {
+        match self {
+            DeviceError::BadBackend(_)
+            | DeviceError::AddrNotIp(_)
+            | DeviceError::AddrNotOnInterface { .. }
+            | DeviceError::BadPoll(_) => libc::EINVAL,
+            DeviceError::NoInterface | DeviceError::NoAddress(_) => libc::ENODEV,
+            DeviceError::Interface { source, .. }
+            | DeviceError::Backend { source, .. }
+            | DeviceError::Start(source) => source.raw_os_error().unwrap_or(libc::ENODEV),
+            DeviceError::Pcap { source, .. } => match source {
+                CaptureError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                _ => libc::EIO,
+            },
+        }
+    }
+}
 
 /// The port the device has, from the environment.
 pub(crate) struct Port {
@@ -34,18 +115,18 @@ pub(crate) struct Port {
 }
 
 impl Port {
-    /// From the environment; `Err` with a one-line reason.
-    pub fn from_env() -> Result<Port, String> {
+    /// From the environment; `Err` says which setting or interface is at fault.
+    pub fn from_env() -> Result<Port, DeviceError> {
         let backend = match std::env::var("FERROCE_BACKEND").ok().as_deref() {
             None | Some("") | Some("udp") => BackendKind::Udp,
             Some("packet") => BackendKind::Packet,
             Some("xdp") => BackendKind::Xdp,
-            Some(o) => return Err(format!("FERROCE_BACKEND={o}: expected udp, packet or xdp")),
+            Some(o) => return Err(DeviceError::BadBackend(o.to_string())),
         };
         let netdev = match std::env::var("FERROCE_DEV").ok().filter(|s| !s.is_empty()) {
             Some(n) => {
                 let n = n.strip_prefix(DEVICE_PREFIX).unwrap_or(&n).to_string();
-                netdev::netdev(&n).map_err(|e| format!("FERROCE_DEV={n}: {e}"))?
+                netdev::netdev(&n).map_err(|source| DeviceError::Interface { name: n, source })?
             }
             None => {
                 let all = netdev::netdevs();
@@ -53,25 +134,23 @@ impl Port {
                     .find(|d| d.name != "lo" && !d.gids.is_empty())
                     .or_else(|| all.iter().find(|d| !d.gids.is_empty()))
                     .cloned()
-                    .ok_or("no network interface with an address")?
+                    .ok_or(DeviceError::NoInterface)?
             }
         };
         if netdev.gids.is_empty() {
-            return Err(format!("interface {} has no address", netdev.name));
+            return Err(DeviceError::NoAddress(netdev.name.clone()));
         }
         // FERROCE_ADDR: the one address to use (the UDP backend binds it); it must be one of
         // the interface's.
         let only: Option<IpAddr> =
             match std::env::var("FERROCE_ADDR").ok().filter(|s| !s.is_empty()) {
                 Some(a) => {
-                    let ip: IpAddr = a
-                        .parse()
-                        .map_err(|_| format!("FERROCE_ADDR={a}: not an IP address"))?;
+                    let ip: IpAddr = a.parse().map_err(|_| DeviceError::AddrNotIp(a))?;
                     if !netdev.gids.contains(&ip) {
-                        return Err(format!(
-                            "FERROCE_ADDR={a}: not an address of {}",
-                            netdev.name
-                        ));
+                        return Err(DeviceError::AddrNotOnInterface {
+                            addr: ip,
+                            interface: netdev.name.clone(),
+                        });
                     }
                     Some(ip)
                 }
@@ -132,19 +211,19 @@ pub(crate) struct Shared {
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
 
 /// The running NIC, started now if no context holds it.
-pub(crate) fn shared() -> Result<Arc<Shared>, String> {
+pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = g.as_ref().and_then(Weak::upgrade) {
         return Ok(s);
     }
     let port = Port::from_env()?;
     let local = port.gids[0];
-    let pkt = backend::open_with(port.backend, &port.netdev, local, true).map_err(|e| {
-        format!(
-            "{} backend on {}: {e}",
-            port.backend.name(),
-            port.netdev.name
-        )
+    let pkt = backend::open_with(port.backend, &port.netdev, local, true).map_err(|source| {
+        DeviceError::Backend {
+            backend: port.backend.name(),
+            interface: port.netdev.name.clone(),
+            source,
+        }
     })?;
     let mut cfg = DeviceConfig::new(port.netdev.mac, local);
     cfg.gids = port.gids.clone();
@@ -156,25 +235,23 @@ pub(crate) fn shared() -> Result<Arc<Shared>, String> {
         None | Some("") | Some("inline") => PollMode::Inline,
         Some("busy") => PollMode::Busy,
         Some("adaptive") => NicOptions::default().poll,
-        Some(o) => {
-            return Err(format!(
-                "FERROCE_POLL={o}: expected inline, busy or adaptive"
-            ))
-        }
+        Some(o) => return Err(DeviceError::BadPoll(o.to_string())),
     };
     let opts = NicOptions { poll, batch: 64 };
     let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
         Some(p) => {
-            let f = std::fs::File::create(&p)
-                .map_err(|e| format!("FERROCE_PCAP={}: {e}", p.to_string_lossy()))?;
+            let pcap_err = |source: CaptureError| DeviceError::Pcap {
+                path: p.to_string_lossy().into_owned(),
+                source,
+            };
+            let f = std::fs::File::create(&p).map_err(|e| pcap_err(e.into()))?;
             // Unbuffered: an application that exits without closing the device loses no frame.
-            let tap =
-                ferroce::io::PcapTap::new(pkt, f).map_err(|e| format!("FERROCE_PCAP: {e}"))?;
+            let tap = ferroce::io::PcapTap::new(pkt, f).map_err(pcap_err)?;
             Nic::start(cfg, tap, opts)
         }
         None => Nic::start(cfg, pkt, opts),
     }
-    .map_err(|e| format!("starting the NIC: {e}"))?;
+    .map_err(DeviceError::Start)?;
     let async_fds: Arc<Mutex<Vec<libc::c_int>>> = Arc::default();
     let fds = async_fds.clone();
     nic.set_async_notify(Some(Arc::new(move || {
@@ -192,4 +269,45 @@ pub(crate) fn shared() -> Result<Arc<Shared>, String> {
     });
     *g = Some(Arc::downgrade(&s));
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_device_error_names_its_cause_and_maps_to_an_errno() {
+        let e = DeviceError::BadPoll("fast".into());
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert_eq!(
+            e.to_string(),
+            "FERROCE_POLL=fast: expected inline, busy or adaptive"
+        );
+        let e = DeviceError::AddrNotOnInterface {
+            addr: "10.0.0.9".parse().unwrap(),
+            interface: "eth0".into(),
+        };
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert_eq!(
+            e.to_string(),
+            "FERROCE_ADDR=10.0.0.9: not an address of eth0"
+        );
+        assert_eq!(DeviceError::NoInterface.errno(), libc::ENODEV);
+        // The system's own errno goes through: an XDP backend without privilege is EPERM.
+        let e = DeviceError::Backend {
+            backend: "xdp",
+            interface: "eth0".into(),
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert_eq!(e.errno(), libc::EPERM);
+        assert!(e.to_string().starts_with("xdp backend on eth0: "), "{e}");
+        // Without one (an error made from a message), ENODEV.
+        let e = DeviceError::Start(std::io::Error::other("no engine thread"));
+        assert_eq!(e.errno(), libc::ENODEV);
+        let e = DeviceError::Pcap {
+            path: "/nonexistent/x.pcap".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT).into(),
+        };
+        assert_eq!(e.errno(), libc::ENOENT);
+    }
 }

@@ -184,7 +184,7 @@ pub(crate) fn the_device() -> Option<*mut ibv_device> {
                 Some(DevSlot(Box::into_raw(d), u64::from_ne_bytes(p.guid())))
             }
             Err(e) => {
-                warn(&e);
+                warn(&e.to_string());
                 None
             }
         })
@@ -251,8 +251,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     let sh = match device::shared() {
         Ok(s) => s,
         Err(e) => {
-            warn(&e);
-            return fail(libc::ENODEV);
+            warn(&e.to_string());
+            return fail(e.errno());
         }
     };
     // SAFETY: verbs_context is plain C data (pointers, ints, a pthread mutex whose all-zero
