@@ -5,6 +5,24 @@ use super::attr::AddressVector;
 use crate::wire::{Ecn, MacAddr};
 use std::net::{IpAddr, Ipv6Addr};
 
+/// Why an address vector does not give a path (`ibv_modify_qp` to RTR, `ibv_create_ah`:
+/// EINVAL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AvError {
+    /// The source GID index is not in the device's GID table.
+    #[error("sgid_index {0} not in the GID table")]
+    NoSuchGid(u8),
+    /// The source and destination GIDs are of different IP versions.
+    #[error("source and destination GIDs of different IP versions")]
+    MixedIpVersions,
+    /// No destination MAC: neither given nor learned from the destination's frames.
+    #[error("destination MAC not resolved")]
+    NoDestinationMac,
+    /// A flow label wider than its 20 bits.
+    #[error("flow label {0:#x} wider than 20 bits")]
+    FlowLabelTooWide(u32),
+}
+
 /// The resolved path of a connected QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Path {
@@ -28,15 +46,15 @@ impl Path {
         mac: MacAddr,
         lqpn: u32,
         dqpn: u32,
-    ) -> Result<Path, &'static str> {
+    ) -> Result<Path, AvError> {
         let src_ip = *gids
             .get(usize::from(av.sgid_index))
-            .ok_or("sgid_index not in the GID table")?;
+            .ok_or(AvError::NoSuchGid(av.sgid_index))?;
         let dst_ip = ip_of_gid(av.dgid);
         if src_ip.is_ipv4() != dst_ip.is_ipv4() {
-            return Err("source and destination GIDs of different IP versions");
+            return Err(AvError::MixedIpVersions);
         }
-        let dmac = av.dmac.ok_or("destination MAC not resolved")?;
+        let dmac = av.dmac.ok_or(AvError::NoDestinationMac)?;
         Ok(Path {
             src_mac: mac,
             dst_mac: MacAddr(dmac),
@@ -99,5 +117,40 @@ mod tests {
         assert_eq!(rxe_udp_sport(0, 0x11, 0xaa), 52042);
         assert_eq!(rxe_ud_udp_sport(0x11), 57236);
         assert_eq!(rxe_ud_udp_sport(1), 55410);
+    }
+
+    #[test]
+    fn an_address_vector_without_a_path_says_why() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let mac = MacAddr([2, 0, 0, 0, 0, 1]);
+        let av = AddressVector {
+            dgid: gid_of("10.0.0.2".parse().unwrap()),
+            sgid_index: 0,
+            dmac: Some([2, 0, 0, 0, 0, 2]),
+            ..AddressVector::default()
+        };
+        assert!(Path::resolve(&av, &[v4], mac, 1, 2).is_ok());
+        let bad = AddressVector {
+            sgid_index: 1,
+            ..av
+        };
+        assert_eq!(
+            Path::resolve(&bad, &[v4], mac, 1, 2),
+            Err(AvError::NoSuchGid(1))
+        );
+        assert_eq!(
+            Path::resolve(&av, &[v6], mac, 1, 2),
+            Err(AvError::MixedIpVersions)
+        );
+        let bad = AddressVector { dmac: None, ..av };
+        assert_eq!(
+            Path::resolve(&bad, &[v4], mac, 1, 2),
+            Err(AvError::NoDestinationMac)
+        );
+        assert_eq!(
+            AvError::NoSuchGid(3).to_string(),
+            "sgid_index 3 not in the GID table"
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use super::net::{EndpointId, LinkConfig, Network};
 use crate::time::{Duration, Instant};
-use crate::verbs::{Device, DeviceConfig, RcParams, VerbsError};
+use crate::verbs::{AvError, Device, DeviceConfig, RcParams, VerbsError};
 use crate::wire::{MacAddr, QpNumber};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -97,7 +97,7 @@ impl Pair {
         psn_a: u32,
         psn_b: u32,
     ) -> Result<(), VerbsError> {
-        let missing = VerbsError::BadAddressVector("sgid_index not in the GID table");
+        let missing = VerbsError::BadAddressVector(AvError::NoSuchGid(params.sgid_index));
         let sgid = usize::from(params.sgid_index);
         let ra = self.a.local_end(qa, sgid, psn_a).ok_or(missing)?;
         let rb = self.b.local_end(qb, sgid, psn_b).ok_or(missing)?;

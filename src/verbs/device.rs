@@ -13,7 +13,7 @@ use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
 use crate::ib::event::{AsyncEvent, EventQueue};
 use crate::ib::mr::{LKey, MemoryRegion, MrShared, MrTable, Pd};
-use crate::ib::path::{gid_of, Path};
+use crate::ib::path::{gid_of, AvError, Path};
 use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable};
 use crate::ib::tx::PostError;
 use crate::ib::wc::WorkCompletion;
@@ -260,7 +260,7 @@ pub enum VerbsError {
     BadAtomicSge,
     /// The address vector cannot be resolved (EINVAL).
     #[error("address vector: {0}")]
-    BadAddressVector(&'static str),
+    BadAddressVector(#[from] AvError),
     /// A device limit is reached (ENOMEM).
     #[error("resource limit reached: {0}")]
     NoResources(&'static str),
@@ -1176,9 +1176,7 @@ impl Device {
                 .map(|m| m.0);
         }
         if av.flow_label > 0xf_ffff {
-            return Err(VerbsError::BadAddressVector(
-                "flow label wider than 20 bits",
-            ));
+            return Err(AvError::FlowLabelTooWide(av.flow_label).into());
         }
         let path = Path::resolve(&av, &self.cfg.gids, self.cfg.mac, 0, 0)
             .map_err(VerbsError::BadAddressVector)?;

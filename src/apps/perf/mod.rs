@@ -38,7 +38,7 @@ use crate::oob::perftest::{BwReport, KeyMsg, Role, Session};
 use crate::oob::CmError;
 use crate::runtime::Nic;
 use crate::verbs::Mtu;
-use crate::verbs::{VerbsError, WcStatus};
+use crate::verbs::{AvError, VerbsError, WcStatus};
 use crate::wire::MacAddr;
 use ctx::Endpoint;
 use std::io::Write;
@@ -634,7 +634,7 @@ pub fn run_with(
     let gid = nic
         .with_device(|d| d.gid(usize::from(cfg.gid_index)))
         .ok_or(PerfError::Verbs(VerbsError::BadAddressVector(
-            "GID index not in the table",
+            AvError::NoSuchGid(cfg.gid_index),
         )))?;
     let ours = ep.keys(gid);
     if ses.is_rdma() {
