@@ -184,13 +184,7 @@ fn incast(n: usize, dcqcn: bool, ms: u64) -> (f64, f64, u64, u64, u64) {
             }
         },
     );
-    let capq = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let capq = common::qp_cap(64, 1, 0);
     let rpd = f.hosts[0].alloc_pd().unwrap();
     let rcq = f.hosts[0].create_cq(1024).unwrap();
     let rmr = f.hosts[0].reg_mr(rpd, 1 << 20, ALL).unwrap();
@@ -243,20 +237,7 @@ fn incast(n: usize, dcqcn: bool, ms: u64) -> (f64, f64, u64, u64, u64) {
     let mut wc = Vec::new();
     while f.now < t0 + t_end {
         for (k, (s, qs, cq, mr)) in flows.iter().enumerate() {
-            let wr = || {
-                SendWr::new(
-                    0,
-                    SendOp::RdmaWrite {
-                        remote_addr: rmr.addr(),
-                        rkey: rmr.rkey(),
-                    },
-                    vec![Sge {
-                        addr: mr.addr(),
-                        length: 65536,
-                        lkey: mr.lkey(),
-                    }],
-                )
-            };
+            let wr = || common::write_wr(0, mr, &rmr, 65536);
             while f.hosts[*s].post_send(*qs, wr()).is_ok() {}
             wc.clear();
             f.hosts[*s].poll_cq(*cq, &mut wc, 1024).unwrap();

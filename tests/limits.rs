@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{poll, ALL};
+use common::{poll, qp_cap, ALL};
 use ferroce::sim::{LinkConfig, Pair};
 use ferroce::time::Duration;
 use ferroce::verbs::*;
@@ -17,16 +17,6 @@ fn small(tweak: impl Fn(&mut DeviceConfig)) -> Device {
         DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()).with_seed(7);
     tweak(&mut c);
     Device::new(c)
-}
-
-fn cap(wr: u32, sge: u32, inline: u32) -> QpCap {
-    QpCap {
-        max_send_wr: wr,
-        max_recv_wr: wr,
-        max_send_sge: sge,
-        max_recv_sge: sge,
-        max_inline_data: inline,
-    }
 }
 
 #[test]
@@ -71,7 +61,7 @@ fn protection_domains_up_to_max_pd_and_busy_while_in_use() {
     let mr = d.reg_mr(a, 64, ALL).unwrap();
     let cq = d.create_cq(4).unwrap();
     let qp = d
-        .create_qp(QpInitAttr::new(b, cq, cq, cap(4, 1, 0)))
+        .create_qp(QpInitAttr::new(b, cq, cq, qp_cap(4, 1, 0)))
         .unwrap();
     assert!(matches!(d.dealloc_pd(a), Err(VerbsError::Busy(_))));
     assert!(matches!(d.dealloc_pd(b), Err(VerbsError::Busy(_))));
@@ -140,7 +130,7 @@ fn completion_queues_up_to_max_cq_and_max_cqe_numbers_reused() {
     ));
     let pd = d.alloc_pd().unwrap();
     let qp = d
-        .create_qp(QpInitAttr::new(pd, a, b, cap(4, 1, 0)))
+        .create_qp(QpInitAttr::new(pd, a, b, qp_cap(4, 1, 0)))
         .unwrap();
     assert!(matches!(d.destroy_cq(a), Err(VerbsError::Busy(_))));
     assert!(matches!(d.destroy_cq(b), Err(VerbsError::Busy(_))));
@@ -167,22 +157,22 @@ fn queue_pairs_up_to_max_qp_and_their_capabilities_up_to_the_device_limits() {
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(64).unwrap();
     let init = |c: QpCap| QpInitAttr::new(pd, cq, cq, c);
-    for bad in [cap(9, 1, 0), cap(8, 3, 0), cap(8, 2, 65)] {
+    for bad in [qp_cap(9, 1, 0), qp_cap(8, 3, 0), qp_cap(8, 2, 65)] {
         assert!(
             matches!(d.create_qp(init(bad)), Err(VerbsError::BadCap(_))),
             "{bad:?}"
         );
     }
-    let q1 = d.create_qp(init(cap(8, 2, 64))).unwrap();
-    d.create_qp(init(cap(1, 1, 0))).unwrap();
-    d.create_qp(init(cap(1, 1, 0)).with_type(QpType::Ud))
+    let q1 = d.create_qp(init(qp_cap(8, 2, 64))).unwrap();
+    d.create_qp(init(qp_cap(1, 1, 0))).unwrap();
+    d.create_qp(init(qp_cap(1, 1, 0)).with_type(QpType::Ud))
         .unwrap();
     assert!(matches!(
-        d.create_qp(init(cap(1, 1, 0))),
+        d.create_qp(init(qp_cap(1, 1, 0))),
         Err(VerbsError::NoResources("max_qp"))
     ));
     d.destroy_qp(q1).unwrap();
-    d.create_qp(init(cap(1, 1, 0)).with_type(QpType::Uc))
+    d.create_qp(init(qp_cap(1, 1, 0)).with_type(QpType::Uc))
         .unwrap();
 }
 
@@ -293,7 +283,7 @@ fn work_requests_up_to_the_queue_sge_inline_and_message_limits() {
     let pd = p.a.alloc_pd().unwrap();
     let cq = p.a.create_cq(64).unwrap();
     let qa =
-        p.a.create_qp(QpInitAttr::new(pd, cq, cq, cap(4, 2, 16)))
+        p.a.create_qp(QpInitAttr::new(pd, cq, cq, qp_cap(4, 2, 16)))
             .unwrap();
     let mr = p.a.reg_mr(pd, 64, ALL).unwrap();
     let b = common::end(&mut p.b, 64);

@@ -20,33 +20,14 @@ fn nic(i: u8, dev: Loopback, poll: PollMode) -> Nic {
 fn run(poll: PollMode) {
     let (la, lb) = Loopback::pair(4096, 9000).unwrap();
     let (a, b) = (nic(1, la, poll), nic(2, lb, poll));
-    let cap = QpCap {
-        max_send_wr: 256,
-        max_recv_wr: 256,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    };
+    let cap = common::qp_cap(256, 2, 64);
     let (x, y) = nic_rc_pair(&a, &b, cap, 1024, 1 << 20, Mtu::M4096);
     let (ca, qa, ma) = (x.cq, x.qp, x.mr);
     let (cb, qb, mb) = (y.cq, y.qp, y.mr);
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     ma.write(0, &data).unwrap();
     // 200 WRITEs of 300 KB from another thread, posted as fast as the queue allows.
-    let wr = |i: u64| {
-        SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: mb.addr(),
-                rkey: mb.rkey(),
-            },
-            vec![Sge {
-                addr: ma.addr(),
-                length: 300_000,
-                lkey: ma.lkey(),
-            }],
-        )
-    };
+    let wr = |i: u64| common::write_wr(i, &ma, &mb, 300_000);
     let mut done = 0;
     let mut wcs = Vec::new();
     let mut next = 0u64;
@@ -143,13 +124,7 @@ fn post_errors_are_synchronous() {
     let a = nic(1, la, PollMode::Busy);
     let pd = a.alloc_pd().unwrap();
     let cq = a.create_cq(16).unwrap();
-    let cap = QpCap {
-        max_send_wr: 2,
-        max_recv_wr: 2,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 16,
-    };
+    let cap = common::qp_cap(2, 1, 16);
     let q = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
     let mr = a.reg_mr(pd, 4096, ALL).unwrap();
     let s = Sge {
@@ -240,13 +215,7 @@ fn held_ack_leaves_at_shutdown(poll: PollMode) {
     );
     cfg_b.ack_delay = Some(ferroce::time::Duration::from_secs(30));
     let b = Nic::start(cfg_b, lb, NicOptions { poll, batch: 64 }).unwrap();
-    let cap = QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = common::qp_cap(16, 1, 0);
     let params = RcParams {
         mtu: Mtu::M1024,
         timeout: 24,
@@ -256,22 +225,7 @@ fn held_ack_leaves_at_shutdown(poll: PollMode) {
     let (ca, qa, ma) = (x.cq, x.qp, x.mr);
     let (qb, mb) = (y.qp, y.mr);
     ma.write(0, &[0x5a; 64]).unwrap();
-    a.post_send(
-        qa,
-        SendWr::new(
-            1,
-            SendOp::RdmaWrite {
-                remote_addr: mb.addr(),
-                rkey: mb.rkey(),
-            },
-            vec![Sge {
-                addr: ma.addr(),
-                length: 64,
-                lkey: ma.lkey(),
-            }],
-        ),
-    )
-    .unwrap();
+    a.post_send(qa, common::write_wr(1, &ma, &mb, 64)).unwrap();
     // Wait until B has executed the WRITE (its ACK is then held), then stop B.
     let t0 = std::time::Instant::now();
     let mut got = [0u8; 64];

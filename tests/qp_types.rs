@@ -19,13 +19,7 @@ fn clean() -> LinkConfig {
 }
 
 fn cap(n: u32) -> QpCap {
-    QpCap {
-        max_send_wr: n,
-        max_recv_wr: n,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    }
+    common::qp_cap(n, 2, 64)
 }
 
 /// A UD QP in RTS on `dev` with a region of `len` bytes.

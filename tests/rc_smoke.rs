@@ -1,8 +1,9 @@
 //! First end-to-end checks of the RC engine over a perfect in-test link.
 
+mod common;
 use ferroce::time::{Duration, Instant};
 use ferroce::verbs::*;
-use ferroce::wire::{MacAddr, QpNumber};
+use ferroce::wire::{MacAddr, Psn, QpNumber};
 use std::net::{IpAddr, Ipv4Addr};
 
 struct Side {
@@ -30,13 +31,7 @@ fn side_configured(i: u8, f: impl FnOnce(&mut DeviceConfig)) -> Side {
     let mut dev = Device::new(cfg);
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
-    let cap = QpCap {
-        max_send_wr: 256,
-        max_recv_wr: 256,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 64,
-    };
+    let cap = common::qp_cap(256, 4, 64);
     let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
     Side { dev, pd, cq, qp }
 }
@@ -384,21 +379,7 @@ fn stale_read_responses_behind_a_retry_keep_the_requester_waiting() {
     // READ `len` bytes of B's region into A's, from offset 0.
     let post_read = |a: &mut Side, wr_id: u64, len: u32| {
         a.dev
-            .post_send(
-                a.qp,
-                SendWr::new(
-                    wr_id,
-                    SendOp::RdmaRead {
-                        remote_addr: mb.addr(),
-                        rkey: mb.rkey(),
-                    },
-                    vec![Sge {
-                        addr: ma.addr(),
-                        length: len,
-                        lkey: ma.lkey(),
-                    }],
-                ),
-            )
+            .post_send(a.qp, common::read_wr(wr_id, &ma, &mb, len))
             .unwrap()
     };
     post_read(&mut a, 1, 65536);
@@ -607,21 +588,7 @@ fn a_duplicate_read_is_refused_with_a_wrong_rkey_or_after_dereg() {
     mb.fill(0x5a);
     let mut now = Instant::from_nanos(1_000_000);
     a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                1,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 4096,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
+        .post_send(a.qp, common::read_wr(1, &ma, &mb, 4096))
         .unwrap();
     let req = take_frames(&mut a, now);
     assert_eq!(req.len(), 1);
@@ -667,21 +634,7 @@ fn dereg_stops_queued_read_responses_and_a_write_in_progress() {
     let now = Instant::from_nanos(1_000_000);
     // A 4-packet WRITE: two packets before B deregisters, two after.
     a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                1,
-                SendOp::RdmaWrite {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 4096,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
+        .post_send(a.qp, common::write_wr(1, &ma, &mb, 4096))
         .unwrap();
     let w = take_frames(&mut a, now);
     assert_eq!(w.len(), 4);
@@ -702,21 +655,7 @@ fn dereg_stops_queued_read_responses_and_a_write_in_progress() {
     let ma = a.dev.reg_mr(a.pd, 1 << 14, all).unwrap();
     let mb = b.dev.reg_mr(b.pd, 1 << 14, all).unwrap();
     a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                2,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 4096,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
+        .post_send(a.qp, common::read_wr(2, &ma, &mb, 4096))
         .unwrap();
     let req = take_frames(&mut a, now);
     b.dev.handle_frame(now, &req[0]);
@@ -780,13 +719,7 @@ fn cq_overrun_raises_the_cq_error_and_moves_its_qps_to_error() {
     let (mut a, mut b) = (side(1), side(2));
     // A second QP pair whose sender completes into a CQ of 4 entries.
     let small = a.dev.create_cq(4).unwrap();
-    let cap = QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = common::qp_cap(16, 1, 0);
     a.qp = a
         .dev
         .create_qp(QpInitAttr::new(a.pd, small, small, cap))
@@ -815,6 +748,32 @@ fn cq_overrun_raises_the_cq_error_and_moves_its_qps_to_error() {
     assert!(events.contains(&AsyncEvent::QpFatal(a.qp)), "{events:?}");
 }
 
+/// A and B connected (path MTU 1024) with a 4 KiB region each; A posts one 8-byte READ of
+/// B's region. Returns the time, the READ's PSN, and the READ's request frame with its PSN
+/// advanced by `k` (as the k-th of a run of such READs; 0: the request itself).
+fn read_request_copies(a: &mut Side, b: &mut Side) -> (Instant, Psn, impl Fn(u32) -> Vec<u8>) {
+    connect(a, b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
+    let now = Instant::from_nanos(1_000_000);
+    a.dev
+        .post_send(a.qp, common::read_wr(1, &ma, &mb, 8))
+        .unwrap();
+    let req = take_frames(a, now).remove(0);
+    let p = ferroce::wire::parse_frame(&req).unwrap();
+    let first = p.repr.roce.bth.psn;
+    let repr = p.repr;
+    let at = move |k: u32| {
+        let mut repr = repr;
+        repr.roce.bth.psn = first.add(k);
+        let mut f = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut f, &[]).unwrap();
+        f
+    };
+    (now, first, at)
+}
+
 /// Issue 17, finding 7: READs beyond the responder resources (max_dest_rd_atomic, 16 here)
 /// whose responses are all still pending are an Invalid Request (IBTA 9.7.5.1.5, 9.9.3: a responder
 /// NAKs a request beyond its negotiated resources), not a silent eviction of the oldest. Before
@@ -822,38 +781,10 @@ fn cq_overrun_raises_the_cq_error_and_moves_its_qps_to_error() {
 #[test]
 fn reads_beyond_the_responder_resources_are_an_invalid_request() {
     let (mut a, mut b) = (side(1), side(2));
-    connect(&mut a, &mut b, Mtu::M1024);
-    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
-    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
-    let now = Instant::from_nanos(1_000_000);
-    a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                1,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
-        .unwrap();
-    let req = take_frames(&mut a, now).remove(0);
-    let p = ferroce::wire::parse_frame(&req).unwrap();
-    let first = p.repr.roce.bth.psn;
+    let (now, first, at) = read_request_copies(&mut a, &mut b);
     // 17 one-packet READs in sequence, none of B's responses sent in between.
     for k in 0..17u32 {
-        let mut repr = p.repr;
-        repr.roce.bth.psn = first.add(k);
-        let mut f = vec![0u8; repr.buffer_len()];
-        repr.emit(&mut f, &[]).unwrap();
-        b.dev.handle_frame(now, &f);
+        b.dev.handle_frame(now, &at(k));
     }
     let out = take_frames(&mut b, now);
     let data = out
@@ -887,38 +818,7 @@ fn selective_repeat_read_retries_do_not_count_against_the_responder_resources() 
         c.selective_repeat = true;
     };
     let (mut a, mut b) = (side_configured(1, sr), side_configured(2, sr));
-    connect(&mut a, &mut b, Mtu::M1024);
-    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-    let ma = a.dev.reg_mr(a.pd, 4096, all).unwrap();
-    let mb = b.dev.reg_mr(b.pd, 4096, all).unwrap();
-    let now = Instant::from_nanos(1_000_000);
-    a.dev
-        .post_send(
-            a.qp,
-            SendWr::new(
-                1,
-                SendOp::RdmaRead {
-                    remote_addr: mb.addr(),
-                    rkey: mb.rkey(),
-                },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
-            ),
-        )
-        .unwrap();
-    let req = take_frames(&mut a, now).remove(0);
-    let p = ferroce::wire::parse_frame(&req).unwrap();
-    let first = p.repr.roce.bth.psn;
-    let at = |k: u32| {
-        let mut repr = p.repr;
-        repr.roce.bth.psn = first.add(k);
-        let mut f = vec![0u8; repr.buffer_len()];
-        repr.emit(&mut f, &[]).unwrap();
-        f
-    };
+    let (now, _, at) = read_request_copies(&mut a, &mut b);
     // 15 one-packet READs, the retry of the first, the 16th: none of B's responses sent in
     // between.
     for k in 0..15u32 {
@@ -1032,13 +932,7 @@ fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
         ..side(2)
     };
     let (pd, cq) = (c.dev.alloc_pd().unwrap(), c.dev.create_cq(64).unwrap());
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = common::qp_cap(4, 1, 0);
     c.pd = pd;
     c.cq = cq;
     c.qp = c.dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();

@@ -3,6 +3,7 @@
 //! exchange data on the QPs the CM set up, disconnect; REJECTED when nothing listens;
 //! a consumer reject carrying private data.
 
+mod common;
 use ferroce::cm::CmConfig;
 use ferroce::io::Loopback;
 use ferroce::runtime::cm::{
@@ -72,13 +73,7 @@ fn expect(ch: &EventChannel, kind: EventType) -> CmEvent {
 }
 
 fn cap() -> QpCap {
-    QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
+    common::qp_cap(16, 1, 0)
 }
 
 fn qp_init(nic: &Nic) -> (QpInitAttr, Pd, Cq) {

@@ -78,13 +78,7 @@ fn a_library_program_is_seen_by_stat_and_res_qp() {
     a.set_name("ferroce_a");
     b.set_name("ferroce_b");
     b.set_label("the passive side");
-    let cap = QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
+    let cap = common::qp_cap(16, 1, 0);
     // Starting PSNs 100 (A) and 200 (B).
     let (x, y) = nic_rc_pair(&a, &b, cap, 64, 1 << 16, Mtu::M4096);
     let (ca, qa, ma) = (x.cq, x.qp, x.mr);

@@ -384,13 +384,7 @@ fn host(
     .map_err(|e| format!("{}: starting the NIC: {e}", spec.ns))?;
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(4096).map_err(|e| e.to_string())?;
-    let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 64,
-    };
+    let cap = common::qp_cap(64, 4, 64);
     let qp = ferroce::runtime::create_rc_qp(&nic, pd, cq, cap).map_err(|e| e.to_string())?;
     let mr = nic
         .reg_mr(pd, MR_LEN, ALL_ACCESS)

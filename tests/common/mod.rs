@@ -79,13 +79,39 @@ pub fn nic_rc_pair_with(
 }
 
 pub fn cap() -> QpCap {
+    qp_cap(512, 4, 256)
+}
+
+/// Queue sizes: `wr` work requests and `sge` scatter/gather entries on both queues, `inline`
+/// bytes of inline data.
+pub fn qp_cap(wr: u32, sge: u32, inline: u32) -> QpCap {
     QpCap {
-        max_send_wr: 512,
-        max_recv_wr: 512,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 256,
+        max_send_wr: wr,
+        max_recv_wr: wr,
+        max_send_sge: sge,
+        max_recv_sge: sge,
+        max_inline_data: inline,
     }
+}
+
+/// An RDMA WRITE `id` of the first `len` bytes of `local` to the start of `remote`.
+pub fn write_wr(id: u64, local: &MemoryRegion, remote: &MemoryRegion, len: u32) -> SendWr {
+    rdma_wr(id, true, local, remote, len)
+}
+
+/// An RDMA READ `id` of the first `len` bytes of `remote` into the start of `local`.
+pub fn read_wr(id: u64, local: &MemoryRegion, remote: &MemoryRegion, len: u32) -> SendWr {
+    rdma_wr(id, false, local, remote, len)
+}
+
+fn rdma_wr(id: u64, write: bool, local: &MemoryRegion, remote: &MemoryRegion, len: u32) -> SendWr {
+    let (remote_addr, rkey) = (remote.addr(), remote.rkey());
+    let op = if write {
+        SendOp::RdmaWrite { remote_addr, rkey }
+    } else {
+        SendOp::RdmaRead { remote_addr, rkey }
+    };
+    SendWr::new(id, op, vec![sge(local, 0, len as usize)])
 }
 
 pub fn end(dev: &mut Device, mr_len: usize) -> End {
