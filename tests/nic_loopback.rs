@@ -59,26 +59,14 @@ fn run(poll: PollMode) {
         qb,
         RecvWr {
             wr_id: 5,
-            sg_list: vec![Sge {
-                addr: mb.addr(),
-                length: 64,
-                lkey: mb.lkey(),
-            }],
+            sg_list: vec![common::sge(&mb, 0, 64)],
         },
     )
     .unwrap();
     a.post_send(
         qa,
-        SendWr::new(
-            6,
-            SendOp::Send,
-            vec![Sge {
-                addr: ma.addr(),
-                length: 10,
-                lkey: ma.lkey(),
-            }],
-        )
-        .with_flags(SendFlags::SIGNALED | SendFlags::SOLICITED),
+        SendWr::new(6, SendOp::Send, vec![common::sge(&ma, 0, 10)])
+            .with_flags(SendFlags::SIGNALED | SendFlags::SOLICITED),
     )
     .unwrap();
     assert!(
@@ -127,11 +115,7 @@ fn post_errors_are_synchronous() {
     let cap = common::qp_cap(2, 1, 16);
     let q = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
     let mr = a.reg_mr(pd, 4096, ALL).unwrap();
-    let s = Sge {
-        addr: mr.addr(),
-        length: 8,
-        lkey: mr.lkey(),
-    };
+    let s = common::sge(&mr, 0, 8);
     // RESET: refused.
     assert!(matches!(
         a.post_send(q, SendWr::new(1, SendOp::Send, vec![s])),

@@ -123,11 +123,7 @@ fn send_write_read_atomic() {
             b.qp,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![Sge {
-                    addr: mb.addr(),
-                    length: 8192,
-                    lkey: mb.lkey(),
-                }],
+                sg_list: vec![common::sge(&mb, 0, 8192)],
             },
         )
         .unwrap();
@@ -137,11 +133,7 @@ fn send_write_read_atomic() {
             SendWr::new(
                 1,
                 SendOp::SendWithImm { imm: 0xabcd },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 5000,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 0, 5000)],
             ),
         )
         .unwrap();
@@ -155,11 +147,7 @@ fn send_write_read_atomic() {
                     remote_addr: mb.addr() + 10000,
                     rkey: mb.rkey(),
                 },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 3000,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 0, 3000)],
             ),
         )
         .unwrap();
@@ -173,11 +161,7 @@ fn send_write_read_atomic() {
                     remote_addr: mb.addr() + 10000,
                     rkey: mb.rkey(),
                 },
-                vec![Sge {
-                    addr: ma.addr() + 20000,
-                    length: 3000,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 20000, 3000)],
             ),
         )
         .unwrap();
@@ -193,11 +177,7 @@ fn send_write_read_atomic() {
                     rkey: mb.rkey(),
                     add: 10,
                 },
-                vec![Sge {
-                    addr: ma.addr() + 30000,
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 30000, 8)],
             ),
         )
         .unwrap();
@@ -212,11 +192,7 @@ fn send_write_read_atomic() {
                     compare: 15,
                     swap: 99,
                 },
-                vec![Sge {
-                    addr: ma.addr() + 30008,
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 30008, 8)],
             ),
         )
         .unwrap();
@@ -261,11 +237,7 @@ fn post_recv(s: &mut Side, mr: &MemoryRegion, wr_id: u64) {
             s.qp,
             RecvWr {
                 wr_id,
-                sg_list: vec![Sge {
-                    addr: mr.addr(),
-                    length: 64,
-                    lkey: mr.lkey(),
-                }],
+                sg_list: vec![common::sge(mr, 0, 64)],
             },
         )
         .unwrap();
@@ -275,15 +247,7 @@ fn post_send(s: &mut Side, mr: &MemoryRegion, wr_id: u64) {
     s.dev
         .post_send(
             s.qp,
-            SendWr::new(
-                wr_id,
-                SendOp::Send,
-                vec![Sge {
-                    addr: mr.addr(),
-                    length: 8,
-                    lkey: mr.lkey(),
-                }],
-            ),
+            SendWr::new(wr_id, SendOp::Send, vec![common::sge(mr, 0, 8)]),
         )
         .unwrap();
 }
@@ -694,11 +658,7 @@ fn send_with_inv_cannot_invalidate_a_local_only_region() {
                 SendOp::SendWithInv {
                     invalidate_rkey: local_only.rkey(),
                 },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 0, 8)],
             ),
         )
         .unwrap();
@@ -975,11 +935,7 @@ fn a_full_response_queue_refuses_requests_instead_of_dropping_their_answers() {
                     rkey: mb.rkey(),
                     add: 1,
                 },
-                vec![Sge {
-                    addr: ma.addr(),
-                    length: 8,
-                    lkey: ma.lkey(),
-                }],
+                vec![common::sge(&ma, 0, 8)],
             ),
         )
         .unwrap();

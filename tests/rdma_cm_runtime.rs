@@ -165,26 +165,14 @@ fn connect_exchange_disconnect() {
             qb,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![Sge {
-                    addr: mrb.addr(),
-                    length: 64,
-                    lkey: mrb.lkey(),
-                }],
+                sg_list: vec![common::sge(&mrb, 0, 64)],
             },
         )
         .unwrap();
     a.nic
         .post_send(
             qa,
-            SendWr::new(
-                1,
-                SendOp::Send,
-                vec![Sge {
-                    addr: mra.addr(),
-                    length: 17,
-                    lkey: mra.lkey(),
-                }],
-            ),
+            SendWr::new(1, SendOp::Send, vec![common::sge(&mra, 0, 17)]),
         )
         .unwrap();
     let wc = wait_wc(&b.nic, cqb);
@@ -205,11 +193,7 @@ fn connect_exchange_disconnect() {
                     remote_addr: mrb.addr() + 2048,
                     rkey: mrb.rkey(),
                 },
-                vec![Sge {
-                    addr: mra.addr() + 1024,
-                    length: 13,
-                    lkey: mra.lkey(),
-                }],
+                vec![common::sge(&mra, 1024, 13)],
             ),
         )
         .unwrap();
@@ -380,11 +364,7 @@ fn ud_over_sidr() {
     let wr = SendWr::new(
         9,
         SendOp::SendWithImm { imm: qa.get() },
-        vec![Sge {
-            addr: mra.addr(),
-            length: 8,
-            lkey: mra.lkey(),
-        }],
+        vec![common::sge(&mra, 0, 8)],
     )
     .with_ud(UdDest {
         ah,

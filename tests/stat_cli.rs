@@ -89,11 +89,7 @@ fn a_library_program_is_seen_by_stat_and_res_qp() {
             remote_addr: mb.addr(),
             rkey: mb.rkey(),
         };
-        let sge = Sge {
-            addr: ma.addr(),
-            length: 4096,
-            lkey: ma.lkey(),
-        };
+        let sge = common::sge(&ma, 0, 4096);
         a.post_send(qa, SendWr::new(i, op, vec![sge])).unwrap();
     }
     let mut wcs = Vec::new();

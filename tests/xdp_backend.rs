@@ -80,6 +80,21 @@ fn link_show(ns: &str) -> String {
     must(&["ip", "-n", ns, "link", "show", "eth0"])
 }
 
+/// Take whatever generic-mode XDP program is on `ns`'s eth0 off.
+fn detach_generic(ns: &str) {
+    must(&[
+        "ip",
+        "-n",
+        ns,
+        "link",
+        "set",
+        "dev",
+        "eth0",
+        "xdpgeneric",
+        "off",
+    ]);
+}
+
 fn assert_no_xdp(ns: &str) {
     let s = link_show(ns);
     assert!(
@@ -734,17 +749,7 @@ fn af_xdp_between_two_namespaces() {
         "the adopted program should stay attached:\n{}",
         link_show("fxa")
     );
-    must(&[
-        "ip",
-        "-n",
-        "fxa",
-        "link",
-        "set",
-        "dev",
-        "eth0",
-        "xdpgeneric",
-        "off",
-    ]);
+    detach_generic("fxa");
     assert_no_xdp("fxa");
     assert_no_xdp("fxb");
     attach_as("somebody_else");
@@ -758,17 +763,7 @@ fn af_xdp_between_two_namespaces() {
         link_show("fxa").contains("xdpgeneric"),
         "foreign program removed"
     );
-    must(&[
-        "ip",
-        "-n",
-        "fxa",
-        "link",
-        "set",
-        "dev",
-        "eth0",
-        "xdpgeneric",
-        "off",
-    ]);
+    detach_generic("fxa");
     assert_no_xdp("fxa");
     drop(tb);
 }
