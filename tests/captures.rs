@@ -1,5 +1,7 @@
 //! The captures shipped in `captures/` and the independent fixtures.
 
+mod common;
+use common::hex;
 use ferroce::apps::inspect::{analyse, Analysis, Summary};
 use ferroce::pcap::capture;
 use ferroce::pcap::golden::Golden;
@@ -145,12 +147,4 @@ fn pcapng_is_read_too() {
         }
         other => panic!("{other:?}"),
     }
-}
-
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }

@@ -2,15 +2,9 @@
 //! RoCE tests, the first captured from a Mellanox ConnectX-4 Lx). Nothing here was produced
 //! by ferroce: parse, verify the ICRC, and re-emit byte-identical.
 
+mod common;
+use common::hex;
 use ferroce::wire::{self, packet, Ecn, IpRepr, Opcode, Psn, QpNumber};
-
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 /// ConnectX-4 Lx CNP, full Ethernet frame.
 const CNP: &str = "e41d2dab2bc2 7cfe90643b32 0800 \

@@ -14,18 +14,7 @@ use std::process::{Command, Stdio};
 
 /// A fresh directory of links (one per test: they run in parallel).
 fn links(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferroce-pptypes-{test}-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ferroce"))
-        .arg("install-links")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
+    common::cli::links("pptypes", test)
 }
 
 fn can_unshare(test: &str) -> bool {
@@ -294,18 +283,7 @@ fn srq_pingpong_with_four_qps_on_one_srq() {
 #[test]
 fn each_example_takes_its_own_flags() {
     let dir = links("flags");
-    let run = |prog: &str, args: &[&str]| {
-        let out = Command::new(dir.join(prog))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |prog: &str, args: &[&str]| common::cli::run(&dir.join(prog), args);
     // ud_pingpong has no -m (getopt "p:d:i:s:r:n:l:eg:c"), uc_pingpong no -q.
     let (code, _, err) = run("ibv_ud_pingpong", &["-m", "1024", "-d", "lo"]);
     assert_eq!(code, 1, "rdma-core's examples return 1 after usage()");

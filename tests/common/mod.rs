@@ -169,6 +169,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// The bytes of a hex dump (every character that is not a hex digit is skipped).
+pub fn hex(s: &str) -> Vec<u8> {
+    let s: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 pub fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
     Sge {
         addr: mr.addr() + off as u64,
