@@ -766,11 +766,12 @@ fn reads_beyond_the_responder_resources_are_an_invalid_request() {
 }
 
 /// Selective repeat: the answer to a retried READ (a duplicate READ request) is queued next
-/// to the original's responses instead of replacing them, and is the same request: it does
-/// not count against max_dest_rd_atomic again. 15 READs pending, a retry of the first, then
-/// a 16th new READ: within the 16 resources. Counting the retry too, the 16th was NAKed as an
-/// Invalid Request and B's QP went to the error state (on the testbed: `perf read_bw: work
-/// completion 4295 failed: remote invalid request error` with --selective-repeat, no loss).
+/// to the other READs' responses instead of replacing them, and is the same request: it does
+/// not count against max_dest_rd_atomic again. 16 READs, the first answered, a retry of the
+/// first (its response lost), then a 17th new READ: 15 pending, within the 16 resources.
+/// Counting the retry too, the 17th was NAKed as an Invalid Request and B's QP went to the
+/// error state (on the testbed: `perf read_bw: work completion 4295 failed: remote invalid
+/// request error` with --selective-repeat, no loss).
 #[test]
 fn selective_repeat_read_retries_do_not_count_against_the_responder_resources() {
     let sr = |c: &mut DeviceConfig| {
@@ -779,23 +780,66 @@ fn selective_repeat_read_retries_do_not_count_against_the_responder_resources() 
     };
     let (mut a, mut b) = (side_configured(1, sr), side_configured(2, sr));
     let (now, _, at) = read_request_copies(&mut a, &mut b);
-    // 15 one-packet READs, the retry of the first, the 16th: none of B's responses sent in
-    // between.
-    for k in 0..15u32 {
+    // 16 one-packet READs, the first's response sent (and lost), the retry of the first,
+    // the 17th: no other response of B's sent in between.
+    for k in 0..16u32 {
         b.dev.handle_frame(now, &at(k));
     }
+    let mut buf = vec![0u8; 9000];
+    assert!(b.dev.poll_transmit(now, &mut buf).unwrap().is_some());
     b.dev.handle_frame(now, &at(0));
-    b.dev.handle_frame(now, &at(15));
+    b.dev.handle_frame(now, &at(16));
     let out = take_frames(&mut b, now);
     let data = out
         .iter()
         .filter(|f| opcode(f) == ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY)
         .count();
     assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Rts);
-    assert_eq!(data, 17, "16 READs and the retry of one answered");
+    assert_eq!(data, 17, "the retry and 16 more READs answered");
     assert!(out
         .iter()
         .all(|f| opcode(f) != ferroce::wire::Opcode::RC_ACK));
+}
+
+/// Selective repeat: the answer to a retried READ stands in for the original's responses
+/// still queued. 16 one-packet READs (B's max_dest_rd_atomic) wait in B's queue; the retry of
+/// the first arrives (A's probe timeout while B is slow), B sends the answer, A completes that
+/// READ and posts a 17th. The original's response is not sent again, and the 17th is within
+/// the resources: before, B still counted the unsent original, NAKed the 17th as an Invalid
+/// Request and went to the error state (testbed, `--selective-repeat`, no loss: `perf
+/// read_bw: work completion 86 failed: remote invalid request error`).
+#[test]
+fn selective_repeat_read_retry_answer_replaces_the_unsent_original() {
+    let sr = |c: &mut DeviceConfig| {
+        c.fast_recovery = true;
+        c.selective_repeat = true;
+    };
+    let (mut a, mut b) = (side_configured(1, sr), side_configured(2, sr));
+    let (now, first, at) = read_request_copies(&mut a, &mut b);
+    let psn = |f: &[u8]| ferroce::wire::parse_frame(f).unwrap().repr.roce.bth.psn;
+    for k in 0..16u32 {
+        b.dev.handle_frame(now, &at(k));
+    }
+    b.dev.handle_frame(now, &at(0));
+    let mut buf = vec![0u8; 9000];
+    let n = b.dev.poll_transmit(now, &mut buf).unwrap().unwrap();
+    assert_eq!(
+        (opcode(&buf[..n]), psn(&buf[..n])),
+        (ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY, first),
+        "the retry is answered first"
+    );
+    b.dev.handle_frame(now, &at(16));
+    let out = take_frames(&mut b, now);
+    assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Rts);
+    let psns: Vec<u32> = out.iter().map(|f| psn(f).distance_from(first)).collect();
+    assert_eq!(
+        psns,
+        (1..=16).collect::<Vec<u32>>(),
+        "READs 2..17 answered once each, the first not again"
+    );
+    assert!(out
+        .iter()
+        .all(|f| opcode(f) == ferroce::wire::Opcode::RC_READ_RESPONSE_ONLY));
 }
 
 /// Issue 17, finding 3: a forged RNR NAK inside the window, repeated before its timer ends,

@@ -774,6 +774,7 @@ impl Qp {
             self.counters.read_replays += 1;
             if self.sr {
                 if self.resp.resp_q.len() < MAX_RESP_QUEUE {
+                    let item = self.sr_trim_original(item, first, k);
                     self.resp.resp_q.push_front(item);
                 }
                 return;
@@ -799,6 +800,62 @@ impl Qp {
         } else {
             let last = self.resp.epsn.sub(1);
             self.queue_ack(last);
+        }
+    }
+
+    /// Selective repeat: a retry of READ `first` from its packet `k` (the answer `replay`)
+    /// goes out ahead of the original's responses still queued. The original's packets that
+    /// the retry's answer carries are not sent a second time: the original skips them, or,
+    /// when the answer carries all that is left of it, leaves the queue and the answer takes
+    /// its place in the count against `max_dest_rd_atomic`. Without this, a requester that
+    /// completed the READ from the answer (after a probe timeout on a responder slow to drain
+    /// its queue) and posted the next READ found the original still counted: the next READ
+    /// was one too many, an Invalid Request (testbed, `--selective-repeat`, no loss: `perf
+    /// read_bw: work completion 86 failed: remote invalid request error`).
+    fn sr_trim_original(&mut self, replay: RespItem, first: Psn, k: u32) -> RespItem {
+        let RespItem::Read { npkts: n, .. } = replay else {
+            return replay;
+        };
+        let kend = k.saturating_add(n);
+        let pos = self.resp.resp_q.iter().position(
+            |i| matches!(i, RespItem::Read { first_psn, replay: false, .. } if *first_psn == first),
+        );
+        let Some(pos) = pos else {
+            return replay;
+        };
+        let Some(RespItem::Read { npkts, sent, .. }) = self.resp.resp_q.get_mut(pos) else {
+            return replay;
+        };
+        // Only a retry from a packet not yet past the original's next one can stand in for
+        // its rest (a requester asks from the first packet it lacks; anything else, as a
+        // forged retry, changes nothing).
+        if k > *sent || kend <= *sent {
+            return replay;
+        }
+        if kend < *npkts {
+            *sent = kend;
+            return replay;
+        }
+        self.resp.resp_q.remove(pos);
+        match replay {
+            RespItem::Read {
+                mr,
+                mr_off,
+                len,
+                first_psn,
+                npkts,
+                sent,
+                ..
+            } => RespItem::Read {
+                mr,
+                mr_off,
+                len,
+                first_psn,
+                npkts,
+                sent,
+                replay: false,
+            },
+            other => other,
         }
     }
 
