@@ -23,7 +23,8 @@
 //! machine takes as an argument), [`rng`] (the one pseudo-random generator) and [`keys`] (the
 //! one place keys, identifiers and PSNs a peer must not guess are drawn).
 //!
-//! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` may allow it.
+//! `unsafe` is denied crate-wide (see `Cargo.toml`); only `src/io/sys/` (system calls) and
+//! `src/ib/appmem.rs` (memory regions on the application's own memory) may allow it.
 
 #![warn(missing_docs)]
 
