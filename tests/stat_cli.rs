@@ -175,6 +175,7 @@ fn two_perf_processes_are_seen_by_stat_and_res_qp() {
         "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\n\
          {bin} perf write-bw -d lo --backend udp -x 0 -D 4 >{d}/s.out 2>&1 &\n\
          S=$!\n\
+         echo $S >{d}/s.pid\n\
          sleep 0.3\n\
          {bin} perf write-bw 127.0.0.1 -d lo --backend udp -x 1 -D 4 >{d}/c.out 2>&1\n\
          C=$?\n\
@@ -216,13 +217,15 @@ fn two_perf_processes_are_seen_by_stat_and_res_qp() {
         assert_eq!(q["name"], "ferroce_lo");
         assert_eq!(q["type"], "RC");
     }
-    // The server (the one that received data) sends no requests: its next PSN is the one
-    // the client expects.
-    let (srv, cli) = if x["counters"]["rx_bytes"].as_u64() > y["counters"]["rx_bytes"].as_u64() {
+    // The server sends no requests: its next PSN is the one the client expects. (Told apart
+    // by the server's pid: early in the run neither may have received data yet.)
+    let spid: u64 = read("s.pid").trim().parse().expect("the server's pid");
+    let (srv, cli) = if x["pid"].as_u64() == Some(spid) {
         (x, y)
     } else {
         (y, x)
     };
+    assert_eq!(srv["pid"].as_u64(), Some(spid), "{srv}");
     assert_eq!(srv["sq_psn"], cli["rq_psn"]);
     assert!(cli["counters"]["tx_packets"].as_u64().unwrap() > 0, "{cli}");
     // `stat` shows both processes, labelled by perf.
