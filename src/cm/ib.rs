@@ -106,6 +106,8 @@ struct SidrIn {
     src: MadAddr,
     tid: u64,
     request_id: u32,
+    /// The request's service ID (kept: the listener may be gone when the consumer answers).
+    service_id: u64,
     listen: Option<ListenId>,
     answer: Option<SidrRepRepr>,
     deadline: Option<Instant>,
@@ -733,10 +735,7 @@ impl Cm {
         if s.answer.is_some() {
             return Err(CmError::NoSuchSidr);
         }
-        let service_id = self
-            .sidr_in_service(id.0)
-            .expect("a pending request has a service ID");
-        let s = self.sidr_in.get_mut(&id.0).expect("checked");
+        let service_id = s.service_id;
         let rep = SidrRepRepr {
             request_id: s.request_id,
             status,
@@ -754,11 +753,6 @@ impl Cm {
         let at = now + self.cfg.timewait_duration();
         self.arm_key(TimerKey::SidrIn(id.0), Some(at));
         Ok(())
-    }
-
-    fn sidr_in_service(&self, id: u32) -> Option<u64> {
-        let l = self.sidr_in.get(&id)?.listen?;
-        self.listen_ids.get(&l).copied()
     }
 
     // ---- received messages --------------------------------------------------------------
@@ -1203,6 +1197,7 @@ impl Cm {
                 src,
                 tid,
                 request_id: r.request_id,
+                service_id: r.service_id,
                 listen: Some(listen),
                 answer: None,
                 deadline: None,

@@ -513,6 +513,79 @@ impl RxWalker {
         }
     }
 
+    /// Deliver frames of the block `bytes` (the one at `self.block`) from the cursor on, until
+    /// `*n` reaches `max`; `true` when the block is used up (or does not validate).
+    fn walk_block(
+        &mut self,
+        bytes: &[u8],
+        n: &mut usize,
+        max: usize,
+        stats: &mut IoStats,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> bool {
+        match Block::parse(bytes) {
+            Err(_) => {
+                self.ring_errors += 1;
+                stats.rx_dropped += 1;
+                true
+            }
+            Ok(blk) => {
+                let mut it = blk.frames_from(self.cursor);
+                // Where to resume when a batch ends inside a super-frame.
+                let mut pending = None;
+                while *n < max {
+                    let before = it.cursor();
+                    match it.next() {
+                        None => break,
+                        Some(Err(_)) => {
+                            self.ring_errors += 1;
+                            stats.rx_dropped += 1;
+                        }
+                        Some(Ok(fr)) => {
+                            if fr.truncated() || fr.data.len() < 14 {
+                                stats.rx_dropped += 1;
+                                continue;
+                            }
+                            let vnet = if self.vnet {
+                                let b = fr.before_mac;
+                                b.len()
+                                    .checked_sub(VNET_HDR_LEN)
+                                    .and_then(|o| VnetHdr::parse(&b[o..]))
+                            } else {
+                                None
+                            };
+                            let meta = FrameMeta {
+                                vlan: fr.vlan,
+                                vnet,
+                            };
+                            let (k, done) =
+                                self.rebuild
+                                    .hand_up(fr.data, meta, (self.seg, max - *n), stats, f);
+                            *n += k;
+                            if done {
+                                self.seg = 0;
+                            } else {
+                                self.seg += k;
+                                pending = Some(before);
+                                break;
+                            }
+                        }
+                    }
+                }
+                match pending {
+                    Some(c) => {
+                        self.cursor = c;
+                        false
+                    }
+                    None => {
+                        self.cursor = it.cursor();
+                        it.is_done()
+                    }
+                }
+            }
+        }
+    }
+
     /// A frame is ready without waiting.
     fn readable(&self, rx: &RxRing) -> bool {
         rx.is_user(self.block)
@@ -533,71 +606,7 @@ impl RxWalker {
             let Some(bytes) = rx.user_block(i) else {
                 break;
             };
-            let done = match Block::parse(bytes) {
-                Err(_) => {
-                    self.ring_errors += 1;
-                    stats.rx_dropped += 1;
-                    true
-                }
-                Ok(blk) => {
-                    let mut it = blk.frames_from(self.cursor);
-                    // Where to resume when a batch ends inside a super-frame.
-                    let mut pending = None;
-                    while n < max {
-                        let before = it.cursor();
-                        match it.next() {
-                            None => break,
-                            Some(Err(_)) => {
-                                self.ring_errors += 1;
-                                stats.rx_dropped += 1;
-                            }
-                            Some(Ok(fr)) => {
-                                if fr.truncated() || fr.data.len() < 14 {
-                                    stats.rx_dropped += 1;
-                                    continue;
-                                }
-                                let vnet = if self.vnet {
-                                    let b = fr.before_mac;
-                                    b.len()
-                                        .checked_sub(VNET_HDR_LEN)
-                                        .and_then(|o| VnetHdr::parse(&b[o..]))
-                                } else {
-                                    None
-                                };
-                                let meta = FrameMeta {
-                                    vlan: fr.vlan,
-                                    vnet,
-                                };
-                                let (k, done) = self.rebuild.hand_up(
-                                    fr.data,
-                                    meta,
-                                    (self.seg, max - n),
-                                    stats,
-                                    f,
-                                );
-                                n += k;
-                                if done {
-                                    self.seg = 0;
-                                } else {
-                                    self.seg += k;
-                                    pending = Some(before);
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    match pending {
-                        Some(c) => {
-                            self.cursor = c;
-                            false
-                        }
-                        None => {
-                            self.cursor = it.cursor();
-                            it.is_done()
-                        }
-                    }
-                }
-            };
+            let done = self.walk_block(bytes, &mut n, max, stats, f);
             if !done {
                 break;
             }
@@ -606,6 +615,35 @@ impl RxWalker {
             self.cursor = Cursor::default();
         }
         n
+    }
+}
+
+/// Fuzzing (`fuzz/fuzz_targets/backend_rx.rs`) and tests: walk one TPACKET_V3 receive block
+/// (any bytes) exactly as the receive ring's reader does, in batches of `batch` frames, each
+/// frame (a VLAN tag put back, a UDP GSO super-frame split) handed to `f`. Returns the frames
+/// handed up and the ring errors counted, or `None` when a batch neither handed up a frame nor
+/// finished the block (the ring would stall on it) or more than `2^20` frames came out.
+#[doc(hidden)]
+pub fn walk_block(
+    block: &[u8],
+    vnet: bool,
+    batch: usize,
+    stats: &mut IoStats,
+    f: &mut dyn FnMut(&[u8]),
+) -> Option<(usize, u64)> {
+    let mut w = RxWalker::new(65_536, vnet);
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let mut n = 0;
+        let done = w.walk_block(block, &mut n, batch, stats, f);
+        total += n;
+        if done {
+            return Some((total, w.ring_errors));
+        }
+        if n == 0 || total > 1 << 20 {
+            return None;
+        }
     }
 }
 

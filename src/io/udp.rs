@@ -643,6 +643,11 @@ impl UdpDevice {
         let src = src?;
         let dport = self.port;
         let dst = info.dst.unwrap_or(self.local);
+        // Headers of the socket's family only (the room in front of the datagram is sized
+        // for it): an address of the other family is not ours to frame.
+        if src.is_ipv6() != self.v6 || dst.is_ipv6() != self.v6 {
+            return None;
+        }
         let tclass = info.tclass.unwrap_or(0);
         let ttl = info.ttl.unwrap_or(64);
         let udp_len = u16::try_from(UDP + len).ok()?;
@@ -923,6 +928,86 @@ impl UdpDevice {
                 self.stats.tx_dropped += (b - a) as u64;
             }
         }
+    }
+}
+
+/// A datagram as `recvmmsg` reports it (fuzzing and tests: [`UdpDevice::receive_datagrams`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Datagram<'a> {
+    /// The sender's address (`None`: the kernel gave none).
+    pub src: Option<SocketAddr>,
+    /// The header's destination address, TOS / traffic class, TTL / hop limit and the GRO
+    /// segment size, as the control messages said.
+    pub dst: Option<IpAddr>,
+    pub tclass: Option<u8>,
+    pub ttl: Option<u8>,
+    pub gro_segment: Option<u16>,
+    /// The UDP payload (cut to the receive buffer, as `MSG_TRUNC` would).
+    pub data: &'a [u8],
+}
+
+/// The receive control messages' parser on any bytes (fuzzing): (destination, TOS / traffic
+/// class, TTL / hop limit, GRO segment size).
+#[doc(hidden)]
+pub fn parse_control(ctrl: &[u8]) -> (Option<IpAddr>, Option<u8>, Option<u8>, Option<u16>) {
+    let i = sysudp::parse_control(ctrl);
+    (i.dst, i.tclass, i.ttl, i.gro_segment)
+}
+
+impl UdpDevice {
+    /// Fuzzing (`fuzz/fuzz_targets/backend_rx.rs`) and tests: hand up `datagrams` (at most the
+    /// batch size; the rest are ignored) as if one `recvmmsg` had returned them, through the
+    /// same splitting, header synthesis and IPv4 identification recovery as received ones,
+    /// `max` frames per call of the receive loop. Returns the frames handed up.
+    #[doc(hidden)]
+    pub fn receive_datagrams(
+        &mut self,
+        datagrams: &[Datagram<'_>],
+        max: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> usize {
+        let got = datagrams.len().min(self.rx.len());
+        for (k, d) in datagrams[..got].iter().enumerate() {
+            let slot = &mut self.rx[k];
+            let room = slot.buf.len() - slot.data_off;
+            let len = d.data.len().min(room);
+            slot.buf[slot.data_off..slot.data_off + len].copy_from_slice(&d.data[..len]);
+            slot.len = len;
+            slot.truncated = d.data.len() > room;
+            let info = RecvInfo {
+                dst: d.dst,
+                tclass: d.tclass,
+                ttl: d.ttl,
+                gro_segment: d.gro_segment.filter(|&g| g > 0),
+            };
+            self.rx_info[k] = (d.src, info);
+        }
+        self.cur = RxCursor {
+            filled: got,
+            ..RxCursor::default()
+        };
+        let mut total = 0;
+        loop {
+            let mut n = 0;
+            let done = self.deliver(max.max(1), &mut n, f);
+            total += n;
+            if done || n == 0 {
+                return total;
+            }
+        }
+    }
+
+    /// Whether the device splits coalesced datagrams (`UDP_GRO` was accepted).
+    #[doc(hidden)]
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// The receive buffer's room for one (coalesced) datagram.
+    #[doc(hidden)]
+    pub fn receive_room(&self) -> usize {
+        self.rx.first().map_or(0, |s| s.buf.len() - s.data_off)
     }
 }
 
@@ -1264,6 +1349,42 @@ mod tests {
         let big: Vec<Option<Out>> = (0..20).map(|_| out(1, 0, 4112)).collect();
         assert_eq!(Groups::of(&big, true).ranges(), &[(0, 15), (15, 20)]);
         const { assert!(15 * 4112 <= MAX_DATAGRAM && 16 * 4112 > MAX_DATAGRAM) };
+    }
+
+    /// Found by the receive-path fuzz target (issue 17): a datagram whose source or header
+    /// destination is of the other address family than the socket's made the header
+    /// synthesis index past the room in front of the datagram (an IPv6 header in the 20
+    /// bytes of an IPv4 one: a panic), or frame IPv4 addresses as an IPv6 header. Such a
+    /// datagram is dropped and counted.
+    #[test]
+    fn a_datagram_of_the_other_family_is_dropped_not_framed() {
+        let mut cfg = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        cfg.port = 0;
+        let mut d = UdpDevice::open(&cfg).unwrap();
+        let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        let data = [0u8; 40];
+        let dg = |src: IpAddr, dst: Option<IpAddr>| Datagram {
+            src: Some(SocketAddr::new(src, 4791)),
+            dst,
+            tclass: None,
+            ttl: None,
+            gro_segment: None,
+            data: &data,
+        };
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut n = 0;
+        let got = d.receive_datagrams(
+            &[
+                dg(v6, Some(v6)),
+                dg(v4, Some(v6)),
+                dg(v6, None),
+                dg(v4, None),
+            ],
+            8,
+            &mut |_| n += 1,
+        );
+        assert_eq!((got, n), (1, 1), "only the IPv4 datagram is framed");
+        assert_eq!(d.stats().rx_dropped, 3);
     }
 
     #[test]

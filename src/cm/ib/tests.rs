@@ -522,3 +522,39 @@ mod table {
         check(&rows, &MSGS_PASSIVE, passive);
     }
 }
+
+/// Found by the CM fuzz target (issue 17): a consumer answering a SIDR_REQ after it stopped
+/// listening on the service made `sidr_reply` panic ("a pending request has a service ID").
+/// The answer carries the request's service ID.
+#[test]
+fn a_sidr_reply_after_unlisten_is_answered_not_a_panic() {
+    let mut p = pair();
+    let listen = p.b.listen(0x42, 4).unwrap();
+    let now = p.now;
+    let dest = p.addr_b;
+    p.a.sidr_request(now, dest, 0x42, &[]).unwrap();
+    p.run_for(Duration::from_micros(20));
+    let id = match events(&mut p.b).as_slice() {
+        [CmEvent::SidrReqReceived { id, .. }] => *id,
+        e => panic!("{e:?}"),
+    };
+    p.b.unlisten(listen).unwrap();
+    let now = p.now;
+    p.b.sidr_reply(
+        now,
+        id,
+        SidrStatus::SUCCESS,
+        QpNumber::new(0x77),
+        0x1234,
+        &[],
+    )
+    .unwrap();
+    p.run_for(Duration::from_micros(20));
+    match events(&mut p.a).as_slice() {
+        [CmEvent::SidrRepReceived { rep, .. }] => {
+            assert_eq!(rep.service_id, 0x42);
+            assert_eq!(rep.qpn, QpNumber::new(0x77));
+        }
+        e => panic!("{e:?}"),
+    }
+}

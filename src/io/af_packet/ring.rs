@@ -374,9 +374,10 @@ impl<'a> Iterator for Frames<'a> {
     }
 }
 
-/// Lays out a block the way the kernel does, for tests (here and in the device's tests).
-#[cfg(test)]
-pub(crate) mod build {
+/// Lays out a block the way the kernel does, for tests (here and in the device's tests) and
+/// the receive-path fuzz target (`fuzz/harness/backend_rx.rs`).
+#[doc(hidden)]
+pub mod build {
     use super::*;
 
     /// `TPACKET_ALIGN(TPACKET3_HDRLEN + 16) - ETH_HLEN`: where the kernel puts the MAC header

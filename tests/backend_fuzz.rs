@@ -1,0 +1,50 @@
+//! The backends' receive-path fuzz harness (`fuzz/harness/backend_rx.rs`, issue 17) on stable:
+//! a seeded batch of random inputs (the CI smoke run). The long runs are
+//! `tools/fuzz backend_rx RUNS`.
+
+#[path = "../fuzz/harness/backend_rx.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use ferroce::rng::SplitMix64;
+
+#[test]
+fn random_datagrams_and_ring_blocks_keep_the_invariants() {
+    let mut rng = SplitMix64::new(0x17_bac4);
+    let mut total = harness::Stats::default();
+    for i in 0..4000u32 {
+        let len = 8 + (rng.next_u64() % 700) as usize;
+        let mut data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        // Every path in turn: UDP raw/valid over IPv4, IPv6, the AF_PACKET ring.
+        data[0] = (data[0] & !3) | (i % 4) as u8;
+        match std::panic::catch_unwind(|| harness::run(&data)) {
+            Ok(s) => {
+                total.udp_frames += s.udp_frames;
+                total.udp_dropped += s.udp_dropped;
+                total.udp_verified += s.udp_verified;
+                total.gro_segments += s.gro_segments;
+                total.ring_frames += s.ring_frames;
+                total.ring_segments += s.ring_segments;
+                total.ring_errors += s.ring_errors;
+            }
+            Err(_) => {
+                let p = std::env::temp_dir().join("backend_rx-failure.bin");
+                let _ = std::fs::write(&p, &data);
+                panic!("input kept in {}", p.display());
+            }
+        }
+    }
+    eprintln!("{total:?}");
+    // The batch reaches every path: frames synthesised and verified, GRO runs split, ring
+    // frames and super-frame segments handed up, bad blocks counted.
+    assert!(
+        total.udp_frames > 1000
+            && total.udp_verified > 60
+            && total.udp_dropped > 100
+            && total.gro_segments > 100
+            && total.ring_frames > 100
+            && total.ring_segments > 100
+            && total.ring_errors > 50,
+        "{total:?}"
+    );
+}
