@@ -566,6 +566,13 @@ const BREAK_EFFECTS: &[(&str, &[&str], &[&str])] = &[
     ),
     ("zero-credits", &["ack.credits"], &[]),
     ("retry-seven-forever", &["ack.retry-exhausted"], &[]),
+    (
+        "recycle-rd-atomic",
+        &["res.too-many-reads"],
+        // Its ATOMIC ACKs carry the MSN of the moment each ATOMIC was executed, so they
+        // never show that all the burst was taken before the first answer left.
+        &["res.too-many-atomics"],
+    ),
 ];
 
 /// The peer-requester retry tests alone: against ferroce they pass, each saying how many
@@ -624,6 +631,61 @@ fn the_retry_limit_tests_count_the_peers_transmissions() {
             t.outcome
         );
     }
+}
+
+/// The responder-resource tests alone. Whether a burst of max_dest_rd_atomic + 1 requests
+/// reaches the limit depends on the peer's scheduling (the first answers may leave before
+/// the last request is taken), so each test repeats its burst until the responses show the
+/// limit was reached: against ferroce both pass (a burst NAKed); with `recycle-rd-atomic`
+/// (rxe's way) the READ test fails with the proof that all requests were taken before the
+/// first answer left, and the ATOMIC test is inconclusive (ferroce's ATOMIC ACKs carry the
+/// MSN of their execution, so no burst shows it). The report says how many bursts it took.
+#[test]
+fn the_resource_limit_tests_decide_only_bursts_that_reached_the_limit() {
+    let only = ["res.too-many-*"];
+    let r = against_ferroce(&only, |_| {});
+    println!("{}", ferroce::apps::conform::report::table(&r, true));
+    for t in &r.results {
+        assert_eq!(
+            t.outcome.verdict,
+            Verdict::Pass,
+            "{}: {:#?}",
+            t.id,
+            t.outcome
+        );
+        assert!(
+            t.outcome
+                .did
+                .iter()
+                .any(|d| d.contains("invalid request NAK for the request beyond the limit")),
+            "{}: {:#?}",
+            t.id,
+            t.outcome
+        );
+    }
+    let r = against_ferroce(&only, |c| c.deviations.recycle_rd_atomic = true);
+    println!("{}", ferroce::apps::conform::report::table(&r, true));
+    let reads = &r.results[0];
+    assert_eq!(reads.id, "res.too-many-reads");
+    assert_eq!(reads.outcome.verdict, Verdict::Fail, "{:#?}", reads.outcome);
+    assert!(
+        reads.outcome.why[0].contains("before it answered the first"),
+        "{:#?}",
+        reads.outcome
+    );
+    let atomics = &r.results[1];
+    assert_eq!(atomics.id, "res.too-many-atomics");
+    assert_eq!(
+        atomics.outcome.verdict,
+        Verdict::Inconclusive,
+        "{:#?}",
+        atomics.outcome
+    );
+    assert!(
+        atomics.outcome.why[0].contains("cannot tell whether the limit was reached"),
+        "{:#?}",
+        atomics.outcome
+    );
 }
 
 /// Against ferroce with each deliberate deviation: exactly the matching tests fail, all

@@ -260,7 +260,8 @@ struct ConformArgs {
     /// With --serve, TEST-ONLY: make the ferroce peer deliberately non-conformant (repeat
     /// or separate with commas): skip-rkey-check, dup-atomic-again, dup-read-ack, no-seq-nak,
     /// no-rnr-nak, cnp-every-ce, accept-bad-icrc, no-opseq-check, no-length-check,
-    /// zero-credits. For testing conformance testers only.
+    /// zero-credits, retry-seven-forever, recycle-rd-atomic. For testing conformance testers
+    /// only.
     #[arg(long = "break", value_name = "NAME")]
     breaks: Vec<String>,
 }

@@ -42,6 +42,10 @@ pub struct Deviations {
     /// rxe treats it (IBTA 9.7.6.1.3: only an RNR retry count of 7 is infinite; a retry
     /// count of 7 is seven retries, then RETRY_EXC_ERR).
     pub retry_seven_forever: bool,
+    /// A READ or ATOMIC beyond `max_dest_rd_atomic` unanswered ones is executed, the oldest
+    /// saved resource recycled, as Linux rxe does (IBTA 9.9.3, class C: an invalid-request
+    /// NAK for too many RDMA READ or ATOMIC requests).
+    pub recycle_rd_atomic: bool,
 }
 
 /// The break names `--break` takes, each with what it does.
@@ -69,6 +73,10 @@ pub const BREAKS: &[(&str, &str)] = &[
         "retry-seven-forever",
         "retry_cnt 7 retries timeouts without end (as rxe)",
     ),
+    (
+        "recycle-rd-atomic",
+        "execute READ/ATOMIC beyond max_dest_rd_atomic, recycling the oldest (as rxe)",
+    ),
 ];
 
 impl Deviations {
@@ -86,6 +94,7 @@ impl Deviations {
             "no-length-check" => &mut self.no_length_check,
             "zero-credits" => &mut self.zero_credits,
             "retry-seven-forever" => &mut self.retry_seven_forever,
+            "recycle-rd-atomic" => &mut self.recycle_rd_atomic,
             _ => return false,
         };
         *flag = true;

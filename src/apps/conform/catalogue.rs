@@ -1639,6 +1639,35 @@ fn t_rnr(c: &mut Ctx) -> Outcome {
     o.done()
 }
 
+/// How many times `too_many` sends its burst before it gives up on reaching the limit.
+const TOO_MANY_ATTEMPTS: u32 = 8;
+
+/// The MSN a response carries (READ response with an AETH, ATOMIC ACK, ACK).
+fn resp_msn(g: &Got) -> Option<u32> {
+    match g.resp {
+        Resp::Read {
+            aeth: Some((_, m)), ..
+        }
+        | Resp::Atomic { msn: m, .. }
+        | Resp::Ack { msn: m, .. } => Some(m),
+        _ => None,
+    }
+}
+
+/// The responder-resource limit (IBTA 9.9.3, class C: "too many RDMA READ or ATOMIC
+/// requests", more requests received and not yet answered than the connection allows).
+///
+/// Whether the peer ever holds more than `max_dest_rd_atomic` unanswered requests depends on
+/// its scheduling, not only on what the tester sends: a responder that has sent the answer
+/// to request 0 before it takes request N has only N-1 unanswered, and executing request N
+/// is then right. So one burst of N+1 decides only when it reached the limit:
+/// - a NAK INV_REQ for request N: the peer was at the limit and refused (pass);
+/// - request N executed, and the first response carries the MSN of the last (the peer had
+///   taken all N+1 requests, the N+1st counted as a message, before it sent the answer to
+///   the first: N+1 received and unanswered at once): fail, with that proof;
+/// - request N executed, the first response sent before the last was taken (a lower MSN,
+///   or one the peer fixes when it executes): the limit was not reached. The QP is still
+///   fine; the burst is sent again, up to `TOO_MANY_ATTEMPTS` times, then inconclusive.
 fn too_many(c: &mut Ctx, atomic: bool) -> Outcome {
     let mut o = Obs::new();
     let Some(r) = c.region() else {
@@ -1650,63 +1679,121 @@ fn too_many(c: &mut Ctx, atomic: bool) -> Outcome {
             "the peer offers {n} responder resources; too many to exhaust"
         ));
     }
-    let p = c.psn();
-    let pkts: Vec<Pkt> = (0..=n)
-        .map(|i| {
-            let q = Psn::new(p).add(i).get();
-            let va = r.va + 8 * u64::from(i % 8);
-            if atomic {
-                Pkt::fetch_add(q, va, r.rkey, 0)
-            } else {
-                Pkt::read(q, va, r.rkey, 8)
+    let what = if atomic { "FETCH_AND_ADD" } else { "READ" };
+    let mut under = Vec::new();
+    for attempt in 1..=TOO_MANY_ATTEMPTS {
+        let p = c.psn();
+        let m_before = c.st.msn;
+        let pkts: Vec<Pkt> = (0..=n)
+            .map(|i| {
+                let q = Psn::new(p).add(i).get();
+                let va = r.va + 8 * u64::from(i % 8);
+                if atomic {
+                    Pkt::fetch_add(q, va, r.rkey, 0)
+                } else {
+                    Pkt::read(q, va, r.rkey, 8)
+                }
+            })
+            .collect();
+        if attempt == 1 {
+            o.did(format!(
+                "{} {what} requests back to back; the peer offers max_dest_rd_atomic {n}",
+                n + 1
+            ));
+            c.send(&mut o, &pkts);
+        } else {
+            // The sends of a repeated burst are not listed again; the capture has them.
+            let mut quiet = Obs::new();
+            c.send(&mut quiet, &pkts);
+            for u in quiet.done().why {
+                o.unsure(u);
             }
-        })
-        .collect();
-    o.did(format!(
-        "{} {} requests back to back; the peer offers max_dest_rd_atomic {n}",
-        n + 1,
-        if atomic { "FETCH_AND_ADD" } else { "READ" }
-    ));
-    c.send(&mut o, &pkts);
-    let excess = Psn::new(p).add(n).get();
-    let got = c.until(|g| {
-        g.iter().any(|g| match g.resp {
-            Resp::Ack { psn, .. } | Resp::Atomic { psn, .. } | Resp::Read { psn, .. } => {
-                psn == excess
-            }
-            _ => false,
-        })
-    });
-    let shown: Vec<Got> = got.iter().take(4).cloned().collect();
-    c.note_all(&mut o, &shown);
-    if got.len() > 4 {
-        o.did(format!("... {} responses in all", got.len()));
-    }
-    let answered = |q: u32| {
-        got.iter().any(|g| matches!(g.resp, Resp::Atomic { psn, syn: Syndrome::Ack(_), .. } | Resp::Read { psn, .. } if psn == q))
-    };
-    let nak = got.iter().find(|g| g.is_nak(NakCode::InvalidRequest));
-    match nak.map(|g| &g.resp) {
-        Some(Resp::Ack { psn, .. }) if *psn == excess => o.did(format!(
-            "invalid request NAK for the request beyond the limit (PSN {excess:#08x})"
-        )),
-        Some(Resp::Ack { psn, .. }) => o.fail(format!(
-            "invalid request NAK for PSN {psn:#08x}, not for the excess request at {excess:#08x}"
-        )),
-        _ if answered(excess) => o.fail(format!(
-            "all {} requests were executed: the one beyond the negotiated {n} was not refused",
-            n + 1
-        )),
-        _ => o.fail("neither executed nor refused the request beyond the limit"),
-    }
-    for i in 0..n {
-        if !answered(Psn::new(p).add(i).get()) {
-            o.unsure(format!("request {i} within the limit was not answered"));
-            break;
         }
+        if c.io_error.is_some() {
+            return o.done();
+        }
+        let excess = Psn::new(p).add(n).get();
+        let got = c.until(|g| {
+            g.iter().any(|g| match g.resp {
+                Resp::Ack { psn, .. } | Resp::Atomic { psn, .. } | Resp::Read { psn, .. } => {
+                    psn == excess || g.is_nak(NakCode::InvalidRequest)
+                }
+                _ => false,
+            })
+        });
+        let answer = |q: u32| {
+            got.iter().find(|g| {
+                matches!(g.resp, Resp::Atomic { psn, syn: Syndrome::Ack(_), .. }
+                    | Resp::Read { psn, .. } if psn == q)
+            })
+        };
+        let nak = got.iter().find(|g| g.is_nak(NakCode::InvalidRequest));
+        let decided = nak.is_some() || answer(excess).is_none() || attempt == TOO_MANY_ATTEMPTS;
+        let (first, last) = (
+            answer(p).and_then(resp_msn),
+            answer(excess).and_then(resp_msn),
+        );
+        let held = first.is_some() && first == last && last != m_before;
+        if decided || held {
+            if attempt > 1 {
+                o.did(format!(
+                    "burst {attempt} of {TOO_MANY_ATTEMPTS}, PSN {p:#08x}.."
+                ));
+            }
+            let shown: Vec<Got> = got.iter().take(4).cloned().collect();
+            c.note_all(&mut o, &shown);
+            if got.len() > 4 {
+                o.did(format!("... {} responses in all", got.len()));
+            }
+        }
+        match nak.map(|g| &g.resp) {
+            Some(Resp::Ack { psn, .. }) if *psn == excess => o.did(format!(
+                "invalid request NAK for the request beyond the limit (PSN {excess:#08x})"
+            )),
+            Some(Resp::Ack { psn, .. }) => o.fail(format!(
+                "invalid request NAK for PSN {psn:#08x}, not for the excess request at {excess:#08x}"
+            )),
+            _ if held => o.fail(format!(
+                "all {} requests were executed: the one beyond the negotiated {n} was not refused, although the peer had taken it before it answered the first (the first response carries MSN {}, that of the last)",
+                n + 1,
+                first.unwrap_or_default()
+            )),
+            _ if answer(excess).is_some() => {
+                under.push(format!(
+                    "burst {attempt}: MSN {} in the first response, {} in the last",
+                    first.map_or("none".into(), |m| m.to_string()),
+                    last.map_or("none".into(), |m| m.to_string())
+                ));
+                c.st.next_psn = Psn::new(excess).next().get();
+                if attempt < TOO_MANY_ATTEMPTS {
+                    continue;
+                }
+                o.did(format!("the bursts' MSNs: {}", under.join("; ")));
+                o.unsure(format!(
+                    "the peer executed all {} requests in each of {TOO_MANY_ATTEMPTS} bursts, and in none do its responses show that it held more than {n} unanswered (the first response's MSN below the last's: it answered the first before it took the last, or it fixes the MSN at execution): the test cannot tell whether the limit was reached",
+                    n + 1
+                ));
+                c.end_usable(&mut o);
+                return o.done();
+            }
+            _ => o.fail("neither executed nor refused the request beyond the limit"),
+        }
+        for i in 0..n {
+            if answer(Psn::new(p).add(i).get()).is_none() {
+                o.unsure(format!("request {i} within the limit was not answered"));
+                break;
+            }
+        }
+        if !under.is_empty() {
+            o.did(format!(
+                "earlier bursts did not reach the limit ({})",
+                under.join("; ")
+            ));
+        }
+        c.st.next_psn = excess;
+        c.end_error_state(&mut o);
+        return o.done();
     }
-    c.st.next_psn = excess;
-    c.end_error_state(&mut o);
     o.done()
 }
 fn t_too_many_reads(c: &mut Ctx) -> Outcome {
