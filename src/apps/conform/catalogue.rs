@@ -509,7 +509,7 @@ fn judge_nak(c: &Ctx, o: &mut Obs, got: &[Got], at: u32, code: NakCode) {
             } else {
                 o.fail(format!(
                     "no {want} for PSN {at:#08x} within {} ms",
-                    c.timeout.as_millis()
+                    c.wait.max(c.timeout).as_millis()
                 ));
             }
         }

@@ -312,8 +312,14 @@ pub struct Ctx<'a> {
     pub control: Option<&'a mut Control>,
     /// The session's state.
     pub st: &'a mut SessionState,
-    /// How long to wait for a response (and for silence).
+    /// How long to listen for silence (a response the rule forbids), and the window the
+    /// tests' own timing uses.
     pub timeout: Duration,
+    /// How long to wait at most for a response the rule requires (`until`, `answer`,
+    /// `probe`): at least `timeout`. A wait ends as soon as the response is there, so a
+    /// longer cap costs nothing against a peer that answers; it only keeps a slow or
+    /// starved peer (a guest VM, a loaded machine) from being judged silent.
+    pub wait: Duration,
     /// Packets received but not yet consumed by the test.
     backlog: VecDeque<Got>,
     /// CNPs seen during the test.
@@ -339,6 +345,7 @@ impl<'a> Ctx<'a> {
             control,
             st,
             timeout,
+            wait: timeout,
             backlog: VecDeque::new(),
             cnps: Vec::new(),
             io_error: None,
@@ -532,19 +539,21 @@ impl<'a> Ctx<'a> {
         self.collect(d, Duration::ZERO, |_| false)
     }
 
-    /// The usual wait for a response: up to the timeout, then a short linger.
+    /// The usual wait for a response: up to `wait`, then a short linger.
     pub fn until(&mut self, done: impl FnMut(&[Got]) -> bool) -> Vec<Got> {
+        self.until_within(self.wait.max(self.timeout), done)
+    }
+
+    /// As [`Ctx::until`], waiting at most `d`.
+    fn until_within(&mut self, d: Duration, done: impl FnMut(&[Got]) -> bool) -> Vec<Got> {
         let linger = (self.timeout / 5).min(Duration::from_millis(200));
-        self.collect(self.timeout, linger, done)
+        self.collect(d, linger, done)
     }
 
     /// Record every response in the observations.
     pub fn note_all(&self, o: &mut Obs, got: &[Got]) {
         if got.is_empty() {
-            o.did(format!(
-                "no response within {} ms",
-                self.timeout.as_millis()
-            ));
+            o.did("no response");
         }
         for g in got {
             o.did(format!("got {}", g.line()));
@@ -570,27 +579,49 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Send a valid request at the expected PSN and wait for its response.
+    /// Send a valid request at the expected PSN and wait for its response (up to `wait`).
     pub fn probe(&mut self, o: &mut Obs) -> Probe {
+        self.probe_within(o, self.wait.max(self.timeout))
+    }
+
+    /// As [`Ctx::probe`], waiting at most `d` (`timeout` where silence is the rule).
+    fn probe_within(&mut self, o: &mut Obs, d: Duration) -> Probe {
         let psn = self.psn();
         let Some((p, what)) = self.probe_pkt(psn) else {
             return Probe::Unexpected("no request this peer's QP accepts".into());
         };
         self.send(o, &[p]);
-        let got = self.until(|g| {
+        // A sequence error NAK naming this PSN is never its answer (see below): wait on.
+        let got = self.until_within(d, |g| {
             g.iter().any(|g| match &g.resp {
+                Resp::Ack {
+                    syn: Syndrome::Nak(NakCode::PsnSequenceError),
+                    psn: q,
+                    ..
+                } if *q == psn => false,
                 Resp::Ack { psn: q, .. } | Resp::Atomic { psn: q, .. } => *q == psn,
                 Resp::Read { psn: q, .. } => *q == psn,
                 _ => false,
             })
         });
         self.note_all(o, &got);
-        let mine = got.iter().find(|g| match &g.resp {
+        // Its answer; a NAK naming this very PSN that came before it is a late one for an
+        // earlier request (a sequence error NAK names the PSN expected then), not the answer.
+        let at = |g: &&Got| match &g.resp {
             Resp::Ack { psn: q, .. } | Resp::Atomic { psn: q, .. } | Resp::Read { psn: q, .. } => {
                 *q == psn
             }
             _ => false,
-        });
+        };
+        let positive = |g: &&Got| match &g.resp {
+            Resp::Ack { syn, .. } | Resp::Atomic { syn, .. } => syn.is_ack(),
+            Resp::Read { .. } => true,
+            _ => false,
+        };
+        let mine = got
+            .iter()
+            .find(|g| at(g) && positive(g))
+            .or_else(|| got.iter().find(at));
         match mine.map(|g| (&g.resp, g.line().to_string())) {
             Some((
                 Resp::Ack {
@@ -663,7 +694,7 @@ impl<'a> Ctx<'a> {
         if self.io_error.is_some() {
             return;
         }
-        match self.probe(o) {
+        match self.probe_within(o, self.timeout) {
             Probe::Silent => o.did("QP in the error state: a valid request got no response"),
             Probe::Usable(s) => o.fail(format!(
                 "the QP still executes requests after the fatal NAK (it must move to the error state): {s}"

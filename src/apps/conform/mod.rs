@@ -374,6 +374,12 @@ pub fn run(o: &Options, setup: &mut Setup, progress: &mut dyn FnMut(&TestResult)
     report
 }
 
+/// How long a test waits at most for a response the rule requires: ten response timeouts,
+/// within the patience (silence is still judged over one timeout).
+pub fn response_wait(o: &Options) -> Duration {
+    o.timeout.max(o.patience.min(o.timeout.saturating_mul(10)))
+}
+
 /// One test on a live session: a fresh session is first checked with a probe (a peer that
 /// answers nothing at all makes every verdict meaningless).
 fn run_one(t: &TestDef, l: &mut Live, setup: &mut Setup, o: &Options) -> Outcome {
@@ -381,6 +387,7 @@ fn run_one(t: &TestDef, l: &mut Live, setup: &mut Setup, o: &Options) -> Outcome
     let info = ses.info().clone();
     let control = ses.control();
     let mut c = Ctx::new(&mut setup.link, *ep, &info, control, st, o.timeout);
+    c.wait = response_wait(o);
     if c.st.msn.is_none() {
         let mut pre = Obs::new();
         match c.probe(&mut pre) {
@@ -390,7 +397,7 @@ fn run_one(t: &TestDef, l: &mut Live, setup: &mut Setup, o: &Options) -> Outcome
                 let why = match other {
                     Probe::Silent => format!(
                         "the peer does not answer a valid request at all within {} ms (wrong address, MTU or GID index? a UDP socket of the host's kernel on port 4791?)",
-                        o.timeout.as_millis()
+                        response_wait(o).as_millis()
                     ),
                     Probe::Nak(s, p, l) => format!("the peer refuses a valid request at PSN {p:#08x} ({s}): {l}"),
                     Probe::Unexpected(l) => format!("unexpected answer to a valid request: {l}"),
