@@ -2151,8 +2151,8 @@ fn t_ghost_ack(c: &mut Ctx) -> Outcome {
     o.did("now the real acknowledgement:");
     c.release_held();
     let _ = c.listen(c.timeout / 2);
-    if let Some(ctl) = c.control.as_mut() {
-        match ctl.send_completions() {
+    if c.control.is_some() {
+        match send_completed(c, sent0) {
             Ok((ok, 0)) if ok > sent0 => o.did("the peer's SEND completed after the real ACK"),
             Ok((ok, err)) => o.fail(format!(
                 "after the real ACK: {ok} sends completed, {err} with errors"
@@ -2162,6 +2162,23 @@ fn t_ghost_ack(c: &mut Ctx) -> Outcome {
     }
     c.end_usable(&mut o);
     o.done()
+}
+
+/// The ferroce peer's send completions (successful, with errors), asked again until more
+/// than `sent0` succeeded or one failed, or the response wait passed: a completion the rule
+/// requires is waited for as a response is, never judged on one look.
+fn send_completed(c: &mut Ctx, sent0: u64) -> Result<(u64, u64), String> {
+    let t0 = Instant::now();
+    loop {
+        let Some(ctl) = c.control.as_mut() else {
+            return Err("no control channel".into());
+        };
+        let (ok, err) = ctl.send_completions().map_err(|e| e.to_string())?;
+        if ok > sent0 || err > 0 || t0.elapsed() >= c.wait.max(c.timeout) {
+            return Ok((ok, err));
+        }
+        let _ = c.listen(c.timeout / 10);
+    }
 }
 
 fn t_unsolicited(c: &mut Ctx) -> Outcome {
@@ -2479,8 +2496,8 @@ fn t_rnr_retry_infinite(c: &mut Ctx) -> Outcome {
     ));
     c.release_held();
     let _ = c.listen(c.timeout / 2);
-    if let Some(ctl) = c.control.as_mut() {
-        match ctl.send_completions() {
+    if c.control.is_some() {
+        match send_completed(c, 0) {
             Ok((ok, 0)) if ok > 0 => o.did("the peer's SEND completed successfully"),
             Ok((ok, err)) => o.fail(format!(
                 "after the ACK: {ok} sends completed, {err} with errors"
