@@ -43,6 +43,9 @@ pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq;
 pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type QueryDeviceExFn =
+    unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
@@ -81,12 +84,13 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `query_rt_values` (24 entries), all NULL: the inline wrappers then
+    /// `advise_mr` … `create_wq` (23 entries), all NULL: the inline wrappers then
     /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
-    pub _ex1: [usize; 24],
+    pub _ex1: [usize; 23],
+    pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
-    pub query_device_ex: usize,
+    pub query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`,
     /// `open_qp`.
     pub _ex2: [usize; 5],
@@ -1243,6 +1247,50 @@ pub struct ibv_qp_ex {
     pub ex: ibv_qp_ex_tail,
 }
 
+/// `struct ibv_device_attr_ex`: the legacy attributes, then the extended ones. The groups
+/// the library leaves zero are opaque words of their C size and alignment.
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    /// `struct ibv_odp_caps`.
+    pub odp_caps: [u64; 3],
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    /// `struct ibv_tso_caps`.
+    pub tso_caps: [u32; 2],
+    /// `struct ibv_rss_caps`.
+    pub rss_caps: [u64; 4],
+    pub max_wq_type_rq: u32,
+    /// `struct ibv_packet_pacing_caps`.
+    pub packet_pacing_caps: [u32; 3],
+    pub raw_packet_caps: u32,
+    /// `struct ibv_tm_caps`.
+    pub tm_caps: [u32; 5],
+    /// `struct ibv_cq_moderation_caps`.
+    pub cq_mod_caps: [u16; 2],
+    pub max_dm_size: u64,
+    /// `struct ibv_pci_atomic_caps`.
+    pub pci_atomic_caps: [u16; 3],
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+
+/// `IBV_VALUES_MASK_RAW_CLOCK`.
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`.
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`.
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// `IBV_WC_STANDARD_FLAGS`: the completion fields every CQ has (byte length, immediate, QP
@@ -1336,8 +1384,55 @@ pub fn ex_layout_facts() -> Vec<(&'static str, usize)> {
             flags,
             parent_domain
         },
-        ibv_data_buf { addr, length }
+        ibv_data_buf { addr, length },
+        ibv_device_attr_ex {
+            orig_attr,
+            comp_mask,
+            odp_caps,
+            completion_timestamp_mask,
+            hca_core_clock,
+            device_cap_flags_ex,
+            tso_caps,
+            rss_caps,
+            max_wq_type_rq,
+            packet_pacing_caps,
+            raw_packet_caps,
+            tm_caps,
+            cq_mod_caps,
+            max_dm_size,
+            pci_atomic_caps,
+            xrc_odp_caps,
+            phys_port_cnt_ex
+        },
+        ibv_values_ex {
+            comp_mask,
+            raw_clock
+        }
     );
+    for (n, o) in [
+        (
+            "offsetof(struct verbs_context, query_rt_values)",
+            offset_of!(verbs_context, query_rt_values),
+        ),
+        (
+            "offsetof(struct verbs_context, query_device_ex)",
+            offset_of!(verbs_context, query_device_ex),
+        ),
+        (
+            "IBV_VALUES_MASK_RAW_CLOCK",
+            IBV_VALUES_MASK_RAW_CLOCK as usize,
+        ),
+        (
+            "IBV_WC_EX_WITH_COMPLETION_TIMESTAMP",
+            IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as usize,
+        ),
+        (
+            "IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK",
+            IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK as usize,
+        ),
+    ] {
+        v.push((n, o));
+    }
     v.push((
         "offsetof(struct verbs_context, create_cq_ex)",
         offset_of!(verbs_context, create_cq_ex),

@@ -35,11 +35,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 // ---- extended CQs ----------------------------------------------------------------------------
 
-/// The completions of one polling session (`ibv_start_poll` … `ibv_end_poll`).
+/// The completions of one polling session (`ibv_start_poll` … `ibv_end_poll`), each with the
+/// time ([`clock_ns`]) the library took it from the engine.
 #[derive(Default)]
 pub(crate) struct ExPoll {
     wcs: Vec<WorkCompletion>,
+    ts: Vec<u64>,
     i: usize,
+}
+
+/// The device clock: nanoseconds since the library first read it (`hca_core_clock` is
+/// 1,000,000 kHz). Completion timestamps, `ibv_query_rt_values_ex`'s raw clock.
+pub(crate) fn clock_ns() -> u64 {
+    epoch().0.elapsed().as_nanos() as u64
+}
+
+/// The device clock's start, and the wall clock (ns since 1970) at that moment.
+fn epoch() -> &'static (std::time::Instant, u64) {
+    static E: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    E.get_or_init(|| {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (std::time::Instant::now(), wall)
+    })
+}
+
+/// Take up to a batch of completions from the engine into the session, stamped now.
+fn take(s: &Shared, w: &CqW, p: &mut ExPoll) -> Result<(), ()> {
+    let before = p.wcs.len();
+    s.nic
+        .poll_cq(w.cq, &mut p.wcs, POLL_BATCH)
+        .map_err(|_| ())?;
+    if p.wcs.len() > before {
+        let now = clock_ns();
+        p.ts.resize(p.wcs.len(), now);
+    }
+    Ok(())
 }
 
 /// How many completions a session takes from the engine at a time.
@@ -72,7 +104,7 @@ unsafe extern "C" fn start_poll(cq: CqExPtr, _attr: *mut c_void) -> c_int {
     let mut p = std::mem::take(&mut *lock(&w.poll));
     p.i = 0;
     // What an earlier session left comes first.
-    if p.wcs.is_empty() && s.nic.poll_cq(w.cq, &mut p.wcs, POLL_BATCH).is_err() {
+    if p.wcs.is_empty() && take(s, w, &mut p).is_err() {
         *lock(&w.poll) = p;
         return EINVAL;
     }
@@ -90,8 +122,9 @@ unsafe extern "C" fn next_poll(cq: CqExPtr) -> c_int {
         // SAFETY: its context is this library's.
         let s = unsafe { sh(w.c.context) };
         p.wcs.clear();
+        p.ts.clear();
         p.i = 0;
-        let _ = s.nic.poll_cq(w.cq, &mut p.wcs, POLL_BATCH);
+        let _ = take(s, w, &mut p);
     }
     let r = show(w, &p);
     *lock(&w.poll) = p;
@@ -105,7 +138,25 @@ unsafe extern "C" fn end_poll(cq: CqExPtr) {
     // Completions taken from the engine and not read yet stay for the next session.
     let k = (p.i + 1).min(p.wcs.len());
     p.wcs = p.wcs.split_off(k);
+    let kt = k.min(p.ts.len());
+    p.ts = p.ts.split_off(kt);
     p.i = 0;
+}
+
+/// `ibv_wc_read_completion_ts`: when the library took the current completion from the
+/// engine, in device clock ticks (ns, see [`clock_ns`]).
+unsafe extern "C" fn read_completion_ts(cq: CqExPtr) -> u64 {
+    // SAFETY: a CQ of this library in a polling session.
+    let w = unsafe { cqw(cq) };
+    let p = lock(&w.poll);
+    p.ts.get(p.i).copied().unwrap_or(0)
+}
+
+/// `ibv_wc_read_completion_wallclock_ns`: the same moment on the wall clock.
+unsafe extern "C" fn read_completion_wallclock_ns(cq: CqExPtr) -> u64 {
+    // SAFETY: as read_completion_ts.
+    let t = unsafe { read_completion_ts(cq) };
+    epoch().1.saturating_add(t)
 }
 
 /// The session's current completion.
@@ -174,17 +225,18 @@ pub(crate) fn cq_ex_tail() -> ibv_cq_ex_tail {
         read_slid: Some(read_zero_u32),
         read_sl: Some(read_zero_u8),
         read_dlid_path_bits: Some(read_zero_u8),
+        read_completion_ts: Some(read_completion_ts),
         // Not offered (create_cq_ex refuses the flags that would need them).
-        read_completion_ts: None,
         read_cvlan: None,
         read_flow_tag: None,
         read_tm_info: None,
-        read_completion_wallclock_ns: None,
+        read_completion_wallclock_ns: Some(read_completion_wallclock_ns),
     }
 }
 
 /// `verbs_context.create_cq_ex` (the inline `ibv_create_cq_ex`): a CQ with the standard
-/// completion fields; timestamps, VLAN, flow tag and tag matching are refused (EOPNOTSUPP).
+/// completion fields and timestamps (device clock and wall clock); VLAN, flow tag and tag
+/// matching are refused (EOPNOTSUPP).
 pub(crate) unsafe extern "C" fn create_cq_ex(
     c: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -195,7 +247,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &*attr };
-    if a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0 || a.comp_mask & !1 != 0 {
+    let offered = IBV_WC_STANDARD_FLAGS
+        | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+        | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    if a.wc_flags & !offered != 0 || a.comp_mask & !1 != 0 {
         set_errno(EOPNOTSUPP);
         return null_mut();
     }
@@ -209,6 +264,62 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             a.comp_vector as c_int,
         )
     }
+}
+
+/// `verbs_context.query_device_ex` (the inline `ibv_query_device_ex`): the legacy attributes,
+/// the completion timestamp's mask and the clock's frequency, one physical port; the rest
+/// zero. At most `size` bytes are written (a program built against an older header passes a
+/// smaller structure).
+pub(crate) unsafe extern "C" fn query_device_ex(
+    c: *mut ibv_context,
+    input: *const c_void,
+    attr: *mut ibv_device_attr_ex,
+    size: usize,
+) -> c_int {
+    let _ = input; // no comp_mask of the input is defined
+    if c.is_null() || attr.is_null() || size < std::mem::size_of::<ibv_device_attr>() {
+        return EINVAL;
+    }
+    // SAFETY: plain C data.
+    let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller's context; a local out structure.
+    let r = unsafe { crate::verbs::ibv_query_device(c, &mut a.orig_attr) };
+    if r != 0 {
+        return r;
+    }
+    a.completion_timestamp_mask = u64::MAX;
+    a.hca_core_clock = 1_000_000;
+    a.phys_port_cnt_ex = 1;
+    let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
+    // SAFETY: the caller's structure holds `size` >= n bytes (libibverbs' contract); `a`
+    // holds n; they do not overlap (one is a local).
+    unsafe {
+        std::ptr::write_bytes(attr as *mut u8, 0, size);
+        std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n);
+    }
+    0
+}
+
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`): the device clock
+/// ([`clock_ns`]) as a timespec; other values are not offered.
+pub(crate) unsafe extern "C" fn query_rt_values(
+    c: *mut ibv_context,
+    v: *mut ibv_values_ex,
+) -> c_int {
+    if c.is_null() || v.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: the caller's structure (libibverbs' contract).
+    let v = unsafe { &mut *v };
+    if v.comp_mask & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        return EOPNOTSUPP;
+    }
+    if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        let t = clock_ns();
+        v.raw_clock.tv_sec = (t / 1_000_000_000) as libc::time_t;
+        v.raw_clock.tv_nsec = (t % 1_000_000_000) as libc::c_long;
+    }
+    0
 }
 
 // ---- extended QPs -------------------------------------------------------------------------------

@@ -260,6 +260,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     let mut v: verbs_context = unsafe { std::mem::zeroed() };
     v.query_port = Some(query_port_ex);
     v.create_cq_ex = Some(crate::ex::create_cq_ex);
+    v.query_device_ex = Some(crate::ex::query_device_ex);
+    v.query_rt_values = Some(crate::ex::query_rt_values);
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;

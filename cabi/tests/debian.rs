@@ -32,6 +32,9 @@ fn ibv_devices_and_ibv_devinfo_show_the_device() {
         "link_layer:\t\tEthernet",
         "::ffff:127.0.0.1",
         "RoCE v2",
+        // ibv_query_device_ex's extended attributes.
+        "completion timestamp_mask:\t\t\t0xffffffffffffffff",
+        "hca_core_clock:\t\t\t1000000kHZ",
     ] {
         assert!(s.contains(want), "no {want:?} in:\n{s}");
     }
@@ -71,6 +74,17 @@ fn rdma_core_pingpong_examples_both_ends() {
     // and a size over several packets.
     let cmd = "ibv_rc_pingpong -g 0 -n 100 -e -s 10000 -m 1024";
     assert_pair("rc -e", pair(cmd, cmd), "100 iters in");
+    // Completion timestamps (-t: ibv_query_device_ex's timestamp mask, ibv_create_cq_ex with
+    // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, ibv_wc_read_completion_ts).
+    let cmd = "ibv_rc_pingpong -g 0 -n 100 -t";
+    let r = pair(cmd, cmd);
+    for (who, o) in [("server", &r.0), ("client", &r.1)] {
+        assert!(
+            o.contains("Average receive completion clock cycles = "),
+            "rc -t: {who}:\n{o}"
+        );
+    }
+    assert_pair("rc -t", r, "100 iters in");
 }
 
 #[test]
@@ -395,6 +409,8 @@ fn the_extended_verbs_and_inline_data_in_a_c_program() {
     for want in [
         "extended CQ and ibv_wr_*: RDMA WRITE 4096 bytes, data identical",
         "inline data from unregistered memory, overwritten after the post: as posted",
+        "ibv_query_device_ex: hca_core_clock 1000000 kHz",
+        "completion timestamps: 5 in order, within the clock's readings",
         "ok",
     ] {
         assert!(so.contains(want), "no {want:?} in:\n{so}");

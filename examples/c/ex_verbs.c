@@ -3,7 +3,9 @@
  * each other through the device's first GID:
  *
  *  - a CQ from ibv_create_cq_ex, read with ibv_start_poll / ibv_next_poll / ibv_end_poll and
- *    ibv_wc_read_opcode / ibv_wc_read_byte_len / ibv_wc_read_qp_num;
+ *    ibv_wc_read_opcode / ibv_wc_read_byte_len / ibv_wc_read_qp_num, with completion
+ *    timestamps (ibv_wc_read_completion_ts) checked against ibv_query_rt_values_ex's clock,
+ *    whose frequency and mask ibv_query_device_ex reports;
  *  - QPs from ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, posted to through
  *    ibv_qp_to_qp_ex: ibv_wr_start, ibv_wr_rdma_write + ibv_wr_set_sge, ibv_wr_send +
  *    ibv_wr_set_inline_data, ibv_wr_complete;
@@ -35,6 +37,7 @@ struct done {
 	uint64_t wr_id;
 	int status, opcode;
 	uint32_t byte_len, qp_num;
+	uint64_t ts;
 };
 
 static struct done next_done(struct ibv_cq_ex *cq)
@@ -52,6 +55,7 @@ static struct done next_done(struct ibv_cq_ex *cq)
 			.opcode = ibv_wc_read_opcode(cq),
 			.byte_len = ibv_wc_read_byte_len(cq),
 			.qp_num = ibv_wc_read_qp_num(cq),
+			.ts = ibv_wc_read_completion_ts(cq),
 		};
 		ibv_end_poll(cq);
 		return d;
@@ -111,14 +115,29 @@ int main(void)
 	if (!pd)
 		fail("ibv_alloc_pd", errno);
 
-	/* Completion timestamps are not offered: refused, as on a provider without them. */
+	/* The device's clock: ibv_query_device_ex gives its frequency and the timestamp's mask. */
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(ctx, NULL, &dx))
+		fail("ibv_query_device_ex", errno);
+	if (!dx.completion_timestamp_mask || !dx.hca_core_clock || dx.orig_attr.phys_port_cnt != 1)
+		fail("ibv_query_device_ex: no timestamp mask, clock or port", EINVAL);
+	printf("ibv_query_device_ex: hca_core_clock %llu kHz, timestamp mask 0x%llx\n",
+	       (unsigned long long)dx.hca_core_clock,
+	       (unsigned long long)dx.completion_timestamp_mask);
+	struct ibv_values_ex t0 = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+	if (ibv_query_rt_values_ex(ctx, &t0))
+		fail("ibv_query_rt_values_ex", errno);
+	uint64_t clk0 = (uint64_t)t0.raw_clock.tv_sec * 1000000000ull + t0.raw_clock.tv_nsec;
+
+	/* VLAN tags are not offered: refused, as on a provider without them. */
 	struct ibv_cq_init_attr_ex ca = {
 		.cqe = 32,
-		.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+		.wc_flags = IBV_WC_EX_WITH_CVLAN,
 	};
 	if (ibv_create_cq_ex(ctx, &ca) || errno != EOPNOTSUPP)
-		fail("a timestamped CQ was not refused with EOPNOTSUPP", EINVAL);
-	ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM;
+		fail("a CQ with VLAN tags was not refused with EOPNOTSUPP", EINVAL);
+	ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM |
+		      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
 	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &ca);
 	if (!cq)
 		fail("ibv_create_cq_ex", errno);
@@ -191,8 +210,14 @@ int main(void)
 	memset(msg2, 'Y', sizeof(msg2));
 
 	int seen_write = 0, seen_send = 0, seen_send2 = 0, recvs = 0;
+	uint64_t last_ts = clk0;
 	for (int k = 0; k < 5; k++) {
 		struct done d = next_done(cq);
+		/* Each completion's timestamp: after the clock reading before the posts, never
+		 * earlier than the one before it. */
+		if (d.ts < last_ts)
+			fail("completion timestamps out of order", EINVAL);
+		last_ts = d.ts;
 		if (d.status != IBV_WC_SUCCESS) {
 			fprintf(stderr, "ex_verbs: wr_id %llu: %s\n", (unsigned long long)d.wr_id,
 				ibv_wc_status_str(d.status));
@@ -215,6 +240,14 @@ int main(void)
 	}
 	if (!seen_write || !seen_send || !seen_send2 || recvs != 2)
 		fail("missing completions", EINVAL);
+	struct ibv_values_ex t1 = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+	if (ibv_query_rt_values_ex(ctx, &t1))
+		fail("ibv_query_rt_values_ex", errno);
+	uint64_t clk1 = (uint64_t)t1.raw_clock.tv_sec * 1000000000ull + t1.raw_clock.tv_nsec;
+	if (last_ts > clk1 || clk1 <= clk0)
+		fail("completion timestamps outside the device clock's readings", EINVAL);
+	printf("completion timestamps: 5 in order, within the clock's readings (%llu ticks)\n",
+	       (unsigned long long)(clk1 - clk0));
 	if (memcmp(src, dst, N))
 		fail("RDMA WRITE through ibv_wr_*: data differs", EINVAL);
 	printf("extended CQ and ibv_wr_*: RDMA WRITE %d bytes, data identical\n", N);
