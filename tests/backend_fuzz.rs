@@ -12,7 +12,12 @@ use ferroce::rng::SplitMix64;
 fn random_datagrams_and_ring_blocks_keep_the_invariants() {
     let mut rng = SplitMix64::new(0x17_bac4);
     let mut total = harness::Stats::default();
-    for i in 0..4000u32 {
+    // More with BACKEND_RX_RUNS=N (a longer run on stable; the figures in docs/security.md).
+    let runs: u32 = std::env::var("BACKEND_RX_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    for i in 0..runs {
         let len = 8 + (rng.next_u64() % 700) as usize;
         let mut data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         // Every path in turn: UDP raw/valid over IPv4, IPv6, the AF_PACKET ring.

@@ -11,7 +11,12 @@ use ferroce::rng::SplitMix64;
 fn random_mads_and_api_calls_keep_the_invariants() {
     let mut rng = SplitMix64::new(0x17_c3ad);
     let mut total = harness::Stats::default();
-    for _ in 0..400 {
+    // More with CM_MAD_RUNS=N (a longer run on stable; the figures in docs/security.md).
+    let runs: u32 = std::env::var("CM_MAD_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    for _ in 0..runs {
         let len = 16 + (rng.next_u64() % 1500) as usize;
         let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         match std::panic::catch_unwind(|| harness::run(&data)) {
