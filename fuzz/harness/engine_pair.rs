@@ -752,9 +752,11 @@ pub fn run_stats(data: &[u8]) -> Stats {
     for (s, who) in [(&a, "A"), (&b, "B")] {
         assert!(
             s.sends.is_empty(),
-            "{who}: sends never completed ({} left), QP in {:?}",
+            "{who}: sends never completed ({} left), QP in {:?}; {:?}; next timer {:?}",
             s.sends.len(),
-            state(s)
+            state(s),
+            s.dev.qp_status(),
+            s.dev.poll_timeout()
         );
     }
     // One more SEND from A to B where both still run: it completes, one way or the other.

@@ -62,8 +62,9 @@ impl Response {
 enum Acked {
     /// WQEs up to the PSN completed (true if anything moved).
     Progress(bool),
-    /// A READ or ATOMIC before the PSN has not had its response: resend from this PSN.
-    Missing(Psn),
+    /// A READ or ATOMIC before the PSN has not had its response: resend from this PSN (true
+    /// if WQEs before it completed first).
+    Missing(Psn, bool),
 }
 
 /// Where a READ response or ATOMIC ACK falls once the WQEs before it are acknowledged.
@@ -87,7 +88,7 @@ impl Qp {
             if w.wqe.op.is_rd_atomic() {
                 if !p.before(w.first_psn) {
                     let mtu = self.mtu();
-                    return Acked::Missing(w.first_psn.add(w.read_done / mtu));
+                    return Acked::Missing(w.first_psn.add(w.read_done / mtu), progress);
                 }
                 break;
             }
@@ -191,7 +192,13 @@ impl Qp {
                 true
             }
             Acked::Progress(false) => true,
-            Acked::Missing(q) => {
+            Acked::Missing(q, moved) => {
+                // What completed before the missing response is progress like any other: it
+                // ends a recovery that was waiting for it (else the retry below could wait
+                // behind `recovery_until` for ever) and refills the retry counts.
+                if moved {
+                    self.on_progress(ctx);
+                }
                 self.gap_retry(ctx, q);
                 false
             }

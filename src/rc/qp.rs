@@ -820,7 +820,7 @@ impl Qp {
                 }
                 Timer::Rnr => {
                     self.timers.stop(t);
-                    self.on_rnr_wait_over();
+                    self.on_rnr_wait_over(ctx.now);
                 }
                 Timer::Retransmit => self.on_ack_timeout(ctx),
                 Timer::Probe => self.on_probe(ctx),

@@ -372,8 +372,10 @@ impl Qp {
         self.arm_probe(now);
     }
 
-    /// [`Timer::Rnr`] fired: the RNR wait is over, resend.
-    pub(super) fn on_rnr_wait_over(&mut self) {
+    /// [`Timer::Rnr`] fired: the RNR wait is over, resend. The local ACK timer starts again
+    /// from now: whatever happened during the wait, a QP with requests outstanding always has
+    /// a timer that ends in a retry or in RETRY_EXC_ERR.
+    pub(super) fn on_rnr_wait_over(&mut self, now: crate::time::Instant) {
         // An ACK may have come past the NAKed PSN while we waited (a retransmitted or
         // duplicated copy got through): resend from the oldest unacknowledged PSN then,
         // or retry_from would find no WQE there and skip the outstanding ones.
@@ -383,7 +385,11 @@ impl Qp {
             self.req.rnr_psn
         };
         self.retry_from(p, Retry::Rnr);
-        self.timers.stop(Timer::Retransmit);
+        if self.req.una == self.req.hwm {
+            self.timers.stop(Timer::Retransmit);
+        } else {
+            self.arm_ack_timer(now);
+        }
     }
 
     /// [`Timer::Retransmit`] fired: the local ACK timeout. Retry from the oldest
