@@ -1849,3 +1849,70 @@ fn rnr_wait_overtaken_by_an_ack() {
     assert_eq!(got, [5; 16]);
     assert_eq!(ok_ids(&poll(&mut p.b, b.cq)), vec![9]);
 }
+
+/// Regression (rc_props, `PROPTEST_RNG_SEED=1234 PROPTEST_CASES=1000`: an ATOMIC not executed,
+/// its result slot and target word wrong): a late network duplicate of a READ the requester
+/// has already completed makes the responder queue a replay of it. The next ATOMIC, within
+/// `max_rd_atomic` 1, arrived before that replay had left; the responder counted the
+/// replay as an outstanding READ, NAKed the ATOMIC as exceeding its resources (Invalid
+/// Request) and both QPs went to the error state. A replay answers a request counted already:
+/// the ATOMIC must execute once and return the original value.
+#[test]
+fn a_replayed_duplicate_read_does_not_count_against_max_dest_rd_atomic() {
+    let params = RcParams {
+        mtu: Mtu::M256,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..fast()
+    };
+    let (mut p, a, b) = pair(5, clean(), params);
+    let len = 32 * 1024;
+    b.mr.write(0, &vec![0x5a; len]).unwrap();
+    let word = len + 64;
+    b.mr.write(word, &7u64.to_ne_bytes()).unwrap();
+    let read = SendOp::RdmaRead {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    p.a.post_send(a.qp, SendWr::new(1, read, vec![sge(&a.mr, 0, len)]))
+        .unwrap();
+    drive_to(&mut p, true, a.cq, 1);
+    assert_eq!(ok_ids(&poll(&mut p.a, a.cq)), vec![1]);
+    // The READ request, delivered to B once more (a network duplicate, late).
+    let dup = p.trace.as_ref().unwrap().iter().find(|(_, from_a, f)| {
+        *from_a && parse_frame(f).unwrap().repr.roce.bth.opcode == Opcode::RC_READ_REQUEST
+    });
+    let dup = dup.unwrap().2.clone();
+    let fadd = SendOp::AtomicFetchAdd {
+        remote_addr: b.mr.addr() + word as u64,
+        rkey: b.mr.rkey(),
+        add: 5,
+    };
+    p.a.post_send(a.qp, SendWr::new(2, fadd, vec![sge(&a.mr, len, 8)]))
+        .unwrap();
+    // A's ATOMIC request, handed to B right after the duplicate (as when the network delays
+    // the duplicate until the ATOMIC's arrival): B has not sent the replay yet.
+    let now = p.now;
+    let mut buf = vec![0u8; 16 * 1024];
+    let n =
+        p.a.poll_transmit(now, &mut buf)
+            .unwrap()
+            .expect("the ATOMIC request");
+    let atomic = buf[..n].to_vec();
+    assert_eq!(
+        parse_frame(&atomic).unwrap().repr.roce.bth.opcode,
+        Opcode::RC_FETCH_ADD
+    );
+    p.b.handle_frame(now, &dup);
+    p.b.handle_frame(now, &atomic);
+    drive_to(&mut p, true, a.cq, 1);
+    assert_eq!(ok_ids(&poll(&mut p.a, a.cq)), vec![2]);
+    let mut got = [0u8; 8];
+    a.mr.read(len, &mut got).unwrap();
+    assert_eq!(u64::from_ne_bytes(got), 7, "the ATOMIC's original value");
+    b.mr.read(word, &mut got).unwrap();
+    assert_eq!(u64::from_ne_bytes(got), 12, "the ATOMIC executed once");
+    assert_eq!(p.a.query_qp(a.qp).unwrap().0, QpState::Rts);
+    assert_eq!(p.b.query_qp(b.qp).unwrap().0, QpState::Rts);
+    assert!(p.b.qp_counters(b.qp).unwrap().read_replays >= 1);
+}

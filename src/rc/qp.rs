@@ -214,14 +214,16 @@ pub(crate) enum RespItem {
         first_psn: Psn,
         npkts: u32,
         sent: u32,
-        /// An answer to a duplicate READ (a retry of a request already counted): not counted
-        /// against `max_dest_rd_atomic` again.
+        /// An answer to a duplicate READ (a retry of a request already counted, or a late
+        /// network copy of one already answered): not counted against `max_dest_rd_atomic`.
         replay: bool,
     },
     AtomicAck {
         psn: Psn,
         orig: u64,
         msn: u32,
+        /// An answer to a duplicate ATOMIC: not counted against `max_dest_rd_atomic`.
+        replay: bool,
     },
 }
 

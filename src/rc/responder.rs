@@ -341,7 +341,7 @@ impl Qp {
     /// responses still pending; one more is an Invalid Request (IBTA 9.7.5.1.5, 9.9.3: the requester
     /// exceeded the responder resources it negotiated), never a silent eviction of a pending
     /// one (issue 17 finding 7). Saved resources whose responses have all left are history
-    /// for duplicates and do not count.
+    /// for duplicates and do not count, nor do queued answers to duplicates.
     ///
     /// A resource is held from the request's acceptance until its last response packet is
     /// handed to the link, and no longer: IBTA's class C error is "more requests received
@@ -366,10 +366,14 @@ impl Qp {
             .resp_q
             .iter()
             .filter(|i| match i {
-                // Selective repeat keeps the original's queued responses next to the answer
-                // to its retry: that answer is the same request, counted once.
-                RespItem::Read { replay, .. } => !(*replay && self.sr),
-                RespItem::AtomicAck { .. } => true,
+                // Only the answers to requests executed here count. An answer to a duplicate
+                // is not a new request: the requester's retry of one it still waits for
+                // (counted when it was first taken; selective repeat even keeps the
+                // original's responses next to it), or a late network copy of one the
+                // requester has completed already, which may arrive together with its next
+                // READ/ATOMIC. Counted, it made that legitimate request "excess": NAKed as
+                // an Invalid Request, never executed, and both QPs in error (rc_props).
+                RespItem::Read { replay, .. } | RespItem::AtomicAck { replay, .. } => !*replay,
                 RespItem::Ack { .. } => false,
             })
             .count();
@@ -684,7 +688,12 @@ impl Qp {
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         self.resp.epsn = p.next();
         let msn = self.resp.msn;
-        self.push_resp(RespItem::AtomicAck { psn: p, orig, msn });
+        self.push_resp(RespItem::AtomicAck {
+            psn: p,
+            orig,
+            msn,
+            replay: false,
+        });
     }
 
     /// Deliberate deviation `dup_atomic_again`: a duplicate ATOMIC executed once more, its
@@ -702,6 +711,7 @@ impl Qp {
                 psn: r.bth.psn,
                 orig,
                 msn,
+                replay: true,
             });
         }
     }
@@ -809,7 +819,12 @@ impl Qp {
             if let Some(orig) = orig {
                 self.counters.atomic_replays += 1;
                 let msn = self.resp.msn;
-                self.push_resp(RespItem::AtomicAck { psn: p, orig, msn });
+                self.push_resp(RespItem::AtomicAck {
+                    psn: p,
+                    orig,
+                    msn,
+                    replay: true,
+                });
             }
         } else {
             let last = self.resp.epsn.sub(1);
@@ -897,7 +912,7 @@ impl Qp {
                     payload: PayloadSrc::None,
                 })
             }
-            RespItem::AtomicAck { psn, orig, msn } => {
+            RespItem::AtomicAck { psn, orig, msn, .. } => {
                 let bth = BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, *psn);
                 let ext = ExtRepr {
                     aeth: Some(AethRepr {
