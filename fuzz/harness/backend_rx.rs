@@ -227,7 +227,9 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
             };
             if k < cfg.batch && !truncated {
                 segments += 1;
-                if delivered {
+                // A segment longer than a UDP length can say (65,527 bytes) cannot be
+                // framed: dropped and counted (no kernel delivers such a datagram).
+                if delivered && 8 + part.len() <= 65_535 {
                     wants.push(Want {
                         valid: valid && part.len() >= icrc::LEN + 12,
                         payload: part.clone(),
