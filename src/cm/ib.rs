@@ -38,7 +38,7 @@
 
 use super::types::*;
 use crate::keys::KeyGen;
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use crate::wire::mad::cm::{
     self as wcm, private_len, CmMadRepr, CmMessage, DrepRepr, DreqRepr, MraRepr, MsgCode,
     RejReason, RejRepr, RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr, SidrStatus, ARI_LEN,
@@ -63,7 +63,11 @@ enum TimerKey {
     Conn(u32),
     SidrOut(u32),
     SidrIn(u32),
+    Held(u32),
 }
+
+/// Most requests held for a listener at once ([`Cm`]'s `held`); more are answered at once.
+const MAX_HELD: usize = 64;
 
 struct Conn {
     role: Role,
@@ -102,6 +106,48 @@ struct SidrOut {
     deadline: Option<Instant>,
 }
 
+/// A REQ or SIDR_REQ that found no listener, from a peer this CM has an established
+/// connection with: held until a listener for its service appears (then taken as if it had
+/// just arrived) or until its grace ends (then answered as Linux answers it at once: REJ
+/// Invalid Service ID, SIDR_REP "service ID not supported").
+///
+/// Why: a peer that is connected here already is usually an application talking to ours
+/// over that connection (perftest -R: the exchange connection), and it may send its next
+/// REQ before our application has called `rdma_listen` again; a REJ then ends its attempt
+/// (Debian's perftest 4.5-0.17 crashes in its retry). The grace never exceeds the time the
+/// REQ allows this CM to answer (its Remote CM Response Timeout), so the peer does not
+/// retransmit meanwhile.
+struct Held {
+    src: MadAddr,
+    tid: u64,
+    msg: HeldMsg,
+    /// The end of the grace.
+    until: Instant,
+    deadline: Option<Instant>,
+}
+
+#[derive(Clone, Copy)]
+enum HeldMsg {
+    Req(ReqRepr),
+    Sidr(SidrReqRepr),
+}
+
+impl HeldMsg {
+    fn service_id(&self) -> u64 {
+        match self {
+            HeldMsg::Req(r) => r.service_id,
+            HeldMsg::Sidr(r) => r.service_id,
+        }
+    }
+    /// The sender's ID of the request (REQ: its communication ID; SIDR: its request ID).
+    fn sender_id(&self) -> (bool, u32) {
+        match self {
+            HeldMsg::Req(r) => (false, r.local_comm_id),
+            HeldMsg::Sidr(r) => (true, r.request_id),
+        }
+    }
+}
+
 struct SidrIn {
     src: MadAddr,
     tid: u64,
@@ -134,6 +180,8 @@ pub struct Cm {
     sidr_out: HashMap<u32, SidrOut>,
     sidr_in: HashMap<u32, SidrIn>,
     sidr_in_by_remote: HashMap<(Gid, u32), u32>,
+    held: HashMap<u32, Held>,
+    next_held: u32,
     timers: BTreeSet<(Instant, TimerKey)>,
     tx: VecDeque<Transmit>,
     events: VecDeque<CmEvent>,
@@ -167,6 +215,8 @@ impl Cm {
             sidr_out: HashMap::new(),
             sidr_in: HashMap::new(),
             sidr_in_by_remote: HashMap::new(),
+            held: HashMap::new(),
+            next_held: 1,
             timers: BTreeSet::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
@@ -251,6 +301,12 @@ impl Cm {
                     if let Some(s) = self.sidr_in.get_mut(&id) {
                         s.deadline = None;
                         self.remove_sidr_in(id);
+                    }
+                }
+                TimerKey::Held(id) => {
+                    if let Some(h) = self.held.get_mut(&id) {
+                        h.deadline = None;
+                        self.held_timeout(now, id);
                     }
                 }
             }
@@ -345,6 +401,16 @@ impl Cm {
             },
         );
         self.listen_ids.insert(id, service_id);
+        // Requests held for this service are taken at the next `handle_timeout` (due now).
+        let due: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.msg.service_id() == service_id)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in due {
+            self.arm_key(TimerKey::Held(k), Some(Instant::ZERO));
+        }
         Ok(id)
     }
 
@@ -767,6 +833,13 @@ impl Cm {
             return;
         }
         let Some(l) = self.listeners.get(&req.service_id) else {
+            let grace = self
+                .cfg
+                .listen_grace
+                .min(iba_time(req.remote_cm_response_timeout));
+            if self.hold(now, src, tid, HeldMsg::Req(req), grace) {
+                return;
+            }
             self.counters.no_listener += 1;
             self.rej_unknown(
                 src,
@@ -1170,14 +1243,15 @@ impl Cm {
             return;
         }
         let Some(l) = self.listeners.get(&r.service_id) else {
+            let grace = self
+                .cfg
+                .listen_grace
+                .min(iba_time(self.cfg.cm_response_timeout));
+            if self.hold(now, src, tid, HeldMsg::Sidr(r), grace) {
+                return;
+            }
             self.counters.no_listener += 1;
-            let rep = SidrRepRepr {
-                request_id: r.request_id,
-                status: SidrStatus::UNSUPPORTED,
-                service_id: r.service_id,
-                ..SidrRepRepr::default()
-            };
-            self.push(src, CmMadRepr::send(tid, CmMessage::SidrRep(rep)));
+            self.sidr_unsupported(src, tid, &r);
             return;
         };
         if l.pending >= l.backlog {
@@ -1233,6 +1307,101 @@ impl Cm {
             id: SidrId(r.request_id),
             rep: r,
         });
+    }
+
+    fn sidr_unsupported(&mut self, src: MadAddr, tid: u64, r: &SidrReqRepr) {
+        let rep = SidrRepRepr {
+            request_id: r.request_id,
+            status: SidrStatus::UNSUPPORTED,
+            service_id: r.service_id,
+            ..SidrRepRepr::default()
+        };
+        self.push(src, CmMadRepr::send(tid, CmMessage::SidrRep(rep)));
+    }
+
+    // ---- requests held for a listener -----------------------------------------------------
+
+    /// Hold a request that found no listener (see [`Held`]) if its sender has an established
+    /// connection here; true if held (or already held: a duplicate).
+    fn hold(
+        &mut self,
+        now: Instant,
+        src: MadAddr,
+        tid: u64,
+        msg: HeldMsg,
+        grace: Duration,
+    ) -> bool {
+        if grace.is_zero() {
+            return false;
+        }
+        let key = msg.sender_id();
+        if self
+            .held
+            .values()
+            .any(|h| h.src.gid == src.gid && h.msg.sender_id() == key)
+        {
+            self.counters.duplicates += 1;
+            return true;
+        }
+        let connected = self
+            .conns
+            .values()
+            .any(|c| c.peer.gid == src.gid && c.state == CmState::Established);
+        if !connected || self.held.len() >= MAX_HELD {
+            return false;
+        }
+        let id = self.next_held;
+        self.next_held = self.next_held.wrapping_add(1).max(1);
+        let until = now + grace;
+        self.held.insert(
+            id,
+            Held {
+                src,
+                tid,
+                msg,
+                until,
+                deadline: None,
+            },
+        );
+        self.counters.held_for_listener += 1;
+        self.arm_key(TimerKey::Held(id), Some(until));
+        true
+    }
+
+    /// A held request's timer: a listener has appeared (take the request as if it had just
+    /// arrived) or the grace is over (answer it as when nothing listens).
+    fn held_timeout(&mut self, now: Instant, id: u32) {
+        let Some(h) = self.held.get(&id) else {
+            return;
+        };
+        let listening = self.listeners.contains_key(&h.msg.service_id());
+        if !listening && now < h.until {
+            // Woken for a listener that has gone again: wait for the rest of the grace.
+            let until = h.until;
+            self.arm_key(TimerKey::Held(id), Some(until));
+            return;
+        }
+        let Some(h) = self.held.remove(&id) else {
+            return;
+        };
+        match (listening, h.msg) {
+            (true, HeldMsg::Req(r)) => self.on_req(now, h.src, h.tid, r),
+            (true, HeldMsg::Sidr(r)) => self.on_sidr_req(now, h.src, h.tid, r),
+            (false, HeldMsg::Req(r)) => {
+                self.counters.no_listener += 1;
+                self.rej_unknown(
+                    h.src,
+                    h.tid,
+                    r.local_comm_id,
+                    MsgCode::REQ,
+                    RejReason::INVALID_SERVICE_ID,
+                );
+            }
+            (false, HeldMsg::Sidr(r)) => {
+                self.counters.no_listener += 1;
+                self.sidr_unsupported(h.src, h.tid, &r);
+            }
+        }
     }
 
     // ---- timeouts -----------------------------------------------------------------------
@@ -1466,6 +1635,7 @@ impl Cm {
             TimerKey::Conn(id) => self.conns.get_mut(&id).map(|c| &mut c.deadline),
             TimerKey::SidrOut(id) => self.sidr_out.get_mut(&id).map(|s| &mut s.deadline),
             TimerKey::SidrIn(id) => self.sidr_in.get_mut(&id).map(|s| &mut s.deadline),
+            TimerKey::Held(id) => self.held.get_mut(&id).map(|h| &mut h.deadline),
         };
         let Some(slot) = slot else {
             return;

@@ -493,8 +493,12 @@ pub struct CmCounters {
     pub rej_received: u64,
     /// MRAs sent.
     pub mra_sent: u64,
-    /// REQs rejected because nothing listens on their service ID.
+    /// REQs rejected (and SIDR_REQs answered "not supported") because nothing listens on
+    /// their service ID.
     pub no_listener: u64,
+    /// REQs and SIDR_REQs that found no listener held for one (their sender has an
+    /// established connection here; see `CmConfig::listen_grace`).
+    pub held_for_listener: u64,
     /// REQs and SIDR_REQs dropped because the listener's backlog was full (the sender's
     /// retries will try again).
     pub backlog_drops: u64,
@@ -539,6 +543,13 @@ pub struct CmConfig {
     pub max_events: usize,
     /// Seed of the communication and transaction IDs (`None`: unpredictable).
     pub seed: Option<u64>,
+    /// A REQ or SIDR_REQ that finds no listener, from a peer with an established connection
+    /// to this CM, waits this long (at most the REQ's Remote CM Response Timeout) for a
+    /// listener on its service before it is rejected: such a peer is usually an application
+    /// that talks to ours over that connection and connects again before ours has called
+    /// `rdma_listen` (perftest -R). Other peers are answered at once (REJ Invalid Service
+    /// ID), as by Linux. Zero: always at once.
+    pub listen_grace: Duration,
 }
 
 impl CmConfig {
@@ -557,6 +568,7 @@ impl CmConfig {
             max_tx_queue: 4_096,
             max_events: 65_536,
             seed: None,
+            listen_grace: Duration::from_secs(2),
         }
     }
     /// With a fixed seed.

@@ -911,6 +911,11 @@ impl CmId {
         let mut st = lock(&self.sh.st);
         let now = self.sh.now();
         let r = f(&mut st, &self.sh, now);
+        // What the call made due runs now (a request held for a listener that the call
+        // created), not at the driver's next wake-up.
+        if st.cm.poll_timeout().is_some_and(|t| t <= now) {
+            st.cm.handle_timeout(now);
+        }
         st.pump(&self.sh, now);
         r
     }

@@ -219,6 +219,146 @@ fn mismatched_ids_and_sources_are_dropped() {
     assert!(events(&mut p.b).is_empty());
 }
 
+/// perftest -R's sequence (the CI failure: REJ 8, then perftest crashed in its retry): A
+/// connects to B's service (the exchange connection), B destroys its listener, the two
+/// exchange data, and A connects to the same service again before B listens again. B
+/// holds that REQ for a listener instead of rejecting it, and takes it when the listener
+/// comes; a REQ retransmitted for the first connection after the listener went is a
+/// duplicate, not a REQ for a service nobody serves.
+#[test]
+fn a_connected_peer_s_req_waits_for_the_next_listener() {
+    let mut p = pair();
+    let l = p.b.listen(0x42, 4).unwrap();
+    let (_, b1) = establish(&mut p, 0x11);
+    p.b.unlisten(l).unwrap();
+    // The first connection's REQ once more (a late retransmission): a duplicate.
+    let req1 = p
+        .trace
+        .iter()
+        .find(|e| e.name() == "REQ")
+        .and_then(|e| e.mad)
+        .unwrap();
+    p.inject(Side::A, req1.to_bytes().to_vec());
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.count(Side::B, "REJ"), 0);
+    assert_eq!(p.b.counters().duplicates, 1);
+    assert_eq!(p.b.state(b1), Some(CmState::Established));
+    // The second connection's REQ comes before B listens again: no REJ, held.
+    let a2 = connect(&mut p, 0x12);
+    p.run_for(Duration::from_millis(10));
+    assert_eq!(p.count(Side::B, "REJ"), 0, "{:?}", p.sent_by(Side::B));
+    assert_eq!(p.b.counters().held_for_listener, 1);
+    assert!(events(&mut p.a).is_empty());
+    assert!(events(&mut p.b).is_empty());
+    // B listens: the REQ is taken as if it had just come, and the connection is made with
+    // the REQ A sent once (no retransmission).
+    let l2 = p.b.listen(0x42, 4).unwrap();
+    p.run_for(Duration::from_micros(30));
+    let b2 = match events(&mut p.b).as_slice() {
+        [CmEvent::ReqReceived { id, listen, .. }] if *listen == l2 => *id,
+        e => panic!("{e:?}"),
+    };
+    let now = p.now;
+    p.b.accept(
+        now,
+        b2,
+        &AcceptParams::new(QpNumber::new(0x912), Psn::new(9)),
+    )
+    .unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert!(matches!(
+        events(&mut p.a).as_slice(),
+        [CmEvent::RepReceived { id, .. }] if *id == a2
+    ));
+    let now = p.now;
+    p.a.establish(now, a2).unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.b.state(b2), Some(CmState::Established));
+    assert_eq!(p.count(Side::A, "REQ"), 2);
+    assert_eq!(p.b.counters().no_listener, 0);
+}
+
+/// A held REQ that no listener comes for is rejected (Invalid Service ID) when its grace
+/// ends: within the time the REQ gives B to answer, so A never sent it again.
+#[test]
+fn a_held_req_is_rejected_when_no_listener_comes() {
+    let mut p = pair();
+    let l = p.b.listen(0x42, 4).unwrap();
+    establish(&mut p, 0x11);
+    p.b.unlisten(l).unwrap();
+    let start = p.now;
+    let a2 = connect(&mut p, 0x12);
+    // The grace: the REQ's Remote CM Response Timeout (14: 67 ms) here, below 2 s.
+    let grace = iba_time(14);
+    p.run_for(grace - Duration::from_millis(1));
+    assert_eq!(p.count(Side::B, "REJ"), 0);
+    p.run_for(Duration::from_millis(2));
+    let rej = p.trace.iter().find(|e| e.name() == "REJ").unwrap();
+    assert!(rej.at >= start + grace, "REJ at {:?}", rej.at);
+    assert!(matches!(
+        events(&mut p.a).as_slice(),
+        [CmEvent::Rejected { id, reason: RejReason::INVALID_SERVICE_ID, .. }] if *id == a2
+    ));
+    assert_eq!(p.count(Side::A, "REQ"), 2, "one REQ for each connection");
+    assert_eq!(p.b.counters().no_listener, 1);
+    assert!(events(&mut p.b).is_empty());
+}
+
+/// A peer without an established connection here is rejected at once, as Linux does (a
+/// REQ to a port where nothing listens: one round trip), and so is everyone with a zero
+/// grace; a SIDR_REQ from a connected peer waits for the listener like a REQ.
+#[test]
+fn only_connected_peers_wait_for_a_listener() {
+    let mut p = pair();
+    connect(&mut p, 0x11);
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.sent_by(Side::B), ["REJ"]);
+    assert_eq!(p.b.counters().held_for_listener, 0);
+    // Connected, but B's grace is zero: at once too.
+    let mut p = pair();
+    p.b = Cm::new(CmConfig {
+        listen_grace: Duration::ZERO,
+        ..*p.b.config()
+    });
+    let l = p.b.listen(0x42, 4).unwrap();
+    establish(&mut p, 0x11);
+    p.b.unlisten(l).unwrap();
+    connect(&mut p, 0x12);
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.count(Side::B, "REJ"), 1);
+    // SIDR (perftest -c UD -R): held, then served by the new listener.
+    let mut p = pair();
+    let l = p.b.listen(0x42, 4).unwrap();
+    establish(&mut p, 0x11);
+    p.b.unlisten(l).unwrap();
+    let (now, dest) = (p.now, p.addr_b);
+    let s = p.a.sidr_request(now, dest, 0x77, &[]).unwrap();
+    p.run_for(Duration::from_millis(5));
+    assert_eq!(p.count(Side::B, "SIDR_REP"), 0);
+    let l2 = p.b.listen(0x77, 4).unwrap();
+    p.run_for(Duration::from_micros(30));
+    let sb = match events(&mut p.b).as_slice() {
+        [CmEvent::SidrReqReceived { id, listen, .. }] if *listen == l2 => *id,
+        e => panic!("{e:?}"),
+    };
+    let now = p.now;
+    p.b.sidr_reply(
+        now,
+        sb,
+        SidrStatus::SUCCESS,
+        QpNumber::new(0x55),
+        0x1111_2222,
+        &[],
+    )
+    .unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert!(matches!(
+        events(&mut p.a).as_slice(),
+        [CmEvent::SidrRepReceived { id, rep }] if *id == s && rep.status == SidrStatus::SUCCESS
+    ));
+    assert_eq!(p.count(Side::A, "SIDR_REQ"), 1);
+}
+
 #[test]
 fn passive_side_gives_up_on_a_consumer_that_never_answers() {
     let mut p = pair();
