@@ -471,3 +471,26 @@ fn rdmacm_utils_examples_both_ends() {
     );
     result_line(cmd, &c, "300");
 }
+
+#[test]
+fn perftest_read_and_atomic_over_rdma_cm_both_ends() {
+    let t = "perftest_read_and_atomic_over_rdma_cm_both_ends";
+    let progs = ["ib_read_lat", "ib_atomic_lat", "ib_atomic_bw"];
+    if !ready(t, &progs) {
+        return;
+    }
+    // RDMA READ and ATOMIC over QPs the RDMA-CM connected: the responder resources and
+    // initiator depth come from the REQ/REP, not from perftest's own exchange.
+    for p in progs {
+        let cmd = format!("{p} -R -d ferroce_lo -n 300");
+        let (s, c, st) = pair_when(Ready::CmListen, &cmd, &cmd);
+        assert_eq!(
+            st, "server=0 client=0",
+            "{cmd}\n--- server\n{s}\n--- client\n{c}"
+        );
+        for (who, o) in [("server", &s), ("client", &c)] {
+            assert!(o.contains("Data ex. method : rdma_cm"), "{cmd}: {who}\n{o}");
+        }
+        result_line(&cmd, &c, "300");
+    }
+}

@@ -470,7 +470,7 @@ fn driver(sh: &Arc<Shared>) {
             }
         };
         if !wait.is_zero() {
-            let _ = sh.nic.wait_cq(cq, wait);
+            let _ = sh.nic.wait_cq_passive(cq, wait);
         }
         wcs.clear();
         let _ = sh.nic.poll_cq(cq, &mut wcs, 64);

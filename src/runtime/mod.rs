@@ -842,6 +842,19 @@ impl Nic {
         if self.inner.inline.is_some() {
             return Ok(self.inline_wait(deadline, &|| c.len.load(Ordering::Acquire) > 0));
         }
+        self.wait_cq_passive(cq, timeout)
+    }
+
+    /// Block until the CQ holds a completion or `timeout` passes, without driving the engine:
+    /// for a service thread (the RDMA-CM's) that must not take the engine from the
+    /// application. With [`PollMode::Inline`] the application's calls or, while it leaves the
+    /// engine alone, the background thread produce the completion. [`Nic::wait_cq`] would
+    /// sleep in the packet device holding the engine, so the application's posts would wait
+    /// in the doorbell queue until a frame or a 1 ms timeout woke that thread (perftest's `-R`
+    /// latency tests measured milliseconds per round trip).
+    pub fn wait_cq_passive(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
+        let c = self.cq(cq)?;
+        let deadline = std::time::Instant::now() + timeout;
         let mut g = lock(&c.lock);
         while c.len.load(Ordering::Acquire) == 0 {
             let now = std::time::Instant::now();
