@@ -2274,7 +2274,9 @@ fn provoke_send(c: &mut Ctx, o: &mut Obs) -> Result<u32, Outcome> {
 
 /// Count the peer's transmissions of its request at `q` (the first and every retry), sending
 /// `answer(n)` back after the n-th, until more than `limit` were seen or none came for
-/// `quiet`. The verdicts rest on this count, not on when the retries came.
+/// `quiet`. The verdicts rest on this count, not on when the retries came. A ferroce peer
+/// that has not completed its SEND yet is still retrying (a starved process can be slower
+/// than `quiet` between two transmissions): then the count goes on for up to `c.wait` more.
 fn count_transmissions(
     c: &mut Ctx,
     q: u32,
@@ -2285,6 +2287,7 @@ fn count_transmissions(
     let mut seen = 0usize;
     let mut n = 0u32;
     let mut last = Instant::now();
+    let mut next_ask = Instant::now();
     loop {
         let mut out = Vec::new();
         while seen < c.st.peer.held.len() {
@@ -2298,8 +2301,23 @@ fn count_transmissions(
         if !out.is_empty() {
             c.send(&mut Obs::new(), &out);
         }
-        if n > limit || c.io_error.is_some() || last.elapsed() >= quiet {
+        if n > limit || c.io_error.is_some() {
             return n;
+        }
+        if last.elapsed() >= quiet {
+            if c.control.is_none() || last.elapsed() >= quiet + c.wait {
+                return n;
+            }
+            if Instant::now() >= next_ask {
+                next_ask = Instant::now() + Duration::from_millis(50);
+                let still_trying = c
+                    .control
+                    .as_mut()
+                    .is_some_and(|ctl| ctl.first_send_error().is_ok_and(|e| e == "none"));
+                if !still_trying {
+                    return n;
+                }
+            }
         }
         // Short waits: an answer held back longer than the peer's local ACK timeout would
         // draw a timeout retry on top of the one it answers.
