@@ -841,7 +841,7 @@ impl Qp {
     /// its queue) and posted the next READ found the original still counted: the next READ
     /// was one too many, an Invalid Request (testbed, `--selective-repeat`, no loss: `perf
     /// read_bw: work completion 86 failed: remote invalid request error`).
-    fn sr_trim_original(&mut self, replay: RespItem, first: Psn, k: u32) -> RespItem {
+    fn sr_trim_original(&mut self, mut replay: RespItem, first: Psn, k: u32) -> RespItem {
         let RespItem::Read { npkts: n, .. } = replay else {
             return replay;
         };
@@ -866,26 +866,10 @@ impl Qp {
             return replay;
         }
         self.resp.resp_q.remove(pos);
-        match replay {
-            RespItem::Read {
-                mr,
-                mr_off,
-                len,
-                first_psn,
-                npkts,
-                sent,
-                ..
-            } => RespItem::Read {
-                mr,
-                mr_off,
-                len,
-                first_psn,
-                npkts,
-                sent,
-                replay: false,
-            },
-            other => other,
+        if let RespItem::Read { replay: r, .. } = &mut replay {
+            *r = false;
         }
+        replay
     }
 
     /// The next response packet (ACK/NAK, READ response, ATOMIC ACK), if any.
