@@ -32,6 +32,7 @@ pub mod path;
 pub mod srq;
 pub(crate) mod tx;
 pub mod wc;
+pub(crate) mod wq;
 pub(crate) mod wqe;
 pub mod wr;
 

@@ -26,6 +26,7 @@ use crate::ib::path::Path;
 use crate::ib::srq::Srq;
 pub(crate) use crate::ib::tx::{PayloadSrc, PostError, TxDesc, TxKind};
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::ib::wq::QpInit;
 use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::SendOp;
 use crate::ib::{Ctx, QpAttr, QpAttrMask, QpCap, QpState};
@@ -48,19 +49,6 @@ pub(crate) const MAX_RESP_QUEUE: usize = 256;
 /// that it releases add one each, up to the responder resources for READs and ATOMICs (ACKs
 /// coalesce). Below this room a request is dropped unexecuted (back-pressure).
 pub(crate) const RESP_ROOM: usize = 32;
-
-/// What the application gives `create_qp`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct QpInit {
-    pub pd: Pd,
-    pub send_cq: Cq,
-    pub recv_cq: Cq,
-    pub cap: QpCap,
-    /// Every send WR generates a completion, signaled or not.
-    pub sq_sig_all: bool,
-    /// The shared receive queue the responder takes receive WQEs from, if any.
-    pub srq: Option<Srq>,
-}
 
 /// What the device gives each QP it creates.
 pub(crate) struct QpConfig {

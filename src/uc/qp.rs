@@ -48,27 +48,15 @@ use crate::ib::path::Path;
 use crate::ib::srq::Srq;
 use crate::ib::tx::{PayloadSrc, PostError, TxDesc, TxKind};
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use crate::ib::wqe::{RecvQueue, RecvWqe, SendWqe};
+use crate::ib::wq::{QpInit, WorkQueues};
+use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::{SendFlags, SendOp};
 use crate::ib::{AccessFlags, Ctx, QpAttr, QpAttrMask, QpCap, QpState};
 use crate::time::Instant;
 use crate::wire::ext::RethRepr;
 use crate::wire::{BthRepr, ExtRepr, OpFlags, Opcode, Psn, QpNumber, RoceRepr};
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// What `create_qp` gives a UC QP.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct UcInit {
-    pub pd: Pd,
-    pub send_cq: Cq,
-    pub recv_cq: Cq,
-    pub cap: QpCap,
-    pub sq_sig_all: bool,
-    /// The shared receive queue it takes receive WQEs from, if any.
-    pub srq: Option<Srq>,
-}
 
 /// The UC opcode of a SEND or WRITE packet (IBTA table 38: the RC operation codes in the UC
 /// range 0x20..0x2B).
@@ -154,13 +142,9 @@ enum InMsg {
 
 /// A UC queue pair.
 pub(crate) struct Qp {
-    num: QpNumber,
-    init: UcInit,
-    state: QpState,
+    q: WorkQueues,
     attr: QpAttr,
     path: Option<Path>,
-    sq: VecDeque<SendWqe>,
-    rq: RecvQueue,
     /// The PSN of the next packet sent.
     next_psn: Psn,
     /// Bytes of the oldest send request already sent.
@@ -172,69 +156,59 @@ pub(crate) struct Qp {
     in_msg: Option<InMsg>,
     /// After a loss: packets are dropped until a FIRST or ONLY.
     resync: bool,
-    counters: QpCounters,
-    sq_retired: u64,
-    rq_retired: u64,
 }
 
 impl Qp {
     /// A new UC QP in the RESET state.
-    pub(crate) fn new(num: QpNumber, init: UcInit) -> Qp {
+    pub(crate) fn new(num: QpNumber, init: QpInit) -> Qp {
         Qp {
-            num,
-            init,
-            state: QpState::Reset,
+            q: WorkQueues::new(num, init),
             attr: QpAttr {
                 cap: init.cap,
                 ..QpAttr::default()
             },
             path: None,
-            sq: VecDeque::new(),
-            rq: RecvQueue::new(init.srq),
             next_psn: Psn::new(0),
             send_off: 0,
             built_last: false,
             epsn: Psn::new(0),
             in_msg: None,
             resync: false,
-            counters: QpCounters::default(),
-            sq_retired: 0,
-            rq_retired: 0,
         }
     }
 
     // ---- getters ----------------------------------------------------------------------
 
     pub(crate) fn num(&self) -> QpNumber {
-        self.num
+        self.q.num
     }
     pub(crate) fn state(&self) -> QpState {
-        self.state
+        self.q.state
     }
     pub(crate) fn attr(&self) -> &QpAttr {
         &self.attr
     }
     pub(crate) fn cap(&self) -> QpCap {
-        self.init.cap
+        self.q.init.cap
     }
     pub(crate) fn pd(&self) -> Pd {
-        self.init.pd
+        self.q.init.pd
     }
     pub(crate) fn send_cq(&self) -> Cq {
-        self.init.send_cq
+        self.q.init.send_cq
     }
     /// Its receive CQ.
     pub(crate) fn recv_cq(&self) -> Cq {
-        self.init.recv_cq
+        self.q.init.recv_cq
     }
     pub(crate) fn srq(&self) -> Option<Srq> {
-        self.init.srq
+        self.q.init.srq
     }
     pub(crate) fn counters(&self) -> &QpCounters {
-        &self.counters
+        &self.q.counters
     }
     pub(crate) fn retired(&self) -> (u64, u64) {
-        (self.sq_retired, self.rq_retired)
+        self.q.retired()
     }
     /// The next PSN to send, the same (UC is never acknowledged), and the expected PSN.
     pub(crate) fn psns(&self) -> (Psn, Psn, Psn) {
@@ -248,9 +222,7 @@ impl Qp {
         self.path.is_some_and(|p| p.dst_ip == src)
     }
     pub(crate) fn memory(&self) -> usize {
-        std::mem::size_of::<Qp>()
-            + self.sq.capacity() * std::mem::size_of::<SendWqe>()
-            + self.rq.own_len() * std::mem::size_of::<RecvWqe>()
+        std::mem::size_of::<Qp>() + self.q.memory()
     }
     fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()
@@ -279,7 +251,7 @@ impl Qp {
             self.next_psn = Psn::new(attr.sq_psn);
         }
         match next {
-            QpState::Err if self.state != QpState::Err => self.enter_error(ctx, None),
+            QpState::Err if self.q.state != QpState::Err => self.enter_error(ctx, None),
             QpState::Reset => self.reset(),
             _ => {}
         }
@@ -287,12 +259,10 @@ impl Qp {
     }
 
     fn reset(&mut self) {
-        self.sq_retired += self.sq.len() as u64;
-        self.sq.clear();
-        self.rq_retired += self.rq.drain_own().count() as u64;
+        self.q.reset();
         self.path = None;
         self.attr = QpAttr {
-            cap: self.init.cap,
+            cap: self.q.init.cap,
             ..QpAttr::default()
         };
         self.next_psn = Psn::new(0);
@@ -304,40 +274,31 @@ impl Qp {
     }
 
     fn set_state(&mut self, next: QpState) {
-        if next != self.state {
-            tracing::debug!(qpn = %self.num, from = %self.state, to = %next, "UC QP state");
-            self.state = next;
-        }
+        self.q.set_state(next, "UC");
+    }
+
+    /// The remote QP a completion names.
+    fn peer_qp(&self) -> QpNumber {
+        QpNumber::new(self.attr.dest_qp_num)
     }
 
     pub(crate) fn check_post_send(&self) -> Result<(), PostError> {
-        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if self.sq.len() >= self.init.cap.max_send_wr as usize {
-            return Err(PostError::QueueFull);
-        }
-        Ok(())
+        self.q.check_post_send()
     }
 
     /// Queue a send the device checked; in ERR or SQE it is flushed at once.
     pub(crate) fn post_send(&mut self, ctx: &mut Ctx<'_>, wqe: SendWqe) {
-        self.sq.push_back(wqe);
-        if matches!(self.state, QpState::Err | QpState::Sqe) {
-            self.flush_sq(ctx);
-        }
+        let peer = self.peer_qp();
+        self.q.post_send(ctx, wqe, peer);
     }
 
     pub(crate) fn check_post_recv(&self) -> Result<(), PostError> {
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        self.rq.check_post(self.init.cap.max_recv_wr)
+        self.q.check_post_recv()
     }
 
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx<'_>, wqe: RecvWqe) {
-        self.rq.post(wqe);
-        if self.state == QpState::Err {
+        self.q.rq.post(wqe);
+        if self.q.state == QpState::Err {
             self.flush_rq(ctx);
         }
     }
@@ -345,89 +306,66 @@ impl Qp {
     // ---- completions and errors ---------------------------------------------------------
 
     fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        let Some(w) = self.sq.pop_front() else { return };
-        self.sq_retired += 1;
         self.send_off = 0;
-        if status == WcStatus::Success && !(w.signaled || self.init.sq_sig_all) {
-            return;
-        }
-        let mut wc = WorkCompletion::blank(w.wr_id, status, w.op.wc_opcode(), self.num);
-        if status == WcStatus::Success {
-            wc.byte_len = w.len;
-        }
-        wc.src_qp = QpNumber::new(self.attr.dest_qp_num);
-        ctx.complete(self.init.send_cq, wc);
-        self.counters.send_completions += 1;
+        let peer = self.peer_qp();
+        self.q.complete_send_head(ctx, status, peer);
     }
 
     fn complete_recv(&mut self, ctx: &mut Ctx<'_>, w: &RecvWqe, mut wc: WorkCompletion) {
-        self.rq_retired += 1;
         wc.wr_id = w.wr_id;
-        wc.src_qp = QpNumber::new(self.attr.dest_qp_num);
+        wc.src_qp = self.peer_qp();
         wc.wc_flags |= WcFlags::GRH;
-        ctx.complete(self.init.recv_cq, wc);
-        self.counters.recv_completions += 1;
+        self.q.complete_recv(ctx, wc);
     }
 
     fn recv_error(&mut self, ctx: &mut Ctx<'_>, w: &RecvWqe, status: WcStatus) {
-        let wc = WorkCompletion::blank(w.wr_id, status, WcOpcode::Recv, self.num);
+        let wc = WorkCompletion::blank(w.wr_id, status, WcOpcode::Recv, self.q.num);
         self.complete_recv(ctx, w, wc);
-    }
-
-    fn flush_sq(&mut self, ctx: &mut Ctx<'_>) {
-        while !self.sq.is_empty() {
-            self.complete_send_head(ctx, WcStatus::WrFlushErr);
-        }
     }
 
     fn flush_rq(&mut self, ctx: &mut Ctx<'_>) {
         if let Some(InMsg::Send { rwqe, .. }) = self.in_msg.take() {
             self.recv_error(ctx, &rwqe, WcStatus::WrFlushErr);
         }
-        let ws: Vec<RecvWqe> = self.rq.drain_own().collect();
-        for w in ws {
-            self.recv_error(ctx, &w, WcStatus::WrFlushErr);
-        }
+        let peer = self.peer_qp();
+        self.q.flush_own_rq(ctx, |wc| {
+            wc.src_qp = peer;
+            wc.wc_flags |= WcFlags::GRH;
+        });
     }
 
     /// A send failed: it completes with `status`, the requests behind it are flushed, the QP
     /// moves to SQE (receives go on).
     fn send_error(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        tracing::debug!(qpn = %self.num, %status, "UC send error: SQE");
-        self.complete_send_head(ctx, status);
-        self.flush_sq(ctx);
-        if self.state != QpState::Err {
-            self.set_state(QpState::Sqe);
-        }
+        self.send_off = 0;
+        let peer = self.peer_qp();
+        self.q.send_error(ctx, status, peer, "UC");
     }
 
     fn enter_error(&mut self, ctx: &mut Ctx<'_>, event: Option<AsyncEvent>) {
         self.set_state(QpState::Err);
-        self.flush_sq(ctx);
+        self.send_off = 0;
+        let peer = self.peer_qp();
+        self.q.flush_sq(ctx, peer);
         self.flush_rq(ctx);
-        if let Some(e) = event {
-            ctx.events.push(e);
-        }
-        if self.rq.srq().is_some() {
-            ctx.events.push(AsyncEvent::QpLastWqeReached(self.num));
-        }
+        self.q.raise_error_events(ctx, event);
     }
 
     // ---- the responder ------------------------------------------------------------------
 
     /// A UC packet for this QP (the device checked address, P_Key, TVer and transport).
     pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) {
-        self.counters.rx_packets += 1;
-        self.counters.rx_bytes += payload.len() as u64;
+        self.q.counters.rx_packets += 1;
+        self.q.counters.rx_bytes += payload.len() as u64;
         if !matches!(
-            self.state,
+            self.q.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
-            self.counters.state_drops += 1;
+            self.q.counters.state_drops += 1;
             return;
         }
         if let Err(stop) = self.respond(ctx, r, payload) {
-            tracing::trace!(qpn = %self.num, psn = %r.bth.psn, step = ?stop.step(), ?stop, "UC packet stopped");
+            tracing::trace!(qpn = %self.q.num, psn = %r.bth.psn, step = ?stop.step(), ?stop, "UC packet stopped");
             self.stop(ctx, stop);
         }
     }
@@ -447,14 +385,14 @@ impl Qp {
     /// responses); counted; a message dropped.
     fn stop(&mut self, ctx: &mut Ctx<'_>, stop: Stop) {
         match stop {
-            Stop::Stale => self.counters.duplicates += 1,
+            Stop::Stale => self.q.counters.duplicates += 1,
             Stop::Resync(_) => {}
             Stop::NoWqe => {
-                self.counters.no_wqe_drops += 1;
+                self.q.counters.no_wqe_drops += 1;
                 self.drop_message(ctx, None);
             }
             Stop::Drop(_, status) => {
-                self.counters.msg_drops += 1;
+                self.q.counters.msg_drops += 1;
                 self.drop_message(ctx, Some(status));
             }
             Stop::Fatal(_, status) => {
@@ -465,7 +403,7 @@ impl Qp {
                 if let Some(w) = rwqe {
                     self.recv_error(ctx, &w, status);
                 }
-                self.enter_error(ctx, Some(AsyncEvent::QpFatal(self.num)));
+                self.enter_error(ctx, Some(AsyncEvent::QpFatal(self.q.num)));
             }
         }
     }
@@ -477,8 +415,8 @@ impl Qp {
         self.resync = true;
         if let Some(InMsg::Send { rwqe, .. }) = self.in_msg.take() {
             match status {
-                Some(s) if self.rq.srq().is_some() => self.recv_error(ctx, &rwqe, s),
-                _ => self.rq.put_back(ctx, rwqe),
+                Some(s) if self.q.rq.srq().is_some() => self.recv_error(ctx, &rwqe, s),
+                _ => self.q.rq.put_back(ctx, rwqe),
             }
         }
     }
@@ -488,10 +426,10 @@ impl Qp {
     fn abandon(&mut self, ctx: &mut Ctx<'_>) {
         match self.in_msg.take() {
             Some(InMsg::Send { rwqe, .. }) => {
-                self.counters.msg_drops += 1;
-                self.rq.put_back(ctx, rwqe);
+                self.q.counters.msg_drops += 1;
+                self.q.rq.put_back(ctx, rwqe);
             }
-            Some(InMsg::Write { .. }) => self.counters.msg_drops += 1,
+            Some(InMsg::Write { .. }) => self.q.counters.msg_drops += 1,
             None => {}
         }
     }
@@ -504,7 +442,7 @@ impl Qp {
         }
         self.epsn = p.next();
         if d > 0 {
-            self.counters.out_of_sequence += 1;
+            self.q.counters.out_of_sequence += 1;
             self.abandon(ctx);
             self.resync = true;
         }
@@ -539,7 +477,7 @@ impl Qp {
             }
             None if f.contains(OpFlags::FIRST) => Ok(()),
             None => {
-                self.counters.msg_drops += 1;
+                self.q.counters.msg_drops += 1;
                 self.resync = !f.contains(OpFlags::LAST);
                 Err(Stop::Resync(Step::OpSequence))
             }
@@ -563,7 +501,7 @@ impl Qp {
     /// immediate takes one at its last packet (in [`Qp::execute`]), checked here.
     fn check_resources(&mut self, ctx: &mut Ctx<'_>, f: OpFlags) -> Result<(), Stop> {
         if f.contains(OpFlags::SEND) && f.contains(OpFlags::FIRST) {
-            let w = self.rq.take(ctx).ok_or(Stop::NoWqe)?;
+            let w = self.q.rq.take(ctx).ok_or(Stop::NoWqe)?;
             let err = w.local_err;
             self.in_msg = Some(InMsg::Send { rwqe: w, off: 0 });
             if let Some(status) = err {
@@ -608,7 +546,7 @@ impl Qp {
         } else {
             let mr = ctx.mrs.by_rkey(rkey).filter(|m| {
                 m.rkey_valid()
-                    && m.pd == self.init.pd
+                    && m.pd == self.q.init.pd
                     && m.access.contains(AccessFlags::REMOTE_WRITE)
             });
             let Some((mr, off)) =
@@ -665,8 +603,12 @@ impl Qp {
         }
         match self.in_msg.take() {
             Some(InMsg::Send { rwqe, off }) => {
-                let mut wc =
-                    WorkCompletion::blank(rwqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.num);
+                let mut wc = WorkCompletion::blank(
+                    rwqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    self.q.num,
+                );
                 wc.byte_len = off as u32;
                 if let Some(imm) = r.ext.imm {
                     wc.imm_data = Some(imm);
@@ -677,7 +619,7 @@ impl Qp {
             }
             Some(InMsg::Write { dma_len, .. }) => {
                 if let Some(imm) = r.ext.imm {
-                    let Some(w) = self.rq.take(ctx) else {
+                    let Some(w) = self.q.rq.take(ctx) else {
                         return Err(Stop::NoWqe);
                     };
                     if let Some(status) = w.local_err {
@@ -688,7 +630,7 @@ impl Qp {
                         w.wr_id,
                         WcStatus::Success,
                         WcOpcode::RecvRdmaWithImm,
-                        self.num,
+                        self.q.num,
                     );
                     wc.byte_len = dma_len as u32;
                     wc.imm_data = Some(imm);
@@ -708,18 +650,18 @@ impl Qp {
     /// started), with a request queued.
     pub(crate) fn next_tx(&self, _now: Instant) -> Option<TxKind> {
         self.path.as_ref()?;
-        let go = match self.state {
+        let go = match self.q.state {
             QpState::Rts => true,
             QpState::Sqd => self.send_off > 0,
             _ => false,
         };
-        (go && !self.sq.is_empty()).then_some(TxKind::Data)
+        (go && !self.q.sq.is_empty()).then_some(TxKind::Data)
     }
 
     /// The next packet of the oldest request; `None` if that request fails instead (its error
     /// completion made, the QP in SQE).
     pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
-        let w = self.sq.front()?;
+        let w = self.q.sq.front()?;
         if let Some(status) = w.local_err {
             self.send_error(ctx, status);
             return None;
@@ -771,7 +713,7 @@ impl Qp {
     ) -> Result<(), WcStatus> {
         match src {
             PayloadSrc::Wqe { idx, off } => {
-                let w = self.sq.get(*idx).ok_or(WcStatus::LocQpOpErr)?;
+                let w = self.q.sq.get(*idx).ok_or(WcStatus::LocQpOpErr)?;
                 match &w.inline {
                     Some(d) => {
                         let o = *off as usize;
@@ -790,8 +732,8 @@ impl Qp {
 
     /// The packet left; its request completes if it was its last.
     pub(crate) fn on_transmitted(&mut self, ctx: &mut Ctx<'_>, payload_len: usize) {
-        self.counters.tx_packets += 1;
-        self.counters.tx_bytes += payload_len as u64;
+        self.q.counters.tx_packets += 1;
+        self.q.counters.tx_bytes += payload_len as u64;
         if self.built_last {
             self.built_last = false;
             self.complete_send_head(ctx, WcStatus::Success);
@@ -907,7 +849,7 @@ mod tests {
     fn rts(w: &mut World, srq: bool) -> Qp {
         let mut q = Qp::new(
             QpNumber::new(0x20),
-            UcInit {
+            QpInit {
                 pd: Pd(1),
                 send_cq: Cq(0),
                 recv_cq: Cq(1),

@@ -36,28 +36,26 @@ use crate::ib::path::{rxe_ud_udp_sport, Path};
 use crate::ib::srq::Srq;
 use crate::ib::tx::{PayloadSrc, PostError, TxDesc, TxKind};
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use crate::ib::wqe::{RecvQueue, RecvWqe, SendWqe};
+use crate::ib::wq::{QpInit, WorkQueues};
+use crate::ib::wqe::{RecvWqe, SendWqe};
 use crate::ib::wr::SendOp;
 use crate::ib::{Ctx, Mtu, QpAttr, QpAttrMask, QpCap, QpState};
 use crate::time::Instant;
 use crate::wire::grh::{slot_from_ip_header, GRH_LEN};
 use crate::wire::{BthRepr, DethRepr, ExtRepr, Opcode, PKey, Psn, QKey, QpNumber, RoceRepr};
-use std::collections::VecDeque;
 
 /// The Q_Key of QP1, the general services QP (IBTA Vol. 1 §13.5.1: the GSI's well-known
 /// Q_Key, a controlled one).
 pub(crate) const GSI_QKEY: u32 = 0x8001_0000;
 
+/// The remote QP a UD send completion names: none (only receives carry a source QP).
+const NO_QP: QpNumber = QpNumber::new(0);
+
 /// What `create_qp` gives a UD QP.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct UdInit {
-    pub pd: Pd,
-    pub send_cq: Cq,
-    pub recv_cq: Cq,
-    pub cap: QpCap,
-    pub sq_sig_all: bool,
-    /// The shared receive queue it takes receive WQEs from, if any.
-    pub srq: Option<Srq>,
+    /// What every QP type is created with.
+    pub qp: QpInit,
     /// QP1, the GSI: its Q_Key is always [`GSI_QKEY`].
     pub gsi: bool,
     /// The port's active MTU: the largest UD message.
@@ -66,17 +64,14 @@ pub(crate) struct UdInit {
 
 /// A UD queue pair.
 pub(crate) struct Qp {
-    num: QpNumber,
-    init: UdInit,
-    state: QpState,
+    q: WorkQueues,
+    /// QP1, the GSI.
+    gsi: bool,
+    /// The port's active MTU: the largest UD message.
+    port_mtu: Mtu,
     attr: QpAttr,
-    sq: VecDeque<SendWqe>,
-    rq: RecvQueue,
     /// The PSN of the next packet.
     next_psn: Psn,
-    counters: QpCounters,
-    sq_retired: u64,
-    rq_retired: u64,
     /// The path of the packet [`build_tx`](Self::build_tx) built last (each UD packet takes
     /// its WQE's address handle), kept for the engine to frame it by reference.
     tx_path: Option<Path>,
@@ -86,16 +81,11 @@ impl Qp {
     /// A new UD QP in the RESET state.
     pub(crate) fn new(num: QpNumber, init: UdInit) -> Qp {
         let mut q = Qp {
-            num,
-            init,
-            state: QpState::Reset,
+            q: WorkQueues::new(num, init.qp),
+            gsi: init.gsi,
+            port_mtu: init.port_mtu,
             attr: QpAttr::default(),
-            sq: VecDeque::new(),
-            rq: RecvQueue::new(init.srq),
             next_psn: Psn::new(0),
-            counters: QpCounters::default(),
-            sq_retired: 0,
-            rq_retired: 0,
             tx_path: None,
         };
         q.reset_attr();
@@ -104,8 +94,8 @@ impl Qp {
 
     fn reset_attr(&mut self) {
         self.attr = QpAttr {
-            cap: self.init.cap,
-            qkey: if self.init.gsi { GSI_QKEY } else { 0 },
+            cap: self.q.init.cap,
+            qkey: if self.gsi { GSI_QKEY } else { 0 },
             ..QpAttr::default()
         };
     }
@@ -113,35 +103,35 @@ impl Qp {
     // ---- getters ----------------------------------------------------------------------
 
     pub(crate) fn num(&self) -> QpNumber {
-        self.num
+        self.q.num
     }
     pub(crate) fn state(&self) -> QpState {
-        self.state
+        self.q.state
     }
     pub(crate) fn attr(&self) -> &QpAttr {
         &self.attr
     }
     pub(crate) fn cap(&self) -> QpCap {
-        self.init.cap
+        self.q.init.cap
     }
     pub(crate) fn pd(&self) -> Pd {
-        self.init.pd
+        self.q.init.pd
     }
     pub(crate) fn send_cq(&self) -> Cq {
-        self.init.send_cq
+        self.q.init.send_cq
     }
     /// Its receive CQ.
     pub(crate) fn recv_cq(&self) -> Cq {
-        self.init.recv_cq
+        self.q.init.recv_cq
     }
     pub(crate) fn srq(&self) -> Option<Srq> {
-        self.init.srq
+        self.q.init.srq
     }
     pub(crate) fn counters(&self) -> &QpCounters {
-        &self.counters
+        &self.q.counters
     }
     pub(crate) fn retired(&self) -> (u64, u64) {
-        (self.sq_retired, self.rq_retired)
+        self.q.retired()
     }
     /// The next PSN to send, the same (never acknowledged), and 0: a UD receiver expects no
     /// PSN.
@@ -150,12 +140,10 @@ impl Qp {
     }
     /// The largest message: the port's MTU.
     pub(crate) fn max_message(&self) -> u32 {
-        self.init.port_mtu.bytes()
+        self.port_mtu.bytes()
     }
     pub(crate) fn memory(&self) -> usize {
-        std::mem::size_of::<Qp>()
-            + self.sq.capacity() * std::mem::size_of::<SendWqe>()
-            + self.rq.own_len() * std::mem::size_of::<RecvWqe>()
+        std::mem::size_of::<Qp>() + self.q.memory()
     }
 
     /// The Q_Key a send carries: the request's, or ours for a controlled one.
@@ -179,18 +167,16 @@ impl Qp {
         next: QpState,
     ) {
         self.attr.apply(attr, mask);
-        if self.init.gsi {
+        if self.gsi {
             self.attr.qkey = GSI_QKEY;
         }
         if mask.contains(QpAttrMask::SQ_PSN) {
             self.next_psn = Psn::new(attr.sq_psn);
         }
         match next {
-            QpState::Err if self.state != QpState::Err => self.enter_error(ctx, None),
+            QpState::Err if self.q.state != QpState::Err => self.enter_error(ctx, None),
             QpState::Reset => {
-                self.sq_retired += self.sq.len() as u64;
-                self.sq.clear();
-                self.rq_retired += self.rq.drain_own().count() as u64;
+                self.q.reset();
                 self.next_psn = Psn::new(0);
                 self.reset_attr();
             }
@@ -200,105 +186,45 @@ impl Qp {
     }
 
     fn set_state(&mut self, next: QpState) {
-        if next != self.state {
-            tracing::debug!(qpn = %self.num, from = %self.state, to = %next, "UD QP state");
-            self.state = next;
-        }
+        self.q.set_state(next, "UD");
     }
 
     pub(crate) fn check_post_send(&self) -> Result<(), PostError> {
-        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if self.sq.len() >= self.init.cap.max_send_wr as usize {
-            return Err(PostError::QueueFull);
-        }
-        Ok(())
+        self.q.check_post_send()
     }
 
     /// Queue a send the device checked (its destination resolved); in ERR or SQE it is flushed
     /// at once.
     pub(crate) fn post_send(&mut self, ctx: &mut Ctx<'_>, wqe: SendWqe) {
-        self.sq.push_back(wqe);
-        if matches!(self.state, QpState::Err | QpState::Sqe) {
-            self.flush_sq(ctx);
-        }
+        self.q.post_send(ctx, wqe, NO_QP);
     }
 
     pub(crate) fn check_post_recv(&self) -> Result<(), PostError> {
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        self.rq.check_post(self.init.cap.max_recv_wr)
+        self.q.check_post_recv()
     }
 
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx<'_>, wqe: RecvWqe) {
-        self.rq.post(wqe);
-        if self.state == QpState::Err {
-            self.flush_rq(ctx);
+        self.q.rq.post(wqe);
+        if self.q.state == QpState::Err {
+            self.q.flush_own_rq(ctx, |_| {});
         }
     }
 
     // ---- completions and errors ---------------------------------------------------------
 
-    fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        let Some(w) = self.sq.pop_front() else { return };
-        self.sq_retired += 1;
-        if status == WcStatus::Success && !(w.signaled || self.init.sq_sig_all) {
-            return;
-        }
-        let mut wc = WorkCompletion::blank(w.wr_id, status, WcOpcode::Send, self.num);
-        if status == WcStatus::Success {
-            wc.byte_len = w.len;
-        }
-        ctx.complete(self.init.send_cq, wc);
-        self.counters.send_completions += 1;
-    }
-
-    fn complete_recv(&mut self, ctx: &mut Ctx<'_>, w: &RecvWqe, wc: WorkCompletion) {
-        debug_assert_eq!(w.wr_id, wc.wr_id);
-        self.rq_retired += 1;
-        ctx.complete(self.init.recv_cq, wc);
-        self.counters.recv_completions += 1;
-    }
-
-    fn flush_sq(&mut self, ctx: &mut Ctx<'_>) {
-        while !self.sq.is_empty() {
-            self.complete_send_head(ctx, WcStatus::WrFlushErr);
-        }
-    }
-
-    fn flush_rq(&mut self, ctx: &mut Ctx<'_>) {
-        let ws: Vec<RecvWqe> = self.rq.drain_own().collect();
-        for w in ws {
-            let wc = WorkCompletion::blank(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.num);
-            self.complete_recv(ctx, &w, wc);
-        }
-    }
-
     /// A send failed: its completion says why, the requests behind it are flushed and the QP
     /// moves to SQE (receives go on).
     fn send_error(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        tracing::debug!(qpn = %self.num, %status, "UD send error: SQE");
-        self.complete_send_head(ctx, status);
-        self.flush_sq(ctx);
-        if self.state != QpState::Err {
-            self.set_state(QpState::Sqe);
-        }
+        self.q.send_error(ctx, status, NO_QP, "UD");
     }
 
     /// Move to ERR: everything outstanding is flushed; `event` reports why (none when the
     /// consumer asked); a QP on an SRQ says it takes no more of its WQEs.
     fn enter_error(&mut self, ctx: &mut Ctx<'_>, event: Option<AsyncEvent>) {
         self.set_state(QpState::Err);
-        self.flush_sq(ctx);
-        self.flush_rq(ctx);
-        if let Some(e) = event {
-            ctx.events.push(e);
-        }
-        if self.rq.srq().is_some() {
-            ctx.events.push(AsyncEvent::QpLastWqeReached(self.num));
-        }
+        self.q.flush_sq(ctx, NO_QP);
+        self.q.flush_own_rq(ctx, |_| {});
+        self.q.raise_error_events(ctx, event);
     }
 
     // ---- packets in ----------------------------------------------------------------------
@@ -312,34 +238,34 @@ impl Qp {
         payload: &[u8],
         ip_hdr: &[u8],
     ) {
-        self.counters.rx_packets += 1;
-        self.counters.rx_bytes += payload.len() as u64;
+        self.q.counters.rx_packets += 1;
+        self.q.counters.rx_bytes += payload.len() as u64;
         if !matches!(
-            self.state,
+            self.q.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
-            self.counters.state_drops += 1;
+            self.q.counters.state_drops += 1;
             return;
         }
         let Some(deth) = r.ext.deth else {
-            self.counters.msg_drops += 1;
+            self.q.counters.msg_drops += 1;
             return;
         };
         if deth.qkey.get() != self.attr.qkey {
-            self.counters.qkey_drops += 1;
-            tracing::trace!(qpn = %self.num, qkey = %deth.qkey, "UD: wrong Q_Key, dropped");
+            self.q.counters.qkey_drops += 1;
+            tracing::trace!(qpn = %self.q.num, qkey = %deth.qkey, "UD: wrong Q_Key, dropped");
             return;
         }
         if payload.len() > self.max_message() as usize {
-            self.counters.msg_drops += 1;
+            self.q.counters.msg_drops += 1;
             return;
         }
         let Ok(slot) = slot_from_ip_header(ip_hdr) else {
-            self.counters.msg_drops += 1;
+            self.q.counters.msg_drops += 1;
             return;
         };
-        let Some(w) = self.rq.take(ctx) else {
-            self.counters.no_wqe_drops += 1;
+        let Some(w) = self.q.rq.take(ctx) else {
+            self.q.counters.no_wqe_drops += 1;
             return;
         };
         if let Some(status) = w.local_err {
@@ -347,17 +273,17 @@ impl Qp {
             return;
         }
         if (GRH_LEN + payload.len()) as u64 > w.len {
-            self.counters.msg_drops += 1;
-            if self.rq.srq().is_some() {
+            self.q.counters.msg_drops += 1;
+            if self.q.rq.srq().is_some() {
                 let wc = WorkCompletion::blank(
                     w.wr_id,
                     WcStatus::RemInvReqErr,
                     WcOpcode::Recv,
-                    self.num,
+                    self.q.num,
                 );
-                self.complete_recv(ctx, &w, wc);
+                self.q.complete_recv(ctx, wc);
             } else {
-                self.rq.put_back(ctx, w);
+                self.q.rq.put_back(ctx, w);
             }
             return;
         }
@@ -367,7 +293,7 @@ impl Qp {
             self.fail_on_wqe(ctx, &w, status);
             return;
         }
-        let mut wc = WorkCompletion::blank(w.wr_id, WcStatus::Success, WcOpcode::Recv, self.num);
+        let mut wc = WorkCompletion::blank(w.wr_id, WcStatus::Success, WcOpcode::Recv, self.q.num);
         wc.byte_len = (GRH_LEN + payload.len()) as u32;
         wc.src_qp = deth.src_qp;
         wc.wc_flags = WcFlags::GRH;
@@ -377,15 +303,15 @@ impl Qp {
         }
         wc.solicited = r.bth.solicited;
         wc.pkey_index = self.attr.pkey_index;
-        self.complete_recv(ctx, &w, wc);
+        self.q.complete_recv(ctx, wc);
     }
 
     /// A receive WQE whose memory is unusable (IBTA class A): it completes with `status`, the
     /// QP fails.
     fn fail_on_wqe(&mut self, ctx: &mut Ctx<'_>, w: &RecvWqe, status: WcStatus) {
-        let wc = WorkCompletion::blank(w.wr_id, status, WcOpcode::Recv, self.num);
-        self.complete_recv(ctx, w, wc);
-        self.enter_error(ctx, Some(AsyncEvent::QpFatal(self.num)));
+        let wc = WorkCompletion::blank(w.wr_id, status, WcOpcode::Recv, self.q.num);
+        self.q.complete_recv(ctx, wc);
+        self.enter_error(ctx, Some(AsyncEvent::QpFatal(self.q.num)));
     }
 
     // ---- packets out ---------------------------------------------------------------------
@@ -393,13 +319,13 @@ impl Qp {
     /// Whether the QP sends a packet now: in RTS, with a request queued. (SQD starts nothing:
     /// every UD request is one packet.)
     pub(crate) fn next_tx(&self, _now: Instant) -> Option<TxKind> {
-        (self.state == QpState::Rts && !self.sq.is_empty()).then_some(TxKind::Data)
+        (self.q.state == QpState::Rts && !self.q.sq.is_empty()).then_some(TxKind::Data)
     }
 
     /// The packet of the oldest request and the path it takes; `None` if that request fails
     /// instead (its error completion made, the QP in SQE).
     pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>) -> Option<(TxDesc, Path)> {
-        let w = self.sq.front()?;
+        let w = self.q.sq.front()?;
         if let Some(status) = w.local_err {
             self.send_error(ctx, status);
             return None;
@@ -426,7 +352,7 @@ impl Qp {
         let ext = ExtRepr {
             deth: Some(DethRepr {
                 qkey: QKey(self.send_qkey(dest.qkey)),
-                src_qp: self.num,
+                src_qp: self.q.num,
             }),
             imm,
             ..ExtRepr::default()
@@ -434,7 +360,7 @@ impl Qp {
         let len = w.len as usize;
         self.next_psn = self.next_psn.next();
         let mut path = dest.path;
-        path.udp_sport = rxe_ud_udp_sport(self.num.get());
+        path.udp_sport = rxe_ud_udp_sport(self.q.num.get());
         Some((
             TxDesc {
                 repr: RoceRepr::new(bth, ext, len),
@@ -465,7 +391,7 @@ impl Qp {
     ) -> Result<(), WcStatus> {
         match src {
             PayloadSrc::Wqe { idx, off } => {
-                let w = self.sq.get(*idx).ok_or(WcStatus::LocQpOpErr)?;
+                let w = self.q.sq.get(*idx).ok_or(WcStatus::LocQpOpErr)?;
                 match &w.inline {
                     Some(d) => {
                         let o = *off as usize;
@@ -484,9 +410,9 @@ impl Qp {
 
     /// The packet left: its request completes.
     pub(crate) fn on_transmitted(&mut self, ctx: &mut Ctx<'_>, payload_len: usize) {
-        self.counters.tx_packets += 1;
-        self.counters.tx_bytes += payload_len as u64;
-        self.complete_send_head(ctx, WcStatus::Success);
+        self.q.counters.tx_packets += 1;
+        self.q.counters.tx_bytes += payload_len as u64;
+        self.q.complete_send_head(ctx, WcStatus::Success, NO_QP);
     }
 
     /// The packet could not be written (its memory is gone): the request fails.
@@ -574,18 +500,20 @@ mod tests {
 
     fn init(srq: bool, gsi: bool) -> UdInit {
         UdInit {
-            pd: Pd(1),
-            send_cq: Cq(0),
-            recv_cq: Cq(1),
-            cap: QpCap {
-                max_send_wr: 8,
-                max_recv_wr: 8,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
+            qp: QpInit {
+                pd: Pd(1),
+                send_cq: Cq(0),
+                recv_cq: Cq(1),
+                cap: QpCap {
+                    max_send_wr: 8,
+                    max_recv_wr: 8,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+                srq: srq.then_some(Srq(0)),
             },
-            sq_sig_all: false,
-            srq: srq.then_some(Srq(0)),
             gsi,
             port_mtu: Mtu::M1024,
         }

@@ -17,6 +17,7 @@ use crate::ib::path::{gid_of, AvError, Path};
 use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable};
 use crate::ib::tx::PostError;
 use crate::ib::wc::WorkCompletion;
+use crate::ib::wq::QpInit;
 use crate::ib::wqe::{RecvWqe, SendWqe, UdSendDest};
 use crate::ib::wr::{RecvWr, SendFlags, SendWr};
 use crate::ib::{
@@ -24,7 +25,7 @@ use crate::ib::{
     QpType,
 };
 use crate::keys::KeyGen;
-use crate::rc::qp::{Qp, QpConfig, QpInit};
+use crate::rc::qp::{Qp, QpConfig};
 use crate::time::Instant;
 use crate::wire::{MacAddr, QpNumber, RKey};
 use std::collections::HashMap;
@@ -792,6 +793,14 @@ impl Device {
             cap.max_recv_sge = 0;
         }
         let num = QpNumber::new(qpn);
+        let i = QpInit {
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            cap,
+            sq_sig_all: init.sq_sig_all,
+            srq: init.srq,
+        };
         let qp = match init.qp_type {
             QpType::Rc => {
                 let cfg = QpConfig {
@@ -812,36 +821,13 @@ impl Device {
                     selective_repeat: self.cfg.selective_repeat,
                     deviations: self.cfg.deviations,
                 };
-                let i = QpInit {
-                    pd: init.pd,
-                    send_cq: init.send_cq,
-                    recv_cq: init.recv_cq,
-                    cap,
-                    sq_sig_all: init.sq_sig_all,
-                    srq: init.srq,
-                };
                 TransportQp::Rc(Qp::new(num, i, cfg))
             }
-            QpType::Uc => TransportQp::Uc(crate::uc::qp::Qp::new(
-                num,
-                crate::uc::qp::UcInit {
-                    pd: init.pd,
-                    send_cq: init.send_cq,
-                    recv_cq: init.recv_cq,
-                    cap,
-                    sq_sig_all: init.sq_sig_all,
-                    srq: init.srq,
-                },
-            )),
+            QpType::Uc => TransportQp::Uc(crate::uc::qp::Qp::new(num, i)),
             QpType::Ud => TransportQp::Ud(crate::ud::qp::Qp::new(
                 num,
                 crate::ud::qp::UdInit {
-                    pd: init.pd,
-                    send_cq: init.send_cq,
-                    recv_cq: init.recv_cq,
-                    cap,
-                    sq_sig_all: init.sq_sig_all,
-                    srq: init.srq,
+                    qp: i,
                     gsi,
                     port_mtu: self.cfg.port_mtu,
                 },
