@@ -46,8 +46,8 @@ use crate::keys::KeyGen;
 use crate::time::Instant;
 use crate::verbs::{
     AccessFlags, AddressVector, Ah, Cq, MemoryRegion, Mtu, Pd, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, UdParams, VerbsError,
-    WcStatus, WorkCompletion,
+    QpInitAttr, QpState, QpType, RcParams, RecvWr, RemoteQp, SendOp, SendWr, Sge, UdDest, UdParams,
+    VerbsError, WcStatus, WorkCompletion,
 };
 use crate::wire::grh::{GrhSlot, GRH_LEN};
 use crate::wire::mad::cm::PathMtu;
@@ -750,53 +750,38 @@ impl State {
                 .with_device(|d| d.neighbour(remote))
                 .or_else(|| sh.resolver.neighbour(local, remote).ok()),
         };
-        use QpAttrMask as M;
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu_of(p.path_mtu).min(sh.port_mtu),
-            dest_qp_num: p.remote_qpn.get(),
+        let params = RcParams {
+            mtu: mtu_of(p.path_mtu).min(sh.port_mtu),
+            sgid_index,
             // Linux's rdma_cm sets rq_psn to the starting PSN its own REQ/REP carried
             // (rdma_init_qp_attr: `rq_psn = id_priv->seq_num`) and sends from the peer's: the
             // starting PSN in a message is what its sender expects to receive. rxe↔rxe
             // captures show it (the active side's first SEND carries the REP's PSN).
-            rq_psn: p.sq_psn.get(),
-            max_dest_rd_atomic: p.max_dest_rd_atomic,
-            min_rnr_timer: 12,
-            ah_attr: AddressVector {
-                dgid: p.remote_gid.0,
-                sgid_index,
-                hop_limit: p.hop_limit,
-                traffic_class: p.traffic_class,
-                flow_label: p.flow_label,
-                dmac: mac.map(|m| m.0),
-            },
-            ..QpAttr::default()
-        };
-        sh.nic.modify_qp(
-            qpn,
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: p.rq_psn.get(),
+            local_psn: p.rq_psn.get(),
             timeout: p.local_ack_timeout,
             retry_cnt: p.retry_count,
             rnr_retry: p.rnr_retry_count,
+            min_rnr_timer: 12,
             max_rd_atomic: p.max_rd_atomic,
-            ..QpAttr::default()
+            max_dest_rd_atomic: p.max_dest_rd_atomic,
+            traffic_class: p.traffic_class,
+            ..RcParams::default()
         };
-        sh.nic.modify_qp(
-            qpn,
-            &rts,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )?;
+        let remote_end = RemoteQp {
+            qpn: p.remote_qpn,
+            gid: p.remote_gid.0,
+            mac: mac.unwrap_or_default(),
+            psn: p.sq_psn.get(),
+        };
+        let (mut rtr, rtr_mask) = params.rtr_attr(&remote_end);
+        // The rest of the path as the REQ carried it; without a neighbour entry the device
+        // resolves the next hop itself.
+        rtr.ah_attr.hop_limit = p.hop_limit;
+        rtr.ah_attr.flow_label = p.flow_label;
+        rtr.ah_attr.dmac = mac.map(|m| m.0);
+        sh.nic.modify_qp(qpn, &rtr, rtr_mask)?;
+        let (rts, rts_mask) = params.rts_attr();
+        sh.nic.modify_qp(qpn, &rts, rts_mask)?;
         Ok(())
     }
 }
