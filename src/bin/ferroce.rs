@@ -192,7 +192,8 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct ConformArgs {
-    /// The peer's address (for the out-of-band exchange).
+    /// The peer's address (for the out-of-band exchange); with a `*-client` peer tool, the
+    /// address to listen on (0.0.0.0: all) for the peer's perftest client.
     host: Option<String>,
     /// Network interface to test through.
     #[arg(short = 'd', long = "ib-dev")]
@@ -201,7 +202,9 @@ struct ConformArgs {
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
     /// What runs on the peer (as the server): ibv_rc_pingpong, ib_write_bw, ib_read_bw,
-    /// ib_send_bw, ib_atomic_bw, or `ferroce conform --serve`.
+    /// ib_send_bw, ib_atomic_bw, or `ferroce conform --serve`; `perftest-*-client`: the peer
+    /// runs `ib_*_bw -x N HOST` as the client (in a loop) and the tester, listening, tests
+    /// its requester.
     #[arg(long, value_enum, default_value = "ferroce")]
     peer_tool: ferroce::apps::conform::peer::PeerTool,
     /// Run only the tests whose id contains PATTERN (`*` wildcards; repeat or separate with

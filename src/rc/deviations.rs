@@ -46,6 +46,9 @@ pub struct Deviations {
     /// saved resource recycled, as Linux rxe does (IBTA 9.9.3, class C: an invalid-request
     /// NAK for too many RDMA READ or ATOMIC requests).
     pub recycle_rd_atomic: bool,
+    /// The requester sends READ/ATOMIC requests without the `max_rd_atomic` bound (IBTA
+    /// 9.5, 11.2.4.2: at most max_rd_atomic outstanding, as the responder can take them).
+    pub exceed_rd_atomic: bool,
 }
 
 /// The break names `--break` takes, each with what it does.
@@ -77,6 +80,10 @@ pub const BREAKS: &[(&str, &str)] = &[
         "recycle-rd-atomic",
         "execute READ/ATOMIC beyond max_dest_rd_atomic, recycling the oldest (as rxe)",
     ),
+    (
+        "exceed-rd-atomic",
+        "the requester ignores max_rd_atomic (READ/ATOMIC requests without bound)",
+    ),
 ];
 
 impl Deviations {
@@ -95,6 +102,7 @@ impl Deviations {
             "zero-credits" => &mut self.zero_credits,
             "retry-seven-forever" => &mut self.retry_seven_forever,
             "recycle-rd-atomic" => &mut self.recycle_rd_atomic,
+            "exceed-rd-atomic" => &mut self.exceed_rd_atomic,
             _ => return false,
         };
         *flag = true;

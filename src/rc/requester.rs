@@ -153,9 +153,12 @@ impl Qp {
             let rd_window_open = !self.rec.enabled
                 || self.req.una == self.req.next_psn
                 || self.req.next_psn.distance_from(self.req.una) < window;
-            return if self.req.rd_atomic_outstanding < u32::from(self.attr.max_rd_atomic.max(1))
-                && rd_window_open
-            {
+            let bound = if self.dev.exceed_rd_atomic {
+                u32::MAX
+            } else {
+                u32::from(self.attr.max_rd_atomic.max(1))
+            };
+            return if self.req.rd_atomic_outstanding < bound && rd_window_open {
                 Ok(())
             } else {
                 Err(Wait::RdAtomic)

@@ -8,6 +8,7 @@
 
 use super::ctx::{Ctx, Got, Obs, Outcome, Resp, Verdict};
 use super::frames::Pkt;
+use super::link::Rx;
 use super::peer::{PeerTool, ReadBack, RecvCount, Region, RetrySettings, Rights, SessionReq};
 use crate::wire::{Ecn, NakCode, Opcode, Psn, Syndrome};
 use std::time::{Duration, Instant};
@@ -172,6 +173,20 @@ impl Profile {
                 recv_count: RecvCount::None,
                 retry: None,
             },
+            PeerTool::PerftestWriteClient
+            | PeerTool::PerftestSendClient
+            | PeerTool::PerftestReadClient
+            | PeerTool::PerftestAtomicClient => Profile {
+                tool,
+                qp: Rights::NONE,
+                mr: None,
+                lacking: false,
+                recvs: false,
+                requester: true,
+                readback: ReadBack::None,
+                recv_count: RecvCount::None,
+                retry: Some(RetrySettings::PERFTEST),
+            },
             PeerTool::Ferroce => Profile {
                 tool,
                 qp: req.qp_rights.unwrap_or(Rights::ALL),
@@ -280,6 +295,39 @@ pub enum Inapplicable {
     /// The peer keeps receives posted.
     #[error("{0} keeps receives posted (an RNR NAK cannot be provoked)")]
     KeepsRecvs(&'static str),
+    /// A perftest client role: only the peer's requester is tested.
+    #[error("{0} is the client here: only its requester is tested (run the tool as the server for the responder tests)")]
+    ClientRole(&'static str),
+    /// The test needs several of the peer's requests outstanding at once.
+    #[error("{0}'s requester has one message outstanding at a time")]
+    NoWindow(&'static str),
+    /// The test needs the peer's requester to send RDMA READs (or ATOMICs).
+    #[error("{0}'s requester sends no {1}")]
+    RequesterSendsNo(&'static str, &'static str),
+    /// The test's RNR NAK or ACK cannot answer the peer's READ/ATOMIC requests.
+    #[error("{0}'s requester sends READ/ATOMIC requests (an ACK or RNR NAK does not answer them)")]
+    RequesterReads(&'static str),
+}
+
+/// The tests that apply in the perftest client roles (the peer as requester only).
+pub const CLIENT_TESTS: &[&str] = &[
+    "ack.ghost-ack",
+    "ack.retry-exhausted",
+    "ack.nak-retry-exhausted",
+    "ack.rnr-retry-infinite",
+    "ack.nak-resend-from-psn",
+    "ack.coalesced-to-requester",
+    "ack.read-response-gap",
+    "res.requester-rd-atomic",
+];
+
+/// Whether test `t` applies to the peer tool and session `p` (its own rule, and the client
+/// roles' restriction to [`CLIENT_TESTS`]).
+pub fn check_applies(t: &TestDef, p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
+    if p.tool.is_client() && !CLIENT_TESTS.contains(&t.id) {
+        return Err(Inapplicable::ClientRole(p.tool.program()));
+    }
+    (t.applies)(p, c)
 }
 
 fn always(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
@@ -345,8 +393,57 @@ fn need_requester_rnr_finite(p: &Profile, c: &Caps) -> Result<(), Inapplicable> 
 }
 fn need_requester_rnr_infinite(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_requester_retry(p, c)?;
+    need(
+        !matches!(
+            p.tool,
+            PeerTool::PerftestReadClient | PeerTool::PerftestAtomicClient
+        ),
+        p,
+        Inapplicable::RequesterReads,
+    )?;
     let infinite = p.retry.is_some_and(|r| r.rnr_retry == 7);
     need(infinite, p, Inapplicable::RnrFinite)
+}
+/// Several of the peer's requests outstanding at once: the ferroce peer (on request) and the
+/// perftest clients (their send queue depth).
+fn need_window(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
+    need_requester(p, c)?;
+    need(
+        p.tool == PeerTool::Ferroce || p.tool.is_client(),
+        p,
+        Inapplicable::NoWindow,
+    )?;
+    need(
+        !matches!(
+            p.tool,
+            PeerTool::PerftestReadClient | PeerTool::PerftestAtomicClient
+        ),
+        p,
+        Inapplicable::RequesterReads,
+    )
+}
+fn need_read_requester(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    if p.tool == PeerTool::PerftestReadClient {
+        Ok(())
+    } else {
+        Err(Inapplicable::RequesterSendsNo(
+            p.tool.program(),
+            "RDMA READs (ib_read_bw as the client does)",
+        ))
+    }
+}
+fn need_rd_atomic_requester(p: &Profile, _: &Caps) -> Result<(), Inapplicable> {
+    if matches!(
+        p.tool,
+        PeerTool::PerftestReadClient | PeerTool::PerftestAtomicClient
+    ) {
+        Ok(())
+    } else {
+        Err(Inapplicable::RequesterSendsNo(
+            p.tool.program(),
+            "READ/ATOMIC requests (ib_read_bw or ib_atomic_bw as the client do)",
+        ))
+    }
 }
 fn need_write_readback(p: &Profile, c: &Caps) -> Result<(), Inapplicable> {
     need_write(p, c)?;
@@ -2058,6 +2155,9 @@ fn t_credits(c: &mut Ctx) -> Outcome {
 }
 
 fn t_ghost_ack(c: &mut Ctx) -> Outcome {
+    if c.tool().is_client() {
+        return t_ghost_ack_client(c);
+    }
     let mut o = Obs::new();
     c.st.peer.auto_ack = false;
     let before = c.st.peer.packets;
@@ -2233,10 +2333,14 @@ fn t_unsolicited(c: &mut Ctx) -> Outcome {
 fn provoke_send(c: &mut Ctx, o: &mut Obs) -> Result<u32, Outcome> {
     c.st.peer.auto_ack = false;
     c.st.peer.held.clear();
+    let client = c.tool().is_client();
     match c.control.as_mut() {
         Some(ctl) => {
             ctl.post_send(32).map_err(Outcome::inconclusive)?;
             o.did("asked the ferroce peer to SEND 32 bytes");
+        }
+        None if client => {
+            o.did("withholding the answers to the perftest client's next requests");
         }
         None => {
             let p = c.psn();
@@ -2522,6 +2626,359 @@ fn t_rnr_retry_infinite(c: &mut Ctx) -> Outcome {
             )),
             Err(e) => o.unsure(e),
         }
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+// ---------------------------------------------------------------------------------------
+// the peer's requester: a window of requests (the perftest clients, the ferroce peer)
+
+/// Hold the peer's next requests unanswered until at least `min_msgs` messages (and every
+/// packet the peer sends with them) are held: the ferroce peer is asked for four SENDs of
+/// two packets each, a perftest client sends by itself. Returns the held packets' first
+/// transmissions in PSN order.
+fn hold_window(c: &mut Ctx, o: &mut Obs, min_msgs: usize) -> Result<Vec<Rx>, Outcome> {
+    c.st.peer.auto_ack = false;
+    c.st.peer.held.clear();
+    if let Some(ctl) = c.control.as_mut() {
+        let len = 2 * c.info.mtu as usize;
+        for _ in 0..4 {
+            ctl.post_send(len).map_err(Outcome::inconclusive)?;
+        }
+        o.did(format!(
+            "asked the ferroce peer for four SENDs of {len} bytes (two packets each)"
+        ));
+    } else {
+        o.did("withholding the answers to the peer's next requests");
+    }
+    let t0 = Instant::now();
+    let msgs = |h: &[Rx]| h.iter().filter(|r| starts_message(r)).count();
+    while msgs(&c.st.peer.held) < min_msgs
+        && t0.elapsed() < c.wait.max(c.timeout)
+        && c.io_error.is_none()
+    {
+        let _ = c.collect(c.timeout / 20, Duration::ZERO, |_| false);
+    }
+    // Let the rest of the window arrive (well within the peer's local ACK timeout).
+    let _ = c.collect(c.timeout / 10, Duration::ZERO, |_| false);
+    let w = first_sends(&c.st.peer.held);
+    if msgs(&w) < min_msgs {
+        c.release_held();
+        c.end_unknown();
+        return Err(Outcome::inconclusive(format!(
+            "the peer sent {} message(s) to the tester, {min_msgs} needed",
+            msgs(&w)
+        )));
+    }
+    let last = w.last().map_or(0, |r| r.psn());
+    o.did(format!(
+        "holding {} request packet(s) of {} message(s), PSN {:#08x} to {last:#08x}",
+        w.len(),
+        msgs(&w),
+        w[0].psn()
+    ));
+    Ok(w)
+}
+
+/// Whether a request packet starts a message (FIRST or ONLY; READ and ATOMIC requests).
+fn starts_message(r: &Rx) -> bool {
+    let op = r.opcode();
+    let f = op.flags();
+    f.contains(crate::wire::OpFlags::FIRST)
+        || f.contains(crate::wire::OpFlags::ONLY)
+        || op == Opcode::RC_READ_REQUEST
+        || op == Opcode::RC_CMP_SWAP
+        || op == Opcode::RC_FETCH_ADD
+}
+
+/// The first transmission of each PSN among `held`, in the order they came.
+fn first_sends(held: &[Rx]) -> Vec<Rx> {
+    let mut seen = std::collections::HashSet::new();
+    held.iter()
+        .filter(|r| seen.insert(r.psn()))
+        .cloned()
+        .collect()
+}
+
+/// Take the held requests before `p` as executed (the tester's responder state moves past
+/// them, nothing is sent); the others stay held.
+fn accept_before(c: &mut Ctx, p: u32) {
+    let held = std::mem::take(&mut c.st.peer.held);
+    let mut keep = Vec::new();
+    for r in held {
+        if Psn::new(r.psn()).diff(Psn::new(p)) < 0 {
+            let _ = c.st.peer.respond(&r);
+        } else {
+            keep.push(r);
+        }
+    }
+    c.st.peer.held = keep;
+}
+
+/// Collect for up to `d` (or until `enough` says so), returning the packets the peer sent
+/// after the first `from` held ones.
+fn held_after(c: &mut Ctx, from: usize, d: Duration, enough: impl Fn(&[Rx]) -> bool) -> Vec<Rx> {
+    let t0 = Instant::now();
+    while t0.elapsed() < d && c.io_error.is_none() {
+        if enough(c.st.peer.held.get(from..).unwrap_or(&[])) {
+            let _ = c.collect(c.timeout / 20, Duration::ZERO, |_| false);
+            break;
+        }
+        let _ = c.collect(c.timeout / 20, Duration::ZERO, |_| false);
+    }
+    c.st.peer.held.get(from..).unwrap_or(&[]).to_vec()
+}
+
+fn t_ghost_ack_client(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let w = match hold_window(c, &mut o, 1) {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    let q = w[0].psn();
+    let top = w.last().map_or(q, |r| r.psn());
+    // Far ahead of anything the peer sent (inside the half of the PSN space ahead of it).
+    let ghost = Psn::new(top).add(0x10_0000).get();
+    let n0 = c.st.peer.held.len();
+    let msn = c.st.peer.msn;
+    c.send(
+        &mut o,
+        &[Pkt::ack_to_peer(
+            ghost,
+            Syndrome::Ack(crate::wire::CreditCode::from_count(64)),
+            (msn + 1000) & 0xff_ffff,
+        )],
+    );
+    o.did(format!(
+        "a ghost ACK at PSN {ghost:#08x}, beyond every PSN the peer sent; its requests stay unanswered, so it must send PSN {q:#08x} again on its local ACK timeout"
+    ));
+    let r = c.info.retry.unwrap_or(RetrySettings::PERFTEST);
+    let after = held_after(c, n0, retry_quiet(c, &r), |a| {
+        a.iter().any(|x| x.psn() == q)
+    });
+    let beyond = after
+        .iter()
+        .find(|x| Psn::new(x.psn()).diff(Psn::new(top)) > 0 && x.psn() != q);
+    if after.iter().any(|x| x.psn() == q) {
+        o.did(format!(
+            "PSN {q:#08x} sent again: the ghost ACK completed nothing"
+        ));
+    } else if let Some(b) = beyond {
+        o.fail(format!(
+            "PSN {q:#08x} never sent again, new requests instead ({}): the peer took the ghost ACK as acknowledging its requests",
+            b.line
+        ));
+    } else {
+        o.fail(format!(
+            "PSN {q:#08x} never sent again within {} ms with no answer: the ghost ACK stopped the peer's retries",
+            retry_quiet(c, &r).as_millis()
+        ));
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+fn t_nak_resend_from_psn(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let w = match hold_window(c, &mut o, 2) {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    let q = w[0].psn();
+    let top = w.last().map_or(q, |r| r.psn());
+    let Some(p) = w.iter().skip(1).find(|r| starts_message(r)).map(Rx::psn) else {
+        c.release_held();
+        c.end_unknown();
+        return Outcome::inconclusive("no second message among the held requests");
+    };
+    accept_before(c, p);
+    let n0 = c.st.peer.held.len();
+    let msn = c.st.peer.msn;
+    c.send(
+        &mut o,
+        &[Pkt::ack_to_peer(
+            p,
+            Syndrome::Nak(NakCode::PsnSequenceError),
+            msn,
+        )],
+    );
+    o.did(format!(
+        "a sequence error NAK at PSN {p:#08x} (the second message): the requests before it are acknowledged by it, the peer must resend from {p:#08x}"
+    ));
+    let resent = |x: &Rx| {
+        Psn::new(x.psn()).diff(Psn::new(q)) >= 0 && Psn::new(x.psn()).diff(Psn::new(top)) <= 0
+    };
+    let after = held_after(c, n0, c.wait.max(c.timeout), |a| a.iter().any(resent));
+    let again: Vec<&Rx> = after.iter().filter(|x| resent(x)).collect();
+    match again.first() {
+        None => o.fail(format!(
+            "nothing sent again within {} ms of the NAK",
+            c.wait.max(c.timeout).as_millis()
+        )),
+        Some(f) if f.psn() == p => o.did(format!("resent from PSN {p:#08x}: {}", f.line)),
+        Some(f) => o.fail(format!(
+            "the first packet sent again is PSN {:#08x}, not the NAK's {p:#08x}: {}",
+            f.psn(),
+            f.line
+        )),
+    }
+    if let Some(e) = again
+        .iter()
+        .find(|x| Psn::new(x.psn()).diff(Psn::new(p)) < 0)
+    {
+        o.fail(format!(
+            "PSN {:#08x} sent again though the NAK at {p:#08x} acknowledged it",
+            e.psn()
+        ));
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+fn t_coalesced_to_requester(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let w = match hold_window(c, &mut o, 2) {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    let q = w[0].psn();
+    // The last packet that ends a message, after at least one other message.
+    let ends = |r: &Rx| {
+        let f = r.opcode().flags();
+        f.contains(crate::wire::OpFlags::LAST) || f.contains(crate::wire::OpFlags::ONLY)
+    };
+    let Some(h) = w
+        .iter()
+        .rev()
+        .find(|r| ends(r) && Psn::new(r.psn()).diff(Psn::new(q)) > 0)
+        .map(Rx::psn)
+    else {
+        c.release_held();
+        c.end_unknown();
+        return Outcome::inconclusive("no second complete message among the held requests");
+    };
+    let covered = w
+        .iter()
+        .filter(|r| starts_message(r) && Psn::new(r.psn()).diff(Psn::new(h)) <= 0)
+        .count();
+    accept_before(c, Psn::new(h).next().get());
+    let n0 = c.st.peer.held.len();
+    let msn = c.st.peer.msn;
+    c.send(
+        &mut o,
+        &[Pkt::ack_to_peer(
+            h,
+            Syndrome::Ack(crate::wire::CreditCode::from_count(64)),
+            msn,
+        )],
+    );
+    o.did(format!(
+        "one ACK at PSN {h:#08x} covering {covered} messages from PSN {q:#08x}; nothing before it may be sent again"
+    ));
+    // Answer everything after it as it comes (held requests beyond the ACK would run the
+    // peer out of retries), keeping a log of what the peer sends.
+    c.st.peer.log = Some(Vec::new());
+    c.release_held();
+    let r = c.info.retry.unwrap_or(RetrySettings::PERFTEST);
+    let quiet = retry_quiet(c, &r);
+    let bad = |x: &Rx| {
+        Psn::new(x.psn()).diff(Psn::new(q)) >= 0 && Psn::new(x.psn()).diff(Psn::new(h)) <= 0
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < quiet
+        && c.io_error.is_none()
+        && !c.st.peer.log.as_ref().is_some_and(|l| l.iter().any(bad))
+    {
+        let _ = c.collect(c.timeout / 20, Duration::ZERO, |_| false);
+    }
+    let log = c.st.peer.log.take().unwrap_or_default();
+    let _ = n0;
+    match log.iter().find(|x| bad(x)) {
+        Some(x) => o.fail(format!(
+            "PSN {:#08x} sent again after the ACK at {h:#08x} covered it: {}",
+            x.psn(),
+            x.line
+        )),
+        None => o.did(format!(
+            "nothing up to PSN {h:#08x} sent again within {} ms ({} later request packets answered)",
+            quiet.as_millis(),
+            log.len()
+        )),
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+fn t_read_response_gap(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let w = match hold_window(c, &mut o, 2) {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    let reads: Vec<&Rx> = w
+        .iter()
+        .filter(|r| r.opcode() == Opcode::RC_READ_REQUEST)
+        .collect();
+    if reads.len() < 2 {
+        c.release_held();
+        c.end_unknown();
+        return Outcome::inconclusive("fewer than two READ requests held");
+    }
+    let (r1, r2) = (reads[0].clone(), reads[1].clone());
+    let (q1, q2) = (r1.psn(), r2.psn());
+    let (va, len) = r2.repr.ext.reth.map_or((0, 0), |r| (r.va, r.dma_len));
+    let n0 = c.st.peer.held.len();
+    let msn = (c.st.peer.msn + 2) & 0xff_ffff;
+    let resp = super::ctx::read_responses(q2, va, len, c.info.mtu, msn);
+    c.send(&mut o, &resp);
+    o.did(format!(
+        "answered only the second READ (PSN {q2:#08x}); the first (PSN {q1:#08x}) got no response, so the peer must not complete it and must send it again"
+    ));
+    let r = c.info.retry.unwrap_or(RetrySettings::PERFTEST);
+    let quiet = retry_quiet(c, &r);
+    let after = held_after(c, n0, quiet, |a| a.iter().any(|x| x.psn() == q1));
+    match after.iter().find(|x| x.psn() == q1) {
+        Some(x) => o.did(format!("READ at PSN {q1:#08x} sent again: {}", x.line)),
+        None => o.fail(format!(
+            "READ at PSN {q1:#08x} not sent again within {} ms: the peer took the later READ's response as completing it",
+            quiet.as_millis()
+        )),
+    }
+    c.end_usable(&mut o);
+    o.done()
+}
+
+fn t_requester_rd_atomic(c: &mut Ctx) -> Outcome {
+    let mut o = Obs::new();
+    let Some(limit) = c.info.our_rd_atomic else {
+        return Outcome::inconclusive("the tester announced no READ/ATOMIC limit");
+    };
+    let w = match hold_window(c, &mut o, 1) {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    // Give the peer a full timeout to send whatever else it would.
+    let _ = c.listen(c.timeout);
+    let all = first_sends(&c.st.peer.held);
+    let n = all
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.opcode(),
+                Opcode::RC_READ_REQUEST | Opcode::RC_CMP_SWAP | Opcode::RC_FETCH_ADD
+            )
+        })
+        .count();
+    let _ = w;
+    if n as u32 > limit {
+        o.fail(format!(
+            "{n} READ/ATOMIC requests outstanding at once; the tester announced {limit} (out_reads, the peer's max_rd_atomic)"
+        ));
+    } else {
+        o.did(format!(
+            "{n} READ/ATOMIC request(s) outstanding with none answered: within the {limit} announced"
+        ));
     }
     c.end_usable(&mut o);
     o.done()
@@ -3105,6 +3562,12 @@ pub fn catalogue() -> Vec<TestDef> {
            "ATOMIC ACKs and the NAK (ib_atomic_bw, ferroce)",
            need_atomic, FRESH, t_too_many_atomics),
         // silent drops
+        t!("res.requester-rd-atomic", Resources, "the peer's requester keeps within the responder's READ/ATOMIC resources",
+           "IBTA Vol 1 §9.5, §11.2.4.2 (max_rd_atomic ≤ the responder's max_dest_rd_atomic)",
+           "A requester has at most its max_rd_atomic READ/ATOMIC requests outstanding, set from what the responder takes (perftest: the out_reads the other side announces).",
+           "never have more READ/ATOMIC requests outstanding than the tester announced",
+           "the unanswered READ/ATOMIC requests on the wire (ib_read_bw, ib_atomic_bw as the client)",
+           need_rd_atomic_requester, FRESH, t_requester_rd_atomic),
         t!("drop.bad-icrc", Drops, "a bad ICRC",
            "IBTA Annex A17.3.3, CA17-22, CA17-24",
            "A packet whose ICRC does not check is silently dropped: no response, no effect.",
@@ -3191,6 +3654,24 @@ pub fn catalogue() -> Vec<TestDef> {
            "the probe afterwards; ferroce: send completions and QP state",
            always, FRESH, t_unsolicited),
         // the peer's requester: retry limits
+        t!("ack.nak-resend-from-psn", Acks, "the peer's requester resends from a sequence error NAK's PSN",
+           "IBTA Vol 1 §9.7.5.2.2 (requester: NAK PSN sequence error)",
+           "A PSN sequence error NAK acknowledges every SEND/WRITE before its PSN; the requester resends starting with the request at the NAK's PSN, and none before it (a READ or ATOMIC before it is not completed by it: see ack.read-response-gap).",
+           "send the requests from the NAK's PSN again, nothing earlier",
+           "the peer's retransmissions on the wire (perftest WRITE/SEND clients, the ferroce peer)",
+           need_window, FRESH, t_nak_resend_from_psn),
+        t!("ack.coalesced-to-requester", Acks, "one ACK completes every earlier request of the peer",
+           "IBTA Vol 1 §9.7.5.2.1 (requester: coalesced ACKs)",
+           "An ACK acknowledges the request at its PSN and every earlier one (ACKs may be coalesced); the requester completes them all and sends none of them again.",
+           "send nothing up to the ACK's PSN again",
+           "the peer's retransmissions on the wire (perftest WRITE/SEND clients, the ferroce peer)",
+           need_window, FRESH, t_coalesced_to_requester),
+        t!("ack.read-response-gap", Acks, "a later READ's response does not complete an earlier READ",
+           "IBTA Vol 1 §9.7.5.2.4 (requester: READ responses out of sequence)",
+           "A READ completes only on its own response packets; a response for a later READ while an earlier one is unanswered means the earlier responses were lost, and the requester sends the earlier READ again.",
+           "send the unanswered earlier READ again",
+           "the peer's retransmissions on the wire (ib_read_bw as the client)",
+           need_read_requester, FRESH, t_read_response_gap),
         t!("ack.retry-exhausted", Acks, "the peer's requester stops after retry_cnt retries (ACK timeout)",
            "IBTA Vol 1 §9.7.6.1.3, §10.7.3.1 (RETRY_EXC_ERR)",
            "A requester whose request stays unacknowledged retransmits it after each local ACK timeout at most retry_cnt times (7 is seven: only rnr_retry 7 means without end), then completes the WR with RETRY_EXC_ERR and moves the QP to the error state.",
@@ -3260,7 +3741,7 @@ pub fn catalogue() -> Vec<TestDef> {
 pub fn applicable(tool: PeerTool, caps: &Caps) -> Vec<&'static str> {
     catalogue()
         .into_iter()
-        .filter(|t| (t.applies)(&Profile::of(tool, &t.session), caps).is_ok())
+        .filter(|t| check_applies(t, &Profile::of(tool, &t.session), caps).is_ok())
         .map(|t| t.id)
         .collect()
 }

@@ -8,7 +8,7 @@ use super::frames::{Endpoints, Pkt};
 use super::link::{Link, Rx};
 use super::peer::{Control, PeerInfo, PeerTool, ReadBack, RecvCount};
 use crate::wire::{CreditCode, NakCode, OpFlags, Opcode, Psn, Syndrome};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// A test's verdict.
@@ -254,6 +254,15 @@ pub struct PeerRequester {
     pub messages: u64,
     /// Request packets seen (duplicates included).
     pub packets: u64,
+    /// The tester's memory for the peer's ATOMICs (eight bytes per address, 0 at first).
+    pub mem: HashMap<u64, u64>,
+    /// The responses to the peer's last READ/ATOMIC requests, by first PSN (a duplicate
+    /// is answered with them again).
+    pub replies: VecDeque<(u32, Vec<Pkt>)>,
+    /// The path MTU the tester's READ responses are cut to.
+    pub mtu: u32,
+    /// When set, every request packet of the peer (answered or held) is kept here too.
+    pub log: Option<Vec<Rx>>,
     nak_sent: bool,
 }
 
@@ -267,8 +276,140 @@ impl PeerRequester {
             held: Vec::new(),
             messages: 0,
             packets: 0,
+            mem: HashMap::new(),
+            replies: VecDeque::new(),
+            mtu: 1024,
+            log: None,
             nak_sent: false,
         }
+    }
+}
+
+/// The READ response packets answering a READ of `len` bytes at `psn` (a pattern of the
+/// address), cut to `mtu`; the AETH carries `msn`.
+pub fn read_responses(psn: u32, va: u64, len: u32, mtu: u32, msn: u32) -> Vec<Pkt> {
+    let mtu = mtu.max(256);
+    let n = len.div_ceil(mtu).max(1);
+    let aeth = |mut p: Pkt| {
+        p.ext.aeth = Some(crate::wire::AethRepr {
+            syndrome: Syndrome::Ack(CreditCode::from_count(64)),
+            msn: msn & 0xff_ffff,
+        });
+        p
+    };
+    (0..n)
+        .map(|k| {
+            let off = k * mtu;
+            let l = (len - off).min(mtu) as usize;
+            let data: Vec<u8> = (0..l)
+                .map(|i| (va.wrapping_add(u64::from(off) + i as u64) as u8) ^ 0xa5)
+                .collect();
+            let q = Psn::new(psn).add(k).get();
+            let op = match (n, k) {
+                (1, _) => Opcode::RC_READ_RESPONSE_ONLY,
+                (_, 0) => Opcode::RC_READ_RESPONSE_FIRST,
+                (_, k) if k == n - 1 => Opcode::RC_READ_RESPONSE_LAST,
+                _ => Opcode::RC_READ_RESPONSE_MIDDLE,
+            };
+            let p = Pkt::new(op, q, &data);
+            if op == Opcode::RC_READ_RESPONSE_MIDDLE {
+                p
+            } else {
+                aeth(p)
+            }
+        })
+        .collect()
+}
+
+/// The ATOMIC ACK carrying `orig` at `psn`.
+pub fn atomic_ack(psn: u32, orig: u64, msn: u32) -> Pkt {
+    let mut p = Pkt::ack_to_peer(psn, Syndrome::Ack(CreditCode::from_count(64)), msn);
+    p.opcode = Opcode::RC_ATOMIC_ACK;
+    p.ext.atomic_ack = Some(orig);
+    p
+}
+
+/// The PSNs a request of the peer takes: a READ one per response packet, others one.
+pub fn request_psns(rx: &Rx, mtu: u32) -> u32 {
+    if rx.opcode() == Opcode::RC_READ_REQUEST {
+        rx.repr
+            .ext
+            .reth
+            .map_or(1, |r| r.dma_len.div_ceil(mtu.max(256)).max(1))
+    } else {
+        1
+    }
+}
+
+impl PeerRequester {
+    /// What the tester's responder answers to the peer's request `rx` (and its state after).
+    pub fn respond(&mut self, rx: &Rx) -> Vec<Pkt> {
+        let psn = rx.psn();
+        let op = rx.opcode();
+        let d = Psn::new(psn).diff(Psn::new(self.epsn));
+        let ack =
+            |p: u32, msn: u32| Pkt::ack_to_peer(p, Syndrome::Ack(CreditCode::from_count(64)), msn);
+        if d == 0 {
+            self.nak_sent = false;
+            let n = request_psns(rx, self.mtu);
+            self.epsn = Psn::new(self.epsn).add(n).get();
+            let f = op.flags();
+            if op == Opcode::RC_READ_REQUEST {
+                self.msn = (self.msn + 1) & Psn::MASK;
+                let (va, len) = rx.repr.ext.reth.map_or((0, 0), |r| (r.va, r.dma_len));
+                let r = read_responses(psn, va, len, self.mtu, self.msn);
+                self.remember(psn, r.clone());
+                return r;
+            }
+            if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
+                self.msn = (self.msn + 1) & Psn::MASK;
+                let Some(a) = rx.repr.ext.atomic_eth else {
+                    return vec![ack(psn, self.msn)];
+                };
+                let cell = self.mem.entry(a.va).or_insert(0);
+                let orig = *cell;
+                *cell = if op == Opcode::RC_FETCH_ADD {
+                    orig.wrapping_add(a.swap_add)
+                } else if orig == a.compare {
+                    a.swap_add
+                } else {
+                    orig
+                };
+                let r = vec![atomic_ack(psn, orig, self.msn)];
+                self.remember(psn, r.clone());
+                return r;
+            }
+            if f.contains(OpFlags::LAST) {
+                self.msn = (self.msn + 1) & Psn::MASK;
+                self.messages += 1;
+            }
+            if rx.repr.bth.ack_req || f.contains(OpFlags::LAST) {
+                vec![ack(psn, self.msn)]
+            } else {
+                Vec::new()
+            }
+        } else if d < 0 {
+            if let Some((_, r)) = self.replies.iter().find(|(q, _)| *q == psn) {
+                return r.clone();
+            }
+            vec![ack(Psn::new(self.epsn).sub(1).get(), self.msn)]
+        } else if !self.nak_sent {
+            self.nak_sent = true;
+            vec![Pkt::ack_to_peer(
+                self.epsn,
+                Syndrome::Nak(NakCode::PsnSequenceError),
+                self.msn,
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn remember(&mut self, psn: u32, r: Vec<Pkt>) {
+        if self.replies.len() >= 64 {
+            self.replies.pop_front();
+        }
+        self.replies.push_back((psn, r));
     }
 }
 
@@ -433,50 +574,32 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The minimal responder: acknowledge the peer's requests in order.
+    /// The minimal responder: acknowledge the peer's requests in order, answer its READs
+    /// with a pattern and its ATOMICs against the tester's memory, replay the answers to
+    /// duplicates, and NAK the first request after a gap.
     fn peer_request(&mut self, rx: Rx) {
         let pr = &mut self.st.peer;
         pr.packets += 1;
+        if let Some(l) = pr.log.as_mut() {
+            l.push(rx.clone());
+        }
         if !pr.auto_ack {
             pr.held.push(rx);
             return;
         }
-        let psn = rx.psn();
-        let d = Psn::new(psn).diff(Psn::new(pr.epsn));
-        let ack =
-            |p: u32, msn: u32| Pkt::ack_to_peer(p, Syndrome::Ack(CreditCode::from_count(64)), msn);
-        let pkt = if d == 0 {
-            pr.nak_sent = false;
-            pr.epsn = Psn::new(pr.epsn).next().get();
-            let f = rx.opcode().flags();
-            if f.contains(OpFlags::LAST) {
-                pr.msn = (pr.msn + 1) & Psn::MASK;
-                pr.messages += 1;
-            }
-            if rx.repr.bth.ack_req || f.contains(OpFlags::LAST) {
-                Some(ack(psn, pr.msn))
-            } else {
-                None
-            }
-        } else if d < 0 {
-            Some(ack(Psn::new(pr.epsn).sub(1).get(), pr.msn))
-        } else if !pr.nak_sent {
-            pr.nak_sent = true;
-            Some(Pkt::ack_to_peer(
-                pr.epsn,
-                Syndrome::Nak(NakCode::PsnSequenceError),
-                pr.msn,
-            ))
-        } else {
-            None
-        };
-        if let Some(p) = pkt {
+        let pkts = pr.respond(&rx);
+        if pkts.is_empty() {
+            return;
+        }
+        let mut frames = Vec::with_capacity(pkts.len());
+        for p in &pkts {
             let id = self.link.next_ident();
             if let Ok(f) = p.frame(&self.ep, id) {
-                if let Err(e) = self.link.send(&[f]) {
-                    self.io_error = Some(e.to_string());
-                }
+                frames.push(f);
             }
+        }
+        if let Err(e) = self.link.send(&frames) {
+            self.io_error = Some(e.to_string());
         }
     }
 
@@ -658,9 +781,45 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// The perftest client roles: the peer's requester goes on (the tester answers its held
+    /// requests, then a request it has not sent before must arrive within `wait`).
+    pub fn requester_goes_on(&mut self) -> Result<String, String> {
+        self.release_held();
+        let e0 = self.st.peer.epsn;
+        let t0 = Instant::now();
+        while self.st.peer.epsn == e0 && t0.elapsed() < self.wait.max(self.timeout) {
+            if self.io_error.is_some() {
+                return Err("the packet link failed".into());
+            }
+            let _ = self.collect(self.timeout / 10, Duration::ZERO, |_| false);
+            self.release_held();
+        }
+        if self.st.peer.epsn == e0 {
+            Err(format!(
+                "the peer's requester sent no new request at PSN {e0:#08x} within {} ms",
+                self.wait.max(self.timeout).as_millis()
+            ))
+        } else {
+            Ok(format!(
+                "the peer's requester goes on: requests up to PSN {:#08x} answered",
+                Psn::new(self.st.peer.epsn).sub(1).get()
+            ))
+        }
+    }
+
     /// End of a test whose rule leaves the QP working: it must answer a valid request.
     pub fn end_usable(&mut self, o: &mut Obs) {
         if self.io_error.is_some() {
+            return;
+        }
+        if self.info.tool.is_client() {
+            match self.requester_goes_on() {
+                Ok(s) => o.did(s),
+                Err(s) => {
+                    self.st.dead = true;
+                    o.fail(s);
+                }
+            }
             return;
         }
         match self.probe(o) {
@@ -692,6 +851,24 @@ impl<'a> Ctx<'a> {
     pub fn end_error_state(&mut self, o: &mut Obs) {
         self.st.dead = true;
         if self.io_error.is_some() {
+            return;
+        }
+        if self.info.tool.is_client() {
+            // The requester of a QP in the error state sends nothing more.
+            let seen = self.st.peer.packets;
+            let _ = self.listen(self.timeout);
+            let more = self.st.peer.packets - seen;
+            if more == 0 {
+                o.did(format!(
+                    "the peer's requester sent nothing more within {} ms (its QP is in the error state)",
+                    self.timeout.as_millis()
+                ));
+            } else {
+                o.fail(format!(
+                    "the peer's requester sent {more} more request packet(s) after giving up (its QP must be in the error state)"
+                ));
+            }
+            self.st.peer.held.clear();
             return;
         }
         match self.probe_within(o, self.timeout) {

@@ -152,7 +152,7 @@ pub fn listing(caps: &Caps) -> String {
         let marks: Vec<String> = tools
             .iter()
             .map(|tool| {
-                let ok = (t.applies)(&Profile::of(*tool, &t.session), caps).is_ok();
+                let ok = catalogue::check_applies(t, &Profile::of(*tool, &t.session), caps).is_ok();
                 format!(
                     "{:<width$}",
                     if ok { "x" } else { "-" },
@@ -183,6 +183,10 @@ fn short(t: PeerTool) -> &'static str {
         PeerTool::PerftestSend => "sd",
         PeerTool::PerftestAtomic => "at",
         PeerTool::Ferroce => "fe",
+        PeerTool::PerftestWriteClient => "wc",
+        PeerTool::PerftestSendClient => "sc",
+        PeerTool::PerftestReadClient => "rc",
+        PeerTool::PerftestAtomicClient => "ac",
     }
 }
 
@@ -264,10 +268,12 @@ fn open(
         our_qpn: qpn,
         peer_qpn: info.qpn,
     };
+    let mut peer = PeerRequester::new(info.psn);
+    peer.mtu = info.mtu;
     let st = SessionState {
         next_psn: psn,
         msn: None,
-        peer: PeerRequester::new(info.psn),
+        peer,
         peer_ect: false,
         dead: false,
     };
@@ -301,12 +307,13 @@ pub fn run(o: &Options, setup: &mut Setup, progress: &mut dyn FnMut(&TestResult)
         let t0 = Instant::now();
         let prof = Profile::of(o.tool, &t.session);
         let mut capture = None;
-        let outcome = if let Err(why) = (t.applies)(&prof, &setup.caps) {
+        let outcome = if let Err(why) = catalogue::check_applies(&t, &prof, &setup.caps) {
             Outcome::not_applicable(why)
         } else if let Some(addr) = addr {
             let fresh = live.as_ref().is_none_or(|l| l.st.dead)
                 || t.session.fresh
-                || o.tool == PeerTool::Ferroce;
+                || o.tool == PeerTool::Ferroce
+                || o.tool.is_client();
             if fresh {
                 if let Some(l) = live.take() {
                     close(l, setup, o.timeout);
@@ -388,6 +395,16 @@ fn run_one(t: &TestDef, l: &mut Live, setup: &mut Setup, o: &Options) -> Outcome
     let control = ses.control();
     let mut c = Ctx::new(&mut setup.link, *ep, &info, control, st, o.timeout);
     c.wait = response_wait(o);
+    if c.st.msn.is_none() && info.tool.is_client() {
+        // The peer's requester must be sending before anything can be judged.
+        if let Err(why) = c.requester_goes_on() {
+            c.st.dead = true;
+            return Outcome::inconclusive(format!(
+                "{why} (wrong address, MTU or GID index? is the client's iteration count too small: -n, --run_infinitely?)"
+            ));
+        }
+        c.st.msn = Some(0);
+    }
     if c.st.msn.is_none() {
         let mut pre = Obs::new();
         match c.probe(&mut pre) {
@@ -461,17 +478,22 @@ mod tests {
             assert!(t.id.starts_with(t.group.name()), "{}", t.id);
             assert!(!t.must.is_empty() && !t.summary.is_empty() && !t.observes.is_empty());
         }
-        // Every test applies to the ferroce peer.
+        // Every test applies to the ferroce peer, but those of READ/ATOMIC requesters (the
+        // ferroce peer's requester sends SENDs), which apply to a perftest client role.
+        let caps = Caps { raw: true };
         for t in &c {
+            let on = |tool| catalogue::check_applies(t, &Profile::of(tool, &t.session), &caps);
             assert!(
-                (t.applies)(
-                    &Profile::of(PeerTool::Ferroce, &t.session),
-                    &Caps { raw: true }
-                )
-                .is_ok(),
+                on(PeerTool::Ferroce).is_ok()
+                    || (catalogue::CLIENT_TESTS.contains(&t.id)
+                        && on(PeerTool::PerftestReadClient).is_ok()),
                 "{}",
                 t.id
             );
+        }
+        // The client roles run exactly the requester tests.
+        for id in catalogue::CLIENT_TESTS {
+            assert!(c.iter().any(|t| t.id == *id), "{id}");
         }
     }
 }

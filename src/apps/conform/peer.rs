@@ -11,6 +11,15 @@
 //! | `ib_send_bw` (server) | perftest | write | local only | 512 posted | nothing |
 //! | `ib_atomic_bw` (server) | perftest | atomic | atomic | none | nothing |
 //! | `ferroce conform --serve` | a line protocol (below) | chosen per test | all, plus keys lacking each right | chosen per test | SENDs on request |
+//! | `ib_*_bw HOST` (client) | perftest, the tester as server | (not tested) | (not tested) | (not tested) | its WRITEs, SENDs, READs or ATOMICs, without end |
+//!
+//! In the client roles the tester listens on the perftest port, answers the exchange as
+//! perftest's server does (announcing [`CLIENT_OUT_READS`] outstanding READ/ATOMICs, which
+//! perftest takes as its `max_rd_atomic`), and is the responder of the peer's requests: the
+//! tests script the responses (ACKs withheld, NAKs, RNR NAKs, ghost ACKs, READ responses out
+//! of order) and watch the peer's requester. perftest 4.5/6.x sets `retry_cnt` 7,
+//! `rnr_retry` 7 and the local ACK timeout from `-u` (14 by default): the tester assumes
+//! those ([`RetrySettings::PERFTEST`]).
 //!
 //! (perftest 4.5-0.17 sets the QP's access flags from the verb and registers its buffer
 //! with `LOCAL_WRITE` plus the verb's remote right; `ibv_rc_pingpong` leaves the QP's access
@@ -47,18 +56,42 @@ pub enum PeerTool {
     PerftestAtomic,
     /// `ferroce conform --serve` (every test applicable; memory and completions observable).
     Ferroce,
+    /// `ib_write_bw -x N HOST` as the client: the tester is the server and its responder,
+    /// the peer's requester sends RDMA WRITEs.
+    PerftestWriteClient,
+    /// `ib_send_bw -x N HOST` as the client (the peer's requester sends SENDs).
+    PerftestSendClient,
+    /// `ib_read_bw -x N HOST` as the client (the peer's requester sends RDMA READs).
+    PerftestReadClient,
+    /// `ib_atomic_bw -x N HOST` as the client (the peer's requester sends ATOMICs).
+    PerftestAtomicClient,
 }
 
 impl PeerTool {
     /// Every peer tool.
-    pub const ALL: [PeerTool; 6] = [
+    pub const ALL: [PeerTool; 10] = [
         PeerTool::Pingpong,
         PeerTool::PerftestWrite,
         PeerTool::PerftestRead,
         PeerTool::PerftestSend,
         PeerTool::PerftestAtomic,
         PeerTool::Ferroce,
+        PeerTool::PerftestWriteClient,
+        PeerTool::PerftestSendClient,
+        PeerTool::PerftestReadClient,
+        PeerTool::PerftestAtomicClient,
     ];
+    /// The perftest client roles: the peer connects to the tester, which listens as
+    /// perftest's server; only the peer's requester is tested.
+    pub fn is_client(self) -> bool {
+        matches!(
+            self,
+            PeerTool::PerftestWriteClient
+                | PeerTool::PerftestSendClient
+                | PeerTool::PerftestReadClient
+                | PeerTool::PerftestAtomicClient
+        )
+    }
     /// The name `--peer-tool` takes.
     pub fn name(self) -> &'static str {
         match self {
@@ -68,6 +101,10 @@ impl PeerTool {
             PeerTool::PerftestSend => "perftest-send",
             PeerTool::PerftestAtomic => "perftest-atomic",
             PeerTool::Ferroce => "ferroce",
+            PeerTool::PerftestWriteClient => "perftest-write-client",
+            PeerTool::PerftestSendClient => "perftest-send-client",
+            PeerTool::PerftestReadClient => "perftest-read-client",
+            PeerTool::PerftestAtomicClient => "perftest-atomic-client",
         }
     }
     /// The real program this stands for.
@@ -79,6 +116,10 @@ impl PeerTool {
             PeerTool::PerftestSend => "ib_send_bw",
             PeerTool::PerftestAtomic => "ib_atomic_bw",
             PeerTool::Ferroce => "ferroce conform --serve",
+            PeerTool::PerftestWriteClient => "ib_write_bw HOST",
+            PeerTool::PerftestSendClient => "ib_send_bw HOST",
+            PeerTool::PerftestReadClient => "ib_read_bw HOST",
+            PeerTool::PerftestAtomicClient => "ib_atomic_bw HOST",
         }
     }
 }
@@ -210,6 +251,9 @@ pub struct PeerInfo {
     /// The session can only be ended by making the peer's QP fail (the tool has no other
     /// way to stop early: `ibv_rc_pingpong`, `ib_send_bw`).
     pub end_by_error: bool,
+    /// The READ/ATOMIC requests the tester's responder announced it takes at once (the
+    /// peer's `max_rd_atomic`; client roles).
+    pub our_rd_atomic: Option<u32>,
     /// One line about the peer for the report.
     pub about: String,
 }
@@ -236,6 +280,12 @@ pub struct RetrySettings {
 impl RetrySettings {
     /// What `ibv_rc_pingpong` sets (rdma-core's libibverbs/examples/rc_pingpong.c).
     pub const PINGPONG: RetrySettings = RetrySettings {
+        retry_cnt: 7,
+        rnr_retry: 7,
+        timeout: 14,
+    };
+    /// What perftest's clients set (retry_cnt 7, rnr_retry 7, `-u` 14 by default).
+    pub const PERFTEST: RetrySettings = RetrySettings {
         retry_cnt: 7,
         rnr_retry: 7,
         timeout: 14,
@@ -297,6 +347,14 @@ pub enum PeerError {
         /// Why.
         #[source]
         err: CmError,
+    },
+    /// No perftest client connected within the patience (client roles).
+    #[error("no perftest client connected to {addr} within {patience:?} (run the client in a loop: while :; do ib_write_bw -x N HOST; done)")]
+    NoClient {
+        /// The address the tester listened on.
+        addr: SocketAddr,
+        /// How long it waited.
+        patience: Duration,
     },
     /// perftest's server sent no key message.
     #[error("perftest exchange: no key message")]
@@ -489,6 +547,7 @@ fn open_pingpong(
         cnp_interval: None,
         retry: Some(RetrySettings::PINGPONG),
         end_by_error: true,
+        our_rd_atomic: None,
         about: format!(
             "ibv_rc_pingpong QPN {:#08x} PSN {:#08x} GID {} (path MTU {} assumed: --peer-mtu)",
             theirs.qpn,
@@ -651,6 +710,7 @@ fn open_perftest(
         cnp_interval: None,
         retry: None,
         end_by_error: tool == PeerTool::PerftestSend,
+        our_rd_atomic: None,
         about: format!(
             "{} QPN {:#08x} PSN {:#08x} R_Key {:#010x} VA {:#x} out_reads {} GID {} path MTU {}",
             tool.program(),
@@ -668,6 +728,135 @@ fn open_perftest(
         ses,
         ours: mine,
     }))
+}
+
+// ---------------------------------------------------------------------------------------
+// perftest clients: the tester as perftest's server
+
+/// The READ/ATOMIC requests the tester announces as its `out_reads` in the client roles
+/// (perftest's client makes it its `max_rd_atomic`): small, so that `req.max-rd-atomic` can
+/// see a requester exceed it.
+pub const CLIENT_OUT_READS: u16 = 2;
+/// The R_Key the tester announces in the client roles (it has no memory: WRITEs are
+/// acknowledged, READs answered with a pattern, ATOMICs against eight bytes per address).
+pub const CLIENT_RKEY: u32 = 0x00c0_f0a5;
+/// The buffer address the tester announces in the client roles.
+pub const CLIENT_VA: u64 = 0x7e57_0000_0000;
+
+struct PerftestClientSession {
+    info: PeerInfo,
+    ses: PtSession,
+}
+
+impl Session for PerftestClientSession {
+    fn info(&self) -> &PeerInfo {
+        &self.info
+    }
+    fn alive(&mut self) -> bool {
+        match &self.ses.link {
+            crate::oob::perftest::Link::Tcp(s) => still_open(s),
+            crate::oob::perftest::Link::Rdma(_) => true,
+        }
+    }
+    fn finish(&mut self, _: Duration) -> Result<(), PeerError> {
+        // The client ends on the fatal NAK `close` sends (its requests never complete
+        // otherwise): nothing more to say on the socket.
+        Ok(())
+    }
+}
+
+/// Accept one connection on `addr` within `patience`.
+fn accept(addr: SocketAddr, patience: Duration) -> Result<TcpStream, PeerError> {
+    let l = std::net::TcpListener::bind(addr).map_err(|err| PeerError::Connect { addr, err })?;
+    l.set_nonblocking(true).map_err(PeerError::Io)?;
+    let t0 = Instant::now();
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(PeerError::Io)?;
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if t0.elapsed() >= patience {
+                    return Err(PeerError::NoClient { addr, patience });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(PeerError::Connect { addr, err }),
+        }
+    }
+}
+
+fn open_perftest_client(
+    tool: PeerTool,
+    addr: SocketAddr,
+    ours: &Ours,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<Box<dyn Session>, PeerError> {
+    let s = accept(addr, patience)?;
+    let mut ses = PtSession::new(s, Role::Server, timeout);
+    let what = |err| PeerError::Exchange {
+        tool: "perftest",
+        err,
+    };
+    let mtu = ses.handshake(ours.mtu).map_err(what)?;
+    let mine = KeyMsg {
+        lid: 0,
+        out_reads: CLIENT_OUT_READS,
+        qpn: ours.qpn,
+        psn: ours.psn,
+        rkey: CLIENT_RKEY,
+        vaddr: CLIENT_VA,
+        gid: ours.gid,
+        srqn: 0,
+    };
+    let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
+    let t = *theirs.first().ok_or(PeerError::NoKeyMessage)?;
+    ses.barrier(&mine).map_err(what)?;
+    ses.barrier(&mine).map_err(what)?;
+    if tool == PeerTool::PerftestSendClient {
+        // ib_send_bw's receiver says its receives are posted (the tester takes any SEND).
+        ses.barrier(&mine).map_err(what)?;
+    }
+    if t.gid == [0; 16] {
+        return Err(PeerError::ZeroGid {
+            tool: "perftest",
+            flag: "-x",
+        });
+    }
+    let info = PeerInfo {
+        tool,
+        qpn: t.qpn,
+        psn: t.psn,
+        gid: t.gid,
+        mtu: mtu.bytes(),
+        qp_rights: Rights::NONE,
+        region: None,
+        lacking: None,
+        recvs: None,
+        requester: true,
+        readback: ReadBack::None,
+        recv_count: RecvCount::None,
+        max_dest_rd_atomic: u32::from(t.out_reads).max(1),
+        min_rnr_timer: 12,
+        cnp_interval: None,
+        retry: Some(RetrySettings::PERFTEST),
+        end_by_error: true,
+        our_rd_atomic: Some(u32::from(CLIENT_OUT_READS)),
+        about: format!(
+            "{} (client) QPN {:#08x} PSN {:#08x} out_reads {} GID {} path MTU {}; the tester announced out_reads {CLIENT_OUT_READS}",
+            tool.program(),
+            t.qpn,
+            t.psn,
+            t.out_reads,
+            ip_of_gid(t.gid),
+            mtu.bytes()
+        ),
+    };
+    Ok(Box::new(PerftestClientSession { info, ses }))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -937,6 +1126,7 @@ fn open_ferroce(
         cnp_interval: cnp_us.filter(|&u| u > 0).map(Duration::from_micros),
         retry,
         end_by_error: false,
+        our_rd_atomic: None,
         about: format!(
             "ferroce peer QPN {} rights {} receives {recvs} knobs {}",
             a.get("qpn").map(String::as_str).unwrap_or("?"),
@@ -960,6 +1150,7 @@ pub fn open(
     match tool {
         PeerTool::Pingpong => open_pingpong(addr, ours, peer_mtu, timeout, patience),
         PeerTool::Ferroce => open_ferroce(addr, ours, req, timeout, patience),
+        t if t.is_client() => open_perftest_client(t, addr, ours, timeout, patience),
         t => open_perftest(t, addr, ours, timeout, patience),
     }
 }
