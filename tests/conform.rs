@@ -939,3 +939,104 @@ fn the_client_roles_test_the_perf_clients_requester() {
         t.outcome
     );
 }
+
+/// The client roles with a broken perftest client: none connects, one writes garbage, one
+/// closes after the version, one does the exchange right and then sends nothing on the wire.
+/// Every test gets a verdict (inconclusive with the reason, or n/a), the tester opens at most
+/// two sessions, and the run ends (under the watchdog).
+#[test]
+fn a_broken_perftest_client_is_a_clear_verdict() {
+    use ferroce::oob::perftest::{KeyMsg, Role, Session};
+    use std::io::Write;
+    #[derive(Clone, Copy, Debug)]
+    enum Bad {
+        Garbage,
+        CloseAfterVersion,
+        SilentOnTheWire,
+    }
+    // Nobody connects: the listener's patience ends each attempt.
+    {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (mut setup, o, _far) = lonely(
+            PeerTool::PerftestWriteClient,
+            port,
+            Duration::from_millis(100),
+        );
+        let r = run_watched(&o, &mut setup);
+        all_inconclusive(&r, "no perftest client connected", 1);
+    }
+    for (bad, says) in [
+        (Bad::Garbage, "perftest version"),
+        (Bad::CloseAfterVersion, "perftest exchange"),
+        (Bad::SilentOnTheWire, "sent no new request"),
+    ] {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (acc, stop) = (Counter::default(), Counter::default());
+        let (acc2, stop2) = (acc.clone(), stop.clone());
+        let client = std::thread::spawn(move || {
+            while stop2.get() == 0 {
+                let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                acc2.bump();
+                match bad {
+                    Bad::Garbage => {
+                        let _ = s.write_all(&[0xff; 200]);
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Bad::CloseAfterVersion => {
+                        let mut v = [0u8; 16];
+                        v[..4].copy_from_slice(b"6.06");
+                        let _ = s.write_all(&v);
+                        drop(s);
+                        // A real client takes a moment to start again.
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Bad::SilentOnTheWire => {
+                        let mut ses = Session::new(s, Role::Client, Duration::from_secs(2));
+                        let k = KeyMsg {
+                            lid: 0,
+                            out_reads: 1,
+                            qpn: 0x11,
+                            psn: 0x1234,
+                            rkey: 0x99,
+                            vaddr: 0x1000,
+                            gid: Ipv4Addr::new(10, 9, 0, 2).to_ipv6_mapped().octets(),
+                            srqn: 0,
+                        };
+                        let ok = ses.handshake(Mtu::M1024).is_ok()
+                            && ses.exchange_keys(&[k]).is_ok()
+                            && ses.barrier(&k).is_ok()
+                            && ses.barrier(&k).is_ok();
+                        assert!(ok, "the exchange itself must work");
+                        // Hold the connection, send nothing on the wire.
+                        std::thread::sleep(Duration::from_millis(600));
+                    }
+                }
+            }
+        });
+        let (mut setup, o, _far) = lonely(
+            PeerTool::PerftestWriteClient,
+            port,
+            Duration::from_millis(100),
+        );
+        let r = run_watched(&o, &mut setup);
+        stop.bump();
+        all_inconclusive(&r, says, acc.get().min(2));
+        assert!(
+            acc.get() <= 3,
+            "{bad:?}: {} connections accepted",
+            acc.get()
+        );
+        client.join().unwrap();
+    }
+}

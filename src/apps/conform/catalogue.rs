@@ -3657,7 +3657,7 @@ pub fn catalogue() -> Vec<TestDef> {
            "IBTA Vol 1 §9.7.6.1 (ACK validation)",
            "A requester ignores an ACK whose PSN is not that of an outstanding request (a ghost ACK); it completes nothing on it.",
            "complete nothing on the ghost ACK; complete on the real one",
-           "pingpong: it starts its next message only once its SEND completes; ferroce: its send completions",
+           "pingpong: it starts its next message only once its SEND completes; ferroce: its send completions; perftest clients: the first request sent again on the ACK timeout (a ghost beyond everything sent)",
            need_requester, FRESH, t_ghost_ack),
         t!("ack.unsolicited", Acks, "ACKs and NAKs with nothing outstanding are ignored",
            "IBTA Vol 1 §9.7.6.1",
