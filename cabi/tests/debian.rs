@@ -494,3 +494,49 @@ fn perftest_read_and_atomic_over_rdma_cm_both_ends() {
         result_line(&cmd, &c, "300");
     }
 }
+
+/// Debian's perftest clients, unmodified on ferroce's libibverbs.so.1 (127.0.0.2), against
+/// `ferroce conform` in the client roles (listening on 127.0.0.1, UDP backend): every test
+/// that applies to the role passes, every other one is n/a (the retry tests count the
+/// client's transmissions: retry_cnt 7 is eight, then the error state).
+#[test]
+fn perftest_clients_against_ferroce_conform() {
+    let t = "perftest_clients_against_ferroce_conform";
+    let progs = ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw"];
+    if !ready(t, &progs) {
+        return;
+    }
+    for (verb, size, applicable) in [
+        ("write", "-s 64", 6),
+        ("send", "-s 64", 6),
+        ("read", "-s 64", 5),
+        ("atomic", "", 4),
+    ] {
+        // The client in a loop (each session ends it with a fatal NAK), the tester in front.
+        let script = format!(
+            "rm -f stop\n\
+             ( while [ ! -e stop ]; do FERROCE_ADDR=127.0.0.2 LD_LIBRARY_PATH=$LIB timeout 20 \
+             ib_{verb}_bw -d ferroce_lo -x 0 -F {size} --run_infinitely 127.0.0.1 >/dev/null 2>&1; \
+             sleep 0.2; done ) &\n\
+             timeout 200 $F conform 127.0.0.1 -d lo --backend udp -x 0 --peer-tool perftest-{verb}-client \
+             --timeout-ms 300 --patience-s 10\n\
+             echo \"conform=$?\"\n\
+             touch stop\n\
+             wait"
+        );
+        let dir = std::env::temp_dir().join(format!("ferroce-{t}-{verb}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = in_netns(&format!("cd {}\n{script}", dir.display()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = String::from_utf8_lossy(&out.stdout);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(o.contains("conform=0"), "{verb}:\n{o}\n{e}");
+        // "N tests against ib_write_bw HOST: 6 pass, 0 fail, 69 not applicable, 0 inconclusive"
+        let pass = format!(": {applicable} pass, 0 fail, ");
+        assert!(
+            o.lines()
+                .any(|l| l.contains(&pass) && l.ends_with(" not applicable, 0 inconclusive")),
+            "{verb}: no summary with {pass:?} and 0 inconclusive in\n{o}\n{e}"
+        );
+    }
+}
