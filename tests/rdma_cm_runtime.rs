@@ -400,3 +400,58 @@ fn ud_over_sidr() {
     s.destroy().unwrap();
     l.destroy().unwrap();
 }
+
+/// `rdma_migrate_id`: a listener's CONNECT_REQUEST already waiting on its channel moves to the
+/// new channel with it (none is left on the old one, whose descriptor is no longer readable),
+/// the connection's later events come to the new channel, and the client's id, migrated
+/// before it connects, gets ESTABLISHED on its new channel. Migrating a destroyed id fails.
+#[test]
+fn migrate_id_moves_waiting_and_later_events() {
+    use ferroce::io::event::poll_readable;
+    let (a, b) = pair();
+    let l = b.ch.create_id(PortSpace::TCP);
+    l.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 20001))
+        .unwrap();
+    l.listen(1).unwrap();
+    let c = a.ch.create_id(PortSpace::TCP);
+    c.resolve_addr(None, SocketAddr::new(ip(2), 20001), Duration::from_secs(2))
+        .unwrap();
+    expect(&a.ch, EventType::AddrResolved);
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(&a.ch, EventType::RouteResolved);
+    let a2 = a.svc.create_event_channel().unwrap();
+    c.migrate(&a2).unwrap();
+    let (ia, _, _) = qp_init(&a.nic);
+    c.create_qp(ia).unwrap();
+    c.connect(&param(b"hello")).unwrap();
+
+    // The request waits on b's first channel; then the listener moves.
+    assert!(poll_readable(&[b.ch.fd()], Some(Duration::from_secs(5))).unwrap());
+    let b2 = b.svc.create_event_channel().unwrap();
+    l.migrate(&b2).unwrap();
+    assert!(b.ch.try_get_cm_event().is_none(), "left on the old channel");
+    assert!(!poll_readable(&[b.ch.fd()], Some(Duration::from_millis(1))).unwrap());
+    let req = expect(&b2, EventType::ConnectRequest);
+    assert_eq!(req.listen_id.as_ref(), Some(&l));
+    assert_eq!(&req.private_data()[..5], b"hello");
+    let (ib, _, _) = qp_init(&b.nic);
+    req.id.create_qp(ib).unwrap();
+    req.id.accept(&param(&[])).unwrap();
+    // The accepted id's ESTABLISHED follows its listener; the client's comes to a2.
+    expect(&b2, EventType::Established);
+    expect(&a2, EventType::Established);
+    assert!(a.ch.try_get_cm_event().is_none());
+    assert!(b.ch.try_get_cm_event().is_none());
+
+    c.disconnect().unwrap();
+    expect(&b2, EventType::Disconnected);
+    req.id.disconnect().unwrap();
+    expect(&a2, EventType::Disconnected);
+    expect(&a2, EventType::TimewaitExit);
+    expect(&b2, EventType::TimewaitExit);
+    assert!(a.ch.try_get_cm_event().is_none());
+    assert!(b.ch.try_get_cm_event().is_none());
+    let gone = l.clone();
+    l.destroy().unwrap();
+    assert!(gone.migrate(&b.ch).is_err());
+}

@@ -1381,14 +1381,67 @@ pub unsafe extern "C" fn rdma_set_option(
     }
 }
 
-/// librdmacm's `rdma_migrate_id` (`librdmacm.so.1` forwards to it).
+/// librdmacm's `rdma_migrate_id` (`librdmacm.so.1` forwards to it): the id's events,
+/// those already waiting included, go to `channel` from now on; a NULL channel makes the id
+/// synchronous on a channel of its own. A synchronous id's old channel (its own) is
+/// destroyed, with the event it last returned acknowledged, as librdmacm does.
 #[export_name = "ferroce_rdma_migrate_id"]
 pub unsafe extern "C" fn rdma_migrate_id(
-    _id: *mut rdma_cm_id,
-    _channel: *mut rdma_event_channel,
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
 ) -> c_int {
-    // The runtime delivers an id's events to the channel it was created on.
-    fail(ENOSYS)
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library.
+    let w = unsafe { &mut *(id as *mut IdW) };
+    let Ok(cmid) = w.cmid().cloned() else {
+        return fail(EINVAL);
+    };
+    let (to, sync) = if channel.is_null() {
+        match new_channel() {
+            Ok(c) => (c, true),
+            Err(e) => return fail(e),
+        }
+    } else {
+        (channel as *mut ChW, false)
+    };
+    if to as *mut rdma_event_channel == w.c.channel {
+        return 0;
+    }
+    // SAFETY: channels of this library: the target, and the id's current one (alive while
+    // the id is).
+    let (new, old) = unsafe { (&*to, &*(w.c.channel as *mut ChW)) };
+    if let Err(e) = cmid.migrate(&new.ch) {
+        if sync {
+            // SAFETY: the channel made above, used by nothing else.
+            unsafe { rdma_destroy_event_channel(to as *mut rdma_event_channel) };
+        }
+        return fail(errno_of(&e));
+    }
+    // Events a synchronous call set aside on the old channel follow the id too.
+    let me = cmid.id();
+    {
+        let mut stash = lock(&old.stash);
+        let (mine, rest): (VecDeque<CmEvent>, VecDeque<CmEvent>) = stash
+            .drain(..)
+            .partition(|e| e.id.id() == me || e.listen_id.as_ref().is_some_and(|l| l.id() == me));
+        *stash = rest;
+        lock(&new.stash).extend(mine);
+    }
+    if w.own_channel {
+        if !w.c.event.is_null() {
+            // SAFETY: the event this library returned last for the id, not yet acknowledged.
+            unsafe { rdma_ack_cm_event(w.c.event) };
+            w.c.event = null_mut();
+        }
+        // SAFETY: the id's own channel, used by nothing else.
+        unsafe { rdma_destroy_event_channel(w.c.channel) };
+    }
+    w.own_channel = sync;
+    w.sync = sync;
+    w.c.channel = to as *mut rdma_event_channel;
+    0
 }
 
 /// librdmacm's `rdma_get_src_port` (`librdmacm.so.1` forwards to it).

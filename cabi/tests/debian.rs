@@ -540,3 +540,59 @@ fn perftest_clients_against_ferroce_conform() {
         );
     }
 }
+
+/// `rdma_migrate_id` (examples/c/cm_migrate.c, two processes on ferroce's librdmacm): a
+/// listener's waiting CONNECT_REQUEST moves with it to another channel (the old one is
+/// empty), the accepted id's events follow, a connected id moves back; a client made
+/// synchronous by a NULL channel connects with one blocking `rdma_connect`.
+#[test]
+fn rdma_migrate_id_in_a_c_program_both_ends() {
+    let t = "rdma_migrate_id_in_a_c_program_both_ends";
+    if !have(
+        which("cc") && std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists(),
+        t,
+        "a C compiler and librdmacm-dev",
+    ) || !can_unshare(t)
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cmig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("cm_migrate");
+    let st = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(repo().join("examples/c/cm_migrate.c"))
+        .args(["-lrdmacm", "-libverbs"])
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "cc examples/c/cm_migrate.c -lrdmacm -libverbs"
+    );
+    let (s, c, status) = pair_when(
+        Ready::CmListen,
+        &format!("{} -s", exe.display()),
+        &format!("{} -c", exe.display()),
+    );
+    let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{status}");
+    assert_eq!(status, "server=0 client=0", "{all}");
+    for want in [
+        "waiting CONNECT_REQUEST moved: channel 1 empty",
+        "CONNECT_REQUEST on channel 2",
+        "ESTABLISHED on channel 2",
+        "DISCONNECTED on channel 1",
+        "ok",
+    ] {
+        assert!(s.contains(want), "server: no {want:?}\n{all}");
+    }
+    for want in [
+        "synchronous on a channel of its own",
+        "rdma_connect returned established",
+        "ok",
+    ] {
+        assert!(c.contains(want), "client: no {want:?}\n{all}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

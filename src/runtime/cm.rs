@@ -910,6 +910,56 @@ impl CmId {
         self.id
     }
 
+    /// `rdma_migrate_id`: the id's events go to `to` from now on, and those of its events
+    /// still waiting on its old channel (a listener's CONNECT_REQUESTs included) move there
+    /// too, in order, as the kernel's `ucma_migrate_id` moves them (with a waiting
+    /// CONNECT_REQUEST, the id it made): an event is never lost nor read from the old channel
+    /// after this returns. Fails with `Stopped` after the service
+    /// stopped, and with `NoSuchId` for an id already destroyed or a channel of another
+    /// service.
+    pub fn migrate(&self, to: &EventChannel) -> Result<(), CmApiError> {
+        if self.sh.stop.load(Ordering::Acquire) {
+            return Err(CmApiError::Stopped);
+        }
+        if !Arc::ptr_eq(&self.sh, &to.shared) {
+            return Err(RdmaCmError::NoSuchId.into());
+        }
+        let mut st = lock(&self.sh.st);
+        let Some(info) = st.ids.get_mut(&self.id) else {
+            return Err(RdmaCmError::NoSuchId.into());
+        };
+        let from = std::mem::replace(&mut info.channel, to.ch.clone());
+        if Arc::ptr_eq(&from, &to.ch) {
+            return Ok(());
+        }
+        let mine = |e: &CmEvent| {
+            e.id.id == self.id || e.listen_id.as_ref().is_some_and(|l| l.id == self.id)
+        };
+        let moved: Vec<CmEvent> = {
+            let mut q = lock(&from.q);
+            let (moved, kept): (VecDeque<CmEvent>, VecDeque<CmEvent>) =
+                q.drain(..).partition(|e| mine(e));
+            *q = kept;
+            // The counter is not zero while events wait (see `push`): drained only when the
+            // last of them left (a blocking descriptor would wait on a zero counter).
+            if q.is_empty() && !moved.is_empty() {
+                from.fd.drain();
+            }
+            moved.into()
+        };
+        for e in moved {
+            // The id a waiting CONNECT_REQUEST made has not reached the application yet: it
+            // follows its listener to the new channel.
+            if e.id.id != self.id {
+                if let Some(i) = st.ids.get_mut(&e.id.id) {
+                    i.channel = to.ch.clone();
+                }
+            }
+            to.ch.push(e);
+        }
+        Ok(())
+    }
+
     /// The id's state (`enum rdma_cm_state`).
     pub fn state(&self) -> Option<IdState> {
         lock(&self.sh.st).cm.state(self.id)
