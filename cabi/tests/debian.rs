@@ -12,6 +12,39 @@ fn ready(t: &str, progs: &[&str]) -> bool {
             .all(|p| have(which(p), t, &format!("{p} (ibverbs-utils / perftest)")))
 }
 
+/// Build `examples/c/NAME.c` with `libs` into a directory of its own, when a C compiler and
+/// `header` (from `dev_pkg`) are there and the test can make a namespace: `Some((dir, exe))`;
+/// otherwise the reason is printed and the test skips.
+fn build_c_example(
+    t: &str,
+    name: &str,
+    header: &str,
+    dev_pkg: &str,
+    libs: &[&str],
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    if !have(
+        which("cc") && std::path::Path::new(header).exists(),
+        t,
+        &format!("a C compiler and {dev_pkg}"),
+    ) || !can_unshare(t)
+    {
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-c-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let st = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(repo().join(format!("examples/c/{name}.c")))
+        .args(libs)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc examples/c/{name}.c {}", libs.join(" "));
+    Some((dir, exe))
+}
+
 #[test]
 fn ibv_devices_and_ibv_devinfo_show_the_device() {
     let t = "ibv_devices_and_ibv_devinfo_show_the_device";
@@ -155,27 +188,16 @@ fn rdma_core_example_against_ferroces_own_pingpong() {
 #[test]
 fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
     let t = "a_c_program_built_against_rdma_core_runs_under_ferroce_run";
-    if !have(
-        which("cc") && std::path::Path::new("/usr/include/infiniband/verbs.h").exists(),
+    let Some((dir, exe)) = build_c_example(
         t,
-        "a C compiler and libibverbs-dev",
-    ) || !can_unshare(t)
-    {
+        "loopback_write",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("ferroce-cex-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("loopback_write");
+    };
     let pcap = dir.join("run.pcap");
-    let st = std::process::Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(repo().join("examples/c/loopback_write.c"))
-        .arg("-libverbs")
-        .status()
-        .unwrap();
-    assert!(st.success(), "cc -libverbs examples/c/loopback_write.c");
     let out = in_netns(&format!(
         "timeout 30 $F run -d lo --pcap {} -- {}",
         pcap.display(),
@@ -379,26 +401,15 @@ fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
 #[test]
 fn the_extended_verbs_and_inline_data_in_a_c_program() {
     let t = "the_extended_verbs_and_inline_data_in_a_c_program";
-    if !have(
-        which("cc") && std::path::Path::new("/usr/include/infiniband/verbs.h").exists(),
+    let Some((dir, exe)) = build_c_example(
         t,
-        "a C compiler and libibverbs-dev",
-    ) || !can_unshare(t)
-    {
+        "ex_verbs",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("ferroce-cex2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("ex_verbs");
-    let st = std::process::Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(repo().join("examples/c/ex_verbs.c"))
-        .arg("-libverbs")
-        .status()
-        .unwrap();
-    assert!(st.success(), "cc -libverbs examples/c/ex_verbs.c");
+    };
     let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
     let so = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -548,29 +559,15 @@ fn perftest_clients_against_ferroce_conform() {
 #[test]
 fn rdma_migrate_id_in_a_c_program_both_ends() {
     let t = "rdma_migrate_id_in_a_c_program_both_ends";
-    if !have(
-        which("cc") && std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists(),
+    let Some((dir, exe)) = build_c_example(
         t,
-        "a C compiler and librdmacm-dev",
-    ) || !can_unshare(t)
-    {
+        "cm_migrate",
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("ferroce-cmig-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("cm_migrate");
-    let st = std::process::Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(repo().join("examples/c/cm_migrate.c"))
-        .args(["-lrdmacm", "-libverbs"])
-        .status()
-        .unwrap();
-    assert!(
-        st.success(),
-        "cc examples/c/cm_migrate.c -lrdmacm -libverbs"
-    );
+    };
     let (s, c, status) = pair_when(
         Ready::CmListen,
         &format!("{} -s", exe.display()),
