@@ -235,6 +235,51 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One process opens the device twice (examples/c/two_contexts.c): each context with its own
+/// PD, CQ and QP, a WRITE and a SEND between them, a CQ error event seen on both contexts'
+/// async_fd, and the second context still working after the first is closed.
+#[test]
+fn two_contexts_in_one_process() {
+    let t = "two_contexts_in_one_process";
+    if !have(
+        which("cc") && std::path::Path::new("/usr/include/infiniband/verbs.h").exists(),
+        t,
+        "a C compiler and libibverbs-dev",
+    ) || !can_unshare(t)
+    {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-2ctx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("two_contexts");
+    let st = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(repo().join("examples/c/two_contexts.c"))
+        .arg("-libverbs")
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc -libverbs examples/c/two_contexts.c");
+    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "WRITE context 1 -> context 2: data identical",
+        "SEND context 2 -> context 1: data identical",
+        "CQ overrun: async event CQ error in both contexts",
+        "context 1 closed: WRITE within context 2: data identical",
+        "ok",
+    ] {
+        assert!(so.contains(want), "no {want:?} in:\n{so}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// rping's lines of ping data (`ping data: rdma-ping-N: …`), without the prefix the server
 /// adds.
 fn ping_lines(out: &str) -> Vec<String> {

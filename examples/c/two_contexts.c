@@ -1,0 +1,258 @@
+/*
+ * two_contexts.c — one process opens the device twice. Each context has its own PD, CQ and
+ * RC QP; the QP of the first is connected to the QP of the second. An RDMA WRITE goes from
+ * the first context's memory into the second's, a SEND the other way, each checked. Then a CQ
+ * of the first context overruns: the asynchronous event reaches every context that opened the
+ * device (both async_fds become readable, ibv_get_async_event reports IBV_EVENT_CQ_ERR naming
+ * that CQ in each). Last, the first context is closed and the second keeps working (a WRITE
+ * between two QPs of its own).
+ *
+ *   ferroce run -- ./two_contexts      prints "ok" and exits 0 when every check passes.
+ */
+#include <infiniband/verbs.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 4096
+
+static int fail(const char *what, int e)
+{
+	fprintf(stderr, "two_contexts: %s: %s\n", what, strerror(e));
+	exit(1);
+}
+
+static struct ibv_wc poll_one(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000L; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			fail("ibv_poll_cq", -n);
+		if (n == 1)
+			return wc;
+	}
+	fprintf(stderr, "two_contexts: no completion\n");
+	exit(1);
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
+	};
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				      IBV_QP_ACCESS_FLAGS);
+	if (r)
+		fail("modify to INIT", r);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = 7;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				      IBV_QP_MIN_RNR_TIMER);
+	if (r)
+		fail("modify to RTR", r);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 7;
+	a.max_rd_atomic = 1;
+	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (r)
+		fail("modify to RTS", r);
+}
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	char *buf;
+	struct ibv_mr *mr;
+};
+
+static void open_side(struct ibv_device *dev, struct side *s, char fill)
+{
+	s->ctx = ibv_open_device(dev);
+	if (!s->ctx)
+		fail("ibv_open_device", errno);
+	s->pd = ibv_alloc_pd(s->ctx);
+	s->cq = ibv_create_cq(s->ctx, 16, NULL, NULL, 0);
+	if (!s->pd || !s->cq)
+		fail("pd/cq", errno);
+	s->buf = malloc(N);
+	memset(s->buf, fill, N);
+	s->mr = ibv_reg_mr(s->pd, s->buf, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!s->mr)
+		fail("ibv_reg_mr", errno);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	s->qp = ibv_create_qp(s->pd, &ia);
+	if (!s->qp)
+		fail("ibv_create_qp", errno);
+}
+
+static void write_to(struct ibv_qp *qp, struct ibv_cq *cq, char *src, uint32_t lkey, char *dst,
+		     uint32_t rkey, uint64_t id)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)src, .length = N, .lkey = lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)dst, .rkey = rkey },
+	}, *bad;
+	int r = ibv_post_send(qp, &wr, &bad);
+	if (r)
+		fail("ibv_post_send (WRITE)", r);
+	struct ibv_wc wc = poll_one(cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != id)
+		fail(ibv_wc_status_str(wc.status), EIO);
+	if (memcmp(src, dst, N))
+		fail("WRITE: the destination differs", EIO);
+}
+
+static void expect_cq_err(struct ibv_context *ctx, struct ibv_cq *cq, const char *which)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	if (poll(&p, 1, 10000) != 1 || !(p.revents & POLLIN))
+		fail(which, ETIMEDOUT);
+	struct ibv_async_event ev;
+	for (;;) {
+		if (ibv_get_async_event(ctx, &ev))
+			fail("ibv_get_async_event", errno);
+		int mine = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == cq;
+		ibv_ack_async_event(&ev);
+		if (mine)
+			break;
+	}
+}
+
+int main(void)
+{
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	if (!list || num < 1)
+		fail("no device", ENODEV);
+	struct side a, b;
+	open_side(list[0], &a, 'a');
+	open_side(list[0], &b, 'b');
+	if (a.ctx == b.ctx || a.ctx->async_fd == b.ctx->async_fd)
+		fail("the two contexts are not distinct", EINVAL);
+	union ibv_gid gid;
+	if (ibv_query_gid(b.ctx, 1, 0, &gid))
+		fail("ibv_query_gid", errno);
+	to_rts(a.qp, b.qp->qp_num, &gid);
+	to_rts(b.qp, a.qp->qp_num, &gid);
+
+	/* WRITE: the first context's memory into the second's. */
+	write_to(a.qp, a.cq, a.buf, a.mr->lkey, b.buf, b.mr->rkey, 1);
+	printf("WRITE context 1 -> context 2: data identical\n");
+
+	/* SEND the other way, received into the first context's buffer. */
+	memset(b.buf, 'B', N);
+	struct ibv_sge rs = { .addr = (uintptr_t)a.buf, .length = N, .lkey = a.mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 2, .sg_list = &rs, .num_sge = 1 }, *rbad;
+	if (ibv_post_recv(a.qp, &rw, &rbad))
+		fail("ibv_post_recv", errno);
+	struct ibv_sge ss = { .addr = (uintptr_t)b.buf, .length = N, .lkey = b.mr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 3, .sg_list = &ss, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *sbad;
+	int r = ibv_post_send(b.qp, &sw, &sbad);
+	if (r)
+		fail("ibv_post_send (SEND)", r);
+	struct ibv_wc wc = poll_one(b.cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 3)
+		fail("SEND completion", EIO);
+	wc = poll_one(a.cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 2 || wc.opcode != IBV_WC_RECV ||
+	    wc.byte_len != N || memcmp(a.buf, b.buf, N))
+		fail("RECV completion or data", EIO);
+	printf("SEND context 2 -> context 1: data identical\n");
+
+	/* A CQ of the first context overruns; every context that opened the device hears it. */
+	struct ibv_cq *small = ibv_create_cq(a.ctx, 2, NULL, NULL, 0);
+	if (!small)
+		fail("ibv_create_cq(2)", errno);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *c = ibv_create_qp(a.pd, &ia), *d = ibv_create_qp(a.pd, &ia);
+	if (!c || !d)
+		fail("ibv_create_qp", errno);
+	to_rts(c, d->qp_num, &gid);
+	to_rts(d, c->qp_num, &gid);
+	struct ibv_sge sg = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr ow = { .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)a.buf + 64,
+					       .rkey = a.mr->rkey } }, *obad;
+	for (int i = 0; i < 8; i++) {
+		ow.wr_id = 10 + i;
+		r = ibv_post_send(c, &ow, &obad);
+		if (r)
+			fail("ibv_post_send (overrun)", r);
+	}
+	expect_cq_err(a.ctx, small, "context 1's async_fd did not become readable");
+	expect_cq_err(b.ctx, small, "context 2's async_fd did not become readable");
+	printf("CQ overrun: async event CQ error in both contexts\n");
+	ibv_destroy_qp(c);
+	ibv_destroy_qp(d);
+	ibv_destroy_cq(small);
+
+	/* Close the first context; the second still works. */
+	ibv_destroy_qp(a.qp);
+	ibv_dereg_mr(a.mr);
+	ibv_destroy_cq(a.cq);
+	ibv_dealloc_pd(a.pd);
+	if (ibv_close_device(a.ctx))
+		fail("ibv_close_device", errno);
+	struct ibv_qp_init_attr ib = {
+		.send_cq = b.cq, .recv_cq = b.cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *e = ibv_create_qp(b.pd, &ib);
+	if (!e)
+		fail("ibv_create_qp", errno);
+	ibv_destroy_qp(b.qp);
+	b.qp = ibv_create_qp(b.pd, &ib);
+	if (!b.qp)
+		fail("ibv_create_qp", errno);
+	to_rts(e, b.qp->qp_num, &gid);
+	to_rts(b.qp, e->qp_num, &gid);
+	char *dst = calloc(1, N);
+	struct ibv_mr *dmr = ibv_reg_mr(b.pd, dst, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!dmr)
+		fail("ibv_reg_mr", errno);
+	memset(b.buf, 'z', N);
+	write_to(e, b.cq, b.buf, b.mr->lkey, dst, dmr->rkey, 20);
+	printf("context 1 closed: WRITE within context 2: data identical\n");
+	ibv_destroy_qp(e);
+	ibv_destroy_qp(b.qp);
+	ibv_dereg_mr(dmr);
+	ibv_dereg_mr(b.mr);
+	ibv_destroy_cq(b.cq);
+	ibv_dealloc_pd(b.pd);
+	ibv_close_device(b.ctx);
+	ibv_free_device_list(list);
+	printf("ok\n");
+	return 0;
+}
