@@ -414,6 +414,10 @@ pub struct Device {
     /// The Ethernet source address each peer's RoCE frames came from (bounded; what an
     /// address vector without a MAC resolves to).
     neighbours: HashMap<IpAddr, MacAddr>,
+    /// The pair [`learn_neighbour`](Self::learn_neighbour) last stored: a frame from the
+    /// same peer (nearly every frame) then costs a comparison, not a hash-map insert.
+    /// Entries are never removed, so the map still holds it.
+    last_neighbour: Option<(IpAddr, MacAddr)>,
     /// The engine's transmit list, timer heap and clock.
     pub(super) sched: Scheduler,
     pub(super) counters: DeviceCounters,
@@ -447,6 +451,7 @@ impl Device {
             next_ah: 1,
             events: EventQueue::default(),
             neighbours: HashMap::new(),
+            last_neighbour: None,
             counters: DeviceCounters::default(),
             overruns_seen: 0,
         }
@@ -1228,10 +1233,14 @@ impl Device {
     }
 
     pub(super) fn learn_neighbour(&mut self, ip: IpAddr, mac: MacAddr) {
+        if self.last_neighbour == Some((ip, mac)) {
+            return;
+        }
         if self.neighbours.len() >= MAX_NEIGHBOURS && !self.neighbours.contains_key(&ip) {
             return;
         }
         self.neighbours.insert(ip, mac);
+        self.last_neighbour = Some((ip, mac));
     }
 
     // ---- asynchronous events -----------------------------------------------------------
