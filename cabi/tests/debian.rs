@@ -241,26 +241,15 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
 #[test]
 fn two_contexts_in_one_process() {
     let t = "two_contexts_in_one_process";
-    if !have(
-        which("cc") && std::path::Path::new("/usr/include/infiniband/verbs.h").exists(),
+    let Some((dir, exe)) = build_c_example(
         t,
-        "a C compiler and libibverbs-dev",
-    ) || !can_unshare(t)
-    {
+        "two_contexts",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
         return;
-    }
-    let dir = std::env::temp_dir().join(format!("ferroce-2ctx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("two_contexts");
-    let st = std::process::Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(repo().join("examples/c/two_contexts.c"))
-        .arg("-libverbs")
-        .status()
-        .unwrap();
-    assert!(st.success(), "cc -libverbs examples/c/two_contexts.c");
+    };
     let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
     let so = String::from_utf8_lossy(&out.stdout);
     assert!(
