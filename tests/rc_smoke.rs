@@ -326,6 +326,58 @@ fn delayed_ack_follows_the_reply_or_leaves_at_its_deadline() {
     assert!(wb.contains(&4) && wb.contains(&6), "{wb:?}");
 }
 
+/// A consumer that moves its QP to the error state right after its last receive completed
+/// (a disconnect: rdma_disconnect, `ferroce perf -R`'s end) while ferroce holds the ACK of
+/// that message: the ACK still goes, at once. Dropped with the held ACK, the peer retried a
+/// delivered message against a QP that no longer answers (perftest's `ib_send_lat -c UD -R`
+/// server over rxe, retry count 7 = infinite, hung at its last exchange message).
+#[test]
+fn a_held_ack_leaves_when_the_qp_moves_to_the_error_state() {
+    use ferroce::wire::Opcode;
+    let delay = Duration::from_micros(20);
+    let (mut a, mut b) = (side_with(1, Some(delay)), side_with(2, Some(delay)));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let t0 = Instant::from_nanos(1_000_000);
+    post_recv(&mut b, &mb, 1);
+    post_send(&mut a, &ma, 2);
+    let n = a
+        .dev
+        .poll_transmit(t0, &mut buf)
+        .unwrap()
+        .expect("the SEND");
+    b.dev.handle_frame(t0, &buf[..n]);
+    assert!(poll(&mut b)
+        .iter()
+        .any(|w| w.wr_id == 1 && w.status == WcStatus::Success));
+    assert!(
+        b.dev.poll_transmit(t0, &mut buf).unwrap().is_none(),
+        "ACK held"
+    );
+    // Before the hold ends, B's consumer moves the QP to the error state.
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    b.dev.modify_qp(b.qp, &err, QpAttrMask::STATE).unwrap();
+    let n = b
+        .dev
+        .poll_transmit(t0, &mut buf)
+        .unwrap()
+        .expect("the held ACK, at once");
+    assert_eq!(opcode(&buf[..n]), Opcode::RC_ACK);
+    a.dev.handle_frame(t0, &buf[..n]);
+    let wa = poll(&mut a);
+    assert!(
+        wa.iter()
+            .any(|w| w.wr_id == 2 && w.status == WcStatus::Success),
+        "{wa:?}"
+    );
+    assert!(b.dev.poll_transmit(t0 + delay, &mut buf).unwrap().is_none());
+}
+
 /// A READ whose responder has a deep queue: one response is lost, the requester asks again
 /// from the gap, and its new request waits behind the rest of the old stream. The stale
 /// responses that keep coming prove the responder alive: they restart the local ACK timer

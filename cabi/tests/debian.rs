@@ -433,6 +433,64 @@ fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
 }
 
 #[test]
+fn perftest_ud_over_sidr_with_several_qps_against_ferroce_perf_both_roles() {
+    let t = "perftest_ud_over_sidr_with_several_qps_against_ferroce_perf_both_roles";
+    if !ready(t, &["ib_send_bw"]) {
+        return;
+    }
+    // `-c UD -R -q N`: one SIDR exchange per test QP. perftest's client resolves and connects
+    // its N ids at once; with -b each SIDR_REP is followed by the client's QPN in a SEND with
+    // immediate from that QP, which perftest's server takes before the next request.
+    for (q, extra) in [("2", ""), ("3", " -b")] {
+        let native = format!(
+            "env -u LD_LIBRARY_PATH $F perf send-bw -c UD -R -q {q}{extra} -n 300 --ib-dev lo --backend udp"
+        );
+        let debian = format!("ib_send_bw -c UD -R -q {q}{extra} -d ferroce_lo -n 300");
+        let native_client = format!("{native} -x 1");
+        let iters = (300 * q.parse::<u32>().unwrap()).to_string();
+        for (ready, server, client, what) in [
+            (
+                Ready::Udp,
+                native.as_str(),
+                debian.as_str(),
+                "ferroce perf server, Debian's ib_send_bw client",
+            ),
+            (
+                Ready::CmListen,
+                debian.as_str(),
+                native_client.as_str(),
+                "Debian's ib_send_bw server, ferroce perf client",
+            ),
+        ] {
+            let (s, c, st) = pair_when(ready, server, client);
+            let what = format!("-q {q}{extra}: {what}");
+            assert_eq!(
+                st, "server=0 client=0",
+                "{what}\n--- server\n{s}\n--- client\n{c}"
+            );
+            for (who, o) in [("server", &s), ("client", &c)] {
+                assert!(
+                    o.contains("Data ex. method : rdma_cm"),
+                    "{what}: {who}\n{o}"
+                );
+                // Every test QP has its peer: q remote addresses, q different QPNs.
+                let mut qpns: Vec<&str> = o
+                    .lines()
+                    .filter(|l| l.contains("remote address:"))
+                    .filter_map(|l| l.split("QPN ").nth(1))
+                    .filter_map(|r| r.split_whitespace().next())
+                    .collect();
+                qpns.sort_unstable();
+                qpns.dedup();
+                assert_eq!(qpns.len().to_string(), q, "{what}: {who}\n{o}");
+            }
+            result_line(&what, &c, &iters);
+            result_line(&what, &s, &iters);
+        }
+    }
+}
+
+#[test]
 fn the_extended_verbs_and_inline_data_in_a_c_program() {
     let t = "the_extended_verbs_and_inline_data_in_a_c_program";
     let Some((dir, exe)) = build_c_example(

@@ -974,12 +974,15 @@ impl Qp {
         self.timers.stop(Timer::Retransmit);
         self.timers.stop(Timer::Rnr);
         self.req.rd_atomic_outstanding = 0;
-        // Responses other than NAKs are pointless now.
+        // Data responses are pointless now; ACKs and NAKs still go. An ACK acknowledges
+        // requests already executed and completed here: dropped, the peer would retry them
+        // against a QP that no longer answers and fail messages that were delivered. A held
+        // ACK goes at once: the hold is ferroce's own (a consumer that moves the QP to the
+        // error state right after its last receive completed, as at a disconnect, would
+        // otherwise always lose the last ACK).
         self.resp
             .resp_q
-            .retain(|r| matches!(r, RespItem::Ack { syndrome, .. } if !syndrome.is_ack()));
-        if !self.lone_ack() {
-            self.timers.stop(Timer::AckHold);
-        }
+            .retain(|r| matches!(r, RespItem::Ack { .. }));
+        self.timers.stop(Timer::AckHold);
     }
 }

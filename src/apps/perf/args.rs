@@ -9,9 +9,7 @@
 //! ferroce's own options (the packet backend, captures, congestion control, `--verify`) are
 //! long options that perftest does not have.
 //!
-//! What ferroce cannot do is refused with a one-line reason: `-z`, `-R` with UC or with UD and
-//! `-q > 1`,
-//! dual port,
+//! What ferroce cannot do is refused with a one-line reason: `-z`, `-R` with UC, dual port,
 //! multicast, raw Ethernet, hardware counters, ODP, mmap'd buffers, the rate limiter. `-c UC`
 //! (SEND and WRITE) and `-c UD` (SEND, messages up to the MTU) run as perftest allows them,
 //! `--use-srq` too (an SRQ on the receiving side).
@@ -1041,9 +1039,6 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         if cfg.connection == Connection::Uc {
             return refuse("-R with -c UC (rdma_cm connects RC QPs, and UD ones over SIDR)");
         }
-        if cfg.qps > 1 && cfg.connection == Connection::Ud {
-            return refuse("-R with -c UD and -q > 1 (one SIDR test QP)");
-        }
         cfg.rdma_cm = true;
     }
     if c.dualport {
@@ -1507,7 +1502,13 @@ mod tests {
         assert!(e(Test::WriteBw, &["-z"]).contains("not supported"));
         assert!(e(Test::SendBw, &["-R", "-c", "UC"]).contains("not supported"));
         assert!(run(Test::SendBw, &["-R", "-c", "UD"]).unwrap().cfg.rdma_cm);
-        assert!(e(Test::SendBw, &["-R", "-c", "UD", "-q", "2"]).contains("not supported"));
+        assert_eq!(
+            run(Test::SendBw, &["-R", "-c", "UD", "-q", "2"])
+                .unwrap()
+                .cfg
+                .qps,
+            2
+        );
         assert_eq!(run(Test::SendBw, &["-R", "-q", "2"]).unwrap().cfg.qps, 2);
         assert!(matches!(
             run(Test::WriteBw, &["--bogus"]),

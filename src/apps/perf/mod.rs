@@ -746,12 +746,15 @@ pub fn run_with(
     })
 }
 
-/// perftest `-c UD -R`: the test QP's peer over RDMA-CM's SIDR. The client learns the
-/// server's QP and Q_Key from the SIDR_REP (ESTABLISHED); when the server sends too (`-b`,
-/// latency tests), the client then sends it a 4-byte SEND with immediate data, its QPN, and
-/// the server takes the address from that message (perftest's
-/// `rdma_cm_send_ud_connection_parameters` / `rdma_cm_initialize_ud_connection_parameters`:
-/// `ibv_create_ah_from_wc`, the QPN from the immediate, its own Q_Key).
+/// perftest `-c UD -R`: each test QP's peer over RDMA-CM's SIDR, one SIDR exchange per QP
+/// in QP order (`-q N`: perftest's client resolves and connects its N ids at once, its server
+/// takes the requests in the order they come, creating the next QP for each). The client
+/// learns the server's QP and Q_Key from the SIDR_REP (ESTABLISHED); when the server sends too
+/// (`-b`, latency tests), the client then sends it a 4-byte SEND with immediate data from the
+/// same QP, its QPN, and the server takes the address from that message before it accepts
+/// the next request (perftest's `rdma_cm_send_ud_connection_parameters` /
+/// `rdma_cm_initialize_ud_connection_parameters`: `ibv_create_ah_from_wc`, the QPN from the
+/// immediate, its own Q_Key).
 fn ud_over_sidr(
     nic: &Nic,
     cfg: &PerfConfig,
@@ -762,17 +765,6 @@ fn ud_over_sidr(
 ) -> Result<(), PerfError> {
     use crate::verbs::{RecvWr, SendOp, SendWr, UdDest, WcOpcode};
     let both_ways = !cfg.test.is_bw() || cfg.duplex;
-    if role == Role::Server && both_ways {
-        // Before the SIDR_REP leaves: the client's message may follow it at once.
-        ep.post_recv(
-            0,
-            RecvWr {
-                wr_id: 0,
-                sg_list: vec![ep.recv_sge(0, 0, 4)],
-            },
-        )?;
-    }
-    let peer = ses.connect_ud(ep.qps[0])?;
     let wait = |cq: crate::verbs::Cq| -> Result<crate::verbs::WorkCompletion, PerfError> {
         let end = std::time::Instant::now() + cfg.timeout;
         let mut v = Vec::new();
@@ -795,51 +787,74 @@ fn ud_over_sidr(
             nic.wait_cq(cq, Duration::from_millis(10))?;
         }
     };
-    match peer {
-        Some(p) => {
-            let ah = ep.ah_to(cfg, p.ip, resolve)?;
-            ep.set_ud_dests(vec![UdDest {
-                ah,
-                remote_qpn: p.qpn,
-                remote_qkey: p.qkey,
-            }]);
-            if both_ways {
-                let wr = SendWr::new(
-                    0,
-                    SendOp::SendWithImm {
-                        imm: ep.qps[0].get(),
-                    },
-                    vec![ep.send_sge(0, 0, 4)],
-                );
-                ep.post_send(0, wr)?;
-                wait(ep.send_cq)?;
-            }
+    let mut dests = Vec::with_capacity(ep.qps.len());
+    for (i, q) in ep.qps.iter().enumerate() {
+        if role == Role::Server && both_ways {
+            // Before the SIDR_REP leaves: the client's message may follow it at once.
+            ep.post_recv(
+                i,
+                RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![ep.recv_sge(i, 0, 4)],
+                },
+            )?;
         }
-        None if both_ways => {
-            let wc = wait(ep.recv_cq)?;
-            let qpn = match (wc.opcode, wc.imm_data) {
-                (WcOpcode::Recv, Some(imm)) => crate::wire::QpNumber::new(imm),
-                _ => {
-                    return Err(PerfError::Peer(
-                        "the client's UD connection parameters carry no immediate data",
-                    ))
+        match ses.connect_ud(*q)? {
+            Some(p) => {
+                let ah = ep.ah_to(cfg, p.ip, resolve)?;
+                let d = UdDest {
+                    ah,
+                    remote_qpn: p.qpn,
+                    remote_qkey: p.qkey,
+                };
+                dests.push(d);
+                if both_ways {
+                    let wr = SendWr::new(
+                        i as u64,
+                        SendOp::SendWithImm { imm: q.get() },
+                        vec![ep.send_sge(i, 0, 4)],
+                    )
+                    .with_ud(d);
+                    nic.post_send(*q, wr)?;
+                    wait(ep.send_cq)?;
                 }
-            };
-            let mut grh = [0u8; crate::wire::grh::GRH_LEN];
-            ep.read_recv(0, 0, &mut grh)?;
-            let ip = match crate::wire::grh::GrhSlot::parse(&grh) {
-                Ok(crate::wire::grh::GrhSlot::V4 { src, .. }) => IpAddr::V4(src),
-                Ok(crate::wire::grh::GrhSlot::V6 { src, .. }) => IpAddr::V6(src),
-                Err(_) => return Err(PerfError::Peer("the client's message has no GRH")),
-            };
-            let ah = ep.ah_to(cfg, ip, resolve)?;
-            ep.set_ud_dests(vec![UdDest {
-                ah,
-                remote_qpn: qpn,
-                remote_qkey: crate::runtime::cm::UDP_QKEY,
-            }]);
+            }
+            None if both_ways => {
+                let wc = wait(ep.recv_cq)?;
+                let qpn = match (wc.opcode, wc.imm_data) {
+                    (WcOpcode::Recv, Some(imm)) if wc.qp_num == *q => {
+                        crate::wire::QpNumber::new(imm)
+                    }
+                    (WcOpcode::Recv, Some(_)) => {
+                        return Err(PerfError::Peer(
+                            "the client's UD connection parameters came to another QP",
+                        ))
+                    }
+                    _ => {
+                        return Err(PerfError::Peer(
+                            "the client's UD connection parameters carry no immediate data",
+                        ))
+                    }
+                };
+                let mut grh = [0u8; crate::wire::grh::GRH_LEN];
+                ep.read_recv(i, 0, &mut grh)?;
+                let ip = match crate::wire::grh::GrhSlot::parse(&grh) {
+                    Ok(crate::wire::grh::GrhSlot::V4 { src, .. }) => IpAddr::V4(src),
+                    Ok(crate::wire::grh::GrhSlot::V6 { src, .. }) => IpAddr::V6(src),
+                    Err(_) => return Err(PerfError::Peer("the client's message has no GRH")),
+                };
+                let ah = ep.ah_to(cfg, ip, resolve)?;
+                dests.push(UdDest {
+                    ah,
+                    remote_qpn: qpn,
+                    remote_qkey: crate::runtime::cm::UDP_QKEY,
+                });
+            }
+            None => {}
         }
-        None => {}
+    }
+    if dests.len() == ep.qps.len() {
+        ep.set_ud_dests(dests);
     }
     Ok(())
 }

@@ -36,8 +36,8 @@ const RECV_SLOTS: usize = 2;
 /// `retry_rdma_connect`: 10 times, 100 ms apart; the control connection as ferroce's TCP
 /// connect: for 5 s).
 const CONNECT_TRIES: u32 = 50;
-/// Connection requests a server keeps waiting for acceptance: perftest's client sends those of
-/// all its test QPs (`-q`) at once.
+/// Connection requests (and SIDR_REQs) a server keeps waiting for acceptance: perftest's client
+/// sends those of all its test QPs (`-q`) at once.
 const LISTEN_BACKLOG: usize = 64;
 
 /// The control connection and the CM service behind it.
@@ -212,7 +212,7 @@ impl RdmaLink {
                     let u = ch.create_id(PortSpace::UDP);
                     u.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
                         .map_err(|e| err(e.to_string()))?;
-                    u.listen(4).map_err(|e| err(e.to_string()))?;
+                    u.listen(LISTEN_BACKLOG).map_err(|e| err(e.to_string()))?;
                     ud_listener = Some(u);
                 }
                 let l = ch.create_id(PortSpace::TCP);

@@ -291,7 +291,7 @@ impl AtomicCheck {
 /// send_bw's receiver check: receive `k` of QP `q` is message `k` of the peer's QP `q`.
 pub struct SendCheck {
     enabled: bool,
-    /// Bytes at the start of QP 0's send buffer the peer overwrote before the run.
+    /// Bytes at the start of each QP's send buffer the peer overwrote before the run.
     peer_prefix: usize,
     src: Source,
     tmp: Vec<u8>,
@@ -300,8 +300,9 @@ pub struct SendCheck {
 
 /// perftest's server with `-c UD -R` that sends too (`-b`) receives the client's UD
 /// connection parameters (a 4-byte SEND with immediate) at the start of its buffer, GRH slot
-/// first (`rdma_cm_request_ud_connection_parameters`: the receive's address is `ctx->buf[0]`),
-/// and later sends from there: those bytes of its messages are the GRH and our message, not
+/// first (`rdma_cm_request_ud_connection_parameters`: the receive's address is
+/// `ctx->buf[i]` for the i-th connection, so with `-q N` the start of every QP's buffer), and
+/// later sends from there: those bytes of its messages are the GRH and our message, not
 /// its fill (seen in captures of perftest 4.5-0.17 against rxe: 20 zero bytes, the IPv4
 /// header, 4 bytes, then the fill).
 pub const UD_RDMA_CM_PREFIX: usize = 40 + 4;
@@ -342,11 +343,7 @@ impl SendCheck {
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
         // What the peer overwrote is not compared (see UD_RDMA_CM_PREFIX).
-        let skip = if q == 0 {
-            self.peer_prefix.saturating_sub(off).min(len)
-        } else {
-            0
-        };
+        let skip = self.peer_prefix.saturating_sub(off).min(len);
         if skip == len {
             return Ok(());
         }
