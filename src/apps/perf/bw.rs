@@ -10,7 +10,7 @@ use super::verify::{self, AtomicCheck, ReadCheck, SendCheck, VerifyReport};
 use super::{Ctl, PerfConfig, PerfError, Printer, Test, Verb};
 use crate::oob::perftest::KeyMsg;
 use crate::verbs::{
-    Cq, NotifyMode, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcStatus, WorkCompletion,
+    Cq, NotifyMode, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WorkCompletion,
 };
 use crate::wire::RKey;
 use std::time::{Duration, Instant};
@@ -95,17 +95,6 @@ pub(super) fn await_cq(
         ep.nic.wait_cq(cq, Duration::from_millis(1))?;
     }
     Ok(())
-}
-
-fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
-    if wc.status == WcStatus::Success {
-        Ok(())
-    } else {
-        Err(PerfError::Completion {
-            wr_id: wc.wr_id,
-            status: wc.status,
-        })
-    }
 }
 
 /// One QP's sending state (perftest's `scnt`, `ccnt`, and its work request template).
@@ -286,7 +275,7 @@ pub(super) fn run_iter_bw(
             }
             idle = Instant::now();
             for wc in &wcs {
-                check(wc)?;
+                ep.check_wc(wc)?;
                 let q = (wc.wr_id >> 48) as usize;
                 let i = wc.wr_id & 0xffff_ffff_ffff;
                 let Some(t) = tx.get_mut(q) else {
@@ -458,7 +447,7 @@ pub(super) fn warm_up(
             wcs.clear();
             ep.nic.poll_cq(ep.send_cq, &mut wcs, POLL_BATCH)?;
             for wc in &wcs {
-                check(wc)?;
+                ep.check_wc(wc)?;
                 got += 1;
             }
             if wcs.is_empty() {
@@ -674,7 +663,7 @@ pub(super) fn run_iter_bw_server(
             }
         }
         for wc in &wcs {
-            check(wc)?;
+            ep.check_wc(wc)?;
             rcnt += 1;
             if clock.is_some_and(|k| k.phase() == Phase::Sample) {
                 counted += 1;
@@ -810,7 +799,7 @@ pub(super) fn run_iter_bi(
             before_first_rx = false;
         }
         for wc in &wcs {
-            check(wc)?;
+            ep.check_wc(wc)?;
             totrcnt += 1;
             rcv.completed(ep, cfg, wc, size, clock.is_some(), checker)?;
         }
@@ -820,7 +809,7 @@ pub(super) fn run_iter_bi(
             work = true;
         }
         for wc in &wcs {
-            check(wc)?;
+            ep.check_wc(wc)?;
             let q = (wc.wr_id >> 48) as usize;
             let Some(t) = tx.get_mut(q) else {
                 return Err(PerfError::Peer("a completion for a QP we do not have"));
@@ -940,7 +929,7 @@ pub(super) fn run_infinitely(
             idle = Instant::now();
         }
         for wc in &wcs {
-            check(wc)?;
+            ep.check_wc(wc)?;
             let q = (wc.wr_id >> 48) as usize;
             if let Some(t) = tx.get_mut(q) {
                 t.ccnt += u64::from(cq_mod);
@@ -979,7 +968,7 @@ pub(super) fn run_infinitely_server(
             await_cq(ep, ep.recv_cq, cfg.use_event, Instant::now(), Duration::MAX)?;
         }
         for wc in &wcs {
-            check(wc)?;
+            ep.check_wc(wc)?;
             rcv.completed(ep, cfg, wc, size, true, &mut checker)?;
             done += 1;
         }

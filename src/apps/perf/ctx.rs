@@ -91,6 +91,43 @@ fn psn_for(_i: u32) -> u32 {
 }
 
 impl<'a> Endpoint<'a> {
+    /// `Ok` for a successful completion; otherwise the error to report. A flush (the QP had
+    /// already failed, so every outstanding request completes with `IBV_WC_WR_FLUSH_ERR`)
+    /// says nothing of why: the completion that failed the QP is looked for on this side's
+    /// CQs first, so that the report names the cause (a transport retry counter exceeded,
+    /// say) rather than a flushed receive.
+    pub fn check_wc(&self, wc: &crate::verbs::WorkCompletion) -> Result<(), PerfError> {
+        use crate::verbs::WcStatus;
+        if wc.status == WcStatus::Success {
+            return Ok(());
+        }
+        let mut first = *wc;
+        if wc.status == WcStatus::WrFlushErr {
+            let mut v = Vec::new();
+            let cqs = [self.send_cq, self.recv_cq];
+            'look: for (i, &cq) in cqs.iter().enumerate() {
+                if i == 1 && cqs[1] == cqs[0] {
+                    break;
+                }
+                v.clear();
+                while self.nic.poll_cq(cq, &mut v, 64).unwrap_or(0) > 0 {
+                    if let Some(c) = v
+                        .iter()
+                        .find(|c| !matches!(c.status, WcStatus::Success | WcStatus::WrFlushErr))
+                    {
+                        first = *c;
+                        break 'look;
+                    }
+                    v.clear();
+                }
+            }
+        }
+        Err(PerfError::Completion {
+            wr_id: first.wr_id,
+            status: first.status,
+        })
+    }
+
     /// Create the CQs, QPs (in INIT) and memory for one side. `cycle`/`line` are the larger
     /// of both sides' page and cache line sizes (`check_sys_data`).
     ///
@@ -497,5 +534,119 @@ impl<'a> Endpoint<'a> {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::Loopback;
+    use crate::runtime::{NicOptions, PollMode};
+    use crate::verbs::{
+        DeviceConfig, QpInitAttr, RecvWr, RemoteQp, SendOp, Sge, WcStatus, WorkCompletion,
+    };
+    use std::time::{Duration, Instant};
+
+    /// A WRITE to a peer that never answers, retry_cnt 0: the QP fails with a transport retry
+    /// error on the send CQ and flushes its receive on the receive CQ. Reported from the
+    /// flushed receive, the error names the retry error, the cause.
+    #[test]
+    fn a_flush_is_reported_as_the_completion_that_failed_the_qp() {
+        let (dev, _silent_peer) = Loopback::pair(64, 9000).unwrap();
+        let nic = Nic::start(
+            DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, 1]), "10.9.9.1".parse().unwrap()),
+            dev,
+            NicOptions {
+                poll: PollMode::Adaptive {
+                    spins: 10,
+                    max_sleep: Duration::from_micros(200),
+                },
+                batch: 16,
+            },
+        )
+        .unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let (scq, rcq) = (nic.create_cq(16).unwrap(), nic.create_cq(16).unwrap());
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qpn = nic.create_qp(QpInitAttr::new(pd, scq, rcq, cap)).unwrap();
+        let mr = nic.reg_mr(pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = |off: u64| Sge {
+            addr: mr.addr() + off,
+            length: 64,
+            lkey: mr.lkey(),
+        };
+        let remote = RemoteQp {
+            qpn: QpNumber::new(0x99),
+            gid: crate::verbs::gid_of("10.9.9.2".parse().unwrap()),
+            mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            psn: 0,
+        };
+        let p = RcParams {
+            timeout: 1,
+            retry_cnt: 0,
+            ..RcParams::default()
+        };
+        nic.connect_rc(qpn, &remote, &p).unwrap();
+        nic.post_recv(
+            qpn,
+            RecvWr {
+                wr_id: 7,
+                sg_list: vec![sge(0)],
+            },
+        )
+        .unwrap();
+        nic.post_send(
+            qpn,
+            SendWr::new(
+                9,
+                SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: crate::wire::RKey(1),
+                },
+                vec![sge(64)],
+            ),
+        )
+        .unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut v: Vec<WorkCompletion> = Vec::new();
+        while v.is_empty() && Instant::now() < end {
+            nic.poll_cq(rcq, &mut v, 1).unwrap();
+            if v.is_empty() {
+                nic.wait_cq(rcq, Duration::from_millis(1)).unwrap();
+            }
+        }
+        let flushed = v.pop().expect("the receive was flushed");
+        assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
+        let ep = Endpoint {
+            nic: &nic,
+            send_cq: scq,
+            recv_cq: rcq,
+            qps: vec![qpn],
+            pd,
+            grh: 0,
+            ud: std::cell::OnceCell::new(),
+            srq: None,
+            mrs: vec![],
+            cycle: 0,
+            line: 0,
+            bsize: 0,
+            psns: vec![],
+            out_reads: 0,
+            vbuf: None,
+            vslots: 0,
+            vstride: 0,
+        };
+        match ep.check_wc(&flushed) {
+            Err(PerfError::Completion { wr_id, status }) => {
+                assert_eq!((wr_id, status), (9, WcStatus::RetryExcErr))
+            }
+            other => panic!("{:?}", other.err().map(|e| e.to_string())),
+        }
     }
 }

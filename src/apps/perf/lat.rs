@@ -9,7 +9,7 @@ use super::ctx::Endpoint;
 use super::report::{self, LatDurationLine, LatLine};
 use super::{Ctl, PerfError, Printer, Verb};
 use crate::oob::perftest::{KeyMsg, Role};
-use crate::verbs::{RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+use crate::verbs::{RecvWr, SendFlags, SendOp, SendWr, WorkCompletion};
 use crate::wire::RKey;
 use std::time::{Duration, Instant};
 
@@ -17,17 +17,6 @@ use std::time::{Duration, Instant};
 pub(super) enum LatResult {
     Iterations(LatLine),
     Duration(LatDurationLine),
-}
-
-fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
-    if wc.status == WcStatus::Success {
-        Ok(())
-    } else {
-        Err(PerfError::Completion {
-            wr_id: wc.wr_id,
-            status: wc.status,
-        })
-    }
 }
 
 /// How long a latency test busy-polls for one completion before it sleeps. Longer than any
@@ -49,7 +38,7 @@ fn one(
     loop {
         buf.clear();
         if ep.nic.poll_cq(cq, buf, 1)? == 1 {
-            check(&buf[0])?;
+            ep.check_wc(&buf[0])?;
             return Ok(Some(buf[0]));
         }
         if stop() {
@@ -196,7 +185,7 @@ pub(super) fn run_send(
                 return Ok(());
             }
             for wc in buf.iter() {
-                check(wc)?;
+                ep.check_wc(wc)?;
                 *in_flight = in_flight.saturating_sub(1);
             }
         }
