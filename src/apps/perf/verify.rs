@@ -343,7 +343,9 @@ impl SendCheck {
             .map_err(|e| PerfError::Verify(e.to_string()))?;
         let off = sender_offset(ep, q, k, size);
         // What the peer overwrote is not compared (see UD_RDMA_CM_PREFIX).
-        let skip = self.peer_prefix.saturating_sub(off).min(len);
+        // (the prefix is at the start of each QP's buffer: the offset within QP q's)
+        let in_qp = off.saturating_sub(q * ep.bsize);
+        let skip = self.peer_prefix.saturating_sub(in_qp).min(len);
         if skip == len {
             return Ok(());
         }
