@@ -45,6 +45,7 @@ impl SendWqe {
     /// The queue entry of `wr` (whose total length `len` the caller has checked), its
     /// scatter/gather list checked against `mrs` for protection domain `pd`; `inline` copies
     /// the data now (any registered MR, as libibverbs does).
+    #[inline]
     pub(crate) fn new(wr: SendWr, len: u32, inline: bool, mrs: &MrTable, pd: Pd) -> SendWqe {
         let mut local_err = sge_error(mrs, pd, &wr.sg_list, wr.op.is_rd_atomic());
         let inline = inline.then(|| {

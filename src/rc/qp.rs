@@ -498,6 +498,7 @@ impl Qp {
 
     /// Queue a send work request that [`check_post_send`](Self::check_post_send) admitted
     /// (and the device checked). In the error state it is flushed at once.
+    #[inline]
     pub(crate) fn post_send(&mut self, ctx: &mut Ctx<'_>, wqe: SendWqe) {
         debug_assert!(self.check_post_send().is_ok());
         self.sq.push_back(SqEntry::new(wqe));

@@ -262,6 +262,7 @@ impl TransportQp {
         each!(self, q => q.check_post_send())
     }
 
+    #[inline]
     pub(super) fn post_send(&mut self, ctx: &mut Ctx<'_>, wqe: SendWqe) {
         each!(self, q => q.post_send(ctx, wqe))
     }
