@@ -33,34 +33,7 @@ use ferroce::wire::{
 use std::collections::{BTreeSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
-/// Reads the fuzz input; zeros once it is exhausted.
-pub struct Input<'a> {
-    d: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Input<'a> {
-    pub fn new(d: &'a [u8]) -> Self {
-        Input { d, i: 0 }
-    }
-    pub fn done(&self) -> bool {
-        self.i >= self.d.len()
-    }
-    pub fn u8(&mut self) -> u8 {
-        let b = self.d.get(self.i).copied().unwrap_or(0);
-        self.i += 1;
-        b
-    }
-    pub fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    pub fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    pub fn u64(&mut self) -> u64 {
-        u64::from(self.u32()) | (u64::from(self.u32()) << 32)
-    }
-}
+include!("shared.rs");
 
 const START_PSN: u32 = 0xff_fff0; // near the wrap
 const QDEPTH: u32 = 16;
@@ -114,12 +87,6 @@ struct Side {
     taken: u64,
     /// The highest PSN seen from the peer, to aim forged PSNs near the window.
     peer_psn: u32,
-}
-
-fn region(dev: &mut Device, pd: Pd, access: AccessFlags, fill: u8) -> MemoryRegion {
-    let mr = dev.reg_mr(pd, REGION, access).expect("reg_mr");
-    mr.fill(fill);
-    mr
 }
 
 fn side(i: u8, seed: u64) -> Side {
