@@ -45,6 +45,31 @@ fn build_c_example(
     Some((dir, exe))
 }
 
+/// Build `examples/c/NAME.c` against libibverbs, run it under `ferroce run -d lo` in a
+/// namespace, and check that it succeeds and prints each of `wants`.
+fn run_verbs_example(t: &str, name: &str, wants: &[&str]) {
+    let Some((dir, exe)) = build_c_example(
+        t,
+        name,
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
+        return;
+    };
+    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in wants {
+        assert!(so.contains(want), "{t}: no {want:?} in:\n{so}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn ibv_devices_and_ibv_devinfo_show_the_device() {
     let t = "ibv_devices_and_ibv_devinfo_show_the_device";
@@ -240,33 +265,17 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
 /// async_fd, and the second context still working after the first is closed.
 #[test]
 fn two_contexts_in_one_process() {
-    let t = "two_contexts_in_one_process";
-    let Some((dir, exe)) = build_c_example(
-        t,
+    run_verbs_example(
+        "two_contexts_in_one_process",
         "two_contexts",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
-        return;
-    };
-    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
-    let so = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{so}{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[
+            "WRITE context 1 -> context 2: data identical",
+            "SEND context 2 -> context 1: data identical",
+            "CQ overrun: async event CQ error in both contexts",
+            "context 1 closed: WRITE within context 2: data identical",
+            "ok",
+        ],
     );
-    for want in [
-        "WRITE context 1 -> context 2: data identical",
-        "SEND context 2 -> context 1: data identical",
-        "CQ overrun: async event CQ error in both contexts",
-        "context 1 closed: WRITE within context 2: data identical",
-        "ok",
-    ] {
-        assert!(so.contains(want), "no {want:?} in:\n{so}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// rping's lines of ping data (`ping data: rdma-ping-N: …`), without the prefix the server
@@ -492,33 +501,17 @@ fn perftest_ud_over_sidr_with_several_qps_against_ferroce_perf_both_roles() {
 
 #[test]
 fn the_extended_verbs_and_inline_data_in_a_c_program() {
-    let t = "the_extended_verbs_and_inline_data_in_a_c_program";
-    let Some((dir, exe)) = build_c_example(
-        t,
+    run_verbs_example(
+        "the_extended_verbs_and_inline_data_in_a_c_program",
         "ex_verbs",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
-        return;
-    };
-    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
-    let so = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{so}{}",
-        String::from_utf8_lossy(&out.stderr)
+        &[
+            "extended CQ and ibv_wr_*: RDMA WRITE 4096 bytes, data identical",
+            "inline data from unregistered memory, overwritten after the post: as posted",
+            "ibv_query_device_ex: hca_core_clock 1000000 kHz",
+            "completion timestamps: 5 in order, within the clock's readings",
+            "ok",
+        ],
     );
-    for want in [
-        "extended CQ and ibv_wr_*: RDMA WRITE 4096 bytes, data identical",
-        "inline data from unregistered memory, overwritten after the post: as posted",
-        "ibv_query_device_ex: hca_core_clock 1000000 kHz",
-        "completion timestamps: 5 in order, within the clock's readings",
-        "ok",
-    ] {
-        assert!(so.contains(want), "no {want:?} in:\n{so}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
