@@ -579,6 +579,8 @@ const BREAK_EFFECTS: &[(&str, &[&str], &[&str])] = &[
     // A requester-side break the ferroce peer's SENDs never meet: its test runs against the
     // perf client (the_client_roles_test_the_perf_clients_requester).
     ("exceed-rd-atomic", &[], &[]),
+    ("nak-resend-from-start", &[], &[]),
+    ("ack-head-only", &[], &[]),
     (
         "recycle-rd-atomic",
         &["res.too-many-reads"],
@@ -925,6 +927,46 @@ fn the_client_roles_test_the_perf_clients_requester() {
         "{:#?}",
         t.outcome
     );
+    // The requester breaks, each with its role's window tests: exactly its test fails.
+    let window = [
+        "ack.ghost-ack",
+        "ack.nak-resend-from-psn",
+        "ack.coalesced-to-requester",
+    ];
+    for (brk, test, tool, only, fails) in [
+        (
+            "nak-resend-from-start",
+            Test::WriteBw,
+            PeerTool::PerftestWriteClient,
+            &window,
+            "ack.nak-resend-from-psn",
+        ),
+        (
+            "ack-head-only",
+            Test::SendBw,
+            PeerTool::PerftestSendClient,
+            &window,
+            "ack.coalesced-to-requester",
+        ),
+    ] {
+        let r = against_perf_client(test, tool, only, |c| assert!(c.deviations.set(brk)));
+        println!(
+            "--break {brk}:\n{}",
+            ferroce::apps::conform::report::table(&r, true)
+        );
+        for t in r.results.iter().filter(|t| only.contains(&t.id)) {
+            let want = if t.id == fails {
+                Verdict::Fail
+            } else {
+                Verdict::Pass
+            };
+            assert_eq!(
+                t.outcome.verdict, want,
+                "--break {brk} {}: {:#?}",
+                t.id, t.outcome
+            );
+        }
+    }
     let r = against_perf_client(
         Test::WriteBw,
         PeerTool::PerftestWriteClient,

@@ -78,8 +78,9 @@ enum RespAt {
 }
 
 impl Qp {
-    /// Acknowledge every SEND/WRITE PSN up to and including `p`.
-    fn ack_through(&mut self, ctx: &mut Ctx<'_>, p: Psn) -> Acked {
+    /// Acknowledge every SEND/WRITE PSN up to and including `p` (`head_only`: the oldest
+    /// alone, the `ack-head-only` deviation).
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, p: Psn, head_only: bool) -> Acked {
         let mut progress = false;
         while let Some(w) = self.sq.front() {
             if !w.assigned {
@@ -97,6 +98,10 @@ impl Qp {
                 self.req.una = last.next();
                 self.complete_send_head(ctx, WcStatus::Success);
                 progress = true;
+                if head_only {
+                    // Deliberate deviation: the oldest request alone (deviations.rs).
+                    break;
+                }
             } else {
                 if !p.before(self.req.una) {
                     self.req.una = p.next();
@@ -234,20 +239,25 @@ impl Qp {
         match kind {
             Response::Ack => {
                 self.counters.acks_rcvd += 1;
-                let a = self.ack_through(ctx, p);
+                let a = self.ack_through(ctx, p, self.dev.ack_head_only);
                 self.handle_acked(ctx, a);
             }
             Response::RnrNak(t) => self.on_rnr_nak(ctx, p, t),
+            Response::SequenceNak if self.dev.nak_resend_from_start => {
+                // Deliberate deviation: acknowledge nothing, resend from the oldest PSN.
+                self.counters.seq_naks_rcvd += 1;
+                self.seq_retry(ctx, self.req.una, Retry::SequenceNak);
+            }
             Response::SequenceNak => {
                 self.counters.seq_naks_rcvd += 1;
-                let a = self.ack_through(ctx, p.sub(1));
+                let a = self.ack_through(ctx, p.sub(1), false);
                 if self.handle_acked(ctx, a) {
                     self.seq_retry(ctx, p, Retry::SequenceNak);
                 }
             }
             Response::ErrorNak(code) => {
                 self.counters.err_naks_rcvd += 1;
-                let a = self.ack_through(ctx, p.sub(1));
+                let a = self.ack_through(ctx, p.sub(1), false);
                 if self.handle_acked(ctx, a) {
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
@@ -281,7 +291,7 @@ impl Qp {
             self.counters.rnr_naks_ignored += 1;
             return;
         }
-        let a = self.ack_through(ctx, p.sub(1));
+        let a = self.ack_through(ctx, p.sub(1), false);
         if !self.handle_acked(ctx, a) {
             return;
         }

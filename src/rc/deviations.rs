@@ -49,6 +49,13 @@ pub struct Deviations {
     /// The requester sends READ/ATOMIC requests without the `max_rd_atomic` bound (IBTA
     /// 9.5, 11.2.4.2: at most max_rd_atomic outstanding, as the responder can take them).
     pub exceed_rd_atomic: bool,
+    /// A PSN sequence error NAK acknowledges nothing: the requester resends from the oldest
+    /// outstanding PSN, not the NAK's (IBTA 9.7.5.2.3: the requests before the NAK's PSN
+    /// are acknowledged by it, the resend starts at its PSN).
+    pub nak_resend_from_start: bool,
+    /// An ACK completes only the oldest outstanding request, not every one up to its PSN
+    /// (IBTA 9.7.6.1: ACKs may be coalesced); the rest are resent after the ACK timeout.
+    pub ack_head_only: bool,
 }
 
 /// The break names `--break` takes, each with what it does.
@@ -84,6 +91,14 @@ pub const BREAKS: &[(&str, &str)] = &[
         "exceed-rd-atomic",
         "the requester ignores max_rd_atomic (READ/ATOMIC requests without bound)",
     ),
+    (
+        "nak-resend-from-start",
+        "the requester resends from its oldest PSN after a sequence NAK, not the NAK's",
+    ),
+    (
+        "ack-head-only",
+        "an ACK completes only the requester's oldest request, not all up to its PSN",
+    ),
 ];
 
 impl Deviations {
@@ -103,6 +118,8 @@ impl Deviations {
             "retry-seven-forever" => &mut self.retry_seven_forever,
             "recycle-rd-atomic" => &mut self.recycle_rd_atomic,
             "exceed-rd-atomic" => &mut self.exceed_rd_atomic,
+            "nak-resend-from-start" => &mut self.nak_resend_from_start,
+            "ack-head-only" => &mut self.ack_head_only,
             _ => return false,
         };
         *flag = true;
