@@ -31,6 +31,11 @@ struct Run {
 /// Server (127.0.0.1) and client (127.0.0.2) of `prog` with their own arguments; the client
 /// captures to a pcap that tshark reads.
 fn pair(test: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
+    pair_under(test, "", prog, server, client)
+}
+
+/// [`pair`], each side started by `wrap` (a command prefix such as `taskset -c 0 `).
+fn pair_under(test: &str, wrap: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
     // rdma-core's examples take the GID index with -g, perftest with -x
     let g = if prog.starts_with("ib_") { "-x" } else { "-g" };
     let dir = links(test);
@@ -44,14 +49,15 @@ fn pair(test: &str, prog: &str, server: &[&str], client: &[&str]) -> Run {
     let pcap = dir.join("client.pcap");
     let script = format!(
         "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\n\
-         {p} -d lo --backend udp {g} 0 --timeout 10 {sa} >{d}/s.out 2>{d}/s.err &\n\
+         {wrap}{p} -d lo --backend udp {g} 0 --timeout 10 {sa} >{d}/s.out 2>{d}/s.err &\n\
          S=$!\n\
-         {p} 127.0.0.1 -d lo --backend udp {g} 1 --timeout 10 --pcap {pcap} {ca} >{d}/c.out 2>{d}/c.err\n\
+         {wrap}{p} 127.0.0.1 -d lo --backend udp {g} 1 --timeout 10 --pcap {pcap} {ca} >{d}/c.out 2>{d}/c.err\n\
          echo $? >{d}/c.rc\n\
          wait $S; echo $? >{d}/s.rc\n",
         p = p.display(),
         d = dir.display(),
         pcap = pcap.display(),
+        wrap = wrap,
         sa = q(server),
         ca = q(client),
     );
@@ -485,4 +491,62 @@ fn perftest_over_ud() {
         r.client.1
     );
     assert_eq!(r.frames.iter().filter(|f| f[2] == "100").count(), 600);
+}
+
+/// On a one-CPU host nothing busy-polls (`runtime::single_cpu`): the latency tests sleep in the
+/// packet device at once, a bandwidth test's engine thread sleeps without spinning first, and
+/// read_lat's server runs the inline engine instead of a busy engine thread. Both processes
+/// pinned to one CPU (`taskset -c 0`: `available_parallelism` is 1): every message arrives
+/// byte for byte and every ping-pong completes all its iterations.
+#[test]
+fn perftest_on_one_cpu() {
+    if !can_unshare("perftest_on_one_cpu") {
+        return;
+    }
+    let one = "taskset -c 0 ";
+    let bw = ["-s", "4096", "-n", "200", "--verify"];
+    let r = pair_under("cpu1send", one, "ib_send_bw", &bw, &bw);
+    ok(&r);
+    assert!(
+        r.server
+            .1
+            .contains("verify: ok: 200 messages, 819200 bytes"),
+        "{}",
+        r.server.1
+    );
+    let r = pair_under("cpu1write", one, "ib_write_bw", &bw, &bw);
+    ok(&r);
+    assert!(
+        r.server.1.contains("verify: ok: 1 messages, 4096 bytes"),
+        "{}",
+        r.server.1
+    );
+    // READ (responses through the responder's side of the engine): all 200 complete.
+    let r = pair_under("cpu1read", one, "ib_read_bw", &bw[..4], &bw[..4]);
+    ok(&r);
+    assert_eq!(
+        iterations(&r.client.1, "4096"),
+        Some("200"),
+        "{}",
+        r.client.1
+    );
+    for prog in ["ib_send_lat", "ib_read_lat", "ib_write_lat"] {
+        let lat = ["-s", "64", "-n", "300"];
+        let r = pair_under("cpu1lat", one, prog, &lat, &lat);
+        ok(&r);
+        assert_eq!(
+            iterations(&r.client.1, "64"),
+            Some("300"),
+            "{prog}: {}",
+            r.client.1
+        );
+    }
+}
+
+/// The iteration count of a perftest result line (`SIZE ITERATIONS ...`).
+fn iterations<'a>(out: &'a str, size: &str) -> Option<&'a str> {
+    out.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() > 4 && w[0] == size).then(|| w[1])
+    })
 }

@@ -208,9 +208,13 @@ pub fn run_perf(
         (true, _) | (_, PollArg::Busy) => Poll::Busy,
         (_, PollArg::Inline) => Poll::Inline,
         // read-lat's and atomic-lat's server has no application loop (the NIC answers the
-        // requests alone): a busy-polling engine thread, as a NIC would answer them.
+        // requests alone): a busy-polling engine thread, as a NIC would answer them; on a
+        // one-CPU host the inline engine's background thread, which sleeps in the packet
+        // device (a spinning thread there holds the CPU the requests' way in needs).
         (_, PollArg::Auto)
-            if server && matches!(cfg.test, perf::Test::ReadLat | perf::Test::AtomicLat) =>
+            if server
+                && matches!(cfg.test, perf::Test::ReadLat | perf::Test::AtomicLat)
+                && !crate::runtime::single_cpu() =>
         {
             Poll::Busy
         }
@@ -252,7 +256,13 @@ pub fn run_perf(
             Poll::Busy => PollMode::Busy,
             Poll::Inline => PollMode::Inline,
             Poll::Adaptive => PollMode::Adaptive {
-                spins: 2000,
+                // On one CPU the engine thread's spinning would keep the test's thread (and
+                // the kernel's receive path) off it: sleep at once.
+                spins: if crate::runtime::single_cpu() {
+                    0
+                } else {
+                    2000
+                },
                 max_sleep: Duration::from_millis(1),
             },
         },

@@ -74,6 +74,31 @@ pub const INLINE_TAKEOVER: Duration = Duration::from_micros(200);
 /// sample sequence): p99 5.5–13.2 µs against 5.1–7.4 µs at 10 ms, alternating runs.
 pub const INLINE_CHECK_MAX: Duration = Duration::from_millis(10);
 
+/// [`PollMode::Inline`]: how long an application thread waiting for a completion busy-polls
+/// the engine before it sleeps in the packet device (see [`spin_budget`]).
+pub const INLINE_WAIT_SPIN: Duration = Duration::from_micros(20);
+
+/// Whether this process has one CPU to run on (`available_parallelism`: the affinity mask
+/// and the cgroup's CPU quota). There a thread that busy-polls for a packet holds the only
+/// CPU the packet's way in needs (the kernel's softirq thread, our own engine thread), and
+/// the packet waits for the spinner's time slice to end.
+pub fn single_cpu() -> bool {
+    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONE.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() == 1))
+}
+
+/// How long to busy-poll before sleeping: `d`, or nothing on a one-CPU host ([`single_cpu`]).
+/// In one-vCPU QEMU guests a send-lat ping-pong that spun 2 ms per completion before it slept
+/// took 7.7 ms a hop; sleeping in the packet device at once, 0.83 ms (AF_XDP, both binaries
+/// in the same guests, docs/performance.md).
+pub fn spin_budget(d: Duration) -> Duration {
+    if single_cpu() {
+        Duration::ZERO
+    } else {
+        d
+    }
+}
+
 /// Runtime options.
 #[derive(Clone, Copy, Debug)]
 pub struct NicOptions {
@@ -87,7 +112,8 @@ impl Default for NicOptions {
     fn default() -> Self {
         NicOptions {
             poll: PollMode::Adaptive {
-                spins: 2000,
+                // No spinning on one CPU: it would hold the CPU the application needs.
+                spins: if single_cpu() { 0 } else { 2000 },
                 max_sleep: Duration::from_micros(50),
             },
             batch: 64,
@@ -194,6 +220,9 @@ struct Inner {
     async_notify: Mutex<Option<CqNotify>>,
     /// The device's queued-event count the engine last saw.
     async_seen: AtomicU64,
+    /// [`PollMode::Inline`]: nanoseconds a waiting application thread spins before it sleeps
+    /// in the packet device (see [`Nic::set_wait_spin`]).
+    wait_spin_ns: AtomicU64,
 }
 
 /// How often the engine refreshes the packet device's counters (see `engine_step`).
@@ -254,6 +283,7 @@ impl Nic {
             quiet_rounds: AtomicU64::new(0),
             async_notify: Mutex::new(None),
             async_seen: AtomicU64::new(0),
+            wait_spin_ns: AtomicU64::new(spin_budget(INLINE_WAIT_SPIN).as_nanos() as u64),
         });
         let describe = pkt.describe();
         tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, "NIC starting");
@@ -745,12 +775,23 @@ impl Nic {
         inline_progress(&self.inner)
     }
 
+    /// [`PollMode::Inline`]: how long `wait_cq` and `get_cq_event` busy-poll the engine before
+    /// they sleep in the packet device. Default [`INLINE_WAIT_SPIN`], none on a one-CPU host
+    /// ([`spin_budget`]).
+    pub fn set_wait_spin(&self, d: Duration) {
+        self.inner.wait_spin_ns.store(
+            d.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
     /// [`PollMode::Inline`]: drive the engine until `ready()` or `deadline`, sleeping in the
     /// packet device (at most until the next timer) when there is nothing to do.
     fn inline_wait(&self, deadline: std::time::Instant, ready: &dyn Fn() -> bool) -> bool {
         let Some(m) = &self.inner.inline else {
             return ready();
         };
+        let spin = Duration::from_nanos(self.inner.wait_spin_ns.load(Ordering::Relaxed));
         let mut idle_since = std::time::Instant::now();
         loop {
             if self.progress() > 0 {
@@ -765,7 +806,7 @@ impl Nic {
             }
             // Spin briefly (the answer is usually microseconds away), then sleep in the
             // device until a frame arrives, the next timer or the deadline.
-            if now.duration_since(idle_since) < Duration::from_micros(20) {
+            if now.duration_since(idle_since) < spin {
                 std::hint::spin_loop();
                 continue;
             }
@@ -780,6 +821,11 @@ impl Nic {
                 e.next_timer,
                 at,
             );
+            // This thread drives the engine while it waits in the device: the background
+            // thread is not to take over (and wait on the same device) before the wait ends.
+            self.inner
+                .last_app_drive
+                .store(at.saturating_add(wait.as_nanos() as u64), Ordering::Relaxed);
             if e.pkt.wait_readable(Some(wait)).is_err() {
                 self.inner.io_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -1156,11 +1202,15 @@ fn flush_held_acks(inner: &Inner, mut step: impl FnMut() -> usize) {
 
 /// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
 fn inline_progress(inner: &Inner) -> usize {
-    let Some(m) = &inner.inline else {
-        return 0;
-    };
+    inline_try_progress(inner).unwrap_or(0)
+}
+
+/// [`inline_progress`], or `None` when another thread holds the engine (it is driving it, or
+/// waiting in the packet device with it).
+fn inline_try_progress(inner: &Inner) -> Option<usize> {
+    let m = inner.inline.as_ref()?;
     let Ok(mut e) = m.try_lock() else {
-        return 0;
+        return None;
     };
     let e = &mut *e;
     let mut total = 0;
@@ -1172,7 +1222,7 @@ fn inline_progress(inner: &Inner) -> usize {
             break;
         }
     }
-    total
+    Some(total)
 }
 
 /// [`PollMode::Inline`]'s background thread: asleep while the application drives the
@@ -1213,7 +1263,15 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
             inner.io_errors.fetch_add(1, Ordering::Relaxed);
         }
         inner.wake.drain();
-        inline_progress(inner);
+        if inline_try_progress(inner).is_none() {
+            // An application thread holds the engine: it drives it, or waits in the packet
+            // device with it and takes the frame that woke this thread. Polling the device
+            // again would return at once, the frame still there, until that thread runs: a
+            // busy loop that, on a one-CPU host, keeps that very thread off the CPU (send-lat
+            // in a one-vCPU guest: this thread ran 1.3 s of a 4 s run and every hop took
+            // ~4 ms, a scheduler time slice).
+            std::thread::sleep(INLINE_TAKEOVER);
+        }
     }
     flush_held_acks(inner, || inline_progress(inner));
     tracing::debug!("inline engine's background thread stopping");

@@ -89,7 +89,7 @@ pub(super) fn await_cq(
     if ep.nic.progress() > 0 {
         return Ok(());
     }
-    if idle_since.elapsed() < SPIN_BEFORE_SLEEP {
+    if idle_since.elapsed() < crate::runtime::spin_budget(SPIN_BEFORE_SLEEP) {
         std::hint::spin_loop();
     } else {
         ep.nic.wait_cq(cq, Duration::from_millis(1))?;
@@ -831,7 +831,7 @@ pub(super) fn run_iter_bi(
                 return Err(PerfError::Stalled(cfg.timeout));
             }
             if ep.nic.progress() == 0 {
-                if idle.elapsed() < SPIN_BEFORE_SLEEP {
+                if idle.elapsed() < crate::runtime::spin_budget(SPIN_BEFORE_SLEEP) {
                     std::hint::spin_loop();
                 } else {
                     std::thread::sleep(Duration::from_micros(50));

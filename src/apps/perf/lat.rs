@@ -35,6 +35,7 @@ fn one(
     stop: &dyn Fn() -> bool,
 ) -> Result<Option<WorkCompletion>, PerfError> {
     let t0 = Instant::now();
+    let spin = crate::runtime::spin_budget(LAT_SPIN_BEFORE_SLEEP);
     loop {
         buf.clear();
         if ep.nic.poll_cq(cq, buf, 1)? == 1 {
@@ -44,7 +45,7 @@ fn one(
         if stop() {
             return Ok(None);
         }
-        if !events && t0.elapsed() < LAT_SPIN_BEFORE_SLEEP {
+        if !events && t0.elapsed() < spin {
             // Busy-poll as perftest does (poll_cq drives an inline engine).
             std::hint::spin_loop();
             continue;
@@ -315,7 +316,7 @@ pub(super) fn run_write(
                 if ep.nic.progress() > 0 {
                     continue;
                 }
-                if t0.elapsed() < SPIN_BEFORE_SLEEP {
+                if t0.elapsed() < crate::runtime::spin_budget(SPIN_BEFORE_SLEEP) {
                     std::hint::spin_loop();
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
