@@ -703,6 +703,17 @@ unsafe extern "C" fn wr_set_sge(qp: QpExPtr, lkey: u32, addr: u64, length: u32) 
 }
 
 unsafe extern "C" fn wr_set_sge_list(qp: QpExPtr, n: usize, sg: *const ibv_sge) {
+    // SAFETY: a QP of this library (libibverbs' contract, as for every builder call).
+    let w = unsafe { qpw(qp) };
+    if n > w.max_send_sge as usize {
+        // More entries than the QP takes: the session fails with EINVAL, and the array is not
+        // read (see `verbs::sges`).
+        let mut tx = lock(&w.tx);
+        if tx.err == 0 {
+            tx.err = EINVAL;
+        }
+        return;
+    }
     let list: Vec<Sge> = if n == 0 || sg.is_null() {
         Vec::new()
     } else {

@@ -35,6 +35,8 @@
 
 pub mod abi;
 mod device;
+#[doc(hidden)]
+pub mod entry_fuzz;
 mod ex;
 pub mod rdmacm;
 mod stubs;

@@ -85,6 +85,11 @@ pub(crate) struct QpW {
     pub(crate) ex: ibv_qp_ex_tail,
     pub(crate) qpn: QpNumber,
     pub(crate) qp_type: QpType,
+    /// The scatter/gather limits the QP was created with: a request naming more entries is
+    /// refused before its list is read (the count is the caller's word for the array's length;
+    /// nothing beyond the limit is ever read).
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
     /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex` hands out `ex`.
     pub(crate) ex_on: bool,
     /// The builder's session and the inline bounce region.
@@ -95,6 +100,8 @@ pub(crate) struct QpW {
 struct SrqW {
     c: ibv_srq,
     srq: Srq,
+    /// The SRQ's scatter/gather limit (see `QpW::max_send_sge`).
+    max_sge: u32,
 }
 
 #[repr(C)]
@@ -976,9 +983,11 @@ pub unsafe extern "C" fn ibv_create_srq(
         Ok(q) => q,
         Err(e) => return fail(errno_of(&e)),
     };
+    let mut max_sge = attr.max_sge;
     if let Ok(a) = s.nic.query_srq(srq) {
         init.attr.max_wr = a.max_wr;
         init.attr.max_sge = a.max_sge;
+        max_sge = a.max_sge;
     }
     // SAFETY: plain C data.
     let mut c: ibv_srq = unsafe { std::mem::zeroed() };
@@ -986,7 +995,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     c.srq_context = init.srq_context;
     c.pd = pd;
     c.handle = srq.number();
-    let p = Box::into_raw(Box::new(SrqW { c, srq })) as *mut ibv_srq;
+    let p = Box::into_raw(Box::new(SrqW { c, srq, max_sge })) as *mut ibv_srq;
     objects(|o| o.srqs.insert(srq.number(), p as usize));
     p
 }
@@ -1063,11 +1072,20 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 
 /// The scatter/gather list of a work request.
 ///
+/// A count beyond `max` (the queue's limit) is refused before anything is read: a wrong
+/// count must not make the library read past the caller's array (found by the C entry point
+/// fuzzer: `num_sge` 48,148 with an array of 40 entries read unmapped memory).
+///
 /// # Safety
-/// `sg` points to `n` entries (or `n` is 0).
-unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
-    if n < 0 || (n > 0 && sg.is_null()) {
+/// `sg` points to `n` entries (or `n` is 0 or beyond `max`).
+unsafe fn sges(sg: *const ibv_sge, n: c_int, max: u32) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && sg.is_null()) || n as u32 > max {
         return Err(EINVAL);
+    }
+    if n == 0 {
+        // No entries: the list may be NULL (a slice from a NULL pointer is undefined even
+        // when empty; the fuzzer's debug build stopped on it).
+        return Ok(Vec::new());
     }
     // SAFETY: the caller's array.
     let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
@@ -1122,10 +1140,10 @@ unsafe fn post_list<W: WrList>(
     0
 }
 
-/// A receive request as the engine takes it.
-fn recv_wr(r: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+/// A receive request as the engine takes it (at most `max` entries).
+fn recv_wr(r: &ibv_recv_wr, max: u32) -> Result<RecvWr, c_int> {
     // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-    let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
+    let sg_list = unsafe { sges(r.sg_list, r.num_sge, max) }?;
     Ok(RecvWr {
         wr_id: r.wr_id,
         sg_list,
@@ -1147,7 +1165,7 @@ unsafe extern "C" fn post_srq_recv(
     // SAFETY: the caller's list and out parameter (libibverbs' contract).
     unsafe {
         post_list(wr, bad, |r| {
-            let x = recv_wr(r)?;
+            let x = recv_wr(r, w.max_sge)?;
             s.nic.post_srq_recv(w.srq, x).map_err(|e| errno_of(&e))
         })
     }
@@ -1242,6 +1260,8 @@ pub unsafe extern "C" fn ibv_create_qp(
         ex: crate::ex::qp_ex_tail(),
         qpn,
         qp_type,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
         ex_on: false,
         tx: Mutex::new(tx),
     })) as *mut ibv_qp;
@@ -1520,7 +1540,7 @@ unsafe extern "C" fn post_send(
     let post = |r: &ibv_send_wr| -> Result<(), c_int> {
         let op = send_op(r)?;
         // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-        let sg_list = unsafe { sges(r.sg_list, r.num_sge) }?;
+        let sg_list = unsafe { sges(r.sg_list, r.num_sge, w.max_send_sge) }?;
         let mut x = SendWr::new(r.wr_id, op, sg_list)
             .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
         if w.qp_type == QpType::Ud {
@@ -1561,7 +1581,7 @@ unsafe extern "C" fn post_recv(
     // SAFETY: the caller's list and out parameter (libibverbs' contract).
     unsafe {
         post_list(wr, bad, |r| {
-            let x = recv_wr(r)?;
+            let x = recv_wr(r, w.max_recv_sge)?;
             s.nic.post_recv(w.qpn, x).map_err(|e| errno_of(&e))
         })
     }

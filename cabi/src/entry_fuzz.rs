@@ -1,0 +1,988 @@
+//! A fuzz harness for the C entry points (issue 17): everything a C program hands this library
+//! as *values* — work requests with any opcode, flags, scatter/gather count, lengths, keys and
+//! addresses, NULL lists; QP, SRQ, CQ and AH attributes with any field and attribute mask;
+//! creation capabilities and types; poll and notify counts — driven by a byte string read as a
+//! sequence of calls on one open device. Pointers stay within libibverbs' contract (objects
+//! this library handed out, arrays as long as the count says, or NULL), since a wild pointer
+//! crashes any libibverbs; but a count larger than the array behind it is fuzzed too, where
+//! the library can know better (a scatter/gather count beyond the QP's `max_sge`).
+//!
+//! Checked after every call: nothing crashes (the fuzz build runs with AddressSanitizer and
+//! overflow checks); a post returns 0 or a positive errno, and on an error `bad_wr` names one
+//! of the requests of the list; `poll_cq` returns at most what was asked, `-EINVAL` for a
+//! negative count; every completion names a work request posted in this input (no completion
+//! without a request); the bytes of the buffer no memory region covers are never written.
+//! At the end of each input every object it created is destroyed again, and must be: the
+//! device is shared by all inputs.
+//!
+//! The device is this process's (`FERROCE_DEV`): the harness refuses to run unless the only
+//! interface it can see is `lo`, i.e. in a network namespace of its own (`unshare -rn` with
+//! `lo` up), since connected QPs send to whatever GID the input names.
+//!
+//! Run by `fuzz/fuzz_targets/cabi_entry.rs` (`tools/fuzz cabi_entry RUNS [SECONDS]`) and, on
+//! stable, by `cabi/tests/entry_fuzz.rs` (seeded inputs and the kept regressions).
+#![allow(missing_docs)]
+
+use crate::abi::*;
+use crate::verbs::*;
+use libc::{c_int, c_void, EINVAL};
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::ptr::null_mut;
+
+/// Reads the fuzz input; zeros once it is exhausted.
+struct Input<'a> {
+    d: &'a [u8],
+    i: usize,
+}
+
+impl Input<'_> {
+    fn done(&self) -> bool {
+        self.i >= self.d.len()
+    }
+    fn u8(&mut self) -> u8 {
+        let b = self.d.get(self.i).copied().unwrap_or(0);
+        self.i += 1;
+        b
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from(self.u32()) | (u64::from(self.u32()) << 32)
+    }
+    fn int(&mut self) -> c_int {
+        self.u32() as c_int
+    }
+    /// Mostly `sane`, sometimes a small or a wild value.
+    fn pick_u32(&mut self, sane: u32) -> u32 {
+        match self.u8() % 8 {
+            0..=4 => sane,
+            5 => u32::from(self.u8()),
+            6 => self.u32(),
+            _ => u32::MAX - u32::from(self.u8()),
+        }
+    }
+}
+
+/// The application's memory: registered regions cover `[0, MR_END)`; the rest is a guard
+/// that nothing may write.
+const BUF: usize = 1 << 16;
+const MR_END: usize = BUF / 2;
+const GUARD: u8 = 0xa7;
+
+/// What every input shares: the open device and the objects that live as long as it.
+struct Env {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    other_pd: *mut ibv_pd,
+    cq: *mut ibv_cq,
+    /// Local write, remote read/write/atomic, over `buf[0..MR_END/2]`.
+    mr: *mut ibv_mr,
+    /// Remote read only, over `buf[MR_END/2..MR_END]`.
+    mr_ro: *mut ibv_mr,
+    /// Another PD's region over the same bytes as `mr`.
+    mr_other: *mut ibv_mr,
+    buf: Box<[u8]>,
+    gid: ibv_gid,
+    /// A tag in every wr_id of an input (completions of another input are a failure).
+    input: u64,
+}
+
+thread_local! {
+    static ENV: RefCell<Option<Env>> = const { RefCell::new(None) };
+}
+
+fn must<T>(p: *mut T, what: &str) -> *mut T {
+    assert!(
+        !p.is_null(),
+        "{what} failed: {}",
+        std::io::Error::last_os_error()
+    );
+    p
+}
+
+fn env() -> Env {
+    let others: Vec<String> = ferroce::io::netdev::netdevs()
+        .into_iter()
+        .map(|d| d.name)
+        .filter(|n| n != "lo")
+        .collect();
+    assert!(
+        others.is_empty(),
+        "the C entry point harness sends to any address: run it in a network namespace of its \
+         own with only lo (unshare -rn; tools/fuzz does); interfaces seen: {others:?}"
+    );
+    std::env::set_var("FERROCE_DEV", "lo");
+    let mut n = 0;
+    // SAFETY: the calls below follow libibverbs' contract: out parameters are locals, every
+    // object passed was returned by this library and is alive, the buffer outlives its regions
+    // (it lives in `Env`, whose regions are never deregistered).
+    unsafe {
+        let list = must(ibv_get_device_list(&mut n), "ibv_get_device_list");
+        assert_eq!(n, 1);
+        let ctx = must(ibv_open_device(*list), "ibv_open_device");
+        ibv_free_device_list(list);
+        let pd = must(ibv_alloc_pd(ctx), "ibv_alloc_pd");
+        let other_pd = must(ibv_alloc_pd(ctx), "ibv_alloc_pd");
+        let cq = must(
+            ibv_create_cq(ctx, 4096, null_mut(), null_mut(), 0),
+            "ibv_create_cq",
+        );
+        let mut buf = vec![GUARD; BUF].into_boxed_slice();
+        let base = buf.as_mut_ptr();
+        let all = 1 | 2 | 4 | 8; // LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC
+        let mr = must(
+            ibv_reg_mr(pd, base as *mut c_void, MR_END / 2, all),
+            "ibv_reg_mr",
+        );
+        let mr_ro = must(
+            ibv_reg_mr(pd, base.add(MR_END / 2) as *mut c_void, MR_END / 2, 4),
+            "ibv_reg_mr",
+        );
+        let mr_other = must(
+            ibv_reg_mr(other_pd, base as *mut c_void, MR_END / 2, all),
+            "ibv_reg_mr",
+        );
+        let mut gid = ibv_gid { raw: [0; 16] };
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        Env {
+            ctx,
+            pd,
+            other_pd,
+            cq,
+            mr,
+            mr_ro,
+            mr_other,
+            buf,
+            gid,
+            input: 0,
+        }
+    }
+}
+
+/// The objects one input made (destroyed at its end).
+#[derive(Default)]
+struct Made {
+    qps: Vec<*mut ibv_qp>,
+    srqs: Vec<*mut ibv_srq>,
+    cqs: Vec<*mut ibv_cq>,
+    ahs: Vec<*mut ibv_ah>,
+    mrs: Vec<*mut ibv_mr>,
+    /// Every wr_id posted (sends and receives).
+    posted: BTreeSet<u64>,
+    next: u64,
+    st: Stats,
+}
+
+/// What one input did (for the stable test's depth check).
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Stats {
+    pub calls: u64,
+    pub qps: u64,
+    pub posts_taken: u64,
+    pub posts_refused: u64,
+    pub modify_ok: u64,
+    pub modify_refused: u64,
+    pub completions: u64,
+    pub error_completions: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.calls += o.calls;
+        self.qps += o.qps;
+        self.posts_taken += o.posts_taken;
+        self.posts_refused += o.posts_refused;
+        self.modify_ok += o.modify_ok;
+        self.modify_refused += o.modify_refused;
+        self.completions += o.completions;
+        self.error_completions += o.error_completions;
+    }
+}
+
+/// Run one input.
+pub fn run(data: &[u8]) {
+    run_stats(data);
+}
+
+/// Run one input; what it did.
+pub fn run_stats(data: &[u8]) -> Stats {
+    ENV.with(|e| {
+        let mut e = e.borrow_mut();
+        let env = e.get_or_insert_with(env);
+        env.input += 1;
+        let mut inp = Input { d: data, i: 0 };
+        let mut m = Made::default();
+        setup(env, &mut m, &mut inp);
+        let mut calls = 0;
+        while !inp.done() && calls < 64 {
+            calls += 1;
+            call(env, &mut m, &mut inp);
+        }
+        teardown(env, &mut m);
+        m.st.calls = calls;
+        m.st
+    })
+}
+
+/// Any of the CQs (the shared one mostly), or NULL.
+fn some_cq(env: &Env, m: &Made, k: u8) -> *mut ibv_cq {
+    match k % 8 {
+        0 => null_mut(),
+        1 if !m.cqs.is_empty() => m.cqs[usize::from(k / 8) % m.cqs.len()],
+        _ => env.cq,
+    }
+}
+
+/// QPs from `ibv_create_qp` with attributes from the input (mostly sane, any field wild);
+/// then, sometimes, the first two of one type connected to each other the proper way.
+fn setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
+    let n = 2 + inp.u8() % 3;
+    let pair = inp.u8();
+    for _ in 0..n {
+        if inp.u8() % 4 == 0 {
+            // SAFETY: an attribute struct of ours for an SRQ of our PD.
+            let srq = unsafe {
+                let mut a = ibv_srq_init_attr {
+                    srq_context: null_mut(),
+                    attr: ibv_srq_attr {
+                        max_wr: inp.pick_u32(16),
+                        max_sge: inp.pick_u32(2),
+                        srq_limit: inp.pick_u32(0),
+                    },
+                };
+                ibv_create_srq(env.pd, &mut a)
+            };
+            if !srq.is_null() {
+                m.srqs.push(srq);
+            }
+        }
+        let kind = inp.u8();
+        let srq = if kind & 0x80 != 0 {
+            m.srqs.last().copied().unwrap_or(null_mut())
+        } else {
+            null_mut()
+        };
+        let mut init = if kind % 4 != 0 {
+            // Sane attributes (the first two QPs of one type, to be connected).
+            let ty = [2, 2, 3, 4][usize::from(if m.qps.len() < 2 { pair } else { kind >> 2 }) % 4];
+            ibv_qp_init_attr {
+                qp_context: null_mut(),
+                send_cq: env.cq,
+                recv_cq: env.cq,
+                srq,
+                cap: ibv_qp_cap {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    max_inline_data: 64,
+                },
+                qp_type: ty,
+                sq_sig_all: 1,
+            }
+        } else {
+            let ty = match inp.u8() % 8 {
+                0..=3 => 2, // RC
+                4 => 3,     // UC
+                5 | 6 => 4, // UD
+                _ => inp.int(),
+            };
+            let k = inp.u8();
+            ibv_qp_init_attr {
+                qp_context: null_mut(),
+                send_cq: some_cq(env, m, k),
+                recv_cq: some_cq(env, m, k.rotate_left(3)),
+                srq,
+                cap: ibv_qp_cap {
+                    max_send_wr: inp.pick_u32(16),
+                    max_recv_wr: inp.pick_u32(16),
+                    max_send_sge: inp.pick_u32(4),
+                    max_recv_sge: inp.pick_u32(4),
+                    max_inline_data: inp.pick_u32(64),
+                },
+                qp_type: ty,
+                sq_sig_all: if inp.u8() % 4 == 0 { inp.int() } else { 1 },
+            }
+        };
+        let pd = if inp.u8() % 16 == 0 {
+            env.other_pd
+        } else {
+            env.pd
+        };
+        // SAFETY: our attribute struct, naming our CQs/SRQ (or NULL).
+        let qp = unsafe { ibv_create_qp(pd, &mut init) };
+        if !qp.is_null() {
+            m.qps.push(qp);
+            m.st.qps += 1;
+        }
+    }
+    if m.qps.len() >= 2 && inp.u8() % 4 != 0 {
+        let (a, b) = (m.qps[0], m.qps[1]);
+        // SAFETY: QPs of ours.
+        let (ta, tb) = unsafe { ((*a).qp_type, (*b).qp_type) };
+        if ta == tb {
+            m.st.modify_ok += connect(env, a, b, ta) + connect(env, b, a, ta);
+        }
+    }
+}
+
+const STATE: c_int = 1;
+const ACCESS: c_int = 8;
+const PKEY: c_int = 16;
+const PORT: c_int = 32;
+const QKEY: c_int = 64;
+const AV: c_int = 128;
+const MTU: c_int = 256;
+const TIMEOUT: c_int = 512;
+const RETRY: c_int = 1024;
+const RNR_RETRY: c_int = 2048;
+const RQ_PSN: c_int = 4096;
+const RD_ATOMIC: c_int = 8192;
+const MIN_RNR: c_int = 32768;
+const SQ_PSN: c_int = 65536;
+const DEST_RD_ATOMIC: c_int = 131072;
+const DEST_QPN: c_int = 1 << 20;
+
+/// An attribute struct with every field zero.
+fn zero_attr() -> ibv_qp_attr {
+    // SAFETY: `ibv_qp_attr` is plain data (integers and arrays of them): all zeros is a value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `x` through INIT, RTR and RTS towards `peer` (both of type `ty`); how many of the three
+/// steps were taken (the input may have made either QP unusable).
+fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
+    let mut ok = 0;
+    let mut a = zero_attr();
+    a.qp_state = 1;
+    a.port_num = 1;
+    a.qkey = 0x1111_1111;
+    a.qp_access_flags = 1 | 2 | 4 | 8;
+    let mask = STATE | PKEY | PORT | if ty == 4 { QKEY } else { ACCESS };
+    // SAFETY: QPs of ours, our attribute struct.
+    unsafe {
+        ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
+        let mut a = zero_attr();
+        a.qp_state = 2;
+        a.path_mtu = 3; // 1024
+        a.dest_qp_num = (*peer).qp_num;
+        a.rq_psn = 0x10;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 1;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        a.ah_attr.grh.dgid = env.gid;
+        a.ah_attr.grh.hop_limit = 64;
+        let mask = match ty {
+            4 => STATE,
+            3 => STATE | AV | MTU | DEST_QPN | RQ_PSN,
+            _ => STATE | AV | MTU | DEST_QPN | RQ_PSN | DEST_RD_ATOMIC | MIN_RNR,
+        };
+        ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
+        let mut a = zero_attr();
+        a.qp_state = 3;
+        a.sq_psn = 0x10;
+        a.timeout = 10;
+        a.retry_cnt = 2;
+        a.rnr_retry = 2;
+        a.max_rd_atomic = 4;
+        let mask = if ty == 2 {
+            STATE | TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | RD_ATOMIC
+        } else {
+            STATE | SQ_PSN
+        };
+        ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
+    }
+    ok
+}
+
+/// A scatter/gather entry: mostly inside a region with its key, sometimes a wrong key, a
+/// range beyond the region, or anything.
+fn sge(env: &Env, inp: &mut Input) -> ibv_sge {
+    let k = inp.u8();
+    // SAFETY: regions of ours.
+    let (mr, mr_ro, mr_other) = unsafe { (&*env.mr, &*env.mr_ro, &*env.mr_other) };
+    let r = match k % 8 {
+        0..=3 => mr,
+        4 => mr_ro,
+        5 => mr_other,
+        6 => {
+            return ibv_sge {
+                addr: inp.u64(),
+                length: inp.u32(),
+                lkey: inp.u32(),
+            }
+        }
+        _ => {
+            return ibv_sge {
+                addr: mr.addr as u64 + u64::from(inp.u16()),
+                length: inp.u32(),
+                lkey: mr.lkey,
+            }
+        }
+    };
+    let off = u64::from(inp.u16()) % r.length as u64;
+    let len = match inp.u8() % 4 {
+        0 => 0,
+        1 => u32::from(inp.u16()),
+        _ => u32::from(inp.u8()),
+    };
+    ibv_sge {
+        addr: r.addr as u64 + off,
+        length: len,
+        lkey: if k & 0x80 != 0 { inp.u32() } else { r.lkey },
+    }
+}
+
+/// Up to `MAX_SGE` entries behind every list (what a C program would have in an array); the
+/// count given is mostly the entries there, sometimes more than the QP allows (with the
+/// array still `MAX_SGE` long: a library that reads more than its limit before checking
+/// overruns it), negative, or zero with entries.
+const MAX_SGE: usize = 40;
+
+fn sge_list(env: &Env, inp: &mut Input) -> (Vec<ibv_sge>, c_int, bool) {
+    let n = usize::from(inp.u8()) % 6;
+    let list: Vec<ibv_sge> = (0..n).map(|_| sge(env, inp)).collect();
+    let mut v = list;
+    let count = match inp.u8() % 16 {
+        0 => 0,
+        1 => -1 - c_int::from(inp.u8()),
+        2 => MAX_SGE as c_int + c_int::from(inp.u16()),
+        3 => c_int::MAX,
+        4 => {
+            v.resize(
+                MAX_SGE,
+                ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                },
+            );
+            MAX_SGE as c_int
+        }
+        _ => v.len() as c_int,
+    };
+    let null = inp.u8() % 16 == 0;
+    // Every list is MAX_SGE entries long in memory; `count` is what the request says.
+    v.resize(
+        MAX_SGE,
+        ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        },
+    );
+    (v, count, null)
+}
+
+fn wr_id(env: &Env, m: &mut Made) -> u64 {
+    m.next += 1;
+    let id = (env.input << 24) | m.next;
+    m.posted.insert(id);
+    id
+}
+
+fn ah(env: &Env, m: &mut Made, inp: &mut Input) -> *mut ibv_ah {
+    // SAFETY: our attribute struct and PD.
+    let ah = unsafe {
+        let mut a: ibv_ah_attr = zero_attr().ah_attr;
+        a.is_global = if inp.u8() % 8 == 0 { inp.u8() } else { 1 };
+        a.port_num = if inp.u8() % 8 == 0 { inp.u8() } else { 1 };
+        a.grh.dgid = env.gid;
+        if inp.u8() % 4 == 0 {
+            for b in a.grh.dgid.raw.iter_mut() {
+                *b = inp.u8();
+            }
+        }
+        a.grh.sgid_index = if inp.u8() % 8 == 0 { inp.u8() } else { 0 };
+        a.grh.hop_limit = inp.u8();
+        a.grh.traffic_class = inp.u8();
+        a.grh.flow_label = inp.u32();
+        a.dlid = inp.u16();
+        a.sl = inp.u8();
+        a.static_rate = inp.u8();
+        let pd = if inp.u8() % 8 == 0 {
+            env.other_pd
+        } else {
+            env.pd
+        };
+        ibv_create_ah(pd, &mut a)
+    };
+    if !ah.is_null() {
+        m.ahs.push(ah);
+    }
+    ah
+}
+
+fn post_send(env: &Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
+    let n = 1 + usize::from(inp.u8() % 4);
+    let mut lists = Vec::with_capacity(n);
+    // SAFETY: all-zero is a value of the plain-data request (its union's pointer NULL).
+    let mut wrs: Vec<ibv_send_wr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+    // SAFETY: regions of ours.
+    let (mr, mr_ro) = unsafe { (&*env.mr, &*env.mr_ro) };
+    let ud_ah = m.ahs.last().copied();
+    // SAFETY: a QP of ours.
+    let ud_qp = unsafe { (*qp).qp_type } == 4;
+    let base = env.buf.as_ptr() as u64;
+    for w in wrs.iter_mut() {
+        let (l, count, null) = sge_list(env, inp);
+        lists.push(l);
+        w.wr_id = wr_id(env, m);
+        w.num_sge = count;
+        w.sg_list = if null {
+            null_mut()
+        } else {
+            lists.last_mut().unwrap().as_mut_ptr()
+        };
+        let op = inp.u8();
+        w.opcode = match op % 16 {
+            0..=10 => c_int::from(op % 11),
+            11 => inp.int(),
+            _ => 2,
+        };
+        w.send_flags = match inp.u8() % 4 {
+            0 => inp.u32(),
+            1 => 8, // INLINE
+            _ => 2, // SIGNALED
+        };
+        w.imm_data = inp.u32();
+        let target = inp.u8();
+        let (addr, rkey) = match target % 8 {
+            0..=3 => (mr.addr as u64 + u64::from(inp.u16()) % 4096, mr.rkey),
+            4 => (mr_ro.addr as u64, mr_ro.rkey),
+            5 => (mr.addr as u64 + u64::from(inp.u32()), mr.rkey),
+            _ => (inp.u64(), inp.u32()),
+        };
+        // Inline data is read from the addresses given, with no key (libibverbs' contract:
+        // they are the program's readable memory): entries short enough to be taken are
+        // moved into the buffer; longer ones (beyond any inline limit) keep any address.
+        if w.send_flags & 8 != 0 {
+            for e in lists.last_mut().unwrap().iter_mut() {
+                if e.length <= 1024 {
+                    e.addr = base + e.addr % (BUF as u64 - 1024);
+                }
+            }
+        }
+        // A UD QP reads the `ud` member (its AH is dereferenced): always that one there.
+        w.wr = if ud_qp || target & 0x40 != 0 {
+            wr_union {
+                ud: wr_ud {
+                    ah: match ud_ah {
+                        Some(a) if inp.u8() % 8 != 0 => a,
+                        _ => null_mut(),
+                    },
+                    remote_qpn: if inp.u8() % 4 == 0 {
+                        inp.u32()
+                    } else {
+                        // SAFETY: QPs of ours.
+                        m.qps.first().map_or(0, |q| unsafe { (**q).qp_num })
+                    },
+                    remote_qkey: 0x1111_1111 ^ u32::from(inp.u8() % 2),
+                },
+            }
+        } else if target & 0x80 != 0 {
+            wr_union {
+                atomic: wr_atomic {
+                    remote_addr: addr & !7,
+                    compare_add: inp.u64(),
+                    swap: inp.u64(),
+                    rkey,
+                },
+            }
+        } else {
+            wr_union {
+                rdma: wr_rdma {
+                    remote_addr: addr,
+                    rkey,
+                },
+            }
+        };
+    }
+    for i in 1..n {
+        let next: *mut ibv_send_wr = &mut wrs[i];
+        wrs[i - 1].next = next;
+    }
+    let first = if inp.u8() % 32 == 0 {
+        null_mut()
+    } else {
+        wrs.as_mut_ptr()
+    };
+    let mut bad: *mut ibv_send_wr = null_mut();
+    // SAFETY: the context's own operation on a QP of ours, with a list of live requests
+    // whose scatter/gather arrays hold MAX_SGE entries each (see `sge_list` for the counts).
+    let rc = unsafe {
+        let post = (*env.ctx).ops.post_send.expect("post_send");
+        post(qp, first, &mut bad)
+    };
+    check_post(
+        m,
+        rc,
+        bad as *const u8,
+        wrs.as_ptr() as *const u8,
+        n,
+        size_of_send(),
+    );
+    drop(lists);
+}
+
+fn size_of_send() -> usize {
+    std::mem::size_of::<ibv_send_wr>()
+}
+
+/// A post's result: 0, or a positive errno with `bad` naming one of the `n` requests at
+/// `first` (each `size` bytes).
+fn check_post(m: &mut Made, rc: c_int, bad: *const u8, first: *const u8, n: usize, size: usize) {
+    assert!(rc >= 0, "a post returned {rc}");
+    if rc == 0 {
+        m.st.posts_taken += 1;
+    } else {
+        m.st.posts_refused += 1;
+    }
+    if rc != 0 && !first.is_null() {
+        let ok = (0..n).any(|i| bad == first.wrapping_add(i * size));
+        assert!(ok || bad.is_null(), "bad_wr names no request of the list");
+    }
+}
+
+fn post_recv(env: &Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp, srq: *mut ibv_srq) {
+    let n = 1 + usize::from(inp.u8() % 4);
+    let mut lists = Vec::with_capacity(n);
+    let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (l, count, null) = sge_list(env, inp);
+        lists.push(l);
+        wrs.push(ibv_recv_wr {
+            wr_id: wr_id(env, m),
+            next: null_mut(),
+            sg_list: if null {
+                null_mut()
+            } else {
+                lists.last_mut().unwrap().as_mut_ptr()
+            },
+            num_sge: count,
+        });
+    }
+    for i in 1..n {
+        let next: *mut ibv_recv_wr = &mut wrs[i];
+        wrs[i - 1].next = next;
+    }
+    let mut bad: *mut ibv_recv_wr = null_mut();
+    // SAFETY: the context's own operations on a QP/SRQ of ours, with a list of live requests
+    // whose arrays hold MAX_SGE entries each.
+    let rc = unsafe {
+        if srq.is_null() {
+            let post = (*env.ctx).ops.post_recv.expect("post_recv");
+            post(qp, wrs.as_mut_ptr(), &mut bad)
+        } else {
+            let post = (*env.ctx).ops.post_srq_recv.expect("post_srq_recv");
+            post(srq, wrs.as_mut_ptr(), &mut bad)
+        }
+    };
+    check_post(
+        m,
+        rc,
+        bad as *const u8,
+        wrs.as_ptr() as *const u8,
+        n,
+        std::mem::size_of::<ibv_recv_wr>(),
+    );
+    drop(lists);
+}
+
+/// An attribute struct with any field, mostly sane values.
+fn qp_attr(env: &Env, m: &Made, inp: &mut Input) -> ibv_qp_attr {
+    let mut a = zero_attr();
+    a.qp_state = match inp.u8() % 10 {
+        9 => inp.int(),
+        s => c_int::from(s % 7),
+    };
+    a.cur_qp_state = c_int::from(inp.u8() % 8);
+    a.path_mtu = match inp.u8() % 8 {
+        0 => inp.int(),
+        k => c_int::from(k % 6),
+    };
+    a.qkey = inp.u32();
+    a.rq_psn = inp.u32();
+    a.sq_psn = inp.u32();
+    a.dest_qp_num = match inp.u8() % 4 {
+        // SAFETY: QPs of ours.
+        0 | 1 if !m.qps.is_empty() => unsafe { (*m.qps[0]).qp_num },
+        _ => inp.u32(),
+    };
+    a.qp_access_flags = u32::from(inp.u8()) | if inp.u8() % 8 == 0 { inp.u32() } else { 0 };
+    a.cap = ibv_qp_cap {
+        max_send_wr: inp.pick_u32(16),
+        max_recv_wr: inp.pick_u32(16),
+        max_send_sge: inp.pick_u32(4),
+        max_recv_sge: inp.pick_u32(4),
+        max_inline_data: inp.pick_u32(64),
+    };
+    a.ah_attr.is_global = inp.u8() % 3;
+    a.ah_attr.port_num = inp.u8() % 3;
+    a.ah_attr.grh.dgid = env.gid;
+    if inp.u8() % 4 == 0 {
+        for b in a.ah_attr.grh.dgid.raw.iter_mut() {
+            *b = inp.u8();
+        }
+    }
+    a.ah_attr.grh.sgid_index = inp.u8() % 4;
+    a.ah_attr.grh.hop_limit = inp.u8();
+    a.ah_attr.grh.flow_label = inp.u32();
+    a.ah_attr.grh.traffic_class = inp.u8();
+    a.ah_attr.sl = inp.u8();
+    a.ah_attr.static_rate = inp.u8();
+    a.alt_ah_attr = a.ah_attr;
+    a.pkey_index = u16::from(inp.u8() % 3);
+    a.en_sqd_async_notify = inp.u8();
+    a.max_rd_atomic = inp.u8();
+    a.max_dest_rd_atomic = inp.u8();
+    a.min_rnr_timer = inp.u8();
+    a.port_num = inp.u8() % 3;
+    a.timeout = inp.u8();
+    a.retry_cnt = inp.u8();
+    a.rnr_retry = inp.u8();
+    a.rate_limit = inp.u32();
+    a
+}
+
+fn poll(env: &Env, m: &mut Made, cq: *mut ibv_cq, n: c_int) -> c_int {
+    let mut wc = [ibv_wc {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        vendor_err: 0,
+        byte_len: 0,
+        imm_data: 0,
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }; 64];
+    // SAFETY: the context's own operation on a CQ of ours with an array of 64 entries; the
+    // count is at most 64 (or negative).
+    let got = unsafe {
+        let poll = (*env.ctx).ops.poll_cq.expect("poll_cq");
+        poll(cq, n.min(64), wc.as_mut_ptr())
+    };
+    if n < 0 {
+        assert_eq!(got, -EINVAL, "poll_cq with a negative count");
+        return 0;
+    }
+    assert!(
+        (0..=n.min(64)).contains(&got),
+        "poll_cq returned {got} for {n}"
+    );
+    for w in &wc[..got as usize] {
+        m.st.completions += 1;
+        if w.status != 0 {
+            m.st.error_completions += 1;
+        }
+        assert!(
+            m.posted.contains(&w.wr_id),
+            "a completion for no work request of this input: wr_id {:#x} status {} opcode {} qp {:#x}",
+            w.wr_id,
+            w.status,
+            w.opcode,
+            w.qp_num
+        );
+    }
+    got
+}
+
+/// One call chosen by the input.
+fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
+    let act = inp.u8();
+    let qp = if m.qps.is_empty() {
+        null_mut()
+    } else {
+        m.qps[usize::from(act >> 4) % m.qps.len()]
+    };
+    match act % 16 {
+        0..=3 if !qp.is_null() => post_send(env, m, inp, qp),
+        4 | 5 if !qp.is_null() => post_recv(env, m, inp, qp, null_mut()),
+        6 if !m.srqs.is_empty() => {
+            let srq = m.srqs[usize::from(act >> 4) % m.srqs.len()];
+            post_recv(env, m, inp, null_mut(), srq);
+        }
+        7 if !qp.is_null() => {
+            let mut a = qp_attr(env, m, inp);
+            let mask = match inp.u8() % 4 {
+                0 => inp.int(),
+                _ => c_int::from(inp.u16()) << (inp.u8() % 12) | STATE,
+            };
+            // SAFETY: a QP of ours and our attribute struct.
+            let rc = unsafe { ibv_modify_qp(qp, &mut a, mask) };
+            assert!(rc >= 0, "ibv_modify_qp returned {rc}");
+            if rc == 0 {
+                m.st.modify_ok += 1;
+            } else {
+                m.st.modify_refused += 1;
+            }
+        }
+        8 if !qp.is_null() => {
+            let mut a = zero_attr();
+            // SAFETY: all-zero is a value of this plain-data struct (its pointers NULL).
+            let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            // SAFETY: a QP of ours and our out parameters.
+            let rc = unsafe { ibv_query_qp(qp, &mut a, inp.int(), &mut init) };
+            assert_eq!(rc, 0, "ibv_query_qp");
+        }
+        9 => {
+            let cq = some_cq(env, m, inp.u8());
+            if !cq.is_null() {
+                let n = match inp.u8() % 4 {
+                    0 => -1 - c_int::from(inp.u8()),
+                    _ => c_int::from(inp.u8() % 65),
+                };
+                poll(env, m, cq, n);
+            }
+        }
+        10 => {
+            let cq = some_cq(env, m, inp.u8());
+            if !cq.is_null() {
+                // SAFETY: the context's own operation on a CQ of ours.
+                let rc = unsafe {
+                    let notify = (*env.ctx).ops.req_notify_cq.expect("req_notify_cq");
+                    notify(cq, inp.int())
+                };
+                assert!(rc >= 0);
+            }
+        }
+        11 => {
+            let cqe = match inp.u8() % 4 {
+                0 => inp.int(),
+                1 => -c_int::from(inp.u8()),
+                _ => c_int::from(inp.u16()),
+            };
+            // SAFETY: our context; no channel.
+            let cq = unsafe { ibv_create_cq(env.ctx, cqe, null_mut(), null_mut(), inp.int()) };
+            if !cq.is_null() {
+                m.cqs.push(cq);
+            }
+        }
+        12 => {
+            let mut a = ibv_srq_attr {
+                max_wr: inp.pick_u32(16),
+                max_sge: inp.pick_u32(2),
+                srq_limit: inp.pick_u32(4),
+            };
+            if let Some(&srq) = m.srqs.first() {
+                // SAFETY: an SRQ of ours and our attribute struct.
+                let rc = unsafe { ibv_modify_srq(srq, &mut a, inp.int()) };
+                assert!(rc >= 0);
+            } else {
+                let mut init = ibv_srq_init_attr {
+                    srq_context: null_mut(),
+                    attr: a,
+                };
+                // SAFETY: our PD and attribute struct.
+                let srq = unsafe { ibv_create_srq(env.pd, &mut init) };
+                if !srq.is_null() {
+                    m.srqs.push(srq);
+                }
+            }
+        }
+        13 => {
+            ah(env, m, inp);
+        }
+        14 => {
+            // A region over bytes of the registered part of the buffer, any access flags.
+            let off = usize::from(inp.u16()) % MR_END;
+            let len = match inp.u8() % 4 {
+                0 => 0,
+                _ => usize::from(inp.u16()) % (MR_END - off + 1),
+            };
+            let access = match inp.u8() % 4 {
+                0 => inp.int(),
+                _ => c_int::from(inp.u8() % 16),
+            };
+            // SAFETY: `len` bytes of our buffer, which outlives every region of the input.
+            let mr = unsafe {
+                let base = env.buf.as_mut_ptr().add(off);
+                ibv_reg_mr(env.pd, base as *mut c_void, len, access)
+            };
+            if !mr.is_null() {
+                m.mrs.push(mr);
+            }
+        }
+        _ => {
+            // Destroy an object of the input (the QP's CQ may be in use: EBUSY).
+            let k = inp.u8();
+            // SAFETY: objects of ours, each destroyed once (taken out of the list first).
+            unsafe {
+                match k % 4 {
+                    0 if !m.qps.is_empty() => {
+                        let q = m.qps.remove(usize::from(k >> 2) % m.qps.len());
+                        assert_eq!(ibv_destroy_qp(q), 0, "ibv_destroy_qp");
+                    }
+                    1 if !m.cqs.is_empty() => {
+                        let i = usize::from(k >> 2) % m.cqs.len();
+                        if ibv_destroy_cq(m.cqs[i]) == 0 {
+                            m.cqs.remove(i);
+                        }
+                    }
+                    2 if !m.ahs.is_empty() => {
+                        let a = m.ahs.remove(usize::from(k >> 2) % m.ahs.len());
+                        assert_eq!(ibv_destroy_ah(a), 0, "ibv_destroy_ah");
+                    }
+                    _ if !m.mrs.is_empty() => {
+                        let r = m.mrs.remove(usize::from(k >> 2) % m.mrs.len());
+                        assert_eq!(ibv_dereg_mr(r), 0, "ibv_dereg_mr");
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Move the input's QPs to the error state (their work requests flush), poll the shared CQ,
+/// destroy what the input made (QPs first, then what they used), drain the shared CQ, and
+/// check the guard bytes.
+fn teardown(env: &mut Env, m: &mut Made) {
+    for _ in 0..4 {
+        poll(env, m, env.cq, 64);
+    }
+    for &q in &m.qps {
+        let mut a = zero_attr();
+        a.qp_state = 6;
+        // SAFETY: a QP of ours and our attribute struct.
+        unsafe { ibv_modify_qp(q, &mut a, STATE) };
+    }
+    while poll(env, m, env.cq, 64) > 0 {}
+    // SAFETY: objects of ours, each destroyed once; QPs before the CQs and SRQs they use.
+    unsafe {
+        for q in m.qps.drain(..) {
+            assert_eq!(ibv_destroy_qp(q), 0, "ibv_destroy_qp at the end");
+        }
+        for s in m.srqs.drain(..) {
+            assert_eq!(ibv_destroy_srq(s), 0, "ibv_destroy_srq at the end");
+        }
+        for c in m.cqs.drain(..) {
+            assert_eq!(ibv_destroy_cq(c), 0, "ibv_destroy_cq at the end");
+        }
+        for a in m.ahs.drain(..) {
+            assert_eq!(ibv_destroy_ah(a), 0, "ibv_destroy_ah at the end");
+        }
+        for r in m.mrs.drain(..) {
+            assert_eq!(ibv_dereg_mr(r), 0, "ibv_dereg_mr at the end");
+        }
+    }
+    while poll(env, m, env.cq, 64) > 0 {}
+    let guard = &env.buf[MR_END..];
+    if let Some(i) = guard.iter().position(|&b| b != GUARD) {
+        panic!(
+            "byte {} of the application's buffer, in no memory region, was written",
+            MR_END + i
+        );
+    }
+}
