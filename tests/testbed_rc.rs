@@ -79,7 +79,7 @@ use ferroce::verbs::*;
 use ferroce::verbs::{DeviceCounters, QpCounters};
 use ferroce::wire::{
     icrc, BthRepr, Ecn, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, MacAddr, Opcode, Psn,
-    QpNumber, RethRepr, RoceRepr, UdpRepr, ROCE_V2_PORT,
+    QpNumber, RethRepr, RoceRepr, Syndrome, UdpRepr, ROCE_V2_PORT,
 };
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, UdpSocket};
@@ -1518,6 +1518,16 @@ fn frame_to_b(
 ) -> Vec<u8> {
     let mut bth = BthRepr::new(opcode, dst_qp, Psn::new(psn));
     bth.ack_req = true;
+    let mut b = forged_to_b(RB4, Ecn::NotEct, bth, ext, payload);
+    if dport != ROCE_V2_PORT {
+        b[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&dport.to_be_bytes());
+    }
+    b
+}
+
+/// A RoCE v2 frame on `rb` to B with any IPv4 source (R can claim A's address: it routes
+/// between them), ECN field and BTH, and a valid ICRC.
+fn forged_to_b(src: Ipv4Addr, ecn: Ecn, bth: BthRepr, ext: ExtRepr, payload: &[u8]) -> Vec<u8> {
     let f = FrameRepr {
         eth: Some(EthernetRepr {
             dst: B_MAC,
@@ -1526,10 +1536,10 @@ fn frame_to_b(
             ethertype: 0,
         }),
         ip: IpRepr::V4(Ipv4Repr {
-            src: RB4,
+            src,
             dst: B4,
             dscp: 0,
-            ecn: Ecn::NotEct,
+            ecn,
             ident: 0,
             dont_frag: true,
             ttl: 64,
@@ -1544,10 +1554,25 @@ fn frame_to_b(
     let mut b = vec![0u8; f.buffer_len()];
     let n = f.emit(&mut b, payload).expect("emit");
     b.truncate(n);
-    if dport != ROCE_V2_PORT {
-        b[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&dport.to_be_bytes());
-    }
     b
+}
+
+/// Send one raw frame on R's `rb` (retrying while the TX ring is full).
+fn send_raw(dev: &mut AfPacketDevice, f: &[u8]) {
+    let mut sent = false;
+    let t0 = Instant::now();
+    while !sent {
+        dev.send_batch(1, &mut |buf| {
+            if sent {
+                return None;
+            }
+            buf[..f.len()].copy_from_slice(f);
+            sent = true;
+            Some(f.len())
+        })
+        .expect("send on rb");
+        assert!(t0.elapsed() < HANG, "cannot send on rb");
+    }
 }
 
 /// Cut `f` (eth + IPv4 + UDP + transport) to `k` bytes of transport, fixing the lengths and
@@ -1570,22 +1595,7 @@ fn inject(b_qp: QpNumber, b_addr: u64, b_rkey: ferroce::wire::RKey, stop: &Atomi
     let mut dev = AfPacketDevice::open(&AfPacketConfig::new("rb")).expect("AF_PACKET on rb in R");
     let sock = UdpSocket::bind("0.0.0.0:0").expect("udp socket in R");
     let mut rng = Rng(0x6a7b);
-    let send = |dev: &mut AfPacketDevice, f: &[u8]| {
-        let mut sent = false;
-        let t0 = Instant::now();
-        while !sent {
-            dev.send_batch(1, &mut |buf| {
-                if sent {
-                    return None;
-                }
-                buf[..f.len()].copy_from_slice(f);
-                sent = true;
-                Some(f.len())
-            })
-            .expect("send on rb");
-            assert!(t0.elapsed() < HANG, "cannot send on rb");
-        }
-    };
+    let send = send_raw;
     let write_only = |psn: u32, payload: &[u8]| {
         frame_to_b(
             b_qp,
@@ -1855,4 +1865,500 @@ fn garbage_during_transfer_af_packet() {
 fn garbage_during_transfer_udp_socket() {
     require_root!("testbed_rc", NEEDS);
     garbage_during_transfer(BackendKind::Udp);
+}
+
+// ---- 7: a hostile peer floods B during a transfer --------------------------------------------
+
+/// What the flood sent, by what B must do with each.
+#[derive(Debug, Default, Clone, Copy)]
+struct Flood {
+    rounds: u64,
+    /// UDP 4791 frames with 0..16 bytes of transport: `malformed_drops`.
+    runts: u64,
+    /// A WRITE to B's QP and region from A's address with a wrong ICRC: `icrc_drops`.
+    bad_icrc: u64,
+    /// Valid frames to a QPN B does not have: `unknown_qp_drops`.
+    unknown_qp: u64,
+    /// From A's address to B's QP at the expected PSN with B's real R_Key, every check passing
+    /// but the P_Key: `header_drops`.
+    bad_pkey: u64,
+    /// To B's QP from R's own address (not the QP's peer): a CE-marked WRITE into the protected
+    /// bytes with B's real R_Key, a READ of 2^31 bytes, an RNR NAK: `address_drops`, no CNP.
+    wrong_source: u64,
+    /// From A's address with PSNs B passed long ago (replays): a WRITE and a FETCH_ADD into the
+    /// protected bytes and a READ of 2^31 bytes, all with B's real R_Key: `duplicates`,
+    /// re-ACKed or ignored, never executed, no READ or ATOMIC response.
+    replayed: u64,
+    /// From A's address: NAKs for PSNs B never sent: `ghost_acks`.
+    forged_naks: u64,
+    /// UD SENDs to B's UD QP with a wrong Q_Key: `qkey_drops`.
+    wrong_qkey: u64,
+    /// UD SENDs with the right Q_Key to the UD QP, which has no receive posted:
+    /// `no_wqe_drops`.
+    no_wqe: u64,
+    /// Time spent flooding.
+    secs: f64,
+}
+
+impl Flood {
+    fn frames(&self) -> u64 {
+        self.runts
+            + self.bad_icrc
+            + self.unknown_qp
+            + self.bad_pkey
+            + self.wrong_source
+            + self.replayed
+            + self.forged_naks
+            + self.wrong_qkey
+            + self.no_wqe
+    }
+}
+
+/// What the attacker knows about B (all of it visible on the wire to anyone on path).
+#[derive(Clone, Copy)]
+struct Victim {
+    qp: QpNumber,
+    ud_qp: QpNumber,
+    addr: u64,
+    rkey: ferroce::wire::RKey,
+}
+
+/// The bytes of B's region (after the atomic target) that no legitimate operation touches
+/// and every forged WRITE and ATOMIC aims at.
+const PROT_OFF: usize = ATOMIC_OFF + 1024;
+const PROT_LEN: usize = 2048;
+const UD_QKEY: u32 = 0x1717_0017;
+
+/// The flood, in R: raw frames on `rb` to B, round after round as fast as R's thread goes
+/// while `on` is set, until `quit`.
+fn flood(v: Victim, on: &AtomicBool, quit: &AtomicBool) -> Flood {
+    let mut n = Flood::default();
+    let mut dev = AfPacketDevice::open(&AfPacketConfig::new("rb")).expect("AF_PACKET on rb in R");
+    let prot = v.addr + PROT_OFF as u64;
+    let bth = |op: Opcode, qp: QpNumber, psn: u32| {
+        let mut b = BthRepr::new(op, qp, Psn::new(psn & 0xff_ffff));
+        b.ack_req = true;
+        b
+    };
+    let reth = |va: u64, rkey, dma_len| ExtRepr {
+        reth: Some(RethRepr { va, rkey, dma_len }),
+        ..ExtRepr::default()
+    };
+    let nak = |s: Syndrome| ExtRepr {
+        aeth: Some(ferroce::wire::AethRepr {
+            syndrome: s,
+            msn: 0,
+        }),
+        ..ExtRepr::default()
+    };
+    let ud = |qkey: u32| ExtRepr {
+        deth: Some(ferroce::wire::DethRepr {
+            qkey: ferroce::wire::QKey(qkey),
+            src_qp: QpNumber::new(0x77),
+        }),
+        ..ExtRepr::default()
+    };
+    let junk = pattern(256, 0x17);
+    let t0 = Instant::now();
+    let mut busy = Duration::ZERO;
+    while !quit.load(Ordering::Acquire) {
+        if !on.load(Ordering::Acquire) {
+            thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let r0 = Instant::now();
+        let round = n.rounds as u32;
+        n.rounds += 1;
+        // PSNs B's responder passed long ago (A starts at PSN_A and moves on by far less
+        // than 2^20 packets in this test): duplicates, the half window behind.
+        let old = PSN_A.wrapping_sub(0x10_0000 + (round % 4096));
+        let mut frames: Vec<Vec<u8>> = Vec::with_capacity(16);
+        let send_only = forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_SEND_ONLY, v.qp, round),
+            ExtRepr::default(),
+            &[],
+        );
+        frames.push(runt(&send_only, (round as usize) % 16));
+        n.runts += 1;
+        let mut f = forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_WRITE_ONLY, v.qp, PSN_A.wrapping_add(round)),
+            reth(prot, v.rkey, 256),
+            &junk,
+        );
+        let k = f.len() - 4;
+        f[k] ^= 0x5a;
+        frames.push(f);
+        n.bad_icrc += 1;
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(
+                Opcode::RC_SEND_ONLY,
+                QpNumber::new(v.qp.get() + 0x1000 + round % 64),
+                round,
+            ),
+            ExtRepr::default(),
+            &junk[..64],
+        ));
+        n.unknown_qp += 1;
+        let mut b = bth(Opcode::RC_WRITE_ONLY, v.qp, PSN_A.wrapping_add(round));
+        b.pkey = ferroce::wire::PKey(0x1234);
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            b,
+            reth(prot, v.rkey, 256),
+            &junk,
+        ));
+        n.bad_pkey += 1;
+        frames.push(forged_to_b(
+            RB4,
+            Ecn::Ce,
+            bth(Opcode::RC_WRITE_ONLY, v.qp, PSN_A.wrapping_add(round)),
+            reth(prot, v.rkey, 256),
+            &junk,
+        ));
+        frames.push(forged_to_b(
+            RB4,
+            Ecn::NotEct,
+            bth(Opcode::RC_READ_REQUEST, v.qp, PSN_A.wrapping_add(round)),
+            reth(v.addr, v.rkey, 0x8000_0000),
+            &[],
+        ));
+        frames.push(forged_to_b(
+            RB4,
+            Ecn::NotEct,
+            bth(Opcode::RC_ACK, v.qp, PSN_B),
+            nak(Syndrome::RnrNak(ferroce::wire::RnrTimer::new(0x3f))),
+            &[],
+        ));
+        n.wrong_source += 3;
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_WRITE_ONLY, v.qp, old),
+            reth(prot, v.rkey, 256),
+            &junk,
+        ));
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_READ_REQUEST, v.qp, old.wrapping_sub(1)),
+            reth(v.addr, v.rkey, 0x8000_0000),
+            &[],
+        ));
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_FETCH_ADD, v.qp, old.wrapping_sub(2)),
+            ExtRepr {
+                atomic_eth: Some(ferroce::wire::AtomicEthRepr {
+                    va: prot,
+                    rkey: v.rkey,
+                    swap_add: 1,
+                    compare: 0,
+                }),
+                ..ExtRepr::default()
+            },
+            &[],
+        ));
+        n.replayed += 3;
+        frames.push(forged_to_b(
+            A4,
+            Ecn::NotEct,
+            bth(Opcode::RC_ACK, v.qp, PSN_B.wrapping_add(100 + round % 1000)),
+            nak(Syndrome::Nak(ferroce::wire::NakCode::RemoteAccessError)),
+            &[],
+        ));
+        n.forged_naks += 1;
+        frames.push(forged_to_b(
+            RB4,
+            Ecn::NotEct,
+            bth(Opcode::UD_SEND_ONLY, v.ud_qp, round),
+            ud(UD_QKEY ^ 0x0100),
+            &junk,
+        ));
+        n.wrong_qkey += 1;
+        frames.push(forged_to_b(
+            RB4,
+            Ecn::NotEct,
+            bth(Opcode::UD_SEND_ONLY, v.ud_qp, round),
+            ud(UD_QKEY),
+            &junk,
+        ));
+        n.no_wqe += 1;
+        for f in &frames {
+            send_raw(&mut dev, f);
+        }
+        busy += r0.elapsed();
+    }
+    let _ = t0;
+    n.secs = busy.as_secs_f64();
+    n
+}
+
+/// This process's resident set (VmRSS), in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// The QP counters `after - before`, field by field.
+fn qp_delta(after: &QpCounters, before: &QpCounters) -> Vec<(&'static str, u64)> {
+    after
+        .named()
+        .into_iter()
+        .zip(before.named())
+        .map(|((k, a), (_, b))| (k, a - b))
+        .collect()
+}
+
+/// A legitimate RC flow A → B (1 MiB WRITEs, 8 in flight, every byte checked) runs in phases
+/// alternately undisturbed and under a flood from R (`flood`) of malformed, corrupted,
+/// misaddressed, forged and replayed packets aimed at B's RC QP, region and a UD QP of B's.
+/// Asserted: the flow completes byte-exact; every hostile packet lands in the drop counter
+/// IBTA and `docs/security.md` assign it (exactly when B's backend lost no frame, else as
+/// bounds) and gets no answer but the re-ACK a duplicate is owed; the protected bytes and the
+/// atomic target are untouched; no NAK, CNP, READ or ATOMIC replay from B; both QPs still in
+/// RTS; the process's resident memory after the flood within `RSS_SLACK` of before it.
+/// Printed (never asserted): the flow's throughput in each phase and the ratio flooded /
+/// undisturbed of each flooded phase to the mean of the undisturbed ones next to it.
+fn hostile_peer(kind: BackendKind) {
+    /// Resident memory the flood may leave behind (allocator slack), in KiB: a leak of even
+    /// 64 bytes per hostile frame would exceed it.
+    const RSS_SLACK: u64 = 16 << 10;
+    const PHASE_WRITES: u64 = 48;
+    const PAIRS: usize = 3;
+    let input = if kind == BackendKind::Udp {
+        SOCKETS
+    } else {
+        RAW
+    };
+    let _bed = Bed::take(input);
+    let p = connect(plain(NS_A, kind, PSN_A), plain(NS_B, kind, PSN_B));
+    // B's UD QP (own PD and CQ), never given a receive.
+    let ud_pd = p.b.nic.alloc_pd().unwrap();
+    let ud_cq = p.b.nic.create_cq(64).unwrap();
+    let ud_qp = p
+        .b
+        .nic
+        .create_qp(
+            QpInitAttr::new(ud_pd, ud_cq, ud_cq, common::qp_cap(16, 1, 0)).with_type(QpType::Ud),
+        )
+        .unwrap();
+    p.b.nic
+        .bring_up_ud(
+            ud_qp,
+            &UdParams {
+                qkey: UD_QKEY,
+                local_psn: 1,
+            },
+        )
+        .unwrap();
+    let guard = pattern(PROT_LEN, 0x5afe);
+    p.b.mr.write(PROT_OFF, &guard).unwrap();
+    let v = Victim {
+        qp: p.b.qp,
+        ud_qp,
+        addr: p.b.mr.addr(),
+        rkey: p.b.mr.rkey(),
+    };
+    let on = Arc::new(AtomicBool::new(false));
+    let quit = Arc::new(AtomicBool::new(false));
+    let flooder = {
+        let (on, quit) = (on.clone(), quit.clone());
+        spawn_in_ns(NS_R, move || flood(v, &on, &quit))
+    };
+    let writes = |n: u64| move |i: u64| (i < n).then_some((Op::Write, 1 << 20));
+    let mut seed = 0x700;
+    let mut phase = |flooded: bool, n: u64| {
+        on.store(flooded, Ordering::Release);
+        seed += 1;
+        let st = run_stream(&p, SLOTS, seed, &mut writes(n));
+        on.store(false, Ordering::Release);
+        assert_eq!(st.messages, n);
+        st
+    };
+    // The counters from before the first hostile frame; the resident memory after a warm-up
+    // of both paths (the flooder's TX ring, B's rings and queues).
+    let before = p.b.dev_counters();
+    let qb_before = p.b.qp_counters();
+    let qa_before = p.a.qp_counters();
+    let ud_before = p.b.nic.qp_counters(ud_qp).unwrap();
+    let io_before = p.b.io();
+    phase(false, 16);
+    phase(true, 16);
+    phase(false, 16);
+    let rss_before = rss_kib();
+    // U F U F U F U: each flooded phase between two undisturbed ones; the last undisturbed
+    // phase also carries everything the flood sent to B before the counts are read.
+    let mut undisturbed = vec![phase(false, PHASE_WRITES)];
+    let mut flooded = Vec::new();
+    for _ in 0..PAIRS {
+        flooded.push(phase(true, PHASE_WRITES));
+        undisturbed.push(phase(false, PHASE_WRITES));
+    }
+    quit.store(true, Ordering::Release);
+    let n = join(flooder);
+    let rate = |s: &StreamStats| s.bytes as f64 * 8.0 / s.secs.max(1e-9) / 1e6;
+    let ratios: Vec<f64> = (0..PAIRS)
+        .map(|i| rate(&flooded[i]) / ((rate(&undisturbed[i]) + rate(&undisturbed[i + 1])) / 2.0))
+        .collect();
+    // Everything sent before the last undisturbed phase has reached B; give a slow engine
+    // thread its time to count (a hang guard, not a measurement).
+    let want_total = n.frames();
+    let t0 = Instant::now();
+    let got = loop {
+        let d = p.b.dev_counters();
+        let qb = p.b.qp_counters();
+        let ud = p.b.nic.qp_counters(ud_qp).unwrap();
+        let seen = (d.malformed_drops - before.malformed_drops)
+            + (d.icrc_drops - before.icrc_drops)
+            + (d.unknown_qp_drops - before.unknown_qp_drops)
+            + (d.header_drops - before.header_drops)
+            + (d.address_drops - before.address_drops)
+            + (qb.duplicates - qb_before.duplicates)
+            + (qb.ghost_acks - qb_before.ghost_acks)
+            + (ud.qkey_drops - ud_before.qkey_drops)
+            + (ud.no_wqe_drops - ud_before.no_wqe_drops);
+        let lost = p.b.io().rx_dropped - io_before.rx_dropped;
+        if seen + lost >= want_total || t0.elapsed() > Duration::from_secs(5) {
+            break d;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let rss_after = rss_kib();
+    let qb = qp_delta(&p.b.qp_counters(), &qb_before);
+    let qa = qp_delta(&p.a.qp_counters(), &qa_before);
+    let ud = qp_delta(&p.b.nic.qp_counters(ud_qp).unwrap(), &ud_before);
+    let get = |v: &[(&str, u64)], k: &str| v.iter().find(|(n, _)| *n == k).unwrap().1;
+    let ring_drops = p.b.io().rx_dropped - io_before.rx_dropped;
+    let label = format!("{} hostile peer", kind.name());
+    for (i, r) in ratios.iter().enumerate() {
+        println!(
+            "{label}: undisturbed {:.0} / flooded {:.0} / undisturbed {:.0} Mbit/s: ratio {r:.3}",
+            rate(&undisturbed[i]),
+            rate(&flooded[i]),
+            rate(&undisturbed[i + 1])
+        );
+    }
+    let fsecs: f64 = flooded.iter().map(|s| s.secs).sum();
+    println!(
+        "{label}: flood {n:?}: {} frames, {:.0} frames/s while flooding; B's backend dropped \
+         {ring_drops}; RSS {rss_before} -> {rss_after} KiB",
+        n.frames(),
+        n.frames() as f64 / fsecs.max(1e-9)
+    );
+    println!(
+        "{label}: B's RC QP: {:?}",
+        qb.iter().filter(|(_, v)| *v != 0).collect::<Vec<_>>()
+    );
+    println!(
+        "{label}: B's UD QP: {:?}",
+        ud.iter().filter(|(_, v)| *v != 0).collect::<Vec<_>>()
+    );
+    println!("{label}: {}", p.dump());
+    // Nothing the flood aimed at was touched.
+    let mut now = vec![0u8; PROT_LEN];
+    p.b.mr.read(PROT_OFF, &mut now).unwrap();
+    assert!(now == guard, "the protected bytes of B's region changed");
+    // Only the answers IBTA allows: duplicates re-ACKed (or ignored), nothing else.
+    for k in [
+        "err_naks_sent",
+        "rnr_naks_sent",
+        "read_replays",
+        "atomic_replays",
+        "dup_refused",
+        "mr_gone",
+        "cnps_sent",
+        "resp_queue_drops",
+        "recv_completions",
+    ] {
+        assert_eq!(get(&qb, k), 0, "B's RC QP: {k}\n{}", p.dump());
+    }
+    assert_eq!(get(&ud, "tx_packets"), 0, "B's UD QP answered");
+    assert_eq!(get(&ud, "recv_completions"), 0, "B's UD QP");
+    assert_eq!(get(&qa, "err_naks_rcvd"), 0, "A's QP");
+    assert_eq!(got.cq_overruns, 0);
+    for (who, h) in [("A", &p.a), ("B", &p.b)] {
+        let (state, _) = h.nic.query_qp(h.qp).unwrap();
+        assert_eq!(state, QpState::Rts, "{who}'s RC QP after the flood");
+    }
+    let buckets = [
+        (
+            "malformed_drops",
+            got.malformed_drops - before.malformed_drops,
+            n.runts,
+        ),
+        ("icrc_drops", got.icrc_drops - before.icrc_drops, n.bad_icrc),
+        (
+            "unknown_qp_drops",
+            got.unknown_qp_drops - before.unknown_qp_drops,
+            n.unknown_qp,
+        ),
+        (
+            "header_drops",
+            got.header_drops - before.header_drops,
+            n.bad_pkey,
+        ),
+        (
+            "address_drops",
+            got.address_drops - before.address_drops,
+            n.wrong_source,
+        ),
+        ("duplicates", get(&qb, "duplicates"), n.replayed),
+        ("ghost_acks", get(&qb, "ghost_acks"), n.forged_naks),
+        ("qkey_drops", get(&ud, "qkey_drops"), n.wrong_qkey),
+        ("no_wqe_drops", get(&ud, "no_wqe_drops"), n.no_wqe),
+    ];
+    if ring_drops == 0 {
+        for (k, have, want) in buckets {
+            assert_eq!(have, want, "{k}: flood {n:?}\n{}", p.dump());
+        }
+        assert_eq!(get(&qb, "seq_naks_sent"), 0, "no frame lost, no gap");
+    } else {
+        // Which frames B's ring lost is unknown (legitimate ones too: their retransmission is
+        // the flow's business): no bucket above what was sent to it, and the frames missing
+        // from all of them together no more than the ring lost.
+        println!("note: B's backend dropped {ring_drops} frames: counts checked as bounds");
+        let mut counted = 0;
+        for (k, have, want) in buckets {
+            assert!(
+                have <= want,
+                "{k}: {have} > {want} sent: flood {n:?}\n{}",
+                p.dump()
+            );
+            counted += have;
+        }
+        assert!(
+            want_total - counted <= ring_drops,
+            "{} hostile frames in no counter, but B's ring dropped only {ring_drops}\n{}",
+            want_total - counted,
+            p.dump()
+        );
+    }
+    assert!(n.rounds > 0 && n.frames() > 0, "the flood sent nothing");
+    assert!(
+        rss_after <= rss_before + RSS_SLACK,
+        "resident memory grew from {rss_before} to {rss_after} KiB over {} hostile frames",
+        n.frames()
+    );
+    assert_no_drops(&p.a, "A");
+}
+
+#[test]
+fn hostile_peer_af_packet() {
+    require_root!("testbed_rc", NEEDS);
+    hostile_peer(BackendKind::Packet);
 }
