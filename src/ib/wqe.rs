@@ -44,9 +44,17 @@ pub(crate) struct SendWqe {
 impl SendWqe {
     /// The queue entry of `wr` (whose total length `len` the caller has checked), its
     /// scatter/gather list checked against `mrs` for protection domain `pd`; `inline` copies
-    /// the data now (any registered MR, as libibverbs does).
+    /// the data now (any registered MR, as libibverbs does); `ud` is a UD request's
+    /// destination (built in place with the rest).
     #[inline]
-    pub(crate) fn new(wr: SendWr, len: u32, inline: bool, mrs: &MrTable, pd: Pd) -> SendWqe {
+    pub(crate) fn new(
+        wr: SendWr,
+        len: u32,
+        inline: bool,
+        mrs: &MrTable,
+        pd: Pd,
+        ud: Option<UdSendDest>,
+    ) -> SendWqe {
         let mut local_err = sge_error(mrs, pd, &wr.sg_list, wr.op.is_rd_atomic());
         let inline = inline.then(|| {
             // Copied now: the application may reuse its buffer at once. Inline data is not
@@ -64,7 +72,7 @@ impl SendWqe {
             len,
             signaled: wr.flags.contains(SendFlags::SIGNALED),
             local_err,
-            ud: None,
+            ud,
         }
     }
 }
@@ -85,6 +93,7 @@ pub(crate) struct RecvWqe {
 impl RecvWqe {
     /// The queue entry of `wr`, its scatter/gather list checked against `mrs` for protection
     /// domain `pd` (receive buffers need local write access).
+    #[inline]
     pub(crate) fn new(wr: RecvWr, mrs: &MrTable, pd: Pd) -> RecvWqe {
         let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         let local_err = sge_error(mrs, pd, &wr.sg_list, true);

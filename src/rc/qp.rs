@@ -84,13 +84,22 @@ pub(crate) struct SqEntry {
     /// READ: the PSN of the latest READ request sent for this WQE (a retry restarts the
     /// response sequence there with FIRST/ONLY).
     pub read_req_psn: Psn,
-    /// READ with selective repeat: response packets placed ahead of `read_done` (their
-    /// PSN's distance from `first_psn`), counted in once the gap before them is filled.
-    pub read_placed: std::collections::BTreeSet<u32>,
-    /// READ with selective repeat: responses among `read_placed` that could not land yet (a
-    /// byte of theirs may still be written by an earlier WQE or an earlier offset): kept,
-    /// written in order when the gap before them fills.
-    pub read_kept: std::collections::BTreeMap<u32, Vec<u8>>,
+    /// READ with selective repeat: the responses placed ahead of `read_done`, made when the
+    /// first one is (boxed: most entries never need it, and an empty box costs nothing to
+    /// move or drop).
+    pub read_ahead: Option<Box<ReadAhead>>,
+}
+
+/// A READ's responses placed out of order by selective repeat (`rc/reorder.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct ReadAhead {
+    /// Response packets placed ahead of `read_done` (their PSN's distance from
+    /// `first_psn`), counted in once the gap before them is filled.
+    pub placed: std::collections::BTreeSet<u32>,
+    /// Responses among `placed` that could not land yet (a byte of theirs may still be
+    /// written by an earlier WQE or an earlier offset): kept, written in order when the gap
+    /// before them fills.
+    pub kept: std::collections::BTreeMap<u32, Vec<u8>>,
 }
 
 impl SqEntry {
@@ -102,9 +111,20 @@ impl SqEntry {
             npkts: 0,
             read_done: 0,
             read_req_psn: Psn::default(),
-            read_placed: std::collections::BTreeSet::new(),
-            read_kept: std::collections::BTreeMap::new(),
+            read_ahead: None,
         }
+    }
+    /// Whether a response `k` packets into this READ was placed ahead of `read_done`.
+    pub(crate) fn read_placed(&self, k: u32) -> bool {
+        self.read_ahead
+            .as_ref()
+            .is_some_and(|a| a.placed.contains(&k))
+    }
+    /// Whether any response was placed ahead of `read_done`.
+    pub(crate) fn any_read_placed(&self) -> bool {
+        self.read_ahead
+            .as_ref()
+            .is_some_and(|a| !a.placed.is_empty())
     }
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts.saturating_sub(1))
@@ -524,6 +544,7 @@ impl Qp {
 
     /// Queue a receive work request that [`check_post_recv`](Self::check_post_recv) admitted.
     /// In the error state it is flushed at once.
+    #[inline]
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx<'_>, wqe: RecvWqe) {
         debug_assert!(self.check_post_recv().is_ok());
         self.rq.push_back(wqe);
@@ -828,9 +849,19 @@ impl Qp {
         w.wqe.signaled || self.sq_sig_all
     }
 
-    /// Complete the oldest send WQE with `status` (pops it).
+    /// Complete the oldest send WQE with `status` (pops it). What the completion needs is
+    /// read in place; the entry is then dropped where it lies (not moved out first).
     pub(super) fn complete_send_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        let Some(w) = self.sq.pop_front() else { return };
+        let Some(w) = self.sq.front() else { return };
+        let rd_atomic = w.assigned && w.wqe.op.is_rd_atomic();
+        let wc = (status != WcStatus::Success || self.signal(w)).then(|| {
+            let byte_len = match w.wqe.op {
+                SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. } => 8,
+                _ => w.wqe.len,
+            };
+            (w.wqe.wr_id, w.wqe.op.wc_opcode(), byte_len)
+        });
+        self.sq.pop_front();
         self.sq_retired += 1;
         if self.req.send_idx == 0 {
             // The requester was (re)sending this very WQE (a go-back-N retry overtaken by the
@@ -840,20 +871,16 @@ impl Qp {
         } else {
             self.req.send_idx -= 1;
         }
-        if w.assigned && w.wqe.op.is_rd_atomic() {
+        if rd_atomic {
             self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
         }
-        if status != WcStatus::Success || self.signal(&w) {
-            let byte_len = match w.wqe.op {
-                SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. } => 8,
-                _ => w.wqe.len,
-            };
+        if let Some((wr_id, opcode, byte_len)) = wc {
             ctx.complete(
                 self.send_cq,
                 WorkCompletion {
-                    wr_id: w.wqe.wr_id,
+                    wr_id,
                     status,
-                    opcode: w.wqe.op.wc_opcode(),
+                    opcode,
                     byte_len: if status == WcStatus::Success {
                         byte_len
                     } else {

@@ -114,7 +114,7 @@ impl Qp {
             .find(|w| w.contains(p) && w.wqe.op.is_read())
             .and_then(|w| {
                 let k = p.distance_from(w.first_psn);
-                let end = w.read_placed.range(k + 1..).next()?;
+                let end = w.read_ahead.as_ref()?.placed.range(k + 1..).next()?;
                 Some((end - k) * mtu)
             })
             .unwrap_or(u32::MAX)
@@ -153,7 +153,7 @@ impl Qp {
             });
         let k = p.distance_from(w.first_psn);
         let off = k * mtu;
-        if off < w.read_done || w.read_placed.contains(&k) {
+        if off < w.read_done || w.read_placed(k) {
             self.counters.dup_responses += 1;
             return true;
         }
@@ -164,15 +164,22 @@ impl Qp {
         }
         if !clear {
             // Not yet: keep a copy (at most MAX_REORDER per QP), written in order later.
-            let kept: usize = self.sq.iter().map(|e| e.read_kept.len()).sum();
+            let kept: usize = self
+                .sq
+                .iter()
+                .filter_map(|e| e.read_ahead.as_ref())
+                .map(|a| a.kept.len())
+                .sum();
             if kept >= super::reorder::MAX_REORDER {
                 return false;
             }
-            self.sq[idx].read_kept.insert(k, payload.to_vec());
+            let a = self.sq[idx].read_ahead.get_or_insert_with(Default::default);
+            a.kept.insert(k, payload.to_vec());
         } else if crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, u64::from(off), payload).is_err() {
             return false;
         }
-        self.sq[idx].read_placed.insert(k);
+        let a = self.sq[idx].read_ahead.get_or_insert_with(Default::default);
+        a.placed.insert(k);
         self.counters.reordered_kept += 1;
         true
     }
@@ -186,12 +193,15 @@ impl Qp {
             let Some(w) = self.sq.front_mut() else {
                 return;
             };
-            if !w.assigned || !w.wqe.op.is_read() || w.read_placed.is_empty() {
+            if !w.assigned || !w.wqe.op.is_read() || !w.any_read_placed() {
                 return;
             }
+            let Some(ahead) = w.read_ahead.as_mut() else {
+                return;
+            };
             let mut failed = None;
-            while w.read_placed.remove(&(w.read_done / mtu)) {
-                if let Some(bytes) = w.read_kept.remove(&(w.read_done / mtu)) {
+            while ahead.placed.remove(&(w.read_done / mtu)) {
+                if let Some(bytes) = ahead.kept.remove(&(w.read_done / mtu)) {
                     let at = u64::from(w.read_done);
                     if let Err(status) = crate::ib::mr::scatter(ctx.mrs, &w.wqe.sges, at, &bytes) {
                         failed = Some(status);
@@ -214,7 +224,7 @@ impl Qp {
                 self.req.una = una;
             }
             if !done {
-                if !self.sq[0].read_placed.is_empty() && self.req.sr_resend.is_none() {
+                if self.sq[0].any_read_placed() && self.req.sr_resend.is_none() {
                     self.counters.sr_resends += 1;
                     self.req.gap_retry = Some(una);
                     self.req.sr_resend = Some(una);

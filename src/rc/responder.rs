@@ -485,63 +485,50 @@ impl Qp {
 
     fn exec_send(&mut self, ctx: &mut Ctx<'_>, r: &RoceRepr, payload: &[u8]) -> Result<(), Stop> {
         let f = r.bth.opcode.flags();
-        let operational = |status| {
-            Stop::Fatal(
-                Step::Execute,
-                Fatal {
-                    nak: NakCode::RemoteOperationalError,
-                    recv_status: status,
-                },
-            )
-        };
-        if f.contains(OpFlags::FIRST) {
+        let (first, last) = (f.contains(OpFlags::FIRST), f.contains(OpFlags::LAST));
+        if first && last {
+            // SEND ONLY: the receive WQE is used where it is, not parked in `in_msg` and taken
+            // back out; only a request that fails leaves it there, for `fatal` to complete.
             // The resources step made sure there is one.
             let Some(rwqe) = self.take_recv(ctx) else {
                 return Err(Stop::NotReady);
             };
-            let err = rwqe.local_err;
+            return match land_send(ctx, self.pd, r, &rwqe, 0, first, last, payload) {
+                Ok(inv) => {
+                    self.acknowledge(r, true);
+                    self.complete_recv(
+                        ctx,
+                        &rwqe,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        payload.len() as u32,
+                        r.ext.imm,
+                        inv,
+                        r.bth.solicited,
+                    );
+                    Ok(())
+                }
+                Err(stop) => {
+                    self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
+                    Err(stop)
+                }
+            };
+        }
+        if first {
+            // The resources step made sure there is one.
+            let Some(rwqe) = self.take_recv(ctx) else {
+                return Err(Stop::NotReady);
+            };
             self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
-            if let Some(status) = err {
-                return Err(operational(status));
-            }
         }
         let Some(InMsg::Send { rwqe, off }) = &mut self.resp.in_msg else {
             return Err(Stop::Fatal(Step::Execute, INVALID));
         };
-        if *off + payload.len() as u64 > rwqe.len {
-            return Err(Stop::Fatal(Step::Execute, LENGTH));
-        }
-        if let Err(status) = scatter(ctx.mrs, &rwqe.sges, *off, payload) {
-            return Err(operational(status));
-        }
+        let inv = land_send(ctx, self.pd, r, rwqe, *off, first, last, payload)?;
         *off += payload.len() as u64;
-        if !f.contains(OpFlags::LAST) {
+        if !last {
             self.acknowledge(r, false);
             return Ok(());
-        }
-        let mut inv = None;
-        if let Some(rkey) = r.ext.ieth {
-            // SEND with invalidate (IBTA 10.6.7.2.1): the named MR's R_Key stops working.
-            // Only a key the peer may use at all: a region of this QP's PD that grants a
-            // remote right (a local-only region is not remotely invalidatable, as on
-            // rdma-core's providers; issue 17 finding 4).
-            let remote =
-                AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-            match ctx.mrs.by_rkey(rkey) {
-                Some(mr) if mr.pd == self.pd && mr.access.intersects(remote) => {
-                    mr.invalidate_rkey();
-                    inv = Some(rkey);
-                }
-                _ => {
-                    return Err(Stop::Fatal(
-                        Step::Execute,
-                        Fatal {
-                            nak: NakCode::InvalidRequest,
-                            recv_status: WcStatus::LocAccessErr,
-                        },
-                    ))
-                }
-            }
         }
         let Some(InMsg::Send { rwqe, off }) = self.resp.in_msg.take() else {
             return Ok(());
@@ -1003,4 +990,62 @@ fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> Opti
         Some(orig)
     })
     .flatten()
+}
+
+/// A SEND packet's bytes into receive WQE `rwqe` at offset `off` (`first`: the message's
+/// first packet, whose receive WQE's own error is reported now; `last`: its last, whose
+/// invalidation, if it carries one, is done now). Returns the R_Key invalidated.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn land_send(
+    ctx: &Ctx<'_>,
+    pd: crate::ib::mr::Pd,
+    r: &RoceRepr,
+    rwqe: &crate::ib::wqe::RecvWqe,
+    off: u64,
+    first: bool,
+    last: bool,
+    payload: &[u8],
+) -> Result<Option<crate::wire::RKey>, Stop> {
+    let operational = |status| {
+        Stop::Fatal(
+            Step::Execute,
+            Fatal {
+                nak: NakCode::RemoteOperationalError,
+                recv_status: status,
+            },
+        )
+    };
+    if first {
+        if let Some(status) = rwqe.local_err {
+            return Err(operational(status));
+        }
+    }
+    if off + payload.len() as u64 > rwqe.len {
+        return Err(Stop::Fatal(Step::Execute, LENGTH));
+    }
+    if let Err(status) = scatter(ctx.mrs, &rwqe.sges, off, payload) {
+        return Err(operational(status));
+    }
+    let Some(rkey) = r.ext.ieth.filter(|_| last) else {
+        return Ok(None);
+    };
+    // SEND with invalidate (IBTA 10.6.7.2.1): the named MR's R_Key stops working. Only a key
+    // the peer may use at all: a region of this QP's PD that grants a remote right (a
+    // local-only region is not remotely invalidatable, as on rdma-core's providers; issue 17
+    // finding 4).
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    match ctx.mrs.by_rkey(rkey) {
+        Some(mr) if mr.pd == pd && mr.access.intersects(remote) => {
+            mr.invalidate_rkey();
+            Ok(Some(rkey))
+        }
+        _ => Err(Stop::Fatal(
+            Step::Execute,
+            Fatal {
+                nak: NakCode::InvalidRequest,
+                recv_status: WcStatus::LocAccessErr,
+            },
+        )),
+    }
 }

@@ -1155,7 +1155,7 @@ mod tests {
                 lkey: LKey(7),
             }],
         );
-        let wqe = SendWqe::new(wr, 600, false, &w.mrs, Pd(1));
+        let wqe = SendWqe::new(wr, 600, false, &w.mrs, Pd(1), None);
         q.post_send(&mut w.ctx(), wqe);
         let mut ops = Vec::new();
         while q.next_tx(Instant::ZERO).is_some() {

@@ -608,7 +608,7 @@ mod tests {
             }],
         )
         .with_flags(flags);
-        let mut wqe = SendWqe::new(wr, len, false, &w.mrs, Pd(1));
+        let mut wqe = SendWqe::new(wr, len, false, &w.mrs, Pd(1), None);
         wqe.ud = Some(dest(qkey));
         wqe
     }

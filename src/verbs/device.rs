@@ -1010,8 +1010,7 @@ impl Device {
         let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
         let now = self.sched.now;
         let mut ctx = ctx!(self, now);
-        let mut wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd());
-        wqe.ud = ud;
+        let wqe = SendWqe::new(wr, len, inline, ctx.mrs, qp.pd(), ud);
         qp.post_send(&mut ctx, wqe);
         self.schedule(qpn.get(), now);
         Ok(())

@@ -271,6 +271,7 @@ impl TransportQp {
         each!(self, q => q.check_post_recv())
     }
 
+    #[inline]
     pub(super) fn post_recv(&mut self, ctx: &mut Ctx<'_>, wqe: RecvWqe) {
         each!(self, q => q.post_recv(ctx, wqe))
     }
