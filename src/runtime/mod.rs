@@ -66,6 +66,9 @@ pub enum PollMode {
 /// background thread drives it.
 pub const INLINE_TAKEOVER: Duration = Duration::from_micros(200);
 
+/// [`INLINE_TAKEOVER`] on a one-CPU host ([`single_cpu`]).
+pub const INLINE_TAKEOVER_ONE_CPU: Duration = Duration::from_millis(2);
+
 /// [`PollMode::Inline`]: the longest the background thread sleeps between looks while the
 /// application drives (it starts at [`INLINE_TAKEOVER`] and doubles): the engine is left
 /// alone at most this long plus `INLINE_TAKEOVER` after the application stops calling in.
@@ -1229,7 +1232,14 @@ fn inline_try_progress(inner: &Inner) -> Option<usize> {
 /// engine; after [`INLINE_TAKEOVER`] without it, waits in the packet device's descriptor (or
 /// sleeps briefly, without one) until frames arrive, the next timer or 1 ms, and drives.
 fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
-    let takeover = INLINE_TAKEOVER.as_nanos() as u64;
+    // On one CPU this thread runs only when the application's thread does not, and every
+    // wake-up preempts it: take over only after INLINE_TAKEOVER_ONE_CPU.
+    let takeover_d = if single_cpu() {
+        INLINE_TAKEOVER_ONE_CPU
+    } else {
+        INLINE_TAKEOVER
+    };
+    let takeover = takeover_d.as_nanos() as u64;
     // While the application keeps driving, look less and less often (up to every
     // INLINE_CHECK_MAX): on a machine whose cores all spin, each wake-up of this thread
     // preempts a spinning one, and that shows in the latency tail.
@@ -1270,7 +1280,7 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
             // busy loop that, on a one-CPU host, keeps that very thread off the CPU (send-lat
             // in a one-vCPU guest: this thread ran 1.3 s of a 4 s run and every hop took
             // ~4 ms, a scheduler time slice).
-            std::thread::sleep(INLINE_TAKEOVER);
+            std::thread::sleep(takeover_d);
         }
     }
     flush_held_acks(inner, || inline_progress(inner));
