@@ -372,6 +372,85 @@ fn rping_against_ferroces_own_rping_both_roles() {
     assert_rping("Debian's rping server, native client", r, 10);
 }
 
+/// `ferroce rping -s -P` serves its clients in parallel, a thread per connection as rping's
+/// persistent server does: three Debian rping clients on ferroce's librdmacm, each on its own
+/// interface (a veth end: its own MAC, hence its own CA GUID; on one interface the three
+/// processes' first QPNs and CA GUIDs would be equal and the server's CM would rightly take
+/// the second REQ for a stale connection of the first). The first client's standard output
+/// is a pipe nobody reads until the other two are done: once it fills (2000 lines of ping
+/// data are more than the pipe and stdio's buffer hold) that client stops between two pings
+/// with its connection up (its library keeps acknowledging), so the other two can only
+/// finish if the server serves them while the first connection is open. A server serving one
+/// connection after another fails this (the two time out after 20 s), whatever the timing.
+#[test]
+fn rping_persistent_server_serves_three_clients_at_once() {
+    let t = "rping_persistent_server_serves_three_clients_at_once";
+    if !ready(t, &["rping"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cabi-rping-p-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let client = |k: u32, n: u32, size: u32, tmo: u32| {
+        format!(
+            "LD_LIBRARY_PATH=$LIB FERROCE_DEV=c{k} FERROCE_ADDR=10.9.0.{k} timeout {tmo} \
+             rping -c -v -V -C {n} -S {size} -I 10.9.0.{k} -a 127.0.0.1"
+        )
+    };
+    let script = format!(
+        "D={d}
+         for k in 1 2 3; do ip link add c$k type veth peer name p$k && ip link set c$k up && \
+           ip link set p$k up && ip addr add 10.9.0.$k/32 dev c$k || exit 99; done
+         env -u LD_LIBRARY_PATH timeout 90 $F rping --ib-dev lo --backend udp -s -P -v -S 102 \
+           -a 127.0.0.1 >$D/s.out 2>$D/s.err & S=$!
+         i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Huan)\" ]; do sleep 0.05; i=$((i+1)); done
+         {{ {c1} 2>$D/c1.err; echo $? >$D/c1.rc; }} | \
+           {{ while [ ! -e $D/go ]; do sleep 0.05; done; cat >$D/c1.out; }} & P=$!
+         i=0; while [ $i -lt 400 ] && ! grep -q . $D/s.out; do sleep 0.05; i=$((i+1)); done
+         {c2} >$D/c2.out 2>$D/c2.err & C2=$!
+         {c3} >$D/c3.out 2>$D/c3.err & C3=$!
+         wait $C2; echo $? >$D/c2.rc; wait $C3; echo $? >$D/c3.rc
+         touch $D/go; wait $P
+         kill $S; wait $S",
+        d = dir.display(),
+        c1 = client(1, 2000, 100, 60),
+        c2 = client(2, 10, 101, 20),
+        c3 = client(3, 10, 102, 20),
+    );
+    let out = in_netns(&script);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let server = read("s.out");
+    let why = format!(
+        "{}\n--- server\n{}\n{}\n--- clients\n{}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        read("s.err"),
+        server.lines().take(5).collect::<Vec<_>>().join("\n"),
+        read("c1.err"),
+        read("c2.err"),
+        read("c3.err")
+    );
+    let server_lines = ping_lines(&server);
+    for (k, n, size) in [(1, 2000, 100), (2, 10, 101), (3, 10, 102)] {
+        assert_eq!(read(&format!("c{k}.rc")).trim(), "0", "client {k}: {why}");
+        let cl = ping_lines(&read(&format!("c{k}.out")));
+        assert_eq!(cl.len(), n, "client {k}: {why}");
+        for (p, l) in cl.iter().enumerate() {
+            let head = format!("rdma-ping-{p}: ");
+            assert!(l.starts_with(&head), "client {k}: {l}");
+            assert_eq!(l.len(), size - 1, "client {k}: {l}");
+            assert_eq!(l.as_bytes()[head.len()], b'A' + (p % 58) as u8, "{l}");
+        }
+        // What the server READ from this client (its lines are the only ones of this length)
+        // is what the client got back, in order.
+        let sl: Vec<&String> = server_lines
+            .iter()
+            .filter(|l| l.len() == size - 1)
+            .collect();
+        assert_eq!(sl, cl.iter().collect::<Vec<_>>(), "client {k}");
+    }
+    assert_eq!(server_lines.len(), 2020, "{why}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The result line of a perftest run: the size, then `n` iterations.
 fn result_line<'a>(what: &str, out: &'a str, n: &str) -> &'a str {
     out.lines()
@@ -438,6 +517,62 @@ fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
         );
         result_line(what, &c, "300");
         result_line(what, &s, "300");
+    }
+}
+
+/// perftest `-z`: the exchange over an RDMA-CM connected control QP (as with `-R`), the test
+/// QPs created and connected by hand from the exchanged key messages (no REQ for them):
+/// "rdma_cm QPs : OFF", "Data ex. method : rdma_cm" on both sides. ferroce as server checks
+/// the data perftest wrote or sent (`--verify`).
+#[test]
+fn perftest_exchange_over_rdma_cm_against_ferroce_perf_both_roles() {
+    let t = "perftest_exchange_over_rdma_cm_against_ferroce_perf_both_roles";
+    if !ready(t, &["ib_write_bw", "ib_send_bw", "ib_read_lat"]) {
+        return;
+    }
+    for (test, verify) in [
+        ("write_bw", " --verify"),
+        ("send_bw", " --verify"),
+        ("read_lat", ""),
+    ] {
+        let native = format!(
+            "env -u LD_LIBRARY_PATH $F perf {} -z -n 300 --ib-dev lo --backend udp",
+            test.replace('_', "-")
+        );
+        let debian = format!("ib_{test} -z -d ferroce_lo -n 300");
+        let native_server = format!("{native}{verify}");
+        let native_client = format!("{native} -x 1");
+        for (ready, server, client, what) in [
+            (
+                Ready::Udp,
+                native_server.as_str(),
+                debian.as_str(),
+                "ferroce perf server, Debian's client",
+            ),
+            (
+                Ready::CmListen,
+                debian.as_str(),
+                native_client.as_str(),
+                "Debian's server, ferroce perf client",
+            ),
+        ] {
+            let what = format!("{test} -z: {what}");
+            let (s, c, st) = pair_when(ready, server, client);
+            assert_eq!(
+                st, "server=0 client=0",
+                "{what}\n--- server\n{s}\n--- client\n{c}"
+            );
+            for (who, o) in [("server", &s), ("client", &c)] {
+                assert!(
+                    o.contains("Data ex. method : rdma_cm") && o.contains("rdma_cm QPs\t : OFF"),
+                    "{what}: {who}\n{o}"
+                );
+            }
+            result_line(&what, &c, "300");
+            if !verify.is_empty() && server.starts_with("env") {
+                assert!(s.contains(" verify: ok: "), "{what}\n{s}");
+            }
+        }
     }
 }
 

@@ -9,7 +9,9 @@
 //! ahead" (16 bytes); the client SENDs its sink buffer's address; the server RDMA WRITEs the
 //! string it read (up to and with its NUL) there and SENDs another "go ahead"; the client
 //! compares (`-V`) and prints (`-v`). The client disconnects after `-C` pings (none: forever);
-//! the server serves one client (`-P`: one after another) and ends when it disconnects.
+//! the server serves one client and ends when it disconnects; with `-P` it serves every
+//! client that connects, each in a thread of its own, all at once (rping's
+//! `rping_persistent_server_thread`), and never ends.
 //!
 //! Output as rping's: `ping data: ...` (client, `-v`), `server ping data: ...` (server,
 //! `-v`) on standard output; `cma event RDMA_CM_EVENT_REJECTED, error 8`, `server DISCONNECT
@@ -41,7 +43,8 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// rping's default port.
@@ -318,8 +321,11 @@ struct Conn<'a> {
     state: State,
     sem: u32,
     remote: (u64, u32, u32),
-    /// Events of other ids (the persistent server's next connection requests).
+    /// Events of other ids (a server's next connection requests).
     stash: &'a mut VecDeque<CmEvent>,
+    /// Set when a connection of the persistent server hit a CM event that ends rping (its CM
+    /// thread's `exit`): every connection then stops.
+    abort: &'a AtomicBool,
     err: &'a mut dyn Write,
 }
 
@@ -371,6 +377,7 @@ impl<'a> Conn<'a> {
         size: usize,
         debug: bool,
         stash: &'a mut VecDeque<CmEvent>,
+        abort: &'a AtomicBool,
         err: &'a mut dyn Write,
     ) -> Result<Conn<'a>, RpingError> {
         let pd = nic.alloc_pd().map_err(RpingError::Pd)?;
@@ -418,6 +425,7 @@ impl<'a> Conn<'a> {
             sem: 0,
             remote: (0, 0, 0),
             stash,
+            abort,
             err,
         };
         c.post_recv().map_err(RpingError::PostRecv)?;
@@ -486,6 +494,9 @@ impl<'a> Conn<'a> {
                 self.sem -= 1;
                 return Ok(());
             }
+            if self.abort.load(Ordering::Acquire) {
+                return Err(Fatal);
+            }
             wcs.clear();
             let _ = self.nic.poll_cq(self.cq, &mut wcs, 16);
             for wc in &wcs {
@@ -539,6 +550,7 @@ impl<'a> Conn<'a> {
                     e.event.as_str(),
                     e.status
                 );
+                self.abort.store(true, Ordering::Release);
                 return Err(Fatal);
             }
             _ => {}
@@ -811,7 +823,7 @@ fn pick_device(a: &RpingArgs) -> Result<Netdev, ToolError> {
 }
 
 /// Run rping as `a` says; returns the exit status.
-pub fn run(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(a: &RpingArgs, out: &mut (dyn Write + Send), err: &mut (dyn Write + Send)) -> i32 {
     match run_inner(a, out, err) {
         Ok(code) => code,
         Err(msg) => {
@@ -836,7 +848,11 @@ fn default_local(gids: &[IpAddr], want_v6: bool) -> Option<IpAddr> {
         .copied()
 }
 
-fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, RpingError> {
+fn run_inner(
+    a: &RpingArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<i32, RpingError> {
     let dev = pick_device(a)?;
     let want_v6 = a.addr.is_some_and(|ip| ip.is_ipv6());
     let local = a
@@ -891,7 +907,7 @@ fn run_inner(a: &RpingArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     )?;
     let ch = svc.create_event_channel()?;
     let code = if a.server {
-        server(a, &nic, &ch, out, err)
+        server(a, &svc, &nic, &ch, out, err)
     } else {
         client(a, &nic, &ch, out, err)
     };
@@ -948,7 +964,18 @@ fn client(
     }
     let mut stash = VecDeque::new();
     let size = a.size as usize;
-    let mut c = match Conn::setup(nic, ch, id.clone(), false, size, a.debug, &mut stash, err) {
+    let abort = AtomicBool::new(false);
+    let mut c = match Conn::setup(
+        nic,
+        ch,
+        id.clone(),
+        false,
+        size,
+        a.debug,
+        &mut stash,
+        &abort,
+        err,
+    ) {
         Ok(c) => c,
         Err(m) => {
             let _ = writeln!(err, "setup_qp failed: {m}");
@@ -990,10 +1017,11 @@ fn client(
 
 fn server(
     a: &RpingArgs,
+    svc: &CmService,
     nic: &Nic,
     ch: &EventChannel,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
 ) -> i32 {
     let l = ch.create_id(PortSpace::TCP);
     let bind = SocketAddr::new(a.addr.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), a.port);
@@ -1005,86 +1033,209 @@ fn server(
         let _ = writeln!(err, "rdma_listen: {e}");
         return EXIT_FAIL;
     }
-    let mut stash: VecDeque<CmEvent> = VecDeque::new();
-    loop {
-        // The next connection request (rping's listening cb's sem).
-        let req = loop {
-            let e = match stash.pop_front() {
-                Some(e) => e,
-                None => match ch.get_cm_event(None) {
-                    Some(e) => e,
-                    None => return EXIT_FAIL,
-                },
-            };
-            if a.debug {
-                println!(
-                    "cma_event type {} cma_id {} (parent)",
-                    e.event.as_str(),
-                    e.id.id().0
-                );
-            }
-            match e.event {
-                EventType::ConnectRequest => break e,
-                EventType::Disconnected | EventType::TimewaitExit => {}
-                k => {
-                    let _ = writeln!(err, "cma event {}, error {}", k.as_str(), e.status);
-                    if !a.persistent {
-                        return EXIT_FAIL;
-                    }
-                }
-            }
+    let abort = AtomicBool::new(false);
+    if !a.persistent {
+        // One connection, served here; then rping ends.
+        let mut stash: VecDeque<CmEvent> = VecDeque::new();
+        let Some(req) = next_request(a, ch, &mut stash, &abort, err) else {
+            return EXIT_FAIL;
         };
-        let child = req.id.clone();
-        let size = a.size as usize;
-        let mut c = match Conn::setup(nic, ch, child.clone(), true, size, a.debug, &mut stash, err)
-        {
-            Ok(c) => c,
-            Err(m) => {
-                let _ = writeln!(err, "setup_qp failed: {m}");
-                let _ = child.reject(&[]);
-                if a.persistent {
+        let r = serve(a, nic, ch, req.id, &mut stash, &abort, out, err);
+        let _ = l.destroy();
+        return r;
+    }
+    // rping_run_persistent_server: each connection request gets its own thread (with its own
+    // copy of rping's control block); the listener goes on taking requests meanwhile. Here
+    // each accepted id moves to its own event channel (rdma_migrate_id), so a connection's
+    // thread reads its events only; lines go out whole.
+    let out = Mutex::new(out);
+    let err = Mutex::new(err);
+    std::thread::scope(|s| {
+        let mut stash: VecDeque<CmEvent> = VecDeque::new();
+        loop {
+            let mut lerr = Lines::new(&err);
+            let Some(req) = next_request(a, ch, &mut stash, &abort, &mut lerr) else {
+                return EXIT_FAIL;
+            };
+            drop(lerr);
+            let cch = match svc.create_event_channel() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = writeln!(Lines::new(&err), "rdma_create_event_channel: {e}");
+                    let _ = req.id.reject(&[]);
                     continue;
                 }
-                return EXIT_FAIL;
-            }
-        };
-        c.state = State::ConnectRequest;
-        if a.debug {
-            println!("accepting client connection request");
-        }
-        if let Err(e) = child.accept(&conn_param()) {
-            let _ = writeln!(c.err, "rdma_accept: {e}");
-            let _ = writeln!(c.err, "connect error -1");
-            if a.persistent {
+            };
+            if let Err(e) = req.id.migrate(&cch) {
+                let _ = writeln!(Lines::new(&err), "rdma_migrate_id: {e}");
+                let _ = req.id.reject(&[]);
                 continue;
             }
+            let (out, err, abort) = (&out, &err, &abort);
+            s.spawn(move || {
+                let (mut o, mut e) = (Lines::new(out), Lines::new(err));
+                let mut stash = VecDeque::new();
+                serve(a, nic, &cch, req.id, &mut stash, abort, &mut o, &mut e);
+            });
+        }
+    })
+}
+
+/// The listener's next CONNECT_REQUEST (rping's listening cb's sem). `None`: rping ends (the
+/// service stopped, an unexpected event without `-P`, or a connection's fatal event).
+fn next_request(
+    a: &RpingArgs,
+    ch: &EventChannel,
+    stash: &mut VecDeque<CmEvent>,
+    abort: &AtomicBool,
+    err: &mut dyn Write,
+) -> Option<CmEvent> {
+    loop {
+        if abort.load(Ordering::Acquire) {
+            return None;
+        }
+        let e = match stash.pop_front() {
+            Some(e) => e,
+            // The persistent server looks at `abort` now and then; the other waits until an
+            // event comes or the service stops.
+            None if a.persistent => match ch.get_cm_event(Some(Duration::from_millis(100))) {
+                Some(e) => e,
+                None => continue,
+            },
+            None => ch.get_cm_event(None)?,
+        };
+        if a.debug {
+            println!(
+                "cma_event type {} cma_id {} (parent)",
+                e.event.as_str(),
+                e.id.id().0
+            );
+        }
+        match e.event {
+            EventType::ConnectRequest => return Some(e),
+            EventType::Disconnected | EventType::TimewaitExit => {}
+            k => {
+                let _ = writeln!(err, "cma event {}, error {}", k.as_str(), e.status);
+                if !a.persistent {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// One connection of the server (rping's `rping_run_server` after the request, or
+/// `rping_persistent_server_thread`): QP and buffers, accept, the ping loop, disconnect.
+/// Returns rping's exit status for it.
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    a: &RpingArgs,
+    nic: &Nic,
+    ch: &EventChannel,
+    child: CmId,
+    stash: &mut VecDeque<CmEvent>,
+    abort: &AtomicBool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
+    let size = a.size as usize;
+    let mut c = match Conn::setup(
+        nic,
+        ch,
+        child.clone(),
+        true,
+        size,
+        a.debug,
+        stash,
+        abort,
+        err,
+    ) {
+        Ok(c) => c,
+        Err(m) => {
+            let _ = writeln!(err, "setup_qp failed: {m}");
+            let _ = child.reject(&[]);
             return EXIT_FAIL;
         }
-        // rping_accept: wait for ESTABLISHED (or the first RECV).
-        match c.wait() {
-            Ok(()) if c.state != State::Error => {}
-            Ok(()) => {
-                let _ = writeln!(c.err, "wait for CONNECTED state {}", c.state as u8);
-                let _ = writeln!(c.err, "connect error -1");
-                if a.persistent {
-                    continue;
-                }
-                return EXIT_FAIL;
-            }
-            Err(Fatal) => return EXIT_FAIL,
+    };
+    c.state = State::ConnectRequest;
+    if a.debug {
+        println!("accepting client connection request");
+    }
+    if let Err(e) = child.accept(&conn_param()) {
+        let _ = writeln!(c.err, "rdma_accept: {e}");
+        let _ = writeln!(c.err, "connect error -1");
+        return EXIT_FAIL;
+    }
+    // rping_accept: wait for ESTABLISHED (or the first RECV).
+    match c.wait() {
+        Ok(()) if c.state != State::Error => {}
+        Ok(()) => {
+            let _ = writeln!(c.err, "wait for CONNECTED state {}", c.state as u8);
+            let _ = writeln!(c.err, "connect error -1");
+            return EXIT_FAIL;
         }
-        let r = match c.test_server(a.verbose, out) {
-            Ok(r) => r,
-            Err(Fatal) => return EXIT_FAIL,
-        };
-        if r != 0 && !a.persistent {
-            let _ = writeln!(c.err, "rping server failed: {r}");
+        Err(Fatal) => return EXIT_FAIL,
+    }
+    let r = match c.test_server(a.verbose, out) {
+        Ok(r) => r,
+        Err(Fatal) => return EXIT_FAIL,
+    };
+    if r != 0 && !a.persistent {
+        let _ = writeln!(c.err, "rping server failed: {r}");
+    }
+    c.disconnect();
+    let _ = child.destroy();
+    if r == 0 {
+        0
+    } else {
+        EXIT_FAIL
+    }
+}
+
+/// A writer for one thread of the persistent server: what it writes goes to the shared
+/// writer a whole line at a time (and the rest on flush or drop), so the lines of connections
+/// served at once do not mix.
+struct Lines<'m, 'w> {
+    to: &'m Mutex<&'w mut (dyn Write + Send)>,
+    buf: Vec<u8>,
+}
+
+impl<'m, 'w> Lines<'m, 'w> {
+    fn new(to: &'m Mutex<&'w mut (dyn Write + Send)>) -> Self {
+        Lines {
+            to,
+            buf: Vec::new(),
         }
-        c.disconnect();
-        let _ = child.destroy();
-        if !a.persistent {
-            let _ = l.destroy();
-            return if r == 0 { 0 } else { EXIT_FAIL };
+    }
+
+    fn emit(&mut self, upto: usize) -> std::io::Result<()> {
+        let mut w = self.to.lock().unwrap_or_else(|e| e.into_inner());
+        w.write_all(&self.buf[..upto])?;
+        w.flush()?;
+        self.buf.drain(..upto);
+        Ok(())
+    }
+}
+
+impl Write for Lines<'_, '_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if let Some(n) = self.buf.iter().rposition(|&c| c == b'\n') {
+            self.emit(n + 1)?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let n = self.buf.len();
+        self.emit(n)
+    }
+}
+
+impl Drop for Lines<'_, '_> {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            let _ = self.flush();
         }
     }
 }

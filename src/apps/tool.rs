@@ -234,7 +234,7 @@ pub fn run_perf(
     })?;
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
-    if cfg.rdma_cm {
+    if cfg.exchange_rdma_cm {
         // RDMA-CM takes the path MTU from the port (and QP1 sends at it): the port's MTU
         // must fit the interface's frames.
         dcfg.port_mtu = mtu;
@@ -373,8 +373,8 @@ fn perf_session(
             out.flush().ok();
         }
     };
-    let mut ses = if cfg.rdma_cm {
-        // perftest -R: the exchange over an RDMA-CM connected QP, no TCP.
+    let mut ses = if cfg.exchange_rdma_cm {
+        // perftest -R and -z: the exchange over an RDMA-CM connected QP, no TCP.
         let host = match &inv.host {
             Some(h) => Some(crate::apps::addr::resolve_host(h, inv.port).map_err(ToolError::Host)?),
             None => {
@@ -396,7 +396,7 @@ fn perf_session(
             inv.port,
             cfg.retry_count,
             cfg.timeout,
-            cfg.connection == perf::Connection::Ud,
+            cfg.rdma_cm && cfg.connection == perf::Connection::Ud,
         )?;
         Session::new_rdma(Box::new(link), role, cfg.timeout)
     } else {

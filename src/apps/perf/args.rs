@@ -170,7 +170,7 @@ struct Cli {
     outs: Option<String>,
     #[arg(short = 'g', long = "mcg")]
     mcg: bool,
-    #[arg(short = 'z', long = "comm_rdma_cm")]
+    #[arg(short = 'z', long = "com_rdma_cm", alias = "comm_rdma_cm")]
     comm_rdma_cm: bool,
     #[arg(short = 'R', long = "rdma_cm")]
     rdma_cm: bool,
@@ -1033,9 +1033,10 @@ fn from_cli(test: Test, c: Cli) -> Result<Invocation, ArgsError> {
         cfg.limit_msgrate = Some(v);
     }
     if c.comm_rdma_cm {
-        return refuse("-z (rdma_cm for the exchange with QPs connected by hand; -R is supported)");
+        cfg.exchange_rdma_cm = true;
     }
     if c.rdma_cm {
+        cfg.exchange_rdma_cm = true;
         if cfg.connection == Connection::Uc {
             return refuse("-R with -c UC (rdma_cm connects RC QPs, and UD ones over SIDR)");
         }
@@ -1499,7 +1500,13 @@ mod tests {
             e(Test::WriteBw, &["a", "b"]),
             "Invalid Command line. Please check command rerun"
         );
-        assert!(e(Test::WriteBw, &["-z"]).contains("not supported"));
+        let z = run(Test::WriteBw, &["-z"]).unwrap().cfg;
+        assert!(z.exchange_rdma_cm && !z.rdma_cm, "-z: the exchange only");
+        let r = run(Test::WriteBw, &["-R"]).unwrap().cfg;
+        assert!(
+            r.exchange_rdma_cm && r.rdma_cm,
+            "-R: the exchange and the test QPs"
+        );
         assert!(e(Test::SendBw, &["-R", "-c", "UC"]).contains("not supported"));
         assert!(run(Test::SendBw, &["-R", "-c", "UD"]).unwrap().cfg.rdma_cm);
         assert_eq!(

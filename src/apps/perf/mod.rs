@@ -221,6 +221,11 @@ pub struct PerfConfig {
     /// `-R`: the test QP and the exchange over RDMA-CM (perftest's "rdma_cm QPs: ON, Data ex.
     /// method: rdma_cm"): see `apps/perf/rdma_cm.rs`.
     pub rdma_cm: bool,
+    /// `-z` (and `-R`): the exchange over an RDMA-CM connected control QP, as with `-R`,
+    /// but the test QPs are created and connected by hand from the key messages as over TCP
+    /// (perftest's `use_rdma_cm` without `work_rdma_cm`: "rdma_cm QPs: OFF, Data ex. method:
+    /// rdma_cm"; no all-zero rounds, no REQ for the test QPs).
+    pub exchange_rdma_cm: bool,
     /// `--retry_count` (rdma_cm's `conn_param.retry_count`; default 7).
     pub retry_count: u8,
     /// `-c`.
@@ -324,6 +329,7 @@ impl PerfConfig {
         PerfConfig {
             test,
             rdma_cm: false,
+            exchange_rdma_cm: false,
             retry_count: 7,
             connection: Connection::Rc,
             size: match test.verb() {
@@ -637,10 +643,11 @@ pub fn run_with(
             AvError::NoSuchGid(cfg.gid_index),
         )))?;
     let ours = ep.keys(gid);
-    if ses.is_rdma() {
+    // Key messages over rdma_cm carry the GID index (-R and -z).
+    ses.gid_index = u32::from(cfg.gid_index);
+    if cfg.rdma_cm {
         // perftest -R: an all-zero key round, the test QP connected over RDMA-CM (RTR and
         // RTS from the REQ/REP: no ctx_connect), another all-zero round.
-        ses.gid_index = u32::from(cfg.gid_index);
         ses.zero_round()?;
         let resources = if matches!(cfg.test.verb(), Verb::Read | Verb::Atomic) {
             ep.out_reads.clamp(1, 255) as u8
@@ -684,7 +691,7 @@ pub fn run_with(
     for k in &ours {
         theirs.push(ses.hand_shake(k)?);
     }
-    if !ses.is_rdma() {
+    if !cfg.rdma_cm {
         ep.connect(&cfg, mtu, &theirs, resolve)?;
     }
     let send_family = verb == Verb::Send;

@@ -522,6 +522,9 @@ pub fn test_info(cfg: &PerfConfig, info: &TestInfo) -> String {
     if cfg.rdma_cm {
         let _ = writeln!(s, " rdma_cm QPs\t : ON");
         let _ = writeln!(s, " Data ex. method : rdma_cm");
+    } else if cfg.exchange_rdma_cm {
+        let _ = writeln!(s, " rdma_cm QPs\t : OFF");
+        let _ = writeln!(s, " Data ex. method : rdma_cm");
     } else {
         let _ = writeln!(s, " rdma_cm QPs\t : OFF");
         let _ = writeln!(s, " Data ex. method : Ethernet");
@@ -680,6 +683,8 @@ fn json_test_info(cfg: &PerfConfig, info: &TestInfo) -> String {
     }
     if cfg.rdma_cm {
         let _ = writeln!(s, "rdma_cm_QPs: ON,\nData_ex_method: rdma_cm,");
+    } else if cfg.exchange_rdma_cm {
+        let _ = writeln!(s, "rdma_cm_QPs: OFF,\nData_ex_method: rdma_cm,");
     } else {
         let _ = writeln!(s, "rdma_cm_QPs: OFF,\nData_ex_method: Ethernet,");
     }
