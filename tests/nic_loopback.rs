@@ -268,3 +268,42 @@ fn held_ack_leaves_at_shutdown_engine_thread() {
 fn held_ack_leaves_at_shutdown_inline() {
     held_ack_leaves_at_shutdown(PollMode::Inline);
 }
+
+/// A receive still in the doorbell when its SRQ is destroyed goes with that SRQ, never into
+/// the next SRQ given the same number (inline engine: the doorbell waits for the next call
+/// that drives the engine). Before: the new SRQ held the old one's receive, its shadow counted
+/// more WQEs taken than posted, and `post_srq_recv` overflowed (the C entry point fuzzer).
+#[test]
+fn a_destroyed_srqs_pending_receive_never_reaches_its_successor() {
+    let (la, _lb) = Loopback::pair(16, 9000).unwrap();
+    let a = nic(1, la, PollMode::Inline);
+    let pd = a.alloc_pd().unwrap();
+    let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+    let attr = SrqAttr {
+        max_wr: 4,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let old = a.create_srq(pd, attr).unwrap();
+    a.post_srq_recv(
+        old,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![common::sge(&mr, 0, 64)],
+        },
+    )
+    .unwrap();
+    a.destroy_srq(old).unwrap();
+    let new = a.create_srq(pd, attr).unwrap();
+    assert_eq!(
+        new.number(),
+        old.number(),
+        "the number is reused (the case at issue)"
+    );
+    a.progress();
+    assert_eq!(
+        a.with_device(|d| d.srq_occupancy(new)),
+        Some((0, 0)),
+        "the new SRQ holds a receive nobody posted to it"
+    );
+}
