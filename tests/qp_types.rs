@@ -876,3 +876,85 @@ fn uc_under_loss_duplication_and_reordering_delivers_whole_messages_or_nothing()
         repeats_only_for_copies(&p, seed, &seen, &st, a.qp, b.qp);
     }
 }
+
+/// UD multicast (`ibv_attach_mcast`): a SEND to a group's GID with destination QPN 0xFFFFFF
+/// reaches every UD QP attached to the group, and no other; after `detach_mcast` the
+/// detached QP receives nothing more; a group nobody attached to is dropped and counted; an
+/// RC QP or a unicast address cannot be attached.
+#[test]
+fn ud_multicast_reaches_every_attached_qp_and_only_those() {
+    let mut p = Pair::with_family(3, clean(), Family::V4);
+    let a = ud_end(&mut p.a, 8192, None, None);
+    let b1 = ud_end(&mut p.b, 8192, None, None);
+    let b2 = ud_end(&mut p.b, 8192, None, Some(b1.pd));
+    let b3 = ud_end(&mut p.b, 8192, None, Some(b1.pd));
+    let group: std::net::IpAddr = "239.1.2.3".parse().unwrap();
+    let other: std::net::IpAddr = "239.9.9.9".parse().unwrap();
+    p.b.attach_mcast(b1.qp, group).unwrap();
+    p.b.attach_mcast(b2.qp, group).unwrap();
+    p.b.attach_mcast(b2.qp, group).unwrap(); // twice is once
+    assert_eq!(p.b.mcast_groups(), vec![group]);
+    // Refused: a unicast address, an RC QP.
+    assert!(p
+        .b
+        .attach_mcast(b3.qp, "10.0.0.1".parse().unwrap())
+        .is_err());
+    let rc_cq = p.b.create_cq(16).unwrap();
+    let rc =
+        p.b.create_qp(QpInitAttr::new(b1.pd, rc_cq, rc_cq, cap(4)))
+            .unwrap();
+    assert!(p.b.attach_mcast(rc, group).is_err());
+    for end in [&b1, &b2, &b3] {
+        for i in 0..2 {
+            p.b.post_recv(end.qp, recv(i, &end.mr, 1024 * i as usize, 40 + 100))
+                .unwrap();
+        }
+    }
+    let mac = [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03];
+    let ah_for = |dev: &mut Device, ip: std::net::IpAddr| {
+        let av = AddressVector {
+            dgid: gid_of(ip),
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            dmac: Some(mac),
+        };
+        dev.create_ah(a.pd, &av).unwrap()
+    };
+    let ah = ah_for(&mut p.a, group);
+    let all = QpNumber::new(0xff_ffff);
+    a.mr.write(0, &pattern(100, 5)).unwrap();
+    p.a.post_send(a.qp, ud_send(1, &a.mr, 0, 100, ah, all, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let got = |p: &mut Pair, e: &UdEnd| poll(&mut p.b, e.cq).len();
+    assert_eq!(
+        (got(&mut p, &b1), got(&mut p, &b2), got(&mut p, &b3)),
+        (1, 1, 0)
+    );
+    let mut m = vec![0u8; 100];
+    b2.mr.read(40, &mut m).unwrap();
+    assert_eq!(m, pattern(100, 5));
+    // Detached: b1 hears nothing more, b2 still does.
+    p.b.detach_mcast(b1.qp, group).unwrap();
+    assert!(p.b.detach_mcast(b1.qp, group).is_err());
+    p.a.post_send(a.qp, ud_send(2, &a.mr, 0, 100, ah, all, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    assert_eq!(
+        (got(&mut p, &b1), got(&mut p, &b2), got(&mut p, &b3)),
+        (0, 1, 0)
+    );
+    // A group nobody here joined: dropped, counted.
+    let before = p.b.counters().0.address_drops;
+    let ah2 = ah_for(&mut p.a, other);
+    p.a.post_send(a.qp, ud_send(3, &a.mr, 0, 100, ah2, all, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    assert_eq!(got(&mut p, &b2), 0);
+    assert_eq!(p.b.counters().0.address_drops, before + 1);
+    // Destroying the last attached QP leaves the group.
+    p.b.destroy_qp(b2.qp).unwrap();
+    assert!(p.b.mcast_groups().is_empty());
+}

@@ -203,9 +203,8 @@ impl Port {
 pub(crate) struct Shared {
     pub port: Port,
     pub nic: Arc<Nic>,
-    /// The `async_fd` of every open context: made readable when asynchronous events are
-    /// queued.
-    pub async_fds: Arc<Mutex<Vec<libc::c_int>>>,
+    /// Every open context, with the asynchronous events routed to it.
+    pub contexts: Arc<crate::verbs::Contexts>,
 }
 
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
@@ -252,20 +251,15 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         None => Nic::start(cfg, pkt, opts),
     }
     .map_err(DeviceError::Start)?;
-    let async_fds: Arc<Mutex<Vec<libc::c_int>>> = Arc::default();
-    let fds = async_fds.clone();
-    nic.set_async_notify(Some(Arc::new(move || {
-        for &fd in fds.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let one: u64 = 1;
-            // SAFETY: an 8-byte write from a local to a context's eventfd, which stays open
-            // while it is in the list (ibv_close_device takes it out before closing it).
-            unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
-        }
+    let contexts: Arc<crate::verbs::Contexts> = Arc::default();
+    let ctxs = contexts.clone();
+    nic.set_async_sink(Some(Arc::new(move |e| {
+        crate::verbs::route_async_event(&ctxs, e)
     })));
     let s = Arc::new(Shared {
         port,
         nic: Arc::new(nic),
-        async_fds,
+        contexts,
     });
     *g = Some(Arc::downgrade(&s));
     Ok(s)

@@ -209,6 +209,10 @@ struct IdW {
     /// Passive side: the REQ's QP number, starting PSN, initiator depth, responder
     /// resources, retry and RNR retry counts.
     req: Option<(u32, u32, u8, u8, u8, u8)>,
+    /// The multicast groups joined, each with the context the program gave.
+    mc: Vec<(IpAddr, usize)>,
+    /// Joins whose MULTICAST_JOIN event was not read yet, oldest first.
+    mc_pending: VecDeque<(IpAddr, usize)>,
 }
 
 #[repr(C)]
@@ -254,11 +258,13 @@ pub fn event_code(t: EventType) -> c_int {
         EventType::Established => 9,
         EventType::Disconnected => 10,
         EventType::TimewaitExit => 15,
+        EventType::MulticastJoin => 12,
+        EventType::MulticastError => 13,
     }
 }
 
 /// Every event type with its C name.
-pub const EVENT_NAMES: [(EventType, &str); 12] = [
+pub const EVENT_NAMES: [(EventType, &str); 14] = [
     (EventType::AddrResolved, "RDMA_CM_EVENT_ADDR_RESOLVED"),
     (EventType::AddrError, "RDMA_CM_EVENT_ADDR_ERROR"),
     (EventType::RouteResolved, "RDMA_CM_EVENT_ROUTE_RESOLVED"),
@@ -271,6 +277,8 @@ pub const EVENT_NAMES: [(EventType, &str); 12] = [
     (EventType::Established, "RDMA_CM_EVENT_ESTABLISHED"),
     (EventType::Disconnected, "RDMA_CM_EVENT_DISCONNECTED"),
     (EventType::TimewaitExit, "RDMA_CM_EVENT_TIMEWAIT_EXIT"),
+    (EventType::MulticastJoin, "RDMA_CM_EVENT_MULTICAST_JOIN"),
+    (EventType::MulticastError, "RDMA_CM_EVENT_MULTICAST_ERROR"),
 ];
 
 // ---- socket addresses ------------------------------------------------------------------------------
@@ -435,6 +443,8 @@ fn new_idw(
         conn_qp: None,
         established_by_app: false,
         req: None,
+        mc: Vec::new(),
+        mc_pending: VecDeque::new(),
     }));
     ids(|m| m.insert(num, w as usize));
     w
@@ -547,7 +557,27 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
     let mut b = Box::new(EvW { c, ev });
     let p = &b.ev.param;
     let (pd, pdl) = (b.ev.private_data().as_ptr(), b.ev.private_data().len());
-    if w.c.ps == RDMA_PS_UDP {
+    let join = matches!(
+        b.ev.event,
+        EventType::MulticastJoin | EventType::MulticastError
+    );
+    if join {
+        // librdmacm's: the group's address handle attributes, QPN 0xFFFFFF, the UDP Q_Key,
+        // and the join's context as the private data.
+        // SAFETY: plain C data.
+        let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
+        if let Some((group, ctx)) = w.mc_pending.pop_front() {
+            ud.private_data = ctx as *const c_void;
+            ud.qp_num = 0xff_ffff;
+            ud.qkey = RDMA_UDP_QKEY;
+            ud.ah_attr.is_global = 1;
+            ud.ah_attr.port_num = 1;
+            ud.ah_attr.grh.dgid.raw = gid_of(group);
+            ud.ah_attr.grh.sgid_index = b.ev.id.local_addr().map_or(0, |a| gid_index(a.ip()));
+            ud.ah_attr.grh.hop_limit = 64;
+        }
+        b.c.param.ud = ud;
+    } else if w.c.ps == RDMA_PS_UDP {
         // SAFETY: plain C data.
         let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
         ud.private_data = pd as *const c_void;
@@ -1703,30 +1733,107 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_
     0
 }
 
-/// librdmacm's `rdma_join_multicast` (`librdmacm.so.1` forwards to it).
+/// librdmacm's `rdma_join_multicast` (`librdmacm.so.1` forwards to it). Over RoCE a join
+/// sends nothing: the id's QP (if it has one) is attached to the group's GID (IPv4-mapped
+/// for an IPv4 group), which makes the packet device join the IP group (the UDP backend: a
+/// socket bound to the group with `IP_ADD_MEMBERSHIP`), and RDMA_CM_EVENT_MULTICAST_JOIN
+/// follows on the id's channel with the group's address handle attributes, QPN 0xFFFFFF and
+/// the UDP Q_Key. The id must be UDP and bound or resolved; `addr` an IP multicast address.
 #[export_name = "ferroce_rdma_join_multicast"]
 pub unsafe extern "C" fn rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-    _ctx: *mut c_void,
+    id: *mut rdma_cm_id,
+    addr: *mut sockaddr,
+    ctx: *mut c_void,
 ) -> c_int {
-    fail(ENOSYS)
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's address.
+    let (w, a) = unsafe { (idw(id), from_sockaddr(addr)) };
+    let Some(group) = a.map(|a| a.ip()).filter(IpAddr::is_multicast) else {
+        return fail(EINVAL);
+    };
+    if w.c.ps != RDMA_PS_UDP {
+        return fail(libc::ENOSYS);
+    }
+    let cmid = match w.cmid() {
+        Ok(c) => c.clone(),
+        Err(e) => return fail(e),
+    };
+    if cmid.local_addr().is_none() {
+        return fail(EINVAL);
+    }
+    if w.mc.iter().any(|&(g, _)| g == group) {
+        return fail(libc::EADDRINUSE);
+    }
+    if !w.c.qp.is_null() {
+        let gid = ibv_gid { raw: gid_of(group) };
+        // SAFETY: the id's QP (made by this library) and a local GID.
+        let r = unsafe { verbs::ibv_attach_mcast(w.c.qp, &gid, 0) };
+        if r != 0 {
+            return fail(r);
+        }
+    }
+    w.mc.push((group, ctx as usize));
+    w.mc_pending.push_back((group, ctx as usize));
+    if let Err(e) = cmid.post_event(EventType::MulticastJoin, 0) {
+        return fail(errno_of(&e));
+    }
+    0
 }
 
-/// librdmacm's `rdma_join_multicast_ex` (`librdmacm.so.1` forwards to it).
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut sockaddr,
+}
+
+/// librdmacm's `rdma_join_multicast_ex` (`librdmacm.so.1` forwards to it): as
+/// `rdma_join_multicast` (full and send-only members alike: both receive over RoCE here).
 #[export_name = "ferroce_rdma_join_multicast_ex"]
 pub unsafe extern "C" fn rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut c_void,
-    _ctx: *mut c_void,
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    ctx: *mut c_void,
 ) -> c_int {
-    fail(ENOSYS)
+    if id.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // RDMA_CM_JOIN_MC_ATTR_ADDRESS (1) and RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS (2).
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    if a.comp_mask & 1 == 0 || a.comp_mask & !3 != 0 {
+        return fail(EINVAL);
+    }
+    // SAFETY: as rdma_join_multicast.
+    unsafe { rdma_join_multicast(id, a.addr, ctx) }
 }
 
-/// librdmacm's `rdma_leave_multicast` (`librdmacm.so.1` forwards to it).
+/// librdmacm's `rdma_leave_multicast` (`librdmacm.so.1` forwards to it): the QP is
+/// detached (the packet device leaves the IP group when no QP is attached any more).
 #[export_name = "ferroce_rdma_leave_multicast"]
-pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    fail(ENOSYS)
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    if id.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: an id of this library; the caller's address.
+    let (w, a) = unsafe { (idw(id), from_sockaddr(addr)) };
+    let Some(group) = a.map(|a| a.ip()) else {
+        return fail(EINVAL);
+    };
+    let Some(i) = w.mc.iter().position(|&(g, _)| g == group) else {
+        return fail(libc::EADDRNOTAVAIL);
+    };
+    w.mc.remove(i);
+    w.mc_pending.retain(|&(g, _)| g != group);
+    if !w.c.qp.is_null() {
+        let gid = ibv_gid { raw: gid_of(group) };
+        // SAFETY: the id's QP and a local GID. A QP already detached (destroyed) is fine.
+        let _ = unsafe { verbs::ibv_detach_mcast(w.c.qp, &gid, 0) };
+    }
+    0
 }
 
 // ---- rdma_getaddrinfo ---------------------------------------------------------------------------------

@@ -53,7 +53,6 @@ macro_rules! null_stubs {
 
 int_stubs!(
     execute_ioctl,
-    ibv_attach_mcast,
     ibv_cmd_advise_mr,
     ibv_cmd_alloc_dm,
     ibv_cmd_alloc_mw,
@@ -106,7 +105,6 @@ int_stubs!(
     ibv_cmd_reg_mr,
     ibv_cmd_rereg_mr,
     ibv_cmd_resize_cq,
-    ibv_detach_mcast,
     ibv_query_ece,
     ibv_resolve_eth_l2_from_gid,
     ibv_set_ece,

@@ -8,6 +8,7 @@
 
 use crate::abi::*;
 use crate::device::{self, Shared};
+use ferroce::verbs::AsyncEvent;
 use ferroce::verbs::LKey;
 use ferroce::verbs::{
     AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, Pd, QpAttr,
@@ -16,6 +17,7 @@ use ferroce::verbs::{
 };
 use ferroce::wire::{QpNumber, RKey};
 use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, EOPNOTSUPP};
+use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -118,12 +120,36 @@ struct ChanW {
 }
 
 /// The C objects by their number on the device, for asynchronous events (which name a QP by
-/// its number, a CQ or an SRQ by its index): the object's address.
+/// its number, a CQ or an SRQ by its index): the object's address and the address of the
+/// `ibv_context` it was made in (the context the event goes to).
 #[derive(Default)]
 struct Objects {
-    qps: std::collections::HashMap<u32, usize>,
-    cqs: std::collections::HashMap<u32, usize>,
-    srqs: std::collections::HashMap<u32, usize>,
+    qps: HashMap<u32, (usize, usize)>,
+    cqs: HashMap<u32, (usize, usize)>,
+    srqs: HashMap<u32, (usize, usize)>,
+}
+
+impl Objects {
+    /// The C object an event names and its context, if it still exists.
+    fn find(&self, e: AsyncEvent) -> Option<(ibv_async_element, usize)> {
+        use AsyncEvent as E;
+        match e {
+            E::CqErr(cq) => self.cqs.get(&cq.index()).map(|&(p, c)| {
+                let cq = p as *mut ibv_cq;
+                (ibv_async_element { cq }, c)
+            }),
+            E::QpFatal(q) | E::QpReqErr(q) | E::QpAccessErr(q) | E::QpLastWqeReached(q) => {
+                self.qps.get(&q.get()).map(|&(p, c)| {
+                    let qp = p as *mut ibv_qp;
+                    (ibv_async_element { qp }, c)
+                })
+            }
+            E::SrqLimitReached(q) => self.srqs.get(&q.number()).map(|&(p, c)| {
+                let srq = p as *mut ibv_srq;
+                (ibv_async_element { srq }, c)
+            }),
+        }
+    }
 }
 
 static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
@@ -131,6 +157,82 @@ static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
 fn objects<R>(f: impl FnOnce(&mut Objects) -> R) -> R {
     let mut g = OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(Objects::default))
+}
+
+/// The most events a context keeps unread; older ones are dropped (and counted) beyond it.
+const ASYNC_QUEUE_MAX: usize = 4096;
+
+/// One open context's asynchronous events: its `async_fd` (an eventfd, readable exactly
+/// while `q` is not empty: both change only under the lock of [`Contexts`]) and the events
+/// routed to it, oldest first.
+pub(crate) struct CtxEvents {
+    fd: c_int,
+    q: VecDeque<AsyncEvent>,
+    lost: u64,
+}
+
+/// Every open context of the process by the address of its `ibv_context`.
+pub(crate) type Contexts = Mutex<HashMap<usize, CtxEvents>>;
+
+fn lock_ctxs(c: &Contexts) -> std::sync::MutexGuard<'_, HashMap<usize, CtxEvents>> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CtxEvents {
+    fn push(&mut self, e: AsyncEvent) {
+        if self.q.len() >= ASYNC_QUEUE_MAX {
+            self.q.pop_front();
+            self.lost += 1;
+            if self.lost.is_power_of_two() {
+                warn(&format!(
+                    "{} asynchronous events dropped: more than {ASYNC_QUEUE_MAX} unread",
+                    self.lost
+                ));
+            }
+        }
+        if self.q.is_empty() {
+            let one: u64 = 1;
+            // SAFETY: an 8-byte write from a local to the context's eventfd, which stays
+            // open while the context is in `Contexts` (ibv_close_device takes it out first).
+            unsafe { libc::write(self.fd, &one as *const u64 as *const c_void, 8) };
+        }
+        self.q.push_back(e);
+    }
+
+    fn pop(&mut self) -> Option<AsyncEvent> {
+        let e = self.q.pop_front()?;
+        if self.q.is_empty() {
+            // Not readable any more: take the descriptor's count (poll first, so that a
+            // program that read the descriptor itself does not make this block).
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one local pollfd with no wait; read(2) of 8 bytes into a
+            // local from the context's eventfd, readable (so it does not block).
+            unsafe {
+                if libc::poll(&mut p, 1, 0) == 1 {
+                    let mut v = 0u64;
+                    libc::read(self.fd, &mut v as *mut u64 as *mut c_void, 8);
+                }
+            }
+        }
+        Some(e)
+    }
+}
+
+/// The NIC's asynchronous-event sink (on the engine's thread): the event goes to the context
+/// that made the QP, CQ or SRQ it names, as the kernel's uverbs delivers it on the file of
+/// the context that owns the object; one about an object already destroyed is dropped.
+/// (An event naming no object, a port's, would go to every context; ferroce raises none.)
+pub(crate) fn route_async_event(ctxs: &Contexts, e: AsyncEvent) {
+    let Some((_, owner)) = objects(|o| o.find(e)) else {
+        return;
+    };
+    if let Some(c) = lock_ctxs(ctxs).get_mut(&owner) {
+        c.push(e);
+    }
 }
 
 /// The wrapper of a context pointer.
@@ -283,17 +385,24 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     v.context.num_comp_vectors = 1;
     v.context.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
-    if v.context.async_fd >= 0 {
-        lock_fds(&sh).push(v.context.async_fd);
+    if v.context.async_fd < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        return fail(e.unwrap_or(libc::EMFILE));
     }
+    let fd = v.context.async_fd;
     let b = Box::new(Ctx { v, sh });
     let p = Box::into_raw(b);
     // SAFETY: just allocated.
-    unsafe { &mut (*p).v.context }
-}
-
-fn lock_fds(s: &Shared) -> std::sync::MutexGuard<'_, Vec<c_int>> {
-    s.async_fds.lock().unwrap_or_else(|e| e.into_inner())
+    let c = unsafe { &mut (*p).v.context };
+    // SAFETY: as above.
+    let s = unsafe { &(*p).sh };
+    let ev = CtxEvents {
+        fd,
+        q: VecDeque::new(),
+        lost: 0,
+    };
+    lock_ctxs(&s.contexts).insert(c as *mut ibv_context as usize, ev);
+    c
 }
 
 #[no_mangle]
@@ -304,11 +413,9 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     // SAFETY: a context from ibv_open_device (see `ctx`); it is not used after this.
     unsafe {
         let p = (c as *mut u8).sub(offset_of!(verbs_context, context)) as *mut Ctx;
-        let fd = (*p).v.context.async_fd;
-        if fd >= 0 {
-            lock_fds(&(*p).sh).retain(|&f| f != fd);
-            libc::close(fd);
-        }
+        let w = &*p;
+        lock_ctxs(&w.sh.contexts).remove(&(c as usize));
+        libc::close(w.v.context.async_fd);
         drop(Box::from_raw(p));
     }
     0
@@ -335,6 +442,9 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_devic
     a.max_qp = int(l.max_qp);
     a.max_qp_wr = int(l.max_qp_wr);
     a.device_cap_flags = l.device_cap_flags;
+    a.max_mcast_grp = int(ferroce::verbs::MAX_MCAST_GROUPS as u32);
+    a.max_mcast_qp_attach = int(ferroce::verbs::MAX_MCAST_QP_ATTACH as u32);
+    a.max_total_mcast_qp_attach = a.max_mcast_grp * a.max_mcast_qp_attach;
     a.max_sge = int(l.max_sge);
     a.max_sge_rd = int(l.max_sge_rd);
     a.max_cq = int(l.max_cq);
@@ -749,7 +859,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq,
         poll: Mutex::new(Default::default()),
     })) as *mut ibv_cq;
-    objects(|o| o.cqs.insert(cq.index(), p as usize));
+    objects(|o| o.cqs.insert(cq.index(), (p as usize, c as usize)));
     if !channel.is_null() {
         // SAFETY: a channel from ibv_create_comp_channel.
         let ch = unsafe { &*(channel as *mut ChanW) };
@@ -995,8 +1105,9 @@ pub unsafe extern "C" fn ibv_create_srq(
     c.srq_context = init.srq_context;
     c.pd = pd;
     c.handle = srq.number();
+    let owner = c.context as usize;
     let p = Box::into_raw(Box::new(SrqW { c, srq, max_sge })) as *mut ibv_srq;
-    objects(|o| o.srqs.insert(srq.number(), p as usize));
+    objects(|o| o.srqs.insert(srq.number(), (p as usize, owner)));
     p
 }
 
@@ -1255,6 +1366,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         cap.max_send_wr,
         cap.max_inline_data,
     ));
+    let owner = c.context as usize;
     let p = Box::into_raw(Box::new(QpW {
         c,
         ex: crate::ex::qp_ex_tail(),
@@ -1265,7 +1377,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         ex_on: false,
         tx: Mutex::new(tx),
     })) as *mut ibv_qp;
-    objects(|o| o.qps.insert(qpn.get(), p as usize));
+    objects(|o| o.qps.insert(qpn.get(), (p as usize, owner)));
     p
 }
 
@@ -1708,12 +1820,69 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     }
 }
 
+// ---- multicast ----------------------------------------------------------------------------------
+
+/// The IP multicast address of a multicast GID (RoCE v2: an IPv4 group as its IPv4-mapped
+/// GID, an IPv6 group as itself), and the QP's number.
+///
+/// # Safety
+/// `qp` is a QP this library made, `gid` NULL or a readable `union ibv_gid`.
+unsafe fn mcast_args<'a>(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+) -> Option<(&'a Shared, QpNumber, std::net::IpAddr)> {
+    if qp.is_null() || gid.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise (a QP from ibv_create_qp, a readable GID).
+    let (w, raw) = unsafe { (&*(qp as *mut QpW), (*gid).raw) };
+    // SAFETY: as above; its context is the one set at creation.
+    let s: &'a Shared = unsafe { sh(w.c.context) };
+    Some((s, w.qpn, ferroce::verbs::ip_of_gid(raw)))
+}
+
+/// `ibv_attach_mcast`: the UD QP receives what is sent to the multicast group `gid` (RoCE
+/// has no LIDs: `lid` is ignored); the packet device joins the IP group.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: libibverbs' contract (see mcast_args).
+    let Some((s, qpn, group)) = (unsafe { mcast_args(qp, gid) }) else {
+        return EINVAL;
+    };
+    match s.nic.attach_mcast(qpn, group) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// `ibv_detach_mcast`: undo `ibv_attach_mcast`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    // SAFETY: libibverbs' contract (see mcast_args).
+    let Some((s, qpn, group)) = (unsafe { mcast_args(qp, gid) }) else {
+        return EINVAL;
+    };
+    match s.nic.detach_mcast(qpn, group) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
 // ---- asynchronous events ------------------------------------------------------------------------
 
-/// `ibv_get_async_event`: the next asynchronous event of the device (CQ error, QP fatal /
-/// request / access error, last WQE reached, SRQ limit reached), with the C object it names.
-/// Blocks until one comes, unless the program set `O_NONBLOCK` on `async_fd`: then -1 and
-/// `EAGAIN` when none is there. Events about objects already destroyed are dropped.
+/// `ibv_get_async_event`: the next asynchronous event of this context (CQ error, QP fatal /
+/// request / access error, last WQE reached, SRQ limit reached about an object made in it),
+/// with the C object it names. Blocks until one comes, unless the program set `O_NONBLOCK`
+/// on `async_fd`: then -1 and `EAGAIN` when none is there. Events about objects destroyed
+/// since are dropped.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut ibv_context,
@@ -1728,53 +1897,27 @@ pub unsafe extern "C" fn ibv_get_async_event(
     // SAFETY: fcntl on the context's own descriptor.
     let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let wait = if nonblock {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(1)
-        };
-        let Some(e) = s.nic.get_async_event(wait) else {
+        // The inline engine finds events in the program's calls (an engine thread finds them
+        // on its own).
+        s.nic.progress();
+        let next = lock_ctxs(&s.contexts)
+            .get_mut(&(c as usize))
+            .and_then(CtxEvents::pop);
+        let Some(e) = next else {
             if nonblock {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one local pollfd, the context's descriptor.
+            unsafe { libc::poll(&mut p, 1, 1) };
             continue;
         };
-        use ferroce::verbs::AsyncEvent as E;
-        let element = objects(|o| match e {
-            E::CqErr(cq) => o.cqs.get(&cq.index()).map(|&p| ibv_async_element {
-                cq: p as *mut ibv_cq,
-            }),
-            E::QpFatal(q) | E::QpReqErr(q) | E::QpAccessErr(q) | E::QpLastWqeReached(q) => {
-                o.qps.get(&q.get()).map(|&p| ibv_async_element {
-                    qp: p as *mut ibv_qp,
-                })
-            }
-            E::SrqLimitReached(q) => o.srqs.get(&q.number()).map(|&p| ibv_async_element {
-                srq: p as *mut ibv_srq,
-            }),
-        });
-        // The descriptor is readable while events wait: take its count, and give it back if
-        // more are queued (one the engine queued meanwhile has been or will be signalled).
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll(2) on one local pollfd with no wait; read(2) of 8 bytes into a local
-        // from the context's eventfd, readable (so it does not block).
-        unsafe {
-            if libc::poll(&mut p, 1, 0) == 1 {
-                let mut v = 0u64;
-                libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
-            }
-        }
-        if s.nic.async_events_pending() > 0 {
-            let one = 1u64;
-            // SAFETY: an 8-byte write from a local to the context's eventfd.
-            unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
-        }
-        if let Some(element) = element {
+        if let Some((element, _)) = objects(|o| o.find(e)) {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe {
                 *ev = ibv_async_event {

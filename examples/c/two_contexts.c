@@ -2,15 +2,19 @@
  * two_contexts.c — one process opens the device twice. Each context has its own PD, CQ and
  * RC QP; the QP of the first is connected to the QP of the second. An RDMA WRITE goes from
  * the first context's memory into the second's, a SEND the other way, each checked. Then a CQ
- * of the first context overruns: the asynchronous event reaches every context that opened the
- * device (both async_fds become readable, ibv_get_async_event reports IBV_EVENT_CQ_ERR naming
- * that CQ in each). Last, the first context is closed and the second keeps working (a WRITE
+ * of the first context overruns: the asynchronous event goes to that context only (its
+ * async_fd becomes readable and ibv_get_async_event reports IBV_EVENT_CQ_ERR naming the CQ;
+ * the second context's async_fd stays unreadable and a non-blocking ibv_get_async_event on it
+ * finds nothing), as the kernel's uverbs delivers an event on the file of the context that
+ * made the object. A CQ of the second context overruns next: its event is the second
+ * context's only. Last, the first context is closed and the second keeps working (a WRITE
  * between two QPs of its own).
  *
  *   ferroce run -- ./two_contexts      prints "ok" and exits 0 when every check passes.
  */
 #include <infiniband/verbs.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,20 +133,91 @@ static void write_to(struct ibv_qp *qp, struct ibv_cq *cq, char *src, uint32_t l
 		fail("WRITE: the destination differs", EIO);
 }
 
-static void expect_cq_err(struct ibv_context *ctx, struct ibv_cq *cq, const char *which)
+/* Wait until the context's async_fd is readable, then read its events without blocking until
+ * there are none: at least one CQ error naming `cq` (the overrun), and otherwise only QP
+ * errors naming `c` or `d` (the QPs that completed into it). */
+static void expect_cq_err(struct ibv_context *ctx, struct ibv_cq *cq, struct ibv_qp *c,
+			  struct ibv_qp *d, const char *which)
 {
 	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
 	if (poll(&p, 1, 10000) != 1 || !(p.revents & POLLIN))
 		fail(which, ETIMEDOUT);
+	int n = 0;
 	struct ibv_async_event ev;
-	for (;;) {
-		if (ibv_get_async_event(ctx, &ev))
-			fail("ibv_get_async_event", errno);
-		int mine = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == cq;
+	while (ibv_get_async_event(ctx, &ev) == 0) {
+		int t = ev.event_type;
+		if (t == IBV_EVENT_CQ_ERR && ev.element.cq == cq) {
+			n++;
+		} else if (t == IBV_EVENT_CQ_ERR ||
+			   (ev.element.qp != c && ev.element.qp != d)) {
+			fprintf(stderr, "two_contexts: %s: %s about another object\n", which,
+				ibv_event_type_str(ev.event_type));
+			exit(1);
+		}
 		ibv_ack_async_event(&ev);
-		if (mine)
-			break;
 	}
+	if (errno != EAGAIN)
+		fail("ibv_get_async_event", errno);
+	if (n == 0)
+		fail(which, ENOENT);
+}
+
+/* The context has no event: ibv_get_async_event finds none and, with `fd_too`, its async_fd is
+ * not readable. (Without: events queued for an object destroyed since make the descriptor
+ * readable and are dropped when read.) */
+static void expect_no_event(struct ibv_context *ctx, const char *which, int fd_too)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	if (fd_too && poll(&p, 1, 0) != 0) {
+		fprintf(stderr, "two_contexts: %s: async_fd readable\n", which);
+		exit(1);
+	}
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev) == 0) {
+		fprintf(stderr, "two_contexts: %s: event %d (%s)\n", which, ev.event_type,
+			ibv_event_type_str(ev.event_type));
+		exit(1);
+	}
+	if (errno != EAGAIN)
+		fail("ibv_get_async_event", errno);
+}
+
+static void nonblocking(int fd)
+{
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK))
+		fail("fcntl", errno);
+}
+
+/* A CQ of two entries in `s`'s context and two connected QPs on it; eight signalled WRITEs
+ * overrun it. Returns the CQ (the QPs are left in *c and *d). */
+static struct ibv_cq *overrun(struct side *s, union ibv_gid *gid, struct ibv_qp **c,
+			      struct ibv_qp **d)
+{
+	struct ibv_cq *small = ibv_create_cq(s->ctx, 2, NULL, NULL, 0);
+	if (!small)
+		fail("ibv_create_cq(2)", errno);
+	struct ibv_qp_init_attr ia = {
+		.send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	*c = ibv_create_qp(s->pd, &ia);
+	*d = ibv_create_qp(s->pd, &ia);
+	if (!*c || !*d)
+		fail("ibv_create_qp", errno);
+	to_rts(*c, (*d)->qp_num, gid);
+	to_rts(*d, (*c)->qp_num, gid);
+	struct ibv_sge sg = { .addr = (uintptr_t)s->buf, .length = 64, .lkey = s->mr->lkey };
+	struct ibv_send_wr ow = { .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)s->buf + 64,
+					       .rkey = s->mr->rkey } }, *obad;
+	for (int i = 0; i < 8; i++) {
+		ow.wr_id = 10 + i;
+		int r = ibv_post_send(*c, &ow, &obad);
+		if (r)
+			fail("ibv_post_send (overrun)", r);
+	}
+	return small;
 }
 
 int main(void)
@@ -187,36 +262,29 @@ int main(void)
 		fail("RECV completion or data", EIO);
 	printf("SEND context 2 -> context 1: data identical\n");
 
-	/* A CQ of the first context overruns; every context that opened the device hears it. */
-	struct ibv_cq *small = ibv_create_cq(a.ctx, 2, NULL, NULL, 0);
-	if (!small)
-		fail("ibv_create_cq(2)", errno);
-	struct ibv_qp_init_attr ia = {
-		.send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	struct ibv_qp *c = ibv_create_qp(a.pd, &ia), *d = ibv_create_qp(a.pd, &ia);
-	if (!c || !d)
-		fail("ibv_create_qp", errno);
-	to_rts(c, d->qp_num, &gid);
-	to_rts(d, c->qp_num, &gid);
-	struct ibv_sge sg = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
-	struct ibv_send_wr ow = { .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-				  .send_flags = IBV_SEND_SIGNALED,
-				  .wr.rdma = { .remote_addr = (uintptr_t)a.buf + 64,
-					       .rkey = a.mr->rkey } }, *obad;
-	for (int i = 0; i < 8; i++) {
-		ow.wr_id = 10 + i;
-		r = ibv_post_send(c, &ow, &obad);
-		if (r)
-			fail("ibv_post_send (overrun)", r);
-	}
-	expect_cq_err(a.ctx, small, "context 1's async_fd did not become readable");
-	expect_cq_err(b.ctx, small, "context 2's async_fd did not become readable");
-	printf("CQ overrun: async event CQ error in both contexts\n");
+	/* A CQ of the first context overruns: its event goes to the first context only. */
+	nonblocking(a.ctx->async_fd);
+	nonblocking(b.ctx->async_fd);
+	struct ibv_qp *c, *d;
+	struct ibv_cq *small = overrun(&a, &gid, &c, &d);
+	expect_cq_err(a.ctx, small, c, d, "context 1's CQ overrun, on context 1");
+	expect_no_event(b.ctx, "context 1's CQ overrun, on context 2", 1);
+	printf("CQ overrun in context 1: IBV_EVENT_CQ_ERR on context 1 only\n");
+
+	/* Then one of the second context's: its event goes to the second context only. */
+	struct ibv_qp *c2, *d2;
+	struct ibv_cq *small2 = overrun(&b, &gid, &c2, &d2);
+	expect_cq_err(b.ctx, small2, c2, d2, "context 2's CQ overrun, on context 2");
+	printf("CQ overrun in context 2: IBV_EVENT_CQ_ERR on context 2\n");
+	ibv_destroy_qp(c2);
+	ibv_destroy_qp(d2);
+	ibv_destroy_cq(small2);
 	ibv_destroy_qp(c);
 	ibv_destroy_qp(d);
 	ibv_destroy_cq(small);
+	/* Nothing of either overrun reached the other context. */
+	expect_no_event(a.ctx, "after both overruns, on context 1", 0);
+	expect_no_event(b.ctx, "after both overruns, on context 2", 0);
 
 	/* Close the first context; the second still works. */
 	ibv_destroy_qp(a.qp);

@@ -119,6 +119,10 @@ pub enum EventType {
     Disconnected,
     /// TimeWait is over: the QP may be reused.
     TimewaitExit,
+    /// A multicast join completed (made by the library itself over RoCE: no message).
+    MulticastJoin,
+    /// A multicast join failed.
+    MulticastError,
 }
 
 impl EventType {
@@ -137,6 +141,8 @@ impl EventType {
             EventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
             EventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
             EventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+            EventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
+            EventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
         }
     }
 }
@@ -181,7 +187,7 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(id: RdmaId, kind: EventType, status: i32) -> Self {
+    pub(crate) fn new(id: RdmaId, kind: EventType, status: i32) -> Self {
         Event {
             id,
             listen_id: None,

@@ -25,6 +25,7 @@ pub mod udp;
 pub mod xdp;
 
 use std::io;
+use std::net::IpAddr;
 use std::time::Duration;
 
 pub use af_packet::{AfPacketConfig, AfPacketDevice, AfPacketTx};
@@ -126,6 +127,17 @@ pub trait PacketDevice: Send {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// Receive (`join`) or stop receiving the frames sent to the IP multicast `group`, as the
+    /// kernel's socket layer does with `IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`. Devices that
+    /// cannot: `Unsupported`.
+    fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        let _ = (group, join);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this packet device does not join multicast groups",
+        ))
+    }
 }
 
 impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
@@ -156,5 +168,8 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).poll_fd()
+    }
+    fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        (**self).join_group(group, join)
     }
 }

@@ -163,6 +163,9 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.poll_fd()
     }
+    fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
+        self.inner.join_group(group, join)
+    }
     fn medium(&self) -> Medium {
         self.inner.medium()
     }

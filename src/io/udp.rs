@@ -229,6 +229,9 @@ pub struct UdpDevice {
     last_ident: HashMap<Ipv4Addr, (u16, bool)>,
     solvers: LenCache<IdentSolver>,
     shifts: LenCache<Shift>,
+    /// The multicast groups joined ([`PacketDevice::join_group`]): a socket bound to the
+    /// group and port each (a socket bound to the unicast address receives no multicast).
+    groups: Vec<(IpAddr, std::net::UdpSocket)>,
 }
 
 impl Drop for UdpDevice {
@@ -285,6 +288,11 @@ impl UdpDevice {
             set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
             set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
             set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
+            if let IpAddr::V4(a) = cfg.local {
+                // Multicast leaves from the bound address's interface (not the default
+                // route's); an interface without multicast refuses it, and sends none.
+                let _ = sysudp::set_multicast_if_v4(fd, a);
+            }
         }
         // Room for bursts: 4 MiB each way (FORCE works as root, else capped by rmem_max).
         for (force, plain) in [
@@ -328,6 +336,7 @@ impl UdpDevice {
             last_ident: HashMap::new(),
             solvers: LenCache::new(),
             shifts: LenCache::new(),
+            groups: Vec::new(),
         })
     }
 
@@ -1017,20 +1026,30 @@ impl PacketDevice for UdpDevice {
         if !self.deliver(max, &mut n, f) {
             return Ok(n);
         }
-        while n < max {
-            // Each datagram is at least one frame: never receive more than can be handed up.
-            let want = (max - n).min(self.rx.len());
-            let got = sysudp::recv_batch(self.sock.as_fd(), &mut self.rx[..want])?;
-            for k in 0..got {
-                let slot = &self.rx[k];
-                self.rx_info[k] = (slot.source(), sysudp::parse_control(slot.control()));
-            }
-            self.cur = RxCursor {
-                filled: got,
-                ..RxCursor::default()
-            };
-            if !self.deliver(max, &mut n, f) || got < want {
-                break;
+        // The bound socket, then each multicast group's.
+        for g in 0..=self.groups.len() {
+            while n < max {
+                // Each datagram is at least one frame: never receive more than can be handed up.
+                let want = (max - n).min(self.rx.len());
+                let fd = match g {
+                    0 => self.sock.as_fd(),
+                    _ => self.groups[g - 1].1.as_fd(),
+                };
+                let got = sysudp::recv_batch(fd, &mut self.rx[..want])?;
+                for k in 0..got {
+                    let slot = &self.rx[k];
+                    self.rx_info[k] = (slot.source(), sysudp::parse_control(slot.control()));
+                }
+                self.cur = RxCursor {
+                    filled: got,
+                    ..RxCursor::default()
+                };
+                if !self.deliver(max, &mut n, f) {
+                    return Ok(n);
+                }
+                if got < want {
+                    break;
+                }
             }
         }
         Ok(n)
@@ -1097,7 +1116,58 @@ impl PacketDevice for UdpDevice {
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        poll_readable(&[self.sock.as_fd()], timeout).map(drop)
+        if self.groups.is_empty() {
+            return poll_readable(&[self.sock.as_fd()], timeout).map(drop);
+        }
+        let mut fds = vec![self.sock.as_fd()];
+        fds.extend(self.groups.iter().map(|(_, s)| s.as_fd()));
+        poll_readable(&fds, timeout).map(drop)
+    }
+
+    /// A socket bound to `group`:port with `SO_REUSEADDR` (other programs on the host may bind
+    /// it too: each receives a copy), a member of the group on the bound address's interface.
+    /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
+    /// datagram at its next wake-up.)
+    fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        let at = self.groups.iter().position(|(g, _)| *g == group);
+        if !join {
+            if let Some(i) = at {
+                // Closing the socket leaves the group.
+                self.groups.remove(i);
+            }
+            return Ok(());
+        }
+        if at.is_some() {
+            return Ok(());
+        }
+        if !group.is_multicast() || group.is_ipv6() != self.v6 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{group} is not a multicast group of the bound address's family"),
+            ));
+        }
+        let sock = sysudp::bind_shared(SocketAddr::new(group, self.port))?;
+        let fd = sock.as_fd();
+        match (group, self.local) {
+            (IpAddr::V4(g), IpAddr::V4(l)) => {
+                let ip = libc::IPPROTO_IP;
+                set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
+                set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
+                set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
+                sock.join_multicast_v4(&g, &l)?;
+            }
+            (IpAddr::V6(g), _) => {
+                let ip6 = libc::IPPROTO_IPV6;
+                set_int(fd, ip6, sysudp::IPV6_RECVPKTINFO, 1)?;
+                set_int(fd, ip6, sysudp::IPV6_RECVTCLASS, 1)?;
+                set_int(fd, ip6, sysudp::IPV6_RECVHOPLIMIT, 1)?;
+                sock.join_multicast_v6(&g, 0)?;
+            }
+            _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        }
+        tracing::info!(%group, port = self.port, "UDP device joined a multicast group");
+        self.groups.push((group, sock));
+        Ok(())
     }
 
     fn frame_capacity(&self) -> usize {

@@ -910,6 +910,25 @@ impl CmId {
         self.id
     }
 
+    /// Queue on the id's channel an event the RDMA-CM library makes itself, without a
+    /// message on the wire (`MulticastJoin`: over RoCE a join is the local attach and the
+    /// IP group membership). Fails with `NoSuchId` for an id already destroyed.
+    pub fn post_event(&self, kind: EventType, status: i32) -> Result<(), CmApiError> {
+        let ch = lock(&self.sh.st)
+            .ids
+            .get(&self.id)
+            .map(|i| i.channel.clone())
+            .ok_or(RdmaCmError::NoSuchId)?;
+        ch.push(CmEvent {
+            id: self.clone(),
+            listen_id: None,
+            event: kind,
+            status,
+            param: rdma::Event::new(self.id, kind, status),
+        });
+        Ok(())
+    }
+
     /// `rdma_migrate_id`: the id's events go to `to` from now on, and those of its events
     /// still waiting on its old channel (a listener's CONNECT_REQUESTs included) move there
     /// too, in order, as the kernel's `ucma_migrate_id` moves them (with a waiting

@@ -164,6 +164,9 @@ fn state_of(c: u8) -> QpState {
 /// What a CQ's notification calls (see [`Nic::set_cq_notify`]).
 pub type CqNotify = Arc<dyn Fn() + Send + Sync>;
 
+/// What takes each asynchronous event off the device (see [`Nic::set_async_sink`]).
+pub type AsyncSink = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
+
 struct CqShadow {
     q: SegQueue<WorkCompletion>,
     len: AtomicUsize,
@@ -221,6 +224,13 @@ struct Inner {
     quiet_rounds: AtomicU64,
     /// Called when asynchronous events were queued (see [`Nic::set_async_notify`]).
     async_notify: Mutex<Option<CqNotify>>,
+    /// Takes every asynchronous event as the engine finds it (see [`Nic::set_async_sink`]).
+    async_sink: Mutex<Option<AsyncSink>>,
+    /// The multicast groups the packet device should receive (the device's attached
+    /// groups), those it has joined, and whether the engine should compare them.
+    groups_want: Mutex<Vec<std::net::IpAddr>>,
+    groups_have: Mutex<Vec<std::net::IpAddr>>,
+    groups_dirty: AtomicBool,
     /// The device's queued-event count the engine last saw.
     async_seen: AtomicU64,
     /// [`PollMode::Inline`]: nanoseconds a waiting application thread spins before it sleeps
@@ -285,6 +295,10 @@ impl Nic {
             stats_gen: AtomicU64::new(0),
             quiet_rounds: AtomicU64::new(0),
             async_notify: Mutex::new(None),
+            async_sink: Mutex::new(None),
+            groups_want: Mutex::new(Vec::new()),
+            groups_have: Mutex::new(Vec::new()),
+            groups_dirty: AtomicBool::new(false),
             async_seen: AtomicU64::new(0),
             wait_spin_ns: AtomicU64::new(spin_budget(INLINE_WAIT_SPIN).as_nanos() as u64),
         });
@@ -444,17 +458,47 @@ impl Nic {
     /// `ibv_destroy_qp`. The receives and sends still in the doorbell are applied first (and
     /// complete or flush with the QP as any posted before them), never to a later object.
     pub fn destroy_qp(&self, qpn: QpNumber) -> Result<(), VerbsError> {
-        {
+        let in_groups = {
             let mut dev = lock(&self.inner.dev);
             ring_doorbells(&self.inner, &mut dev);
+            let g = dev.mcast_groups().len();
             dev.destroy_qp(qpn)?;
-        }
+            g != dev.mcast_groups().len()
+        };
         self.inner
             .qps
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn.get());
+        if in_groups {
+            self.sync_groups();
+        }
         Ok(())
+    }
+
+    /// `ibv_attach_mcast` (see [`Device::attach_mcast`]); the packet device joins the group
+    /// at the engine's next step (a join the packet device refuses is logged and counted in
+    /// the I/O errors: the QP then receives nothing from the group).
+    pub fn attach_mcast(&self, qpn: QpNumber, group: std::net::IpAddr) -> Result<(), VerbsError> {
+        self.with_device(|d| d.attach_mcast(qpn, group))?;
+        self.sync_groups();
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast` (see [`Device::detach_mcast`]); the packet device leaves a group
+    /// no QP is attached to any more.
+    pub fn detach_mcast(&self, qpn: QpNumber, group: std::net::IpAddr) -> Result<(), VerbsError> {
+        self.with_device(|d| d.detach_mcast(qpn, group))?;
+        self.sync_groups();
+        Ok(())
+    }
+
+    fn sync_groups(&self) {
+        let want = self.with_device(|d| d.mcast_groups());
+        *lock(&self.inner.groups_want) = want;
+        self.inner.groups_dirty.store(true, Ordering::SeqCst);
+        self.ring_engine();
+        self.progress();
     }
 
     fn add_shadow(&self, qpn: QpNumber, init: QpInitAttr) {
@@ -707,6 +751,16 @@ impl Nic {
     /// that `poll()`s it before `ibv_get_async_event`.
     pub fn set_async_notify(&self, f: Option<CqNotify>) {
         *lock(&self.inner.async_notify) = f;
+    }
+
+    /// Hand every asynchronous event to `f` (on the engine's thread, with the device held:
+    /// `f` must not call into this `Nic`) instead of queueing it for
+    /// [`Nic::get_async_event`], e.g. to route each event to the context that owns the
+    /// object it names. Events already queued are handed over at the engine's next step.
+    pub fn set_async_sink(&self, f: Option<AsyncSink>) {
+        *lock(&self.inner.async_sink) = f;
+        // The next step looks at the queue again.
+        self.inner.async_seen.store(u64::MAX, Ordering::Relaxed);
     }
 
     /// Asynchronous events waiting to be read.
@@ -1215,6 +1269,31 @@ fn flush_held_acks(inner: &Inner, mut step: impl FnMut() -> usize) {
     }
 }
 
+/// Join the multicast groups QPs are attached to and leave the others (see
+/// [`Nic::attach_mcast`]).
+fn sync_packet_groups(inner: &Inner, pkt: &mut dyn PacketDevice) {
+    let want = lock(&inner.groups_want).clone();
+    let mut have = lock(&inner.groups_have);
+    for &g in have.iter().filter(|g| !want.contains(g)) {
+        if let Err(e) = pkt.join_group(g, false) {
+            tracing::warn!(group = %g, error = %e, "multicast group not left");
+        }
+    }
+    have.retain(|g| want.contains(g));
+    for g in want {
+        if have.contains(&g) {
+            continue;
+        }
+        match pkt.join_group(g, true) {
+            Ok(()) => have.push(g),
+            Err(e) => {
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(group = %g, error = %e, "multicast group not joined");
+            }
+        }
+    }
+}
+
 /// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
 fn inline_progress(inner: &Inner) -> usize {
     inline_try_progress(inner).unwrap_or(0)
@@ -1331,6 +1410,9 @@ fn engine_step(
     let mut work = 0usize;
     let mut more = false;
     let next_timer;
+    if inner.groups_dirty.swap(false, Ordering::AcqRel) {
+        sync_packet_groups(inner, pkt);
+    }
     {
         let mut dev = lock(&inner.dev);
         work += ring_doorbells(inner, &mut dev);
@@ -1419,6 +1501,11 @@ fn engine_step(
         let q = dev.async_events_queued();
         if q != inner.async_seen.load(Ordering::Relaxed) {
             inner.async_seen.store(q, Ordering::Relaxed);
+            if let Some(sink) = lock(&inner.async_sink).as_ref() {
+                while let Some(e) = dev.get_async_event() {
+                    sink(e);
+                }
+            }
             if let Some(f) = lock(&inner.async_notify).as_ref() {
                 f();
             }

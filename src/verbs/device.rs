@@ -293,6 +293,10 @@ pub enum VerbsError {
     /// `create_ah_from_wc` cannot answer this completion (EINVAL / EPROTONOSUPPORT).
     #[error("address handle from a work completion: {0}")]
     AhFromWc(#[from] AhFromWcError),
+    /// `attach_mcast` of a GID that is not an IP multicast address, or of a QP that is not
+    /// UD (EINVAL).
+    #[error("multicast: {0}")]
+    BadMulticast(&'static str),
 }
 
 impl From<PostError> for VerbsError {
@@ -421,7 +425,14 @@ pub struct Device {
     /// The engine's transmit list, timer heap and clock.
     pub(super) sched: Scheduler,
     pub(super) counters: DeviceCounters,
+    /// Multicast groups (IP address) and the QPs attached to each, in attach order.
+    pub(super) mcast: HashMap<IpAddr, Vec<u32>>,
 }
+
+/// Most multicast groups a device joins (`max_mcast_grp` of `ibv_query_device`).
+pub const MAX_MCAST_GROUPS: usize = 256;
+/// Most QPs attached to one group (`max_mcast_qp_attach`).
+pub const MAX_MCAST_QP_ATTACH: usize = 64;
 
 /// Most neighbours a device remembers.
 const MAX_NEIGHBOURS: usize = 4096;
@@ -454,6 +465,7 @@ impl Device {
             last_neighbour: None,
             counters: DeviceCounters::default(),
             overruns_seen: 0,
+            mcast: HashMap::new(),
         }
     }
 
@@ -853,12 +865,67 @@ impl Device {
             .qps
             .remove(&qpn.get())
             .ok_or(VerbsError::NoSuchQp(qpn))?;
+        // A destroyed QP leaves its multicast groups (as the kernel detaches it).
+        self.mcast.retain(|_, q| {
+            q.retain(|&n| n != qpn.get());
+            !q.is_empty()
+        });
         if let Some(srq) = slot.qp.srq() {
             if let Ok(s) = self.srq_ring(srq) {
                 s.attached = s.attached.saturating_sub(1);
             }
         }
         Ok(())
+    }
+
+    // ---- multicast -----------------------------------------------------------------------
+
+    /// `ibv_attach_mcast`: the UD QP receives the packets sent to multicast `group` (an IP
+    /// multicast address; its RoCE v2 GID is the IPv4-mapped or the IPv6 address) with
+    /// destination QPN 0xFFFFFF. Attaching twice is one attachment.
+    pub fn attach_mcast(&mut self, qpn: QpNumber, group: IpAddr) -> Result<(), VerbsError> {
+        if !group.is_multicast() {
+            return Err(VerbsError::BadMulticast("not an IP multicast address"));
+        }
+        if self.qp(qpn)?.qp_type() != QpType::Ud {
+            return Err(VerbsError::BadMulticast(
+                "only UD QPs join multicast groups",
+            ));
+        }
+        if !self.mcast.contains_key(&group) && self.mcast.len() >= MAX_MCAST_GROUPS {
+            return Err(VerbsError::NoResources("multicast groups"));
+        }
+        let q = self.mcast.entry(group).or_default();
+        if !q.contains(&qpn.get()) {
+            if q.len() >= MAX_MCAST_QP_ATTACH {
+                return Err(VerbsError::NoResources("QPs attached to a multicast group"));
+            }
+            q.push(qpn.get());
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: undo [`Device::attach_mcast`] (EINVAL if it was not attached).
+    pub fn detach_mcast(&mut self, qpn: QpNumber, group: IpAddr) -> Result<(), VerbsError> {
+        let q = self.mcast.get_mut(&group).ok_or(VerbsError::BadMulticast(
+            "the QP is not attached to this group",
+        ))?;
+        let before = q.len();
+        q.retain(|&n| n != qpn.get());
+        if q.len() == before {
+            return Err(VerbsError::BadMulticast(
+                "the QP is not attached to this group",
+            ));
+        }
+        if q.is_empty() {
+            self.mcast.remove(&group);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups at least one QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<IpAddr> {
+        self.mcast.keys().copied().collect()
     }
 
     /// The QP's state and current attributes (`ibv_query_qp`).

@@ -251,7 +251,9 @@ impl Device {
             // Ethernet header off); it never appears on a real wire, so only a device behind
             // such a backend takes it.
             let zero_ok = self.cfg.accept_zero_dst_mac && e.dst == MacAddr::ZERO;
-            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && !zero_ok {
+            // A multicast MAC while a group is joined: the IP group is checked below.
+            let mcast_ok = e.dst.0[0] & 1 == 1 && !self.mcast.is_empty();
+            if e.dst != self.cfg.mac && e.dst != MacAddr::BROADCAST && !zero_ok && !mcast_ok {
                 self.counters.address_drops += 1;
                 return;
             }
@@ -311,7 +313,8 @@ impl Device {
     /// the demultiplexing by destination QPN, and the QP.
     fn receive(&mut self, now: Instant, rx: Received<'_>, r: &wire::RoceRepr, payload: &[u8]) {
         self.sched.now = now;
-        if !self.cfg.gids.contains(&rx.dst) {
+        let mcast = rx.dst.is_multicast();
+        if !mcast && !self.cfg.gids.contains(&rx.dst) {
             self.counters.address_drops += 1;
             return;
         }
@@ -331,6 +334,10 @@ impl Device {
             return;
         }
         let qpn = b.dest_qp.get();
+        if mcast {
+            self.receive_mcast(now, rx, r, payload);
+            return;
+        }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.counters.unknown_qp_drops += 1;
             return;
@@ -357,6 +364,43 @@ impl Device {
             self.learn_neighbour(rx.src, mac);
         }
         self.schedule(qpn, now);
+    }
+
+    /// A packet sent to a multicast group: a copy to every UD QP attached to the group
+    /// (IBTA 10.5: a multicast packet carries destination QPN 0xFFFFFF and only UD uses it;
+    /// anything else, or a group nobody here joined, is dropped and counted).
+    fn receive_mcast(
+        &mut self,
+        now: Instant,
+        rx: Received<'_>,
+        r: &wire::RoceRepr,
+        payload: &[u8],
+    ) {
+        const MULTICAST_QPN: u32 = 0xFF_FFFF;
+        let b = &r.bth;
+        if b.dest_qp.get() != MULTICAST_QPN || b.opcode.transport() != Transport::Ud {
+            self.counters.header_drops += 1;
+            return;
+        }
+        let Some(qpns) = self.mcast.get(&rx.dst) else {
+            self.counters.address_drops += 1;
+            return;
+        };
+        // Every attached QP, the sender's own included (as on an RNIC without
+        // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB).
+        let qpns = qpns.clone();
+        for qpn in qpns {
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if slot.qp.transport() != Transport::Ud {
+                continue;
+            }
+            let mut ctx = ctx!(self, now);
+            slot.qp
+                .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
+            self.schedule(qpn, now);
+        }
     }
 
     /// The largest frame any QP of this device may send: a `poll_transmit` buffer of this

@@ -42,6 +42,9 @@ pub use crate::ib::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 pub use crate::rc::deviations::Deviations;
 pub use crate::wire::grh::{GrhSlot, GRH_LEN};
 pub use connect::{RcParams, RemoteQp, UcParams, UdParams};
-pub use device::{Device, DeviceConfig, QpInitAttr, QpStatus, VerbsError, PKEY_TABLE};
+pub use device::{
+    Device, DeviceConfig, QpInitAttr, QpStatus, VerbsError, MAX_MCAST_GROUPS, MAX_MCAST_QP_ATTACH,
+    PKEY_TABLE,
+};
 pub use engine::TransmitError;
 pub use limits::DeviceAttr;

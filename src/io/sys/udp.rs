@@ -370,6 +370,47 @@ pub fn parse_control(ctrl: &[u8]) -> RecvInfo {
     info
 }
 
+/// A non-blocking UDP socket bound to `addr` with `SO_REUSEADDR` set before the bind, so that
+/// several sockets (of this and other processes) can bind the same multicast group and port,
+/// each receiving a copy of every datagram sent to it.
+pub fn bind_shared(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    let family = if addr.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: socket(2) with constant arguments; the descriptor it returns is owned below.
+    let fd = super::cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    super::sockutil::set_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let (ss, len) = std_to_sockaddr(&addr);
+    // SAFETY: bind(2) reads `len` bytes of the local `ss`, which std_to_sockaddr filled.
+    super::cvt(unsafe {
+        libc::bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    })?;
+    Ok(std::net::UdpSocket::from(fd))
+}
+
+/// `IP_MULTICAST_IF`: send IPv4 multicast from the interface that has `local`.
+pub fn set_multicast_if_v4(fd: BorrowedFd<'_>, local: Ipv4Addr) -> io::Result<()> {
+    let a = libc::in_addr {
+        s_addr: u32::from(local).to_be(),
+    };
+    super::sockutil::setsockopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
