@@ -696,7 +696,9 @@ impl Qp {
             TxKind::Control => self.next_response_packet(),
             TxKind::Data => match self.resp.resp_q.front() {
                 Some(RespItem::Read { .. }) => self.next_response_packet(),
-                _ => self.next_request_packet(ctx),
+                // next_tx found the requester ready (or it would not have announced data
+                // without a READ response first).
+                _ => self.next_ready_request_packet(ctx),
             },
         }
     }

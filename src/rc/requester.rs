@@ -223,6 +223,14 @@ impl Qp {
         if !self.requester_ready() {
             return None;
         }
+        self.next_ready_request_packet(ctx)
+    }
+
+    /// [`next_request_packet`](Self::next_request_packet) once
+    /// [`requester_ready`](Self::requester_ready) said yes: as [`Qp::next_tx`] did for the
+    /// packet [`Qp::build_tx`] builds next, so the gate is not evaluated twice per packet.
+    /// Called otherwise it still never indexes past the send queue.
+    pub(super) fn next_ready_request_packet(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
         if let Some(p) = self.req.sr_resend.take() {
             if let Some(d) = self.sr_resend_packet(ctx, p) {
                 return Some(d);
@@ -233,8 +241,9 @@ impl Qp {
         }
         let mtu = self.mtu();
         let idx = self.req.send_idx;
-        if !self.sq[idx].assigned {
-            if let Some(status) = self.sq[idx].wqe.local_err {
+        let head = self.sq.get(idx)?;
+        if !head.assigned {
+            if let Some(status) = head.wqe.local_err {
                 // Everything before it has completed (requester_ready checked): report it.
                 self.complete_send_head(ctx, status);
                 self.enter_error(ctx);

@@ -1298,10 +1298,15 @@ impl Device {
         self.neighbours.get(&ip).copied()
     }
 
+    #[inline]
     pub(super) fn learn_neighbour(&mut self, ip: IpAddr, mac: MacAddr) {
-        if self.last_neighbour == Some((ip, mac)) {
-            return;
+        if self.last_neighbour != Some((ip, mac)) {
+            self.learn_new_neighbour(ip, mac);
         }
+    }
+
+    #[cold]
+    fn learn_new_neighbour(&mut self, ip: IpAddr, mac: MacAddr) {
         if self.neighbours.len() >= MAX_NEIGHBOURS && !self.neighbours.contains_key(&ip) {
             return;
         }

@@ -69,15 +69,29 @@ fn mask_ip(ip: &[u8], out: &mut [u8]) -> usize {
 /// The ICRC of a packet given as its IP header (with options), its UDP header and its
 /// transport part from the BTH up to, not including, the ICRC trailer.
 pub fn compute(ip_hdr: &[u8], udp_hdr: &[u8], transport: &[u8]) -> u32 {
-    let mut pre = [0u8; PREFIX_MAX];
+    // An IPv4 header without options (nearly every packet) fits a buffer small enough to be
+    // cleared inline; a longer one (IPv6, options) takes the largest.
+    if ip_hdr.len() <= super::ip::IPV4_HEADER_LEN {
+        compute_with::<{ super::ip::IPV4_HEADER_LEN + 8 + bth::HEADER_LEN }>(
+            ip_hdr, udp_hdr, transport,
+        )
+    } else {
+        compute_with::<PREFIX_MAX>(ip_hdr, udp_hdr, transport)
+    }
+}
+
+/// [`compute`] with the masked headers assembled in an `N`-byte buffer (`N` at least the IP
+/// header's length + 8 + the BTH's).
+fn compute_with<const N: usize>(ip_hdr: &[u8], udp_hdr: &[u8], transport: &[u8]) -> u32 {
+    let mut pre = [0u8; N];
     let mut n = mask_ip(ip_hdr, &mut pre);
-    let u = udp_hdr.len().min(8);
+    let u = udp_hdr.len().min(8).min(N - n);
     pre[n..n + u].copy_from_slice(&udp_hdr[..u]);
-    for b in pre[n + 6..n + u.max(6)].iter_mut() {
+    for b in pre[n + 6.min(u)..n + u].iter_mut() {
         *b = 0xff;
     }
     n += u;
-    let t = transport.len().min(bth::HEADER_LEN);
+    let t = transport.len().min(bth::HEADER_LEN).min(N - n);
     pre[n..n + t].copy_from_slice(&transport[..t]);
     if t > bth::ECN_BYTE {
         pre[n + bth::ECN_BYTE] = 0xff;

@@ -280,7 +280,11 @@ pub fn emit_frame_with(
     roce.bth.emit(t)?;
     let hdr = bth::HEADER_LEN + roce.ext.emit(roce.bth.opcode, &mut t[bth::HEADER_LEN..])?;
     fill(&mut t[hdr..hdr + roce.payload_len])?;
-    t[hdr + roce.payload_len..t_len - icrc::LEN].fill(0);
+    // The pad (0-3 bytes; none in most packets: no memset call for an empty range).
+    let pad = &mut t[hdr + roce.payload_len..t_len - icrc::LEN];
+    if !pad.is_empty() {
+        pad.fill(0);
+    }
     // One CRC pass over the contiguous frame, the variant fields masked in place.
     let crc = icrc::compute_in_place(buf, ip_start, udp_start, off, off + t_len - icrc::LEN);
     buf[off + t_len - icrc::LEN..off + t_len].copy_from_slice(&icrc::to_wire(crc));
