@@ -495,17 +495,7 @@ impl Qp {
             };
             return match land_send(ctx, self.pd, r, &rwqe, 0, first, last, payload) {
                 Ok(inv) => {
-                    self.acknowledge(r, true);
-                    self.complete_recv(
-                        ctx,
-                        &rwqe,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        payload.len() as u32,
-                        r.ext.imm,
-                        inv,
-                        r.bth.solicited,
-                    );
+                    self.finish_send(ctx, r, &rwqe, payload.len() as u64, inv);
                     Ok(())
                 }
                 Err(stop) => {
@@ -533,18 +523,32 @@ impl Qp {
         let Some(InMsg::Send { rwqe, off }) = self.resp.in_msg.take() else {
             return Ok(());
         };
+        self.finish_send(ctx, r, &rwqe, off, inv);
+        Ok(())
+    }
+
+    /// A SEND message's last packet landed (`len` bytes in all): acknowledge it and complete
+    /// its receive WQE.
+    #[inline]
+    fn finish_send(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        r: &RoceRepr,
+        rwqe: &crate::ib::wqe::RecvWqe,
+        len: u64,
+        inv: Option<crate::wire::RKey>,
+    ) {
         self.acknowledge(r, true);
         self.complete_recv(
             ctx,
-            &rwqe,
+            rwqe,
             WcStatus::Success,
             WcOpcode::Recv,
-            off as u32,
+            len as u32,
             r.ext.imm,
             inv,
             r.bth.solicited,
         );
-        Ok(())
     }
 
     fn exec_write(
