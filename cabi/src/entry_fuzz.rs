@@ -25,6 +25,7 @@
 
 use crate::abi::*;
 use crate::verbs::*;
+use ferroce::verbs::QpAttrMask as M;
 use libc::{c_int, c_void, EINVAL};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -339,22 +340,10 @@ fn setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
     }
 }
 
-const STATE: c_int = 1;
-const ACCESS: c_int = 8;
-const PKEY: c_int = 16;
-const PORT: c_int = 32;
-const QKEY: c_int = 64;
-const AV: c_int = 128;
-const MTU: c_int = 256;
-const TIMEOUT: c_int = 512;
-const RETRY: c_int = 1024;
-const RNR_RETRY: c_int = 2048;
-const RQ_PSN: c_int = 4096;
-const RD_ATOMIC: c_int = 8192;
-const MIN_RNR: c_int = 32768;
-const SQ_PSN: c_int = 65536;
-const DEST_RD_ATOMIC: c_int = 131072;
-const DEST_QPN: c_int = 1 << 20;
+/// An `ibv_qp_attr_mask` from ferroce's mask (the same bits, as `ibv_modify_qp` reads them).
+fn bits(m: M) -> c_int {
+    m.bits() as c_int
+}
 
 /// An attribute struct with every field zero.
 fn zero_attr() -> ibv_qp_attr {
@@ -371,7 +360,8 @@ fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
     a.port_num = 1;
     a.qkey = 0x1111_1111;
     a.qp_access_flags = 1 | 2 | 4 | 8;
-    let mask = STATE | PKEY | PORT | if ty == 4 { QKEY } else { ACCESS };
+    let mask =
+        bits(M::STATE | M::PKEY_INDEX | M::PORT | if ty == 4 { M::QKEY } else { M::ACCESS_FLAGS });
     // SAFETY: QPs of ours, our attribute struct.
     unsafe {
         ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
@@ -386,11 +376,12 @@ fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
         a.ah_attr.port_num = 1;
         a.ah_attr.grh.dgid = env.gid;
         a.ah_attr.grh.hop_limit = 64;
-        let mask = match ty {
-            4 => STATE,
-            3 => STATE | AV | MTU | DEST_QPN | RQ_PSN,
-            _ => STATE | AV | MTU | DEST_QPN | RQ_PSN | DEST_RD_ATOMIC | MIN_RNR,
-        };
+        let rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+        let mask = bits(match ty {
+            4 => M::STATE,
+            3 => rtr,
+            _ => rtr | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+        });
         ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
         let mut a = zero_attr();
         a.qp_state = 3;
@@ -399,11 +390,11 @@ fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
         a.retry_cnt = 2;
         a.rnr_retry = 2;
         a.max_rd_atomic = 4;
-        let mask = if ty == 2 {
-            STATE | TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | RD_ATOMIC
+        let mask = bits(if ty == 2 {
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
         } else {
-            STATE | SQ_PSN
-        };
+            M::STATE | M::SQ_PSN
+        });
         ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
     }
     ok
@@ -455,24 +446,14 @@ const MAX_SGE: usize = 40;
 
 fn sge_list(env: &Env, inp: &mut Input) -> (Vec<ibv_sge>, c_int, bool) {
     let n = usize::from(inp.u8()) % 6;
-    let list: Vec<ibv_sge> = (0..n).map(|_| sge(env, inp)).collect();
-    let mut v = list;
+    let mut v: Vec<ibv_sge> = (0..n).map(|_| sge(env, inp)).collect();
     let count = match inp.u8() % 16 {
         0 => 0,
         1 => -1 - c_int::from(inp.u8()),
         2 => MAX_SGE as c_int + c_int::from(inp.u16()),
         3 => c_int::MAX,
-        4 => {
-            v.resize(
-                MAX_SGE,
-                ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                },
-            );
-            MAX_SGE as c_int
-        }
+        // every entry in memory, the unused ones zero (the resize below)
+        4 => MAX_SGE as c_int,
         _ => v.len() as c_int,
     };
     let null = inp.u8() % 16 == 0;
@@ -829,7 +810,7 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
             let mut a = qp_attr(env, m, inp);
             let mask = match inp.u8() % 4 {
                 0 => inp.int(),
-                _ => c_int::from(inp.u16()) << (inp.u8() % 12) | STATE,
+                _ => c_int::from(inp.u16()) << (inp.u8() % 12) | bits(M::STATE),
             };
             // SAFETY: a QP of ours and our attribute struct.
             let rc = unsafe { ibv_modify_qp(qp, &mut a, mask) };
@@ -969,7 +950,7 @@ fn teardown(env: &mut Env, m: &mut Made) {
         let mut a = zero_attr();
         a.qp_state = 6;
         // SAFETY: a QP of ours and our attribute struct.
-        unsafe { ibv_modify_qp(q, &mut a, STATE) };
+        unsafe { ibv_modify_qp(q, &mut a, bits(M::STATE)) };
     }
     while poll(env, m, cq, 64) > 0 {}
     // SAFETY: objects of ours, each destroyed once; QPs before the CQs and SRQs they use.

@@ -1050,40 +1050,25 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     *a = unsafe { std::mem::zeroed() };
     a.qp_state = want;
     a.port_num = 1;
-    const STATE: c_int = 1;
-    const ACCESS: c_int = 8;
-    const PKEY: c_int = 16;
-    const PORT: c_int = 32;
-    const QKEY: c_int = 64;
-    const AV: c_int = 128;
-    const PATH_MTU: c_int = 256;
-    const TIMEOUT: c_int = 512;
-    const RETRY: c_int = 1024;
-    const RNR_RETRY: c_int = 2048;
-    const RQ_PSN: c_int = 4096;
-    const MAX_RD: c_int = 8192;
-    const MIN_RNR: c_int = 32768;
-    const SQ_PSN: c_int = 65536;
-    const MAX_DEST_RD: c_int = 131072;
-    const DEST_QPN: c_int = 1 << 20;
+    use ferroce::verbs::QpAttrMask as M;
     let m = match want {
         // INIT (and RESET, whose attributes librdmacm gives as INIT's).
         0 | 1 => {
             a.qp_state = 1;
             if w.c.ps == RDMA_PS_UDP {
                 a.qkey = RDMA_UDP_QKEY;
-                STATE | PKEY | PORT | QKEY
+                M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY
             } else {
                 a.qp_access_flags = 1 | 2 | 4 | 8;
-                STATE | ACCESS | PKEY | PORT
+                M::STATE | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PORT
             }
         }
         2 | 3 if w.c.ps == RDMA_PS_UDP => {
             a.sq_psn = w.my_psn;
             if want == 2 {
-                STATE
+                M::STATE
             } else {
-                STATE | SQ_PSN
+                M::STATE | M::SQ_PSN
             }
         }
         2 => {
@@ -1116,7 +1101,13 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
                 // No connection yet: nothing to be ready to receive from.
                 return fail(EINVAL);
             }
-            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD | MIN_RNR
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
         }
         3 => {
             if let Some(q) = w.conn_qp {
@@ -1134,19 +1125,19 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
             } else {
                 return fail(EINVAL);
             }
-            STATE | TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
         }
         _ => return fail(EINVAL),
     };
     if trace() {
         eprintln!(
-            "ferroce librdmacm: rdma_init_qp_attr state {} mask {m:#x}: dest_qp {:#x} rq_psn {:#x} sq_psn {:#x} mtu {} rd {}/{} retry {}/{} hop {}",
-            a.qp_state, a.dest_qp_num, a.rq_psn, a.sq_psn, a.path_mtu, a.max_rd_atomic,
+            "ferroce librdmacm: rdma_init_qp_attr state {} mask {:#x}: dest_qp {:#x} rq_psn {:#x} sq_psn {:#x} mtu {} rd {}/{} retry {}/{} hop {}",
+            a.qp_state, m.bits(), a.dest_qp_num, a.rq_psn, a.sq_psn, a.path_mtu, a.max_rd_atomic,
             a.max_dest_rd_atomic, a.retry_cnt, a.rnr_retry, a.ah_attr.grh.hop_limit
         );
     }
     // SAFETY: the caller's out parameter.
-    unsafe { *mask = m };
+    unsafe { *mask = m.bits() as c_int };
     0
 }
 
