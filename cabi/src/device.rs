@@ -190,10 +190,13 @@ impl Port {
     }
 
     /// The MAC of a peer's IP (zero for the UDP backend: the kernel builds the Ethernet
-    /// header).
+    /// header); a multicast group's is derived from its address (no neighbour to ask).
     pub fn resolve(&self, ip: IpAddr) -> Option<MacAddr> {
         if self.backend == BackendKind::Udp {
             return Some(MacAddr::ZERO);
+        }
+        if let Some(m) = MacAddr::for_ip_multicast(ip) {
+            return Some(m);
         }
         netdev::resolve(ip, Some(&self.netdev.name), Duration::from_secs(2))
     }

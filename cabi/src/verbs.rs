@@ -895,7 +895,16 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: a CQ from ibv_create_cq, not used after this.
     let w = unsafe { Box::from_raw(cq as *mut CqW) };
-    objects(|o| o.cqs.remove(&w.cq.index()));
+    // The number may already belong to a CQ another thread created since: only this CQ's
+    // entries go (its notification went with the engine's CQ).
+    objects(|o| {
+        if o.cqs
+            .get(&w.cq.index())
+            .is_some_and(|&(p, _)| p == cq as usize)
+        {
+            o.cqs.remove(&w.cq.index());
+        }
+    });
     if !w.c.channel.is_null() {
         // SAFETY: the CQ's channel is one of ours, alive while CQs are bound to it.
         let ch = unsafe { &*(w.c.channel as *mut ChanW) };
@@ -903,8 +912,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&(_, p)| p != cq as usize);
-        // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-        let _ = unsafe { sh(w.c.context) }.nic.set_cq_notify(w.cq, None);
     }
     0
 }

@@ -279,6 +279,24 @@ fn two_contexts_in_one_process() {
     );
 }
 
+/// ibv_destroy_cq gives the engine's CQ back (examples/c/cq_limit.c): exactly max_cq CQs,
+/// EBUSY for a CQ a QP completes into, one destroyed at the limit makes room for exactly one,
+/// and after every CQ is destroyed max_cq again.
+#[test]
+fn destroy_cq_frees_the_engines_cq_at_the_max_cq_boundary() {
+    run_verbs_example(
+        "destroy_cq_frees_the_engines_cq_at_the_max_cq_boundary",
+        "cq_limit",
+        &[
+            "max_cq 65536: 65536 CQs created, the next refused: Cannot allocate memory",
+            "destroy_cq of a CQ a QP completes into: Device or resource busy, the CQ still polls",
+            "at the limit: destroyed one, created one again (it polls), the next refused",
+            "every CQ destroyed: 65536 created again",
+            "ok",
+        ],
+    );
+}
+
 /// rping's lines of ping data (`ping data: rdma-ping-N: …`), without the prefix the server
 /// adds.
 fn ping_lines(out: &str) -> Vec<String> {
@@ -848,6 +866,84 @@ echo '--- receiver'; cat recv.log; echo '--- sender'; cat send.log; cd / && rm -
         o.contains("status sender=0 receiver=0"),
         "{o}{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let (recv, send) = o.split_once("--- sender").unwrap_or((&o, ""));
+    assert!(recv.contains("receiving data transfers"), "{o}");
+    for half in [recv, send] {
+        assert!(
+            half.contains("joined dgid: ::ffff:239.1.1.1")
+                && half.contains("data transfers complete")
+                && half.contains("return status 0"),
+            "{o}"
+        );
+    }
+}
+
+/// Debian's `mckey` receiver and sender over the AF_PACKET backend (raw Ethernet frames), each
+/// on one end of a veth pair in an unprivileged namespace (CAP_NET_RAW there). The receiver's
+/// interface becomes a member of 239.1.1.1 (the kernel lists the group and its MAC
+/// 01:00:5e:01:01:01 on it: the raw device joins through a kernel socket, so a NIC's filter
+/// and IGMP snooping switches let the group's frames in), the sender's frames go to that MAC
+/// (derived from the group's address: there is no neighbour to ask) and the receiver takes
+/// all 10 messages. Failed before the raw backends handled multicast: the sender's address
+/// handle found no MAC for the group (ibv_create_ah: EHOSTUNREACH) and the receiver's
+/// interface joined nothing.
+#[test]
+fn mckey_multicast_over_the_af_packet_backend() {
+    let t = "mckey_multicast_over_the_af_packet_backend";
+    if !ready(t, &["mckey", "tshark"]) {
+        return;
+    }
+    let out = in_netns(
+        "ip link add va type veth peer name vb && ip link set va up && ip link set vb up || exit 99
+ip addr add 10.9.1.1/24 dev va && ip addr add 10.9.1.2/24 dev vb || exit 98
+d=$(mktemp -d) && cd \"$d\" || exit 97
+timeout 30 $F run -d vb --backend packet --pcap recv.pcap -- \\
+    mckey -m 239.1.1.1 -b 10.9.1.2 -C 10 > recv.log 2>&1 &
+r=$!
+i=0
+until ip maddr show dev vb | grep -q 239.1.1.1; do
+    i=$((i+1)); [ $i -gt 300 ] && break; sleep 0.1
+done
+echo '--- membership'; ip maddr show dev vb
+timeout 30 $F run -d va --backend packet -- \\
+    mckey -m 239.1.1.1 -b 10.9.1.1 -s -C 10 > send.log 2>&1
+s=$?
+wait $r
+echo \"status sender=$s receiver=$?\"
+echo '--- after'; ip maddr show dev vb
+echo '--- frames'; tshark -r recv.pcap -Y 'udp.dstport == 4791' -T fields -e eth.dst -e ip.dst -e infiniband.bth.destqp 2>/dev/null | sort | uniq -c
+echo '--- receiver'; cat recv.log; echo '--- sender'; cat send.log; cd / && rm -rf \"$d\"",
+    );
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        o.contains("status sender=0 receiver=0"),
+        "{o}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let section = |name: &str| {
+        o.split(&format!("--- {name}\n"))
+            .nth(1)
+            .and_then(|s| s.split("\n--- ").next())
+            .unwrap_or("")
+            .to_string()
+    };
+    // joined while the receiver ran, left when it ended
+    let m = section("membership");
+    assert!(
+        m.contains("01:00:5e:01:01:01") && m.contains("inet  239.1.1.1"),
+        "{o}"
+    );
+    assert!(!section("after").contains("239.1.1.1"), "{o}");
+    // the 10 messages, to the group's MAC and address, destination QP 0xffffff
+    let f = section("frames");
+    let lines: Vec<&str> = f.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{o}");
+    let w: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        w,
+        ["10", "01:00:5e:01:01:01", "239.1.1.1", "0xffffff"],
+        "{o}"
     );
     let (recv, send) = o.split_once("--- sender").unwrap_or((&o, ""));
     assert!(recv.contains("receiving data transfers"), "{o}");

@@ -187,6 +187,8 @@ pub struct AfPacketDevice {
     kernel_drops: Cell<u64>,
     qdisc_bypass: bool,
     desc: String,
+    /// IP multicast groups joined on the interface.
+    groups: super::GroupMemberships,
 }
 
 fn round_up(n: usize, to: usize) -> usize {
@@ -367,6 +369,8 @@ impl AfPacketDevice {
             kernel_drops: Cell::new(0),
             qdisc_bypass,
             desc,
+            // an interface index is positive
+            groups: super::GroupMemberships::new(ifindex.unsigned_abs()),
         })
     }
 
@@ -823,6 +827,12 @@ impl PacketDevice for AfPacketDevice {
             rx_dropped: self.stats.rx_dropped + self.kernel_drops.get(),
             ..self.stats
         }
+    }
+
+    /// A member of the group on the interface ([`super::GroupMemberships`]); the socket's
+    /// filter takes its RoCE frames (UDP 4791) like any others.
+    fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
+        self.groups.join_group(group, join)
     }
 
     fn describe(&self) -> String {

@@ -173,3 +173,50 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
         (**self).join_group(group, join)
     }
 }
+
+/// The IP multicast groups a raw packet device (AF_PACKET, AF_XDP) is a member of on its
+/// interface, one kernel socket each ([`sys::udp::group_member`]): while a group is joined
+/// the interface's receive filter takes the group's MAC (01:00:5e:… for IPv4, 33:33:… for
+/// IPv6) and the kernel answers IGMP / MLD queries for it, so switches and NICs deliver the
+/// group's frames to the device. Leaving closes the socket.
+#[derive(Debug)]
+pub(crate) struct GroupMemberships {
+    ifindex: u32,
+    groups: Vec<(IpAddr, std::net::UdpSocket)>,
+}
+
+impl GroupMemberships {
+    pub(crate) fn new(ifindex: u32) -> GroupMemberships {
+        GroupMemberships {
+            ifindex,
+            groups: Vec::new(),
+        }
+    }
+
+    /// [`PacketDevice::join_group`] for a raw device on this interface.
+    pub(crate) fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        let group = match group {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map_or(group, IpAddr::V4),
+            v4 => v4,
+        };
+        let at = self.groups.iter().position(|(g, _)| *g == group);
+        if !join {
+            if let Some(i) = at {
+                self.groups.remove(i);
+            }
+            return Ok(());
+        }
+        if at.is_some() {
+            return Ok(());
+        }
+        if !group.is_multicast() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{group} is not an IP multicast group"),
+            ));
+        }
+        let sock = sys::udp::group_member(group, self.ifindex)?;
+        self.groups.push((group, sock));
+        Ok(())
+    }
+}

@@ -811,6 +811,8 @@ pub struct XdpDevice {
     zero_copy: bool,
     next_rx: usize,
     stats: IoStats,
+    /// IP multicast groups joined on the interface.
+    groups: super::GroupMemberships,
 }
 
 impl XdpDevice {
@@ -840,6 +842,7 @@ impl XdpDevice {
             zero_copy: false,
             next_rx: 0,
             stats: IoStats::default(),
+            groups: super::GroupMemberships::new(ifindex),
         };
         for &q in queues {
             let queue = open_queue(&dev.attach, q, &opts)?;
@@ -1160,6 +1163,12 @@ impl PacketDevice for XdpDevice {
             s.tx_dropped += k.tx_invalid_descs;
         }
         s
+    }
+
+    /// A member of the group on the interface ([`super::GroupMemberships`]); the XDP program
+    /// redirects its RoCE frames (UDP 4791) to the sockets like any others.
+    fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
+        self.groups.join_group(group, join)
     }
 
     fn describe(&self) -> String {

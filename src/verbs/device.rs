@@ -405,6 +405,10 @@ pub struct Device {
     pds: Vec<u32>,
     pub(super) mrs: MrTable,
     pub(super) cqs: Vec<Option<CqRing>>,
+    /// Live CQs, and the free numbers below `cqs.len()` (lowest first): `create_cq` is O(log n)
+    /// at `max_cq`.
+    cq_live: usize,
+    cq_free: std::collections::BinaryHeap<std::cmp::Reverse<u32>>,
     /// The QP table, by QPN: each QP with the engine's bookkeeping.
     pub(super) qps: KeyMap<Slot>,
     next_qpn: u32,
@@ -455,6 +459,8 @@ impl Device {
             pds: Vec::new(),
             mrs: MrTable::default(),
             cqs: Vec::new(),
+            cq_live: 0,
+            cq_free: std::collections::BinaryHeap::new(),
             qps: KeyMap::default(),
             next_qpn: 0x11,
             srqs: Vec::new(),
@@ -646,14 +652,15 @@ impl Device {
         if depth == 0 || depth > self.cfg.max_cqe as usize {
             return Err(VerbsError::BadCap("CQ depth"));
         }
-        if self.cqs.iter().flatten().count() >= self.cfg.max_cq as usize {
+        if self.cq_live >= self.cfg.max_cq as usize {
             return Err(VerbsError::NoResources("max_cq"));
         }
         let ring = Some(CqRing::new(depth));
-        match self.cqs.iter().position(Option::is_none) {
-            Some(i) => {
-                self.cqs[i] = ring;
-                Ok(Cq(i as u32))
+        self.cq_live += 1;
+        match self.cq_free.pop() {
+            Some(std::cmp::Reverse(i)) => {
+                self.cqs[i as usize] = ring;
+                Ok(Cq(i))
             }
             None => {
                 self.cqs.push(ring);
@@ -674,6 +681,8 @@ impl Device {
             return Err(VerbsError::Busy("a QP completes into the CQ"));
         }
         self.cqs[cq.0 as usize] = None;
+        self.cq_live -= 1;
+        self.cq_free.push(std::cmp::Reverse(cq.0));
         Ok(())
     }
 
@@ -1219,17 +1228,20 @@ impl Device {
     // ---- address handles ---------------------------------------------------------------
 
     /// `ibv_create_ah`: an address handle for UD sends along address vector `av` in `pd`. A
-    /// vector without a destination MAC takes the one the device last saw the destination's
-    /// RoCE frames come from; with neither, the call fails (`BadAddressVector`).
+    /// vector without a destination MAC takes a multicast group's MAC (from its address), or
+    /// the one the device last saw the destination's RoCE frames come from; with neither, the
+    /// call fails (`BadAddressVector`).
     pub fn create_ah(&mut self, pd: Pd, av: &AddressVector) -> Result<Ah, VerbsError> {
         if !self.pds.contains(&pd.0) {
             return Err(VerbsError::NoSuchPd);
         }
         let mut av = *av;
         if av.dmac.is_none() {
-            av.dmac = self
-                .neighbours
-                .get(&crate::ib::ip_of_gid(av.dgid))
+            // a multicast group's MAC follows from its address; a peer's is the one it was
+            // last seen with
+            let ip = crate::ib::ip_of_gid(av.dgid);
+            av.dmac = MacAddr::for_ip_multicast(ip)
+                .or_else(|| self.neighbours.get(&ip).copied())
                 .map(|m| m.0);
         }
         if av.flow_label > 0xf_ffff {

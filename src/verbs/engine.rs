@@ -382,14 +382,15 @@ impl Device {
             self.counters.header_drops += 1;
             return;
         }
-        let Some(qpns) = self.mcast.get(&rx.dst) else {
+        // The group's list is taken out while its QPs receive (no copy per packet; nothing
+        // a QP does on receive attaches or detaches) and put back after.
+        let Some(qpns) = self.mcast.get_mut(&rx.dst).map(std::mem::take) else {
             self.counters.address_drops += 1;
             return;
         };
         // Every attached QP, the sender's own included (as on an RNIC without
         // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB).
-        let qpns = qpns.clone();
-        for qpn in qpns {
+        for &qpn in &qpns {
             let Some(slot) = self.qps.get_mut(&qpn) else {
                 continue;
             };
@@ -400,6 +401,9 @@ impl Device {
             slot.qp
                 .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
             self.schedule(qpn, now);
+        }
+        if let Some(v) = self.mcast.get_mut(&rx.dst) {
+            *v = qpns;
         }
     }
 

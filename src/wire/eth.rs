@@ -25,6 +25,29 @@ impl MacAddr {
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
     /// 00:00:00:00:00:00 (unknown; the UDP backend lets the kernel fill it in).
     pub const ZERO: MacAddr = MacAddr([0; 6]);
+
+    /// The Ethernet address frames to IP multicast group `ip` go to: IPv4 01:00:5e and the
+    /// group's low 23 bits (RFC 1112 6.4), IPv6 33:33 and its low 32 bits (RFC 2464 7). `None`
+    /// for an address that is not multicast (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn for_ip_multicast(ip: core::net::IpAddr) -> Option<MacAddr> {
+        let ip = match ip {
+            core::net::IpAddr::V6(a) => a
+                .to_ipv4_mapped()
+                .map_or(core::net::IpAddr::V6(a), core::net::IpAddr::V4),
+            v4 => v4,
+        };
+        match ip {
+            core::net::IpAddr::V4(a) if a.is_multicast() => {
+                let o = a.octets();
+                Some(MacAddr([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]))
+            }
+            core::net::IpAddr::V6(a) if a.is_multicast() => {
+                let o = a.octets();
+                Some(MacAddr([0x33, 0x33, o[12], o[13], o[14], o[15]]))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for MacAddr {
@@ -158,6 +181,17 @@ impl EthernetRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_multicast_macs() {
+        let m = |s: &str| MacAddr::for_ip_multicast(s.parse().unwrap()).map(|m| m.to_string());
+        assert_eq!(m("239.255.129.7").as_deref(), Some("01:00:5e:7f:81:07"));
+        assert_eq!(m("224.0.0.251").as_deref(), Some("01:00:5e:00:00:fb"));
+        assert_eq!(m("::ffff:239.1.2.3").as_deref(), Some("01:00:5e:01:02:03"));
+        assert_eq!(m("ff12::1:ff00:42").as_deref(), Some("33:33:ff:00:00:42"));
+        assert_eq!(m("10.0.0.1"), None);
+        assert_eq!(m("fd00::1"), None);
+    }
 
     #[test]
     fn vlan_round_trip() {

@@ -403,6 +403,40 @@ pub fn bind_shared(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     Ok(std::net::UdpSocket::from(fd))
 }
 
+/// A UDP socket that makes interface `ifindex` a member of IP multicast `group` for as long
+/// as it is open (`IP_ADD_MEMBERSHIP` with `struct ip_mreqn`, `IPV6_ADD_MEMBERSHIP`): the
+/// kernel puts the group's MAC into the interface's receive filter and reports the membership
+/// (IGMP / MLD). The socket is bound to the wildcard address and an ephemeral port, so no
+/// datagram sent to the group (whose port is 4791) is ever queued on it.
+pub fn group_member(group: IpAddr, ifindex: u32) -> io::Result<std::net::UdpSocket> {
+    use std::os::fd::AsFd;
+    match group {
+        IpAddr::V4(g) => {
+            let sock = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            let m = libc::ip_mreqn {
+                imr_multiaddr: libc::in_addr {
+                    s_addr: u32::from(g).to_be(),
+                },
+                imr_address: libc::in_addr { s_addr: 0 },
+                imr_ifindex: libc::c_int::try_from(ifindex)
+                    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            };
+            super::sockutil::setsockopt(
+                sock.as_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_ADD_MEMBERSHIP,
+                &m,
+            )?;
+            Ok(sock)
+        }
+        IpAddr::V6(g) => {
+            let sock = std::net::UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?;
+            sock.join_multicast_v6(&g, ifindex)?;
+            Ok(sock)
+        }
+    }
+}
+
 /// `IP_MULTICAST_IF`: send IPv4 multicast from the interface that has `local`.
 pub fn set_multicast_if_v4(fd: BorrowedFd<'_>, local: Ipv4Addr) -> io::Result<()> {
     let a = libc::in_addr {
