@@ -543,6 +543,31 @@ fn perftest_on_one_cpu() {
     }
 }
 
+/// ib_read_bw --verify between two ferroce processes: the passive side's buffer holds
+/// perftest's fill (`srand(time(NULL))`, then `(char)rand()` per byte), so every READ the
+/// client checks finds it (before, the server's memory was zeros and the check failed).
+#[test]
+fn read_bw_verify_between_two_ferroce() {
+    if !can_unshare("read_bw_verify_between_two_ferroce") {
+        return;
+    }
+    for (s, n) in [("4096", "200"), ("65536", "50")] {
+        let a = ["-s", s, "-n", n, "--verify"];
+        let r = pair("readverify", "ib_read_bw", &a[..4], &a);
+        ok(&r);
+        assert_eq!(iterations(&r.client.1, s), Some(n), "{}", r.client.1);
+        let bytes = n.parse::<u64>().unwrap() * s.parse::<u64>().unwrap();
+        assert!(
+            r.client
+                .1
+                .contains(&format!("verify: ok: {n} messages, {bytes} bytes")),
+            "{}\n{}",
+            r.client.1,
+            r.client.2
+        );
+    }
+}
+
 /// The iteration count of a perftest result line (`SIZE ITERATIONS ...`).
 fn iterations<'a>(out: &'a str, size: &str) -> Option<&'a str> {
     out.lines().find_map(|l| {

@@ -21,6 +21,26 @@ use crate::verbs::{AddressVector, Pd, SendWr};
 use crate::wire::{MacAddr, QpNumber};
 use std::net::IpAddr;
 
+/// perftest's buffer fill: byte `i` of `mr` is byte `i` of the `(char)rand()` stream after
+/// `srand(seed)` ([`crate::apps::pattern::glibc_bytes`]).
+fn fill_like_perftest(mr: &MemoryRegion, seed: u32) -> Result<(), PerfError> {
+    use crate::apps::pattern::{GlibcRand, Jump};
+    let mut g = GlibcRand::at(seed, &Jump::steps(310));
+    let mut chunk = vec![0u8; 64 * 1024];
+    let len = mr.len();
+    let mut off = 0;
+    while off < len {
+        let n = chunk.len().min(len - off);
+        for b in &mut chunk[..n] {
+            *b = g.next_byte();
+        }
+        mr.write(off, &chunk[..n])
+            .map_err(|e| PerfError::Verify(e.to_string()))?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// perftest's `BUFF_SIZE`: at least a cycle buffer.
 pub fn buff_size(size: usize, cycle: usize) -> usize {
     size.max(cycle)
@@ -173,6 +193,15 @@ impl<'a> Endpoint<'a> {
         } else {
             vec![nic.reg_mr(pd, half * 2 * nq + tail, access)?]
         };
+        if cfg.test.verb() == Verb::Read {
+            // What a READ reads is the peer's memory as it was registered: perftest fills
+            // its buffer with `(char)rand()` after `srand(time(NULL))`, so a `--verify`
+            // client (ferroce's or one that knows perftest's fill) can check every byte.
+            let seed = crate::apps::pattern::unix_now() as u32;
+            for mr in &mrs {
+                fill_like_perftest(mr, seed)?;
+            }
+        }
         let qp_access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
