@@ -307,3 +307,88 @@ fn a_destroyed_srqs_pending_receive_never_reaches_its_successor() {
         "the new SRQ holds a receive nobody posted to it"
     );
 }
+
+/// No completion of a destroyed QP is ever polled: not one already in the queue `poll_cq`
+/// reads, not one the device's ring still holds, not the flush of a receive still in the
+/// doorbell when the QP is destroyed (applied to the QP in the error state first), while the
+/// completions of another QP on the same CQ stay, in order. Before: the destroyed QP's
+/// flushes reached the CQ after `destroy_qp` (found by the C entry point fuzzer; rdma-core's
+/// providers clean a destroyed QP out of its CQs).
+#[test]
+fn a_destroyed_qps_completions_are_never_polled() {
+    for poll in [PollMode::Inline, PollMode::Busy] {
+        let (la, _lb) = Loopback::pair(16, 9000).unwrap();
+        let a = nic(1, la, poll);
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(64).unwrap();
+        let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+        let cap = common::qp_cap(8, 1, 16);
+        let x = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+        let y = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+        let to = |q: ferroce::wire::QpNumber, qp_state: QpState| {
+            let mask = if qp_state == QpState::Init {
+                QpAttrMask::STATE
+                    | QpAttrMask::PKEY_INDEX
+                    | QpAttrMask::PORT
+                    | QpAttrMask::ACCESS_FLAGS
+            } else {
+                QpAttrMask::STATE
+            };
+            let attr = QpAttr {
+                qp_state,
+                port_num: 1,
+                qp_access_flags: ALL,
+                ..Default::default()
+            };
+            a.modify_qp(q, &attr, mask).unwrap();
+        };
+        let recv = |q: ferroce::wire::QpNumber, wr_id: u64| {
+            a.post_recv(
+                q,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![common::sge(&mr, 0, 64)],
+                },
+            )
+            .unwrap();
+        };
+        let mut got = Vec::new();
+        let drain = |got: &mut Vec<u64>| {
+            // Until the engine has nothing left to deliver (counted rounds, no clock).
+            let mut quiet = 0;
+            while quiet < 200 || got.len() < 2 && quiet < 200_000 {
+                let mut v = Vec::new();
+                a.progress();
+                if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
+                    quiet += 1;
+                    std::thread::yield_now();
+                } else {
+                    quiet = 0;
+                }
+                got.extend(v.iter().map(|w| w.wr_id));
+            }
+        };
+        to(x, QpState::Init);
+        to(y, QpState::Init);
+        recv(x, 1);
+        recv(y, 10);
+        to(x, QpState::Err);
+        to(y, QpState::Err);
+        // x's first flush and y's first delivered to the queue poll_cq reads (not polled).
+        for _ in 0..50 {
+            a.progress();
+            std::thread::yield_now();
+        }
+        recv(x, 2);
+        recv(y, 11);
+        recv(x, 3);
+        a.destroy_qp(x).unwrap();
+        drain(&mut got);
+        assert_eq!(
+            got,
+            vec![10, 11],
+            "{poll:?}: the destroyed QP's completions were polled, or the other QP's lost"
+        );
+        a.destroy_qp(y).unwrap();
+    }
+}

@@ -10,8 +10,10 @@
 //! Checked after every call: nothing crashes (the fuzz build runs with AddressSanitizer and
 //! overflow checks); a post returns 0 or a positive errno, and on an error `bad_wr` names one
 //! of the requests of the list; `poll_cq` returns at most what was asked, `-EINVAL` for a
-//! negative count; every completion names a work request posted in this input (no completion
-//! without a request); the bytes of the buffer no memory region covers are never written.
+//! negative count; every completion names a work request posted in this input to a QP not
+//! destroyed since (or to an SRQ) and a QP of the input that is still alive (no completion
+//! without a request, none for a destroyed QP ever, not even a flush of a QP destroyed in the
+//! error state); the bytes of the buffer no memory region covers are never written.
 //! At the end of each input every object it created is destroyed again, and must be: the
 //! device is shared by all inputs.
 //!
@@ -28,7 +30,7 @@ use crate::verbs::*;
 use ferroce::verbs::QpAttrMask as M;
 use libc::{c_int, c_void, EINVAL};
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ptr::null_mut;
 
 /// Reads the fuzz input; zeros once it is exhausted.
@@ -91,16 +93,14 @@ struct Env {
     gid: ibv_gid,
     /// The number of the input running, in bits 24.. of every wr_id it posts.
     input: u64,
-    /// The wr_ids posted by the last `KEEP` inputs and not completed yet.
-    pending: BTreeSet<u64>,
+    /// The wr_ids the running input posted and that have not completed, each with the QP it
+    /// was posted to (`SRQ` for an SRQ's): a QP's go when it is destroyed, all of them at the
+    /// end of the input (every object of the input is destroyed then).
+    pending: BTreeMap<u64, u32>,
 }
 
-/// How many inputs back a completion may come from (a bound on the harness's memory, not a
-/// deadline): a completion is delivered when the engine runs, which may be after the input
-/// that posted it destroyed the QP — the flush of a QP moved to the error state, found by the
-/// fuzzer at `poll_cq` returning 0 just before; one arrived 18 inputs (~0.1 s of polling)
-/// after its QP was destroyed (docs/security.md, open).
-const KEEP: u64 = 1024;
+/// The owner of a receive posted to an SRQ in `Env::pending`.
+const SRQ: u32 = u32::MAX;
 
 thread_local! {
     static ENV: RefCell<Option<Env>> = const { RefCell::new(None) };
@@ -170,7 +170,7 @@ fn env() -> Env {
             buf,
             gid,
             input: 0,
-            pending: BTreeSet::new(),
+            pending: BTreeMap::new(),
         }
     }
 }
@@ -469,11 +469,24 @@ fn sge_list(env: &Env, inp: &mut Input) -> (Vec<ibv_sge>, c_int, bool) {
     (v, count, null)
 }
 
-fn wr_id(env: &mut Env, m: &mut Made) -> u64 {
+/// A fresh wr_id for a request posted to QP number `owner` (or [`SRQ`]).
+fn wr_id(env: &mut Env, m: &mut Made, owner: u32) -> u64 {
     m.next += 1;
     let id = (env.input << 24) | m.next;
-    env.pending.insert(id);
+    env.pending.insert(id, owner);
     id
+}
+
+/// `ibv_destroy_qp` on a QP of the input; its requests not completed never will be.
+///
+/// # Safety
+/// `q` is a live QP of ours, not used after.
+unsafe fn destroy_qp(env: &mut Env, q: *mut ibv_qp) {
+    // SAFETY: a live QP of ours (the caller's word).
+    let num = unsafe { (*q).qp_num };
+    // SAFETY: as above; destroyed once.
+    assert_eq!(unsafe { ibv_destroy_qp(q) }, 0, "ibv_destroy_qp");
+    env.pending.retain(|_, o| *o != num);
 }
 
 fn ah(env: &Env, m: &mut Made, inp: &mut Input) -> *mut ibv_ah {
@@ -522,7 +535,8 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
     for w in wrs.iter_mut() {
         let (l, count, null) = sge_list(env, inp);
         lists.push(l);
-        w.wr_id = wr_id(env, m);
+        // SAFETY: a QP of ours.
+        w.wr_id = wr_id(env, m, unsafe { (*qp).qp_num });
         w.num_sge = count;
         w.sg_list = if null {
             null_mut()
@@ -643,11 +657,17 @@ fn post_recv(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp, srq:
     let n = 1 + usize::from(inp.u8() % 4);
     let mut lists = Vec::with_capacity(n);
     let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
+    let owner = if srq.is_null() {
+        // SAFETY: a QP of ours.
+        unsafe { (*qp).qp_num }
+    } else {
+        SRQ
+    };
     for _ in 0..n {
         let (l, count, null) = sge_list(env, inp);
         lists.push(l);
         wrs.push(ibv_recv_wr {
-            wr_id: wr_id(env, m),
+            wr_id: wr_id(env, m, owner),
             next: null_mut(),
             sg_list: if null {
                 null_mut()
@@ -775,10 +795,12 @@ fn poll(env: &mut Env, m: &mut Made, cq: *mut ibv_cq, n: c_int) -> c_int {
         if w.status != 0 {
             m.st.error_completions += 1;
         }
+        // SAFETY: QPs of ours.
+        let live = m.qps.iter().any(|&q| unsafe { (*q).qp_num } == w.qp_num);
         assert!(
-            env.pending.remove(&w.wr_id),
-            "a completion for no pending work request (input {}): wr_id {:#x} (input {}, \
-             request {}) status {} opcode {} qp {:#x}",
+            env.pending.remove(&w.wr_id).is_some() && live,
+            "a completion for no pending work request or of a destroyed QP (input {}): wr_id \
+             {:#x} (input {}, request {}) status {} opcode {} qp {:#x}",
             env.input,
             w.wr_id,
             w.wr_id >> 24,
@@ -915,7 +937,7 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
                 match k % 4 {
                     0 if !m.qps.is_empty() => {
                         let q = m.qps.remove(usize::from(k >> 2) % m.qps.len());
-                        assert_eq!(ibv_destroy_qp(q), 0, "ibv_destroy_qp");
+                        destroy_qp(env, q);
                     }
                     1 if !m.cqs.is_empty() => {
                         let i = usize::from(k >> 2) % m.cqs.len();
@@ -955,8 +977,8 @@ fn teardown(env: &mut Env, m: &mut Made) {
     while poll(env, m, cq, 64) > 0 {}
     // SAFETY: objects of ours, each destroyed once; QPs before the CQs and SRQs they use.
     unsafe {
-        for q in m.qps.drain(..) {
-            assert_eq!(ibv_destroy_qp(q), 0, "ibv_destroy_qp at the end");
+        for q in std::mem::take(&mut m.qps) {
+            destroy_qp(env, q);
         }
         for s in m.srqs.drain(..) {
             assert_eq!(ibv_destroy_srq(s), 0, "ibv_destroy_srq at the end");
@@ -972,9 +994,8 @@ fn teardown(env: &mut Env, m: &mut Made) {
         }
     }
     while poll(env, m, cq, 64) > 0 {}
-    // Forget the requests of inputs more than KEEP back.
-    let keep_from = env.input.saturating_sub(KEEP - 1) << 24;
-    env.pending = env.pending.split_off(&keep_from);
+    // Every object of the input is gone: none of its requests may complete any more.
+    env.pending.clear();
     let guard = &env.buf[MR_END..];
     if let Some(i) = guard.iter().position(|&b| b != GUARD) {
         panic!(

@@ -143,6 +143,28 @@ unsafe extern "C" fn end_poll(cq: CqExPtr) {
     p.i = 0;
 }
 
+/// Drop destroyed QP `qpn`'s completions an earlier polling session of the CQ took from the
+/// engine and left unread (`ibv_destroy_qp` removes its completions from its CQs).
+pub(crate) fn purge_qp(w: &CqW, qpn: QpNumber) {
+    let mut p = lock(&w.poll);
+    let p = &mut *p;
+    if p.wcs.iter().all(|c| c.qp_num != qpn) {
+        return;
+    }
+    let mut ts = p.ts.iter().copied();
+    let (mut wcs, mut kept_ts) = (Vec::new(), Vec::new());
+    for c in p.wcs.drain(..) {
+        let t = ts.next();
+        if c.qp_num != qpn {
+            wcs.push(c);
+            kept_ts.extend(t);
+        }
+    }
+    p.wcs = wcs;
+    p.ts = kept_ts;
+    p.i = 0;
+}
+
 /// `ibv_wc_read_completion_ts`: when the library took the current completion from the
 /// engine, in device clock ticks (ns, see [`clock_ns`]).
 unsafe extern "C" fn read_completion_ts(cq: CqExPtr) -> u64 {

@@ -1399,6 +1399,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     match unsafe { sh(w.c.context) }.nic.destroy_qp(w.qpn) {
         Ok(()) => {
             objects(|o| o.qps.remove(&w.qpn.get()));
+            for cq in [w.c.send_cq, w.c.recv_cq] {
+                if !cq.is_null() {
+                    // SAFETY: the QP's CQs, from ibv_create_cq, alive while the QP was (a CQ
+                    // in use is never destroyed: EBUSY).
+                    crate::ex::purge_qp(unsafe { &*(cq as *mut CqW) }, w.qpn);
+                }
+            }
             // SAFETY: not used after this.
             let b = unsafe { Box::from_raw(qp as *mut QpW) };
             let bounce = b.tx.lock().unwrap_or_else(|e| e.into_inner()).bounce.take();

@@ -80,6 +80,14 @@ impl CqRing {
         n
     }
 
+    /// Remove the completions of QP `qpn` (a destroyed QP's: none of them is delivered);
+    /// how many went.
+    pub(crate) fn purge_qp(&mut self, qpn: crate::wire::QpNumber) -> usize {
+        let before = self.ring.len();
+        self.ring.retain(|wc| wc.qp_num != qpn);
+        before - self.ring.len()
+    }
+
     pub(crate) fn arm(&mut self, mode: NotifyMode) {
         self.armed = Some(mode);
     }

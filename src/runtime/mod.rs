@@ -173,6 +173,9 @@ struct CqShadow {
     depth: usize,
     lock: Mutex<()>,
     cv: Condvar,
+    /// Held by `poll_cq` while it takes completions, and by `destroy_qp` while it removes the
+    /// destroyed QP's (the queue's order is kept: a poller never sees the queue half filtered).
+    take: Mutex<()>,
     /// 0 = not armed, 1 = next completion, 2 = solicited only.
     armed: AtomicU8,
     /// Called with every notification (a completion channel signals its descriptor).
@@ -188,6 +191,7 @@ impl CqShadow {
             depth,
             lock: Mutex::new(()),
             cv: Condvar::new(),
+            take: Mutex::new(()),
             armed: AtomicU8::new(0),
             channel: Mutex::new(None),
             events: AtomicU64::new(0),
@@ -457,12 +461,29 @@ impl Nic {
 
     /// `ibv_destroy_qp`. The receives and sends still in the doorbell are applied first (and
     /// complete or flush with the QP as any posted before them), never to a later object.
+    /// Then the QP's completions not polled yet are removed from its send and receive CQs
+    /// (from the device's rings and from the queues `poll_cq` reads), as rdma-core's providers
+    /// clean a destroyed QP out of its CQs: `poll_cq` never returns a completion of a
+    /// destroyed QP, not even a flush produced after its last `poll_cq`.
     pub fn destroy_qp(&self, qpn: QpNumber) -> Result<(), VerbsError> {
         let in_groups = {
             let mut dev = lock(&self.inner.dev);
             ring_doorbells(&self.inner, &mut dev);
+            let cqs = [dev.send_cq_of(qpn), dev.recv_cq_of(qpn)];
             let g = dev.mcast_groups().len();
             dev.destroy_qp(qpn)?;
+            // Under the device lock: the engine adds no completion meanwhile.
+            let shadows = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+            for (i, cq) in cqs.iter().enumerate() {
+                let Some(cq) = *cq else { continue };
+                if i == 1 && cqs[0] == Some(cq) {
+                    continue;
+                }
+                if let Some(c) = shadows.get(cq.0 as usize) {
+                    purge_shadow(c, qpn);
+                }
+            }
+            drop(shadows);
             g != dev.mcast_groups().len()
         };
         self.inner
@@ -941,6 +962,7 @@ impl Nic {
             self.progress();
         }
         let mut n = 0;
+        let _take = lock(&c.take);
         while n < max {
             let Some(wc) = c.q.pop() else { break };
             c.len.fetch_sub(1, Ordering::AcqRel);
@@ -1524,6 +1546,25 @@ fn engine_step(
     }
     more |= !inner.doorbell.is_empty();
     (work, next_timer, more)
+}
+
+/// Remove QP `qpn`'s completions from the queue `poll_cq` reads, the others kept in order.
+/// Called with the device lock held (the engine adds nothing meanwhile).
+fn purge_shadow(c: &CqShadow, qpn: QpNumber) {
+    let _take = lock(&c.take);
+    let mut kept = Vec::new();
+    let mut gone = 0;
+    while let Some(wc) = c.q.pop() {
+        if wc.qp_num == qpn {
+            gone += 1;
+        } else {
+            kept.push(wc);
+        }
+    }
+    for wc in kept {
+        c.q.push(wc);
+    }
+    c.len.fetch_sub(gone, Ordering::AcqRel);
 }
 
 /// Hand every queued doorbell to the device; returns how many.

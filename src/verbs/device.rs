@@ -868,12 +868,19 @@ impl Device {
     }
 
     /// `ibv_destroy_qp`: the QP and its queues are gone, without completions (an SRQ it was
-    /// attached to keeps its WQEs).
+    /// attached to keeps its WQEs). The completions of the QP its send and receive CQs still
+    /// hold (flushes of a QP in the error state included) are removed with it, as rdma-core's
+    /// providers clean a destroyed QP out of its CQs: no completion of it is polled after.
     pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
         let slot = self
             .qps
             .remove(&qpn.get())
             .ok_or(VerbsError::NoSuchQp(qpn))?;
+        for cq in [slot.qp.send_cq(), slot.qp.recv_cq()] {
+            if let Some(Some(ring)) = self.cqs.get_mut(cq.0 as usize) {
+                ring.purge_qp(qpn);
+            }
+        }
         // A destroyed QP leaves its multicast groups (as the kernel detaches it).
         self.mcast.retain(|_, q| {
             q.retain(|&n| n != qpn.get());
@@ -1435,6 +1442,11 @@ impl Device {
     /// The send CQ of a QP.
     pub fn send_cq_of(&self, qpn: QpNumber) -> Option<Cq> {
         self.qp(qpn).ok().map(|q| q.send_cq())
+    }
+
+    /// The QP's receive CQ (its send CQ: [`Device::send_cq_of`]).
+    pub fn recv_cq_of(&self, qpn: QpNumber) -> Option<Cq> {
+        self.qp(qpn).ok().map(|q| q.recv_cq())
     }
 
     /// Completion queues that hold completions.
