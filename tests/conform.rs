@@ -6,7 +6,7 @@ use ferroce::apps::conform::catalogue::Caps;
 use ferroce::apps::conform::ctx::Verdict;
 use ferroce::apps::conform::link::Link;
 use ferroce::apps::conform::peer::PeerTool;
-use ferroce::apps::conform::report::Report;
+use ferroce::apps::conform::report::{Report, TestResult};
 use ferroce::apps::conform::serve::{self, ServeOptions};
 use ferroce::apps::conform::{self as conform, Options, Setup};
 use ferroce::io::Loopback;
@@ -28,6 +28,22 @@ fn ip(n: u8) -> IpAddr {
 /// are n/a there (they run against the perf clients, in the client roles).
 const READ_REQUESTER_ONLY: [&str; 2] = ["ack.read-response-gap", "res.requester-rd-atomic"];
 
+/// Assert that test `t` got the verdict `v`.
+fn verdict_is(t: &TestResult, v: Verdict) {
+    assert_eq!(t.outcome.verdict, v, "{}: {:#?}", t.id, t.outcome);
+}
+
+/// Assert that test `t` got the verdict `v` with a first reason that says `says`.
+fn verdict_says(t: &TestResult, v: Verdict, says: &str) {
+    verdict_is(t, v);
+    assert!(
+        t.outcome.why.first().is_some_and(|w| w.contains(says)),
+        "{}: no {says:?} in {:#?}",
+        t.id,
+        t.outcome
+    );
+}
+
 /// Run the selected tests against a ferroce peer whose device config `tweak` may change.
 /// The ferroce peer (`conform --serve`) on one end of a loopback pair, not yet serving.
 struct FerrocePeer {
@@ -41,24 +57,25 @@ struct FerrocePeer {
 }
 
 /// The ferroce peer at 10.9.0.2 (CNPs every 500 µs unless `tweak` says otherwise).
+/// A NIC on the peer's end of a loopback pair, polling adaptively.
+fn start_nic(cfg: DeviceConfig, link: Loopback) -> Nic {
+    let opts = NicOptions {
+        poll: PollMode::Adaptive {
+            spins: 200,
+            max_sleep: Duration::from_micros(200),
+        },
+        batch: 64,
+    };
+    Nic::start(cfg, link, opts).unwrap()
+}
+
 fn ferroce_peer(tweak: impl FnOnce(&mut DeviceConfig)) -> FerrocePeer {
     let (lt, lp) = Loopback::pair(4096, 9000).unwrap();
     let mut cfg = DeviceConfig::new(MAC_P, ip(2));
     cfg.cnp_interval = Some(Duration::from_micros(500));
     tweak(&mut cfg);
     let cnp = cfg.cnp_interval;
-    let nic = Nic::start(
-        cfg,
-        lp,
-        NicOptions {
-            poll: PollMode::Adaptive {
-                spins: 200,
-                max_sleep: Duration::from_micros(200),
-            },
-            batch: 64,
-        },
-    )
-    .unwrap();
+    let nic = start_nic(cfg, lp);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let so = ServeOptions {
@@ -581,6 +598,7 @@ const BREAK_EFFECTS: &[(&str, &[&str], &[&str])] = &[
     ("exceed-rd-atomic", &[], &[]),
     ("nak-resend-from-start", &[], &[]),
     ("ack-head-only", &[], &[]),
+    ("read-gap-completes", &[], &[]),
     (
         "recycle-rd-atomic",
         &["res.too-many-reads"],
@@ -631,20 +649,9 @@ fn the_retry_limit_tests_count_the_peers_transmissions() {
     let r = against_ferroce(&only, |c| c.deviations.retry_seven_forever = true);
     let bad = &r.results[0];
     assert_eq!(bad.id, "ack.retry-exhausted");
-    assert_eq!(bad.outcome.verdict, Verdict::Fail, "{:#?}", bad.outcome);
-    assert!(
-        bad.outcome.why[0].contains("sent 9 times and still going"),
-        "{:#?}",
-        bad.outcome
-    );
+    verdict_says(bad, Verdict::Fail, "sent 9 times and still going");
     for t in &r.results[1..] {
-        assert_eq!(
-            t.outcome.verdict,
-            Verdict::Pass,
-            "{}: {:#?}",
-            t.id,
-            t.outcome
-        );
+        verdict_is(t, Verdict::Pass);
     }
 }
 
@@ -661,13 +668,7 @@ fn the_resource_limit_tests_decide_only_bursts_that_reached_the_limit() {
     let r = against_ferroce(&only, |_| {});
     println!("{}", ferroce::apps::conform::report::table(&r, true));
     for t in &r.results {
-        assert_eq!(
-            t.outcome.verdict,
-            Verdict::Pass,
-            "{}: {:#?}",
-            t.id,
-            t.outcome
-        );
+        verdict_is(t, Verdict::Pass);
         assert!(
             t.outcome
                 .did
@@ -682,24 +683,13 @@ fn the_resource_limit_tests_decide_only_bursts_that_reached_the_limit() {
     println!("{}", ferroce::apps::conform::report::table(&r, true));
     let reads = &r.results[0];
     assert_eq!(reads.id, "res.too-many-reads");
-    assert_eq!(reads.outcome.verdict, Verdict::Fail, "{:#?}", reads.outcome);
-    assert!(
-        reads.outcome.why[0].contains("before it answered the first"),
-        "{:#?}",
-        reads.outcome
-    );
+    verdict_says(reads, Verdict::Fail, "before it answered the first");
     let atomics = &r.results[1];
     assert_eq!(atomics.id, "res.too-many-atomics");
-    assert_eq!(
-        atomics.outcome.verdict,
+    verdict_says(
+        atomics,
         Verdict::Inconclusive,
-        "{:#?}",
-        atomics.outcome
-    );
-    assert!(
-        atomics.outcome.why[0].contains("cannot tell whether the limit was reached"),
-        "{:#?}",
-        atomics.outcome
+        "cannot tell whether the limit was reached",
     );
 }
 
@@ -767,18 +757,7 @@ fn against_perf_client(
     let (lt, lp) = Loopback::pair(8192, 9000).unwrap();
     let mut dc = DeviceConfig::new(MAC_P, ip(2));
     tweak(&mut dc);
-    let nic = Nic::start(
-        dc,
-        lp,
-        NicOptions {
-            poll: PollMode::Adaptive {
-                spins: 200,
-                max_sleep: Duration::from_micros(200),
-            },
-            batch: 64,
-        },
-    )
-    .unwrap();
+    let nic = start_nic(dc, lp);
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -833,18 +812,18 @@ fn against_perf_client(
 fn the_client_roles_test_the_perf_clients_requester() {
     use ferroce::apps::conform::catalogue::CLIENT_TESTS;
     use ferroce::apps::perf::Test;
+    let write_client: Vec<&str> = CLIENT_TESTS
+        .iter()
+        .copied()
+        .filter(|id| !READ_REQUESTER_ONLY.contains(id))
+        .collect();
+    assert_eq!(write_client.len(), 6, "{write_client:?}");
     let cases = [
         (
             Test::WriteBw,
             PeerTool::PerftestWriteClient,
-            &[
-                "ack.ghost-ack",
-                "ack.retry-exhausted",
-                "ack.nak-retry-exhausted",
-                "ack.rnr-retry-infinite",
-                "ack.nak-resend-from-psn",
-                "ack.coalesced-to-requester",
-            ][..],
+            // Every requester test but those of a READ/ATOMIC requester.
+            &write_client[..],
         ),
         (
             Test::ReadBw,
@@ -920,33 +899,43 @@ fn the_client_roles_test_the_perf_clients_requester() {
         &["res.requester-rd-atomic"],
         |c| c.deviations.exceed_rd_atomic = true,
     );
-    let t = &r.results[0];
-    assert_eq!(t.outcome.verdict, Verdict::Fail, "{:#?}", t.outcome);
-    assert!(
-        t.outcome.why[0].contains("requests outstanding at once; the tester announced 2"),
-        "{:#?}",
-        t.outcome
+    verdict_says(
+        &r.results[0],
+        Verdict::Fail,
+        "requests outstanding at once; the tester announced 2",
     );
     // The requester breaks, each with its role's window tests: exactly its test fails.
-    let window = [
+    let window = &[
         "ack.ghost-ack",
         "ack.nak-resend-from-psn",
         "ack.coalesced-to-requester",
-    ];
+    ][..];
+    let read_window = &[
+        "ack.ghost-ack",
+        "ack.read-response-gap",
+        "res.requester-rd-atomic",
+    ][..];
     for (brk, test, tool, only, fails) in [
         (
             "nak-resend-from-start",
             Test::WriteBw,
             PeerTool::PerftestWriteClient,
-            &window,
+            window,
             "ack.nak-resend-from-psn",
         ),
         (
             "ack-head-only",
             Test::SendBw,
             PeerTool::PerftestSendClient,
-            &window,
+            window,
             "ack.coalesced-to-requester",
+        ),
+        (
+            "read-gap-completes",
+            Test::ReadBw,
+            PeerTool::PerftestReadClient,
+            read_window,
+            "ack.read-response-gap",
         ),
     ] {
         let r = against_perf_client(test, tool, only, |c| assert!(c.deviations.set(brk)));
@@ -973,13 +962,7 @@ fn the_client_roles_test_the_perf_clients_requester() {
         &["ack.retry-exhausted"],
         |c| c.deviations.retry_seven_forever = true,
     );
-    let t = &r.results[0];
-    assert_eq!(t.outcome.verdict, Verdict::Fail, "{:#?}", t.outcome);
-    assert!(
-        t.outcome.why[0].contains("sent 9 times and still going"),
-        "{:#?}",
-        t.outcome
-    );
+    verdict_says(&r.results[0], Verdict::Fail, "sent 9 times and still going");
 }
 
 /// The client roles with a broken perftest client: none connects, one writes garbage, one

@@ -56,6 +56,11 @@ pub struct Deviations {
     /// An ACK completes only the oldest outstanding request, not every one up to its PSN
     /// (IBTA 9.7.6.1: ACKs may be coalesced); the rest are resent after the ACK timeout.
     pub ack_head_only: bool,
+    /// A READ response for a later READ completes an earlier READ that has had no
+    /// response, its unanswered bytes left unwritten (IBTA 9.7.5.2, 9.7.6.1: a response
+    /// beyond an unanswered READ implies the earlier responses were lost, and the requester
+    /// sends that READ again).
+    pub read_gap_completes: bool,
 }
 
 /// The break names `--break` takes, each with what it does.
@@ -99,6 +104,10 @@ pub const BREAKS: &[(&str, &str)] = &[
         "ack-head-only",
         "an ACK completes only the requester's oldest request, not all up to its PSN",
     ),
+    (
+        "read-gap-completes",
+        "a later READ's response completes an unanswered earlier READ (its bytes unwritten)",
+    ),
 ];
 
 impl Deviations {
@@ -120,6 +129,7 @@ impl Deviations {
             "exceed-rd-atomic" => &mut self.exceed_rd_atomic,
             "nak-resend-from-start" => &mut self.nak_resend_from_start,
             "ack-head-only" => &mut self.ack_head_only,
+            "read-gap-completes" => &mut self.read_gap_completes,
             _ => return false,
         };
         *flag = true;

@@ -2949,12 +2949,28 @@ fn t_read_response_gap(c: &mut Ctx) -> Outcome {
     ));
     let r = c.info.retry.unwrap_or(RetrySettings::PERFTEST);
     let quiet = retry_quiet(c, &r);
-    let after = held_after(c, n0, quiet, |a| a.iter().any(|x| x.psn() == q1));
-    match after.iter().find(|x| x.psn() == q1) {
-        Some(x) => o.did(format!("READ at PSN {q1:#08x} sent again: {}", x.line)),
-        None => o.fail(format!(
+    // A request beyond the held window: the peer went on instead of going back to the
+    // first READ (a requester that goes back resends from it before anything new). The
+    // wait ends there too, and the new requests are answered (end_usable): held any longer
+    // they would run the peer out of retries, and a peer gone away decides nothing.
+    let top = w.last().map_or(q2, |x| x.psn());
+    let beyond = |x: &Rx| Psn::new(x.psn()).diff(Psn::new(top)) > 0;
+    let after = held_after(c, n0, quiet, |a| {
+        a.iter().any(|x| x.psn() == q1 || beyond(x))
+    });
+    let again = after.iter().position(|x| x.psn() == q1);
+    let new = after.iter().position(beyond);
+    match (again, new) {
+        (Some(i), b) if b.is_none_or(|b| i < b) => {
+            o.did(format!("READ at PSN {q1:#08x} sent again: {}", after[i].line));
+        }
+        (None, None) => o.fail(format!(
             "READ at PSN {q1:#08x} not sent again within {} ms: the peer took the later READ's response as completing it",
             quiet.as_millis()
+        )),
+        (_, b) => o.fail(format!(
+            "a new request instead of the READ at PSN {q1:#08x} again ({}): the peer took the later READ's response as completing it",
+            b.map_or("", |b| after[b].line.as_str())
         )),
     }
     c.end_usable(&mut o);

@@ -562,10 +562,12 @@ fn open_pingpong(
 // ---------------------------------------------------------------------------------------
 // perftest
 
+/// A perftest session, the tester as perftest's client or (the client roles) its server.
 struct PerftestSession {
     info: PeerInfo,
     ses: PtSession,
-    ours: KeyMsg,
+    /// The tester's key message, for the closing barrier; `None` in the client roles.
+    ours: Option<KeyMsg>,
 }
 
 impl Session for PerftestSession {
@@ -579,6 +581,11 @@ impl Session for PerftestSession {
         }
     }
     fn finish(&mut self, timeout: Duration) -> Result<(), PeerError> {
+        let Some(ours) = self.ours else {
+            // A client role: the client ends on the fatal NAK `close` sends (its requests
+            // never complete otherwise): nothing more to say on the socket.
+            return Ok(());
+        };
         if self.info.tool == PeerTool::PerftestSend {
             // ib_send_bw waits for its messages before it reads the socket again.
             return Ok(());
@@ -592,12 +599,52 @@ impl Session for PerftestSession {
             msg_rate: 0.0,
         };
         self.ses
-            .barrier(&self.ours)
+            .barrier(&ours)
             .and_then(|_| self.ses.bw_reports(&r))
-            .and_then(|_| self.ses.close(&self.ours))
+            .and_then(|_| self.ses.close(&ours))
             .map(drop)
             .map_err(PeerError::Closing)
     }
+}
+
+/// perftest's exchange, either role: the MTU handshake, the key messages (the tester's
+/// announcing `(out_reads, rkey, vaddr)`), two barriers and a third when `sends` (ib_send_bw's,
+/// once its receives are up). Returns the MTU, the tester's key message and the peer's.
+fn perftest_exchange(
+    ses: &mut PtSession,
+    ours: &Ours,
+    (out_reads, rkey, vaddr): (u16, u32, u64),
+    sends: bool,
+) -> Result<(Mtu, KeyMsg, KeyMsg), PeerError> {
+    let what = |err| PeerError::Exchange {
+        tool: "perftest",
+        err,
+    };
+    let mtu = ses.handshake(ours.mtu).map_err(what)?;
+    let mine = KeyMsg {
+        lid: 0,
+        out_reads,
+        qpn: ours.qpn,
+        psn: ours.psn,
+        rkey,
+        vaddr,
+        gid: ours.gid,
+        srqn: 0,
+    };
+    let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
+    let t = *theirs.first().ok_or(PeerError::NoKeyMessage)?;
+    ses.barrier(&mine).map_err(what)?;
+    ses.barrier(&mine).map_err(what)?;
+    if sends {
+        ses.barrier(&mine).map_err(what)?;
+    }
+    if t.gid == [0; 16] {
+        return Err(PeerError::ZeroGid {
+            tool: "perftest",
+            flag: "-x",
+        });
+    }
+    Ok((mtu, mine, t))
 }
 
 fn open_perftest(
@@ -609,35 +656,9 @@ fn open_perftest(
 ) -> Result<Box<dyn Session>, PeerError> {
     let s = connect(addr, patience)?;
     let mut ses = PtSession::new(s, Role::Client, timeout);
-    let what = |err| PeerError::Exchange {
-        tool: "perftest",
-        err,
-    };
-    let mtu = ses.handshake(ours.mtu).map_err(what)?;
-    let mine = KeyMsg {
-        lid: 0,
-        out_reads: 16,
-        qpn: ours.qpn,
-        psn: ours.psn,
-        rkey: 0,
-        vaddr: 0,
-        gid: ours.gid,
-        srqn: 0,
-    };
-    let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
-    let t = *theirs.first().ok_or(PeerError::NoKeyMessage)?;
     // "print remote" and "both QPs in RTR"; ib_send_bw adds one once its receives are up.
-    ses.barrier(&mine).map_err(what)?;
-    ses.barrier(&mine).map_err(what)?;
-    if tool == PeerTool::PerftestSend {
-        ses.barrier(&mine).map_err(what)?;
-    }
-    if t.gid == [0; 16] {
-        return Err(PeerError::ZeroGid {
-            tool: "perftest",
-            flag: "-x",
-        });
-    }
+    let sends = tool == PeerTool::PerftestSend;
+    let (mtu, mine, t) = perftest_exchange(&mut ses, ours, (16, 0, 0), sends)?;
     let (qp_rights, rights, recvs, readback) = match tool {
         PeerTool::PerftestWrite => (
             Rights {
@@ -726,7 +747,7 @@ fn open_perftest(
     Ok(Box::new(PerftestSession {
         info,
         ses,
-        ours: mine,
+        ours: Some(mine),
     }))
 }
 
@@ -742,28 +763,6 @@ pub const CLIENT_OUT_READS: u16 = 2;
 pub const CLIENT_RKEY: u32 = 0x00c0_f0a5;
 /// The buffer address the tester announces in the client roles.
 pub const CLIENT_VA: u64 = 0x7e57_0000_0000;
-
-struct PerftestClientSession {
-    info: PeerInfo,
-    ses: PtSession,
-}
-
-impl Session for PerftestClientSession {
-    fn info(&self) -> &PeerInfo {
-        &self.info
-    }
-    fn alive(&mut self) -> bool {
-        match &self.ses.link {
-            crate::oob::perftest::Link::Tcp(s) => still_open(s),
-            crate::oob::perftest::Link::Rdma(_) => true,
-        }
-    }
-    fn finish(&mut self, _: Duration) -> Result<(), PeerError> {
-        // The client ends on the fatal NAK `close` sends (its requests never complete
-        // otherwise): nothing more to say on the socket.
-        Ok(())
-    }
-}
 
 /// Accept one connection on `addr` within `patience`.
 fn accept(addr: SocketAddr, patience: Duration) -> Result<TcpStream, PeerError> {
@@ -798,35 +797,10 @@ fn open_perftest_client(
 ) -> Result<Box<dyn Session>, PeerError> {
     let s = accept(addr, patience)?;
     let mut ses = PtSession::new(s, Role::Server, timeout);
-    let what = |err| PeerError::Exchange {
-        tool: "perftest",
-        err,
-    };
-    let mtu = ses.handshake(ours.mtu).map_err(what)?;
-    let mine = KeyMsg {
-        lid: 0,
-        out_reads: CLIENT_OUT_READS,
-        qpn: ours.qpn,
-        psn: ours.psn,
-        rkey: CLIENT_RKEY,
-        vaddr: CLIENT_VA,
-        gid: ours.gid,
-        srqn: 0,
-    };
-    let theirs = ses.exchange_keys(&[mine]).map_err(what)?;
-    let t = *theirs.first().ok_or(PeerError::NoKeyMessage)?;
-    ses.barrier(&mine).map_err(what)?;
-    ses.barrier(&mine).map_err(what)?;
-    if tool == PeerTool::PerftestSendClient {
-        // ib_send_bw's receiver says its receives are posted (the tester takes any SEND).
-        ses.barrier(&mine).map_err(what)?;
-    }
-    if t.gid == [0; 16] {
-        return Err(PeerError::ZeroGid {
-            tool: "perftest",
-            flag: "-x",
-        });
-    }
+    // ib_send_bw's receiver says its receives are posted (the tester takes any SEND).
+    let sends = tool == PeerTool::PerftestSendClient;
+    let announce = (CLIENT_OUT_READS, CLIENT_RKEY, CLIENT_VA);
+    let (mtu, _, t) = perftest_exchange(&mut ses, ours, announce, sends)?;
     let info = PeerInfo {
         tool,
         qpn: t.qpn,
@@ -856,7 +830,11 @@ fn open_perftest_client(
             mtu.bytes()
         ),
     };
-    Ok(Box::new(PerftestClientSession { info, ses }))
+    Ok(Box::new(PerftestSession {
+        info,
+        ses,
+        ours: None,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------
