@@ -2357,8 +2357,11 @@ fn provoke_send(c: &mut Ctx, o: &mut Obs) -> Result<u32, Outcome> {
             c.take(1);
         }
     }
+    // A request the tester asked for (or drew) is waited for as a response is: up to the
+    // response wait, ending as soon as it is there.
     let t0 = Instant::now();
-    while c.st.peer.held.is_empty() && t0.elapsed() < c.timeout * 2 && c.io_error.is_none() {
+    let patience = c.wait.max(c.timeout * 2);
+    while c.st.peer.held.is_empty() && t0.elapsed() < patience && c.io_error.is_none() {
         let _ = c.collect(c.timeout / 10, Duration::ZERO, |_| false);
     }
     match c.st.peer.held.first() {
@@ -2378,9 +2381,12 @@ fn provoke_send(c: &mut Ctx, o: &mut Obs) -> Result<u32, Outcome> {
 
 /// Count the peer's transmissions of its request at `q` (the first and every retry), sending
 /// `answer(n)` back after the n-th, until more than `limit` were seen or none came for
-/// `quiet`. The verdicts rest on this count, not on when the retries came. A ferroce peer
-/// that has not completed its SEND yet is still retrying (a starved process can be slower
-/// than `quiet` between two transmissions): then the count goes on for up to `c.wait` more.
+/// `quiet`. The verdicts rest on this count, not on when the retries came. With the ferroce
+/// peer the count ends on the peer's word, not on a quiet window: while it reports its SEND
+/// not completed it is still retrying (a starved process can be slower than `quiet` between
+/// two transmissions), and the count goes on for up to four response waits more; once it
+/// reports the SEND completed, every transmission has left it, and the count takes in
+/// those still on their way (one more `timeout` of listening) before it ends.
 fn count_transmissions(
     c: &mut Ctx,
     q: u32,
@@ -2392,6 +2398,7 @@ fn count_transmissions(
     let mut n = 0u32;
     let mut last = Instant::now();
     let mut next_ask = Instant::now();
+    let mut drain_until: Option<Instant> = None;
     loop {
         let mut out = Vec::new();
         while seen < c.st.peer.held.len() {
@@ -2408,8 +2415,12 @@ fn count_transmissions(
         if n > limit || c.io_error.is_some() {
             return n;
         }
-        if last.elapsed() >= quiet {
-            if c.control.is_none() || last.elapsed() >= quiet + c.wait {
+        if let Some(end) = drain_until {
+            if Instant::now() >= end {
+                return n;
+            }
+        } else if last.elapsed() >= quiet {
+            if c.control.is_none() || last.elapsed() >= quiet + c.wait * 4 {
                 return n;
             }
             if Instant::now() >= next_ask {
@@ -2419,7 +2430,7 @@ fn count_transmissions(
                     .as_mut()
                     .is_some_and(|ctl| ctl.first_send_error().is_ok_and(|e| e == "none"));
                 if !still_trying {
-                    return n;
+                    drain_until = Some(Instant::now() + c.timeout);
                 }
             }
         }
