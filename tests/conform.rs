@@ -120,19 +120,25 @@ fn against_ferroce(only: &[&str], tweak: impl FnOnce(&mut DeviceConfig)) -> Repo
     std::thread::scope(|sc| {
         sc.spawn(|| serve::serve(&nic, &so, l, &stop));
         let mut setup = tester(lt);
-        let o = Options {
-            host: "127.0.0.1".into(),
-            port,
-            tool: PeerTool::Ferroce,
-            only: only.iter().map(|s| s.to_string()).collect(),
-            timeout: Duration::from_millis(150),
-            patience: Duration::from_secs(2),
-            ..Options::default()
-        };
+        let o = loopback_options(PeerTool::Ferroce, port, only, Duration::from_secs(2));
         let r = conform::run(&o, &mut setup, &mut |_| {});
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         r
     })
+}
+
+/// The tester's options for a run over the loopback: the peer's exchange at 127.0.0.1:`port`,
+/// a 150 ms response timeout.
+fn loopback_options(tool: PeerTool, port: u16, only: &[&str], patience: Duration) -> Options {
+    Options {
+        host: "127.0.0.1".into(),
+        port,
+        tool,
+        only: only.iter().map(|s| s.to_string()).collect(),
+        timeout: Duration::from_millis(150),
+        patience,
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -160,12 +166,8 @@ fn lonely(tool: PeerTool, port: u16, timeout: Duration) -> (Setup, Options, Loop
     let (lt, lp) = Loopback::pair(4096, 9000).unwrap();
     let setup = tester(lt);
     let o = Options {
-        host: "127.0.0.1".into(),
-        port,
-        tool,
         timeout,
-        patience: Duration::from_millis(300),
-        ..Options::default()
+        ..loopback_options(tool, port, &[], Duration::from_millis(300))
     };
     (setup, o, lp)
 }
@@ -418,14 +420,7 @@ fn a_peer_that_goes_away_mid_run_gives_clear_verdicts() {
     let r = std::thread::scope(|sc| {
         sc.spawn(|| serve::serve(&nic, &so, l, &stop));
         let mut setup = tester(lt);
-        let o = Options {
-            host: "127.0.0.1".into(),
-            port,
-            tool: PeerTool::Ferroce,
-            timeout: Duration::from_millis(150),
-            patience: Duration::from_millis(300),
-            ..Options::default()
-        };
+        let o = loopback_options(PeerTool::Ferroce, port, &[], Duration::from_millis(300));
         let mut n = 0;
         let r = conform::run(&o, &mut setup, &mut |_| {
             n += 1;
@@ -788,15 +783,7 @@ fn against_perf_client(
             }
         });
         let mut setup = tester(lt);
-        let o = Options {
-            host: "127.0.0.1".into(),
-            port,
-            tool,
-            only: only.iter().map(|s| s.to_string()).collect(),
-            timeout: Duration::from_millis(150),
-            patience: Duration::from_secs(5),
-            ..Options::default()
-        };
+        let o = loopback_options(tool, port, only, Duration::from_secs(5));
         let r = conform::run(&o, &mut setup, &mut |_| {});
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         r

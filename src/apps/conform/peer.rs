@@ -647,6 +647,8 @@ fn perftest_exchange(
     Ok((mtu, mine, t))
 }
 
+/// A perftest session: the tester connects to a server tool as perftest's client, or (the
+/// client roles) waits for the client as its server.
 fn open_perftest(
     tool: PeerTool,
     addr: SocketAddr,
@@ -654,11 +656,32 @@ fn open_perftest(
     timeout: Duration,
     patience: Duration,
 ) -> Result<Box<dyn Session>, PeerError> {
-    let s = connect(addr, patience)?;
-    let mut ses = PtSession::new(s, Role::Client, timeout);
-    // "print remote" and "both QPs in RTR"; ib_send_bw adds one once its receives are up.
-    let sends = tool == PeerTool::PerftestSend;
-    let (mtu, mine, t) = perftest_exchange(&mut ses, ours, (16, 0, 0), sends)?;
+    let client = tool.is_client();
+    let (s, role) = if client {
+        (accept(addr, patience)?, Role::Server)
+    } else {
+        (connect(addr, patience)?, Role::Client)
+    };
+    let mut ses = PtSession::new(s, role, timeout);
+    // ib_send_bw's receiver says its receives are up with a third barrier (in the client
+    // roles the tester is the receiver and takes any SEND).
+    let sends = matches!(tool, PeerTool::PerftestSend | PeerTool::PerftestSendClient);
+    let announce = if client {
+        (CLIENT_OUT_READS, CLIENT_RKEY, CLIENT_VA)
+    } else {
+        (16, 0, 0)
+    };
+    let (mtu, mine, t) = perftest_exchange(&mut ses, ours, announce, sends)?;
+    let (info, ours) = if client {
+        (client_info(tool, mtu, &t), None)
+    } else {
+        (server_info(tool, mtu, &t, ses.peer_page), Some(mine))
+    };
+    Ok(Box::new(PerftestSession { info, ses, ours }))
+}
+
+/// What the exchange with a perftest server tool tells about its responder.
+fn server_info(tool: PeerTool, mtu: Mtu, t: &KeyMsg, peer_page: u32) -> PeerInfo {
     let (qp_rights, rights, recvs, readback) = match tool {
         PeerTool::PerftestWrite => (
             Rights {
@@ -707,7 +730,7 @@ fn open_perftest(
             ReadBack::None,
         ),
     };
-    let info = PeerInfo {
+    PeerInfo {
         tool,
         qpn: t.qpn,
         psn: t.psn,
@@ -718,7 +741,7 @@ fn open_perftest(
             rkey: t.rkey,
             va: t.vaddr,
             // perftest's buffer is at least a page (cycle buffer) long.
-            len: u64::from(ses.peer_page.clamp(64, 1 << 20)),
+            len: u64::from(peer_page.clamp(64, 1 << 20)),
             rights,
         }),
         lacking: None,
@@ -743,12 +766,7 @@ fn open_perftest(
             ip_of_gid(t.gid),
             mtu.bytes()
         ),
-    };
-    Ok(Box::new(PerftestSession {
-        info,
-        ses,
-        ours: Some(mine),
-    }))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -788,20 +806,9 @@ fn accept(addr: SocketAddr, patience: Duration) -> Result<TcpStream, PeerError> 
     }
 }
 
-fn open_perftest_client(
-    tool: PeerTool,
-    addr: SocketAddr,
-    ours: &Ours,
-    timeout: Duration,
-    patience: Duration,
-) -> Result<Box<dyn Session>, PeerError> {
-    let s = accept(addr, patience)?;
-    let mut ses = PtSession::new(s, Role::Server, timeout);
-    // ib_send_bw's receiver says its receives are posted (the tester takes any SEND).
-    let sends = tool == PeerTool::PerftestSendClient;
-    let announce = (CLIENT_OUT_READS, CLIENT_RKEY, CLIENT_VA);
-    let (mtu, _, t) = perftest_exchange(&mut ses, ours, announce, sends)?;
-    let info = PeerInfo {
+/// What the exchange with a perftest client tells about its requester.
+fn client_info(tool: PeerTool, mtu: Mtu, t: &KeyMsg) -> PeerInfo {
+    PeerInfo {
         tool,
         qpn: t.qpn,
         psn: t.psn,
@@ -829,12 +836,7 @@ fn open_perftest_client(
             ip_of_gid(t.gid),
             mtu.bytes()
         ),
-    };
-    Ok(Box::new(PerftestSession {
-        info,
-        ses,
-        ours: None,
-    }))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1128,7 +1130,6 @@ pub fn open(
     match tool {
         PeerTool::Pingpong => open_pingpong(addr, ours, peer_mtu, timeout, patience),
         PeerTool::Ferroce => open_ferroce(addr, ours, req, timeout, patience),
-        t if t.is_client() => open_perftest_client(t, addr, ours, timeout, patience),
         t => open_perftest(t, addr, ours, timeout, patience),
     }
 }
