@@ -4,7 +4,8 @@
 //!
 //! Rule numbers: chapter 9 sections of IBTA Vol. 1; `CA17-n` statements are the RoCEv2
 //! annex's (A17); `C9-n` numbers are given where the annex or Linux rxe's source comments
-//! name them. The rule summaries are ours.
+//! name them. The rule summaries are ours. Which numbers were checked against which public
+//! source, and which are not checked: docs/conformance.md ("The rule citations").
 
 use super::ctx::{Ctx, Got, Obs, Outcome, Resp, Verdict};
 use super::frames::Pkt;
@@ -2186,8 +2187,10 @@ fn t_ghost_ack(c: &mut Ctx) -> Outcome {
             0
         }
     };
+    // The message is a response the test needs: waited for up to the response wait.
     let t0 = Instant::now();
-    while c.st.peer.packets == before && t0.elapsed() < c.timeout * 2 {
+    let patience = c.wait.max(c.timeout * 2);
+    while c.st.peer.packets == before && t0.elapsed() < patience {
         let _ = c.collect(c.timeout / 10, Duration::ZERO, |_| false);
     }
     let Some(first) = c.st.peer.held.first().cloned() else {
@@ -3712,7 +3715,7 @@ pub fn catalogue() -> Vec<TestDef> {
            "the peer's retransmissions on the wire (ib_read_bw as the client)",
            need_read_requester, FRESH, t_read_response_gap),
         t!("ack.retry-exhausted", Acks, "the peer's requester stops after retry_cnt retries (ACK timeout)",
-           "IBTA Vol 1 §9.7.6.1.3, §10.7.3.1 (RETRY_EXC_ERR)",
+           "IBTA Vol 1 §9.7.6.1.3; §10.7.3.1 (an error completes even an unsignaled WR)",
            "A requester whose request stays unacknowledged retransmits it after each local ACK timeout at most retry_cnt times (7 is seven: only rnr_retry 7 means without end), then completes the WR with RETRY_EXC_ERR and moves the QP to the error state.",
            "exactly 1 + retry_cnt transmissions, then RETRY_EXC_ERR and the error state",
            "the count of its transmissions (pingpong: retry_cnt 7 from its source; ferroce: retry_cnt 7, timeout code 12), a silent probe; ferroce: the completion status and QP state",
