@@ -208,6 +208,18 @@ fn post_errors_are_synchronous() {
 /// loaded machine that delays the test thread between B's receipt and B's shutdown made A
 /// retransmit, or even give up, before the release: the test failed under load.)
 fn held_ack_leaves_at_shutdown(poll: PollMode) {
+    held_ack_leaves(poll, false)
+}
+
+/// As [`held_ack_leaves_at_shutdown`], but B destroys its QP instead of shutting down (a
+/// ping-pong whose side that received last destroys its QP before it exits: rdma-core's
+/// examples do). Before, the held ACK went with the QP and A retried its WRITE (here, with
+/// the ~69 s ACK timeout, it never completed within the test).
+fn held_ack_leaves_when_its_qp_is_destroyed(poll: PollMode) {
+    held_ack_leaves(poll, true)
+}
+
+fn held_ack_leaves(poll: PollMode, destroy_qp: bool) {
     let (la, lb) = Loopback::pair(4096, 9000).unwrap();
     let a = nic(1, la, poll);
     let mut cfg_b = DeviceConfig::new(
@@ -243,7 +255,11 @@ fn held_ack_leaves_at_shutdown(poll: PollMode) {
         Some(0),
         "B sent nothing before shutting down: its ACK is held"
     );
-    b.shutdown();
+    if destroy_qp {
+        b.destroy_qp(qb).unwrap();
+    } else {
+        b.shutdown();
+    }
     let mut wcs = Vec::new();
     while wcs.is_empty() {
         assert!(
@@ -267,6 +283,16 @@ fn held_ack_leaves_at_shutdown_engine_thread() {
 #[test]
 fn held_ack_leaves_at_shutdown_inline() {
     held_ack_leaves_at_shutdown(PollMode::Inline);
+}
+
+#[test]
+fn held_ack_leaves_when_its_qp_is_destroyed_engine_thread() {
+    held_ack_leaves_when_its_qp_is_destroyed(PollMode::Busy);
+}
+
+#[test]
+fn held_ack_leaves_when_its_qp_is_destroyed_inline() {
+    held_ack_leaves_when_its_qp_is_destroyed(PollMode::Inline);
 }
 
 /// A receive still in the doorbell when its SRQ is destroyed goes with that SRQ, never into

@@ -60,6 +60,9 @@ pub(crate) enum DeviceError {
     /// `FERROCE_POLL` names no mode.
     #[error("FERROCE_POLL={0}: expected inline, busy or adaptive")]
     BadPoll(String),
+    /// `FERROCE_ACK_DELAY_US` is not a number of microseconds up to 1,000,000.
+    #[error("FERROCE_ACK_DELAY_US={0}: expected 0 to 1000000 (microseconds)")]
+    BadAckDelay(String),
     /// The packet backend did not open.
     #[error("{backend} backend on {interface}: {source}")]
     Backend {
@@ -92,7 +95,8 @@ impl DeviceError {
             DeviceError::BadBackend(_)
             | DeviceError::AddrNotIp(_)
             | DeviceError::AddrNotOnInterface { .. }
-            | DeviceError::BadPoll(_) => libc::EINVAL,
+            | DeviceError::BadPoll(_)
+            | DeviceError::BadAckDelay(_) => libc::EINVAL,
             DeviceError::NoInterface | DeviceError::NoAddress(_) => libc::ENODEV,
             DeviceError::Interface { source, .. }
             | DeviceError::Backend { source, .. }
@@ -239,6 +243,9 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         Some("adaptive") => NicOptions::default().poll,
         Some(o) => return Err(DeviceError::BadPoll(o.to_string())),
     };
+    // FERROCE_ACK_DELAY_US: how long a responder holds a lone ACK so that it leaves with the
+    // QP's next request instead of before it (DeviceConfig::ack_delay; 0: at once).
+    cfg.ack_delay = ack_delay(std::env::var("FERROCE_ACK_DELAY_US").ok().as_deref())?;
     let opts = NicOptions { poll, batch: 64 };
     let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
         Some(p) => {
@@ -268,9 +275,45 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     Ok(s)
 }
 
+/// The default hold of a lone ACK ([`ack_delay`]): none. 20 µs (what `ferroce perf`'s
+/// latency tests use) makes a ping-pong's answer leave without a separate ACK before it
+/// (`ib_send_lat`: 2,000 SENDs each way made 1,868 ACKs each way without it, 25–48 with it;
+/// docs/cabi.md), but with it Debian's `ib_atomic_lat -R` client hung at its end on
+/// loopback, so it is opt-in (`FERROCE_ACK_DELAY_US=20`).
+pub const DEFAULT_ACK_DELAY_US: u64 = 0;
+
+/// `FERROCE_ACK_DELAY_US`: unset or empty is [`DEFAULT_ACK_DELAY_US`], 0 is no hold.
+fn ack_delay(v: Option<&str>) -> Result<Option<ferroce::time::Duration>, DeviceError> {
+    let us = match v {
+        None | Some("") => DEFAULT_ACK_DELAY_US,
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if n <= 1_000_000 => n,
+            _ => return Err(DeviceError::BadAckDelay(s.to_string())),
+        },
+    };
+    Ok((us > 0).then(|| ferroce::time::Duration::from_micros(us)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ack_delay_from_the_environment() {
+        assert!(ack_delay(Some("0")).unwrap().is_none());
+        assert_eq!(
+            ack_delay(Some("20")).unwrap(),
+            Some(ferroce::time::Duration::from_micros(20))
+        );
+        // unset and empty: the default (none)
+        assert!(ack_delay(None).unwrap().is_none());
+        assert!(ack_delay(Some("")).unwrap().is_none());
+        for bad in ["-1", "x", "1000001"] {
+            let e = ack_delay(Some(bad)).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL);
+            assert!(e.to_string().starts_with("FERROCE_ACK_DELAY_US="), "{e}");
+        }
+    }
 
     #[test]
     fn each_device_error_names_its_cause_and_maps_to_an_errno() {

@@ -466,6 +466,13 @@ impl Nic {
     /// clean a destroyed QP out of its CQs: `poll_cq` never returns a completion of a
     /// destroyed QP, not even a flush produced after its last `poll_cq`.
     pub fn destroy_qp(&self, qpn: QpNumber) -> Result<(), VerbsError> {
+        // A delayed ACK the QP holds leaves before the QP goes: the peer's last request was
+        // executed, and without its ACK the peer would retry it until its retry count runs
+        // out (a ping-pong whose side that received last destroys its QP and exits).
+        let now = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
+        if self.with_device(|d| d.release_held_ack(qpn, now)) {
+            self.settle(Duration::from_millis(50));
+        }
         let in_groups = {
             let mut dev = lock(&self.inner.dev);
             ring_doorbells(&self.inner, &mut dev);

@@ -149,6 +149,20 @@ impl Device {
         held.len()
     }
 
+    /// [`release_held_acks`](Self::release_held_acks) for QP `qpn` alone (before it is
+    /// destroyed). Whether it held one.
+    pub fn release_held_ack(&mut self, qpn: QpNumber, now: Instant) -> bool {
+        let n = qpn.get();
+        let held = self
+            .qps
+            .get_mut(&n)
+            .is_some_and(|slot| slot.qp.release_held_ack());
+        if held {
+            self.schedule(n, now);
+        }
+        held
+    }
+
     /// The next instant `handle_timeout` has work (may be early; never late).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.sched.timers.peek().map(|Reverse((t, _))| *t)
