@@ -32,6 +32,8 @@
 //!   (`target/criterion/engine_interleaved.json`). On a machine shared with other work this is
 //!   much steadier than dividing two criterion figures taken seconds apart.
 //!
+//! `FERROCE_ENGINE_RATIO=NUM/DEN` measures only that interleaved ratio (as above) and prints it.
+//!
 //! `FERROCE_ENGINE_ONLY=CASE:N` runs N messages of one case and exits (no criterion), for a
 //! profiler; instruction and cache-miss counts per packet that no other load disturbs:
 //! `FERROCE_ENGINE_ONLY=write_4k:20000 valgrind --tool=callgrind --collect-atstart=no
@@ -664,7 +666,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// alternate (ABBA order), so load from other processes on a shared machine hits both sides
 /// alike; the median of the per-round ratios is reported with its range. Criterion's
 /// sequential figures are still the per-benchmark absolute times.
-fn interleaved_ratios() {
+fn interleaved_ratios(only: Option<(&str, &str)>) {
     const ROUNDS: usize = 21;
     const PAIRS: [(&str, &str); 4] = [
         ("write_4k_10000qps", "write_4k"),
@@ -672,8 +674,12 @@ fn interleaved_ratios() {
         ("write_4k", "memcpy_4k"),
         ("send_64", "memcpy_64"),
     ];
+    let pairs = match only {
+        Some(p) => vec![p],
+        None => PAIRS.to_vec(),
+    };
     let mut json = Vec::new();
-    for (num, den) in PAIRS {
+    for (num, den) in pairs {
         let (mut a, mut b) = (Work::new(num), Work::new(den));
         let (na, nb) = (a.chunk(1e7), b.chunk(1e7));
         let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -700,6 +706,9 @@ fn interleaved_ratios() {
              \"hi\": {hi:.4}, \"num_ns\": {ma:.2}, \"den_ns\": {mb:.2}}}"
         ));
     }
+    if only.is_some() {
+        return;
+    }
     write_result(
         "engine_interleaved.json",
         &format!(
@@ -720,6 +729,13 @@ fn main() {
     // exit, without criterion: for `valgrind --tool=callgrind --collect-atstart=no
     // --toggle-collect=engine::measured_run` (instruction and cache-miss counts per packet
     // that do not depend on other load on the machine) or `perf record`.
+    // `FERROCE_ENGINE_RATIO=NUM/DEN` (e.g. `write_4k_b1_10000qps/write_4k_b1`): only that
+    // interleaved ratio, printed (no criterion, no JSON): a before/after pair in minutes.
+    if let Ok(spec) = std::env::var("FERROCE_ENGINE_RATIO") {
+        let (num, den) = spec.split_once('/').expect("FERROCE_ENGINE_RATIO=NUM/DEN");
+        interleaved_ratios(Some((num, den)));
+        return;
+    }
     if let Ok(spec) = std::env::var("FERROCE_ENGINE_ONLY") {
         let (name, n) = spec.split_once(':').unwrap_or((&spec, "100000"));
         let n: u64 = n.parse().expect("FERROCE_ENGINE_ONLY=CASE:N");
@@ -738,7 +754,7 @@ fn main() {
     let has = |f: &str| args.iter().any(|a| a == f);
     if has("--bench") && !has("--test") && !has("--list") && !has("--profile-time") {
         memory_report();
-        interleaved_ratios();
+        interleaved_ratios(None);
     }
     benches();
     Criterion::default().configure_from_args().final_summary();
