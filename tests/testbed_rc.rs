@@ -226,6 +226,16 @@ struct Bed {
 }
 
 impl Bed {
+    /// The testbed for a flow over `kind`: the raw backends' inputs dropped in the kernel
+    /// ([`RAW`]), the UDP-socket backend's not ([`SOCKETS`]).
+    fn for_backend(kind: BackendKind) -> Bed {
+        Bed::take(if kind == BackendKind::Udp {
+            SOCKETS
+        } else {
+            RAW
+        })
+    }
+
     fn take(drop: InputDrop) -> Bed {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = UP.get_or_init(bring_up) {
@@ -907,6 +917,32 @@ fn report(label: &str, p: &Pair, s: &[(&str, StreamStats)]) {
 }
 
 /// The device drop counters of a host are all zero (a clean run).
+/// The frames the device's drop counters (malformed, ICRC, unknown QP, header, address)
+/// counted since `before`.
+fn device_drops_since(d: &DeviceCounters, before: &DeviceCounters) -> u64 {
+    (d.malformed_drops - before.malformed_drops)
+        + (d.icrc_drops - before.icrc_drops)
+        + (d.unknown_qp_drops - before.unknown_qp_drops)
+        + (d.header_drops - before.header_drops)
+        + (d.address_drops - before.address_drops)
+}
+
+/// When B's backend dropped frames before its engine saw them (which ones is unknown): of the
+/// `injected` frames, those in no counter (`injected - counted`) are no more than it dropped.
+fn assert_missing_within_ring_drops(
+    injected: u64,
+    counted: u64,
+    ring_drops: u64,
+    detail: impl Fn() -> String,
+) {
+    assert!(
+        injected - counted <= ring_drops,
+        "{} injected frames in no counter, but B's backend dropped only {ring_drops}\n{}",
+        injected - counted,
+        detail()
+    );
+}
+
 fn assert_no_drops(h: &Host, who: &str) {
     let d = h.dev_counters();
     assert_eq!(
@@ -980,12 +1016,7 @@ fn check_capture(path: &Path, min_packets: u64) -> u64 {
 }
 
 fn every_operation_with_capture(kind: BackendKind) {
-    let input = if kind == BackendKind::Udp {
-        SOCKETS
-    } else {
-        RAW
-    };
-    let _bed = Bed::take(input);
+    let _bed = Bed::for_backend(kind);
     let cap = capture_path(kind);
     let _ = std::fs::remove_file(&cap);
     let p = connect(
@@ -1205,12 +1236,7 @@ fn one_percent_loss(kind: BackendKind, fast_recovery: bool) {
 }
 
 fn one_percent_loss_with(kind: BackendKind, fast_recovery: bool, selective_repeat: bool) {
-    let input = if kind == BackendKind::Udp {
-        SOCKETS
-    } else {
-        RAW
-    };
-    let _bed = Bed::take(input);
+    let _bed = Bed::for_backend(kind);
     let spec = |ns, psn| Spec {
         fast_recovery,
         selective_repeat,
@@ -1342,12 +1368,7 @@ fn one_percent_loss_udp_socket() {
 // ---- 3: duplication and reordering from the fault injector -------------------------------------
 
 fn duplicates_and_reordering(kind: BackendKind) {
-    let input = if kind == BackendKind::Udp {
-        SOCKETS
-    } else {
-        RAW
-    };
-    let _bed = Bed::take(input);
+    let _bed = Bed::for_backend(kind);
     // Both receive sides impaired: B sees duplicated/reordered requests, A duplicated and
     // reordered ACKs and READ/atomic responses. A few frames are corrupted too (one bit the
     // ICRC covers), which the receiver must count and drop.
@@ -1714,12 +1735,7 @@ fn inject(b_qp: QpNumber, b_addr: u64, b_rkey: ferroce::wire::RKey, stop: &Atomi
 }
 
 fn garbage_during_transfer(kind: BackendKind) {
-    let input = if kind == BackendKind::Udp {
-        SOCKETS
-    } else {
-        RAW
-    };
-    let _bed = Bed::take(input);
+    let _bed = Bed::for_backend(kind);
     let p = connect(plain(NS_A, kind, PSN_A), plain(NS_B, kind, PSN_B));
     let before = p.b.dev_counters();
     let io_before = p.b.io();
@@ -1764,11 +1780,7 @@ fn garbage_during_transfer(kind: BackendKind) {
     let t0 = Instant::now();
     let got = loop {
         let d = p.b.dev_counters();
-        let seen = (d.malformed_drops - before.malformed_drops)
-            + (d.icrc_drops - before.icrc_drops)
-            + (d.unknown_qp_drops - before.unknown_qp_drops)
-            + (d.header_drops - before.header_drops)
-            + (d.address_drops - before.address_drops);
+        let seen = device_drops_since(&d, &before);
         if seen >= want_malformed + n.bad_icrc + n.random_parseable + n.unknown_qp
             || t0.elapsed() > Duration::from_secs(5)
         {
@@ -1838,12 +1850,7 @@ fn garbage_during_transfer(kind: BackendKind) {
         }
         let counted = malformed + icrc_drops + unknown + header + address;
         let want = want_malformed + want_icrc + n.unknown_qp;
-        assert!(
-            want - counted <= ring_drops,
-            "{} injected frames missing from the drop counters, but the backend dropped only \
-             {ring_drops}: {got:?}",
-            want - counted
-        );
+        assert_missing_within_ring_drops(want, counted, ring_drops, || format!("{got:?}"));
     }
     assert!(st.messages >= 200);
     assert_no_drops(&p.a, "A");
@@ -2140,12 +2147,7 @@ fn hostile_peer(kind: BackendKind) {
     const RSS_SLACK: u64 = 16 << 10;
     const PHASE_WRITES: u64 = 48;
     const PAIRS: usize = 3;
-    let input = if kind == BackendKind::Udp {
-        SOCKETS
-    } else {
-        RAW
-    };
-    let _bed = Bed::take(input);
+    let _bed = Bed::for_backend(kind);
     let p = connect(plain(NS_A, kind, PSN_A), plain(NS_B, kind, PSN_B));
     // B's UD QP (own PD and CQ), never given a receive.
     let ud_pd = p.b.nic.alloc_pd().unwrap();
@@ -2223,11 +2225,7 @@ fn hostile_peer(kind: BackendKind) {
         let d = p.b.dev_counters();
         let qb = p.b.qp_counters();
         let ud = p.b.nic.qp_counters(ud_qp).unwrap();
-        let seen = (d.malformed_drops - before.malformed_drops)
-            + (d.icrc_drops - before.icrc_drops)
-            + (d.unknown_qp_drops - before.unknown_qp_drops)
-            + (d.header_drops - before.header_drops)
-            + (d.address_drops - before.address_drops)
+        let seen = device_drops_since(&d, &before)
             + (qb.duplicates - qb_before.duplicates)
             + (qb.ghost_acks - qb_before.ghost_acks)
             + (ud.qkey_drops - ud_before.qkey_drops)
@@ -2341,12 +2339,7 @@ fn hostile_peer(kind: BackendKind) {
             );
             counted += have;
         }
-        assert!(
-            want_total - counted <= ring_drops,
-            "{} hostile frames in no counter, but B's ring dropped only {ring_drops}\n{}",
-            want_total - counted,
-            p.dump()
-        );
+        assert_missing_within_ring_drops(want_total, counted, ring_drops, || p.dump());
     }
     assert!(n.rounds > 0 && n.frames() > 0, "the flood sent nothing");
     assert!(

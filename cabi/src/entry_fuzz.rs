@@ -307,13 +307,7 @@ fn setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
                 send_cq: some_cq(env, m, k),
                 recv_cq: some_cq(env, m, k.rotate_left(3)),
                 srq,
-                cap: ibv_qp_cap {
-                    max_send_wr: inp.pick_u32(16),
-                    max_recv_wr: inp.pick_u32(16),
-                    max_send_sge: inp.pick_u32(4),
-                    max_recv_sge: inp.pick_u32(4),
-                    max_inline_data: inp.pick_u32(64),
-                },
+                cap: qp_cap(inp),
                 qp_type: ty,
                 sq_sig_all: if inp.u8() % 4 == 0 { inp.int() } else { 1 },
             }
@@ -704,6 +698,17 @@ fn post_recv(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp, srq:
     drop(lists);
 }
 
+/// QP capabilities from the input (mostly sane, any field wild).
+fn qp_cap(inp: &mut Input) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: inp.pick_u32(16),
+        max_recv_wr: inp.pick_u32(16),
+        max_send_sge: inp.pick_u32(4),
+        max_recv_sge: inp.pick_u32(4),
+        max_inline_data: inp.pick_u32(64),
+    }
+}
+
 /// An attribute struct with any field, mostly sane values.
 fn qp_attr(env: &Env, m: &Made, inp: &mut Input) -> ibv_qp_attr {
     let mut a = zero_attr();
@@ -725,13 +730,7 @@ fn qp_attr(env: &Env, m: &Made, inp: &mut Input) -> ibv_qp_attr {
         _ => inp.u32(),
     };
     a.qp_access_flags = u32::from(inp.u8()) | if inp.u8() % 8 == 0 { inp.u32() } else { 0 };
-    a.cap = ibv_qp_cap {
-        max_send_wr: inp.pick_u32(16),
-        max_recv_wr: inp.pick_u32(16),
-        max_send_sge: inp.pick_u32(4),
-        max_recv_sge: inp.pick_u32(4),
-        max_inline_data: inp.pick_u32(64),
-    };
+    a.cap = qp_cap(inp);
     a.ah_attr.is_global = inp.u8() % 3;
     a.ah_attr.port_num = inp.u8() % 3;
     a.ah_attr.grh.dgid = env.gid;

@@ -1836,23 +1836,28 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 
 // ---- multicast ----------------------------------------------------------------------------------
 
-/// The IP multicast address of a multicast GID (RoCE v2: an IPv4 group as its IPv4-mapped
-/// GID, an IPv6 group as itself), and the QP's number.
+/// Attach or detach (`op`) the QP to the multicast group of GID `gid`: RoCE v2 names an IPv4
+/// group by its IPv4-mapped GID, an IPv6 group by itself. 0 or an errno (EINVAL for a NULL
+/// argument).
 ///
 /// # Safety
-/// `qp` is a QP this library made, `gid` NULL or a readable `union ibv_gid`.
-unsafe fn mcast_args<'a>(
+/// `qp` is NULL or a QP this library made, `gid` NULL or a readable `union ibv_gid`.
+unsafe fn mcast(
     qp: *mut ibv_qp,
     gid: *const ibv_gid,
-) -> Option<(&'a Shared, QpNumber, std::net::IpAddr)> {
+    op: fn(&ferroce::runtime::Nic, QpNumber, std::net::IpAddr) -> Result<(), VerbsError>,
+) -> c_int {
     if qp.is_null() || gid.is_null() {
-        return None;
+        return EINVAL;
     }
     // SAFETY: the caller's promise (a QP from ibv_create_qp, a readable GID).
     let (w, raw) = unsafe { (&*(qp as *mut QpW), (*gid).raw) };
     // SAFETY: as above; its context is the one set at creation.
-    let s: &'a Shared = unsafe { sh(w.c.context) };
-    Some((s, w.qpn, ferroce::verbs::ip_of_gid(raw)))
+    let s = unsafe { sh(w.c.context) };
+    match op(&s.nic, w.qpn, ferroce::verbs::ip_of_gid(raw)) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
 }
 
 /// `ibv_attach_mcast`: the UD QP receives what is sent to the multicast group `gid` (RoCE
@@ -1863,14 +1868,8 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    // SAFETY: libibverbs' contract (see mcast_args).
-    let Some((s, qpn, group)) = (unsafe { mcast_args(qp, gid) }) else {
-        return EINVAL;
-    };
-    match s.nic.attach_mcast(qpn, group) {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    // SAFETY: libibverbs' contract (see mcast).
+    unsafe { mcast(qp, gid, ferroce::runtime::Nic::attach_mcast) }
 }
 
 /// `ibv_detach_mcast`: undo `ibv_attach_mcast`.
@@ -1880,14 +1879,8 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    // SAFETY: libibverbs' contract (see mcast_args).
-    let Some((s, qpn, group)) = (unsafe { mcast_args(qp, gid) }) else {
-        return EINVAL;
-    };
-    match s.nic.detach_mcast(qpn, group) {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
-    }
+    // SAFETY: libibverbs' contract (see mcast).
+    unsafe { mcast(qp, gid, ferroce::runtime::Nic::detach_mcast) }
 }
 
 // ---- asynchronous events ------------------------------------------------------------------------
