@@ -96,16 +96,10 @@ impl Scheduler {
             framer,
         }
     }
-}
 
-impl Device {
-    /// Put the QP on the transmit list if it has something to send at `now`, and (re)arm its
-    /// timer.
-    pub(super) fn schedule(&mut self, qpn: u32, now: Instant) {
-        let Some(slot) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        let s = &mut self.sched;
+    /// [`Device::schedule`] for a QP whose slot the caller already holds (no second lookup).
+    fn schedule_slot(&mut self, slot: &mut Slot, qpn: u32, now: Instant) {
+        let s = self;
         if !slot.touched {
             slot.touched = true;
             s.touched.push(qpn);
@@ -120,6 +114,17 @@ impl Device {
                 s.timers.push(Reverse((t, qpn)));
             }
         }
+    }
+}
+
+impl Device {
+    /// Put the QP on the transmit list if it has something to send at `now`, and (re)arm its
+    /// timer.
+    pub(super) fn schedule(&mut self, qpn: u32, now: Instant) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        self.sched.schedule_slot(slot, qpn, now);
     }
 
     /// Visit every QP touched since the last call: its state and how many send and receive
@@ -374,10 +379,10 @@ impl Device {
             slot.qp
                 .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
         }
+        self.sched.schedule_slot(slot, qpn, now);
         if let Some(mac) = rx.learned {
             self.learn_neighbour(rx.src, mac);
         }
-        self.schedule(qpn, now);
     }
 
     /// A packet sent to a multicast group: a copy to every UD QP attached to the group
@@ -498,7 +503,7 @@ impl Device {
                 }
                 _ => None,
             };
-            self.schedule(qpn, now);
+            self.sched.schedule_slot(slot, qpn, now);
             if let Some(n) = out {
                 self.counters.tx_frames += 1;
                 return Ok(Some(n));
