@@ -146,8 +146,8 @@ expect_seen_by_tcpdump() {
 }
 
 ns_present() { [[ -e "/run/netns/${PREFIX}$1" ]]; }
-all_ns_present() { ns_present a && ns_present r && ns_present b; }
-no_ns_present() { ! ns_present a && ! ns_present r && ! ns_present b; }
+all_ns_present() { ns_present a && ns_present r && ns_present b && ns_present x; }
+no_ns_present() { ! ns_present a && ! ns_present r && ! ns_present b && ! ns_present x; }
 
 # value_gt0 LINE KEY: KEY=number in LINE and number > 0.
 value_gt0() {
@@ -167,13 +167,14 @@ fi
 
 TB down >/dev/null 2>&1 || true
 check "testbed up" TB up
-check "namespaces ${PREFIX}a ${PREFIX}r ${PREFIX}b exist" all_ns_present
+check "namespaces ${PREFIX}a ${PREFIX}r ${PREFIX}b ${PREFIX}x exist" all_ns_present
 check_rc "second 'up' refuses (exit 1)" 1 TB up
 
 check "ping A->R IPv4 ttl=64 (direct)" ping_ttl a "$R4" 64
 check "ping A->B IPv4 ttl=63 (routed via R)" ping_ttl a "$B4" 63
 check "ping A->B IPv6 hop limit 63 (routed via R)" ping_ttl a "$B6" 63
 check "ping B->A IPv4 ttl=63" ping_ttl b "$A4" 63
+check "ping X->B IPv4 ttl=63 (X routed via R, off the A-B path)" ping_ttl x "$B4" 63
 
 check "UDP 4791 A->B IPv4 delivered (no loss rule)" expect_all "$B4"
 check "loss 100" TB loss 100
