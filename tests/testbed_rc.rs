@@ -2519,7 +2519,7 @@ fn flood_rate() -> u64 {
 
 /// Frames dropped so far on the way from X to B's backend that the hosts' counters would
 /// not see: R's `rx` receive drops, R's `rb` transmit drops (the veth to B), B's `eth0`
-/// receive drops.
+/// receive drops, B's kernel UDP receive errors.
 fn path_drops() -> u64 {
     let stat = |host: &str, dev: &str, dir: &str| -> u64 {
         let ns = format!("{PREFIX}{host}");
@@ -2533,7 +2533,28 @@ fn path_drops() -> u64 {
             .parse()
             .unwrap_or_else(|_| panic!("{ns} {path}: {out:?}"))
     };
-    stat("r", "rx", "rx") + stat("r", "rb", "tx") + stat("b", "eth0", "rx")
+    // B's kernel UDP receive errors (socket buffer overruns: the UDP-socket backend's losses,
+    // which its own counters cannot see; the raw backends' frames never reach UDP).
+    let snmp = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &format!("{PREFIX}b"),
+            "cat",
+            "/proc/net/snmp",
+        ])
+        .output()
+        .expect("ip netns exec");
+    let snmp = String::from_utf8_lossy(&snmp.stdout).into_owned();
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().unwrap_or(""), udp.next().unwrap_or(""));
+    let udp_in_errors: u64 = names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(k, _)| *k == "InErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("Udp InErrors in B's /proc/net/snmp: {snmp}"));
+    stat("r", "rx", "rx") + stat("r", "rb", "tx") + stat("b", "eth0", "rx") + udp_in_errors
 }
 
 // ---- 8: soak ---------------------------------------------------------------------------------
