@@ -199,24 +199,38 @@ impl GroupMemberships {
             IpAddr::V6(a) => a.to_ipv4_mapped().map_or(group, IpAddr::V4),
             v4 => v4,
         };
-        let at = self.groups.iter().position(|(g, _)| *g == group);
-        if !join {
-            if let Some(i) = at {
-                self.groups.remove(i);
+        let ifindex = self.ifindex;
+        update_groups(&mut self.groups, group, join, || {
+            if !group.is_multicast() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{group} is not an IP multicast group"),
+                ));
             }
-            return Ok(());
-        }
-        if at.is_some() {
-            return Ok(());
-        }
-        if !group.is_multicast() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{group} is not an IP multicast group"),
-            ));
-        }
-        let sock = sys::udp::group_member(group, self.ifindex)?;
-        self.groups.push((group, sock));
-        Ok(())
+            sys::udp::group_member(group, ifindex)
+        })
     }
+}
+
+/// The join/leave bookkeeping of a device's per-group sockets: leaving drops the group's
+/// socket (closing it leaves the group), joining a group already joined does nothing, and a
+/// new group gets the socket `open` makes (its error, if any, is the join's).
+pub(crate) fn update_groups<S>(
+    groups: &mut Vec<(IpAddr, S)>,
+    group: IpAddr,
+    join: bool,
+    open: impl FnOnce() -> io::Result<S>,
+) -> io::Result<()> {
+    let at = groups.iter().position(|(g, _)| *g == group);
+    match (join, at) {
+        (false, Some(i)) => {
+            groups.remove(i);
+        }
+        (true, None) => {
+            let sock = open()?;
+            groups.push((group, sock));
+        }
+        (false, None) | (true, Some(_)) => {}
+    }
+    Ok(())
 }

@@ -1129,45 +1129,36 @@ impl PacketDevice for UdpDevice {
     /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
     /// datagram at its next wake-up.)
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
-        let at = self.groups.iter().position(|(g, _)| *g == group);
-        if !join {
-            if let Some(i) = at {
-                // Closing the socket leaves the group.
-                self.groups.remove(i);
+        let (v6, port, local) = (self.v6, self.port, self.local);
+        super::update_groups(&mut self.groups, group, join, || {
+            if !group.is_multicast() || group.is_ipv6() != v6 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{group} is not a multicast group of the bound address's family"),
+                ));
             }
-            return Ok(());
-        }
-        if at.is_some() {
-            return Ok(());
-        }
-        if !group.is_multicast() || group.is_ipv6() != self.v6 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{group} is not a multicast group of the bound address's family"),
-            ));
-        }
-        let sock = sysudp::bind_shared(SocketAddr::new(group, self.port))?;
-        let fd = sock.as_fd();
-        match (group, self.local) {
-            (IpAddr::V4(g), IpAddr::V4(l)) => {
-                let ip = libc::IPPROTO_IP;
-                set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
-                set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
-                set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
-                sock.join_multicast_v4(&g, &l)?;
+            let sock = sysudp::bind_shared(SocketAddr::new(group, port))?;
+            let fd = sock.as_fd();
+            match (group, local) {
+                (IpAddr::V4(g), IpAddr::V4(l)) => {
+                    let ip = libc::IPPROTO_IP;
+                    set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
+                    set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
+                    set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
+                    sock.join_multicast_v4(&g, &l)?;
+                }
+                (IpAddr::V6(g), _) => {
+                    let ip6 = libc::IPPROTO_IPV6;
+                    set_int(fd, ip6, sysudp::IPV6_RECVPKTINFO, 1)?;
+                    set_int(fd, ip6, sysudp::IPV6_RECVTCLASS, 1)?;
+                    set_int(fd, ip6, sysudp::IPV6_RECVHOPLIMIT, 1)?;
+                    sock.join_multicast_v6(&g, 0)?;
+                }
+                _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
             }
-            (IpAddr::V6(g), _) => {
-                let ip6 = libc::IPPROTO_IPV6;
-                set_int(fd, ip6, sysudp::IPV6_RECVPKTINFO, 1)?;
-                set_int(fd, ip6, sysudp::IPV6_RECVTCLASS, 1)?;
-                set_int(fd, ip6, sysudp::IPV6_RECVHOPLIMIT, 1)?;
-                sock.join_multicast_v6(&g, 0)?;
-            }
-            _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
-        }
-        tracing::info!(%group, port = self.port, "UDP device joined a multicast group");
-        self.groups.push((group, sock));
-        Ok(())
+            tracing::info!(%group, port, "UDP device joined a multicast group");
+            Ok(sock)
+        })
     }
 
     fn frame_capacity(&self) -> usize {
