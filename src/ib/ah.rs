@@ -96,9 +96,7 @@ pub fn ah_attr_from_wc(
                 return Err(AhFromWcError::Multicast);
             }
             // An IPv4-mapped address in an IPv6 header is still that IPv4 address's GID.
-            let norm = |a: std::net::Ipv6Addr| -> IpAddr {
-                a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
-            };
+            let norm = |a: std::net::Ipv6Addr| IpAddr::V6(a).to_canonical();
             (norm(src), norm(dst), hop_limit, tclass)
         }
     };

@@ -195,10 +195,7 @@ impl GroupMemberships {
 
     /// [`PacketDevice::join_group`] for a raw device on this interface.
     pub(crate) fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
-        let group = match group {
-            IpAddr::V6(a) => a.to_ipv4_mapped().map_or(group, IpAddr::V4),
-            v4 => v4,
-        };
+        let group = group.to_canonical();
         let ifindex = self.ifindex;
         update_groups(&mut self.groups, group, join, || {
             if !group.is_multicast() {

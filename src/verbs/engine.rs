@@ -419,7 +419,7 @@ impl Device {
             let mut ctx = ctx!(self, now);
             slot.qp
                 .handle_packet(&mut ctx, rx.ecn, r, payload, rx.ip_hdr);
-            self.schedule(qpn, now);
+            self.sched.schedule_slot(slot, qpn, now);
         }
         if let Some(v) = self.mcast.get_mut(&rx.dst) {
             *v = qpns;

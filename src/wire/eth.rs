@@ -30,13 +30,7 @@ impl MacAddr {
     /// group's low 23 bits (RFC 1112 6.4), IPv6 33:33 and its low 32 bits (RFC 2464 7). `None`
     /// for an address that is not multicast (an IPv4-mapped IPv6 address counts as IPv4).
     pub fn for_ip_multicast(ip: core::net::IpAddr) -> Option<MacAddr> {
-        let ip = match ip {
-            core::net::IpAddr::V6(a) => a
-                .to_ipv4_mapped()
-                .map_or(core::net::IpAddr::V6(a), core::net::IpAddr::V4),
-            v4 => v4,
-        };
-        match ip {
+        match ip.to_canonical() {
             core::net::IpAddr::V4(a) if a.is_multicast() => {
                 let o = a.octets();
                 Some(MacAddr([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]))
