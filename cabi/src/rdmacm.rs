@@ -147,23 +147,19 @@ fn flush() {
     }
 }
 
-/// At exit, what the kernel does when a process closes its RDMA-CM descriptor: every
-/// connection still up is disconnected (DREQ), so that peers see DISCONNECTED instead of
-/// waiting for their DREQ's retries to run out.
+/// At exit, what the kernel does when a process closes its RDMA-CM descriptor (ucma's close
+/// destroys every id; the kernel's CM outlives the process): every connection still up is
+/// disconnected (DREQ), a DREQ that came and was not answered yet gets its DREP, a request not
+/// accepted its REJ, and the process ends only once those MADs have left (bounded), so that
+/// peers see DISCONNECTED instead of waiting for their DREQ's retries to run out. Before,
+/// only connections in `Connect` were disconnected: a server whose peer's DREQ had come
+/// (perftest's, exiting without `rdma_disconnect` on that id) left the client retrying its
+/// DREQ for over a minute.
 extern "C" fn disconnect_at_exit() {
-    let live: Vec<usize> = ids(|m| m.values().copied().collect());
-    let mut any = false;
-    for p in live {
-        // SAFETY: live C ids (in the map); nothing else runs this at exit.
-        let w = unsafe { &*(p as *const IdW) };
-        if let Some(c) = w.id.as_ref() {
-            if c.state() == Some(ferroce::runtime::cm::IdState::Connect) {
-                any |= c.disconnect().is_ok();
-            }
+    if let Some(Ok(c)) = CM.get() {
+        if !c.svc.close_all(Duration::from_millis(100)) && trace() {
+            eprintln!("ferroce librdmacm: at exit, QP1 did not finish sending within 100 ms");
         }
-    }
-    if any {
-        flush();
     }
 }
 

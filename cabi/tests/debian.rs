@@ -833,6 +833,64 @@ fn rdma_migrate_id_in_a_c_program_both_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A process's RDMA-CM connections are cleaned up at its exit as the kernel's ucma does at
+/// close (examples/c/cm_exit.c): the server returns from main with one connection whose DREQ
+/// came unanswered and one still established (or, `-x`, right after its own `rdma_disconnect`
+/// of A while the client's DREQ for B is on its way). The client must see both DISCONNECTED
+/// and its capture must hold exactly one DREQ of its own: its DREQ was answered (DREP) or
+/// crossed by the server's, never retried. Before, the server's library disconnected only
+/// established ids at exit: the client retried its DREQ until the harness killed it (10 of
+/// 10 pairs in each mode), as perftest's `-R` clients did about one run in two.
+#[test]
+fn rdma_cm_connections_are_cleaned_up_at_exit() {
+    let t = "rdma_cm_connections_are_cleaned_up_at_exit";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "cm_exit",
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
+        return;
+    };
+    let pcap = dir.join("client.pcap");
+    for round in 0..10 {
+        let mode = if round % 2 == 0 { "" } else { " -x" };
+        let _ = std::fs::remove_file(&pcap);
+        let (s, c, status) = pair_when(
+            Ready::CmListen,
+            &format!("{} -s{mode}", exe.display()),
+            &format!("env FERROCE_PCAP={} {} -c", pcap.display(), exe.display()),
+        );
+        let all = format!("{t} round {round}{mode}\n--- server\n{s}\n--- client\n{c}\n{status}");
+        assert_eq!(status, "server=0 client=0", "{all}");
+        for want in [
+            "client: DISCONNECTED on A",
+            "client: DISCONNECTED on B",
+            "ok",
+        ] {
+            assert!(c.contains(want), "client: no {want:?}\n{all}");
+        }
+        let out = std::process::Command::new(ferroce_bin())
+            .arg("inspect")
+            .arg(&pcap)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let dreqs = text
+            .lines()
+            .filter(|l| {
+                l.contains("127.0.0.2.") && l.contains(" > 127.0.0.1.") && l.contains("cm[DREQ")
+            })
+            .count();
+        assert_eq!(
+            dreqs, 1,
+            "the client's DREQs (1: answered, no retry)\n{all}\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// UD multicast over librdmacm: Debian's `mckey` receiver and sender, both on this library.
 /// Each joins 239.1.1.1 (`rdma_join_multicast`: the QP attached to the group's GID, the UDP
 /// backend's socket for the group with `IP_ADD_MEMBERSHIP`, MULTICAST_JOIN with the group's

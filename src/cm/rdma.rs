@@ -442,6 +442,13 @@ impl RdmaCm {
         self.ids.len()
     }
 
+    /// Every id, in creation order.
+    pub fn ids(&self) -> Vec<RdmaId> {
+        let mut v: Vec<RdmaId> = self.ids.keys().map(|&i| RdmaId(i)).collect();
+        v.sort_by_key(|i| i.0);
+        v
+    }
+
     // ---- the sans-IO interface ----------------------------------------------------------
 
     /// A MAD received on QP1.

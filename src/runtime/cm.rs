@@ -413,6 +413,46 @@ impl CmService {
         }
     }
 
+    /// What the kernel's RDMA-CM does when a process closes its descriptor (ucma's close; the
+    /// kernel's CM outlives the process, this one does not): the MADs QP1 has received are
+    /// handled first (a DREQ that came is answered, not crossed by one of ours), then every id
+    /// is destroyed as [`CmId::destroy`] would, without touching its QP: an established
+    /// connection sends DREQ, a connection whose DREQ came answers it with DREP, a request
+    /// not accepted is rejected. Returns once QP1 has sent everything (its sends completed:
+    /// the MADs are on the wire), true, or after `timeout`, false. The ids stop working
+    /// (`NoSuchId`); QP1 keeps answering (a late DREQ gets its DREP) until the service stops.
+    pub fn close_all(&self, timeout: Duration) -> bool {
+        let sh = &self.shared;
+        let deadline = std::time::Instant::now() + timeout;
+        let cq = lock(&sh.st).qp1.cq;
+        let mut wcs = Vec::with_capacity(64);
+        sh.drain_qp1(cq, &mut wcs);
+        {
+            let mut st = lock(&sh.st);
+            let now = sh.now();
+            for id in st.cm.ids() {
+                let _ = st.cm.destroy_id(now, id);
+            }
+            st.pump(sh, now);
+        }
+        loop {
+            sh.drain_qp1(cq, &mut wcs);
+            {
+                let st = lock(&sh.st);
+                if st.qp1.backlog.is_empty() && st.qp1.free_send.len() == SEND_SLOTS {
+                    return true;
+                }
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let _ = sh
+                .nic
+                .wait_cq(cq, (deadline - now).min(Duration::from_millis(1)));
+        }
+    }
+
     /// Stop the driver thread (also on drop). Ids stop working; their QPs stay.
     pub fn shutdown(mut self) {
         self.stop();
@@ -489,6 +529,24 @@ fn driver(sh: &Arc<Shared>) {
 impl Shared {
     fn now(&self) -> Instant {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Handle what QP1's completion queue holds now (as the driver thread does) and send
+    /// what that produced.
+    fn drain_qp1(self: &Arc<Self>, cq: Cq, wcs: &mut Vec<WorkCompletion>) {
+        loop {
+            wcs.clear();
+            let _ = self.nic.poll_cq(cq, wcs, 64);
+            let mut st = lock(&self.st);
+            let now = self.now();
+            for wc in wcs.iter() {
+                st.on_completion(self, now, wc);
+            }
+            st.pump(self, now);
+            if wcs.is_empty() {
+                return;
+            }
+        }
     }
 
     fn path_mtu(&self) -> PathMtu {
