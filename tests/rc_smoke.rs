@@ -1006,6 +1006,64 @@ fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
     assert_eq!(wcs[0].status, WcStatus::Success);
 }
 
+/// Issue 17, isolation: the device drops a frame meant for none of its QPs before computing
+/// its ICRC, so a frame with a bad ICRC *and* a wrong P_Key, unknown QPN or foreign source
+/// is counted at that check (`header_drops`, `unknown_qp_drops`, `address_drops`); only a
+/// frame that passes every device check pays for the CRC and is counted in `icrc_drops`.
+/// Before, every one of them was an ICRC drop (the CRC ran first). Nothing is delivered or
+/// answered; the intact frame then is.
+#[test]
+fn the_device_checks_run_before_the_icrc_and_count_first_failure() {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    post_recv(&mut b, &mb, 7);
+    let t0 = Instant::from_nanos(1_000_000);
+    post_send(&mut a, &ma, 1);
+    let frames = take_frames(&mut a, t0);
+    assert_eq!(frames.len(), 1);
+    let good = frames[0].clone();
+    let o = ferroce::wire::packet::decode_frame(&good).unwrap().offsets;
+    // Each forgery changes bytes the ICRC covers and keeps the old ICRC: all have a bad one.
+    let forged = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = good.clone();
+        f(&mut v);
+        v
+    };
+    let bad_icrc = forged(&|v| v[o.icrc] ^= 0x5a);
+    let bad_pkey = forged(&|v| v[o.bth + 2..o.bth + 4].copy_from_slice(&[0x12, 0x34]));
+    let unknown_qp = forged(&|v| v[o.bth + 7] ^= 0x40);
+    // A's address one up: an IPv4 source that is not the QP's peer (header checksum left
+    // stale: routers fix it, the device does not check it).
+    let stranger = forged(&|v| v[o.ip + 15] ^= 0x80);
+    let dev = |b: &Side| b.dev.counters().0;
+    let c0 = dev(&b);
+    for f in [&bad_icrc, &bad_pkey, &unknown_qp, &stranger] {
+        b.dev.handle_frame(t0, f);
+    }
+    let c1 = dev(&b);
+    assert_eq!(
+        (
+            c1.icrc_drops - c0.icrc_drops,
+            c1.header_drops - c0.header_drops,
+            c1.unknown_qp_drops - c0.unknown_qp_drops,
+            c1.address_drops - c0.address_drops,
+        ),
+        (1, 1, 1, 1),
+        "icrc, header, unknown QP, address drops"
+    );
+    assert!(poll(&mut b).is_empty(), "B delivered a forged frame");
+    assert!(
+        take_frames(&mut b, t0).is_empty(),
+        "B answered a forged frame"
+    );
+    b.dev.handle_frame(t0, &good);
+    let wcs = poll(&mut b);
+    assert_eq!(wcs.len(), 1, "the intact SEND is delivered");
+    assert_eq!(wcs[0].status, WcStatus::Success);
+}
+
 /// Issue 17, finding 7: a full response queue applies back-pressure. Here duplicates of an
 /// ATOMIC (each answered from the saved result, IBTA 9.7.5.1.1) fill B's response queue while
 /// B has not transmitted; then A's SEND arrives. Before the fix B executed it (a receive

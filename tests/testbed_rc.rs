@@ -1913,6 +1913,18 @@ enum Hostile {
 
 const HOSTILE_KINDS: usize = 9;
 
+/// What the backends did in one phase: A's frames sent (in GSO messages), B's frames
+/// received (inside GRO datagrams or super-frames) and dropped.
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // read through Debug
+struct PhaseIo {
+    a_tx: u64,
+    a_tx_offloaded: u64,
+    b_rx: u64,
+    b_rx_coalesced: u64,
+    b_rx_dropped: u64,
+}
+
 /// What the flood sent, by what B must do with each.
 #[derive(Debug, Default, Clone, Copy)]
 struct Flood {
@@ -2293,14 +2305,25 @@ fn hostile_peer(kind: BackendKind) {
     // frames per second over the phase.
     let mut phase = |rate: u64, n: u64| {
         let s0 = ctl.sent.load(Ordering::Acquire);
+        let (a0, b0) = (p.a.io(), p.b.io());
         let t0 = Instant::now();
         ctl.rate.store(rate, Ordering::Release);
         seed += 1;
         let st = run_stream(&p, SLOTS, seed, &mut writes(n));
         ctl.rate.store(FLOOD_OFF, Ordering::Release);
         let fps = (ctl.sent.load(Ordering::Acquire) - s0) as f64 / t0.elapsed().as_secs_f64();
+        let (a1, b1) = (p.a.io(), p.b.io());
         assert_eq!(st.messages, n);
-        (st, fps)
+        // What the backends did in the phase (GSO/GRO and drops explain the UDP backend's
+        // figures).
+        let io = PhaseIo {
+            a_tx: a1.tx_frames - a0.tx_frames,
+            a_tx_offloaded: a1.tx_offloaded - a0.tx_offloaded,
+            b_rx: b1.rx_frames - b0.rx_frames,
+            b_rx_coalesced: b1.rx_coalesced - b0.rx_coalesced,
+            b_rx_dropped: b1.rx_dropped - b0.rx_dropped,
+        };
+        (st, fps, io)
     };
     // The counters from before the first hostile frame; the resident memory after a warm-up
     // of both paths (the flooder's TX ring, B's rings and queues).
@@ -2318,13 +2341,15 @@ fn hostile_peer(kind: BackendKind) {
     // U (S U M U) x PAIRS: each flooded phase — at the stated rate (S) or as fast as X goes
     // (M) — between two undisturbed ones; the last undisturbed phase also carries everything
     // the flood sent to B before the counts are read.
-    let mut undisturbed = vec![phase(FLOOD_OFF, PHASE_WRITES).0];
+    let (st, _, io) = phase(FLOOD_OFF, PHASE_WRITES);
+    let mut undisturbed = vec![(st, io)];
     let mut flooded = Vec::new();
     for _ in 0..PAIRS {
         for rate in [stated, FLOOD_MAX] {
-            let (st, fps) = phase(rate, PHASE_WRITES);
-            flooded.push((rate, st, fps));
-            undisturbed.push(phase(FLOOD_OFF, PHASE_WRITES).0);
+            let (st, fps, io) = phase(rate, PHASE_WRITES);
+            flooded.push((rate, st, fps, io));
+            let (st, _, io) = phase(FLOOD_OFF, PHASE_WRITES);
+            undisturbed.push((st, io));
         }
     }
     ctl.quit.store(true, Ordering::Release);
@@ -2368,8 +2393,8 @@ fn hostile_peer(kind: BackendKind) {
     let ring_drops = p.b.io().rx_dropped - io_before.rx_dropped;
     let label = format!("{} hostile peer", kind.name());
     let mut by_rate: Vec<(String, Vec<f64>)> = Vec::new();
-    for (i, (r, st, fps)) in flooded.iter().enumerate() {
-        let ratio = rate(st) / ((rate(&undisturbed[i]) + rate(&undisturbed[i + 1])) / 2.0);
+    for (i, (r, st, fps, io)) in flooded.iter().enumerate() {
+        let ratio = rate(st) / ((rate(&undisturbed[i].0) + rate(&undisturbed[i + 1].0)) / 2.0);
         let what = if *r == FLOOD_MAX {
             "max".to_string()
         } else {
@@ -2378,9 +2403,14 @@ fn hostile_peer(kind: BackendKind) {
         println!(
             "{label}: undisturbed {:.0} / flooded ({what}: measured {fps:.0} frames/s) {:.0} / \
              undisturbed {:.0} Mbit/s: ratio {ratio:.3}",
-            rate(&undisturbed[i]),
+            rate(&undisturbed[i].0),
             rate(st),
-            rate(&undisturbed[i + 1])
+            rate(&undisturbed[i + 1].0)
+        );
+        println!(
+            "{label}:   backends: undisturbed {:?} / flooded {io:?} / undisturbed {:?}",
+            undisturbed[i].1,
+            undisturbed[i + 1].1
         );
         match by_rate.iter_mut().find(|(w, _)| *w == what) {
             Some((_, v)) => v.push(ratio),

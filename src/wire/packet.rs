@@ -326,19 +326,47 @@ pub struct ParsedRoce<'a> {
 
 /// Decode an IP packet carrying RoCE v2 (everything but the ICRC verdict).
 pub fn decode_ip(packet: &[u8]) -> Result<ParsedFrame<'_>> {
-    decode_at(packet, None, 0)
+    decode_at(packet, None, 0, true)
 }
 
 /// Decode an Ethernet frame carrying RoCE v2 (everything but the ICRC verdict).
 pub fn decode_frame(frame: &[u8]) -> Result<ParsedFrame<'_>> {
+    let mut p = decode_frame_unchecked(frame)?;
+    p.icrc_computed = frame_icrc(frame, &p.offsets);
+    Ok(p)
+}
+
+/// [`decode_frame`] without the ICRC pass: `icrc_computed` is left 0. For a receiver that
+/// drops what is not addressed to it before paying for the CRC; [`frame_icrc`] computes it
+/// afterwards, from the same frame and the returned offsets.
+pub fn decode_frame_unchecked(frame: &[u8]) -> Result<ParsedFrame<'_>> {
     let (eth, off) = EthernetRepr::parse(frame)?;
     match eth.ethertype {
-        eth::ETHERTYPE_IPV4 | eth::ETHERTYPE_IPV6 => decode_at(frame, Some(eth), off),
+        eth::ETHERTYPE_IPV4 | eth::ETHERTYPE_IPV6 => decode_at(frame, Some(eth), off, false),
         et => Err(Error::NotIp(et)),
     }
 }
 
-fn decode_at(buf: &[u8], eth: Option<EthernetRepr>, ip_off: usize) -> Result<ParsedFrame<'_>> {
+/// The ICRC of the frame `buf` whose layers `o` locates (as [`decode_frame_unchecked`]
+/// returned them): the value [`ParsedFrame::icrc_computed`] would hold. Offsets not from a
+/// decode of `buf` give a meaningless value, never a panic.
+pub fn frame_icrc(buf: &[u8], o: &Offsets) -> u32 {
+    match (
+        buf.get(o.ip..o.udp),
+        buf.get(o.udp..o.bth),
+        buf.get(o.bth..o.icrc),
+    ) {
+        (Some(ip), Some(udp), Some(t)) => icrc::compute(ip, udp, t),
+        _ => 0,
+    }
+}
+
+fn decode_at(
+    buf: &[u8],
+    eth: Option<EthernetRepr>,
+    ip_off: usize,
+    with_icrc: bool,
+) -> Result<ParsedFrame<'_>> {
     let ip_buf = &buf[ip_off..];
     let version = ip_buf.first().map(|b| b >> 4);
     let (ip, parsed): (IpRepr, IpParsed) = match version {
@@ -402,11 +430,13 @@ fn decode_at(buf: &[u8], eth: Option<EthernetRepr>, ip_off: usize) -> Result<Par
         },
     };
     let pr = p.repr.roce.parse_in_place(t)?;
-    p.icrc_computed = icrc::compute(
-        &buf[ip_off..udp_off],
-        &buf[udp_off..bth_off],
-        &t[..t.len() - icrc::LEN],
-    );
+    if with_icrc {
+        p.icrc_computed = icrc::compute(
+            &buf[ip_off..udp_off],
+            &buf[udp_off..bth_off],
+            &t[..t.len() - icrc::LEN],
+        );
+    }
     p.payload = &t[pr.clone()];
     p.offsets.payload = bth_off + pr.start;
     Ok(p)
