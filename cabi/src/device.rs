@@ -272,15 +272,36 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         contexts,
     });
     *g = Some(Arc::downgrade(&s));
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: atexit(3) with a function that lives as long as the process.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(release_acks_at_exit);
+    });
     Ok(s)
 }
 
-/// The default hold of a lone ACK ([`ack_delay`]): none. 20 µs (what `ferroce perf`'s
-/// latency tests use) makes a ping-pong's answer leave without a separate ACK before it
-/// (`ib_send_lat`: 2,000 SENDs each way made 1,868 ACKs each way without it, 25–48 with it;
-/// docs/cabi.md), but with it Debian's `ib_atomic_lat -R` client hung at its end on
-/// loopback, so it is opt-in (`FERROCE_ACK_DELAY_US=20`).
-pub const DEFAULT_ACK_DELAY_US: u64 = 0;
+/// At exit with the device open (perftest and most programs never close it): the ACKs the
+/// engine holds back ([`DEFAULT_ACK_DELAY_US`]) leave before the process is gone, as they would
+/// from a NIC that outlives it; otherwise a peer whose last request was answered only by a
+/// held ACK retries it until its retry count runs out. Bounded (50 ms; normally one engine
+/// round).
+extern "C" fn release_acks_at_exit() {
+    let s = SHARED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(Weak::upgrade);
+    if let Some(s) = s {
+        s.nic.release_held_acks(Duration::from_millis(50));
+    }
+}
+
+/// The default hold of a lone ACK ([`ack_delay`]): 20 µs, what `ferroce perf`'s latency tests
+/// use: a ping-pong's answer leaves without a separate ACK before it (`ib_send_lat`: 2,000
+/// SENDs each way made 1,868 ACKs each way without it, 25–48 with it; docs/cabi.md). A held
+/// ACK leaves when its QP is destroyed and at exit ([`release_acks_at_exit`]).
+/// `FERROCE_ACK_DELAY_US=0` sends every ACK at once.
+pub const DEFAULT_ACK_DELAY_US: u64 = 20;
 
 /// `FERROCE_ACK_DELAY_US`: unset or empty is [`DEFAULT_ACK_DELAY_US`], 0 is no hold.
 fn ack_delay(v: Option<&str>) -> Result<Option<ferroce::time::Duration>, DeviceError> {
@@ -305,9 +326,10 @@ mod tests {
             ack_delay(Some("20")).unwrap(),
             Some(ferroce::time::Duration::from_micros(20))
         );
-        // unset and empty: the default (none)
-        assert!(ack_delay(None).unwrap().is_none());
-        assert!(ack_delay(Some("")).unwrap().is_none());
+        // unset and empty: the default (20 µs)
+        let d = Some(ferroce::time::Duration::from_micros(DEFAULT_ACK_DELAY_US));
+        assert_eq!(ack_delay(None).unwrap(), d);
+        assert_eq!(ack_delay(Some("")).unwrap(), d);
         for bad in ["-1", "x", "1000001"] {
             let e = ack_delay(Some(bad)).unwrap_err();
             assert_eq!(e.errno(), libc::EINVAL);

@@ -30,7 +30,8 @@ fn build_c_example(
     {
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("ferroce-c-{name}-{}", std::process::id()));
+    // Per test: two tests may build the same program at once.
+    let dir = std::env::temp_dir().join(format!("ferroce-c-{t}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join(name);
     let st = std::process::Command::new("cc")
@@ -887,6 +888,45 @@ fn rdma_cm_connections_are_cleaned_up_at_exit() {
             dreqs, 1,
             "the client's DREQs (1: answered, no retry)\n{all}\n{text}"
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A delayed ACK leaves at exit (examples/c/cm_exit.c `-a`): the server returns from main
+/// right after its receive completed, QP and connection up, with the ACK for the client's
+/// SEND held back (`FERROCE_ACK_DELAY_US=1000000`: a second, so the exit always comes
+/// first). The client's send must complete with success: the library's exit handler lets
+/// held ACKs go before the process is gone, as a NIC that outlives the process would send
+/// them. Without it the client's SEND ended in a retry-exceeded error.
+#[test]
+fn a_held_ack_leaves_when_the_process_exits() {
+    let t = "a_held_ack_leaves_when_the_process_exits";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "cm_exit",
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
+        return;
+    };
+    let (s, c, status) = pair_when(
+        Ready::CmListen,
+        &format!("env FERROCE_ACK_DELAY_US=1000000 {} -s -a", exe.display()),
+        &format!("{} -c -a", exe.display()),
+    );
+    let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{status}");
+    assert_eq!(status, "server=0 client=0", "{all}");
+    assert!(
+        s.contains("exiting with the QP and the connection up"),
+        "{all}"
+    );
+    for want in [
+        "client: send completion success",
+        "client: DISCONNECTED",
+        "ok",
+    ] {
+        assert!(c.contains(want), "client: no {want:?}\n{all}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

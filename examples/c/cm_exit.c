@@ -15,6 +15,11 @@
  *   client: cm_exit -c ADDR connects A, then B, disconnects B and waits until both A and B
  *           are DISCONNECTED (B's DREQ answered or crossed by the server's, A's DREQ from
  *           the server's exit), then destroys everything.
+ *   server: cm_exit -s -a   accepts one connection, posts a receive, and returns from main
+ *           as soon as the client's SEND has completed it: the ACK for that SEND may still be
+ *           held back by the library (FERROCE_ACK_DELAY_US) and must leave at exit.
+ *   client: cm_exit -c -a ADDR  connects, sends one message and prints the status of its
+ *           send completion (success: the server's ACK came), then waits for DISCONNECTED.
  *
  * Built against the system's <rdma/rdma_cma.h> with -lrdmacm -libverbs; prints one line per
  * step and "ok" at the end (exit 0).
@@ -123,6 +128,87 @@ static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, struct addri
 	return id;
 }
 
+static int server_ack(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *l, *id = NULL;
+	struct rdma_cm_event *e;
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(7472) };
+	struct rdma_conn_param cp = { .responder_resources = 1, .initiator_depth = 1 };
+	static char buf[64];
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	int n;
+	if (!ch)
+		die("rdma_create_event_channel");
+	if (rdma_create_id(ch, &l, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_bind_addr(l, (struct sockaddr *)&sin) || rdma_listen(l, 1))
+		die("bind/listen");
+	e = get(ch);
+	if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+		die("CONNECT_REQUEST expected");
+	id = e->id;
+	rdma_ack_cm_event(e);
+	make_qp(id);
+	mr = ibv_reg_mr(id->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		die("ibv_reg_mr");
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = sizeof buf, .lkey = mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(id->qp, &wr, &bad))
+		die("ibv_post_recv");
+	if (rdma_accept(id, &cp))
+		die("rdma_accept");
+	expect(ch, id, RDMA_CM_EVENT_ESTABLISHED);
+	while ((n = ibv_poll_cq(id->recv_cq, 1, &wc)) == 0)
+		;
+	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+		fprintf(stderr, "cm_exit: server: receive %d status %d\n", n, n > 0 ? wc.status : 0);
+		exit(1);
+	}
+	printf("server: received \"%s\", exiting with the QP and the connection up\n", buf);
+	return 0;
+}
+
+static int client_ack(const char *addr)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct addrinfo hints = { .ai_family = AF_INET }, *ai;
+	static char msg[64] = "the last message";
+	struct rdma_cm_id *id;
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	int n;
+	if (!ch)
+		die("rdma_create_event_channel");
+	if (getaddrinfo(addr, "7472", &hints, &ai))
+		die("getaddrinfo");
+	id = connect_to(ch, ai);
+	mr = ibv_reg_mr(id->pd, msg, sizeof msg, 0);
+	if (!mr)
+		die("ibv_reg_mr");
+	struct ibv_sge sge = { .addr = (uintptr_t)msg, .length = sizeof msg, .lkey = mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	if (ibv_post_send(id->qp, &wr, &bad))
+		die("ibv_post_send");
+	while ((n = ibv_poll_cq(id->send_cq, 1, &wc)) == 0)
+		;
+	if (n < 0)
+		die("ibv_poll_cq");
+	printf("client: send completion %s\n", ibv_wc_status_str(wc.status));
+	expect(ch, id, RDMA_CM_EVENT_DISCONNECTED);
+	printf("client: DISCONNECTED\n");
+	rdma_destroy_qp(id);
+	ibv_dereg_mr(mr);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	freeaddrinfo(ai);
+	printf("ok\n");
+	return 0;
+}
+
 static int client(const char *addr)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -164,11 +250,16 @@ static int client(const char *addr)
 
 int main(int argc, char **argv)
 {
+	int ack = 0, at_once = 0;
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	for (int i = 2; i < argc; i++) {
+		ack |= !strcmp(argv[i], "-a");
+		at_once |= !strcmp(argv[i], "-x");
+	}
 	if (argc >= 2 && !strcmp(argv[1], "-s"))
-		return server(argc >= 3 && !strcmp(argv[2], "-x"));
+		return ack ? server_ack() : server(at_once);
 	if (argc >= 3 && !strcmp(argv[1], "-c"))
-		return client(argv[2]);
-	fprintf(stderr, "usage: cm_exit -s [-x] | cm_exit -c ADDR\n");
+		return ack ? client_ack(argv[argc - 1]) : client(argv[argc - 1]);
+	fprintf(stderr, "usage: cm_exit -s [-x | -a] | cm_exit -c [-a] ADDR\n");
 	return 2;
 }

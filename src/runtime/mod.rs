@@ -1075,6 +1075,19 @@ impl Nic {
         }
     }
 
+    /// Let every held (delayed) ACK go now and wait, at most `timeout`, until the engine has
+    /// sent them: what a process that exits with its QPs open needs (the library's exit
+    /// handler), since a peer whose last request was answered only by a held ACK would retry
+    /// it until its retry count runs out. Returns how many QPs held one.
+    pub fn release_held_acks(&self, timeout: Duration) -> usize {
+        let now = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
+        let held = self.with_device(|d| d.release_held_acks(now));
+        if held > 0 {
+            self.settle(timeout);
+        }
+        held
+    }
+
     /// Wait until the engine has taken in every frame that was waiting in the packet device
     /// when this was called: until a whole engine round that began after the call found
     /// nothing to receive. `false` if that did not happen within `timeout` (frames kept
