@@ -1923,6 +1923,37 @@ struct PhaseIo {
     b_rx: u64,
     b_rx_coalesced: u64,
     b_rx_dropped: u64,
+    /// CPU time of this process's threads in the phase (`cpu_by_thread`), and the phase's
+    /// length: the machine has 2 cores, so the engines' share is what the attacker leaves.
+    cpu_ms_engines: u64,
+    cpu_ms_attacker: u64,
+    cpu_ms_other: u64,
+    wall_ms: u64,
+}
+
+/// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's threads so far:
+/// `[engines ("ferroce-nic"), the attacker (X's thread, with the kernel's forwarding and
+/// socket work done in its context), everything else]`. Threads that ended are not counted.
+fn cpu_by_thread() -> [u64; 3] {
+    let mut t = [0u64; 3];
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return t;
+    };
+    for e in dir.flatten() {
+        let p = e.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let ns = std::fs::read_to_string(p.join("schedstat"))
+            .ok()
+            .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0u64);
+        let k = match comm.trim() {
+            "ferroce-nic" => 0,
+            NS_X => 1,
+            _ => 2,
+        };
+        t[k] += ns;
+    }
+    t
 }
 
 /// What the flood sent, by what B must do with each.
@@ -2306,6 +2337,7 @@ fn hostile_peer(kind: BackendKind) {
     let mut phase = |rate: u64, n: u64| {
         let s0 = ctl.sent.load(Ordering::Acquire);
         let (a0, b0) = (p.a.io(), p.b.io());
+        let cpu0 = cpu_by_thread();
         let t0 = Instant::now();
         ctl.rate.store(rate, Ordering::Release);
         seed += 1;
@@ -2313,6 +2345,7 @@ fn hostile_peer(kind: BackendKind) {
         ctl.rate.store(FLOOD_OFF, Ordering::Release);
         let fps = (ctl.sent.load(Ordering::Acquire) - s0) as f64 / t0.elapsed().as_secs_f64();
         let (a1, b1) = (p.a.io(), p.b.io());
+        let cpu1 = cpu_by_thread();
         assert_eq!(st.messages, n);
         // What the backends did in the phase (GSO/GRO and drops explain the UDP backend's
         // figures).
@@ -2322,6 +2355,10 @@ fn hostile_peer(kind: BackendKind) {
             b_rx: b1.rx_frames - b0.rx_frames,
             b_rx_coalesced: b1.rx_coalesced - b0.rx_coalesced,
             b_rx_dropped: b1.rx_dropped - b0.rx_dropped,
+            cpu_ms_engines: (cpu1[0] - cpu0[0]) / 1_000_000,
+            cpu_ms_attacker: (cpu1[1] - cpu0[1]) / 1_000_000,
+            cpu_ms_other: (cpu1[2] - cpu0[2]) / 1_000_000,
+            wall_ms: t0.elapsed().as_millis() as u64,
         };
         (st, fps, io)
     };
