@@ -1909,9 +1909,12 @@ enum Hostile {
     /// UD SENDs with the right Q_Key to the UD QP, which has no receive posted:
     /// `no_wqe_drops`.
     NoWqe,
+    /// CNPs from A's address to B's RC QP (a CNP flood): taken by B's reaction point
+    /// (`cnps_handled`), never answered; B sends only ACKs, which are not paced.
+    Cnp,
 }
 
-const HOSTILE_KINDS: usize = 9;
+const HOSTILE_KINDS: usize = 10;
 
 /// What the backends did in one phase: A's frames sent (in GSO messages), B's frames
 /// received (inside GRO datagrams or super-frames) and dropped.
@@ -2014,7 +2017,7 @@ fn via_x(mut f: Vec<u8>) -> Vec<u8> {
     f
 }
 
-/// The flood's frames, `POOL_ROUNDS` rounds of 13, each with its kind.
+/// The flood's frames, `POOL_ROUNDS` rounds of 14, each with its kind.
 fn flood_pool(v: Victim) -> Vec<(Hostile, Vec<u8>)> {
     use Hostile::*;
     let prot = v.addr + PROT_OFF as u64;
@@ -2042,7 +2045,7 @@ fn flood_pool(v: Victim) -> Vec<(Hostile, Vec<u8>)> {
         ..ExtRepr::default()
     };
     let junk = pattern(256, 0x17);
-    let mut pool = Vec::with_capacity(POOL_ROUNDS as usize * 13);
+    let mut pool = Vec::with_capacity(POOL_ROUNDS as usize * 14);
     let mut push = |k: Hostile, f: Vec<u8>| pool.push((k, via_x(f)));
     for round in 0..POOL_ROUNDS {
         // PSNs B's responder passed long ago (A starts at PSN_A and moves on by far less
@@ -2186,6 +2189,16 @@ fn flood_pool(v: Victim) -> Vec<(Hostile, Vec<u8>)> {
                 bth(Opcode::UD_SEND_ONLY, v.ud_qp, round),
                 ud(UD_QKEY),
                 &junk,
+            ),
+        );
+        push(
+            Cnp,
+            forged_to_b(
+                A4,
+                Ecn::NotEct,
+                BthRepr::new(Opcode::CNP, v.qp, Psn::new(0)),
+                ExtRepr::default(),
+                &[],
             ),
         );
     }
@@ -2404,7 +2417,8 @@ fn hostile_peer(kind: BackendKind) {
             + (qb.duplicates - qb_before.duplicates)
             + (qb.ghost_acks - qb_before.ghost_acks)
             + (ud.qkey_drops - ud_before.qkey_drops)
-            + (ud.no_wqe_drops - ud_before.no_wqe_drops);
+            + (ud.no_wqe_drops - ud_before.no_wqe_drops)
+            + (qb.cnps_handled - qb_before.cnps_handled);
         let lost = p.b.io().rx_dropped - io_before.rx_dropped;
         if seen + lost >= want_total || t0.elapsed() > Duration::from_secs(5) {
             break d;
@@ -2528,6 +2542,7 @@ fn hostile_peer(kind: BackendKind) {
         ("ghost_acks", get(&qb, "ghost_acks"), n.get(ForgedNak)),
         ("qkey_drops", get(&ud, "qkey_drops"), n.get(WrongQkey)),
         ("no_wqe_drops", get(&ud, "no_wqe_drops"), n.get(NoWqe)),
+        ("cnps_handled", get(&qb, "cnps_handled"), n.get(Cnp)),
     ];
     let ring_drops = ring_drops + path_lost;
     if ring_drops == 0 {
