@@ -2722,3 +2722,101 @@ fn soak_mixed_with_loss_af_packet() {
         "resident memory grew from {rss_first} to {rss_end} KiB over {rounds} rounds"
     );
 }
+
+// ---- 8: a peer that never ACKs -----------------------------------------------------------------
+
+/// A peer that never acknowledges: R drops everything B sends to A (B receives and answers,
+/// none of its answers arrive). A's two outstanding WRITEs (one packet each) are sent once;
+/// each ACK timeout resends only the oldest outstanding WQE (the requester's recovery rule),
+/// `retry_cnt` (7) times, and no more: the first completes with `RetryExcErr`, the second is
+/// flushed, A's QP is in the error state. Counted, not timed: A's timeouts, retransmissions
+/// and packets sent are exactly what the retry limit allows, B saw every copy (each one after
+/// the first a duplicate) and R dropped every one of B's answers.
+fn a_peer_that_never_acks(kind: BackendKind) {
+    const RETRY_CNT: u64 = 7; // RcParams::default
+    const WRS: u64 = 2;
+    let _bed = Bed::for_backend(kind);
+    let p = connect(plain(NS_A, kind, PSN_A), plain(NS_B, kind, PSN_B));
+    let nft = |cmd: &str| must_testbed(&["exec", "r", "nft", cmd]);
+    let _ = testbed(&["exec", "r", "nft", "delete table inet ft_silent"]);
+    nft("add table inet ft_silent");
+    nft("add chain inet ft_silent b2a { type filter hook forward priority -10 ; }");
+    nft(r#"add rule inet ft_silent b2a iifname "rb" oifname "ra" udp dport 4791 counter drop"#);
+    let (qa0, qb0) = (p.a.qp_counters(), p.b.qp_counters());
+    for id in 0..WRS {
+        let off = (id as usize) * 4096;
+        let wr = SendWr::new(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: p.b.mr.addr() + off as u64,
+                rkey: p.b.mr.rkey(),
+            },
+            sgl(&p.a.mr, off, 256),
+        );
+        p.a.nic.post_send(p.a.qp, wr).unwrap();
+    }
+    // Both completions (the retries take (RETRY_CNT + 1) ACK timeouts; HANG is a guard).
+    let t0 = Instant::now();
+    let mut wcs = Vec::new();
+    while (wcs.len() as u64) < WRS && t0.elapsed() < HANG {
+        p.a.nic.wait_cq(p.a.cq, Duration::from_millis(50)).unwrap();
+        p.a.nic.poll_cq(p.a.cq, &mut wcs, 16).unwrap();
+    }
+    let dropped = nft("list chain inet ft_silent b2a")
+        .split("packets ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse::<u64>().ok())
+        .expect("R's drop counter");
+    let _ = testbed(&["exec", "r", "nft", "delete table inet ft_silent"]);
+    let qa = qp_delta(&p.a.qp_counters(), &qa0);
+    let qb = qp_delta(&p.b.qp_counters(), &qb0);
+    let get = |v: &[(&str, u64)], k: &str| v.iter().find(|(n, _)| *n == k).unwrap().1;
+    println!(
+        "{} never-ACKing peer: A {:?}; B {:?}; R dropped {dropped} of B's packets; {wcs:?}",
+        kind.name(),
+        qa.iter().filter(|(_, v)| *v != 0).collect::<Vec<_>>(),
+        qb.iter().filter(|(_, v)| *v != 0).collect::<Vec<_>>(),
+    );
+    let status: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        status,
+        vec![(0, WcStatus::RetryExcErr), (1, WcStatus::WrFlushErr)],
+        "{}",
+        p.dump()
+    );
+    let (state, _) = p.a.nic.query_qp(p.a.qp).unwrap();
+    assert_eq!(state, QpState::Err, "A's QP after the retries ran out");
+    let sends = WRS + RETRY_CNT;
+    assert_eq!(get(&qa, "timeouts"), RETRY_CNT + 1, "A's ACK timeouts");
+    assert_eq!(get(&qa, "retransmits"), RETRY_CNT, "A's retransmissions");
+    assert_eq!(
+        get(&qa, "tx_packets"),
+        sends,
+        "A's packets: the retry limit bounds them"
+    );
+    assert_eq!(get(&qa, "rx_packets"), 0, "nothing from B reached A");
+    assert_eq!(get(&qb, "rx_packets"), sends, "B saw every copy");
+    assert_eq!(
+        get(&qb, "duplicates"),
+        RETRY_CNT,
+        "every copy after the first"
+    );
+    assert_eq!(
+        dropped,
+        get(&qb, "tx_packets"),
+        "R dropped each of B's answers"
+    );
+}
+
+#[test]
+fn a_peer_that_never_acks_af_packet() {
+    require_root!("testbed_rc", NEEDS);
+    a_peer_that_never_acks(BackendKind::Packet);
+}
+
+#[test]
+fn a_peer_that_never_acks_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
+    a_peer_that_never_acks(BackendKind::Udp);
+}
