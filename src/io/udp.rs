@@ -216,6 +216,10 @@ pub struct UdpDevice {
     v6: bool,
     rx: Vec<RecvSlot>,
     rx_info: Vec<(Option<SocketAddr>, RecvInfo)>,
+    /// The `recvmmsg` / `sendmmsg` headers, kept between calls (not zeroed for each).
+    scratch: Box<sysudp::BatchScratch>,
+    /// Where each frame of a transmit batch goes (kept between calls, cleared for each).
+    outs: Vec<Option<Out>>,
     cur: RxCursor,
     tx: Vec<Box<[u8]>>,
     capacity: usize,
@@ -324,6 +328,8 @@ impl UdpDevice {
             v6,
             rx,
             rx_info: vec![(None, RecvInfo::default()); cfg.batch],
+            scratch: sysudp::BatchScratch::new(),
+            outs: Vec::with_capacity(cfg.batch),
             cur: RxCursor::default(),
             tx,
             capacity,
@@ -883,7 +889,7 @@ impl UdpDevice {
         let items = &items[..groups.len];
         let mut sent = 0;
         while sent < items.len() {
-            match sysudp::send_batch(self.sock.as_fd(), &items[sent..]) {
+            match sysudp::send_batch(self.sock.as_fd(), &items[sent..], &mut self.scratch) {
                 Ok(j) => {
                     for it in &items[sent..sent + j] {
                         self.stats.tx_frames += it.parts.len() as u64;
@@ -1035,7 +1041,7 @@ impl PacketDevice for UdpDevice {
                     0 => self.sock.as_fd(),
                     _ => self.groups[g - 1].1.as_fd(),
                 };
-                let got = sysudp::recv_batch(fd, &mut self.rx[..want])?;
+                let got = sysudp::recv_batch(fd, &mut self.rx[..want], &mut self.scratch)?;
                 for k in 0..got {
                     let slot = &self.rx[k];
                     self.rx_info[k] = (slot.source(), sysudp::parse_control(slot.control()));
@@ -1064,24 +1070,29 @@ impl PacketDevice for UdpDevice {
         let cap = self.capacity;
         while total < max {
             let want = (max - total).min(self.tx.len());
-            let mut outs: [Option<Out>; sysudp::MAX_BATCH] = [const { None }; sysudp::MAX_BATCH];
+            // Kept between calls (an idle engine calls this every round: no array of
+            // `MAX_BATCH` entries to initialise when there is nothing to send).
+            let mut outs_v = std::mem::take(&mut self.outs);
+            outs_v.clear();
             let mut k = 0;
             while k < want {
                 let Some(len) = fill(&mut self.tx[k][..cap]) else {
                     break;
                 };
                 let frame = &self.tx[k][..len.min(cap)];
-                outs[k] = locate(frame).filter(|o| o.dst.is_ipv6() == self.v6);
-                if outs[k].is_none() {
+                let o = locate(frame).filter(|o| o.dst.is_ipv6() == self.v6);
+                if o.is_none() {
                     self.stats.tx_dropped += 1;
                 }
+                outs_v.push(o);
                 k += 1;
             }
             if k == 0 {
+                self.outs = outs_v;
                 break;
             }
             total += k;
-            let outs = &outs[..k];
+            let outs = &outs_v[..k];
             let groups = Groups::of(outs, self.gso);
             // Each frame's ICRC for the headers the kernel writes: segment i of a GSO
             // message carries IPv4 ID i (see the module docs), a single datagram ID 0.
@@ -1108,6 +1119,7 @@ impl PacketDevice for UdpDevice {
                 tracing::warn!(local = %self.local, "UDP_SEGMENT refused by the kernel; sending single datagrams");
                 self.send_singly(outs, &groups.ranges()[refused..]);
             }
+            self.outs = outs_v;
             if k < want {
                 break;
             }
