@@ -102,6 +102,49 @@ pub fn spin_budget(d: Duration) -> Duration {
     }
 }
 
+/// How often a busy-polling thread offers its CPU to the threads waiting for one
+/// (`sched_yield`, [`Spinner`]). On a machine whose cores are all busy, a thread that spins
+/// for a completion otherwise keeps its core for the whole spin (milliseconds), and whatever
+/// waits for that core — the peer process, the kernel's softirq thread, the engine thread —
+/// waits with it. `ferroce perf send-lat` 2 B between two processes on the 2-core host at
+/// load 4–7, paired runs (docs/performance.md): without yields t_typical 4–75 µs (AF_XDP) and
+/// 11–268 µs (UDP), p99 2–6 ms; with a yield every 3 µs AF_XDP 5.6–10.6 µs, UDP 15.8 µs, p99
+/// 14–350 µs; both processes SCHED_FIFO (no competitor: the yield returns at once) AF_XDP
+/// 3.5–5.3 µs against 3.9–5.7 µs, UDP 9.9–11.3 µs against 11.9 µs.
+pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(3);
+
+/// One busy-poll: [`Spinner::pause`] between two looks, a `sched_yield` every
+/// [`SPIN_YIELD_EVERY`] (a system call that returns at once when nobody else wants the CPU).
+#[derive(Debug)]
+pub struct Spinner {
+    next_yield: std::time::Instant,
+}
+
+impl Default for Spinner {
+    fn default() -> Self {
+        Spinner {
+            next_yield: std::time::Instant::now() + SPIN_YIELD_EVERY,
+        }
+    }
+}
+
+impl Spinner {
+    /// A spin that starts now (its first yield is [`SPIN_YIELD_EVERY`] away).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Between two looks at what the spin waits for.
+    pub fn pause(&mut self) {
+        std::hint::spin_loop();
+        let now = std::time::Instant::now();
+        if now >= self.next_yield {
+            std::thread::yield_now();
+            self.next_yield = now + SPIN_YIELD_EVERY;
+        }
+    }
+}
+
 /// Runtime options.
 #[derive(Clone, Copy, Debug)]
 pub struct NicOptions {
@@ -173,6 +216,10 @@ struct CqShadow {
     depth: usize,
     lock: Mutex<()>,
     cv: Condvar,
+    /// Threads sleeping (or about to) on `cv`: the engine signals it only when there is one,
+    /// since a `notify_all` is a system call even with nobody waiting (two per round trip of
+    /// a ping-pong, each tens of µs in an emulated guest).
+    waiters: AtomicUsize,
     /// Held by `poll_cq` while it takes completions, and by `destroy_qp` while it removes the
     /// destroyed QP's (the queue's order is kept: a poller never sees the queue half filtered).
     take: Mutex<()>,
@@ -184,6 +231,42 @@ struct CqShadow {
 }
 
 impl CqShadow {
+    /// Sleep on `cv` until `done()` or `deadline`; returns `done()`'s last answer. The waiter
+    /// count goes up before `done()` is first looked at, and the engine adds its completion
+    /// (or event) before it reads the count ([`CqShadow::wake`]): either the engine sees this
+    /// waiter and signals under the lock, or this thread sees the completion.
+    fn wait_until(&self, deadline: std::time::Instant, done: &dyn Fn() -> bool) -> bool {
+        let mut g = lock(&self.lock);
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let r = loop {
+            if done() {
+                break true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        r
+    }
+
+    /// Wake the threads in [`CqShadow::wait_until`], if any: call after the completion or
+    /// event they wait for is visible.
+    fn wake(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&self.lock);
+            self.cv.notify_all();
+        }
+    }
+
     fn new(depth: usize) -> Arc<CqShadow> {
         Arc::new(CqShadow {
             q: SegQueue::new(),
@@ -191,6 +274,7 @@ impl CqShadow {
             depth,
             lock: Mutex::new(()),
             cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
             take: Mutex::new(()),
             armed: AtomicU8::new(0),
             channel: Mutex::new(None),
@@ -890,6 +974,7 @@ impl Nic {
         };
         let spin = Duration::from_nanos(self.inner.wait_spin_ns.load(Ordering::Relaxed));
         let mut idle_since = std::time::Instant::now();
+        let mut spinner = Spinner::new();
         loop {
             if self.progress() > 0 {
                 idle_since = std::time::Instant::now();
@@ -904,7 +989,7 @@ impl Nic {
             // Spin briefly (the answer is usually microseconds away), then sleep in the
             // device until a frame arrives, the next timer or the deadline.
             if now.duration_since(idle_since) < spin {
-                std::hint::spin_loop();
+                spinner.pause();
                 continue;
             }
             let Ok(mut e) = m.try_lock() else {
@@ -999,18 +1084,7 @@ impl Nic {
     pub fn wait_cq_passive(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
         let c = self.cq(cq)?;
         let deadline = std::time::Instant::now() + timeout;
-        let mut g = lock(&c.lock);
-        while c.len.load(Ordering::Acquire) == 0 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            g =
-                c.cv.wait_timeout(g, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-        }
-        Ok(true)
+        Ok(c.wait_until(deadline, &|| c.len.load(Ordering::SeqCst) > 0))
     }
 
     /// `ibv_req_notify_cq`.
@@ -1044,35 +1118,17 @@ impl Nic {
     pub fn get_cq_event(&self, cq: Cq, timeout: Duration) -> Result<bool, VerbsError> {
         let c = self.cq(cq)?;
         let deadline = std::time::Instant::now() + timeout;
-        if self.inner.inline.is_some() {
-            let take = || {
-                let e = c.events.load(Ordering::Acquire);
-                e > 0
-                    && c.events
-                        .compare_exchange(e, e - 1, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-            };
-            return Ok(self.inline_wait(deadline, &take));
-        }
-        let mut g = lock(&c.lock);
-        loop {
-            let e = c.events.load(Ordering::Acquire);
-            if e > 0
+        let take = || {
+            let e = c.events.load(Ordering::SeqCst);
+            e > 0
                 && c.events
                     .compare_exchange(e, e - 1, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
-            {
-                return Ok(true);
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            g =
-                c.cv.wait_timeout(g, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+        };
+        if self.inner.inline.is_some() {
+            return Ok(self.inline_wait(deadline, &take));
         }
+        Ok(c.wait_until(deadline, &take))
     }
 
     /// Let every held (delayed) ACK go now and wait, at most `timeout`, until the engine has
@@ -1255,6 +1311,7 @@ fn snapshot(inner: &Inner, names: &Mutex<Names>, describe: &str, netns: &str) ->
 fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
     tracing::debug!(device = %pkt.describe(), "engine thread running");
     let mut idle = 0u32;
+    let mut spinner = Spinner::new();
     let mut cq_list: Vec<Cq> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
         // One clock read per round (it was two: the clock was 16-26 % of an idle engine's
@@ -1266,11 +1323,11 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
             continue;
         }
         match opts.poll {
-            PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
+            PollMode::Busy | PollMode::Inline => spinner.pause(),
             PollMode::Adaptive { spins, max_sleep } => {
                 idle += 1;
                 if idle <= spins {
-                    std::hint::spin_loop();
+                    spinner.pause();
                     continue;
                 }
                 let wait = until_timer(max_sleep, next_timer, now.as_nanos());
@@ -1541,8 +1598,7 @@ fn engine_step(
                         f();
                     }
                 }
-                let _g = lock(&c.lock);
-                c.cv.notify_all();
+                c.wake();
                 work += 1;
             }
         }
@@ -1642,8 +1698,7 @@ fn push_error(inner: &Inner, dev: &Device, qpn: QpNumber, wr_id: u64) {
         });
         c.len.fetch_add(1, Ordering::AcqRel);
         // Wake a `wait_cq` sleeper, as for any other completion.
-        let _g = lock(&c.lock);
-        c.cv.notify_all();
+        c.wake();
     }
 }
 

@@ -36,6 +36,7 @@ fn one(
 ) -> Result<Option<WorkCompletion>, PerfError> {
     let t0 = Instant::now();
     let spin = crate::runtime::spin_budget(LAT_SPIN_BEFORE_SLEEP);
+    let mut spinner = crate::runtime::Spinner::new();
     loop {
         buf.clear();
         if ep.nic.poll_cq(cq, buf, 1)? == 1 {
@@ -47,7 +48,7 @@ fn one(
         }
         if !events && t0.elapsed() < spin {
             // Busy-poll as perftest does (poll_cq drives an inline engine).
-            std::hint::spin_loop();
+            spinner.pause();
             continue;
         }
         await_cq(ep, cq, events, t0, timeout)?;
@@ -304,6 +305,7 @@ pub(super) fn run_write(
             rcnt += 1;
             let want = rcnt as u8;
             let t0 = Instant::now();
+            let mut spinner = crate::runtime::Spinner::new();
             while mr.with_bytes(|b| b.get(base + mark).copied()) != Some(want) {
                 if stop() {
                     break;
@@ -317,7 +319,7 @@ pub(super) fn run_write(
                     continue;
                 }
                 if t0.elapsed() < crate::runtime::spin_budget(SPIN_BEFORE_SLEEP) {
-                    std::hint::spin_loop();
+                    spinner.pause();
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
                 }
