@@ -171,6 +171,9 @@ pub(crate) struct Requester {
     pub max_inflight: u32,
     /// Selective repeat: the one PSN a sequence-error NAK asked for, to resend next.
     pub sr_resend: Option<Psn>,
+    /// Selective repeat: the PSN last resent alone (in flight while not before `una`). A
+    /// probe then resends it alone again instead of going back to `una` (`rc/recovery.rs`).
+    pub sr_sent: Option<Psn>,
 }
 
 /// Saved state of an executed READ or ATOMIC, for duplicates (IBTA 9.7.5.1.1).

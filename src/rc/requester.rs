@@ -192,6 +192,8 @@ impl Qp {
     /// first missing response byte.
     pub(crate) fn retry_from(&mut self, p: Psn, why: Retry) {
         tracing::debug!(qpn = %self.num, psn = %p, ?why, "requester: retry");
+        // Everything from `p` goes again: no lone resend is in flight any more.
+        self.req.sr_sent = None;
         self.rewind_to(p);
     }
 
@@ -233,6 +235,7 @@ impl Qp {
     pub(super) fn next_ready_request_packet(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
         if let Some(p) = self.req.sr_resend.take() {
             if let Some(d) = self.sr_resend_packet(ctx, p) {
+                self.req.sr_sent = Some(p);
                 return Some(d);
             }
             if !self.requester_ready() {
