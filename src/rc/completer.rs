@@ -173,8 +173,21 @@ impl Qp {
         let read_gap =
             why == Retry::Gap && self.sq.iter().any(|w| w.contains(p) && w.wqe.op.is_read());
         if self.sr && (why == Retry::SequenceNak || read_gap) {
-            // Selective repeat: the peer kept what came after p; resend p alone.
+            // Selective repeat: the peer kept what came after p; resend p alone. A NAK for
+            // the PSN right after the last lone resend means the loss was a burst (the UDP
+            // backend's GSO super-datagrams are dropped whole): resend the rest of p's WQE
+            // as one run instead of paying a NAK round trip per packet. (A READ's lone
+            // resend already asks for its whole gap.)
             self.counters.sr_resends += 1;
+            self.req.sr_run_end = None;
+            if !read_gap && self.req.sr_sent.is_some_and(|q| q.add(1) == p) {
+                self.req.sr_run_end = self
+                    .sq
+                    .iter()
+                    .find(|w| w.contains(p) && !w.wqe.op.is_read())
+                    .map(|w| w.last_psn());
+            }
+            self.req.sr_sent = Some(p);
             self.req.sr_resend = Some(p);
             self.arm_ack_timer(ctx.now);
             return;

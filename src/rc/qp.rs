@@ -171,9 +171,14 @@ pub(crate) struct Requester {
     pub max_inflight: u32,
     /// Selective repeat: the one PSN a sequence-error NAK asked for, to resend next.
     pub sr_resend: Option<Psn>,
-    /// Selective repeat: the PSN last resent alone (in flight while not before `una`). A
-    /// probe then resends it alone again instead of going back to `una` (`rc/recovery.rs`).
+    /// Selective repeat: the PSN the last sequence NAK asked for, resent alone (or as the
+    /// start of a run); in flight while not before `una`. A probe then resends it (and its
+    /// run) again instead of going back to `una` (`rc/recovery.rs`).
     pub sr_sent: Option<Psn>,
+    /// Selective repeat: a resend from `sr_sent` goes on packet by packet up to this PSN
+    /// (the NAK was for the PSN right after the previous NAK's: a burst was lost, see
+    /// `Qp::seq_retry`).
+    pub sr_run_end: Option<Psn>,
 }
 
 /// Saved state of an executed READ or ATOMIC, for duplicates (IBTA 9.7.5.1.1).

@@ -194,6 +194,7 @@ impl Qp {
         tracing::debug!(qpn = %self.num, psn = %p, ?why, "requester: retry");
         // Everything from `p` goes again: no lone resend is in flight any more.
         self.req.sr_sent = None;
+        self.req.sr_run_end = None;
         self.rewind_to(p);
     }
 
@@ -235,7 +236,9 @@ impl Qp {
     pub(super) fn next_ready_request_packet(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
         if let Some(p) = self.req.sr_resend.take() {
             if let Some(d) = self.sr_resend_packet(ctx, p) {
-                self.req.sr_sent = Some(p);
+                if self.req.sr_run_end.is_some_and(|end| p.before(end)) {
+                    self.req.sr_resend = Some(p.add(1));
+                }
                 return Some(d);
             }
             if !self.requester_ready() {
