@@ -46,6 +46,24 @@ fn build_c_example(
     Some((dir, exe))
 }
 
+/// [`build_c_example`] for a program of examples/c/ that uses librdmacm (and libibverbs).
+fn build_cm_example(t: &str, name: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    build_c_example(
+        t,
+        name,
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    )
+}
+
+/// `out` (the `who` side's output) holds each of `wants`; `all` is printed otherwise.
+fn assert_says(who: &str, out: &str, wants: &[&str], all: &str) {
+    for want in wants {
+        assert!(out.contains(want), "{who}: no {want:?}\n{all}");
+    }
+}
+
 /// Build `examples/c/NAME.c` against libibverbs, run it under `ferroce run -d lo` in a
 /// namespace, and check that it succeeds and prints each of `wants`.
 fn run_verbs_example(t: &str, name: &str, wants: &[&str]) {
@@ -799,13 +817,7 @@ fn perftest_clients_against_ferroce_conform() {
 #[test]
 fn rdma_migrate_id_in_a_c_program_both_ends() {
     let t = "rdma_migrate_id_in_a_c_program_both_ends";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "cm_migrate",
-        "/usr/include/rdma/rdma_cma.h",
-        "librdmacm-dev",
-        &["-lrdmacm", "-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_cm_example(t, "cm_migrate") else {
         return;
     };
     let (s, c, status) = pair_when(
@@ -815,22 +827,28 @@ fn rdma_migrate_id_in_a_c_program_both_ends() {
     );
     let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{status}");
     assert_eq!(status, "server=0 client=0", "{all}");
-    for want in [
-        "waiting CONNECT_REQUEST moved: channel 1 empty",
-        "CONNECT_REQUEST on channel 2",
-        "ESTABLISHED on channel 2",
-        "DISCONNECTED on channel 1",
-        "ok",
-    ] {
-        assert!(s.contains(want), "server: no {want:?}\n{all}");
-    }
-    for want in [
-        "synchronous on a channel of its own",
-        "rdma_connect returned established",
-        "ok",
-    ] {
-        assert!(c.contains(want), "client: no {want:?}\n{all}");
-    }
+    assert_says(
+        "server",
+        &s,
+        &[
+            "waiting CONNECT_REQUEST moved: channel 1 empty",
+            "CONNECT_REQUEST on channel 2",
+            "ESTABLISHED on channel 2",
+            "DISCONNECTED on channel 1",
+            "ok",
+        ],
+        &all,
+    );
+    assert_says(
+        "client",
+        &c,
+        &[
+            "synchronous on a channel of its own",
+            "rdma_connect returned established",
+            "ok",
+        ],
+        &all,
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -845,13 +863,7 @@ fn rdma_migrate_id_in_a_c_program_both_ends() {
 #[test]
 fn rdma_cm_connections_are_cleaned_up_at_exit() {
     let t = "rdma_cm_connections_are_cleaned_up_at_exit";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "cm_exit",
-        "/usr/include/rdma/rdma_cma.h",
-        "librdmacm-dev",
-        &["-lrdmacm", "-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_cm_example(t, "cm_exit") else {
         return;
     };
     let pcap = dir.join("client.pcap");
@@ -865,13 +877,16 @@ fn rdma_cm_connections_are_cleaned_up_at_exit() {
         );
         let all = format!("{t} round {round}{mode}\n--- server\n{s}\n--- client\n{c}\n{status}");
         assert_eq!(status, "server=0 client=0", "{all}");
-        for want in [
-            "client: DISCONNECTED on A",
-            "client: DISCONNECTED on B",
-            "ok",
-        ] {
-            assert!(c.contains(want), "client: no {want:?}\n{all}");
-        }
+        assert_says(
+            "client",
+            &c,
+            &[
+                "client: DISCONNECTED on A",
+                "client: DISCONNECTED on B",
+                "ok",
+            ],
+            &all,
+        );
         let out = std::process::Command::new(ferroce_bin())
             .arg("inspect")
             .arg(&pcap)
@@ -901,13 +916,7 @@ fn rdma_cm_connections_are_cleaned_up_at_exit() {
 #[test]
 fn a_held_ack_leaves_when_the_process_exits() {
     let t = "a_held_ack_leaves_when_the_process_exits";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "cm_exit",
-        "/usr/include/rdma/rdma_cma.h",
-        "librdmacm-dev",
-        &["-lrdmacm", "-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_cm_example(t, "cm_exit") else {
         return;
     };
     let (s, c, status) = pair_when(
@@ -921,13 +930,16 @@ fn a_held_ack_leaves_when_the_process_exits() {
         s.contains("exiting with the QP and the connection up"),
         "{all}"
     );
-    for want in [
-        "client: send completion success",
-        "client: DISCONNECTED",
-        "ok",
-    ] {
-        assert!(c.contains(want), "client: no {want:?}\n{all}");
-    }
+    assert_says(
+        "client",
+        &c,
+        &[
+            "client: send completion success",
+            "client: DISCONNECTED",
+            "ok",
+        ],
+        &all,
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
