@@ -211,9 +211,10 @@ impl Qp {
         if let Some(p) = self.req.sr_sent.filter(|p| !p.before(self.req.una)) {
             // Selective repeat with a resend of `p` (alone, or its run) unanswered: the
             // responder keeps what came after the gap, so resend `p` (and its run) again
-            // (with AckReq) rather than go back to `una` and resend the oldest WQE whole. The window is not halved: the NAK that
-            // asked for `p` did not halve it either (the loss was one packet). Backoff and
-            // the local ACK timeout still bound a peer that is gone.
+            // (with AckReq) rather than go back to `una` and resend the oldest WQE whole.
+            // The window is not halved: the NAK that asked for `p` did not halve it either
+            // (the loss was one packet). Backoff and the local ACK timeout still bound a
+            // peer that is gone.
             self.req.sr_resend = Some(p);
             self.rec.backoff += 1;
             self.arm_probe(ctx.now);

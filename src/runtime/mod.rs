@@ -326,6 +326,13 @@ struct Inner {
     wait_spin_ns: AtomicU64,
 }
 
+impl Inner {
+    /// The engine's clock: time since the NIC was opened.
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+}
+
 /// How often the engine refreshes the packet device's counters (see `engine_step`).
 const STATS_PERIOD_NS: u64 = 10_000_000;
 
@@ -553,7 +560,7 @@ impl Nic {
         // A delayed ACK the QP holds leaves before the QP goes: the peer's last request was
         // executed, and without its ACK the peer would retry it until its retry count runs
         // out (a ping-pong whose side that received last destroys its QP and exits).
-        let now = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
+        let now = self.inner.now();
         if self.with_device(|d| d.release_held_ack(qpn, now)) {
             self.settle(Duration::from_millis(50));
         }
@@ -1136,7 +1143,7 @@ impl Nic {
     /// handler), since a peer whose last request was answered only by a held ACK would retry
     /// it until its retry count runs out. Returns how many QPs held one.
     pub fn release_held_acks(&self, timeout: Duration) -> usize {
-        let now = Instant::from_nanos(self.inner.epoch.elapsed().as_nanos() as u64);
+        let now = self.inner.now();
         let held = self.with_device(|d| d.release_held_acks(now));
         if held > 0 {
             self.settle(timeout);
@@ -1316,7 +1323,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
     while !inner.stop.load(Ordering::Acquire) {
         // One clock read per round (it was two: the clock was 16-26 % of an idle engine's
         // time), shared by the round's frames and timers and by the sleep below.
-        let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+        let now = inner.now();
         let (work, next_timer, _) = engine_step(inner, pkt, opts, &mut cq_list, now);
         if work > 0 {
             idle = 0;
@@ -1352,7 +1359,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
         }
     }
     flush_held_acks(inner, || {
-        let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+        let now = inner.now();
         engine_step(inner, pkt, opts, &mut cq_list, now).0
     });
     tracing::debug!(device = %pkt.describe(), stats = ?pkt.stats(), "engine thread stopping");
@@ -1361,7 +1368,7 @@ fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
 /// them (a few rounds at most). Without this a peer whose last request was answered only by
 /// a held ACK retries it until its retry count runs out, though the request was executed.
 fn flush_held_acks(inner: &Inner, mut step: impl FnMut() -> usize) {
-    let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+    let now = inner.now();
     let held = lock(&inner.dev).release_held_acks(now);
     if held > 0 {
         tracing::debug!(held, "held ACKs released at shutdown");
@@ -1413,7 +1420,7 @@ fn inline_try_progress(inner: &Inner) -> Option<usize> {
     let e = &mut *e;
     let mut total = 0;
     for _ in 0..4 {
-        let now = Instant::from_nanos(inner.epoch.elapsed().as_nanos() as u64);
+        let now = inner.now();
         let (work, next, more) = engine_step(inner, &mut *e.pkt, e.opts, &mut e.cq_list, now);
         e.next_timer = next;
         total += work;

@@ -334,7 +334,7 @@ impl Device {
             learned: None,
         };
         // The ICRC is not on a packet handed up without it (the backend checked or rebuilt it).
-        self.receive(now, rx, &r.clone(), payload, || true);
+        self.receive(now, rx, r, payload, || true);
     }
 
     /// The receive path after parsing: the device's checks (address, P_Key, TVer, transport),
