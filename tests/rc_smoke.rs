@@ -569,6 +569,17 @@ fn a_retried_read_replaces_the_replies_queued_behind_it() {
 }
 
 /// Frames A has to send now, not delivered.
+/// Two connected sides (MTU 1024), a 64-byte local-write region on each, and one receive
+/// (wr_id 7) posted on B: the start of the single-SEND tests below.
+fn pair_with_a_receive() -> (Side, Side, MemoryRegion, MemoryRegion) {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    post_recv(&mut b, &mb, 7);
+    (a, b, ma, mb)
+}
+
 fn take_frames(s: &mut Side, now: Instant) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; 9000];
     let mut v = Vec::new();
@@ -904,11 +915,7 @@ fn selective_repeat_read_retry_answer_replaces_the_unsent_original() {
 #[test]
 fn repeated_forged_rnr_naks_cannot_stall_the_requester() {
     use ferroce::wire::{AethRepr, RnrTimer, Syndrome};
-    let (mut a, mut b) = (side(1), side(2));
-    connect(&mut a, &mut b, Mtu::M1024);
-    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    post_recv(&mut b, &mb, 7);
+    let (mut a, mut b, ma, mb) = pair_with_a_receive();
     post_recv(&mut b, &mb, 8);
     let t0 = Instant::from_nanos(1_000_000);
     post_send(&mut a, &ma, 1);
@@ -961,11 +968,7 @@ fn repeated_forged_rnr_naks_cannot_stall_the_requester() {
 /// MACs is delivered. Before the fix B took it and completed the receive.
 #[test]
 fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
-    let (mut a, mut b) = (side(1), side(2));
-    connect(&mut a, &mut b, Mtu::M1024);
-    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    post_recv(&mut b, &mb, 7);
+    let (mut a, mut b, ma, _mb) = pair_with_a_receive();
     let t0 = Instant::from_nanos(1_000_000);
     post_send(&mut a, &ma, 1);
     let mut frames = take_frames(&mut a, t0);
@@ -1014,11 +1017,7 @@ fn an_all_zero_destination_mac_is_dropped_on_ethernet() {
 /// answered; the intact frame then is.
 #[test]
 fn the_device_checks_run_before_the_icrc_and_count_first_failure() {
-    let (mut a, mut b) = (side(1), side(2));
-    connect(&mut a, &mut b, Mtu::M1024);
-    let ma = a.dev.reg_mr(a.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mb = b.dev.reg_mr(b.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    post_recv(&mut b, &mb, 7);
+    let (mut a, mut b, ma, _mb) = pair_with_a_receive();
     let t0 = Instant::from_nanos(1_000_000);
     post_send(&mut a, &ma, 1);
     let frames = take_frames(&mut a, t0);
