@@ -102,7 +102,7 @@ pub fn spin_budget(d: Duration) -> Duration {
     }
 }
 
-/// How often a busy-polling thread offers its CPU to the threads waiting for one
+/// How often a busy-polling thread first offers its CPU to the threads waiting for one
 /// (`sched_yield`, [`Spinner`]). On a machine whose cores are all busy, a thread that spins
 /// for a completion otherwise keeps its core for the whole spin (milliseconds), and whatever
 /// waits for that core — the peer process, the kernel's softirq thread, the engine thread —
@@ -113,8 +113,45 @@ pub fn spin_budget(d: Duration) -> Duration {
 /// 3.5–5.3 µs against 3.9–5.7 µs, UDP 9.9–11.3 µs against 11.9 µs.
 pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(3);
 
-/// One busy-poll: [`Spinner::pause`] between two looks, a `sched_yield` every
-/// [`SPIN_YIELD_EVERY`] (a system call that returns at once when nobody else wants the CPU).
+/// A yield that kept the thread off its CPU longer than this handed the CPU to a thread that
+/// used its whole time slice (a compute-bound process, not a peer that answers in
+/// microseconds): [`Spinner`] then yields half as often, down to once per [`SPIN_YIELD_MAX`].
+/// With 2–6 CPU-bound processes on the 2-core host, a yield every 3 µs made every hop of a
+/// `send-lat` ping-pong wait for their slices: t_typical 700–2,500 µs against 8.7–10.5 µs
+/// without yields (paired, docs/performance.md).
+pub const SPIN_YIELD_EXPENSIVE: Duration = Duration::from_micros(50);
+
+/// The longest period between two yields of a [`Spinner`] (see [`SPIN_YIELD_EXPENSIVE`]).
+pub const SPIN_YIELD_MAX: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This thread's current yield period in nanoseconds ([`Spinner`]): it outlives each
+    /// spin, so that what one wait learned about the machine holds for the next.
+    static YIELD_PERIOD_NS: std::cell::Cell<u64> =
+        const { std::cell::Cell::new(SPIN_YIELD_EVERY.as_nanos() as u64) };
+}
+
+/// The next yield period after a yield that kept the thread away for `away`: doubled (up to
+/// [`SPIN_YIELD_MAX`]) when the yield was expensive, an eighth shorter (down to
+/// [`SPIN_YIELD_EVERY`]) when it was cheap: under compute-bound load an occasional cheap yield
+/// (the other thread's slice happened to end) must not bring back a yield per hop.
+fn next_yield_period(period_ns: u64, away: Duration) -> u64 {
+    let (min, max) = (
+        SPIN_YIELD_EVERY.as_nanos() as u64,
+        SPIN_YIELD_MAX.as_nanos() as u64,
+    );
+    if away > SPIN_YIELD_EXPENSIVE {
+        period_ns.saturating_mul(2).min(max)
+    } else {
+        (period_ns - period_ns / 8).max(min)
+    }
+}
+
+/// One busy-poll: [`Spinner::pause`] between two looks, a `sched_yield` now and then (a
+/// system call that returns at once when nobody else wants the CPU): every
+/// [`SPIN_YIELD_EVERY`] while yields come back quickly (the CPU went to a thread that needed
+/// it briefly: the peer, softirq, the engine), less often, up to every [`SPIN_YIELD_MAX`],
+/// while they cost whole time slices of compute-bound processes.
 #[derive(Debug)]
 pub struct Spinner {
     next_yield: std::time::Instant,
@@ -123,15 +160,19 @@ pub struct Spinner {
 impl Default for Spinner {
     fn default() -> Self {
         Spinner {
-            next_yield: std::time::Instant::now() + SPIN_YIELD_EVERY,
+            next_yield: std::time::Instant::now() + Self::period(),
         }
     }
 }
 
 impl Spinner {
-    /// A spin that starts now (its first yield is [`SPIN_YIELD_EVERY`] away).
+    /// A spin that starts now (its first yield is this thread's current period away).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn period() -> Duration {
+        Duration::from_nanos(YIELD_PERIOD_NS.with(|p| p.get()))
     }
 
     /// Between two looks at what the spin waits for.
@@ -140,7 +181,12 @@ impl Spinner {
         let now = std::time::Instant::now();
         if now >= self.next_yield {
             std::thread::yield_now();
-            self.next_yield = now + SPIN_YIELD_EVERY;
+            let back = std::time::Instant::now();
+            let p = YIELD_PERIOD_NS.with(|p| {
+                p.set(next_yield_period(p.get(), back - now));
+                p.get()
+            });
+            self.next_yield = back + Duration::from_nanos(p);
         }
     }
 }
@@ -1722,6 +1768,40 @@ pub fn create_rc_qp(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Expensive yields (a compute-bound thread took the CPU for its slice) double the period
+    /// up to SPIN_YIELD_MAX; cheap ones shorten it by an eighth, back down to SPIN_YIELD_EVERY.
+    #[test]
+    fn yields_back_off_while_they_cost_time_slices() {
+        let min = SPIN_YIELD_EVERY.as_nanos() as u64;
+        let max = SPIN_YIELD_MAX.as_nanos() as u64;
+        let slice = Duration::from_millis(3);
+        let cheap = Duration::from_micros(2);
+        let mut p = min;
+        let mut steps = 0;
+        while p < max {
+            p = next_yield_period(p, slice);
+            steps += 1;
+        }
+        assert_eq!(p, max);
+        assert_eq!(
+            steps, 9,
+            "3 µs doubles to the 1 ms cap in 9 expensive yields"
+        );
+        assert_eq!(next_yield_period(p, slice), max, "capped");
+        // A yield exactly at the threshold is cheap.
+        assert_eq!(next_yield_period(p, SPIN_YIELD_EXPENSIVE), max - max / 8);
+        // One cheap yield among expensive ones does not undo the backoff.
+        assert!(next_yield_period(next_yield_period(p, cheap), slice) == max);
+        let mut q = p;
+        let mut cheap_steps = 0;
+        while q > min {
+            q = next_yield_period(q, cheap);
+            cheap_steps += 1;
+        }
+        assert_eq!(q, min, "cheap yields bring the period back to 3 µs");
+        assert!((30..60).contains(&cheap_steps), "{cheap_steps}");
+    }
 
     #[test]
     fn idle_waits_stop_at_the_next_timer() {
