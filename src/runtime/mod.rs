@@ -155,12 +155,18 @@ fn next_yield_period(period_ns: u64, away: Duration) -> u64 {
 #[derive(Debug)]
 pub struct Spinner {
     next_yield: std::time::Instant,
+    /// The engine thread's spin: a yield every [`SPIN_YIELD_EVERY`], never backing off. The
+    /// thread it yields to is usually the application's, itself a yielding spinner: a yield
+    /// that waited for the other's (backed-off) period would make both back off to
+    /// [`SPIN_YIELD_MAX`] per hop.
+    fixed: bool,
 }
 
 impl Default for Spinner {
     fn default() -> Self {
         Spinner {
             next_yield: std::time::Instant::now() + Self::period(),
+            fixed: false,
         }
     }
 }
@@ -169,6 +175,14 @@ impl Spinner {
     /// A spin that starts now (its first yield is this thread's current period away).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The engine thread's spinner (a fixed period, see the field).
+    pub fn fixed() -> Self {
+        Spinner {
+            next_yield: std::time::Instant::now() + SPIN_YIELD_EVERY,
+            fixed: true,
+        }
     }
 
     fn period() -> Duration {
@@ -180,15 +194,53 @@ impl Spinner {
         std::hint::spin_loop();
         let now = std::time::Instant::now();
         if now >= self.next_yield {
-            std::thread::yield_now();
-            let back = std::time::Instant::now();
-            let p = YIELD_PERIOD_NS.with(|p| {
-                p.set(next_yield_period(p.get(), back - now));
-                p.get()
-            });
-            self.next_yield = back + Duration::from_nanos(p);
+            if self.fixed {
+                std::thread::yield_now();
+                self.next_yield = std::time::Instant::now() + SPIN_YIELD_EVERY;
+            } else {
+                let back = yield_measured(now);
+                self.next_yield = back + Self::period();
+            }
         }
     }
+}
+
+thread_local! {
+    /// [`empty_poll_yield`]: when this thread's run of empty `poll_cq` calls is due to yield
+    /// (None: its last poll found a completion).
+    static EMPTY_POLL_YIELD_AT: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// An application that spins on `poll_cq` while a separate engine thread produces its
+/// completions (every mode but [`PollMode::Inline`]) yields now and then, as a [`Spinner`]
+/// does (same per-thread period): else, where the two share a core, the engine runs only
+/// when the scheduler's tick preempts the spinner. Debian's `ib_send_lat` 2 B under
+/// `FERROCE_POLL=busy` on the 2-core host (two processes, each a spinning application and
+/// a busy engine thread): t_typical 4,001 µs, a tick per hop (docs/cabi.md).
+fn empty_poll_yield(empty: bool) {
+    if !empty {
+        EMPTY_POLL_YIELD_AT.with(|c| c.set(None));
+        return;
+    }
+    let now = std::time::Instant::now();
+    match EMPTY_POLL_YIELD_AT.with(|c| c.get()) {
+        None => EMPTY_POLL_YIELD_AT.with(|c| c.set(Some(now + Spinner::period()))),
+        Some(at) if now >= at => {
+            let back = yield_measured(now);
+            EMPTY_POLL_YIELD_AT.with(|c| c.set(Some(back + Spinner::period())));
+        }
+        Some(_) => {}
+    }
+}
+
+/// `sched_yield`, and this thread's yield period adjusted by what it cost
+/// ([`next_yield_period`]); returns when the thread got its CPU back.
+fn yield_measured(now: std::time::Instant) -> std::time::Instant {
+    std::thread::yield_now();
+    let back = std::time::Instant::now();
+    YIELD_PERIOD_NS.with(|p| p.set(next_yield_period(p.get(), back - now)));
+    back
 }
 
 /// Runtime options.
@@ -1114,6 +1166,9 @@ impl Nic {
             out.push(wc);
             n += 1;
         }
+        if self.inner.inline.is_none() {
+            empty_poll_yield(n == 0);
+        }
         Ok(n)
     }
 
@@ -1364,7 +1419,7 @@ fn snapshot(inner: &Inner, names: &Mutex<Names>, describe: &str, netns: &str) ->
 fn engine_loop(inner: &Inner, pkt: &mut dyn PacketDevice, opts: NicOptions) {
     tracing::debug!(device = %pkt.describe(), "engine thread running");
     let mut idle = 0u32;
-    let mut spinner = Spinner::new();
+    let mut spinner = Spinner::fixed();
     let mut cq_list: Vec<Cq> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
         // One clock read per round (it was two: the clock was 16-26 % of an idle engine's
