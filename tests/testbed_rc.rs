@@ -1898,6 +1898,124 @@ fn garbage_during_transfer_udp_socket() {
     garbage_during_transfer(BackendKind::Udp);
 }
 
+/// Issue 17, "a peer that ACKs PSNs never sent": the transfer runs from the host in B's
+/// namespace (the requester, PSNs from `PSN_B`) to the one in A's, and R injects on `rb`, in A's
+/// name, ACKs for PSNs the requester has not sent and never will in this test (4,000,000 and
+/// more ahead of its first PSN, always inside the 2^23 window ahead of its next one): a
+/// requester takes an ACK only for an outstanding PSN (IBTA 9.7.5.1.3's "ghost" ACKs are
+/// silently dropped). Each one is counted in `ghost_acks`, exactly; nothing completes early
+/// or out of order, every WRITE lands byte for byte (run_stream checks every completion and
+/// destination), and both QPs stay in RTS.
+fn forged_acks_of_psns_never_sent(kind: BackendKind) {
+    const AHEAD: u32 = 4_000_000;
+    let _bed = Bed::for_backend(kind);
+    // `p.a` (the requester) lives in B's namespace, `p.b` in A's.
+    let p = connect(plain(NS_B, kind, PSN_B), plain(NS_A, kind, PSN_A));
+    let q0 = p.a.qp_counters();
+    let io_before = p.a.io();
+    let victim = p.a.qp;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let injector = {
+        let (stop, started, done) = (stop.clone(), started.clone(), done.clone());
+        spawn_in_ns(NS_R, move || {
+            while started.load(Ordering::Acquire) < 4 && !stop.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+            let mut dev =
+                AfPacketDevice::open(&AfPacketConfig::new("rb")).expect("AF_PACKET on rb in R");
+            let mut sent = 0u64;
+            while sent < 400 && !stop.load(Ordering::Acquire) {
+                let psn = PSN_B.wrapping_add(AHEAD + (sent as u32 % 1000)) & 0xff_ffff;
+                let syndrome = if sent % 2 == 0 {
+                    Syndrome::Ack(ferroce::wire::CreditCode::new(31))
+                } else {
+                    Syndrome::Ack(ferroce::wire::CreditCode::new(0))
+                };
+                let ext = ExtRepr {
+                    aeth: Some(ferroce::wire::AethRepr {
+                        syndrome,
+                        msn: 0xff_fff0 + (sent as u32 % 16),
+                    }),
+                    ..ExtRepr::default()
+                };
+                let bth = BthRepr::new(Opcode::RC_ACK, victim, Psn::new(psn));
+                send_raw(&mut dev, &forged_to_b(A4, Ecn::NotEct, bth, ext, &[]));
+                sent += 1;
+                thread::sleep(Duration::from_millis(1));
+            }
+            done.store(true, Ordering::Release);
+            sent
+        })
+    };
+    // 1 MiB WRITEs, 8 in flight, until the injector is done and 8 more after that.
+    let mut after_done = None;
+    let st = run_stream(&p, SLOTS, 0x700, &mut |i| {
+        started.store(i, Ordering::Release);
+        if done.load(Ordering::Acquire) && after_done.is_none() {
+            after_done = Some(i);
+        }
+        let enough = i >= 32 && after_done.is_some_and(|d| i >= d + 8);
+        (!enough).then_some((Op::Write, 1 << 20))
+    });
+    stop.store(true, Ordering::Release);
+    let sent = join(injector);
+    // Every forged ACK was sent before the last 8 MiB of the stream; this only guards against
+    // a slow engine (a hang guard, not a limit).
+    // A frame the requester's backend dropped (its ring full: counted in `rx_dropped`) may
+    // have been one of them: they are then exact up to those drops.
+    let io0 = io_before.rx_dropped;
+    let lost = || p.a.io().rx_dropped - io0;
+    let t0 = Instant::now();
+    while p.a.qp_counters().ghost_acks - q0.ghost_acks + lost() < sent && t0.elapsed() < HANG {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let q = qp_delta(&p.a.qp_counters(), &q0);
+    let get = |k: &str| q.iter().find(|(n, _)| *n == k).unwrap().1;
+    report(
+        &format!("{} forged ACKs", kind.name()),
+        &p,
+        &[("1 MiB WRITEs during the forged ACKs", st)],
+    );
+    println!("forged ACKs sent: {sent}");
+    assert!(sent > 0, "the injector sent nothing");
+    assert!(
+        u64::from(AHEAD) > get("tx_packets") + 1000,
+        "the transfer reached the forged PSNs: the test's premise is gone"
+    );
+    let ghosts = get("ghost_acks");
+    assert!(
+        ghosts <= sent && ghosts + lost() >= sent,
+        "every forged ACK counted as an ACK of a PSN never sent: {ghosts} of {sent}, {} \
+         frames dropped by the requester's backend\n{}",
+        lost(),
+        p.dump()
+    );
+    assert_eq!(get("dup_responses"), 0, "{}", p.dump());
+    for (who, h) in [("requester", &p.a), ("responder", &p.b)] {
+        let (state, _) = h.nic.query_qp(h.qp).unwrap();
+        assert_eq!(
+            state,
+            QpState::Rts,
+            "the {who}'s QP after the forged ACKs\n{}",
+            p.dump()
+        );
+    }
+}
+
+#[test]
+fn forged_acks_of_psns_never_sent_af_packet() {
+    require_root!("testbed_rc", NEEDS);
+    forged_acks_of_psns_never_sent(BackendKind::Packet);
+}
+
+#[test]
+fn forged_acks_of_psns_never_sent_udp_socket() {
+    require_root!("testbed_rc", NEEDS);
+    forged_acks_of_psns_never_sent(BackendKind::Udp);
+}
+
 // ---- 7: a hostile peer floods B during a transfer --------------------------------------------
 
 /// The kinds of hostile frame, in the order of [`Flood::sent`].

@@ -863,10 +863,21 @@ fn pingpong_on(
                 what: format!("Couldn't listen to port {}", o.port),
                 err: e,
             })?;
-            let (mut s, _) = l.accept().map_err(|e| ToolError::Io {
-                what: "accept() failed".into(),
-                err: e,
-            })?;
+            // The first client whose first message is a valid destination; one that stalls
+            // or sends garbage is dropped (see `oob::Acceptor`), never the run.
+            let mut acc = crate::oob::Acceptor::new(
+                l,
+                pp::MSG_LEN,
+                |b| pp::Dest::from_wire(b).is_ok(),
+                o.timeout,
+            );
+            let mut s = acc
+                .next(&mut |who, why| tracing::warn!("dropped client {who}: {why}"))
+                .map_err(|e| ToolError::Io {
+                    what: "accept() failed".into(),
+                    err: e,
+                })?;
+            drop(acc);
             // The server connects its QPs before it answers (the examples do); a failure
             // ends the exchange there.
             let mut connected = Ok(());

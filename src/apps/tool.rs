@@ -400,19 +400,22 @@ fn perf_session(
         )?;
         Session::new_rdma(Box::new(link), role, cfg.timeout)
     } else {
-        let stream = match &inv.host {
+        match &inv.host {
             None => {
                 let l = crate::oob::listen(inv.bind, inv.port).map_err(|e| {
                     ToolError::io(format!("Couldn't listen to port {}", inv.port), e)
                 })?;
                 banner(out);
-                l.accept()
-                    .map_err(|e| ToolError::io("accept() failed", e))?
-                    .0
+                // The first client that sends a valid version message; one that stalls or
+                // sends garbage is dropped (also later in the handshake), never the run.
+                let mut acc = crate::oob::perftest::acceptor(l, cfg.timeout);
+                let s = crate::oob::perftest::accept_client(&mut acc).map_err(|e| {
+                    ToolError::io("accept() failed", std::io::Error::other(e.to_string()))
+                })?;
+                Session::new(s, role, cfg.timeout).with_acceptor(acc)
             }
-            Some(h) => connect(h, inv.port)?,
-        };
-        Session::new(stream, role, cfg.timeout)
+            Some(h) => Session::new(connect(h, inv.port)?, role, cfg.timeout),
+        }
     };
     let sampling = std::sync::atomic::AtomicBool::new(inv.cc_csv.is_some());
     let mut samples: Vec<String> = Vec::new();

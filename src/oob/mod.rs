@@ -8,9 +8,13 @@
 //! that drips one byte at a time cannot stretch it); a malformed or unexpected peer message
 //! ends the exchange with a clear [`CmError`], never a hang.
 //!
-//! The servers ([`listen`]) serve **one client**: the first that connects gets the exchange,
-//! and with it (perftest) the R_Key and address of the region under test; no other client is
-//! accepted. They listen on all interfaces unless given a bind address (`--bind`), as
+//! The servers ([`listen`]) serve **one client**: the first that sends a well-formed first
+//! message ([`Acceptor`]) gets the exchange, and with it (perftest) the R_Key and address of
+//! the region under test. Clients that connect and send nothing, send part of a message or
+//! garbage are dropped, each after at most its own deadline and without delaying the others
+//! (up to [`MAX_PENDING`] connections are watched at once, the oldest dropped beyond that);
+//! a perftest client whose handshake fails before the keys are exchanged is dropped too, and
+//! the server waits for the next. They listen on all interfaces unless given a bind address (`--bind`), as
 //! `ibv_rc_pingpong` and perftest do. Nothing in the exchange is authenticated: run the
 //! servers on a trusted network or bind them to one (docs/security.md).
 
@@ -18,7 +22,7 @@ pub mod perftest;
 pub mod pingpong;
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Why an exchange failed.
@@ -94,6 +98,130 @@ pub fn listen(bind: Option<IpAddr>, port: u16) -> io::Result<TcpListener> {
         Some(a) => TcpListener::bind((a, port)),
         None => TcpListener::bind(("::", port)).or_else(|_| TcpListener::bind(("0.0.0.0", port))),
     }
+}
+
+/// [`Acceptor`]: at most this many accepted connections wait for their first message at
+/// once; a connection beyond it drops the oldest.
+pub const MAX_PENDING: usize = 256;
+
+/// An out-of-band server's listener that hands out clients with a valid first message
+/// ([`Acceptor::next`]). Connections accepted but not chosen stay watched for the next call
+/// (a chosen client whose exchange fails is replaced by one that was waiting behind it).
+#[derive(Debug)]
+pub struct Acceptor {
+    l: TcpListener,
+    first_len: usize,
+    valid: fn(&[u8]) -> bool,
+    timeout: Duration,
+    pending: std::collections::VecDeque<(TcpStream, SocketAddr, Instant)>,
+}
+
+impl Acceptor {
+    /// Clients of `l` must send `first_len` bytes that `valid` accepts within `timeout` of
+    /// their connection.
+    pub fn new(
+        l: TcpListener,
+        first_len: usize,
+        valid: fn(&[u8]) -> bool,
+        timeout: Duration,
+    ) -> Self {
+        Acceptor {
+            l,
+            first_len,
+            valid,
+            timeout,
+            pending: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Accept connections until one has sent its first message and `valid` accepts it (left
+    /// unread in the socket, for the exchange to read), and return it. A connection that
+    /// closes, sends something `valid` refuses, or runs out of time is dropped (`dropped` is
+    /// told who and why) while the others wait on. At most [`MAX_PENDING`] wait at once (a
+    /// flood of connections drops the oldest, never blocks the listener). Waits for ever for a
+    /// valid client, as perftest's servers do.
+    pub fn next(&mut self, dropped: &mut dyn FnMut(SocketAddr, &str)) -> io::Result<TcpStream> {
+        let mut buf = vec![0u8; self.first_len];
+        self.l.set_nonblocking(true)?;
+        loop {
+            let mut busy = false;
+            // Take every waiting connection.
+            loop {
+                match self.l.accept() {
+                    Ok((s, a)) => {
+                        busy = true;
+                        if s.set_nonblocking(true).is_err() {
+                            dropped(a, "could not be set non-blocking");
+                            continue;
+                        }
+                        let deadline = Instant::now().checked_add(self.timeout);
+                        self.pending
+                            .push_back((s, a, deadline.unwrap_or_else(far_future)));
+                        if self.pending.len() > MAX_PENDING {
+                            if let Some((_, old, _)) = self.pending.pop_front() {
+                                dropped(old, "too many connections waiting: the oldest is dropped");
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // Out of descriptors (a connection flood) or a connection reset before it
+                    // was accepted: make room, try again on the next round.
+                    Err(_) => {
+                        if let Some((_, old, _)) = self.pending.pop_front() {
+                            dropped(old, "out of resources: the oldest is dropped");
+                        }
+                        break;
+                    }
+                }
+            }
+            let now = Instant::now();
+            let mut i = 0;
+            while i < self.pending.len() {
+                let (s, a, deadline) = &self.pending[i];
+                let verdict = match s.peek(&mut buf) {
+                    Ok(0) => Some("closed the connection before its first message"),
+                    Ok(n) if n == self.first_len => {
+                        if (self.valid)(&buf) {
+                            let (s, _, _) = self.pending.remove(i).expect("index in range");
+                            s.set_nonblocking(false)?;
+                            return Ok(s);
+                        }
+                        Some("sent a malformed first message")
+                    }
+                    Ok(_) => {
+                        (now >= *deadline).then_some("sent only part of its first message in time")
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        (now >= *deadline).then_some("sent nothing in time")
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+                    Err(_) => Some("connection failed"),
+                };
+                match verdict {
+                    Some(why) => {
+                        busy = true;
+                        let a = *a;
+                        self.pending.remove(i);
+                        dropped(a, why);
+                    }
+                    None => i += 1,
+                }
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Connections accepted and still waiting (not chosen, not dropped).
+    pub fn waiting(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(1 << 30)
 }
 
 pub(crate) fn write_all(s: &mut TcpStream, buf: &[u8]) -> Result<(), CmError> {
@@ -190,6 +318,124 @@ mod tests {
         let r = read_exact(&mut s, &mut buf, "key message", Duration::from_secs(20));
         assert!(matches!(r, Err(CmError::Closed("key message"))), "{r:?}");
         half.join().unwrap();
+    }
+
+    /// A server takes the first client with a valid first message; a client that sends
+    /// nothing, half a message, garbage or a megabyte of it is dropped (each for its reason),
+    /// and none of them keeps the valid one waiting.
+    #[test]
+    fn accept_first_drops_bad_clients_and_takes_the_valid_one() {
+        let l = listen(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), 0).unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<(SocketAddr, String)>();
+        let valid: fn(&[u8]) -> bool = |b| b == b"HELLO-0123456789";
+        let clients = std::thread::spawn(move || {
+            let silent = TcpStream::connect(addr).unwrap();
+            let mut half = TcpStream::connect(addr).unwrap();
+            half.write_all(b"HELLO-01").unwrap();
+            let mut garbage = TcpStream::connect(addr).unwrap();
+            garbage.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+            let mut huge = TcpStream::connect(addr).unwrap();
+            // Written from another thread: the server never reads it, so the write blocks
+            // once the buffers are full and fails when the server drops the connection.
+            let h = std::thread::spawn(move || {
+                let _ = huge.write_all(&vec![b'A'; 1 << 20]);
+            });
+            let bad = [
+                silent.local_addr().unwrap(),
+                half.local_addr().unwrap(),
+                garbage.local_addr().unwrap(),
+            ];
+            // The valid client connects once all four are dropped (the silent and half ones
+            // at their 100 ms deadline): nothing of theirs may hold it up or be chosen.
+            let mut seen = Vec::new();
+            while seen.len() < 4 {
+                seen.push(rx.recv().unwrap());
+            }
+            let mut good = TcpStream::connect(addr).unwrap();
+            good.write_all(b"HELLO-0123456789").unwrap();
+            let _ = h.join();
+            (
+                bad,
+                seen,
+                good.local_addr().unwrap(),
+                silent,
+                half,
+                garbage,
+                good,
+            )
+        });
+        let mut acc = Acceptor::new(l, 16, valid, Duration::from_millis(100));
+        let s = acc
+            .next(&mut |a, why| {
+                let _ = tx.send((a, why.to_string()));
+            })
+            .unwrap();
+        let (bad, seen, good, ..) = clients.join().unwrap();
+        assert_eq!(s.peer_addr().unwrap(), good);
+        let why = |a: SocketAddr| {
+            seen.iter()
+                .find(|(x, _)| *x == a)
+                .map(|(_, w)| w.as_str())
+                .unwrap_or("not dropped")
+        };
+        assert_eq!(why(bad[0]), "sent nothing in time");
+        assert_eq!(why(bad[1]), "sent only part of its first message in time");
+        assert_eq!(why(bad[2]), "sent a malformed first message");
+        assert_eq!(
+            seen.iter()
+                .filter(|(_, w)| w == "sent a malformed first message")
+                .count(),
+            2,
+            "the garbage and the megabyte: {seen:?}"
+        );
+        // The chosen client's first message is still there for the exchange to read.
+        let mut s = s;
+        let mut first = [0u8; 16];
+        read_exact(&mut s, &mut first, "first", Duration::from_secs(20)).unwrap();
+        assert_eq!(&first, b"HELLO-0123456789");
+    }
+
+    /// A flood of connections that send nothing: the valid client that comes after 300 of
+    /// them is taken at once (not after their deadlines), and no more than MAX_PENDING wait.
+    #[test]
+    fn accept_first_survives_a_connection_flood() {
+        let l = listen(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), 0).unwrap();
+        let addr = l.local_addr().unwrap();
+        let clients = std::thread::spawn(move || {
+            let flood: Vec<TcpStream> = (0..300)
+                .map(|_| TcpStream::connect(addr).unwrap())
+                .collect();
+            let mut good = TcpStream::connect(addr).unwrap();
+            good.write_all(b"HELLO-0123456789").unwrap();
+            (flood, good.local_addr().unwrap(), good)
+        });
+        let mut drops = Vec::new();
+        // The silent connections' deadline is far beyond the test's run.
+        let mut acc = Acceptor::new(
+            l,
+            16,
+            |b| b == b"HELLO-0123456789",
+            Duration::from_secs(3600),
+        );
+        let s = acc.next(&mut |_, why| drops.push(why.to_string())).unwrap();
+        let (flood, good, _g) = clients.join().unwrap();
+        assert_eq!(s.peer_addr().unwrap(), good);
+        let oldest = drops.iter().filter(|w| w.starts_with("too many")).count();
+        assert_eq!(oldest, drops.len(), "{drops:?}");
+        // Every flood connection the server took is either dropped or still waiting, and no
+        // more than MAX_PENDING wait.
+        assert!(
+            acc.waiting() <= MAX_PENDING,
+            "{} waited at once",
+            acc.waiting()
+        );
+        assert!(
+            oldest + acc.waiting() <= flood.len() && acc.waiting() > 0,
+            "{oldest} dropped, {} waiting of {}",
+            acc.waiting(),
+            flood.len()
+        );
     }
 
     #[test]

@@ -282,6 +282,28 @@ impl KeyMsg {
     }
 }
 
+/// Whether `b` is perftest's first message: a NUL-padded version string of 16 bytes that a
+/// perftest from 5.70 on would accept (see [`Session::handshake`]).
+pub fn is_version_message(b: &[u8]) -> bool {
+    if b.len() != 16 {
+        return false;
+    }
+    let end = b.iter().position(|&c| c == 0).unwrap_or(16);
+    std::str::from_utf8(&b[..end]).is_ok_and(|v| !v.is_empty() && c_atof(v) >= 5.70)
+}
+
+/// A perftest server's acceptor on `l`: each client must send its version message within
+/// `timeout` of connecting.
+pub fn acceptor(l: std::net::TcpListener, timeout: Duration) -> super::Acceptor {
+    super::Acceptor::new(l, 16, is_version_message, timeout)
+}
+
+/// A perftest server's next client: the first connection that sends a valid version message
+/// ([`super::Acceptor::next`]); the others are dropped, each with a warning.
+pub fn accept_client(a: &mut super::Acceptor) -> Result<TcpStream, CmError> {
+    Ok(a.next(&mut |who, why| tracing::warn!("dropped client {who}: {why}"))?)
+}
+
 /// A perftest control connection.
 pub struct Session {
     /// The control connection.
@@ -297,6 +319,9 @@ pub struct Session {
     pub peer_cache_line: u32,
     /// The GID index sent in rdma_cm key messages (`gid_index` of `pingpong_dest`).
     pub gid_index: u32,
+    /// A TCP server's acceptor ([`Session::with_acceptor`]) until the handshake succeeds: a
+    /// client whose handshake fails is dropped and the next one taken from it.
+    acceptor: Option<super::Acceptor>,
 }
 
 impl Session {
@@ -310,6 +335,7 @@ impl Session {
             peer_page: 4096,
             peer_cache_line: 64,
             gid_index: 0,
+            acceptor: None,
         }
     }
 
@@ -322,7 +348,17 @@ impl Session {
             peer_page: 4096,
             peer_cache_line: 64,
             gid_index: 0,
+            acceptor: None,
         }
+    }
+
+    /// A server's session that may take another client from `a` while the handshake (version,
+    /// page size, cache line, MTU: before any key is sent) fails, instead of failing the run.
+    /// Once a handshake succeeds the acceptor is closed (its listener and every connection
+    /// still waiting): the run has its one client.
+    pub fn with_acceptor(mut self, a: super::Acceptor) -> Self {
+        self.acceptor = Some(a);
+        self
     }
 
     /// Whether the exchange runs over rdma_cm (binary messages).
@@ -402,7 +438,35 @@ impl Session {
     ///
     /// As perftest 6.06 (`check_version_compatibility`), a peer older than 5.70 is refused;
     /// from 5.70 on, the later fields have the sizes used here.
+    ///
+    /// A server with a listener ([`Session::with_listener`]) drops a client whose handshake
+    /// fails and runs it again with the next valid one ([`accept_client`]).
     pub fn handshake(&mut self, mtu: Mtu) -> Result<Mtu, CmError> {
+        loop {
+            let e = match self.handshake_once(mtu) {
+                Ok(m) => {
+                    self.acceptor = None;
+                    return Ok(m);
+                }
+                Err(e) => e,
+            };
+            let (Role::Server, Some(acc)) = (self.role, &mut self.acceptor) else {
+                return Err(e);
+            };
+            let who = match &self.link {
+                Link::Tcp(s) => s
+                    .peer_addr()
+                    .map_or_else(|_| "a client".to_string(), |a| a.to_string()),
+                Link::Rdma(_) => return Err(e),
+            };
+            tracing::warn!("dropped {who}: {e}; waiting for the next client");
+            let s = accept_client(acc)?;
+            let _ = s.set_nodelay(true);
+            self.link = Link::Tcp(s);
+        }
+    }
+
+    fn handshake_once(&mut self, mtu: Mtu) -> Result<Mtu, CmError> {
         let mut v = [0u8; 16];
         v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
         let theirs = self.xchg(&v, "version")?;
@@ -492,6 +556,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn key_message_matches_a_captured_perftest_message() {
@@ -596,6 +661,94 @@ mod tests {
         assert_eq!(mtu, Mtu::M1024);
         assert_eq!(theirs, vec![key(0x11)]);
         assert_eq!(r.size, 9);
+    }
+
+    /// A server with its listener drops a client whose handshake fails after a valid version
+    /// (an MTU byte that is no MTU, then a stall), and runs the whole exchange with the next
+    /// client; without the listener the same client fails the server's handshake.
+    #[test]
+    fn a_server_drops_a_failed_handshake_and_serves_the_next_client() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let bad_client = move |mtu_byte: u8| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let mut v = [0u8; 16];
+            v[..4].copy_from_slice(b"6.06");
+            let mut all = v.to_vec();
+            all.extend_from_slice(&4096u32.to_be_bytes());
+            all.extend_from_slice(&64u32.to_be_bytes());
+            all.extend_from_slice(&[mtu_byte, 0]);
+            c.write_all(&all).unwrap();
+            c
+        };
+        let srv = std::thread::spawn(move || {
+            let mut acc = acceptor(l, Duration::from_secs(5));
+            let s = accept_client(&mut acc).unwrap();
+            let mut ses = Session::new(s, Role::Server, Duration::from_secs(5)).with_acceptor(acc);
+            let mtu = ses.handshake(Mtu::M4096).unwrap();
+            let key = KeyMsg {
+                lid: 0,
+                out_reads: 1,
+                qpn: 0x22,
+                psn: 1,
+                rkey: 7,
+                vaddr: 0x1000,
+                gid: [1; 16],
+                srqn: 0,
+            };
+            let theirs = ses.exchange_keys(&[key]).unwrap();
+            (mtu, theirs[0].qpn)
+        });
+        let _bad = bad_client(b'z');
+        let s = TcpStream::connect(addr).unwrap();
+        let mut ses = Session::new(s, Role::Client, Duration::from_secs(20));
+        assert_eq!(ses.handshake(Mtu::M2048).unwrap(), Mtu::M2048);
+        let key = KeyMsg {
+            lid: 0,
+            out_reads: 1,
+            qpn: 0x11,
+            psn: 1,
+            rkey: 8,
+            vaddr: 0x2000,
+            gid: [2; 16],
+            srqn: 0,
+        };
+        assert_eq!(ses.exchange_keys(&[key]).unwrap()[0].qpn, 0x22);
+        assert_eq!(srv.join().unwrap(), (Mtu::M2048, 0x11));
+
+        // Without a listener the failed handshake is the server's error.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr2 = l.local_addr().unwrap();
+        let srv = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            Session::new(s, Role::Server, Duration::from_secs(5)).handshake(Mtu::M4096)
+        });
+        let mut c = TcpStream::connect(addr2).unwrap();
+        let mut all = b"6.06".to_vec();
+        all.resize(16, 0);
+        all.extend_from_slice(&[0, 0, 16, 0, 0, 0, 0, 64, b'z', 0]);
+        c.write_all(&all).unwrap();
+        let r = srv.join().unwrap();
+        assert!(
+            matches!(r, Err(CmError::Malformed { what: "MTU", .. })),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn version_messages_are_recognised() {
+        let msg = |s: &str| {
+            let mut v = [0u8; 16];
+            v[..s.len()].copy_from_slice(s.as_bytes());
+            v
+        };
+        assert!(is_version_message(&msg("6.06")));
+        assert!(is_version_message(&msg("5.70")));
+        assert!(!is_version_message(&msg("5.60")));
+        assert!(!is_version_message(&msg("")));
+        assert!(!is_version_message(b"GET / HTTP/1.1\r\n"));
+        assert!(!is_version_message(&[0xff; 16]));
+        assert!(!is_version_message(&msg("6.06")[..15]));
     }
 
     #[test]
