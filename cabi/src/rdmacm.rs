@@ -19,6 +19,11 @@
 //!   the application allocates PDs, CQs and MRs on it with this library's verbs.
 //! - An event is a `Box<EvW>`: `struct rdma_cm_event` and the runtime's [`CmEvent`], whose
 //!   private data it points to; `rdma_ack_cm_event` frees it.
+//! - Teardown from one thread while another reads events: an event counts against its id (a
+//!   CONNECT_REQUEST against the listener) until acknowledged, and `rdma_destroy_id` waits
+//!   for those (bounded; an id still counted is freed by its last acknowledgement); a thread
+//!   in `rdma_get_cm_event` holds the channel's inner part, so destroying the channel never
+//!   frees it under that thread; an id's `qp` is touched only while the QP still exists.
 //! - `rdma_create_qp` creates the QP with this library's `ibv_create_qp` and gives it to the
 //!   id ([`CmId::attach_qp`]): the CM moves it through INIT, RTR, RTS and ERROR. A UD id's QP
 //!   is brought to RTS here with Q_Key `RDMA_UDP_QKEY` (SIDR needs no QP transitions).
@@ -36,10 +41,10 @@ use ferroce::runtime::cm::{
 };
 use ferroce::wire::{Psn, QpNumber};
 use libc::{c_char, c_int, c_void, sockaddr, EINVAL, ENODEV, ENOMEM, ENOSYS, EOPNOTSUPP};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ptr::null_mut;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -173,6 +178,13 @@ fn cm_ctx() -> *mut ibv_context {
 #[repr(C)]
 struct ChW {
     c: rdma_event_channel,
+    /// Shared with every thread inside `rdma_get_cm_event` on the channel: one that waits
+    /// there when the program destroys the channel keeps waiting (as it would in the
+    /// kernel), on a channel that stays alive under it.
+    inner: Arc<ChInner>,
+}
+
+struct ChInner {
     ch: EventChannel,
     /// Events read while a synchronous call waited for another id's.
     stash: Mutex<VecDeque<CmEvent>>,
@@ -215,13 +227,56 @@ struct IdW {
 struct EvW {
     c: rdma_cm_event,
     ev: CmEvent,
+    /// The C id the event counts against until it is acknowledged: its id, or for a
+    /// CONNECT_REQUEST the listener (librdmacm counts it there).
+    counted: usize,
 }
 
-/// The C id of each runtime id, by number.
-static IDS: Mutex<Option<HashMap<u32, usize>>> = Mutex::new(None);
+/// The C ids, and the events handed out on each and not acknowledged yet.
+#[derive(Default)]
+struct Registry {
+    /// The C id of each runtime id, by number (an id leaves at `rdma_destroy_id`).
+    by_num: HashMap<u32, usize>,
+    /// Events handed out and not acknowledged, by the C id they count against.
+    unacked: HashMap<usize, u32>,
+    /// Ids destroyed while an event counted against them was still out (the program
+    /// destroyed an id before acknowledging its events, which librdmacm forbids): each is
+    /// freed with the acknowledgement of its last event, never under a reader.
+    zombies: HashSet<usize>,
+}
 
-fn ids<R>(f: impl FnOnce(&mut HashMap<u32, usize>) -> R) -> R {
-    f(lock(&IDS).get_or_insert_with(HashMap::new))
+static IDS: Mutex<Option<Registry>> = Mutex::new(None);
+/// Signalled when an event is acknowledged (`rdma_destroy_id` waits for its id's).
+static ACKED: Condvar = Condvar::new();
+
+fn ids<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    f(lock(&IDS).get_or_insert_with(Registry::default))
+}
+
+/// How long `rdma_destroy_id` waits for the acknowledgement of its id's events. librdmacm
+/// waits forever; an id is not freed while events count against it either way, so a program
+/// that acknowledges later (or on the destroying thread, which would deadlock librdmacm)
+/// costs this wait and nothing else.
+const DESTROY_WAIT: Duration = Duration::from_secs(5);
+
+/// An event counted against `p` was acknowledged (or never handed out).
+fn release(p: usize) {
+    let free = ids(|r| {
+        let n = r.unacked.entry(p).or_insert(0);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            r.unacked.remove(&p);
+            r.zombies.remove(&p)
+        } else {
+            false
+        }
+    });
+    ACKED.notify_all();
+    if free {
+        // SAFETY: a destroyed id (out of the registry) whose last event was just
+        // acknowledged: nothing refers to it any more.
+        drop(unsafe { Box::from_raw(p as *mut IdW) });
+    }
 }
 
 /// # Safety
@@ -395,12 +450,14 @@ impl IdW {
         if self.c.qp.is_null() {
             return;
         }
-        // SAFETY: the id's QP, a QP of this library alive while the id holds it.
-        let w = unsafe { &mut *(self.c.qp as *mut QpW) };
-        // SAFETY: its context is this library's.
-        if let Ok((st, _)) = unsafe { verbs::sh(w.c.context) }.nic.query_qp(w.qpn) {
-            w.c.state = st.to_ibv() as c_int;
-        }
+        // The program may have destroyed the QP itself (`ibv_destroy_qp`, as rping does) while
+        // the id still names it: only a QP that still exists is touched.
+        verbs::with_live_qp(self.c.qp, |w| {
+            // SAFETY: its context is this library's.
+            if let Ok((st, _)) = unsafe { verbs::sh(w.c.context) }.nic.query_qp(w.qpn) {
+                w.c.state = st.to_ibv() as c_int;
+            }
+        });
     }
 }
 
@@ -442,7 +499,7 @@ fn new_idw(
         mc: Vec::new(),
         mc_pending: VecDeque::new(),
     }));
-    ids(|m| m.insert(num, w as usize));
+    ids(|r| r.by_num.insert(num, w as usize));
     w
 }
 
@@ -461,8 +518,10 @@ fn new_channel() -> Result<*mut ChW, c_int> {
     }
     Ok(Box::into_raw(Box::new(ChW {
         c: rdma_event_channel { fd: ch.fd() },
-        ch,
-        stash: Mutex::new(VecDeque::new()),
+        inner: Arc::new(ChInner {
+            ch,
+            stash: Mutex::new(VecDeque::new()),
+        }),
     })))
 }
 
@@ -482,7 +541,9 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
 #[export_name = "ferroce_rdma_destroy_event_channel"]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
     if !ch.is_null() {
-        // SAFETY: a channel of this library, not used after this (librdmacm's contract).
+        // SAFETY: a channel of this library, not used after this (librdmacm's contract). A
+        // thread waiting in rdma_get_cm_event on it holds its own reference to the inner
+        // channel, so that goes on existing under it.
         drop(unsafe { Box::from_raw(ch as *mut ChW) });
     }
 }
@@ -491,16 +552,41 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
 /// id already destroyed.
 fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
     let num = ev.id.id().0;
-    let listen = ev
-        .listen_id
-        .as_ref()
-        .and_then(|l| ids(|m| m.get(&l.id().0).copied()));
-    let mut id = ids(|m| m.get(&num).copied());
-    if ev.event == EventType::ConnectRequest && id.is_none() {
-        let Some(l) = listen else { return null_mut() };
-        // SAFETY: the listener's C id, alive (it is in the map).
-        let lw = unsafe { &*(l as *mut IdW) };
-        let w = new_idw(ev.id.clone(), lw.c.channel, lw.c.context, lw.c.ps);
+    let request = ev.event == EventType::ConnectRequest;
+    // Under the registry's lock: find the ids and count the event against the one it is
+    // reported on, so that no rdma_destroy_id frees that id before the event is acknowledged
+    // (and none frees it while this thread fills it in below). A request's listener is read
+    // here too, while it cannot go away.
+    let (listen, mut id, counted) = ids(|r| {
+        let listen = ev.listen_id.as_ref().and_then(|l| {
+            r.by_num.get(&l.id().0).map(|&p| {
+                // SAFETY: a live C id (in the registry, and freed only once out of it).
+                let lw = unsafe { &*(p as *const IdW) };
+                (p, lw.c.channel, lw.c.context, lw.c.ps)
+            })
+        });
+        let id = r.by_num.get(&num).copied();
+        let counted = if request { listen.map(|l| l.0) } else { id };
+        if let Some(p) = counted {
+            *r.unacked.entry(p).or_insert(0) += 1;
+        }
+        (listen, id, counted)
+    });
+    let Some(counted) = counted else {
+        if trace() {
+            eprintln!(
+                "ferroce librdmacm: {} id {num} (no such id: dropped)",
+                ev.event.as_str()
+            );
+        }
+        return null_mut();
+    };
+    if request && id.is_none() {
+        let Some((_, channel, context, ps)) = listen else {
+            release(counted);
+            return null_mut();
+        };
+        let w = new_idw(ev.id.clone(), channel, context, ps);
         // SAFETY: just made.
         unsafe {
             (*w).c.verbs = cm_ctx();
@@ -508,6 +594,7 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
         }
         id = Some(w as usize);
     }
+    let listen = listen.map(|l| l.0);
     if trace() {
         eprintln!(
             "ferroce librdmacm: {} id {} status {}{}",
@@ -521,10 +608,15 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
             }
         );
     }
-    let Some(idp) = id else { return null_mut() };
-    // SAFETY: a live C id of this library.
+    let Some(idp) = id else {
+        release(counted);
+        return null_mut();
+    };
+    // SAFETY: a live C id of this library (the event counts against it, or it is a
+    // request's new id, which only this event names).
     let w = unsafe { &mut *(idp as *mut IdW) };
     if ev.event == EventType::Established && std::mem::take(&mut w.established_by_app) {
+        release(counted);
         return null_mut();
     }
     if let Some(q) = ev.param.qp {
@@ -550,7 +642,7 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
     c.listen_id = listen.map_or(null_mut(), |l| l as *mut rdma_cm_id);
     c.event = event_code(ev.event);
     c.status = ev.status;
-    let mut b = Box::new(EvW { c, ev });
+    let mut b = Box::new(EvW { c, ev, counted });
     let p = &b.ev.param;
     let (pd, pdl) = (b.ev.private_data().as_ptr(), b.ev.private_data().len());
     let join = matches!(
@@ -611,7 +703,7 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
 
 /// The next event of a channel: a stashed one first; waits unless the descriptor is
 /// non-blocking. `Err(errno)` when there is none.
-fn next_event(chw: &ChW, wait: bool) -> Result<CmEvent, c_int> {
+fn next_event(chw: &ChInner, wait: bool) -> Result<CmEvent, c_int> {
     if let Some(e) = lock(&chw.stash).pop_front() {
         return Ok(e);
     }
@@ -631,12 +723,18 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     if channel.is_null() || event.is_null() {
         return fail(EINVAL);
     }
-    // SAFETY: a channel of this library.
-    let chw = unsafe { &*(channel as *mut ChW) };
+    // SAFETY: a channel of this library. Its inner channel is held from here on: the
+    // program may destroy the channel while this thread waits.
+    let (fd, chw) = unsafe {
+        (
+            (*(channel as *mut ChW)).c.fd,
+            (*(channel as *mut ChW)).inner.clone(),
+        )
+    };
     // SAFETY: fcntl on the channel's own descriptor.
-    let nonblock = unsafe { libc::fcntl(chw.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let ev = match next_event(chw, !nonblock) {
+        let ev = match next_event(&chw, !nonblock) {
             Ok(e) => e,
             Err(e) => return fail(e),
         };
@@ -657,13 +755,16 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
     }
     // SAFETY: an event of this library, not used after this (librdmacm's contract).
     let b = unsafe { Box::from_raw(event as *mut EvW) };
-    if let Some(idp) = ids(|m| m.get(&b.ev.id.id().0).copied()) {
-        // SAFETY: a live C id.
-        let w = unsafe { &mut *(idp as *mut IdW) };
-        if w.c.event == event {
-            w.c.event = null_mut();
+    ids(|r| {
+        if let Some(&idp) = r.by_num.get(&b.ev.id.id().0) {
+            // SAFETY: a live C id (in the registry, so not freed while the lock is held).
+            let w = unsafe { &mut *(idp as *mut IdW) };
+            if w.c.event == event {
+                w.c.event = null_mut();
+            }
         }
-    }
+    });
+    release(b.counted);
     0
 }
 
@@ -671,7 +772,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
 /// consume it: `Ok(event)` for the one wanted, `Err(errno)` otherwise.
 fn sync_wait(w: &IdW, want: EventType) -> Result<CmEvent, c_int> {
     // SAFETY: a synchronous id's channel is its own, alive while the id is.
-    let chw = unsafe { &*(w.c.channel as *mut ChW) };
+    let chw = unsafe { &*(w.c.channel as *mut ChW) }.inner.clone();
     let me = w.cmid()?.id();
     loop {
         let e = chw.ch.get_cm_event(None).ok_or(ENODEV)?;
@@ -718,7 +819,7 @@ pub unsafe extern "C" fn rdma_create_id(
         (channel as *mut ChW, false)
     };
     // SAFETY: a channel of this library.
-    let cmid = unsafe { &*ch }.ch.create_id(space);
+    let cmid = unsafe { &*ch }.inner.ch.create_id(space);
     let w = new_idw(cmid, ch as *mut rdma_event_channel, context, ps);
     // SAFETY: just made; the caller's out parameter.
     unsafe {
@@ -735,11 +836,45 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     if id.is_null() {
         return fail(EINVAL);
     }
-    // SAFETY: an id of this library, not used after this.
-    let w = unsafe { Box::from_raw(id as *mut IdW) };
+    let p = id as usize;
+    // SAFETY: an id of this library, not used by the program after this.
+    let w = unsafe { &mut *(id as *mut IdW) };
+    let num = w.id.as_ref().map(|c| c.id().0);
+    // Out of the registry first (no event reaches it after this), then wait until the events
+    // counted against it are acknowledged, as librdmacm does: another thread may be handling
+    // one (rping's CM thread takes DISCONNECTED while its main thread destroys the id), or
+    // filling one in.
+    {
+        let mut g = lock(&IDS);
+        let deadline = std::time::Instant::now() + DESTROY_WAIT;
+        loop {
+            let r = g.get_or_insert_with(Registry::default);
+            if let Some(n) = num {
+                if r.by_num.get(&n) == Some(&p) {
+                    r.by_num.remove(&n);
+                }
+            }
+            if !r.unacked.contains_key(&p) {
+                break;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                if trace() {
+                    eprintln!(
+                        "ferroce librdmacm: rdma_destroy_id: events of the id still not \
+                         acknowledged after {DESTROY_WAIT:?}; freed with the last one"
+                    );
+                }
+                break;
+            }
+            g = ACKED
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
     let mut r = Ok(());
-    if let Some(cmid) = w.id {
-        ids(|m| m.remove(&cmid.id().0));
+    if let Some(cmid) = w.id.take() {
         // The application's QP stays the application's: librdmacm does not destroy it.
         cmid.detach_qp();
         let was = cmid.state();
@@ -756,6 +891,19 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     if w.own_channel {
         // SAFETY: the id's own channel, used by nothing else.
         unsafe { rdma_destroy_event_channel(w.c.channel) };
+    }
+    // Free it now, or (events still out) with the acknowledgement of the last one.
+    let now = ids(|r| {
+        if r.unacked.contains_key(&p) {
+            r.zombies.insert(p);
+            false
+        } else {
+            true
+        }
+    });
+    if now {
+        // SAFETY: out of the registry, no event counts against it: nothing refers to it.
+        drop(unsafe { Box::from_raw(id as *mut IdW) });
     }
     ret(r)
 }
@@ -1429,7 +1577,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
     // SAFETY: channels of this library: the target, and the id's current one (alive while
     // the id is).
     let (new, old) = unsafe { (&*to, &*(w.c.channel as *mut ChW)) };
-    if let Err(e) = cmid.migrate(&new.ch) {
+    if let Err(e) = cmid.migrate(&new.inner.ch) {
         if sync {
             // SAFETY: the channel made above, used by nothing else.
             unsafe { rdma_destroy_event_channel(to as *mut rdma_event_channel) };
@@ -1439,12 +1587,12 @@ pub unsafe extern "C" fn rdma_migrate_id(
     // Events a synchronous call set aside on the old channel follow the id too.
     let me = cmid.id();
     {
-        let mut stash = lock(&old.stash);
+        let mut stash = lock(&old.inner.stash);
         let (mine, rest): (VecDeque<CmEvent>, VecDeque<CmEvent>) = stash
             .drain(..)
             .partition(|e| e.id.id() == me || e.listen_id.as_ref().is_some_and(|l| l.id() == me));
         *stash = rest;
-        lock(&new.stash).extend(mine);
+        lock(&new.inner.stash).extend(mine);
     }
     if w.own_channel {
         if !w.c.event.is_null() {

@@ -159,6 +159,20 @@ fn objects<R>(f: impl FnOnce(&mut Objects) -> R) -> R {
     f(g.get_or_insert_with(Objects::default))
 }
 
+/// Run `f` on the QP at `qp` if it is a QP of this library that still exists, with the
+/// registry's lock held: `ibv_destroy_qp` takes a QP out of the registry before it frees it,
+/// so the QP cannot go away under `f`. For pointers another object keeps (an RDMA-CM id's
+/// `qp`), which the program may destroy with `ibv_destroy_qp` at any time, from any thread
+/// (rping does, while its CM thread may be reading DISCONNECTED).
+pub(crate) fn with_live_qp<R>(qp: *mut ibv_qp, f: impl FnOnce(&mut QpW) -> R) -> Option<R> {
+    objects(|o| {
+        o.qps.values().any(|&(p, _)| p == qp as usize).then(|| {
+            // SAFETY: a live QP of this library (in the registry, under its lock).
+            f(unsafe { &mut *(qp as *mut QpW) })
+        })
+    })
+}
+
 /// The most events a context keeps unread; older ones are dropped (and counted) beyond it.
 const ASYNC_QUEUE_MAX: usize = 4096;
 
