@@ -646,3 +646,78 @@ fn rping_over_ipv6_carries_ipv6_addresses() {
     assert_eq!((h.src_ip, h.dst_ip), (ip(a6), ip(b6)));
     assert_eq!(q.private_data[1] >> 4, 6);
 }
+
+/// `rdma_set_option` RDMA_OPTION_ID_TOS and _ACK_TIMEOUT, as Linux applies them: the active
+/// side's TOS (set between address and route resolution, as perftest's `-T` does) becomes the
+/// route's traffic class, the REQ's path carries it, and both QPs get it (the passive side from
+/// the REQ); a TOS on the listener overrides what the REQ says for the accepted QP. The ACK
+/// timeout replaces the computed Local ACK Timeout of the side that set it, and only that one.
+#[test]
+fn tos_and_ack_timeout_options_reach_the_route_the_req_and_both_qps() {
+    for (a_tos, listener_tos) in [
+        (Some(96u8), None),
+        (None, Some(0x48u8)),
+        (Some(96), Some(0x48)),
+    ] {
+        let mut t = Test::new();
+        let l = t.listener(PortSpace::TCP, sa("0.0.0.0", 7175), 4);
+        if let Some(x) = listener_tos {
+            t.p.b.set_tos(l, x).unwrap();
+        }
+        let now = t.p.now;
+        let a = t.p.a.create_id(PortSpace::TCP);
+        t.p.a
+            .resolve_addr(now, a, None, sa(B_IP, 7175), Duration::from_secs(2))
+            .unwrap();
+        t.expect(Side::A, EventType::AddrResolved);
+        if let Some(x) = a_tos {
+            t.p.a.set_tos(a, x).unwrap();
+        }
+        t.p.a.set_ack_timeout(a, 19).unwrap();
+        let now = t.p.now;
+        t.p.a.resolve_route(now, a, Duration::from_secs(2)).unwrap();
+        t.expect(Side::A, EventType::RouteResolved);
+        let a_tc = a_tos.unwrap_or(0);
+        assert_eq!(t.p.a.route(a).unwrap().traffic_class, a_tc);
+        let now = t.p.now;
+        t.p.a
+            .connect(
+                now,
+                a,
+                &ConnParam::new(QpNumber::new(0x11), Psn::new(1), &[]),
+            )
+            .unwrap();
+        let req = t.expect(Side::B, EventType::ConnectRequest);
+        let CmMessage::Req(q) = t.p.trace[0].mad.unwrap().msg else {
+            panic!()
+        };
+        assert_eq!(q.primary.traffic_class, a_tc, "the REQ's path");
+        let now = t.p.now;
+        let qp_b =
+            t.p.b
+                .accept(
+                    now,
+                    req.id,
+                    &ConnParam::new(QpNumber::new(0x22), Psn::new(2), &[]),
+                )
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            qp_b.traffic_class,
+            listener_tos.unwrap_or(a_tc),
+            "the passive QP: the listener's TOS, else the REQ's"
+        );
+        let resp = t.expect(Side::A, EventType::ConnectResponse);
+        let qp_a = resp.qp.unwrap();
+        assert_eq!(qp_a.traffic_class, a_tc, "the active QP");
+        assert_eq!(qp_a.local_ack_timeout, 19, "A's option");
+        assert_ne!(qp_b.local_ack_timeout, 19, "B set none: the computed one");
+    }
+    // Options of an id that does not exist: an error, as for every call.
+    let mut t = Test::new();
+    assert_eq!(t.p.a.set_tos(RdmaId(4242), 1), Err(RdmaCmError::NoSuchId));
+    assert_eq!(
+        t.p.a.set_ack_timeout(RdmaId(4242), 1),
+        Err(RdmaCmError::NoSuchId)
+    );
+}

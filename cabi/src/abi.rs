@@ -993,6 +993,14 @@ pub const RAI_NOROUTE: c_int = 4;
 pub const RAI_FAMILY: c_int = 8;
 /// `RDMA_UDP_QKEY`.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// `rdma_set_option` levels (`RDMA_OPTION_ID`, `RDMA_OPTION_IB`) and names.
+pub const RDMA_OPTION_ID: c_int = 0;
+pub const RDMA_OPTION_IB: c_int = 1;
+pub const RDMA_OPTION_ID_TOS: c_int = 0;
+pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
+pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+pub const RDMA_OPTION_IB_PATH: c_int = 1;
 
 /// The layout facts of librdmacm's structures (`<rdma/rdma_cma.h>`), as [`layout_facts`].
 pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
@@ -1145,6 +1153,13 @@ pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
         ("RAI_FAMILY", RAI_FAMILY),
         ("RDMA_UDP_QKEY", RDMA_UDP_QKEY as c_int),
         ("IBV_QP_INIT_ATTR_PD", IBV_QP_INIT_ATTR_PD as c_int),
+        ("RDMA_OPTION_ID", RDMA_OPTION_ID),
+        ("RDMA_OPTION_IB", RDMA_OPTION_IB),
+        ("RDMA_OPTION_ID_TOS", RDMA_OPTION_ID_TOS),
+        ("RDMA_OPTION_ID_REUSEADDR", RDMA_OPTION_ID_REUSEADDR),
+        ("RDMA_OPTION_ID_AFONLY", RDMA_OPTION_ID_AFONLY),
+        ("RDMA_OPTION_ID_ACK_TIMEOUT", RDMA_OPTION_ID_ACK_TIMEOUT),
+        ("RDMA_OPTION_IB_PATH", RDMA_OPTION_IB_PATH),
     ] {
         v.push((name, n as usize));
     }

@@ -681,6 +681,8 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
             ud.ah_attr.grh.dgid.raw = gid_of(r);
             ud.ah_attr.grh.sgid_index = gid_index(l);
             ud.ah_attr.grh.hop_limit = 64;
+            // The route's traffic class (RDMA_OPTION_ID_TOS), as the kernel's path record.
+            ud.ah_attr.grh.traffic_class = b.ev.id.route().map_or(0, |r| r.traffic_class);
         }
         b.c.param.ud = ud;
     } else {
@@ -1531,17 +1533,49 @@ pub unsafe extern "C" fn rdma_set_option(
     level: c_int,
     name: c_int,
     val: *mut c_void,
-    _len: usize,
+    len: usize,
 ) -> c_int {
     if id.is_null() || val.is_null() {
         return fail(EINVAL);
     }
+    // SAFETY: an id of this library.
+    let w = unsafe { idw(id) };
+    let Ok(cmid) = w.cmid() else {
+        return fail(EINVAL);
+    };
+    // The kernel's checks (ucma_set_option_id): each option's value has its exact size.
+    let u8_val = || {
+        // SAFETY: the caller's value, `len` bytes (checked to be one).
+        (len == 1).then(|| unsafe { *(val as *const u8) })
+    };
     match (level, name) {
-        // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT — accepted; the connection
-        // uses ferroce's defaults for them.
-        (0, 0..=3) => 0,
-        // RDMA_OPTION_IB_PATH: path records from an SA; a RoCE route is resolved here.
-        (1, 1) => fail(ENOSYS),
+        // RDMA_OPTION_ID_TOS: the IP TOS byte (the GRH traffic class) of the route and of the
+        // connection's packets (perftest's --tos).
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => match u8_val() {
+            Some(t) => {
+                let r = ret(cmid.set_tos(t));
+                w.refresh();
+                r
+            }
+            None => fail(EINVAL),
+        },
+        // RDMA_OPTION_ID_ACK_TIMEOUT: the QP's Local ACK Timeout exponent.
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => match u8_val() {
+            Some(t) => ret(cmid.set_ack_timeout(t)),
+            None => fail(EINVAL),
+        },
+        // RDMA_OPTION_ID_REUSEADDR, _AFONLY: an int. Ports here are the process's own
+        // (one CM per process), so reuse changes nothing; an IPv6 id binds IPv6 only.
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => {
+            if len == size_of::<c_int>() {
+                0
+            } else {
+                fail(EINVAL)
+            }
+        }
+        // RDMA_OPTION_IB_PATH: path records from an SA (ibacm); RoCE routes are resolved
+        // from the kernel's routing here.
+        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => fail(ENOSYS),
         _ => fail(ENOSYS),
     }
 }

@@ -523,6 +523,66 @@ fn perftest_over_rdma_cm_both_ends() {
     }
 }
 
+/// perftest's `-T` (RDMA_OPTION_ID_TOS) and `-u` (the QP timeout; RDMA_OPTION_ID_ACK_TIMEOUT
+/// over `-R`) on both ends: every packet of the test connection, the WRITEs one way and the
+/// ACKs the other, leaves with the TOS byte the option set (DSCP 24 for TOS 96), in the
+/// client's capture read by tshark. Before, the library accepted both options and applied
+/// neither (TOS 0 on the wire).
+#[test]
+fn perftest_tos_over_rdma_cm_reaches_the_wire() {
+    let t = "perftest_tos_over_rdma_cm_reaches_the_wire";
+    if !ready(t, &["ib_write_bw"]) || !have(which("tshark"), t, "tshark") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cabi-tos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("client.pcap");
+    let cmd = "ib_write_bw -R -d ferroce_lo -n 200 -T 96 -u 16";
+    let (s, c, st) = pair_when(
+        Ready::CmListen,
+        cmd,
+        &format!("env FERROCE_PCAP={} {cmd}", pcap.display()),
+    );
+    let all = format!("{cmd}\n--- server\n{s}\n--- client\n{c}");
+    assert_eq!(st, "server=0 client=0", "{all}");
+    result_line(cmd, &c, "200");
+    let out = std::process::Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .args([
+            "-Y",
+            "infiniband.bth.opcode <= 17",
+            "-T",
+            "fields",
+            "-e",
+            "ip.src",
+            "-e",
+            "ip.dsfield.dscp",
+            "-e",
+            "infiniband.bth.opcode",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The test connection's WRITEs (opcodes 6, 7, 8) and their ACKs (17); perftest's own
+    // exchange connection (SENDs, opcode 4, and their ACKs) is made without -T.
+    let writes: Vec<&str> = text
+        .lines()
+        .filter(|l| matches!(l.split('\t').nth(2), Some("6" | "7" | "8")))
+        .collect();
+    assert!(writes.len() >= 200, "{} WRITE packets\n{all}", writes.len());
+    for l in &writes {
+        assert_eq!(l.split('\t').nth(1), Some("24"), "a WRITE: {l}");
+    }
+    let acks_tos = text
+        .lines()
+        .filter(|l| l.starts_with("127.0.0.1\t") && l.ends_with("\t17"))
+        .filter(|l| l.split('\t').nth(1) == Some("24"))
+        .count();
+    assert!(acks_tos > 0, "no ACK from the server with DSCP 24:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn perftest_over_rdma_cm_against_ferroce_perf_both_roles() {
     let t = "perftest_over_rdma_cm_against_ferroce_perf_both_roles";

@@ -365,6 +365,12 @@ struct Id {
     disconnected: bool,
     /// A connection request not accepted or rejected yet (counts in the parent's backlog).
     pending: bool,
+    /// `RDMA_OPTION_ID_TOS`: the traffic class (the IP TOS byte on RoCE v2) of the route and
+    /// of the QP's packets; a request's id takes its listener's.
+    tos: Option<u8>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's Local ACK Timeout exponent instead of the one
+    /// the CM computes; a request's id takes its listener's.
+    ack_timeout: Option<u8>,
 }
 
 /// RDMA-CM over one port's IB CM; sans-IO (see the module documentation).
@@ -544,9 +550,45 @@ impl RdmaCm {
                 deadline: None,
                 disconnected: false,
                 pending: false,
+                tos: None,
+                ack_timeout: None,
             },
         );
         RdmaId(id)
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_TOS)`: the traffic class of the id's
+    /// route (resolved after this; a route already resolved takes it too) and of its
+    /// connection's packets, both ways on a connection this side accepts (as Linux's
+    /// `rdma_set_service_type`; without it, the traffic class is 0 or, on the passive side,
+    /// the REQ's).
+    pub fn set_tos(&mut self, id: RdmaId, tos: u8) -> Result<(), RdmaCmError> {
+        let i = self.id_mut(id)?;
+        i.tos = Some(tos);
+        if let Some(r) = i.route.as_mut() {
+            r.traffic_class = tos;
+        }
+        Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT)`: the Local ACK Timeout
+    /// exponent (4.096 µs × 2^`t`, 5 bits) of the connection's QP, instead of the one computed
+    /// from the packet lifetime and the peer's ACK delay (Linux's `rdma_set_ack_timeout`).
+    pub fn set_ack_timeout(&mut self, id: RdmaId, t: u8) -> Result<(), RdmaCmError> {
+        self.id_mut(id)?.ack_timeout = Some(t & 0x1f);
+        Ok(())
+    }
+
+    /// The id's options (or its listener's) applied to the QP attributes the CM computed.
+    fn tune(&self, id: RdmaId, qp: &mut QpParams) {
+        let Ok(i) = self.id(id) else { return };
+        let parent = i.parent.and_then(|p| self.id(p).ok());
+        if let Some(t) = i.tos.or(parent.and_then(|p| p.tos)) {
+            qp.traffic_class = t;
+        }
+        if let Some(t) = i.ack_timeout.or(parent.and_then(|p| p.ack_timeout)) {
+            qp.local_ack_timeout = t;
+        }
     }
 
     fn id(&self, id: RdmaId) -> Result<&Id, RdmaCmError> {
@@ -712,7 +754,10 @@ impl RdmaCm {
         self.arm(id.0, None);
         let i = self.id_mut(id)?;
         match result {
-            Ok(r) => {
+            Ok(mut r) => {
+                if let Some(t) = i.tos {
+                    r.traffic_class = t;
+                }
                 i.route = Some(r);
                 i.state = IdState::RouteResolved;
                 self.event(Event::new(id, EventType::RouteResolved, 0));
@@ -878,8 +923,9 @@ impl RdmaCm {
                 a.rnr_retry_count = p.rnr_retry_count;
                 a.srq = p.srq;
                 a.private_data = copy_max(p.private_data)?;
-                let qp = self.cm.accept(now, comm, &a)?;
+                let mut qp = self.cm.accept(now, comm, &a)?;
                 self.id_mut(id)?.pending = false;
+                self.tune(id, &mut qp);
                 Ok(Some(qp))
             }
             (None, Some(s)) => {
@@ -1016,10 +1062,11 @@ impl RdmaCm {
                 id, listen, req, ..
             } => self.on_sidr_req(now, id, listen, req.service_id, &req.private_data),
             CmEvent::MraReceived { .. } => {}
-            CmEvent::RepReceived { id, qp, rep } => {
+            CmEvent::RepReceived { id, mut qp, rep } => {
                 let Some(&rid) = self.by_comm.get(&id) else {
                     return;
                 };
+                self.tune(RdmaId(rid), &mut qp);
                 let mut ev = Event::new(RdmaId(rid), EventType::ConnectResponse, 0)
                     .with_private(&rep.private_data);
                 ev.qp = Some(qp);
@@ -1030,10 +1077,11 @@ impl RdmaCm {
                 ev.srq = rep.srq;
                 self.event(ev);
             }
-            CmEvent::Established { id, qp } => {
+            CmEvent::Established { id, mut qp } => {
                 let Some(&rid) = self.by_comm.get(&id) else {
                     return;
                 };
+                self.tune(RdmaId(rid), &mut qp);
                 let mut ev = Event::new(RdmaId(rid), EventType::Established, 0);
                 ev.qp = Some(qp);
                 ev.qp_num = Some(qp.remote_qpn);

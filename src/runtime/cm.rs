@@ -1067,6 +1067,18 @@ impl CmId {
         &self.sh.nic
     }
 
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the traffic class of the id's route and
+    /// connection ([`rdma::RdmaCm::set_tos`]).
+    pub fn set_tos(&self, tos: u8) -> Result<(), CmApiError> {
+        Ok(lock(&self.sh.st).cm.set_tos(self.id, tos)?)
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`: the connection QP's Local ACK Timeout
+    /// exponent ([`rdma::RdmaCm::set_ack_timeout`]).
+    pub fn set_ack_timeout(&self, t: u8) -> Result<(), CmApiError> {
+        Ok(lock(&self.sh.st).cm.set_ack_timeout(self.id, t)?)
+    }
+
     /// `rdma_bind_addr` (port 0: an ephemeral port; the unspecified address: every address).
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmApiError> {
         self.call(|st, _, _| Ok(st.cm.bind_addr(self.id, addr)?))
