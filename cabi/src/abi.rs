@@ -252,6 +252,25 @@ pub struct ibv_srq_init_attr {
     pub attr: ibv_srq_attr,
 }
 
+/// `struct ibv_srq_init_attr_ex` (`rdma_create_srq_ex`).
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    /// `struct ibv_tm_cap`: `max_num_tags`, `max_ops`.
+    pub tm_cap: [u32; 2],
+}
+/// `enum ibv_srq_init_attr_mask`.
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+/// `IBV_SRQT_BASIC`.
+pub const IBV_SRQT_BASIC: c_int = 0;
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_qp_cap {
@@ -597,6 +616,16 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
             srq_limit
         },
         ibv_srq_init_attr { srq_context, attr },
+        ibv_srq_init_attr_ex {
+            srq_context,
+            attr,
+            comp_mask,
+            srq_type,
+            pd,
+            xrcd,
+            cq,
+            tm_cap
+        },
         ibv_qp_cap {
             max_send_wr,
             max_recv_wr,
@@ -1153,6 +1182,9 @@ pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
         ("RAI_FAMILY", RAI_FAMILY),
         ("RDMA_UDP_QKEY", RDMA_UDP_QKEY as c_int),
         ("IBV_QP_INIT_ATTR_PD", IBV_QP_INIT_ATTR_PD as c_int),
+        ("IBV_SRQ_INIT_ATTR_TYPE", IBV_SRQ_INIT_ATTR_TYPE as c_int),
+        ("IBV_SRQ_INIT_ATTR_PD", IBV_SRQ_INIT_ATTR_PD as c_int),
+        ("IBV_SRQT_BASIC", IBV_SRQT_BASIC),
         ("RDMA_OPTION_ID", RDMA_OPTION_ID),
         ("RDMA_OPTION_IB", RDMA_OPTION_IB),
         ("RDMA_OPTION_ID_TOS", RDMA_OPTION_ID_TOS),

@@ -1701,10 +1701,47 @@ pub unsafe extern "C" fn rdma_create_srq(
     0
 }
 
-/// librdmacm's `rdma_create_srq_ex` (`librdmacm.so.1` forwards to it).
+/// librdmacm's `rdma_create_srq_ex` (`librdmacm.so.1` forwards to it): as librdmacm, the
+/// type must be given (EINVAL otherwise) and a missing PD is the id's (or a new one). Basic
+/// SRQs only: XRC and tag-matching SRQs, and a completion queue or XRC domain in the mask,
+/// are EOPNOTSUPP, as on a provider without `create_srq_ex`.
 #[export_name = "ferroce_rdma_create_srq_ex"]
-pub unsafe extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
-    fail(EOPNOTSUPP)
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    if id.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 {
+        return fail(EINVAL);
+    }
+    if a.srq_type != IBV_SRQT_BASIC
+        || a.comp_mask & !(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD) != 0
+    {
+        return fail(EOPNOTSUPP);
+    }
+    let pd = if a.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        null_mut()
+    };
+    let mut basic = ibv_srq_init_attr {
+        srq_context: a.srq_context,
+        attr: a.attr,
+    };
+    // SAFETY: an id of this library; the basic attributes just made.
+    let r = unsafe { rdma_create_srq(id, pd, &mut basic) };
+    if r == 0 {
+        // What the SRQ got (rdma-core's providers write back the actual sizes), and the PD.
+        a.attr = basic.attr;
+        // SAFETY: an id of this library.
+        a.pd = unsafe { idw(id) }.c.pd;
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+    }
+    r
 }
 
 /// librdmacm's `rdma_destroy_srq` (`librdmacm.so.1` forwards to it).

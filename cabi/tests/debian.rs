@@ -967,6 +967,47 @@ fn destroying_an_id_and_a_channel_while_another_thread_uses_them() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `rdma_create_srq_ex` (examples/c/cm_srq.c), as librdmacm: no type in the mask is
+/// EINVAL, an XRC SRQ EOPNOTSUPP (no XRC here) leaving the id without one, a basic SRQ gets
+/// the id's PD (made for it) and becomes `id->srq`, and the id's QP receives through it; run
+/// under valgrind when it is there. Before, every call was EOPNOTSUPP.
+#[test]
+fn rdma_create_srq_ex_on_an_id() {
+    let t = "rdma_create_srq_ex_on_an_id";
+    let Some((dir, exe)) = build_cm_example(t, "cm_srq") else {
+        return;
+    };
+    let tool = if which("valgrind") {
+        "valgrind -q --error-exitcode=9"
+    } else {
+        ""
+    };
+    let out = in_netns(&format!(
+        "timeout 120 $F run -d lo -- {tool} {} 127.0.0.1",
+        exe.display()
+    ));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let all = format!(
+        "{t}: {}\n{so}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert_says(
+        "cm_srq",
+        &so,
+        &[
+            "no type: EINVAL",
+            "XRC: EOPNOTSUPP",
+            "basic SRQ on the id, its PD, max_wr 16",
+            "the QP receives through the id's SRQ",
+            "ok",
+        ],
+        &all,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A process's RDMA-CM connections are cleaned up at its exit as the kernel's ucma does at
 /// close (examples/c/cm_exit.c): the server returns from main with one connection whose DREQ
 /// came unanswered and one still established (or, `-x`, right after its own `rdma_disconnect`
