@@ -115,8 +115,25 @@ struct AhW {
 #[repr(C)]
 struct ChanW {
     c: ibv_comp_channel,
+    /// Shared with each CQ bound to the channel (its notification writes the descriptor) and
+    /// with every thread inside `ibv_get_cq_event` on it: a thread waiting there when the
+    /// program destroys the channel keeps waiting on a channel that stays alive under it (with
+    /// the kernel's channel it sleeps in `read`), instead of reading freed memory.
+    inner: Arc<ChanInner>,
+}
+
+struct ChanInner {
+    /// The eventfd (`c.fd`), closed when the last user lets go.
+    fd: c_int,
     /// The CQs bound to the channel: (handle, the C object's address).
     cqs: Mutex<Vec<(Cq, usize)>>,
+}
+
+impl Drop for ChanInner {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor this object owns, closed once.
+        unsafe { libc::close(self.fd) };
+    }
 }
 
 /// The C objects by their number on the device, for asynchronous events (which name a QP by
@@ -821,7 +838,10 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
             fd,
             refcnt: 0,
         },
-        cqs: Mutex::new(Vec::new()),
+        inner: Arc::new(ChanInner {
+            fd,
+            cqs: Mutex::new(Vec::new()),
+        }),
     });
     Box::into_raw(w) as *mut ibv_comp_channel
 }
@@ -833,13 +853,18 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
     }
     // SAFETY: a channel from ibv_create_comp_channel.
     let w = unsafe { &*(ch as *mut ChanW) };
-    if !w.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+    if !w
+        .inner
+        .cqs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty()
+    {
         return libc::EBUSY;
     }
-    // SAFETY: not used after this.
-    let w = unsafe { Box::from_raw(ch as *mut ChanW) };
-    // SAFETY: closes a descriptor this object owns, once.
-    unsafe { libc::close(w.c.fd) };
+    // SAFETY: not used by the program after this. The descriptor closes with the last
+    // reference (now, unless a thread still waits in ibv_get_cq_event on the channel).
+    drop(unsafe { Box::from_raw(ch as *mut ChanW) });
     0
 }
 
@@ -877,16 +902,17 @@ pub unsafe extern "C" fn ibv_create_cq(
     if !channel.is_null() {
         // SAFETY: a channel from ibv_create_comp_channel.
         let ch = unsafe { &*(channel as *mut ChanW) };
-        ch.cqs
+        ch.inner
+            .cqs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((cq, p as usize));
-        let fd = ch.c.fd;
+        let inner = ch.inner.clone();
         let notify: ferroce::runtime::CqNotify = Arc::new(move || {
             let one: u64 = 1;
-            // SAFETY: an 8-byte write from a local to the channel's eventfd, which lives until
-            // ibv_destroy_comp_channel (refused while CQs are bound to it).
-            unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+            // SAFETY: an 8-byte write from a local to the channel's eventfd, open while this
+            // notification holds the channel.
+            unsafe { libc::write(inner.fd, &one as *const u64 as *const c_void, 8) };
         });
         let _ = s.nic.set_cq_notify(cq, Some(notify));
     }
@@ -922,7 +948,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if !w.c.channel.is_null() {
         // SAFETY: the CQ's channel is one of ours, alive while CQs are bound to it.
         let ch = unsafe { &*(w.c.channel as *mut ChanW) };
-        ch.cqs
+        ch.inner
+            .cqs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&(_, p)| p != cq as usize);
@@ -946,12 +973,18 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         set_errno(EINVAL);
         return -1;
     }
-    // SAFETY: a channel from ibv_create_comp_channel.
-    let w = unsafe { &*(ch as *mut ChanW) };
+    // SAFETY: a channel from ibv_create_comp_channel. Its inner part is held from here on:
+    // the program may destroy the channel while this thread waits.
+    let (context, w) = unsafe {
+        (
+            (*(ch as *mut ChanW)).c.context,
+            (*(ch as *mut ChanW)).inner.clone(),
+        )
+    };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    let s = unsafe { sh(w.c.context) };
+    let s = unsafe { sh(context) };
     // SAFETY: fcntl on the channel's own descriptor.
-    let nonblock = unsafe { libc::fcntl(w.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblock = unsafe { libc::fcntl(w.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if cqs.is_empty() {
@@ -976,7 +1009,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 let mut v = 0u64;
                 // SAFETY: reads 8 bytes into a local from the channel's eventfd; it is
                 // readable (this notification signalled it), so the read does not block.
-                let _ = unsafe { libc::read(w.c.fd, &mut v as *mut u64 as *mut c_void, 8) };
+                let _ = unsafe { libc::read(w.fd, &mut v as *mut u64 as *mut c_void, 8) };
                 let more: u64 = cqs
                     .iter()
                     .map(|&(q, _)| s.nic.cq_events_pending(q).unwrap_or(0))
@@ -984,10 +1017,18 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 if more > 0 {
                     let one = 1u64;
                     // SAFETY: an 8-byte write from a local to the channel's eventfd.
-                    unsafe { libc::write(w.c.fd, &one as *const u64 as *const c_void, 8) };
+                    unsafe { libc::write(w.fd, &one as *const u64 as *const c_void, 8) };
+                }
+                // The CQ may have been destroyed by another thread since the list was read:
+                // read it only while it is still bound (ibv_destroy_cq unbinds it, under this
+                // lock, before it frees it).
+                let bound = w.cqs.lock().unwrap_or_else(|e| e.into_inner());
+                if !bound.iter().any(|&(_, q)| q == p) {
+                    continue;
                 }
                 let p = p as *mut ibv_cq;
-                // SAFETY: out parameters; `p` is a live CQ bound to the channel.
+                // SAFETY: out parameters; `p` is a live CQ bound to the channel (the lock
+                // held keeps it so).
                 unsafe {
                     *cq_out = p;
                     if !ctx_out.is_null() {
