@@ -455,3 +455,126 @@ fn migrate_id_moves_waiting_and_later_events() {
     l.destroy().unwrap();
     assert!(gone.migrate(&b.ch).is_err());
 }
+
+/// REQs from 1,000 forged source addresses (raw frames on the loopback, each a valid RoCE v2
+/// UD SEND to QP1 with a CM REQ for a service nobody listens on): B's CM answers each with a
+/// REJ, which needs an address handle per source. QP1 keeps at most 256 of them (starting
+/// over when full and no MAD is on its way), so a flood from forged sources never fills the
+/// device's AH table, which the application's address handles share. Before, QP1 kept one
+/// per source, forever.
+#[test]
+fn qp1_address_handles_stay_bounded_under_forged_sources() {
+    use ferroce::io::PacketDevice;
+    use ferroce::wire::mad::cm::{CmMadRepr, CmMessage, ReqRepr};
+    use ferroce::wire::mad::GSI_QKEY;
+    use ferroce::wire::{
+        BthRepr, DethRepr, Ecn, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, QKey,
+        RoceRepr, UdpRepr, ROCE_V2_PORT,
+    };
+    let (mut la, lb) = Loopback::pair(4096, 9000).unwrap();
+    let b = side(2, lb);
+    let n = 1_000u32;
+    let mut sent = 0u32;
+    for i in 0..n {
+        let src = Ipv4Addr::new(10, 77, (i >> 8) as u8, i as u8);
+        let req = ReqRepr {
+            local_comm_id: i + 1,
+            service_id: 0x0000_0000_0106_0000 | 4242,
+            ..ReqRepr::default()
+        };
+        let mad = CmMadRepr::send(u64::from(i) + 1, CmMessage::Req(req)).to_bytes();
+        let f = FrameRepr {
+            eth: Some(EthernetRepr {
+                dst: mac(2),
+                src: MacAddr([2, 0x77, 0, 0, (i >> 8) as u8, i as u8]),
+                vlan: None,
+                ethertype: 0,
+            }),
+            ip: IpRepr::V4(Ipv4Repr {
+                src,
+                dst: Ipv4Addr::new(10, 9, 0, 2),
+                dscp: 0,
+                ecn: Ecn::NotEct,
+                ident: 0,
+                dont_frag: true,
+                ttl: 64,
+            }),
+            udp: UdpRepr {
+                src_port: 0xc0de,
+                dst_port: ROCE_V2_PORT,
+                checksum: 0,
+            },
+            roce: RoceRepr::new(
+                BthRepr::new(Opcode::UD_SEND_ONLY, QpNumber::GSI, Psn::new(i)),
+                ExtRepr {
+                    deth: Some(DethRepr {
+                        qkey: QKey(GSI_QKEY),
+                        src_qp: QpNumber::GSI,
+                    }),
+                    ..ExtRepr::default()
+                },
+                mad.len(),
+            ),
+        };
+        let mut buf = vec![0u8; f.buffer_len()];
+        let len = f.emit(&mut buf, &mad).unwrap();
+        // One at a time, paced, so that QP1's 64 receive buffers keep up.
+        let t0 = std::time::Instant::now();
+        loop {
+            let mut once = Some(&buf[..len]);
+            let k = la
+                .send_batch(1, &mut |out: &mut [u8]| {
+                    once.take().map(|fr| {
+                        out[..fr.len()].copy_from_slice(fr);
+                        fr.len()
+                    })
+                })
+                .unwrap();
+            if k == 1 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "loopback ring full");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        sent += 1;
+        // Drain what B sends back (its REJs) so its ring never fills.
+        let _ = la.recv_batch(64, &mut |_| {});
+        if i % 16 == 15 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    // Until B has answered what it received (or 10 s).
+    let t0 = std::time::Instant::now();
+    let mut rejs = 0usize;
+    loop {
+        let _ = la.recv_batch(64, &mut |_| rejs += 1);
+        let c = b.svc.qp1_counters();
+        if c.mads_in >= u64::from(sent) || t0.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = la.recv_batch(4096, &mut |_| rejs += 1);
+    let c = b.svc.qp1_counters();
+    assert!(
+        c.mads_in > 900,
+        "B received {} of {sent} REQs: {c:?}",
+        c.mads_in
+    );
+    assert!(c.ahs <= 256, "QP1 holds {} address handles: {c:?}", c.ahs);
+    assert!(c.ah_evictions >= 3, "{c:?}");
+    // It still answers: REJs went out for most of the sources.
+    assert!(c.mads_out > 700, "{c:?} ({rejs} frames back)");
+    // And the application can still make its own address handles.
+    let pd = b.nic.alloc_pd().unwrap();
+    let av = AddressVector {
+        dgid: ferroce::wire::mad::Gid::from_ip(ip(1)).0,
+        sgid_index: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
+        dmac: Some(mac(1).0),
+    };
+    b.nic.create_ah(pd, &av).unwrap();
+}

@@ -526,8 +526,8 @@ fn perftest_over_rdma_cm_both_ends() {
 /// perftest's `-T` (RDMA_OPTION_ID_TOS) and `-u` (the QP timeout; RDMA_OPTION_ID_ACK_TIMEOUT
 /// over `-R`) on both ends: every packet of the test connection, the WRITEs one way and the
 /// ACKs the other, leaves with the TOS byte the option set (DSCP 24 for TOS 96), in the
-/// client's capture read by tshark. Before, the library accepted both options and applied
-/// neither (TOS 0 on the wire).
+/// client's capture read by tshark, and so do the connection's REQ, REP and RTU. Before, the
+/// library accepted both options and applied neither (TOS 0 on the wire).
 #[test]
 fn perftest_tos_over_rdma_cm_reaches_the_wire() {
     let t = "perftest_tos_over_rdma_cm_reaches_the_wire";
@@ -550,8 +550,6 @@ fn perftest_tos_over_rdma_cm_reaches_the_wire() {
         .arg("-r")
         .arg(&pcap)
         .args([
-            "-Y",
-            "infiniband.bth.opcode <= 17",
             "-T",
             "fields",
             "-e",
@@ -560,6 +558,8 @@ fn perftest_tos_over_rdma_cm_reaches_the_wire() {
             "ip.dsfield.dscp",
             "-e",
             "infiniband.bth.opcode",
+            "-e",
+            "infiniband.mad.attributeid",
         ])
         .output()
         .unwrap();
@@ -576,10 +576,28 @@ fn perftest_tos_over_rdma_cm_reaches_the_wire() {
     }
     let acks_tos = text
         .lines()
-        .filter(|l| l.starts_with("127.0.0.1\t") && l.ends_with("\t17"))
+        .filter(|l| l.starts_with("127.0.0.1\t") && l.split('\t').nth(2) == Some("17"))
         .filter(|l| l.split('\t').nth(1) == Some("24"))
         .count();
     assert!(acks_tos > 0, "no ACK from the server with DSCP 24:\n{text}");
+    // The test connection's CM MADs carry it too, as Linux's CM sends them with the path's
+    // traffic class: the client's REQ and RTU, the server's REP (the exchange connection's
+    // with 0).
+    for (from, attr, what) in [
+        ("127.0.0.2", "0x0010", "REQ"),
+        ("127.0.0.1", "0x0013", "REP"),
+        ("127.0.0.2", "0x0014", "RTU"),
+    ] {
+        let tos: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{from}\t")) && l.ends_with(&format!("\t{attr}")))
+            .filter_map(|l| l.split('\t').nth(1))
+            .collect();
+        assert!(
+            tos.contains(&"24"),
+            "no {what} with DSCP 24 ({tos:?}):\n{text}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -127,7 +127,7 @@ impl World {
             let cm = if to_b { &mut self.a } else { &mut self.b };
             assert!(cm.connection_count() <= MAX_CONN, "connection table bound");
             let mut n = 0;
-            while let Some(Transmit { dest, mad }) = cm.poll_transmit(now) {
+            while let Some(Transmit { dest, mad, .. }) = cm.poll_transmit(now) {
                 n += 1;
                 assert!(n <= MAX_TX, "transmit queue bound");
                 if self.seen.len() < 64 {

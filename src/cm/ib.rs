@@ -54,6 +54,10 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 pub struct Transmit {
     /// Where to send it.
     pub dest: MadAddr,
+    /// The GRH traffic class (the IP TOS byte on RoCE v2) to send it with: a connection's
+    /// MADs take its primary path's (the active side's REQ path, as Linux's CM builds its
+    /// address from the path record), others 0.
+    pub traffic_class: u8,
     /// The 256-byte MAD.
     pub mad: [u8; MAD_LEN],
 }
@@ -1536,8 +1540,8 @@ impl Cm {
             if matches!(msg, CmMessage::Mra(_)) {
                 self.counters.mra_sent += 1;
             }
-            let peer = c.peer;
-            self.push(peer, CmMadRepr::send(tid, msg));
+            let (peer, tc) = (c.peer, c.req.primary.traffic_class);
+            self.push_tc(peer, tc, CmMadRepr::send(tid, msg));
         }
     }
 
@@ -1547,8 +1551,8 @@ impl Cm {
             return;
         };
         c.last = Some((tid, msg));
-        let peer = c.peer;
-        self.push(peer, CmMadRepr::send(tid, msg));
+        let (peer, tc) = (c.peer, c.req.primary.traffic_class);
+        self.push_tc(peer, tc, CmMadRepr::send(tid, msg));
     }
 
     fn send_rej(&mut self, dest: MadAddr, tid: u64, rej: RejRepr) {
@@ -1650,6 +1654,10 @@ impl Cm {
     }
 
     fn push(&mut self, dest: MadAddr, mad: CmMadRepr) {
+        self.push_tc(dest, 0, mad);
+    }
+
+    fn push_tc(&mut self, dest: MadAddr, traffic_class: u8, mad: CmMadRepr) {
         if self.tx.len() >= self.cfg.max_tx_queue {
             self.counters.tx_drops += 1;
             return;
@@ -1657,6 +1665,7 @@ impl Cm {
         self.counters.mads_sent += 1;
         self.tx.push_back(Transmit {
             dest,
+            traffic_class,
             mad: mad.to_bytes(),
         });
     }

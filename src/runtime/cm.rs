@@ -71,6 +71,10 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 const RECV_SLOTS: usize = 64;
 /// QP1's send buffers.
 const SEND_SLOTS: usize = 64;
+/// Most address handles QP1 keeps (one per peer and traffic class). MADs come from any
+/// address on the segment (a REJ answers each REQ): without a bound, a flood from forged
+/// sources would fill the device's AH table, which the application's AHs share.
+const QP1_AH_MAX: usize = 256;
 /// One receive buffer: the GRH slot and a MAD.
 const RECV_LEN: usize = GRH_LEN + MAD_LEN;
 /// The longest the driver thread sleeps between looks at the CM's timers.
@@ -261,7 +265,8 @@ struct Qp1 {
     recv: MemoryRegion,
     send: MemoryRegion,
     free_send: Vec<usize>,
-    ahs: HashMap<Gid, Ah>,
+    /// QP1's address handles, by destination and traffic class.
+    ahs: HashMap<(Gid, u8), Ah>,
     /// MADs waiting for a free send buffer.
     backlog: VecDeque<Transmit>,
 }
@@ -277,6 +282,10 @@ struct State {
     mads_in: u64,
     mads_out: u64,
     mads_unsent: u64,
+    /// Times QP1's address handles were all destroyed at [`QP1_AH_MAX`], and MADs held back
+    /// because the table was full while sends were on their way.
+    ah_evictions: u64,
+    ah_evictions_deferred: u64,
 }
 
 struct Shared {
@@ -305,8 +314,15 @@ pub struct Qp1Counters {
     pub mads_in: u64,
     /// MADs sent on QP1.
     pub mads_out: u64,
-    /// MADs the CM emitted that could not be sent (no address handle for the destination).
+    /// MADs the CM emitted that could not be sent (no address handle for the destination,
+    /// or QP1's address handles full while other MADs were on their way).
     pub mads_unsent: u64,
+    /// Times QP1's address handles reached their bound and were all destroyed.
+    pub ah_evictions: u64,
+    /// MADs held back because the bound was reached while other MADs were on their way.
+    pub ah_evictions_deferred: u64,
+    /// QP1's address handles now.
+    pub ahs: usize,
 }
 
 impl CmService {
@@ -364,6 +380,8 @@ impl CmService {
                 mads_in: 0,
                 mads_out: 0,
                 mads_unsent: 0,
+                ah_evictions: 0,
+                ah_evictions_deferred: 0,
             }),
             nic,
             stop: AtomicBool::new(false),
@@ -410,6 +428,9 @@ impl CmService {
             mads_in: st.mads_in,
             mads_out: st.mads_out,
             mads_unsent: st.mads_unsent,
+            ah_evictions: st.ah_evictions,
+            ah_evictions_deferred: st.ah_evictions_deferred,
+            ahs: st.qp1.ahs.len(),
         }
     }
 
@@ -637,7 +658,7 @@ impl State {
                 return;
             };
             let t = self.qp1.backlog.pop_front().expect("not empty");
-            let Some(ah) = self.ah_for(sh, t.dest.gid) else {
+            let Some(ah) = self.ah_for(sh, t.dest.gid, t.traffic_class) else {
                 self.qp1.free_send.push(slot);
                 self.mads_unsent += 1;
                 tracing::debug!(dest = %t.dest, "no address handle for a MAD's destination");
@@ -673,9 +694,21 @@ impl State {
 
     /// The address handle to `gid`'s QP1: made with the MAC an id learned for that peer, the
     /// device's neighbour entry, or the resolver's answer.
-    fn ah_for(&mut self, sh: &Arc<Shared>, gid: Gid) -> Option<Ah> {
-        if let Some(ah) = self.qp1.ahs.get(&gid) {
+    fn ah_for(&mut self, sh: &Arc<Shared>, gid: Gid, traffic_class: u8) -> Option<Ah> {
+        if let Some(ah) = self.qp1.ahs.get(&(gid, traffic_class)) {
             return Some(*ah);
+        }
+        if self.qp1.ahs.len() >= QP1_AH_MAX {
+            // Full: start over once no other MAD is on its way (a posted send may still need
+            // its AH), else this MAD is not sent now (the CM's retries send it again).
+            if self.qp1.free_send.len() + 1 < SEND_SLOTS {
+                self.ah_evictions_deferred += 1;
+                return None;
+            }
+            for (_, ah) in self.qp1.ahs.drain() {
+                let _ = sh.nic.destroy_ah(ah);
+            }
+            self.ah_evictions += 1;
         }
         let dst = gid.to_ip();
         let gids = sh.nic.with_device(|d| d.config().gids.clone());
@@ -694,7 +727,7 @@ impl State {
             dgid: gid.0,
             sgid_index: sgid_index as u8,
             hop_limit: 64,
-            traffic_class: 0,
+            traffic_class,
             flow_label: 0,
             dmac: None,
         };
@@ -705,7 +738,7 @@ impl State {
                 sh.nic.create_ah(self.qp1.pd, &av).ok()?
             }
         };
-        self.qp1.ahs.insert(gid, ah);
+        self.qp1.ahs.insert((gid, traffic_class), ah);
         Some(ah)
     }
 
