@@ -20,6 +20,7 @@ use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, EOPNOTSUPP};
 use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
 use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -78,7 +79,18 @@ pub(crate) struct CqW {
     pub(crate) cq: Cq,
     /// The polling session of the extended interface.
     pub(crate) poll: Mutex<crate::ex::ExPoll>,
+    /// Completion events `ibv_get_cq_event` handed out, and those `ibv_ack_cq_events`
+    /// acknowledged: `ibv_destroy_cq` waits until they are equal, as libibverbs' does.
+    events: std::sync::atomic::AtomicU32,
+    acked: std::sync::atomic::AtomicU32,
 }
+
+/// Signalled by `ibv_ack_cq_events` (`ibv_destroy_cq` waits on it).
+static CQ_ACKS: (Mutex<()>, std::sync::Condvar) = (Mutex::new(()), std::sync::Condvar::new());
+
+/// How long `ibv_destroy_cq` waits for its events to be acknowledged. libibverbs waits
+/// forever; a program that never acknowledges costs this wait here, then the CQ goes.
+const CQ_ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// A QP: `struct ibv_qp_ex` (whose first part is `struct ibv_qp`), then ferroce's state.
 #[repr(C)]
@@ -897,6 +909,8 @@ pub unsafe extern "C" fn ibv_create_cq(
         ex: crate::ex::cq_ex_tail(),
         cq,
         poll: Mutex::new(Default::default()),
+        events: Default::default(),
+        acked: Default::default(),
     })) as *mut ibv_cq;
     objects(|o| o.cqs.insert(cq.index(), (p as usize, c as usize)));
     if !channel.is_null() {
@@ -927,9 +941,51 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     {
         // SAFETY: a CQ from ibv_create_cq; freed below only if the NIC let it go.
         let w = unsafe { &*(cq as *mut CqW) };
+        // SAFETY: the CQ's channel is one of ours (or NULL), alive while CQs are bound to it.
+        let ch = (!w.c.channel.is_null()).then(|| unsafe { &*(w.c.channel as *mut ChanW) });
+        // Unbound first, so that no ibv_get_cq_event hands it out from now on; then, as
+        // libibverbs, wait until every event handed out is acknowledged (a completion thread
+        // may still be handling one).
+        let mut pos = None;
+        if let Some(ch) = ch {
+            let mut l = ch.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = l.iter().position(|&(_, p)| p == cq as usize) {
+                pos = Some((i, l.remove(i)));
+            }
+        }
+        let deadline = std::time::Instant::now() + CQ_ACK_WAIT;
+        let mut g = CQ_ACKS.0.lock().unwrap_or_else(|e| e.into_inner());
+        while (w
+            .events
+            .load(Ordering::Acquire)
+            .wrapping_sub(w.acked.load(Ordering::Acquire)) as i32)
+            > 0
+        {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                if std::env::var_os("FERROCE_DEBUG").is_some() {
+                    eprintln!(
+                        "ferroce libibverbs: ibv_destroy_cq: events still not acknowledged \
+                         after {CQ_ACK_WAIT:?}; destroyed anyway"
+                    );
+                }
+                break;
+            }
+            g = CQ_ACKS
+                .1
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
         // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
         if let Err(e) = unsafe { sh(w.c.context) }.nic.destroy_cq(w.cq) {
-            // EBUSY while a QP completes into it.
+            // EBUSY while a QP completes into it: bound to its channel again.
+            if let (Some(ch), Some((i, e))) = (ch, pos) {
+                let mut l = ch.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
+                let i = i.min(l.len());
+                l.insert(i, e);
+            }
             return errno_of(&e);
         }
     }
@@ -1030,6 +1086,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 // SAFETY: out parameters; `p` is a live CQ bound to the channel (the lock
                 // held keeps it so).
                 unsafe {
+                    (*(p as *mut CqW)).events.fetch_add(1, Ordering::AcqRel);
                     *cq_out = p;
                     if !ctx_out.is_null() {
                         *ctx_out = (*p).cq_context;
@@ -1050,6 +1107,11 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
     if !cq.is_null() {
         // SAFETY: a CQ from ibv_create_cq.
         unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+        // SAFETY: as above.
+        let w = unsafe { &*(cq as *mut CqW) };
+        let _g = CQ_ACKS.0.lock().unwrap_or_else(|e| e.into_inner());
+        w.acked.fetch_add(n, Ordering::AcqRel);
+        CQ_ACKS.1.notify_all();
     }
 }
 

@@ -1026,6 +1026,7 @@ fn destroying_a_cq_and_its_channel_while_a_thread_waits_on_it() {
         "cq_teardown",
         &so,
         &[
+            "ibv_destroy_cq waited for the acknowledgement",
             "CQ destroyed while the thread waits",
             "channel destroyed while the thread waits on it",
             "ok",
