@@ -122,6 +122,17 @@ impl Test {
 
     /// A: resolve B's address and route.
     fn resolved(&mut self, ps: PortSpace, port: u16) -> RdmaId {
+        self.resolved_with(ps, port, |_, _| {})
+    }
+
+    /// [`Test::resolved`], calling `between` on A's CM once the address is resolved and before
+    /// the route is (where librdmacm programs set their id's options).
+    fn resolved_with(
+        &mut self,
+        ps: PortSpace,
+        port: u16,
+        between: impl FnOnce(&mut RdmaCm, RdmaId),
+    ) -> RdmaId {
         let now = self.p.now;
         let a = &mut self.p.a;
         let id = a.create_id(ps);
@@ -130,6 +141,7 @@ impl Test {
         assert_eq!(a.state(id), Some(IdState::AddrQuery));
         self.expect(Side::A, EventType::AddrResolved);
         assert_eq!(self.p.a.state(id), Some(IdState::AddrResolved));
+        between(&mut self.p.a, id);
         let now = self.p.now;
         self.p
             .a
@@ -664,19 +676,12 @@ fn tos_and_ack_timeout_options_reach_the_route_the_req_and_both_qps() {
         if let Some(x) = listener_tos {
             t.p.b.set_tos(l, x).unwrap();
         }
-        let now = t.p.now;
-        let a = t.p.a.create_id(PortSpace::TCP);
-        t.p.a
-            .resolve_addr(now, a, None, sa(B_IP, 7175), Duration::from_secs(2))
-            .unwrap();
-        t.expect(Side::A, EventType::AddrResolved);
-        if let Some(x) = a_tos {
-            t.p.a.set_tos(a, x).unwrap();
-        }
-        t.p.a.set_ack_timeout(a, 19).unwrap();
-        let now = t.p.now;
-        t.p.a.resolve_route(now, a, Duration::from_secs(2)).unwrap();
-        t.expect(Side::A, EventType::RouteResolved);
+        let a = t.resolved_with(PortSpace::TCP, 7175, |cm, a| {
+            if let Some(x) = a_tos {
+                cm.set_tos(a, x).unwrap();
+            }
+            cm.set_ack_timeout(a, 19).unwrap();
+        });
         let a_tc = a_tos.unwrap_or(0);
         assert_eq!(t.p.a.route(a).unwrap().traffic_class, a_tc);
         let now = t.p.now;

@@ -930,6 +930,38 @@ fn rdma_migrate_id_in_a_c_program_both_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Whether valgrind is there for `t` (the reason is printed when it is not).
+fn have_valgrind(t: &str) -> bool {
+    have(
+        which("valgrind"),
+        t,
+        "valgrind (the check that nothing reads freed memory)",
+    )
+}
+
+/// Run the example `exe ARGS` under `ferroce run -d lo` in a namespace of its own (under
+/// valgrind, any read of freed memory failing it, when `valgrind`), and check that it
+/// succeeds and prints each of `wants`.
+fn run_example(t: &str, exe: &std::path::Path, args: &str, valgrind: bool, wants: &[&str]) {
+    let tool = if valgrind {
+        "valgrind -q --error-exitcode=9"
+    } else {
+        ""
+    };
+    let out = in_netns(&format!(
+        "timeout 120 $F run -d lo -- {tool} {} {args}",
+        exe.display()
+    ));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let all = format!(
+        "{t} (valgrind: {valgrind}): {}\n{so}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert_says(t, &so, wants, &all);
+}
+
 /// The end of a program like rping (examples/c/cm_teardown.c): an event on an id whose QP the
 /// program destroyed with `ibv_destroy_qp` touches no freed QP, `rdma_destroy_id` waits
 /// until the event another thread holds is acknowledged, and `rdma_destroy_event_channel`
@@ -945,33 +977,15 @@ fn destroying_an_id_and_a_channel_while_another_thread_uses_them() {
     let Some((dir, exe)) = build_cm_example(t, "cm_teardown") else {
         return;
     };
-    // Three plain runs, then one under valgrind (any read of freed memory fails it): the
-    // plain runs alone do not always crash on what they read after it was freed.
-    let valgrind = have(
-        which("valgrind"),
-        t,
-        "valgrind (the check that nothing reads freed memory)",
-    );
+    // Three plain runs, then one under valgrind: the plain runs alone do not always crash on
+    // what they read after it was freed.
+    let valgrind = have_valgrind(t);
     for round in 0..if valgrind { 4 } else { 3 } {
-        let tool = if round == 3 {
-            "valgrind -q --error-exitcode=9"
-        } else {
-            ""
-        };
-        let out = in_netns(&format!(
-            "timeout 120 $F run -d lo -- {tool} {} 127.0.0.1",
-            exe.display()
-        ));
-        let so = String::from_utf8_lossy(&out.stdout);
-        let all = format!(
-            "{t} round {round}: {}\n{so}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{all}");
-        assert_says(
-            "cm_teardown",
-            &so,
+        run_example(
+            t,
+            &exe,
+            "127.0.0.1",
+            round == 3,
             &[
                 "ROUTE_RESOLVED after ibv_destroy_qp of the id's QP",
                 "thread: RDMA_CM_EVENT_ADDR_RESOLVED",
@@ -979,7 +993,6 @@ fn destroying_an_id_and_a_channel_while_another_thread_uses_them() {
                 "channel destroyed while the thread waits on it",
                 "ok",
             ],
-            &all,
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -1002,36 +1015,17 @@ fn destroying_a_cq_and_its_channel_while_a_thread_waits_on_it() {
     ) else {
         return;
     };
-    let tool = if have(
-        which("valgrind"),
+    run_example(
         t,
-        "valgrind (the check that nothing reads freed memory)",
-    ) {
-        "valgrind -q --error-exitcode=9"
-    } else {
-        ""
-    };
-    let out = in_netns(&format!(
-        "timeout 120 $F run -d lo -- {tool} {}",
-        exe.display()
-    ));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let all = format!(
-        "{t}: {}\n{so}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{all}");
-    assert_says(
-        "cq_teardown",
-        &so,
+        &exe,
+        "",
+        have_valgrind(t),
         &[
             "ibv_destroy_cq waited for the acknowledgement",
             "CQ destroyed while the thread waits",
             "channel destroyed while the thread waits on it",
             "ok",
         ],
-        &all,
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1046,25 +1040,11 @@ fn rdma_create_srq_ex_on_an_id() {
     let Some((dir, exe)) = build_cm_example(t, "cm_srq") else {
         return;
     };
-    let tool = if which("valgrind") {
-        "valgrind -q --error-exitcode=9"
-    } else {
-        ""
-    };
-    let out = in_netns(&format!(
-        "timeout 120 $F run -d lo -- {tool} {} 127.0.0.1",
-        exe.display()
-    ));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let all = format!(
-        "{t}: {}\n{so}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{all}");
-    assert_says(
-        "cm_srq",
-        &so,
+    run_example(
+        t,
+        &exe,
+        "127.0.0.1",
+        have_valgrind(t),
         &[
             "no type: EINVAL",
             "XRC: EOPNOTSUPP",
@@ -1072,7 +1052,6 @@ fn rdma_create_srq_ex_on_an_id() {
             "the QP receives through the id's SRQ",
             "ok",
         ],
-        &all,
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
