@@ -726,3 +726,67 @@ fn tos_and_ack_timeout_options_reach_the_route_the_req_and_both_qps() {
         Err(RdmaCmError::NoSuchId)
     );
 }
+
+/// `RDMA_OPTION_IB_PATH` (`RdmaCm::set_route`): refused before the address is resolved and
+/// once a route is; otherwise the route given is the id's (an id's TOS still overrides its
+/// traffic class), ROUTE_RESOLVED follows with no resolution asked of the driver, and the
+/// REQ carries the route.
+#[test]
+fn a_given_route_replaces_route_resolution() {
+    let mut t = Test::new();
+    t.listener(PortSpace::TCP, sa("0.0.0.0", 7176), 4);
+    let a = t.p.a.create_id(PortSpace::TCP);
+    let mut r = Route::roce(ip(A_IP), ip(B_IP), PathMtu::M2048);
+    r.traffic_class = 0x28;
+    r.flow_label = 0x12345;
+    r.hop_limit = 17;
+    assert!(matches!(
+        t.p.a.set_route(a, r),
+        Err(RdmaCmError::InvalidState(IdState::Idle))
+    ));
+    let now = t.p.now;
+    t.p.a
+        .resolve_addr(now, a, None, sa(B_IP, 7176), Duration::from_secs(2))
+        .unwrap();
+    t.expect(Side::A, EventType::AddrResolved);
+    t.p.a.set_route(a, r).unwrap();
+    assert!(t.p.a.poll_request().is_none(), "no route resolution asked");
+    assert_eq!(t.expect(Side::A, EventType::RouteResolved).id, a);
+    assert_eq!(t.p.a.route(a), Some(r));
+    assert!(matches!(
+        t.p.a.set_route(a, r),
+        Err(RdmaCmError::InvalidState(IdState::RouteResolved))
+    ));
+    let now = t.p.now;
+    t.p.a
+        .connect(
+            now,
+            a,
+            &ConnParam::new(QpNumber::new(0x11), Psn::new(1), &[]),
+        )
+        .unwrap();
+    t.expect(Side::B, EventType::ConnectRequest);
+    let CmMessage::Req(q) = t.p.trace[0].mad.unwrap().msg else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            q.primary.traffic_class,
+            q.primary.flow_label,
+            q.primary.hop_limit,
+            q.path_mtu
+        ),
+        (0x28, 0x12345, 17, PathMtu::M2048)
+    );
+    // With a TOS on the id, the TOS wins over the path's traffic class.
+    let mut t = Test::new();
+    let a = t.p.a.create_id(PortSpace::TCP);
+    let now = t.p.now;
+    t.p.a
+        .resolve_addr(now, a, None, sa(B_IP, 7176), Duration::from_secs(2))
+        .unwrap();
+    t.expect(Side::A, EventType::AddrResolved);
+    t.p.a.set_tos(a, 0x60).unwrap();
+    t.p.a.set_route(a, r).unwrap();
+    assert_eq!(t.p.a.route(a).unwrap().traffic_class, 0x60);
+}

@@ -1022,6 +1022,25 @@ pub const RAI_NOROUTE: c_int = 4;
 pub const RAI_FAMILY: c_int = 8;
 /// `RDMA_UDP_QKEY`.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// `struct ibv_path_data` (`<infiniband/sa.h>`): flags and a packed SA path record
+/// (`struct ibv_path_record`, 64 bytes in network byte order; offsets below).
+#[repr(C)]
+pub struct ibv_path_data {
+    pub flags: u32,
+    pub reserved: u32,
+    pub path: [u8; 64],
+}
+/// Offsets in `struct ibv_path_record`.
+pub const PATH_REC_DGID: usize = 8;
+pub const PATH_REC_SGID: usize = 24;
+pub const PATH_REC_FLOWLABEL_HOPLIMIT: usize = 44;
+pub const PATH_REC_TCLASS: usize = 48;
+pub const PATH_REC_MTU: usize = 54;
+/// `IBV_PATH_FLAG_GMP`, `_PRIMARY`, `_BIDIRECTIONAL`.
+pub const IBV_PATH_FLAG_GMP: u32 = 1 << 0;
+pub const IBV_PATH_FLAG_PRIMARY: u32 = 1 << 1;
+pub const IBV_PATH_FLAG_BIDIRECTIONAL: u32 = (1 << 3) | (1 << 5);
+
 /// `rdma_set_option` levels (`RDMA_OPTION_ID`, `RDMA_OPTION_IB`) and names.
 pub const RDMA_OPTION_ID: c_int = 0;
 pub const RDMA_OPTION_IB: c_int = 1;
@@ -1192,8 +1211,32 @@ pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
         ("RDMA_OPTION_ID_AFONLY", RDMA_OPTION_ID_AFONLY),
         ("RDMA_OPTION_ID_ACK_TIMEOUT", RDMA_OPTION_ID_ACK_TIMEOUT),
         ("RDMA_OPTION_IB_PATH", RDMA_OPTION_IB_PATH),
+        ("IBV_PATH_FLAG_GMP", IBV_PATH_FLAG_GMP as c_int),
+        ("IBV_PATH_FLAG_PRIMARY", IBV_PATH_FLAG_PRIMARY as c_int),
+        (
+            "IBV_PATH_FLAG_BIDIRECTIONAL",
+            IBV_PATH_FLAG_BIDIRECTIONAL as c_int,
+        ),
     ] {
         v.push((name, n as usize));
+    }
+    for (name, n) in [
+        ("sizeof(struct ibv_path_data)", size_of::<ibv_path_data>()),
+        (
+            "offsetof(struct ibv_path_data, path)",
+            offset_of!(ibv_path_data, path),
+        ),
+        ("sizeof(struct ibv_path_record)", 64),
+        ("offsetof(struct ibv_path_record, dgid)", PATH_REC_DGID),
+        ("offsetof(struct ibv_path_record, sgid)", PATH_REC_SGID),
+        (
+            "offsetof(struct ibv_path_record, flowlabel_hoplimit)",
+            PATH_REC_FLOWLABEL_HOPLIMIT,
+        ),
+        ("offsetof(struct ibv_path_record, tclass)", PATH_REC_TCLASS),
+        ("offsetof(struct ibv_path_record, mtu)", PATH_REC_MTU),
+    ] {
+        v.push((name, n));
     }
     v
 }

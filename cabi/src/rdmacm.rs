@@ -1573,9 +1573,49 @@ pub unsafe extern "C" fn rdma_set_option(
                 fail(EINVAL)
             }
         }
-        // RDMA_OPTION_IB_PATH: path records from an SA (ibacm); RoCE routes are resolved
-        // from the kernel's routing here.
-        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => fail(ENOSYS),
+        // RDMA_OPTION_IB_PATH: path records from an SA or ibacm, as the kernel's
+        // ucma_set_ib_path: an array of `struct ibv_path_data` (EINVAL for a length that is
+        // not a multiple of it), the primary bidirectional GMP path used (EINVAL when there
+        // is none), only once the address is resolved; ROUTE_RESOLVED follows.
+        (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {
+            let n = size_of::<ibv_path_data>();
+            if len == 0 || len % n != 0 {
+                return fail(EINVAL);
+            }
+            // SAFETY: the caller's array of `len / n` path data (4-byte aligned as C's).
+            let paths = unsafe { std::slice::from_raw_parts(val as *const ibv_path_data, len / n) };
+            let want = IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY | IBV_PATH_FLAG_BIDIRECTIONAL;
+            let Some(p) = paths.iter().find(|p| p.flags == want) else {
+                return fail(EINVAL);
+            };
+            let r = &p.path;
+            let gid = |o: usize| {
+                let mut g = [0u8; 16];
+                g.copy_from_slice(&r[o..o + 16]);
+                ferroce::wire::mad::Gid(g)
+            };
+            let flh = u32::from_be_bytes([
+                r[PATH_REC_FLOWLABEL_HOPLIMIT],
+                r[PATH_REC_FLOWLABEL_HOPLIMIT + 1],
+                r[PATH_REC_FLOWLABEL_HOPLIMIT + 2],
+                r[PATH_REC_FLOWLABEL_HOPLIMIT + 3],
+            ]);
+            let mtu = ferroce::wire::mad::cm::PathMtu(r[PATH_REC_MTU] & 0x3f);
+            if mtu.bytes().is_none() {
+                return fail(EINVAL);
+            }
+            let route = ferroce::cm::rdma::Route {
+                local_gid: gid(PATH_REC_SGID),
+                remote_gid: gid(PATH_REC_DGID),
+                path_mtu: mtu,
+                hop_limit: flh as u8,
+                traffic_class: r[PATH_REC_TCLASS],
+                flow_label: (flh >> 8) & 0xf_ffff,
+            };
+            let r = ret(cmid.set_route(route));
+            w.refresh();
+            r
+        }
         _ => fail(ENOSYS),
     }
 }

@@ -740,6 +740,24 @@ impl RdmaCm {
         Ok(())
     }
 
+    /// `rdma_set_option(RDMA_OPTION_IB, RDMA_OPTION_IB_PATH)`: the route given by the consumer
+    /// (a path record from an SA or ibacm) instead of resolving it, as Linux's
+    /// `rdma_set_ib_path`: only once the address is resolved; ROUTE_RESOLVED follows. An
+    /// id's TOS option still overrides the path's traffic class.
+    pub fn set_route(&mut self, id: RdmaId, mut route: Route) -> Result<(), RdmaCmError> {
+        let i = self.id_mut(id)?;
+        if i.state != IdState::AddrResolved {
+            return Err(RdmaCmError::InvalidState(i.state));
+        }
+        if let Some(t) = i.tos {
+            route.traffic_class = t;
+        }
+        i.route = Some(route);
+        i.state = IdState::RouteResolved;
+        self.event(Event::new(id, EventType::RouteResolved, 0));
+        Ok(())
+    }
+
     /// The driver's answer to [`Request::ResolveRoute`].
     pub fn complete_route(
         &mut self,

@@ -1106,6 +1106,22 @@ impl CmId {
         Ok(lock(&self.sh.st).cm.set_tos(self.id, tos)?)
     }
 
+    /// `rdma_set_option(RDMA_OPTION_IB_PATH)`: the route the consumer gives
+    /// ([`rdma::RdmaCm::set_route`]); the next hop's MAC comes from the kernel's neighbours, as
+    /// for a resolved route. ROUTE_RESOLVED follows.
+    pub fn set_route(&self, route: rdma::Route) -> Result<(), CmApiError> {
+        let (src, dst) = (route.local_gid.to_ip(), route.remote_gid.to_ip());
+        let mac = self.sh.resolver.neighbour(src, dst).ok();
+        self.call(|st, _, _| {
+            st.cm.set_route(self.id, route)?;
+            if let Some(i) = st.ids.get_mut(&self.id) {
+                i.mac = mac.or(i.mac);
+            }
+            st.local_for.insert(route.remote_gid, src);
+            Ok(())
+        })
+    }
+
     /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`: the connection QP's Local ACK Timeout
     /// exponent ([`rdma::RdmaCm::set_ack_timeout`]).
     pub fn set_ack_timeout(&self, t: u8) -> Result<(), CmApiError> {
