@@ -243,6 +243,15 @@ struct Registry {
     /// destroyed an id before acknowledging its events, which librdmacm forbids): each is
     /// freed with the acknowledgement of its last event, never under a reader.
     zombies: HashSet<usize>,
+    /// Every id made and not destroyed: a call naming another pointer (an id the program
+    /// already destroyed, as perftest's retry after a REJ does) fails with EINVAL instead of
+    /// reading freed memory.
+    live: HashSet<usize>,
+}
+
+/// `id` is an id of this library, not destroyed.
+fn live_id(id: *mut rdma_cm_id) -> bool {
+    !id.is_null() && ids(|r| r.live.contains(&(id as usize)))
 }
 
 static IDS: Mutex<Option<Registry>> = Mutex::new(None);
@@ -499,7 +508,10 @@ fn new_idw(
         mc: Vec::new(),
         mc_pending: VecDeque::new(),
     }));
-    ids(|r| r.by_num.insert(num, w as usize));
+    ids(|r| {
+        r.by_num.insert(num, w as usize);
+        r.live.insert(w as usize);
+    });
     w
 }
 
@@ -835,7 +847,7 @@ pub unsafe extern "C" fn rdma_create_id(
 /// librdmacm's `rdma_destroy_id` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_destroy_id"]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     let p = id as usize;
@@ -851,6 +863,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         let deadline = std::time::Instant::now() + DESTROY_WAIT;
         loop {
             let r = g.get_or_insert_with(Registry::default);
+            r.live.remove(&p);
             if let Some(n) = num {
                 if r.by_num.get(&n) == Some(&p) {
                     r.by_num.remove(&n);
@@ -913,7 +926,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// librdmacm's `rdma_bind_addr` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_bind_addr"]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's address.
@@ -937,7 +950,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst: *mut sockaddr,
     timeout_ms: c_int,
 ) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's addresses.
@@ -965,7 +978,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 /// librdmacm's `rdma_resolve_route` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_resolve_route"]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1040,7 +1053,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    if !live_id(id) || attr.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's attributes.
@@ -1120,7 +1133,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    if !live_id(id) || attr.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: the caller's attributes.
@@ -1148,7 +1161,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 /// librdmacm's `rdma_destroy_qp` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_destroy_qp"]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    if id.is_null() {
+    if !live_id(id) {
         return;
     }
     // SAFETY: an id of this library.
@@ -1185,7 +1198,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
-    if id.is_null() || attr.is_null() || mask.is_null() {
+    if !live_id(id) || attr.is_null() || mask.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's in/out structures.
@@ -1320,7 +1333,7 @@ unsafe fn conn_param<'a>(p: *const rdma_conn_param, qpn: u32) -> ConnParam<'a> {
 /// librdmacm's `rdma_connect` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_connect"]
 pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1350,7 +1363,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_par
 /// librdmacm's `rdma_establish` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_establish"]
 pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1368,7 +1381,7 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 /// librdmacm's `rdma_listen` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_listen"]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1393,7 +1406,7 @@ pub unsafe extern "C" fn rdma_get_request(
     listen: *mut rdma_cm_id,
     id: *mut *mut rdma_cm_id,
 ) -> c_int {
-    if listen.is_null() || id.is_null() {
+    if !live_id(listen) || id.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1437,7 +1450,7 @@ pub unsafe extern "C" fn rdma_get_request(
 /// librdmacm's `rdma_accept` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_accept"]
 pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1467,7 +1480,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_para
 /// librdmacm's `rdma_reject` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_reject"]
 pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     let pd: &[u8] = if data.is_null() || len == 0 {
@@ -1497,7 +1510,7 @@ pub unsafe extern "C" fn rdma_reject_ece(
 /// librdmacm's `rdma_disconnect` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_disconnect"]
 pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1520,7 +1533,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// librdmacm's `rdma_notify` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_notify"]
 pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     0
@@ -1535,7 +1548,7 @@ pub unsafe extern "C" fn rdma_set_option(
     val: *mut c_void,
     len: usize,
 ) -> c_int {
-    if id.is_null() || val.is_null() {
+    if !live_id(id) || val.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1629,7 +1642,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1686,7 +1699,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
 /// librdmacm's `rdma_get_src_port` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_get_src_port"]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
+    if !live_id(id) {
         return 0;
     }
     // SAFETY: an id of this library.
@@ -1699,7 +1712,7 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
 /// librdmacm's `rdma_get_dst_port` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_get_dst_port"]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
+    if !live_id(id) {
         return 0;
     }
     // SAFETY: an id of this library.
@@ -1718,7 +1731,7 @@ pub unsafe extern "C" fn rdma_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    if !live_id(id) || attr.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library.
@@ -1750,7 +1763,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_srq_init_attr_ex,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    if !live_id(id) || attr.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: the caller's attributes.
@@ -1787,7 +1800,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
 /// librdmacm's `rdma_destroy_srq` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_destroy_srq"]
 pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
-    if id.is_null() {
+    if !live_id(id) {
         return;
     }
     // SAFETY: an id of this library.
@@ -1875,7 +1888,7 @@ pub unsafe extern "C" fn rdma_create_ep(
 /// librdmacm's `rdma_destroy_ep` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_destroy_ep"]
 pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-    if id.is_null() {
+    if !live_id(id) {
         return;
     }
     // SAFETY: an id of this library, not used after this.
@@ -1955,7 +1968,7 @@ pub struct ibv_ece {
 /// librdmacm's `rdma_set_local_ece` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_set_local_ece"]
 pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
-    if id.is_null() || ece.is_null() {
+    if !live_id(id) || ece.is_null() {
         return fail(EINVAL);
     }
     // ECE (vendor options in the REQ/REP) is not negotiated: accepted and not sent.
@@ -1965,7 +1978,7 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_e
 /// librdmacm's `rdma_get_remote_ece` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_get_remote_ece"]
 pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
-    if id.is_null() || ece.is_null() {
+    if !live_id(id) || ece.is_null() {
         return fail(EINVAL);
     }
     // SAFETY: the caller's out structure.
@@ -1991,7 +2004,7 @@ pub unsafe extern "C" fn rdma_join_multicast(
     addr: *mut sockaddr,
     ctx: *mut c_void,
 ) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's address.
@@ -2044,7 +2057,7 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
     attr: *mut rdma_cm_join_mc_attr_ex,
     ctx: *mut c_void,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    if !live_id(id) || attr.is_null() {
         return fail(EINVAL);
     }
     // RDMA_CM_JOIN_MC_ATTR_ADDRESS (1) and RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS (2).
@@ -2061,7 +2074,7 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
 /// detached (the packet device leaves the IP group when no QP is attached any more).
 #[export_name = "ferroce_rdma_leave_multicast"]
 pub unsafe extern "C" fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
-    if id.is_null() {
+    if !live_id(id) {
         return fail(EINVAL);
     }
     // SAFETY: an id of this library; the caller's address.

@@ -1000,6 +1000,7 @@ fn destroying_an_id_and_a_channel_while_another_thread_uses_them() {
             round == 3,
             &[
                 "ROUTE_RESOLVED after ibv_destroy_qp of the id's QP",
+                "a destroyed id: EINVAL",
                 "thread: RDMA_CM_EVENT_ADDR_RESOLVED",
                 "rdma_destroy_id waited for the acknowledgement",
                 "channel destroyed while the thread waits on it",

@@ -13,6 +13,8 @@
  * within 100 ms: rping's client died of SIGSEGV after its last ping when the machine was
  * loaded enough for the process to outlive that 100 ms.
  *
+ *   - calls naming an id the program already destroyed (perftest's retry after a REJ does)
+ *     fail with EINVAL instead of reading freed memory;
  *   - rdma_get_cm_event never touches a QP the program destroyed itself with ibv_destroy_qp
  *     while the id still names it (rping destroys its QP so, and its CM thread may be
  *     reading DISCONNECTED at that moment).
@@ -129,8 +131,17 @@ int main(int argc, char **argv)
 		die("rdma_resolve_route");
 	expect(id0, RDMA_CM_EVENT_ROUTE_RESOLVED);
 	printf("ROUTE_RESOLVED after ibv_destroy_qp of the id's QP\n");
-	if (rdma_destroy_id(id0) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd))
-		die("rdma_destroy_id / ibv_destroy_cq / ibv_dealloc_pd");
+	if (rdma_destroy_id(id0))
+		die("rdma_destroy_id");
+	/* perftest's retry after a REJ resolves ids it destroyed: an error, never a crash. */
+	if (rdma_resolve_addr(id0, NULL, ai->ai_addr, 2000) == 0 || errno != EINVAL ||
+	    rdma_destroy_id(id0) == 0 || errno != EINVAL) {
+		fprintf(stderr, "cm_teardown: a destroyed id was not refused (%s)\n", strerror(errno));
+		return 1;
+	}
+	printf("a destroyed id: EINVAL\n");
+	if (ibv_destroy_cq(cq) || ibv_dealloc_pd(pd))
+		die("ibv_destroy_cq / ibv_dealloc_pd");
 
 	if (rdma_create_id(ch, &id, (void *)0x5eed, RDMA_PS_TCP))
 		die("rdma_create_id");
