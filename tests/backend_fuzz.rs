@@ -8,6 +8,22 @@ mod harness;
 
 use ferroce::rng::SplitMix64;
 
+/// The inputs the fuzzer found (`fuzz/regressions/backend_rx/`), each kept once fixed.
+#[test]
+fn regressions_found_by_the_fuzzer_stay_fixed() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/regressions/backend_rx");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).expect("fuzz/regressions/backend_rx") {
+        let p = e.unwrap().path();
+        let data = std::fs::read(&p).unwrap();
+        if std::panic::catch_unwind(|| harness::run(&data)).is_err() {
+            panic!("{} fails again", p.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 1, "no regression inputs in {dir}");
+}
+
 #[test]
 fn random_datagrams_and_ring_blocks_keep_the_invariants() {
     let mut rng = SplitMix64::new(0x17_bac4);

@@ -213,8 +213,10 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
         let mut i = 0u16;
         loop {
             let l = seg.min(len - off);
+            // What an IP datagram of the device's family can carry after its headers.
+            let fits = |l: usize| l + 8 + if six { 0 } else { 20 } <= 65_535;
             let part = match src {
-                Some(s) if valid && delivered && l >= icrc::LEN + 12 => {
+                Some(s) if valid && delivered && l >= icrc::LEN + 12 && fits(l) => {
                     let id = if fixed {
                         base_id
                     } else {
@@ -227,9 +229,10 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
             };
             if k < cfg.batch && !truncated {
                 segments += 1;
-                // A segment longer than a UDP length can say (65,527 bytes) cannot be
-                // framed: dropped and counted (no kernel delivers such a datagram).
-                if delivered && 8 + part.len() <= 65_535 {
+                // A segment longer than its IP datagram can say (65,527 bytes after IPv6's
+                // header, 65,507 after IPv4's) cannot be framed: dropped and counted (no
+                // kernel delivers such a datagram).
+                if delivered && fits(part.len()) {
                     wants.push(Want {
                         valid: valid && part.len() >= icrc::LEN + 12,
                         payload: part.clone(),
