@@ -189,11 +189,18 @@ fn two_perf_processes_are_seen_by_stat_and_res_qp() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    // Until both run with their QP connected (or the run is over).
+    // Until both run with their QP connected and the client has sent (or the run is over):
+    // right at RTS the client may have posted its WRs without a packet out yet (seen once in
+    // CI under load: tx_packets 0 with 128 outstanding). Only the client sends first (the
+    // server's ACKs follow its packets), so any QP with packets out means the client's has.
     let mut seen = Vec::new();
     for _ in 0..300 {
         let v = json(&dir, &["res", "qp", "--json"]);
-        if v.len() == 2 && v.iter().all(|q| q["state"] == "RTS" && q["rqpn"] != 0) {
+        if v.len() == 2
+            && v.iter().all(|q| q["state"] == "RTS" && q["rqpn"] != 0)
+            && v.iter()
+                .any(|q| q["counters"]["tx_packets"].as_u64().unwrap_or(0) > 0)
+        {
             seen = v;
             break;
         }
