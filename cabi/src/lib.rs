@@ -43,3 +43,28 @@ mod stubs;
 mod verbs;
 
 pub use device::DEVICE_PREFIX;
+
+/// Wait on `cv` (`g` the guard of its mutex) until `done` holds or `limit` has passed, as the
+/// destroy calls of libibverbs and librdmacm wait for their objects' events to be
+/// acknowledged (theirs without a limit). Returns the guard and whether `done` held.
+pub(crate) fn wait_until<'a, T>(
+    mut g: std::sync::MutexGuard<'a, T>,
+    cv: &std::sync::Condvar,
+    limit: std::time::Duration,
+    mut done: impl FnMut(&mut T) -> bool,
+) -> (std::sync::MutexGuard<'a, T>, bool) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if done(&mut g) {
+            return (g, true);
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return (g, false);
+        }
+        g = cv
+            .wait_timeout(g, deadline - now)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}

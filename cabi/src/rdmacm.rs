@@ -860,32 +860,22 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // filling one in.
     {
         let mut g = lock(&IDS);
-        let deadline = std::time::Instant::now() + DESTROY_WAIT;
-        loop {
-            let r = g.get_or_insert_with(Registry::default);
-            r.live.remove(&p);
-            if let Some(n) = num {
-                if r.by_num.get(&n) == Some(&p) {
-                    r.by_num.remove(&n);
-                }
+        let r = g.get_or_insert_with(Registry::default);
+        r.live.remove(&p);
+        if let Some(n) = num {
+            if r.by_num.get(&n) == Some(&p) {
+                r.by_num.remove(&n);
             }
-            if !r.unacked.contains_key(&p) {
-                break;
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                if trace() {
-                    eprintln!(
-                        "ferroce librdmacm: rdma_destroy_id: events of the id still not \
-                         acknowledged after {DESTROY_WAIT:?}; freed with the last one"
-                    );
-                }
-                break;
-            }
-            g = ACKED
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        }
+        let acked = crate::wait_until(g, &ACKED, DESTROY_WAIT, |r| {
+            r.as_ref().is_none_or(|r| !r.unacked.contains_key(&p))
+        })
+        .1;
+        if !acked && trace() {
+            eprintln!(
+                "ferroce librdmacm: rdma_destroy_id: events of the id still not \
+                 acknowledged after {DESTROY_WAIT:?}; freed with the last one"
+            );
         }
     }
     let mut r = Ok(());

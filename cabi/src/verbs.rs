@@ -953,31 +953,24 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 pos = Some((i, l.remove(i)));
             }
         }
-        let deadline = std::time::Instant::now() + CQ_ACK_WAIT;
-        let mut g = CQ_ACKS.0.lock().unwrap_or_else(|e| e.into_inner());
-        while (w
-            .events
-            .load(Ordering::Acquire)
-            .wrapping_sub(w.acked.load(Ordering::Acquire)) as i32)
-            > 0
-        {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                if std::env::var_os("FERROCE_DEBUG").is_some() {
-                    eprintln!(
-                        "ferroce libibverbs: ibv_destroy_cq: events still not acknowledged \
-                         after {CQ_ACK_WAIT:?}; destroyed anyway"
-                    );
-                }
-                break;
-            }
-            g = CQ_ACKS
-                .1
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        let acked = crate::wait_until(
+            CQ_ACKS.0.lock().unwrap_or_else(|e| e.into_inner()),
+            &CQ_ACKS.1,
+            CQ_ACK_WAIT,
+            |_| {
+                w.events
+                    .load(Ordering::Acquire)
+                    .wrapping_sub(w.acked.load(Ordering::Acquire)) as i32
+                    <= 0
+            },
+        )
+        .1;
+        if !acked && std::env::var_os("FERROCE_DEBUG").is_some() {
+            eprintln!(
+                "ferroce libibverbs: ibv_destroy_cq: events still not acknowledged after \
+                 {CQ_ACK_WAIT:?}; destroyed anyway"
+            );
         }
-        drop(g);
         // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
         if let Err(e) = unsafe { sh(w.c.context) }.nic.destroy_cq(w.cq) {
             // EBUSY while a QP completes into it: bound to its channel again.
@@ -1001,15 +994,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             o.cqs.remove(&w.cq.index());
         }
     });
-    if !w.c.channel.is_null() {
-        // SAFETY: the CQ's channel is one of ours, alive while CQs are bound to it.
-        let ch = unsafe { &*(w.c.channel as *mut ChanW) };
-        ch.inner
-            .cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|&(_, p)| p != cq as usize);
-    }
     0
 }
 

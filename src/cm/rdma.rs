@@ -744,18 +744,24 @@ impl RdmaCm {
     /// (a path record from an SA or ibacm) instead of resolving it, as Linux's
     /// `rdma_set_ib_path`: only once the address is resolved; ROUTE_RESOLVED follows. An
     /// id's TOS option still overrides the path's traffic class.
-    pub fn set_route(&mut self, id: RdmaId, mut route: Route) -> Result<(), RdmaCmError> {
-        let i = self.id_mut(id)?;
+    pub fn set_route(&mut self, id: RdmaId, route: Route) -> Result<(), RdmaCmError> {
+        let i = self.id(id)?;
         if i.state != IdState::AddrResolved {
             return Err(RdmaCmError::InvalidState(i.state));
         }
+        self.route_resolved(id, route);
+        Ok(())
+    }
+
+    /// The id's route is `route` (its TOS option, if any, the traffic class): ROUTE_RESOLVED.
+    fn route_resolved(&mut self, id: RdmaId, mut route: Route) {
+        let Ok(i) = self.id_mut(id) else { return };
         if let Some(t) = i.tos {
             route.traffic_class = t;
         }
         i.route = Some(route);
         i.state = IdState::RouteResolved;
         self.event(Event::new(id, EventType::RouteResolved, 0));
-        Ok(())
     }
 
     /// The driver's answer to [`Request::ResolveRoute`].
@@ -770,18 +776,10 @@ impl RdmaCm {
             return Err(RdmaCmError::InvalidState(i.state));
         }
         self.arm(id.0, None);
-        let i = self.id_mut(id)?;
         match result {
-            Ok(mut r) => {
-                if let Some(t) = i.tos {
-                    r.traffic_class = t;
-                }
-                i.route = Some(r);
-                i.state = IdState::RouteResolved;
-                self.event(Event::new(id, EventType::RouteResolved, 0));
-            }
+            Ok(r) => self.route_resolved(id, r),
             Err(e) => {
-                i.state = IdState::AddrResolved;
+                self.id_mut(id)?.state = IdState::AddrResolved;
                 self.event(Event::new(id, EventType::RouteError, -e.abs()));
             }
         }

@@ -674,10 +674,11 @@ impl UdpDevice {
         // An IPv4 datagram says its total length in 16 bits: a segment longer than 65,507
         // bytes (a GRO segment size no kernel reports) cannot be framed; dropped and counted
         // like any other segment that cannot.
-        let ip4_total = u16::try_from(IP4 + UDP + len).ok();
-        if !self.v6 && ip4_total.is_none() {
-            return None;
-        }
+        let ip4_total = if self.v6 {
+            0
+        } else {
+            u16::try_from(IP4 + UDP + len).ok()?
+        };
         let data_at = self.rx[k].data_off + off;
         let start = data_at - UDP - ip_len - ETH;
         let predicted = match (src.ip(), self.cur.prev) {
@@ -700,7 +701,7 @@ impl UdpDevice {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 ip[0] = 0x45;
                 ip[1] = tclass;
-                ip[2..4].copy_from_slice(&ip4_total.unwrap_or(u16::MAX).to_be_bytes());
+                ip[2..4].copy_from_slice(&ip4_total.to_be_bytes());
                 ip[8] = ttl;
                 ip[9] = PROTO_UDP;
                 ip[10..12].copy_from_slice(&[0, 0]);
