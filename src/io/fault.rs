@@ -174,6 +174,9 @@ impl<D: PacketDevice> PacketDevice for FaultInjector<D> {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.poll_fd()
     }
+    fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
+        self.inner.rx_filter()
+    }
     fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
         self.inner.join_group(group, join)
     }

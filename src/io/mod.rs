@@ -14,6 +14,7 @@
 
 pub mod af_packet;
 pub mod backend;
+pub mod cbpf;
 pub mod ebpf;
 pub mod fault;
 pub mod loopback;
@@ -22,6 +23,7 @@ pub mod pcap;
 pub mod route;
 mod sys;
 pub mod udp;
+pub mod udp_filter;
 pub mod xdp;
 
 use std::io;
@@ -128,6 +130,13 @@ pub trait PacketDevice: Send {
         None
     }
 
+    /// A handle that programs the kernel-side receive filter of a device whose kernel can
+    /// drop, before queueing, what the engine would drop on its first checks (the UDP socket:
+    /// [`udp_filter`]); `None` for the others. The runtime keeps it in step with the QPs.
+    fn rx_filter(&self) -> Option<udp_filter::SocketFilter> {
+        None
+    }
+
     /// Receive (`join`) or stop receiving the frames sent to the IP multicast `group`, as the
     /// kernel's socket layer does with `IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`. Devices that
     /// cannot: `Unsupported`.
@@ -168,6 +177,9 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     }
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).poll_fd()
+    }
+    fn rx_filter(&self) -> Option<udp_filter::SocketFilter> {
+        (**self).rx_filter()
     }
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         (**self).join_group(group, join)

@@ -163,6 +163,9 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.poll_fd()
     }
+    fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
+        self.inner.rx_filter()
+    }
     fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
         self.inner.join_group(group, join)
     }

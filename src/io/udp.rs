@@ -114,6 +114,11 @@ pub struct UdpConfig {
     pub gso: bool,
     /// Receive coalesced datagrams (`UDP_GRO`) and split them (see the module docs).
     pub gro: bool,
+    /// Offer the kernel-side receive filter ([`crate::io::udp_filter`]): the runtime then
+    /// keeps a classic BPF program on the socket that drops, before the kernel queues them,
+    /// the datagrams the device would drop on its first checks. Off: every datagram to the
+    /// port reaches the engine (`FERROCE_UDP_FILTER=0` in the runtime's configuration).
+    pub filter: bool,
 }
 
 impl UdpConfig {
@@ -128,6 +133,7 @@ impl UdpConfig {
             solve_ident: true,
             gso: true,
             gro: true,
+            filter: true,
         }
     }
 }
@@ -236,6 +242,8 @@ pub struct UdpDevice {
     /// The multicast groups joined ([`PacketDevice::join_group`]): a socket bound to the
     /// group and port each (a socket bound to the unicast address receives no multicast).
     groups: Vec<(IpAddr, std::net::UdpSocket)>,
+    /// Whether [`PacketDevice::rx_filter`] hands out a filter handle.
+    filter: bool,
 }
 
 impl Drop for UdpDevice {
@@ -343,6 +351,7 @@ impl UdpDevice {
             solvers: LenCache::new(),
             shifts: LenCache::new(),
             groups: Vec::new(),
+            filter: cfg.filter,
         })
     }
 
@@ -1148,6 +1157,18 @@ impl PacketDevice for UdpDevice {
     /// it too: each receives a copy), a member of the group on the bound address's interface.
     /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
     /// datagram at its next wake-up.)
+    fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
+        if !self.filter {
+            return None;
+        }
+        match self.sock.try_clone() {
+            Ok(s) => Some(crate::io::udp_filter::SocketFilter::new(s, self.v6)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no UDP socket filter: the socket could not be shared");
+                None
+            }
+        }
+    }
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         let (v6, port, local) = (self.v6, self.port, self.local);
         super::update_groups(&mut self.groups, group, join, || {

@@ -450,6 +450,9 @@ pub struct Nic {
     name: Arc<Mutex<Names>>,
     /// Its socket for `ferroce stat` / `ferroce res qp` ([`stat`]).
     publisher: Option<stat::Publisher>,
+    /// The packet device's kernel-side receive filter, if it has one, with the device's
+    /// [`Device::scope_gen`] it was last set for (see [`Nic::refilter`]).
+    filter: Option<Mutex<(crate::io::udp_filter::SocketFilter, Option<u64>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -496,7 +499,8 @@ impl Nic {
             wait_spin_ns: AtomicU64::new(spin_budget(INLINE_WAIT_SPIN).as_nanos() as u64),
         });
         let describe = pkt.describe();
-        tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, "NIC starting");
+        let filter = pkt.rx_filter();
+        tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, filter = filter.is_some(), "NIC starting");
         if opts.poll == PollMode::Inline {
             let mut inner = inner;
             let fd = pkt.poll_fd();
@@ -512,13 +516,13 @@ impl Nic {
             let thread = std::thread::Builder::new()
                 .name("ferroce-nic-bg".into())
                 .spawn(move || inline_background(&th, fd))?;
-            return Ok(Nic::with_publisher(inner, thread, describe));
+            return Ok(Nic::with_publisher(inner, thread, describe).with_filter(filter));
         }
         let th = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferroce-nic".into())
             .spawn(move || engine_loop(&th, &mut pkt, opts))?;
-        Ok(Nic::with_publisher(inner, thread, describe))
+        Ok(Nic::with_publisher(inner, thread, describe).with_filter(filter))
     }
 
     fn with_publisher(inner: Arc<Inner>, thread: JoinHandle<()>, describe: String) -> Nic {
@@ -534,7 +538,52 @@ impl Nic {
             describe,
             name,
             publisher,
+            filter: None,
         }
+    }
+
+    /// Keep the packet device's receive filter in step with the QPs (called with the device
+    /// locked, after every verb that may change which frames they take, before it returns:
+    /// a peer that learns of a QP from the application never meets a filter that predates
+    /// it). A program the kernel refuses takes the filter off (every frame reaches the
+    /// engine, as without one).
+    fn refilter(&self, d: &Device) {
+        use crate::io::udp_filter::{QpRule, Scope, EXACT_MAX};
+        let Some(f) = &self.filter else { return };
+        let mut f = lock(f);
+        let gen = d.scope_gen();
+        if f.1 == Some(gen) {
+            return;
+        }
+        let scope = match d.receive_scope(EXACT_MAX) {
+            crate::verbs::ReceiveScope::Exact(v) => Scope::Exact(
+                v.into_iter()
+                    .map(|(n, source)| QpRule {
+                        qpn: n.get(),
+                        source,
+                    })
+                    .collect(),
+            ),
+            crate::verbs::ReceiveScope::Range { lo, hi } => Scope::Range { lo, hi },
+        };
+        match f.0.set(scope) {
+            Ok(()) => f.1 = Some(gen),
+            Err(e) => {
+                self.inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "UDP socket filter refused: removed, every datagram reaches the engine");
+                let _ = f.0.clear();
+                f.1 = Some(u64::MAX);
+            }
+        }
+    }
+
+    /// Start with `filter` as the packet device's receive filter.
+    fn with_filter(mut self, filter: Option<crate::io::udp_filter::SocketFilter>) -> Nic {
+        self.filter = filter.map(|f| Mutex::new((f, None)));
+        let d = lock(&self.inner.dev);
+        self.refilter(&d);
+        drop(d);
+        self
     }
 
     /// The device name `ferroce stat` and `ferroce res qp` show for this NIC (default:
@@ -561,7 +610,10 @@ impl Nic {
 
     /// Run `f` with the device locked (control path).
     pub fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        f(&mut lock(&self.inner.dev))
+        let mut d = lock(&self.inner.dev);
+        let r = f(&mut d);
+        self.refilter(&d);
+        r
     }
 
     /// `ibv_query_device` (see [`Device::query_device`]).
@@ -668,6 +720,7 @@ impl Nic {
             let cqs = [dev.send_cq_of(qpn), dev.recv_cq_of(qpn)];
             let g = dev.mcast_groups().len();
             dev.destroy_qp(qpn)?;
+            self.refilter(&dev);
             // Under the device lock: the engine adds no completion meanwhile.
             let shadows = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
             for (i, cq) in cqs.iter().enumerate() {
@@ -763,6 +816,7 @@ impl Nic {
         let mut d = lock(&self.inner.dev);
         let r = d.modify_qp(qpn, attr, mask);
         self.refresh_state(qpn, &d);
+        self.refilter(&d);
         r
     }
 
@@ -776,6 +830,7 @@ impl Nic {
         let mut d = lock(&self.inner.dev);
         let r = d.connect_rc(qpn, remote, p);
         self.refresh_state(qpn, &d);
+        self.refilter(&d);
         r
     }
 
@@ -789,6 +844,7 @@ impl Nic {
         let mut d = lock(&self.inner.dev);
         let r = d.connect_uc(qpn, remote, p);
         self.refresh_state(qpn, &d);
+        self.refilter(&d);
         r
     }
 
@@ -797,6 +853,7 @@ impl Nic {
         let mut d = lock(&self.inner.dev);
         let r = d.bring_up_ud(qpn, p);
         self.refresh_state(qpn, &d);
+        self.refilter(&d);
         r
     }
 

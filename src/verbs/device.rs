@@ -412,6 +412,11 @@ pub struct Device {
     /// The QP table, by QPN: each QP with the engine's bookkeeping.
     pub(super) qps: KeyMap<Slot>,
     next_qpn: u32,
+    /// The highest QPN handed out so far (QPNs only increase until they wrap).
+    max_qpn: u32,
+    /// Counts the changes that may change which frames the QPs take (a QP created,
+    /// modified or destroyed): see [`Device::receive_scope`].
+    scope_gen: u64,
     /// Shared receive queues, by number.
     pub(super) srqs: SrqTable,
     /// Address handles, by number.
@@ -431,6 +436,20 @@ pub struct Device {
     pub(super) counters: DeviceCounters,
     /// Multicast groups (IP address) and the QPs attached to each, in attach order.
     pub(super) mcast: HashMap<IpAddr, Vec<u32>>,
+}
+
+/// What [`Device::receive_scope`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReceiveScope {
+    /// These QPs, each from its peer's address (`Some`) or any (`None`).
+    Exact(Vec<(QpNumber, Option<IpAddr>)>),
+    /// Any QP whose number is in `lo..=hi`, from any address.
+    Range {
+        /// The lowest QPN.
+        lo: u32,
+        /// The highest.
+        hi: u32,
+    },
 }
 
 /// Most multicast groups a device joins (`max_mcast_grp` of `ibv_query_device`).
@@ -463,6 +482,8 @@ impl Device {
             cq_free: std::collections::BinaryHeap::new(),
             qps: KeyMap::default(),
             next_qpn: 0x11,
+            max_qpn: 0,
+            scope_gen: 0,
             srqs: Vec::new(),
             ahs: KeyMap::default(),
             next_ah: 1,
@@ -768,6 +789,49 @@ impl Device {
         Ok(QpNumber::new(qpn))
     }
 
+    /// Changes so far that may have changed [`Self::receive_scope`] (a QP created, modified
+    /// or destroyed): a caller that keeps a copy of the scope recomputes it when this moves.
+    pub fn scope_gen(&self) -> u64 {
+        self.scope_gen
+    }
+
+    /// Which QPs may take a unicast frame, and from where, for a filter in front of the
+    /// device (the UDP socket's, [`crate::io::udp_filter`]): with at most `exact_max` QPs,
+    /// each QP — a connected (RC, UC) QP only once it has a path, and only from its peer's
+    /// address; a UD QP from anywhere; else the range of QPNs handed out so far. A frame
+    /// outside the scope is one the engine drops on its address or QPN check
+    /// (`handle_frame`), so a filter that drops it changes nothing the peer sees. QP1 and the
+    /// multicast QPN are not listed (a filter lets them through).
+    pub fn receive_scope(&self, exact_max: usize) -> ReceiveScope {
+        if self.qps.len() > exact_max {
+            // QPNs only increase until they wrap: after a wrap, any QPN may be live.
+            let wrapped = self.next_qpn <= self.max_qpn;
+            return ReceiveScope::Range {
+                lo: 0x11,
+                hi: if wrapped {
+                    QpNumber::MASK
+                } else {
+                    self.max_qpn
+                },
+            };
+        }
+        let mut v: Vec<(QpNumber, Option<IpAddr>)> = self
+            .qps
+            .iter()
+            .filter(|(&n, _)| n != QpNumber::GSI.get())
+            .filter_map(|(&n, slot)| {
+                let src = match &*slot.qp {
+                    TransportQp::Rc(q) => Some(q.path()?.dst_ip),
+                    TransportQp::Uc(q) => Some(q.path()?.dst_ip),
+                    TransportQp::Ud(_) => None,
+                };
+                Some((QpNumber::new(n), src))
+            })
+            .collect();
+        v.sort_unstable_by_key(|(n, _)| n.get());
+        ReceiveScope::Exact(v)
+    }
+
     /// QP1, the general services interface (GSI) of the port: a UD QP numbered 1 whose Q_Key
     /// is always 0x80010000, which takes MADs from any sender and sends with the port's P_Key
     /// (the kernel creates it for the CM; a userspace device makes it when asked). `init`
@@ -813,6 +877,8 @@ impl Device {
 
     /// Make QP `qpn` of a checked `init`.
     fn insert_qp(&mut self, qpn: u32, init: QpInitAttr, gsi: bool) {
+        self.scope_gen += 1;
+        self.max_qpn = self.max_qpn.max(qpn);
         let mut cap = init.cap;
         if init.srq.is_some() {
             cap.max_recv_wr = 0;
@@ -872,6 +938,7 @@ impl Device {
     /// hold (flushes of a QP in the error state included) are removed with it, as rdma-core's
     /// providers clean a destroyed QP out of its CQs: no completion of it is polled after.
     pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
+        self.scope_gen += 1;
         let slot = self
             .qps
             .remove(&qpn.get())
@@ -1001,6 +1068,7 @@ impl Device {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
+        self.scope_gen += 1;
         let slot = self
             .qps
             .get_mut(&qpn.get())

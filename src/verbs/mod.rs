@@ -43,8 +43,8 @@ pub use crate::rc::deviations::Deviations;
 pub use crate::wire::grh::{GrhSlot, GRH_LEN};
 pub use connect::{RcParams, RemoteQp, UcParams, UdParams};
 pub use device::{
-    Device, DeviceConfig, QpInitAttr, QpStatus, VerbsError, MAX_MCAST_GROUPS, MAX_MCAST_QP_ATTACH,
-    PKEY_TABLE,
+    Device, DeviceConfig, QpInitAttr, QpStatus, ReceiveScope, VerbsError, MAX_MCAST_GROUPS,
+    MAX_MCAST_QP_ATTACH, PKEY_TABLE,
 };
 pub use engine::TransmitError;
 pub use limits::DeviceAttr;

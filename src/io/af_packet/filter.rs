@@ -9,123 +9,12 @@
 //! does not strip it; a stripped tag is invisible to the filter and the frame looks untagged).
 //! Everything else returns 0 (drop). An accepted frame is kept whole (return `0xFFFF_FFFF`).
 //!
-//! The program is assembled here from symbolic labels; [`run`] is a reference interpreter of
-//! the handful of instructions it uses, so the filter is tested without a kernel.
+//! The program is assembled with [`crate::io::cbpf`]'s labels; its reference interpreter
+//! ([`run`]) tests the filter without a kernel.
 
+use crate::io::cbpf::*;
+pub use crate::io::cbpf::{run, Insn, ACCEPT};
 use crate::wire::ROCE_V2_PORT;
-
-/// One classic BPF instruction (`struct sock_filter`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Insn {
-    /// Opcode.
-    pub code: u16,
-    /// Jump offset if true.
-    pub jt: u8,
-    /// Jump offset if false.
-    pub jf: u8,
-    /// Generic field (constant, offset).
-    pub k: u32,
-}
-
-// Opcode parts (linux/filter.h, linux/bpf_common.h).
-const LD: u16 = 0x00;
-const LDX: u16 = 0x01;
-const ALU: u16 = 0x04;
-const JMP: u16 = 0x05;
-const RET: u16 = 0x06;
-const MISC: u16 = 0x07;
-const W: u16 = 0x00;
-const H: u16 = 0x08;
-const B: u16 = 0x10;
-const ABS: u16 = 0x20;
-const IND: u16 = 0x40;
-const MSH: u16 = 0xa0;
-const JEQ: u16 = 0x10;
-const JGE: u16 = 0x30;
-const JSET: u16 = 0x40;
-const K: u16 = 0x00;
-const TXA: u16 = 0x80;
-
-/// Snap length returned for an accepted frame: all of it.
-pub const ACCEPT: u32 = u32::MAX;
-
-/// Jump targets while assembling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Target {
-    Next,
-    Label(&'static str),
-}
-
-struct Asm {
-    insns: Vec<(Insn, Target, Target)>,
-    labels: Vec<(&'static str, usize)>,
-}
-
-impl Asm {
-    fn new() -> Self {
-        Asm {
-            insns: Vec::new(),
-            labels: Vec::new(),
-        }
-    }
-    fn label(&mut self, name: &'static str) {
-        self.labels.push((name, self.insns.len()));
-    }
-    fn op(&mut self, code: u16, k: u32) {
-        self.insns.push((
-            Insn {
-                code,
-                jt: 0,
-                jf: 0,
-                k,
-            },
-            Target::Next,
-            Target::Next,
-        ));
-    }
-    fn jmp(&mut self, code: u16, k: u32, jt: Target, jf: Target) {
-        self.insns.push((
-            Insn {
-                code: JMP | code | K,
-                jt: 0,
-                jf: 0,
-                k,
-            },
-            jt,
-            jf,
-        ));
-    }
-    fn finish(self) -> Vec<Insn> {
-        let find = |name: &str| {
-            self.labels
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, at)| *at)
-                .unwrap_or_else(|| panic!("bpf: undefined label {name}"))
-        };
-        self.insns
-            .iter()
-            .enumerate()
-            .map(|(pc, (insn, jt, jf))| {
-                let rel = |t: &Target| -> u8 {
-                    match t {
-                        Target::Next => 0,
-                        Target::Label(l) => {
-                            let to = find(l);
-                            assert!(to > pc, "bpf: backward jump to {l}");
-                            u8::try_from(to - pc - 1).expect("bpf: jump too far")
-                        }
-                    }
-                };
-                Insn {
-                    jt: rel(jt),
-                    jf: rel(jf),
-                    ..*insn
-                }
-            })
-            .collect()
-    }
-}
 
 /// The RoCE v2 filter program (see the module documentation).
 pub fn roce_v2() -> Vec<Insn> {
@@ -162,58 +51,7 @@ pub fn roce_v2() -> Vec<Insn> {
     a.op(RET | K, ACCEPT);
     a.label("drop");
     a.op(RET | K, 0);
-    a.finish()
-}
-
-/// Run `prog` over `pkt` like the kernel's classic BPF interpreter (only the instructions
-/// [`roce_v2`] uses; anything else, a load out of bounds or falling off the end drops).
-pub fn run(prog: &[Insn], pkt: &[u8]) -> u32 {
-    let (mut acc, mut x) = (0u32, 0u32);
-    let mut pc = 0usize;
-    let load = |off: u32, size: usize| -> Option<u32> {
-        let o = off as usize;
-        let b = pkt.get(o..o.checked_add(size)?)?;
-        Some(b.iter().fold(0u32, |v, &c| (v << 8) | u32::from(c)))
-    };
-    while let Some(i) = prog.get(pc) {
-        pc += 1;
-        let size = match i.code & 0x18 {
-            W => 4,
-            H => 2,
-            _ => 1,
-        };
-        match i.code & 0x07 {
-            LD => {
-                let off = match i.code & 0xe0 {
-                    ABS => Some(i.k),
-                    IND => x.checked_add(i.k),
-                    _ => return 0,
-                };
-                match off.and_then(|o| load(o, size)) {
-                    Some(v) => acc = v,
-                    None => return 0,
-                }
-            }
-            LDX if i.code & 0xe0 == MSH => match load(i.k, 1) {
-                Some(v) => x = 4 * (v & 0xf),
-                None => return 0,
-            },
-            MISC if i.code & 0xf8 == TXA => acc = x,
-            JMP => {
-                let taken = match i.code & 0xf0 {
-                    JEQ => acc == i.k,
-                    JGE => acc >= i.k,
-                    JSET => acc & i.k != 0,
-                    _ => return 0,
-                };
-                pc += usize::from(if taken { i.jt } else { i.jf });
-            }
-            RET => return i.k,
-            ALU => return 0,
-            _ => return 0,
-        }
-    }
-    0
+    a.finish().expect("the RoCE v2 filter assembles")
 }
 
 #[cfg(test)]

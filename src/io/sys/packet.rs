@@ -19,8 +19,8 @@
 use super::cvt;
 use super::event::poll_readable;
 use super::sockutil::{set_int, setsockopt, Mmsg, MsgBufs};
-use crate::io::af_packet::filter::Insn;
 use crate::io::af_packet::ring::BLOCK_STATUS_OFFSET;
+use crate::io::cbpf::Insn;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -284,28 +284,7 @@ impl PacketSocket {
 
     /// Attach a classic BPF program (`SO_ATTACH_FILTER`).
     pub fn attach_filter(&self, prog: &[Insn]) -> io::Result<()> {
-        let mut code: Vec<libc::sock_filter> = prog
-            .iter()
-            .map(|i| libc::sock_filter {
-                code: i.code,
-                jt: i.jt,
-                jf: i.jf,
-                k: i.k,
-            })
-            .collect();
-        let len = u16::try_from(code.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
-        let fprog = libc::sock_fprog {
-            len,
-            filter: code.as_mut_ptr(),
-        };
-        // The kernel copies the program during the call; `code` outlives it.
-        setsockopt(
-            self.as_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            &fprog,
-        )
+        super::sockutil::attach_filter(self.as_fd(), prog)
     }
 
     fn set_ring(&self, opt: libc::c_int, r: &RingReq) -> io::Result<()> {

@@ -37,6 +37,28 @@ pub fn set_int(
     setsockopt(fd, level, name, &val)
 }
 
+/// Attach (or replace: the kernel swaps programs atomically) a classic BPF program
+/// (`SO_ATTACH_FILTER`).
+pub fn attach_filter(fd: BorrowedFd<'_>, prog: &[crate::io::cbpf::Insn]) -> io::Result<()> {
+    let mut code: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let len = u16::try_from(code.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: code.as_mut_ptr(),
+    };
+    // The kernel copies the program during the call; `code` outlives it.
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
 /// The buffers of one message of a `sendmmsg(2)`/`recvmmsg(2)` batch: the data, and
 /// optionally the peer address and the control (ancillary) data, each a pointer and a length
 /// into storage the caller keeps alive, and does not touch, until the system call returns.

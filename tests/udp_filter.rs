@@ -1,0 +1,232 @@
+//! The UDP-socket backend's kernel-side filter (`ferroce::io::udp_filter`) on real sockets:
+//! two NICs on loopback addresses of their own, port 4791, and a third socket playing a
+//! sender that is not the peer. The kernel must drop what the filter names before it
+//! reaches B's socket (B's backend never sees it, B's engine counts nothing of it), let
+//! through everything B's QPs may take (the connection's traffic, UD from anyone, QP1,
+//! the peer's own address), and follow the QPs as they come and go. The same datagrams
+//! with the filter off are the control: they reach B's engine, which drops each itself.
+//! Unprivileged (loopback addresses need no root).
+
+mod common;
+use common::{nic_rc_pair, ALL};
+use ferroce::io::{UdpConfig, UdpDevice};
+use ferroce::runtime::{Nic, NicOptions, PollMode};
+use ferroce::verbs::*;
+use ferroce::wire::{MacAddr, QpNumber};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+fn addr(net: u8, host: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 77, net, host)
+}
+
+fn nic(ip: Ipv4Addr, filter: bool) -> Nic {
+    let mut c = UdpConfig::new(IpAddr::V4(ip));
+    c.filter = filter;
+    let dev = UdpDevice::open(&c).unwrap_or_else(|e| panic!("UDP {ip}:4791: {e}"));
+    let cfg = DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, ip.octets()[3]]), IpAddr::V4(ip));
+    let poll = PollMode::Adaptive {
+        spins: 100,
+        max_sleep: Duration::from_micros(200),
+    };
+    Nic::start(cfg, dev, NicOptions { poll, batch: 64 }).unwrap()
+}
+
+/// A RoCE payload: a BTH (`opcode`, P_Key, TVer, DestQP, PSN 0), `extra` zero bytes and an
+/// ICRC that is wrong on purpose (whatever passes the filter is then dropped by the engine's
+/// ICRC check, which counts it: the test's way of seeing it arrive).
+fn bth(opcode: u8, pkey: u16, tver: u8, qpn: u32, extra: usize) -> Vec<u8> {
+    let mut p = vec![opcode, tver & 0xf];
+    p.extend_from_slice(&pkey.to_be_bytes());
+    p.push(0);
+    p.extend_from_slice(&qpn.to_be_bytes()[1..]);
+    p.extend_from_slice(&[0; 4]);
+    p.extend(std::iter::repeat_n(0, extra));
+    p.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    p
+}
+
+const RC_WRITE_ONLY: u8 = 0x0a;
+const UD_SEND_ONLY: u8 = 0x64;
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    rx_frames: u64,
+    malformed: u64,
+    header: u64,
+    unknown_qp: u64,
+    address: u64,
+    icrc: u64,
+}
+
+fn seen(n: &Nic) -> Seen {
+    let (d, _, io) = n.counters();
+    Seen {
+        rx_frames: io.rx_frames,
+        malformed: d.malformed_drops,
+        header: d.header_drops,
+        unknown_qp: d.unknown_qp_drops,
+        address: d.address_drops,
+        icrc: d.icrc_drops,
+    }
+}
+
+fn delta(a: Seen, b: Seen) -> Seen {
+    Seen {
+        rx_frames: b.rx_frames - a.rx_frames,
+        malformed: b.malformed - a.malformed,
+        header: b.header - a.header,
+        unknown_qp: b.unknown_qp - a.unknown_qp,
+        address: b.address - a.address,
+        icrc: b.icrc - a.icrc,
+    }
+}
+
+/// Send `hostile` from `x`, then `markers` (each passes the filter and ends in B's ICRC
+/// count), and wait until B counted the markers: loopback keeps one socket's datagrams in
+/// order, so by then every hostile datagram was either dropped by B's kernel or counted.
+fn probe(b: &Nic, x: &UdpSocket, to: SocketAddr, hostile: &[Vec<u8>], markers: &[Vec<u8>]) -> Seen {
+    let before = seen(b);
+    for d in hostile.iter().chain(markers) {
+        x.send_to(d, to).unwrap();
+    }
+    let t0 = Instant::now();
+    loop {
+        let s = delta(before, seen(b));
+        if s.icrc >= markers.len() as u64 {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "markers not seen by B: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn case(net: u8, filter: bool) {
+    let (ia, ib, ix) = (addr(net, 1), addr(net, 2), addr(net, 3));
+    let (a, b) = (nic(ia, filter), nic(ib, filter));
+    let (ea, eb) = nic_rc_pair(&a, &b, common::qp_cap(16, 1, 0), 64, 1 << 16, Mtu::M1024);
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(16).unwrap();
+    let ud = b
+        .create_qp(QpInitAttr::new(pd, cq, cq, common::qp_cap(4, 1, 0)).with_type(QpType::Ud))
+        .unwrap();
+    b.bring_up_ud(
+        ud,
+        &UdParams {
+            qkey: 0x1111,
+            local_psn: 0,
+        },
+    )
+    .unwrap();
+    let x = UdpSocket::bind((ix, 0)).unwrap();
+    // The peer's own address, another port: what a forger with A's address sends.
+    let xa = UdpSocket::bind((ia, 0)).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(ib), 4791);
+    let qb = eb.qp.get();
+    let unknown = QpNumber::MASK - 7;
+    let hostile = vec![
+        bth(RC_WRITE_ONLY, 0xffff, 0, qb, 16), // B's RC QP, not from its peer
+        bth(RC_WRITE_ONLY, 0xffff, 0, unknown, 16), // no such QP
+        bth(RC_WRITE_ONLY, 0x8001, 0, qb, 16), // another partition
+        bth(RC_WRITE_ONLY, 0xffff, 1, qb, 16), // TVer 1
+        vec![0u8; 10],                         // shorter than a BTH and an ICRC
+        bth(UD_SEND_ONLY, 0xffff, 0, ud.get() + 1000, 8), // no such QP
+    ];
+    let markers = vec![
+        bth(UD_SEND_ONLY, 0xffff, 0, ud.get(), 8), // UD: from anyone
+        bth(UD_SEND_ONLY, 0xffff, 0, ud.get(), 8),
+    ];
+    let s = probe(&b, &x, to, &hostile, &markers);
+    if filter {
+        assert_eq!(
+            s,
+            Seen {
+                rx_frames: 2,
+                icrc: 2,
+                ..Seen::default()
+            },
+            "with the filter only the two UD datagrams reach B"
+        );
+    } else {
+        assert_eq!(
+            s,
+            Seen {
+                rx_frames: 8,
+                malformed: 1,
+                header: 2,
+                unknown_qp: 2,
+                address: 1,
+                icrc: 2,
+            },
+            "without the filter B's engine drops each itself"
+        );
+    }
+    // QP1 and the multicast QPN always pass (the engine decides: no QP1 here, so it counts
+    // it as unknown); the peer's own address reaches B's RC QP (ICRC then drops it).
+    let s = probe(
+        &b,
+        &xa,
+        to,
+        &[bth(UD_SEND_ONLY, 0xffff, 0, 1, 8)],
+        &[bth(RC_WRITE_ONLY, 0xffff, 0, qb, 16)],
+    );
+    assert_eq!((s.rx_frames, s.unknown_qp, s.icrc), (2, 1, 1), "{s:?}");
+    // The connection itself works through the filter, both ways.
+    write_and_wait(&a, &ea, &eb, 4096);
+    write_and_wait(&b, &eb, &ea, 4096);
+    // A QP made after the first ones is let through as soon as it is connected; a destroyed
+    // one no longer.
+    let (ea2, eb2) = nic_rc_pair(&a, &b, common::qp_cap(16, 1, 0), 64, 1 << 16, Mtu::M1024);
+    write_and_wait(&a, &ea2, &eb2, 1024);
+    let qb2 = eb2.qp.get();
+    b.destroy_qp(eb2.qp).unwrap();
+    let s = probe(
+        &b,
+        &xa,
+        to,
+        &[bth(RC_WRITE_ONLY, 0xffff, 0, qb2, 16)],
+        &[bth(RC_WRITE_ONLY, 0xffff, 0, qb, 16)],
+    );
+    let want = if filter { (1, 0) } else { (2, 1) };
+    assert_eq!((s.rx_frames, s.unknown_qp), want, "destroyed QP: {s:?}");
+    let _ = ea2;
+}
+
+fn write_and_wait(n: &Nic, from: &common::NicEnd, to: &common::NicEnd, len: usize) {
+    let op = SendOp::RdmaWrite {
+        remote_addr: to.mr.addr(),
+        rkey: to.mr.rkey(),
+    };
+    from.mr.write(0, &vec![0x5a; len]).unwrap();
+    n.post_send(
+        from.qp,
+        SendWr::new(7, op, vec![common::sge(&from.mr, 0, len)]),
+    )
+    .unwrap();
+    let mut wcs = Vec::new();
+    while wcs.is_empty() {
+        assert!(
+            n.wait_cq(from.cq, Duration::from_secs(10)).unwrap(),
+            "no completion"
+        );
+        n.poll_cq(from.cq, &mut wcs, 4).unwrap();
+    }
+    assert_eq!(wcs[0].status, WcStatus::Success, "{wcs:?}");
+    let mut got = vec![0u8; len];
+    to.mr.read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a));
+    let _ = ALL;
+}
+
+#[test]
+fn the_kernel_drops_what_no_qp_takes() {
+    case(1, true);
+}
+
+#[test]
+fn without_the_filter_the_engine_drops_the_same() {
+    case(2, false);
+}
