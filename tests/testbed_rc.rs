@@ -2337,6 +2337,12 @@ fn flood_pool(v: Victim) -> Vec<(Hostile, Vec<u8>)> {
             ),
         );
     }
+    // `FERROCE_FLOOD_KINDS=WrongSource,UnknownQp` (say): only those kinds, for measuring
+    // what each costs; every count below still holds (kinds not sent expect nothing).
+    if let Ok(only) = std::env::var("FERROCE_FLOOD_KINDS") {
+        pool.retain(|(k, _)| only.split(',').any(|s| s.trim() == format!("{k:?}")));
+        assert!(!pool.is_empty(), "FERROCE_FLOOD_KINDS={only}: no such kind");
+    }
     pool
 }
 
@@ -2555,7 +2561,10 @@ fn hostile_peer(kind: BackendKind) {
             + (ud.no_wqe_drops - ud_before.no_wqe_drops)
             + (qb.cnps_handled - qb_before.cnps_handled);
         let lost = p.b.io().rx_dropped - io_before.rx_dropped;
-        if seen + lost >= want_total || t0.elapsed() > Duration::from_secs(5) {
+        // What B's kernel dropped (the UDP socket's filter, its buffer) never comes.
+        let (path, filtered) = path_drops();
+        let kernel = path - links_before.0 + filtered - links_before.1;
+        if seen + lost + kernel >= want_total || t0.elapsed() > Duration::from_secs(5) {
             break d;
         }
         thread::sleep(Duration::from_millis(10));
@@ -2568,7 +2577,11 @@ fn hostile_peer(kind: BackendKind) {
         .and_then(|t| t.parse::<u64>().ok())
         .expect("R's forward counter");
     let _ = testbed(&["exec", "r", "nft", "delete table inet ft_attack"]);
-    let links = path_drops() - links_before;
+    let (links_now, filtered_now) = path_drops();
+    let links = links_now - links_before.0;
+    // Hostile datagrams B's kernel dropped on the UDP socket's filter (`udp_filter`): the
+    // runts, unknown QPNs, wrong P_Keys and wrong sources, which then never reach B's engine.
+    let filtered = filtered_now - links_before.1;
     // Hostile frames that never reached B's backend: refused by X's kernel, not forwarded by
     // R, dropped by the veth towards B.
     let path_lost = n.tx_dropped + (want_total - n.tx_dropped).saturating_sub(forwarded) + links;
@@ -2680,7 +2693,41 @@ fn hostile_peer(kind: BackendKind) {
         ("cnps_handled", get(&qb, "cnps_handled"), n.get(Cnp)),
     ];
     let ring_drops = ring_drops + path_lost;
+    // The kinds the UDP socket's filter takes: with it, B's engine counts none of them and
+    // the kernel's filter count is their sum.
+    let filterable = [Runt, UnknownQp, BadPkey, WrongSource];
+    let by_filter: u64 = filterable.iter().map(|&k| n.get(k)).sum();
+    let buckets = buckets.map(|(k, have, want)| {
+        let filtered_kind = [
+            "malformed_drops",
+            "unknown_qp_drops",
+            "header_drops",
+            "address_drops",
+        ]
+        .contains(&k);
+        (
+            k,
+            have,
+            if filtered > 0 && filtered_kind {
+                0
+            } else {
+                want
+            },
+        )
+    });
+    println!("{label}: B's kernel filtered {filtered} (runts, unknown QPNs, P_Keys, sources sent: {by_filter})");
+    if kind != BackendKind::Udp {
+        assert_eq!(filtered, 0, "a filter count without the UDP socket");
+    }
     if ring_drops == 0 {
+        if filtered > 0 {
+            assert_eq!(
+                filtered,
+                by_filter,
+                "B's kernel filtered: flood {n:?}\n{}",
+                p.dump()
+            );
+        }
         for (k, have, want) in buckets {
             assert_eq!(have, want, "{k}: flood {n:?}\n{}", p.dump());
         }
@@ -2692,7 +2739,11 @@ fn hostile_peer(kind: BackendKind) {
         println!(
             "note: {ring_drops} frames lost on the way or by B's backend: counts checked as bounds"
         );
-        let mut counted = 0;
+        assert!(
+            filtered <= by_filter,
+            "filtered {filtered} > {by_filter} sent"
+        );
+        let mut counted = filtered;
         for (k, have, want) in buckets {
             assert!(
                 have <= want,
@@ -2735,9 +2786,10 @@ fn flood_rate() -> u64 {
 }
 
 /// Frames dropped so far on the way from X to B's backend that the hosts' counters would
-/// not see: R's `rx` receive drops, R's `rb` transmit drops (the veth to B), B's `eth0`
-/// receive drops, B's kernel UDP receive errors.
-fn path_drops() -> u64 {
+/// not see — R's `rx` receive drops, R's `rb` transmit drops (the veth to B), B's `eth0`
+/// receive drops, B's kernel UDP receive-buffer and checksum errors — and, apart, the
+/// datagrams B's UDP socket filter dropped (the rest of B's `Udp InErrors`).
+fn path_drops() -> (u64, u64) {
     let stat = |host: &str, dev: &str, dir: &str| -> u64 {
         let ns = format!("{PREFIX}{host}");
         let path = format!("/sys/class/net/{dev}/statistics/{dir}_dropped");
@@ -2765,13 +2817,21 @@ fn path_drops() -> u64 {
     let snmp = String::from_utf8_lossy(&snmp.stdout).into_owned();
     let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
     let (names, values) = (udp.next().unwrap_or(""), udp.next().unwrap_or(""));
-    let udp_in_errors: u64 = names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(k, _)| *k == "InErrors")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("Udp InErrors in B's /proc/net/snmp: {snmp}"));
-    stat("r", "rx", "rx") + stat("r", "rb", "tx") + stat("b", "eth0", "rx") + udp_in_errors
+    let udp = |name: &str| -> u64 {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("Udp {name} in B's /proc/net/snmp: {snmp}"))
+    };
+    // InErrors counts the buffer and checksum errors too, and the filter's drops.
+    let (in_errors, rcvbuf, csum) = (udp("InErrors"), udp("RcvbufErrors"), udp("InCsumErrors"));
+    let lost = rcvbuf + csum;
+    (
+        stat("r", "rx", "rx") + stat("r", "rb", "tx") + stat("b", "eth0", "rx") + lost,
+        in_errors.saturating_sub(lost),
+    )
 }
 
 // ---- 8: soak ---------------------------------------------------------------------------------
