@@ -57,6 +57,8 @@ struct Seen {
     unknown_qp: u64,
     address: u64,
     icrc: u64,
+    /// B's backend's `rx_kernel_drops`: what B's kernel dropped at the socket.
+    kernel: u64,
 }
 
 fn seen(n: &Nic) -> Seen {
@@ -68,6 +70,7 @@ fn seen(n: &Nic) -> Seen {
         unknown_qp: d.unknown_qp_drops,
         address: d.address_drops,
         icrc: d.icrc_drops,
+        kernel: io.rx_kernel_drops,
     }
 }
 
@@ -79,6 +82,7 @@ fn delta(a: Seen, b: Seen) -> Seen {
         unknown_qp: b.unknown_qp - a.unknown_qp,
         address: b.address - a.address,
         icrc: b.icrc - a.icrc,
+        kernel: b.kernel - a.kernel,
     }
 }
 
@@ -146,6 +150,7 @@ fn case(net: u8, filter: bool) {
             Seen {
                 rx_frames: 2,
                 icrc: 2,
+                kernel: 6,
                 ..Seen::default()
             },
             "with the filter only the two UD datagrams reach B"
@@ -160,6 +165,7 @@ fn case(net: u8, filter: bool) {
                 unknown_qp: 2,
                 address: 1,
                 icrc: 2,
+                kernel: 0,
             },
             "without the filter B's engine drops each itself"
         );
@@ -173,7 +179,11 @@ fn case(net: u8, filter: bool) {
         &[bth(UD_SEND_ONLY, 0xffff, 0, 1, 8)],
         &[bth(RC_WRITE_ONLY, 0xffff, 0, qb, 16)],
     );
-    assert_eq!((s.rx_frames, s.unknown_qp, s.icrc), (2, 1, 1), "{s:?}");
+    assert_eq!(
+        (s.rx_frames, s.unknown_qp, s.icrc, s.kernel),
+        (2, 1, 1, 0),
+        "{s:?}"
+    );
     // The connection itself works through the filter, both ways.
     write_and_wait(&a, &ea, &eb, 4096);
     write_and_wait(&b, &eb, &ea, 4096);
@@ -190,8 +200,12 @@ fn case(net: u8, filter: bool) {
         &[bth(RC_WRITE_ONLY, 0xffff, 0, qb2, 16)],
         &[bth(RC_WRITE_ONLY, 0xffff, 0, qb, 16)],
     );
-    let want = if filter { (1, 0) } else { (2, 1) };
-    assert_eq!((s.rx_frames, s.unknown_qp), want, "destroyed QP: {s:?}");
+    let want = if filter { (1, 0, 1) } else { (2, 1, 0) };
+    assert_eq!(
+        (s.rx_frames, s.unknown_qp, s.kernel),
+        want,
+        "destroyed QP: {s:?}"
+    );
     let _ = ea2;
 }
 

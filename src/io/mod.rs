@@ -77,6 +77,11 @@ pub struct IoStats {
     /// Frames that arrived inside a coalesced datagram or super-frame (UDP GRO, a GSO
     /// super-frame split by AF_PACKET).
     pub rx_coalesced: u64,
+    /// Datagrams the kernel dropped at the device's socket before the backend could read
+    /// them: refused by its receive filter (the UDP socket's, [`udp_filter`]) or a full
+    /// receive buffer (the socket's own drop count, `SO_MEMINFO`). Only the UDP-socket
+    /// backend keeps it (AF_PACKET counts its ring's kernel drops in `rx_dropped`).
+    pub rx_kernel_drops: u64,
 }
 
 crate::ib::counters::counter_fields!(IoStats {
@@ -88,6 +93,7 @@ crate::ib::counters::counter_fields!(IoStats {
     tx_dropped,
     tx_offloaded,
     rx_coalesced,
+    rx_kernel_drops,
 });
 
 /// A packet device.

@@ -244,6 +244,9 @@ pub struct UdpDevice {
     groups: Vec<(IpAddr, std::net::UdpSocket)>,
     /// Whether [`PacketDevice::rx_filter`] hands out a filter handle.
     filter: bool,
+    /// The socket's kernel drop count last read, and the drops counted so far
+    /// (`IoStats::rx_kernel_drops`).
+    kernel_drops: std::cell::Cell<(u32, u64)>,
 }
 
 impl Drop for UdpDevice {
@@ -352,6 +355,7 @@ impl UdpDevice {
             shifts: LenCache::new(),
             groups: Vec::new(),
             filter: cfg.filter,
+            kernel_drops: std::cell::Cell::new((0, 0)),
         })
     }
 
@@ -1216,7 +1220,16 @@ impl PacketDevice for UdpDevice {
     }
 
     fn stats(&self) -> IoStats {
-        self.stats
+        if let Ok(now) = sysudp::socket_drops(self.sock.as_fd()) {
+            let (seen, total) = self.kernel_drops.get();
+            // A 32-bit counter in the kernel: the difference wraps with it.
+            self.kernel_drops
+                .set((now, total + u64::from(now.wrapping_sub(seen))));
+        }
+        IoStats {
+            rx_kernel_drops: self.kernel_drops.get().1,
+            ..self.stats
+        }
     }
 
     fn describe(&self) -> String {

@@ -11,10 +11,11 @@
 //! The control messages are parsed by [`parse_control`], safe code over the bytes the kernel
 //! wrote (bounds-checked like everything else the kernel hands over).
 
+use super::cvt;
 use super::sockutil::{Mmsg, MsgBufs};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Largest batch one call moves.
 pub const MAX_BATCH: usize = 64;
@@ -470,6 +471,34 @@ pub fn group_member(group: IpAddr, ifindex: u32) -> io::Result<std::net::UdpSock
             Ok(sock)
         }
     }
+}
+
+/// The socket's drop count (`SO_MEMINFO`'s `SK_MEMINFO_DROPS`): datagrams the kernel dropped
+/// at this socket — its filter refused them, or its receive buffer was full — since it was
+/// opened. A 32-bit counter in the kernel (it wraps).
+pub fn socket_drops(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    const VARS: usize = libc::SK_MEMINFO_DROPS as usize + 1;
+    let mut v = [0u32; VARS];
+    let mut len = std::mem::size_of_val(&v) as libc::socklen_t;
+    // SAFETY: `v` is writable for `len` bytes and outlives the call; the kernel writes at most
+    // `len` bytes (it copies min(len, its array's size)) and stores the length it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            v.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    cvt(r)?;
+    if (len as usize) < VARS * 4 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "SO_MEMINFO without a drop count",
+        ));
+    }
+    Ok(v[libc::SK_MEMINFO_DROPS as usize])
 }
 
 /// `IP_MULTICAST_IF`: send IPv4 multicast from the interface that has `local`.
