@@ -2473,9 +2473,25 @@ fn hostile_peer(kind: BackendKind) {
     };
     let pool = flood_pool(v);
     let ctl = Arc::new(FloodCtl::default());
+    // `FERROCE_FLOOD_PIN=1`: the attacker on a CPU of its own, as a host of its own would be —
+    // every thread of this process (A's and B's engines, the flow) on CPU 0, X's thread (and
+    // the kernel work its sends drive: R's forwarding, B's kernel receive) on CPU 1; the
+    // undisturbed phases run pinned the same way.
+    let pin = std::env::var("FERROCE_FLOOD_PIN").is_ok_and(|v| v == "1");
+    if pin {
+        taskset(&["-a", "-p", "-c", "0", &std::process::id().to_string()]);
+        println!("pinned: A, B and the flow on CPU 0, X on CPU 1");
+    }
     let flooder = {
         let ctl = ctl.clone();
-        spawn_in_ns(NS_X, move || flood(&pool, &ctl))
+        spawn_in_ns(NS_X, move || {
+            if pin {
+                let me = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+                let tid = me.file_name().unwrap().to_string_lossy().into_owned();
+                taskset(&["-p", "-c", "1", &tid]);
+            }
+            flood(&pool, &ctl)
+        })
     };
     // R counts what it forwards from X to B (what the attacker put on B's link).
     let nft = |cmd: &str| must_testbed(&["exec", "r", "nft", cmd]);
@@ -2773,6 +2789,15 @@ fn hostile_peer_af_packet() {
 fn hostile_peer_udp_socket() {
     require_root!("testbed_rc", NEEDS);
     hostile_peer(BackendKind::Udp);
+}
+
+/// `taskset ARGS`, which must succeed.
+fn taskset(args: &[&str]) {
+    let out = Command::new("taskset")
+        .args(args)
+        .output()
+        .expect("taskset (util-linux)");
+    assert!(out.status.success(), "taskset {args:?}: {out:?}");
 }
 
 /// The flood's stated rate, frames per second (`FERROCE_FLOOD_RATE`, default 20,000: some
