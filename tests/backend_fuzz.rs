@@ -43,6 +43,7 @@ fn random_datagrams_and_ring_blocks_keep_the_invariants() {
                 total.udp_frames += s.udp_frames;
                 total.udp_dropped += s.udp_dropped;
                 total.udp_verified += s.udp_verified;
+                total.udp_icrc_good += s.udp_icrc_good;
                 total.gro_segments += s.gro_segments;
                 total.ring_frames += s.ring_frames;
                 total.ring_segments += s.ring_segments;
@@ -61,6 +62,7 @@ fn random_datagrams_and_ring_blocks_keep_the_invariants() {
     assert!(
         total.udp_frames > 1000
             && total.udp_verified > 60
+            && total.udp_icrc_good > 60
             && total.udp_dropped > 100
             && total.gro_segments > 100
             && total.ring_frames > 100

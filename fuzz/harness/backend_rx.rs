@@ -10,7 +10,8 @@
 //!   port, lengths, a valid IPv4 header checksum) in front of exactly the segment's bytes;
 //!   every other segment is counted as dropped. For datagrams a real sender made (an ICRC
 //!   valid for some IPv4 ID and DF, GRO runs whose IDs count up or stay fixed), every frame's
-//!   ICRC verifies.
+//!   ICRC verifies; and every frame the backend hands up as ICRC-checked (the engine then
+//!   skips its own pass) verifies, whatever the input.
 //! - **AF_PACKET** ([`af_packet::walk_block`]): TPACKET_V3 blocks of any bytes, and
 //!   well-formed blocks of plain, VLAN-stripped and UDP GSO super-frames with any
 //!   `virtio_net_hdr`. Invariants: no panic, the walk never stalls; in a well-formed block
@@ -26,7 +27,7 @@
 
 use ferroce::io::af_packet::{self, ring::build};
 use ferroce::io::udp::{self, Datagram, UdpConfig, UdpDevice};
-use ferroce::io::{IoStats, PacketDevice};
+use ferroce::io::{IcrcCheck, IoStats, PacketDevice};
 use ferroce::wire::icrc;
 use ferroce::wire::ip::internet_checksum;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -37,6 +38,8 @@ pub struct Stats {
     pub udp_frames: usize,
     pub udp_dropped: u64,
     pub udp_verified: usize,
+    /// Frames the backend handed up as ICRC-checked (each verified here).
+    pub udp_icrc_good: usize,
     pub gro_segments: usize,
     pub ring_frames: usize,
     pub ring_segments: usize,
@@ -267,7 +270,11 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
     let max = 1 + usize::from(inp.u8() % 8);
     let before = dev.stats();
     let mut frames: Vec<Vec<u8>> = Vec::new();
-    let n = dev.receive_datagrams(&datagrams, max, &mut |f| frames.push(f.to_vec()));
+    let mut good: Vec<bool> = Vec::new();
+    let n = dev.receive_datagrams(&datagrams, max, &mut |f, icrc| {
+        frames.push(f.to_vec());
+        good.push(icrc == IcrcCheck::Good);
+    });
     let after = dev.stats();
     assert_eq!(n, frames.len());
     let dropped = after.rx_dropped - before.rx_dropped;
@@ -277,8 +284,13 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
         "every segment handed up or counted as dropped"
     );
     assert_eq!(frames.len(), wants.len(), "frames handed up");
-    for (f, w) in frames.iter().zip(&wants) {
+    for ((f, w), &good) in frames.iter().zip(&wants).zip(&good) {
         check_udp_frame(f, w, port);
+        if good {
+            // The backend said the engine need not check the ICRC: it must verify.
+            check_icrc(f);
+            st.udp_icrc_good += 1;
+        }
         if w.valid {
             st.udp_verified += 1;
         }
@@ -286,6 +298,20 @@ fn udp_case(inp: &mut Input, valid_mode: bool, six: bool, st: &mut Stats) {
     st.udp_frames += frames.len();
     st.udp_dropped += dropped;
     st.gro_segments += (after.rx_coalesced - before.rx_coalesced) as usize;
+}
+
+/// The frame's ICRC, over its headers as handed up, matches the one it carries.
+fn check_icrc(f: &[u8]) {
+    let ihl = if f[12..14] == [0x08, 0x00] { 20 } else { 40 };
+    let (ip, rest) = f[14..].split_at(ihl);
+    let (udp, t) = rest.split_at(8);
+    assert!(t.len() >= icrc::LEN, "a verified frame has an ICRC");
+    let n = t.len() - icrc::LEN;
+    assert_eq!(
+        icrc::compute(ip, udp, &t[..n]),
+        icrc::stored(t).unwrap(),
+        "a frame the backend passed as ICRC-checked verifies"
+    );
 }
 
 fn check_udp_frame(f: &[u8], w: &Want, port: u16) {

@@ -96,12 +96,34 @@ crate::ib::counters::counter_fields!(IoStats {
     rx_kernel_drops,
 });
 
+/// What a device already knows of a received frame's ICRC ([`PacketDevice::recv_batch_checked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IcrcCheck {
+    /// Not checked: the engine checks it.
+    Unchecked,
+    /// The device computed the ICRC over exactly the bytes it hands up (headers included) and
+    /// it matched the one the frame carries: the engine need not compute it again.
+    Good,
+}
+
 /// A packet device.
 pub trait PacketDevice: Send {
     /// Receive up to `max` frames. `f` is called once per frame with the frame in the device's
     /// own buffer, valid only during the call. Returns the number of frames received; never
     /// blocks.
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+
+    /// [`Self::recv_batch`], saying with each frame what the device knows of its ICRC. A
+    /// device that computes it anyway (the UDP socket recovers the IPv4 identification from
+    /// it) saves the engine a second pass over the frame; a wrapper that may change frames
+    /// (the fault injector) must not pass a verdict on. By default: every frame unchecked.
+    fn recv_batch_checked(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], IcrcCheck),
+    ) -> io::Result<usize> {
+        self.recv_batch(max, &mut |fr| f(fr, IcrcCheck::Unchecked))
+    }
 
     /// Send up to `max` frames. `fill` is called with a device buffer of [`Self::frame_capacity`]
     /// bytes and returns the length of the frame it wrote there, or `None` when it has no more
@@ -158,6 +180,13 @@ pub trait PacketDevice: Send {
 impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         (**self).recv_batch(max, f)
+    }
+    fn recv_batch_checked(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], IcrcCheck),
+    ) -> io::Result<usize> {
+        (**self).recv_batch_checked(max, f)
     }
     fn send_batch(
         &mut self,

@@ -139,6 +139,21 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
         })
     }
 
+    fn recv_batch_checked(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], crate::io::IcrcCheck),
+    ) -> io::Result<usize> {
+        // Recording does not change the frame: the inner device's verdict holds.
+        let sink = &mut self.sink;
+        let errs = &mut self.write_errors;
+        let budget = &self.budget;
+        self.inner.recv_batch_checked(max, &mut |frame, icrc| {
+            record(sink, budget, errs, frame);
+            f(frame, icrc)
+        })
+    }
+
     fn send_batch(
         &mut self,
         max: usize,

@@ -666,7 +666,9 @@ impl UdpDevice {
     /// Build Ethernet + IP + UDP in front of the segment at `off..off + len` of the datagram
     /// in slot `k` (in place) and resolve the IPv4 identification. Returns the frame's start
     /// offset in the slot's buffer.
-    fn synthesise(&mut self, k: usize, off: usize, len: usize) -> Option<usize> {
+    /// With the start, whether the ICRC was found to match (an IPv4 identification guessed
+    /// or solved: the ICRC over the synthesised headers then matches by construction).
+    fn synthesise(&mut self, k: usize, off: usize, len: usize) -> Option<(usize, bool)> {
         let (src, info) = self.rx_info[k];
         let src = src?;
         let dport = self.port;
@@ -701,6 +703,7 @@ impl UdpDevice {
             (IpAddr::V6(_), _) => [(0, true); 2],
         };
         let solve = self.solve_ident;
+        let mut verified = false;
         let buf = &mut self.rx[k].buf[start..data_at + len];
         buf[..12].fill(0);
         buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
@@ -743,6 +746,7 @@ impl UdpDevice {
                     }
                 };
                 self.cur.prev = found;
+                verified = found.is_some();
                 ip[4..6].copy_from_slice(&id.to_be_bytes());
                 ip[6..8].copy_from_slice(&[if df { 0x40 } else { 0 }, 0]);
                 let c = internet_checksum(ip);
@@ -759,12 +763,17 @@ impl UdpDevice {
             }
             _ => return None,
         }
-        Some(start)
+        Some((start, verified))
     }
 
     /// Hand up the datagrams (and segments) of the last `recvmmsg` from the cursor on, until
     /// `max` frames were delivered in this call (`*n` counts them). `true` when all were.
-    fn deliver(&mut self, max: usize, n: &mut usize, f: &mut dyn FnMut(&[u8])) -> bool {
+    fn deliver(
+        &mut self,
+        max: usize,
+        n: &mut usize,
+        f: &mut dyn FnMut(&[u8], super::IcrcCheck),
+    ) -> bool {
         while self.cur.slot < self.cur.filled {
             if *n >= max {
                 return false;
@@ -783,12 +792,17 @@ impl UdpDevice {
             let off = self.cur.off;
             let seg_len = seg.min(len - off);
             match self.synthesise(k, off, seg_len) {
-                Some(start) => {
+                Some((start, verified)) => {
                     let slot = &self.rx[k];
                     let frame = &slot.buf[start..slot.data_off + off + seg_len];
                     self.stats.rx_frames += 1;
                     self.stats.rx_bytes += frame.len() as u64;
-                    f(frame);
+                    let icrc = if verified {
+                        super::IcrcCheck::Good
+                    } else {
+                        super::IcrcCheck::Unchecked
+                    };
+                    f(frame, icrc);
                     *n += 1;
                 }
                 None => self.stats.rx_dropped += 1,
@@ -995,13 +1009,14 @@ impl UdpDevice {
     /// Fuzzing (`fuzz/fuzz_targets/backend_rx.rs`) and tests: hand up `datagrams` (at most the
     /// batch size; the rest are ignored) as if one `recvmmsg` had returned them, through the
     /// same splitting, header synthesis and IPv4 identification recovery as received ones,
-    /// `max` frames per call of the receive loop. Returns the frames handed up.
+    /// `max` frames per call of the receive loop, each with what the backend knows of its ICRC
+    /// (as [`PacketDevice::recv_batch_checked`]). Returns the frames handed up.
     #[doc(hidden)]
     pub fn receive_datagrams(
         &mut self,
         datagrams: &[Datagram<'_>],
         max: usize,
-        f: &mut dyn FnMut(&[u8]),
+        f: &mut dyn FnMut(&[u8], super::IcrcCheck),
     ) -> usize {
         let got = datagrams.len().min(self.rx.len());
         for (k, d) in datagrams[..got].iter().enumerate() {
@@ -1049,6 +1064,16 @@ impl UdpDevice {
 
 impl PacketDevice for UdpDevice {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.recv_batch_checked(max, &mut |fr, _| f(fr))
+    }
+
+    /// IPv4 frames whose identification was guessed or solved come with
+    /// [`IcrcCheck::Good`](super::IcrcCheck): finding the ID computed their ICRC.
+    fn recv_batch_checked(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], super::IcrcCheck),
+    ) -> io::Result<usize> {
         let mut n = 0;
         if !self.deliver(max, &mut n, f) {
             return Ok(n);
@@ -1496,7 +1521,7 @@ mod tests {
                 dg(v4, None),
             ],
             8,
-            &mut |_| n += 1,
+            &mut |_, _| n += 1,
         );
         assert_eq!((got, n), (1, 1), "only the IPv4 datagram is framed");
         assert_eq!(d.stats().rx_dropped, 3);

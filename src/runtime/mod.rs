@@ -1688,7 +1688,10 @@ fn engine_step(
         work += ring_doorbells(inner, &mut dev);
         let n = batch_count(
             inner,
-            pkt.recv_batch(opts.batch, &mut |f| dev.handle_frame(now, f)),
+            pkt.recv_batch_checked(opts.batch, &mut |f, icrc| match icrc {
+                crate::io::IcrcCheck::Good => dev.handle_checked_frame(now, f),
+                crate::io::IcrcCheck::Unchecked => dev.handle_frame(now, f),
+            }),
         );
         if n == 0 {
             inner.quiet_rounds.fetch_add(1, Ordering::AcqRel);
