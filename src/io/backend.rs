@@ -61,8 +61,8 @@ pub fn open_with(
             // A UDP datagram carries at most 65535 bytes of IP packet; loopback's MTU is 65536
             // and RoCE frames are far smaller (path MTU 4096 at most).
             c.mtu = eth_mtu.min(65535);
-            // `FERROCE_UDP_FILTER=0`: no kernel-side filter (see `udp_filter`).
-            c.filter = std::env::var("FERROCE_UDP_FILTER").map_or(true, |v| v != "0");
+            // `FERROCE_UDP_FILTER=1`: the kernel-side filter (see `udp_filter`; off by default).
+            c.filter = std::env::var("FERROCE_UDP_FILTER").is_ok_and(|v| v == "1");
             let port = c.port;
             Box::new(super::udp::UdpDevice::open(&c).map_err(|e| {
                 if e.kind() == io::ErrorKind::AddrInUse {

@@ -117,7 +117,10 @@ pub struct UdpConfig {
     /// Offer the kernel-side receive filter ([`crate::io::udp_filter`]): the runtime then
     /// keeps a classic BPF program on the socket that drops, before the kernel queues them,
     /// the datagrams the device would drop on its first checks. Off: every datagram to the
-    /// port reaches the engine (`FERROCE_UDP_FILTER=0` in the runtime's configuration).
+    /// port reaches the engine. Off by default (`FERROCE_UDP_FILTER=1` turns it on in the
+    /// runtime's configuration): the kernel judges a GSO/GRO datagram by its first segment,
+    /// and a peer that batches frames for several QPs into one (ferroce does, with GSO) can
+    /// have live QPs' frames dropped behind a first segment for a QP just destroyed.
     pub filter: bool,
 }
 
@@ -133,7 +136,7 @@ impl UdpConfig {
             solve_ident: true,
             gso: true,
             gro: true,
-            filter: true,
+            filter: false,
         }
     }
 }

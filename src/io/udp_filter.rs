@@ -11,7 +11,7 @@
 //! the engine makes first too (`Device::handle_frame`, in the same order of silent drops), so
 //! the peer sees the same thing with or without it (IBTA drops each of these silently). What
 //! the engine checks after these (opcode sequence, PSN window, ICRC, R_Key, Q_Key…) stays with
-//! the engine. The runtime re-programs the socket whenever the device's QPs or their peers
+//! the engine. Off by default (`UdpConfig::filter`, `FERROCE_UDP_FILTER=1`). The runtime re-programs the socket whenever the device's QPs or their peers
 //! change ([`crate::runtime::Nic`]), before the verb that changed them returns.
 //!
 //! The program sees the datagram from the UDP header on (offset 0), the BTH at 8, and the IP
