@@ -252,7 +252,7 @@ fn without_the_filter_the_engine_drops_the_same() {
 
 mod superset {
     use ferroce::io::cbpf::{run_at, ACCEPT};
-    use ferroce::io::udp_filter::{program, QpRule, Scope, EXACT_MAX};
+    use ferroce::io::udp_filter::{program, Scope, EXACT_MAX};
     use ferroce::time::Instant;
     use ferroce::verbs::*;
     use ferroce::wire::{MacAddr, QpNumber};
@@ -309,18 +309,9 @@ mod superset {
         (d, qpns)
     }
 
+    /// The runtime's conversion, as `Nic` programs the socket with it.
     fn scope(d: &Device, exact_max: usize) -> Scope {
-        match d.receive_scope(exact_max) {
-            ReceiveScope::Exact(v) => Scope::Exact(
-                v.into_iter()
-                    .map(|(n, source)| QpRule {
-                        qpn: n.get(),
-                        source,
-                    })
-                    .collect(),
-            ),
-            ReceiveScope::Range { lo, hi } => Scope::Range { lo, hi },
-        }
+        Scope::from(d.receive_scope(exact_max))
     }
 
     /// An Ethernet + IPv4 + UDP 4791 frame from `src` to the device carrying `roce` (BTH

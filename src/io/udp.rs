@@ -1185,10 +1185,8 @@ impl PacketDevice for UdpDevice {
         poll_readable(&fds, timeout).map(drop)
     }
 
-    /// A socket bound to `group`:port with `SO_REUSEADDR` (other programs on the host may bind
-    /// it too: each receives a copy), a member of the group on the bound address's interface.
-    /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
-    /// datagram at its next wake-up.)
+    /// A filter handle on a duplicate of the bound socket's descriptor, when
+    /// [`UdpConfig::filter`] asks for it.
     fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
         if !self.filter {
             return None;
@@ -1201,6 +1199,11 @@ impl PacketDevice for UdpDevice {
             }
         }
     }
+
+    /// A socket bound to `group`:port with `SO_REUSEADDR` (other programs on the host may bind
+    /// it too: each receives a copy), a member of the group on the bound address's interface.
+    /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
+    /// datagram at its next wake-up.)
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         let (v6, port, local) = (self.v6, self.port, self.local);
         super::update_groups(&mut self.groups, group, join, || {

@@ -11,15 +11,18 @@
 //! the engine makes first too (`Device::handle_frame`, in the same order of silent drops), so
 //! the peer sees the same thing with or without it (IBTA drops each of these silently). What
 //! the engine checks after these (opcode sequence, PSN window, ICRC, R_Key, Q_Key…) stays with
-//! the engine. Off by default (`UdpConfig::filter`, `FERROCE_UDP_FILTER=1`). The runtime re-programs the socket whenever the device's QPs or their peers
+//! the engine. Off by default (`UdpConfig::filter`, `FERROCE_UDP_FILTER=1`: the GSO caveat
+//! below). The runtime re-programs the socket whenever the device's QPs or their peers
 //! change ([`crate::runtime::Nic`]), before the verb that changed them returns.
 //!
 //! The program sees the datagram from the UDP header on (offset 0), the BTH at 8, and the IP
-//! header through the kernel's network-header offset ([`cbpf::NET_OFF`]). With UDP GRO the
-//! kernel runs the filter once per coalesced datagram, on its first segment: the segments of
-//! one datagram share the 5-tuple, so a source check holds for all of them, but a coalesced
-//! datagram whose first segment names an unknown QPN is dropped whole (the RC segments behind
-//! it are then recovered by retransmission, as any loss). A QP table larger than
+//! header through the kernel's network-header offset ([`cbpf::NET_OFF`]). With UDP GRO (or a
+//! GSO datagram arriving whole, as on loopback) the kernel runs the filter once per coalesced
+//! datagram, on its first segment: the segments share the 5-tuple, so a source check holds
+//! for all of them, but one whose first segment names an unknown QPN is dropped whole. A
+//! ferroce sender batches frames for several QPs into one GSO datagram, so at teardown the
+//! frames of live QPs behind one for a QP just destroyed are lost, and a peer that has exited
+//! does not retransmit them: the reason the filter is opt-in. A QP table larger than
 //! [`EXACT_MAX`] is filtered by QPN range instead of one rule per QP.
 
 use super::cbpf::{self, Insn};
@@ -61,8 +64,6 @@ pub struct SocketFilter {
     sock: std::net::UdpSocket,
     v6: bool,
     last: Option<Scope>,
-    /// Programs attached so far.
-    pub updates: u64,
 }
 
 impl SocketFilter {
@@ -71,7 +72,6 @@ impl SocketFilter {
             sock,
             v6,
             last: None,
-            updates: 0,
         }
     }
 
@@ -83,7 +83,6 @@ impl SocketFilter {
         let prog = program(&scope, self.v6);
         super::sys::sockutil::attach_filter(self.sock.as_fd(), &prog)?;
         self.last = Some(scope);
-        self.updates += 1;
         Ok(())
     }
 
@@ -98,11 +97,6 @@ impl SocketFilter {
         )?;
         self.last = None;
         Ok(())
-    }
-
-    /// The scope last set.
-    pub fn scope(&self) -> Option<&Scope> {
-        self.last.as_ref()
     }
 }
 

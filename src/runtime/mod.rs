@@ -441,6 +441,25 @@ struct InlineEngine {
     next_timer: Option<Instant>,
 }
 
+/// The device's receive scope as the UDP socket filter's (the two layers' own types: the
+/// verbs know nothing of the packet devices).
+impl From<crate::verbs::ReceiveScope> for crate::io::udp_filter::Scope {
+    fn from(r: crate::verbs::ReceiveScope) -> Self {
+        use crate::io::udp_filter::{QpRule, Scope};
+        match r {
+            crate::verbs::ReceiveScope::Exact(v) => Scope::Exact(
+                v.into_iter()
+                    .map(|(n, source)| QpRule {
+                        qpn: n.get(),
+                        source,
+                    })
+                    .collect(),
+            ),
+            crate::verbs::ReceiveScope::Range { lo, hi } => Scope::Range { lo, hi },
+        }
+    }
+}
+
 /// A running software RNIC.
 pub struct Nic {
     inner: Arc<Inner>,
@@ -546,27 +565,16 @@ impl Nic {
     /// locked, after every verb that may change which frames they take, before it returns:
     /// a peer that learns of a QP from the application never meets a filter that predates
     /// it). A program the kernel refuses takes the filter off (every frame reaches the
-    /// engine, as without one).
+    /// engine, as without one) until the next change, which tries again.
     fn refilter(&self, d: &Device) {
-        use crate::io::udp_filter::{QpRule, Scope, EXACT_MAX};
+        use crate::io::udp_filter::{Scope, EXACT_MAX};
         let Some(f) = &self.filter else { return };
         let mut f = lock(f);
         let gen = d.scope_gen();
         if f.1 == Some(gen) {
             return;
         }
-        let scope = match d.receive_scope(EXACT_MAX) {
-            crate::verbs::ReceiveScope::Exact(v) => Scope::Exact(
-                v.into_iter()
-                    .map(|(n, source)| QpRule {
-                        qpn: n.get(),
-                        source,
-                    })
-                    .collect(),
-            ),
-            crate::verbs::ReceiveScope::Range { lo, hi } => Scope::Range { lo, hi },
-        };
-        match f.0.set(scope) {
+        match f.0.set(Scope::from(d.receive_scope(EXACT_MAX))) {
             Ok(()) => f.1 = Some(gen),
             Err(e) => {
                 self.inner.io_errors.fetch_add(1, Ordering::Relaxed);
