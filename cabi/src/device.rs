@@ -7,10 +7,17 @@
 //! the one that needs no privilege; `packet`; `xdp`), `FERROCE_PCAP` a capture file. The NIC
 //! starts with the first `ibv_open_device` and stops when the last context closes.
 //!
-//! GID table: with the UDP backend the single address the socket binds (the interface's first
-//! IPv4 address, else its first address): a socket sends from one address only. With the raw
-//! backends, every address of the interface in Linux's RoCE order (see
-//! `ferroce::io::netdev`), as rxe shows them.
+//! GID table: every address of the interface at the index Linux gives it on a RoCE v2 port
+//! (see `ferroce::io::netdev`: IPv6 link-local first, then IPv4, then the other IPv6), so a
+//! GID index means what it means on rxe on the same interface (`-x 1` / `-g 1` is the IPv4
+//! address of an interface with a link-local one). The raw backends serve every entry. The
+//! UDP backend serves one: the address its socket binds (`FERROCE_ADDR`, else the interface's
+//! first IPv4 address, else its first address), since a socket sends from one address only;
+//! the other entries are **empty**, as deleted entries of a real device's table are:
+//! `ibv_query_gid` gives the zero GID (rdma-core's behaviour for an empty entry),
+//! `ibv_query_gid_ex` `ENODATA`, `ibv_devinfo -v` skips them, and an address vector naming one
+//! is refused (`EINVAL`). `FERROCE_ADDR` with a raw backend serves that one address the same
+//! way.
 
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev::{self, Netdev};
@@ -113,8 +120,13 @@ impl DeviceError {
 pub(crate) struct Port {
     pub netdev: Netdev,
     pub backend: BackendKind,
-    /// The GID table this device shows.
+    /// The addresses the device serves: the engine's GID table, indexed by the engine's
+    /// `sgid_index`.
     pub gids: Vec<IpAddr>,
+    /// The GID table applications see, in Linux's numbering: an entry the device does not
+    /// serve is `None` (empty). Application indexes are translated to the engine's with
+    /// [`Port::engine_index`] and back with [`Port::shown_index`].
+    pub table: Vec<Option<IpAddr>>,
     pub mtu: Mtu,
 }
 
@@ -173,12 +185,48 @@ impl Port {
             (_, None) => netdev.gids.clone(),
         };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
+        let table = netdev
+            .gids
+            .iter()
+            .map(|g| gids.contains(g).then_some(*g))
+            .collect();
         Ok(Port {
             netdev,
             backend,
             gids,
+            table,
             mtu,
         })
+    }
+
+    /// Entry `index` of the table applications see: `None` past its end, `Some(None)` for an
+    /// empty entry.
+    pub fn shown_gid(&self, index: usize) -> Option<Option<IpAddr>> {
+        self.table.get(index).copied()
+    }
+
+    /// The engine's index of the application's GID index (`None`: past the table's end or an
+    /// empty entry).
+    pub fn engine_index(&self, shown: u8) -> Option<u8> {
+        let ip = self.shown_gid(usize::from(shown))??;
+        self.gids.iter().position(|g| *g == ip).map(|i| i as u8)
+    }
+
+    /// The application's GID index of the engine's (0 if the engine's is unknown, which
+    /// cannot happen: every served address is in the table).
+    pub fn shown_index(&self, engine: u8) -> u8 {
+        self.gids
+            .get(usize::from(engine))
+            .and_then(|ip| self.shown_of(*ip))
+            .unwrap_or(0)
+    }
+
+    /// The application's GID index of a served address.
+    pub fn shown_of(&self, ip: IpAddr) -> Option<u8> {
+        self.table
+            .iter()
+            .position(|g| *g == Some(ip))
+            .map(|i| i as u8)
     }
 
     /// The device's name.

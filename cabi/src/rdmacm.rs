@@ -403,13 +403,12 @@ fn gid_of(ip: IpAddr) -> [u8; 16] {
     }
 }
 
-/// The index of `ip` in the device's GID table (0 when it is not there).
+/// The index of `ip` in the GID table applications see (0 when it is not there).
 fn gid_index(ip: IpAddr) -> u8 {
     let Ok(c) = cm() else { return 0 };
     // SAFETY: the CM's context, open for the life of the process.
     let sh = unsafe { verbs::sh(c.ctx as *mut ibv_context) };
-    let gids = &sh.port.gids;
-    gids.iter().position(|g| *g == ip).unwrap_or(0) as u8
+    sh.port.shown_of(ip).unwrap_or(0)
 }
 
 impl IdW {

@@ -514,7 +514,7 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.state = 4; // IBV_PORT_ACTIVE
     a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
     a.active_mtu = s.port.mtu.to_ibv() as c_int;
-    a.gid_tbl_len = s.port.gids.len() as c_int;
+    a.gid_tbl_len = s.port.table.len() as c_int;
     // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS
     a.port_cap_flags = (1 << 16) | (1 << 26);
     a.max_msg_sz = 0x8000_0000;
@@ -558,9 +558,11 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { query_port_ex(c, port, a, offset_of!(ibv_port_attr, flags)) }
 }
 
-fn gid_bytes(s: &Shared, index: c_int) -> Option<[u8; 16]> {
+/// Entry `index` of the GID table: `None` past its end, `Some(None)` for an empty entry (an
+/// address the UDP backend does not serve; see `device`).
+fn gid_bytes(s: &Shared, index: c_int) -> Option<Option<[u8; 16]>> {
     let i = usize::try_from(index).ok()?;
-    s.port.gids.get(i).map(|ip| ferroce::verbs::gid_of(*ip))
+    s.port.shown_gid(i).map(|e| e.map(ferroce::verbs::gid_of))
 }
 
 #[no_mangle]
@@ -577,8 +579,10 @@ pub unsafe extern "C" fn ibv_query_gid(
     // SAFETY: caller's context and out struct.
     match gid_bytes(unsafe { sh(c) }, index) {
         Some(g) => {
+            // An empty entry reads as the zero GID (rdma-core: "preserve API behavior for
+            // empty GID").
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
-            unsafe { (*gid).raw = g };
+            unsafe { (*gid).raw = g.unwrap_or([0; 16]) };
             0
         }
         None => {
@@ -603,7 +607,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     // SAFETY: caller's context.
     let s = unsafe { sh(c) };
     match gid_bytes(s, index as c_int) {
-        Some(g) => {
+        None => EINVAL,
+        Some(None) => libc::ENODATA,
+        Some(Some(g)) => {
             // SAFETY: the caller's entry of at least our size.
             unsafe {
                 *entry = ibv_gid_entry {
@@ -616,7 +622,6 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             }
             0
         }
-        None => libc::ENODATA,
     }
 }
 
@@ -632,7 +637,10 @@ pub unsafe extern "C" fn ibv_query_gid_type(
         return -1;
     }
     // SAFETY: caller's context and out parameter.
-    if gid_bytes(unsafe { sh(c) }, index as c_int).is_none() {
+    if gid_bytes(unsafe { sh(c) }, index as c_int)
+        .flatten()
+        .is_none()
+    {
         set_errno(EINVAL);
         return -1;
     }
@@ -1528,9 +1536,12 @@ fn av_of(s: &Shared, a: &ibv_ah_attr) -> Result<AddressVector, c_int> {
     let dgid = a.grh.dgid.raw;
     let ip = ferroce::verbs::ip_of_gid(dgid);
     let dmac = s.port.resolve(ip).ok_or(libc::EHOSTUNREACH)?;
+    // The application's index is Linux's numbering; an empty entry (an address the UDP
+    // backend does not serve) is refused, as rxe refuses an AV on an empty GID entry.
+    let sgid_index = s.port.engine_index(a.grh.sgid_index).ok_or(EINVAL)?;
     Ok(AddressVector {
         dgid,
-        sgid_index: a.grh.sgid_index,
+        sgid_index,
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
         flow_label: a.grh.flow_label,
@@ -1538,12 +1549,12 @@ fn av_of(s: &Shared, a: &ibv_ah_attr) -> Result<AddressVector, c_int> {
     })
 }
 
-fn c_av(av: &AddressVector) -> ibv_ah_attr {
+fn c_av(s: &Shared, av: &AddressVector) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: av.dgid },
             flow_label: av.flow_label,
-            sgid_index: av.sgid_index,
+            sgid_index: s.port.shown_index(av.sgid_index),
             hop_limit: av.hop_limit,
             traffic_class: av.traffic_class,
         },
@@ -1668,7 +1679,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         max_recv_sge: q.cap.max_recv_sge,
         max_inline_data: q.cap.max_inline_data,
     };
-    a.ah_attr = c_av(&q.ah_attr);
+    a.ah_attr = c_av(s, &q.ah_attr);
     a.pkey_index = q.pkey_index;
     a.max_rd_atomic = q.max_rd_atomic;
     a.max_dest_rd_atomic = q.max_dest_rd_atomic;
@@ -1861,7 +1872,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     match s.nic.init_ah_from_wc(&rust_wc(w), g) {
         Ok(av) => {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
-            unsafe { *attr = c_av(&av) };
+            unsafe { *attr = c_av(s, &av) };
             0
         }
         Err(e) => errno_of(&e),

@@ -132,6 +132,9 @@ pub fn pair_when(ready: Ready, server: &str, client: &str) -> (String, String, S
         dir.join("client.out"),
         dir.join("listening"),
     );
+    // `$G` in a command: the GID index of that side's address as Linux numbers lo's
+    // (127.0.0.1, 127.0.0.2, ::1), which the library's table keeps.
+    let (server, client) = (server.replace("$G", "0"), client.replace("$G", "1"));
     let script = format!(
         "export LD_LIBRARY_PATH=$LIB\n\
          FERROCE_LISTENING={l} FERROCE_ADDR=127.0.0.1 timeout 30 {server} > {s} 2>&1 &\n\

@@ -117,6 +117,60 @@ fn ibv_devices_and_ibv_devinfo_show_the_device() {
     }
 }
 
+/// The GID table keeps Linux's numbering on the UDP backend, which serves one address: on an
+/// interface with an IPv6 link-local address (a veth end), the IPv4 address is GID 1 as on
+/// rxe, `ibv_devinfo -v` lists only it (entry 0 is empty: the zero GID, skipped), Debian's
+/// `ibv_rc_pingpong -g 1` runs between two such interfaces, and a server given `-g 0` (the
+/// empty entry) is refused where its QP is given it (`Failed to modify QP to RTR`), not sent
+/// from the wrong address. Before, the table was the served address alone: `-g 1`, what rxe users pass for
+/// IPv4, failed (perftest: "Unable to set up socket connection").
+#[test]
+fn gid_table_keeps_linux_numbering_on_the_udp_backend() {
+    let t = "gid_table_keeps_linux_numbering_on_the_udp_backend";
+    if !ready(t, &["ibv_devinfo", "ibv_rc_pingpong", "ss"]) {
+        return;
+    }
+    let out = in_netns(
+        "d=$(mktemp -d) && cd \"$d\" || exit 96
+ip link add va type veth peer name vb && ip link set va up && ip link set vb up || exit 99
+ip addr add 10.9.2.1/24 dev va && ip addr add 10.9.2.2/24 dev vb || exit 98
+# both link-local addresses out of DAD (the table lists the interface's addresses)
+i=0
+while ip -6 addr show dev va | grep -q tentative || ip -6 addr show dev vb | grep -q tentative \\
+    || ! ip -6 addr show dev va scope link | grep -q fe80; do
+    i=$((i+1)); [ $i -gt 100 ] && exit 97; sleep 0.1
+done
+export LD_LIBRARY_PATH=$LIB
+echo '--- devinfo'; FERROCE_DEV=va ibv_devinfo -v
+echo '--- g1'
+FERROCE_DEV=va timeout 30 ibv_rc_pingpong -g 1 -n 100 > s1.log 2>&1 &
+i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done
+FERROCE_DEV=vb timeout 30 ibv_rc_pingpong -g 1 -n 100 10.9.2.1 > c1.log 2>&1
+c=$?; wait $!; echo \"g1 server=$? client=$c\"; cat s1.log c1.log
+echo '--- g0'
+FERROCE_DEV=va timeout 30 ibv_rc_pingpong -g 0 -n 100 > s0.log 2>&1 &
+i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done
+FERROCE_DEV=vb timeout 30 ibv_rc_pingpong -g 1 -n 100 10.9.2.1 > c0.log 2>&1
+wait $!; echo \"g0 server=$?\"; cat s0.log
+cd / && rm -rf \"$d\"",
+    );
+    let s = String::from_utf8_lossy(&out.stdout);
+    let all = format!("{s}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    let devinfo = s.split("--- g1").next().unwrap_or_default();
+    assert!(
+        devinfo.contains("GID[  1]:\t\t::ffff:10.9.2.1, RoCE v2"),
+        "{all}"
+    );
+    assert!(!devinfo.contains("GID[  0]"), "entry 0 listed:\n{all}");
+    assert!(s.contains("g1 server=0 client=0"), "{all}");
+    assert!(s.matches("100 iters in").count() >= 2, "{all}");
+    let g0 = s.split("--- g0").nth(1).unwrap_or_default();
+    // exit 1: the program's own failure, not a signal (128+) or timeout's 124
+    assert!(g0.contains("g0 server=1"), "{all}");
+    assert!(g0.contains("Failed to modify QP to RTR"), "{all}");
+}
+
 fn assert_pair(t: &str, (s, c, st): (String, String, String), iters: &str) {
     assert_eq!(
         st, "server=0 client=0",
@@ -141,19 +195,19 @@ fn rdma_core_pingpong_examples_both_ends() {
         return;
     }
     for p in progs {
-        let cmd = format!("{p} -g 0 -n 200");
+        let cmd = format!("{p} -g $G -n 200");
         assert_pair(p, pair(&cmd, &cmd), "200 iters in");
     }
     // The new post-send API (-N: ibv_create_qp_ex with send ops, ibv_wr_*).
-    let cmd = "ibv_rc_pingpong -g 0 -n 200 -N";
+    let cmd = "ibv_rc_pingpong -g $G -n 200 -N";
     assert_pair("rc -N", pair(cmd, cmd), "200 iters in");
     // Events instead of polling (-e: completion channel, ibv_req_notify_cq, ibv_get_cq_event)
     // and a size over several packets.
-    let cmd = "ibv_rc_pingpong -g 0 -n 100 -e -s 10000 -m 1024";
+    let cmd = "ibv_rc_pingpong -g $G -n 100 -e -s 10000 -m 1024";
     assert_pair("rc -e", pair(cmd, cmd), "100 iters in");
     // Completion timestamps (-t: ibv_query_device_ex's timestamp mask, ibv_create_cq_ex with
     // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, ibv_wc_read_completion_ts).
-    let cmd = "ibv_rc_pingpong -g 0 -n 100 -t";
+    let cmd = "ibv_rc_pingpong -g $G -n 100 -t";
     let r = pair(cmd, cmd);
     for (who, o) in [("server", &r.0), ("client", &r.1)] {
         assert!(
@@ -192,7 +246,7 @@ fn perftest_both_ends() {
         ("ib_read_lat", "-n 500", "500"),
         ("ib_atomic_lat", "-n 500", "500"),
     ] {
-        let cmd = format!("{p} -d ferroce_lo -x 0 {extra}");
+        let cmd = format!("{p} -d ferroce_lo -x $G {extra}");
         let (s, c, st) = pair(&cmd, &cmd);
         assert_eq!(
             st, "server=0 client=0",
@@ -220,7 +274,7 @@ fn rdma_core_example_against_ferroces_own_pingpong() {
     // ferroce's library.
     let (s, c, st) = pair(
         "env -u LD_LIBRARY_PATH $F pingpong --ib-dev lo --backend udp -g 0 -n 100",
-        "ibv_rc_pingpong -g 0 -n 100",
+        "ibv_rc_pingpong -g $G -n 100",
     );
     assert_eq!(st, "server=0 client=0", "--- server\n{s}\n--- client\n{c}");
     assert!(
@@ -863,7 +917,7 @@ fn perftest_clients_against_ferroce_conform() {
         let script = format!(
             "rm -f stop\n\
              ( while [ ! -e stop ]; do FERROCE_ADDR=127.0.0.2 LD_LIBRARY_PATH=$LIB timeout 20 \
-             ib_{verb}_bw -d ferroce_lo -x 0 -F {size} --run_infinitely 127.0.0.1 >/dev/null 2>&1; \
+             ib_{verb}_bw -d ferroce_lo -x 1 -F {size} --run_infinitely 127.0.0.1 >/dev/null 2>&1; \
              sleep 0.2; done ) &\n\
              timeout 200 $F conform 127.0.0.1 -d lo --backend udp -x 0 --peer-tool perftest-{verb}-client \
              --timeout-ms 300 --patience-s 10\n\
