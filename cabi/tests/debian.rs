@@ -1190,7 +1190,8 @@ fn rdma_option_ib_path_gives_the_route() {
 /// came unanswered and one still established (or, `-x`, right after its own `rdma_disconnect`
 /// of A while the client's DREQ for B is on its way). The client must see both DISCONNECTED
 /// and its capture must hold exactly one DREQ of its own: its DREQ was answered (DREP) or
-/// crossed by the server's, never retried. Before, the server's library disconnected only
+/// crossed by the server's, never retried (with `-x`, none when the server's DREQ came first:
+/// the client answers it with a DREP instead; seen about one round in 50 under load). Before, the server's library disconnected only
 /// established ids at exit: the client retried its DREQ until the harness killed it (10 of
 /// 10 pairs in each mode), as perftest's `-R` clients did about one run in two.
 #[test]
@@ -1226,16 +1227,28 @@ fn rdma_cm_connections_are_cleaned_up_at_exit() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        let dreqs = text
-            .lines()
-            .filter(|l| {
-                l.contains("127.0.0.2.") && l.contains(" > 127.0.0.1.") && l.contains("cm[DREQ")
-            })
-            .count();
-        assert_eq!(
-            dreqs, 1,
-            "the client's DREQs (1: answered, no retry)\n{all}\n{text}"
-        );
+        let from_client = |what: &str| {
+            text.lines()
+                .filter(|l| {
+                    l.contains("127.0.0.2.") && l.contains(" > 127.0.0.1.") && l.contains(what)
+                })
+                .count()
+        };
+        let (dreqs, dreps) = (from_client("cm[DREQ"), from_client("cm[DREP"));
+        if mode.is_empty() || dreqs != 0 {
+            assert_eq!(
+                dreqs, 1,
+                "the client's DREQs (1: answered, no retry)\n{all}\n{text}"
+            );
+        } else {
+            // -x: the server's DREQ for B (sent at its exit) reached the client before the
+            // client's rdma_disconnect(B), which then answers it with a DREP and sends no
+            // DREQ of its own, as rdma_disconnect does on a connection whose DREQ came.
+            assert!(
+                dreps >= 1,
+                "no DREQ and no DREP from the client\n{all}\n{text}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
