@@ -184,6 +184,24 @@ struct ChW {
     inner: Arc<ChInner>,
 }
 
+/// The live event channels (their `ChW` addresses): a channel the program already destroyed
+/// (perftest's `-R` client does after a REJ: its retry destroys the channel, its failure path
+/// destroys it again) or any other pointer is refused with `EINVAL` instead of being followed.
+static CHANNELS: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
+
+/// The inner part of a live channel (taken under the registry's lock, so a concurrent
+/// `rdma_destroy_event_channel` cannot free it meanwhile) and its descriptor.
+fn live_channel(ch: *mut rdma_event_channel) -> Result<(Arc<ChInner>, c_int), c_int> {
+    let g = lock(&CHANNELS);
+    if ch.is_null() || !g.as_ref().is_some_and(|s| s.contains(&(ch as usize))) {
+        return Err(EINVAL);
+    }
+    // SAFETY: a channel of this library, in the registry: freed only after it leaves it,
+    // which needs this lock.
+    let w = unsafe { &*(ch as *const ChW) };
+    Ok((w.inner.clone(), w.c.fd))
+}
+
 struct ChInner {
     ch: EventChannel,
     /// Events read while a synchronous call waited for another id's.
@@ -527,13 +545,17 @@ fn new_channel() -> Result<*mut ChW, c_int> {
         let fl = libc::fcntl(ch.fd(), libc::F_GETFL);
         libc::fcntl(ch.fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
     }
-    Ok(Box::into_raw(Box::new(ChW {
+    let p = Box::into_raw(Box::new(ChW {
         c: rdma_event_channel { fd: ch.fd() },
         inner: Arc::new(ChInner {
             ch,
             stash: Mutex::new(VecDeque::new()),
         }),
-    })))
+    }));
+    lock(&CHANNELS)
+        .get_or_insert_with(Default::default)
+        .insert(p as usize);
+    Ok(p)
 }
 
 /// librdmacm's `rdma_create_event_channel` (`librdmacm.so.1` forwards to it).
@@ -551,12 +573,19 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
 /// librdmacm's `rdma_destroy_event_channel` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_destroy_event_channel"]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
-    if !ch.is_null() {
-        // SAFETY: a channel of this library, not used after this (librdmacm's contract). A
-        // thread waiting in rdma_get_cm_event on it holds its own reference to the inner
-        // channel, so that goes on existing under it.
-        drop(unsafe { Box::from_raw(ch as *mut ChW) });
+    // Out of the registry first: a pointer that is not there (destroyed already, or never a
+    // channel) is left alone, with errno EINVAL (the function returns nothing).
+    let known = lock(&CHANNELS)
+        .as_mut()
+        .is_some_and(|s| s.remove(&(ch as usize)));
+    if !known {
+        set_errno(EINVAL);
+        return;
     }
+    // SAFETY: a channel of this library, just taken out of the registry (so nothing else
+    // reaches it from now on). A thread waiting in rdma_get_cm_event on it holds its own
+    // reference to the inner channel, so that goes on existing under it.
+    drop(unsafe { Box::from_raw(ch as *mut ChW) });
 }
 
 /// Turn a runtime event into a C one (making a CONNECT_REQUEST's id); NULL for an event of an
@@ -733,16 +762,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    if channel.is_null() || event.is_null() {
+    if event.is_null() {
         return fail(EINVAL);
     }
-    // SAFETY: a channel of this library. Its inner channel is held from here on: the
-    // program may destroy the channel while this thread waits.
-    let (fd, chw) = unsafe {
-        (
-            (*(channel as *mut ChW)).c.fd,
-            (*(channel as *mut ChW)).inner.clone(),
-        )
+    // Its inner channel is held from here on: the program may destroy the channel while this
+    // thread waits.
+    let (chw, fd) = match live_channel(channel) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
     };
     // SAFETY: fcntl on the channel's own descriptor.
     let nonblock = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
@@ -784,8 +811,9 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
 /// Wait on a synchronous id's channel for the next event of `id` (others are stashed), and
 /// consume it: `Ok(event)` for the one wanted, `Err(errno)` otherwise.
 fn sync_wait(w: &IdW, want: EventType) -> Result<CmEvent, c_int> {
-    // SAFETY: a synchronous id's channel is its own, alive while the id is.
-    let chw = unsafe { &*(w.c.channel as *mut ChW) }.inner.clone();
+    // A synchronous id's channel is its own, alive while the id is (unless the program
+    // destroyed it: then EINVAL).
+    let chw = live_channel(w.c.channel)?.0;
     let me = w.cmid()?.id();
     loop {
         let e = chw.ch.get_cm_event(None).ok_or(ENODEV)?;
@@ -831,8 +859,10 @@ pub unsafe extern "C" fn rdma_create_id(
     } else {
         (channel as *mut ChW, false)
     };
-    // SAFETY: a channel of this library.
-    let cmid = unsafe { &*ch }.inner.ch.create_id(space);
+    let cmid = match live_channel(ch as *mut rdma_event_channel) {
+        Ok((inner, _)) => inner.ch.create_id(space),
+        Err(e) => return fail(e),
+    };
     let w = new_idw(cmid, ch as *mut rdma_event_channel, context, ps);
     // SAFETY: just made; the caller's out parameter.
     unsafe {
@@ -1650,10 +1680,14 @@ pub unsafe extern "C" fn rdma_migrate_id(
     if to as *mut rdma_event_channel == w.c.channel {
         return 0;
     }
-    // SAFETY: channels of this library: the target, and the id's current one (alive while
-    // the id is).
-    let (new, old) = unsafe { (&*to, &*(w.c.channel as *mut ChW)) };
-    if let Err(e) = cmid.migrate(&new.inner.ch) {
+    // The target must be a live channel; the id's current one is alive while the id is,
+    // unless the program destroyed it early (its stash is then gone with it).
+    let new = match live_channel(to as *mut rdma_event_channel) {
+        Ok((inner, _)) => inner,
+        Err(e) => return fail(e),
+    };
+    let old = live_channel(w.c.channel).ok().map(|c| c.0);
+    if let Err(e) = cmid.migrate(&new.ch) {
         if sync {
             // SAFETY: the channel made above, used by nothing else.
             unsafe { rdma_destroy_event_channel(to as *mut rdma_event_channel) };
@@ -1662,13 +1696,13 @@ pub unsafe extern "C" fn rdma_migrate_id(
     }
     // Events a synchronous call set aside on the old channel follow the id too.
     let me = cmid.id();
-    {
-        let mut stash = lock(&old.inner.stash);
+    if let Some(old) = old {
+        let mut stash = lock(&old.stash);
         let (mine, rest): (VecDeque<CmEvent>, VecDeque<CmEvent>) = stash
             .drain(..)
             .partition(|e| e.id.id() == me || e.listen_id.as_ref().is_some_and(|l| l.id() == me));
         *stash = rest;
-        lock(&new.inner.stash).extend(mine);
+        lock(&new.stash).extend(mine);
     }
     if w.own_channel {
         if !w.c.event.is_null() {

@@ -1032,7 +1032,10 @@ fn run_example_env(
 /// program destroyed with `ibv_destroy_qp` touches no freed QP, `rdma_destroy_id` waits
 /// until the event another thread holds is acknowledged, and `rdma_destroy_event_channel`
 /// while that thread waits in `rdma_get_cm_event` leaves it waiting, with nothing freed under
-/// it, while the main thread reuses the heap and returns. Before, the library freed the
+/// it, while the main thread reuses the heap and returns; a destroyed id and a destroyed
+/// channel (destroyed again, read, given to `rdma_create_id`) are refused with `EINVAL`
+/// (before, the second destroy of a channel freed it twice: Debian's `ib_write_bw -R -T 96`
+/// client died of SIGSEGV after a REJ against rxe, in perftest's retry path, 2026-12-05). Before, the library freed the
 /// channel under the waiting thread (which read it again within 100 ms) and freed the id
 /// at once, and updated the state of the id's QP on every event: rping's client died of SIGSEGV
 /// after its last ping on a loaded machine (2 of 9 runs under load); this program failed every
@@ -1055,6 +1058,7 @@ fn destroying_an_id_and_a_channel_while_another_thread_uses_them() {
             &[
                 "ROUTE_RESOLVED after ibv_destroy_qp of the id's QP",
                 "a destroyed id: EINVAL",
+                "a destroyed channel: EINVAL",
                 "thread: RDMA_CM_EVENT_ADDR_RESOLVED",
                 "rdma_destroy_id waited for the acknowledgement",
                 "channel destroyed while the thread waits on it",

@@ -13,8 +13,9 @@
  * within 100 ms: rping's client died of SIGSEGV after its last ping when the machine was
  * loaded enough for the process to outlive that 100 ms.
  *
- *   - calls naming an id the program already destroyed (perftest's retry after a REJ does)
- *     fail with EINVAL instead of reading freed memory;
+ *   - calls naming an id or an event channel the program already destroyed (perftest's
+ *     retry after a REJ does both, then destroys the channel a second time) fail with
+ *     EINVAL instead of reading freed memory;
  *   - rdma_get_cm_event never touches a QP the program destroyed itself with ibv_destroy_qp
  *     while the id still names it (rping destroys its QP so, and its CM thread may be
  *     reading DISCONNECTED at that moment).
@@ -140,6 +141,25 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("a destroyed id: EINVAL\n");
+	/* ... and then destroys the event channel that its retry already destroyed: the second
+	 * destroy and any use of the channel are refused (errno EINVAL), never followed. */
+	{
+		struct rdma_event_channel *gone = rdma_create_event_channel();
+		struct rdma_cm_event *e = NULL;
+		struct rdma_cm_id *nid = NULL;
+		if (!gone)
+			die("rdma_create_event_channel");
+		rdma_destroy_event_channel(gone);
+		errno = 0;
+		rdma_destroy_event_channel(gone);
+		if (errno != EINVAL || rdma_get_cm_event(gone, &e) == 0 || errno != EINVAL ||
+		    rdma_create_id(gone, &nid, NULL, RDMA_PS_TCP) == 0 || errno != EINVAL) {
+			fprintf(stderr, "cm_teardown: a destroyed channel was not refused (%s)\n",
+				strerror(errno));
+			return 1;
+		}
+	}
+	printf("a destroyed channel: EINVAL\n");
 	if (ibv_destroy_cq(cq) || ibv_dealloc_pd(pd))
 		die("ibv_destroy_cq / ibv_dealloc_pd");
 
