@@ -6,7 +6,8 @@
 //! cost per packet at 10,000 QPs ÷ the cost at 1 QP. Never as absolute thresholds.
 //!
 //! Each iteration is one message (one packet at these sizes) and includes all the work of both
-//! devices: `post_send` (the WR's scatter/gather `Vec` included), the requester building the
+//! devices: `post_send` (the WR built as an application would, its one-entry scatter/gather
+//! list inline: no allocation), the requester building the
 //! frame (gather memcpy from the source MR, ICRC), the responder parsing it (ICRC verify, R_Key
 //! check, memcpy into the destination MR), the ACK built, parsed and processed, and
 //! `poll_cq`.
@@ -229,7 +230,7 @@ impl Rig {
         self.slot += 1;
         let wr = RecvWr {
             wr_id: qi as u64,
-            sg_list: vec![Self::sge(&self.mr_b, s, self.shape.msg)],
+            sg_list: Self::sge(&self.mr_b, s, self.shape.msg).into(),
         };
         self.b.post_recv(self.qb[qi], wr).unwrap();
     }
@@ -253,7 +254,7 @@ impl Rig {
             let wr = SendWr {
                 wr_id: if last { k as u64 } else { 0 },
                 op,
-                sg_list: vec![Self::sge(&self.mr_a, s, len)],
+                sg_list: Self::sge(&self.mr_a, s, len).into(),
                 flags: if last {
                     SendFlags::SIGNALED
                 } else {

@@ -68,7 +68,7 @@ fn run_with(poll: PollMode, wait_spin: Option<Duration>) {
         qb,
         RecvWr {
             wr_id: 5,
-            sg_list: vec![common::sge(&mb, 0, 64)],
+            sg_list: vec![common::sge(&mb, 0, 64)].into(),
         },
     )
     .unwrap();
@@ -143,7 +143,7 @@ fn post_errors_are_synchronous() {
             q,
             RecvWr {
                 wr_id: 1,
-                sg_list: vec![s]
+                sg_list: vec![s].into()
             }
         ),
         Err(VerbsError::InvalidState(QpState::Reset))
@@ -164,7 +164,7 @@ fn post_errors_are_synchronous() {
             q,
             RecvWr {
                 wr_id: 1,
-                sg_list: vec![s]
+                sg_list: vec![s].into()
             }
         )
         .is_ok());
@@ -173,7 +173,7 @@ fn post_errors_are_synchronous() {
             q,
             RecvWr {
                 wr_id: 2,
-                sg_list: vec![s]
+                sg_list: vec![s].into()
             }
         )
         .is_ok());
@@ -182,7 +182,7 @@ fn post_errors_are_synchronous() {
             q,
             RecvWr {
                 wr_id: 3,
-                sg_list: vec![s]
+                sg_list: vec![s].into()
             }
         ),
         Err(VerbsError::QueueFull)
@@ -192,7 +192,7 @@ fn post_errors_are_synchronous() {
             q,
             RecvWr {
                 wr_id: 3,
-                sg_list: vec![s, s]
+                sg_list: vec![s, s].into()
             }
         ),
         Err(VerbsError::TooManySge(2))
@@ -315,7 +315,7 @@ fn a_destroyed_srqs_pending_receive_never_reaches_its_successor() {
         old,
         RecvWr {
             wr_id: 7,
-            sg_list: vec![common::sge(&mr, 0, 64)],
+            sg_list: vec![common::sge(&mr, 0, 64)].into(),
         },
     )
     .unwrap();
@@ -373,7 +373,7 @@ fn a_destroyed_qps_completions_are_never_polled() {
                 q,
                 RecvWr {
                     wr_id,
-                    sg_list: vec![common::sge(&mr, 0, 64)],
+                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
                 },
             )
             .unwrap();

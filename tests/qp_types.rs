@@ -80,7 +80,7 @@ fn ud_send(
 fn recv(id: u64, mr: &MemoryRegion, off: usize, len: usize) -> RecvWr {
     RecvWr {
         wr_id: id,
-        sg_list: vec![sge(mr, off, len)],
+        sg_list: vec![sge(mr, off, len)].into(),
     }
 }
 

@@ -84,7 +84,7 @@ fn a_cq_overrun_is_logged() {
                 qp,
                 RecvWr {
                     wr_id: i,
-                    sg_list: vec![sge(&mr, 0, 64)],
+                    sg_list: vec![sge(&mr, 0, 64)].into(),
                 },
             )
             .unwrap();

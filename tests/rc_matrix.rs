@@ -64,7 +64,7 @@ fn run(op: Op, mtu: Mtu, len: usize, loss: f64) -> (u64, u64) {
                 b.qp,
                 RecvWr {
                     wr_id: 77,
-                    sg_list: vec![sge(&b.mr, GUARD, len + 16)],
+                    sg_list: vec![sge(&b.mr, GUARD, len + 16)].into(),
                 },
             )
             .unwrap();
@@ -89,7 +89,7 @@ fn run(op: Op, mtu: Mtu, len: usize, loss: f64) -> (u64, u64) {
                     b.qp,
                     RecvWr {
                         wr_id: 78,
-                        sg_list: vec![],
+                        sg_list: vec![].into(),
                     },
                 )
                 .unwrap();

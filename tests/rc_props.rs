@@ -724,7 +724,7 @@ fn post_recv(dev: &mut Device, side: &Side, p: &Planned) {
             side.qp,
             RecvWr {
                 wr_id: *id,
-                sg_list: sges(&side.tgt, list),
+                sg_list: sges(&side.tgt, list).into(),
             },
         )
         .unwrap();
@@ -1166,7 +1166,7 @@ fn fence_case(seed: u64, link: LinkConfig, mtu: Mtu, read_len: usize, what: Fenc
                 b.qp,
                 RecvWr {
                     wr_id: 7,
-                    sg_list: vec![sge(&b.mr, at, 8)],
+                    sg_list: vec![sge(&b.mr, at, 8)].into(),
                 },
             )
             .unwrap();
@@ -1263,7 +1263,7 @@ fn unsignaled_requests_complete_silently() {
                 b.qp,
                 RecvWr {
                     wr_id: 100 + i,
-                    sg_list: vec![sge(&b.mr, 16384 + 1024 * i as usize, 1024)],
+                    sg_list: vec![sge(&b.mr, 16384 + 1024 * i as usize, 1024)].into(),
                 },
             )
             .unwrap();
@@ -1387,7 +1387,7 @@ fn sq_sig_all_completes_every_request() {
             b.qp,
             RecvWr {
                 wr_id: 50 + i,
-                sg_list: vec![sge(&b.mr, 8192, 4096)],
+                sg_list: vec![sge(&b.mr, 8192, 4096)].into(),
             },
         )
         .unwrap();
@@ -1478,7 +1478,7 @@ fn solicited_events() {
                 b.qp,
                 RecvWr {
                     wr_id: i,
-                    sg_list: vec![sge(&b.mr, 0, 4096)],
+                    sg_list: vec![sge(&b.mr, 0, 4096)].into(),
                 },
             )
             .unwrap();
@@ -1831,7 +1831,7 @@ fn rnr_wait_overtaken_by_an_ack() {
         b.qp,
         RecvWr {
             wr_id: 9,
-            sg_list: vec![],
+            sg_list: vec![].into(),
         },
     )
     .unwrap();

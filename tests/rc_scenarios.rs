@@ -228,7 +228,7 @@ impl Scen {
                 self.eb.qp,
                 RecvWr {
                     wr_id,
-                    sg_list: vec![s],
+                    sg_list: vec![s].into(),
                 },
             )
             .unwrap();
@@ -699,7 +699,7 @@ fn remote_operational_error() {
         s.eb.qp,
         RecvWr {
             wr_id: 7,
-            sg_list: vec![bad],
+            sg_list: vec![bad].into(),
         },
     )
     .unwrap();

@@ -123,7 +123,7 @@ fn send_write_read_atomic() {
             b.qp,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![common::sge(&mb, 0, 8192)],
+                sg_list: vec![common::sge(&mb, 0, 8192)].into(),
             },
         )
         .unwrap();
@@ -237,7 +237,7 @@ fn post_recv(s: &mut Side, mr: &MemoryRegion, wr_id: u64) {
             s.qp,
             RecvWr {
                 wr_id,
-                sg_list: vec![common::sge(mr, 0, 64)],
+                sg_list: vec![common::sge(mr, 0, 64)].into(),
             },
         )
         .unwrap();

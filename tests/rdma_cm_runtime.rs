@@ -165,7 +165,7 @@ fn connect_exchange_disconnect() {
             qb,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![common::sge(&mrb, 0, 64)],
+                sg_list: vec![common::sge(&mrb, 0, 64)].into(),
             },
         )
         .unwrap();
@@ -330,7 +330,8 @@ fn ud_over_sidr() {
                     addr: mrb.addr(),
                     length: 40 + 64,
                     lkey: mrb.lkey(),
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

@@ -678,7 +678,7 @@ fn run_stream(
                                     b.qp,
                                     RecvWr {
                                         wr_id: id,
-                                        sg_list: sgl(&b.mr, off, RECV_LEN),
+                                        sg_list: sgl(&b.mr, off, RECV_LEN).into(),
                                     },
                                 )
                                 .unwrap_or_else(|e| panic!("post_recv: {e}"));
@@ -689,7 +689,7 @@ fn run_stream(
                                     b.qp,
                                     RecvWr {
                                         wr_id: id,
-                                        sg_list: vec![],
+                                        sg_list: vec![].into(),
                                     },
                                 )
                                 .unwrap_or_else(|e| panic!("post_recv: {e}"));
@@ -3102,7 +3102,7 @@ fn an_rnr_storm(kind: BackendKind) {
             p.b.qp,
             RecvWr {
                 wr_id: 9,
-                sg_list: sgl(&p.b.mr, recv_off, LEN),
+                sg_list: sgl(&p.b.mr, recv_off, LEN).into(),
             },
         )
         .unwrap();

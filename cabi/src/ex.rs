@@ -21,7 +21,7 @@ use crate::abi::*;
 use crate::device::Shared;
 use crate::verbs::{errno_of, set_errno, sh, to_c_wc, CqW, QpW};
 use ferroce::verbs::{
-    AccessFlags, AppMemory, LKey, MemoryRegion, Pd, SendFlags, SendOp, SendWr, Sge, UdDest,
+    AccessFlags, AppMemory, LKey, MemoryRegion, Pd, SendFlags, SendOp, SendWr, SgList, Sge, UdDest,
     WorkCompletion,
 };
 use ferroce::wire::{QpNumber, RKey};
@@ -496,7 +496,11 @@ pub(crate) unsafe fn submit(
     if let (Some(parts), Some(b)) = (parts, tx.bounce.as_mut()) {
         // SAFETY: the caller's promise.
         let sge = unsafe { b.copy_in(&parts) }?;
-        x.sg_list = if sge.length == 0 { vec![] } else { vec![sge] };
+        x.sg_list = if sge.length == 0 {
+            SgList::new()
+        } else {
+            sge.into()
+        };
         x.flags.insert(SendFlags::INLINE);
         bounced = true;
     }
@@ -715,11 +719,12 @@ unsafe extern "C" fn wr_set_sge(qp: QpExPtr, lkey: u32, addr: u64, length: u32) 
     unsafe {
         last(qp, |x, i| {
             *i = None;
-            x.sg_list = vec![Sge {
+            x.sg_list = Sge {
                 addr,
                 length,
                 lkey: LKey(lkey),
-            }];
+            }
+            .into();
         })
     }
 }
@@ -736,8 +741,8 @@ unsafe extern "C" fn wr_set_sge_list(qp: QpExPtr, n: usize, sg: *const ibv_sge) 
         }
         return;
     }
-    let list: Vec<Sge> = if n == 0 || sg.is_null() {
-        Vec::new()
+    let list: SgList = if n == 0 || sg.is_null() {
+        SgList::new()
     } else {
         // SAFETY: the caller's array of `n` entries.
         unsafe { std::slice::from_raw_parts(sg, n) }

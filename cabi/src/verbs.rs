@@ -12,8 +12,8 @@ use ferroce::verbs::AsyncEvent;
 use ferroce::verbs::LKey;
 use ferroce::verbs::{
     AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, Pd, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Srq,
-    SrqAttr, SrqAttrMask, UdDest, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge,
+    Srq, SrqAttr, SrqAttrMask, UdDest, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use ferroce::wire::{QpNumber, RKey};
 use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, EOPNOTSUPP};
@@ -1305,14 +1305,14 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 ///
 /// # Safety
 /// `sg` points to `n` entries (or `n` is 0 or beyond `max`).
-unsafe fn sges(sg: *const ibv_sge, n: c_int, max: u32) -> Result<Vec<Sge>, c_int> {
+unsafe fn sges(sg: *const ibv_sge, n: c_int, max: u32) -> Result<SgList, c_int> {
     if n < 0 || (n > 0 && sg.is_null()) || n as u32 > max {
         return Err(EINVAL);
     }
     if n == 0 {
         // No entries: the list may be NULL (a slice from a NULL pointer is undefined even
         // when empty; the fuzzer's debug build stopped on it).
-        return Ok(Vec::new());
+        return Ok(SgList::new());
     }
     // SAFETY: the caller's array.
     let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };

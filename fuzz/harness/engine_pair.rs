@@ -251,7 +251,7 @@ fn post_recv(s: &mut Side, inp: &mut Input) {
             s.qp,
             RecvWr {
                 wr_id: id,
-                sg_list: sg,
+                sg_list: sg.into(),
             },
         )
         .is_ok()
@@ -619,7 +619,7 @@ pub fn run_stats(data: &[u8]) -> Stats {
                 b.qp,
                 RecvWr {
                     wr_id: id,
-                    sg_list: vec![rs],
+                    sg_list: vec![rs].into(),
                 },
             )
             .is_ok()

@@ -315,7 +315,7 @@ fn post_recv(s: &mut Side, inp: &mut Input) {
     s.next += 1;
     let wr = RecvWr {
         wr_id: id,
-        sg_list: sg,
+        sg_list: sg.into(),
     };
     let (r, on) = match to % 4 {
         0 | 1 => (s.dev.post_srq_recv(s.srq, wr), None),
@@ -704,7 +704,7 @@ fn probe(link: &mut Link, a: &mut Side, b: &mut Side, st: &mut Stats) {
             };
             let wr = RecvWr {
                 wr_id: PROBE_ID,
-                sg_list: vec![rs],
+                sg_list: vec![rs].into(),
             };
             if b.dev.post_recv(b.qps[UD_OWN], wr).is_ok() {
                 b.recvs.insert(PROBE_ID, (Some(b.qps[UD_OWN]), 240));

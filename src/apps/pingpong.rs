@@ -823,7 +823,7 @@ fn pingpong_on(
     };
     let recv = || RecvWr {
         wr_id: RECV_WRID,
-        sg_list: vec![Sge {
+        sg_list: smallvec::smallvec![Sge {
             addr: mr.addr(),
             length: o.size + off as u32,
             lkey: mr.lkey(),

@@ -437,7 +437,7 @@ impl<'a> Conn<'a> {
             self.qp,
             RecvWr {
                 wr_id: 0,
-                sg_list: vec![Sge {
+                sg_list: smallvec::smallvec![Sge {
                     addr: self.recv_mr.addr(),
                     length: INFO_LEN as u32,
                     lkey: self.recv_mr.lkey(),

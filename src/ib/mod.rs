@@ -48,7 +48,7 @@ pub use mr::{LKey, MemoryRegion, MrError, Pd};
 pub use path::{gid_of, ip_of_gid, AvError};
 pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 
 use crate::time::Instant;
 use cq::CqRing;

@@ -223,7 +223,7 @@ mod tests {
     fn wqe(id: u64) -> RecvWqe {
         RecvWqe {
             wr_id: id,
-            sges: Vec::new(),
+            sges: crate::ib::SgList::new(),
             len: 0,
             local_err: None,
         }

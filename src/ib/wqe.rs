@@ -4,7 +4,7 @@
 use super::mr::{gather_any, sge_error, MrTable, Pd};
 use super::path::Path;
 use super::wc::WcStatus;
-use super::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use super::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList};
 use crate::wire::QpNumber;
 
 /// A UD send's destination, its address handle resolved when the request was posted.
@@ -26,7 +26,7 @@ pub(crate) struct SendWqe {
     /// The operation and its operands.
     pub op: SendOp,
     /// Where the data comes from (SEND/WRITE) or goes to (READ, the atomic's original value).
-    pub sges: Vec<Sge>,
+    pub sges: SgList,
     /// The flags as posted.
     pub flags: SendFlags,
     /// Data copied at post time for INLINE requests.
@@ -83,7 +83,7 @@ pub(crate) struct RecvWqe {
     /// The application's identifier, returned in the completion.
     pub wr_id: u64,
     /// Where received data lands.
-    pub sges: Vec<Sge>,
+    pub sges: SgList,
     /// Total bytes the scatter/gather list holds.
     pub len: u64,
     /// A local error found when the request was posted, reported when it is used.

@@ -158,6 +158,17 @@ impl SendOp {
     }
 }
 
+/// A scatter/gather list: one entry inline (no allocation per work request, the common case
+/// and what perftest posts), more on the heap. Build one with `sge.into()`, `[a, b].into()`,
+/// `vec![...].into()` or `smallvec::smallvec![...]`; it reads as a `[Sge]`.
+pub type SgList = smallvec::SmallVec<[Sge; 1]>;
+
+impl From<Sge> for SgList {
+    fn from(sge: Sge) -> SgList {
+        smallvec::smallvec![sge]
+    }
+}
+
 /// A send work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -167,7 +178,7 @@ pub struct SendWr {
     pub op: SendOp,
     /// The local memory: the data sent (SEND, WRITE), or where it lands (READ, an atomic's
     /// original value: one 8-byte entry).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// `IBV_SEND_*` flags.
     pub flags: SendFlags,
     /// UD QPs: where the message goes (`wr.ud`); ignored by connected QPs.
@@ -188,11 +199,11 @@ pub struct UdDest {
 
 impl SendWr {
     /// A signaled request.
-    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+    pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> Self {
         SendWr {
             wr_id,
             op,
-            sg_list,
+            sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -217,5 +228,5 @@ pub struct RecvWr {
     /// The application's identifier, returned in the completion.
     pub wr_id: u64,
     /// Where a received message lands.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }

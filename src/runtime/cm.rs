@@ -504,7 +504,7 @@ fn post_recv_slot(nic: &Nic, qpn: QpNumber, mr: &MemoryRegion, i: usize) -> Resu
         qpn,
         RecvWr {
             wr_id: i as u64,
-            sg_list: vec![Sge {
+            sg_list: smallvec::smallvec![Sge {
                 addr: mr.addr() + (i * RECV_LEN) as u64,
                 length: RECV_LEN as u32,
                 lkey: mr.lkey(),

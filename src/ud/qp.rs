@@ -486,7 +486,7 @@ mod tests {
             RecvWqe::new(
                 RecvWr {
                     wr_id: id,
-                    sg_list: vec![Sge {
+                    sg_list: smallvec::smallvec![Sge {
                         addr: 0x10000 + off,
                         length: len,
                         lkey: LKey(7),

@@ -298,7 +298,7 @@ impl Conn<'_> {
                 qpn,
                 RecvWr {
                     wr_id: (1u64 << 32) | u64::from(i),
-                    sg_list: vec![Sge {
+                    sg_list: smallvec::smallvec![Sge {
                         addr: recv_mr.addr() + u64::from(i * RECV_LEN),
                         length: RECV_LEN,
                         lkey: recv_mr.lkey(),

@@ -391,7 +391,7 @@ fn post_send_list(
         let wr = SendWr {
             wr_id: (q as u64) << 48 | i,
             op,
-            sg_list: vec![sge],
+            sg_list: smallvec::smallvec![sge],
             flags,
             ud: None,
         };
@@ -500,7 +500,7 @@ fn post_verify_recv(ep: &Endpoint<'_>, q: usize, slot: usize, size: u32) -> Resu
         q,
         RecvWr {
             wr_id: slot as u64,
-            sg_list: vec![Sge {
+            sg_list: smallvec::smallvec![Sge {
                 addr: vb.addr() + (slot * ep.vstride) as u64,
                 length: size + ep.grh as u32,
                 lkey: vb.lkey(),
@@ -590,7 +590,7 @@ impl Receiver {
                         q,
                         RecvWr {
                             wr_id: q as u64,
-                            sg_list: vec![ep.recv_sge(q, r.off, size)],
+                            sg_list: smallvec::smallvec![ep.recv_sge(q, r.off, size)],
                         },
                     )?;
                 }

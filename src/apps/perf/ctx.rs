@@ -558,7 +558,7 @@ impl<'a> Endpoint<'a> {
                 q,
                 RecvWr {
                     wr_id: q as u64,
-                    sg_list: vec![self.recv_sge(q, off, len)],
+                    sg_list: smallvec::smallvec![self.recv_sge(q, off, len)],
                 },
             )?;
         }
@@ -626,7 +626,7 @@ mod tests {
             qpn,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![sge(0)],
+                sg_list: smallvec::smallvec![sge(0)],
             },
         )
         .unwrap();

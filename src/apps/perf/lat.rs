@@ -217,7 +217,7 @@ pub(super) fn run_send(
                     0,
                     RecvWr {
                         wr_id: 0,
-                        sg_list: vec![ep.recv_sge(0, 0, size)],
+                        sg_list: smallvec::smallvec![ep.recv_sge(0, 0, size)],
                     },
                 )?;
             }

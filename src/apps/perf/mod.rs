@@ -802,7 +802,7 @@ fn ud_over_sidr(
                 i,
                 RecvWr {
                     wr_id: i as u64,
-                    sg_list: vec![ep.recv_sge(i, 0, 4)],
+                    sg_list: smallvec::smallvec![ep.recv_sge(i, 0, 4)],
                 },
             )?;
         }

@@ -271,7 +271,7 @@ impl RdmaLink {
             self.qp,
             RecvWr {
                 wr_id: slot as u64,
-                sg_list: vec![Sge {
+                sg_list: smallvec::smallvec![Sge {
                     addr: self.recv_mr.addr() + (slot * SLOT) as u64,
                     length: SLOT as u32,
                     lkey: self.recv_mr.lkey(),
