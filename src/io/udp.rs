@@ -1103,13 +1103,18 @@ impl PacketDevice for UdpDevice {
         for g in 0..=self.groups.len() {
             while n < max {
                 // Each datagram is at least one frame: never receive more than can be handed up.
-                let want = (max - n).min(self.rx.len()).min(self.rx_hint);
+                // The bound socket's calls are sized by the hint; a group socket's (rarely
+                // used, and mostly empty) ask for all and leave the hint alone.
+                let hint = if g == 0 { self.rx_hint } else { usize::MAX };
+                let want = (max - n).min(self.rx.len()).min(hint);
                 let fd = match g {
                     0 => self.sock.as_fd(),
                     _ => self.groups[g - 1].1.as_fd(),
                 };
                 let got = sysudp::recv_batch(fd, &mut self.rx[..want], &mut self.scratch)?;
-                self.rx_hint = next_rx_hint(want, got, self.rx.len());
+                if g == 0 {
+                    self.rx_hint = next_rx_hint(want, got, self.rx.len());
+                }
                 for k in 0..got {
                     let slot = &self.rx[k];
                     self.rx_info[k] = (slot.source(), sysudp::parse_control(slot.control()));
@@ -1300,9 +1305,12 @@ impl PacketDevice for UdpDevice {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::wire::*;
+    use std::net::Ipv6Addr;
+
     #[test]
     fn receive_hint_follows_what_calls_find() {
-        use super::{next_rx_hint, RX_HINT_MIN};
         // Nothing or one datagram per call: the floor.
         assert_eq!(next_rx_hint(64, 0, 64), RX_HINT_MIN);
         assert_eq!(next_rx_hint(4, 1, 64), RX_HINT_MIN);
@@ -1315,10 +1323,6 @@ mod tests {
         assert_eq!(next_rx_hint(2, 2, 2), 2);
         assert_eq!(next_rx_hint(1, 0, 1), 1);
     }
-
-    use super::*;
-    use crate::wire::*;
-    use std::net::Ipv6Addr;
 
     fn frame_with(
         src: IpAddr,
