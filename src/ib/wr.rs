@@ -159,8 +159,17 @@ impl SendOp {
 }
 
 /// A scatter/gather list: one entry inline (no allocation per work request, the common case
-/// and what perftest posts), more on the heap. Build one with `sge.into()`, `[a, b].into()`,
-/// `vec![...].into()` or `smallvec::smallvec![...]`; it reads as a `[Sge]`.
+/// and what perftest posts), more on the heap. It reads as a `[Sge]`.
+///
+/// ```
+/// use ferroce::verbs::{LKey, SgList, Sge};
+/// let a = Sge { addr: 0x1000, length: 64, lkey: LKey(1) };
+/// let one: SgList = a.into();
+/// let two = SgList::from_slice(&[a, a]);
+/// let from_vec: SgList = vec![a, a, a].into();
+/// assert_eq!((one.len(), two.len(), from_vec.len()), (1, 2, 3));
+/// assert!(!one.spilled() && two.spilled());
+/// ```
 pub type SgList = smallvec::SmallVec<[Sge; 1]>;
 
 impl From<Sge> for SgList {
