@@ -39,6 +39,7 @@ mod device;
 pub mod entry_fuzz;
 mod ex;
 pub mod rdmacm;
+mod rsocket;
 mod stubs;
 mod verbs;
 

@@ -6,9 +6,9 @@
 //! process share one NIC, one set of QPs and one set of C objects. `librdmacm.so.1`
 //! (tools/build-cabi, `cabi/librdmacm.map`) is a forwarder: each of its names, with
 //! rdma-core's version (RDMACM_1.0 … 1.3), jumps to the `ferroce_` function here. `rpoll` and
-//! `rselect` jump to libc's `poll` and `select` (rsocket's own calls on descriptors that are
-//! not rsockets), so that a thread cancelled while it waits there (rping's CM thread) never
-//! unwinds through Rust.
+//! `rselect` call libc's `poll` and `select` directly when no rsocket is among the
+//! descriptors (cabi/rdmacm-poll.c), so that a thread cancelled while it waits there (rping's
+//! CM thread) never unwinds through Rust; rsockets themselves are in `rsocket.rs`.
 //!
 //! # Objects
 //! - An event channel is a `Box<ChW>`: `struct rdma_event_channel` (its `fd` the runtime's
@@ -2247,11 +2247,12 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
     }
 }
 
-// ---- rsockets: not provided ----------------------------------------------------------------------------------
+// ---- rsockets: the iomap calls are not provided (rsocket.rs has the rest) ------------------------
 
 macro_rules! rsocket_stubs {
     ($($n:ident => $e:literal),* $(,)?) => { $(
-        /// rsockets (sockets over RDMA) are not provided: -1 with `errno` ENOSYS.
+        /// Direct placement into a peer's iomap (`riomap`/`riowrite`) is not provided: -1
+        /// with `errno` ENOSYS.
         #[export_name = $e]
         pub extern "C" fn $n() -> isize {
             set_errno(ENOSYS);
@@ -2261,29 +2262,7 @@ macro_rules! rsocket_stubs {
 }
 
 rsocket_stubs!(
-    raccept => "ferroce_raccept",
-    rbind => "ferroce_rbind",
-    rclose => "ferroce_rclose",
-    rconnect => "ferroce_rconnect",
-    rfcntl => "ferroce_rfcntl",
-    rgetpeername => "ferroce_rgetpeername",
-    rgetsockname => "ferroce_rgetsockname",
-    rgetsockopt => "ferroce_rgetsockopt",
     riomap => "ferroce_riomap",
     riounmap => "ferroce_riounmap",
     riowrite => "ferroce_riowrite",
-    rlisten => "ferroce_rlisten",
-    rread => "ferroce_rread",
-    rreadv => "ferroce_rreadv",
-    rrecv => "ferroce_rrecv",
-    rrecvfrom => "ferroce_rrecvfrom",
-    rrecvmsg => "ferroce_rrecvmsg",
-    rsend => "ferroce_rsend",
-    rsendmsg => "ferroce_rsendmsg",
-    rsendto => "ferroce_rsendto",
-    rsetsockopt => "ferroce_rsetsockopt",
-    rshutdown => "ferroce_rshutdown",
-    rsocket => "ferroce_rsocket",
-    rwrite => "ferroce_rwrite",
-    rwritev => "ferroce_rwritev",
 );

@@ -1414,3 +1414,86 @@ fn assert_mckey_both_halves(o: &str) {
         );
     }
 }
+
+/// rsockets (librdmacm's stream sockets over RDMA, rdma-core's rsocket protocol): Debian's
+/// `rstream` at both ends, every byte checked (`-T v`), in its default non-blocking mode, with
+/// blocking calls, and through `rpoll`; 1 byte to 1 MiB transfers, more than one receive-buffer
+/// grant per transfer at the large sizes.
+#[test]
+fn rstream_both_ends_on_ferroces_rsockets() {
+    let t = "rstream_both_ends_on_ferroces_rsockets";
+    if !ready(t, &["rstream"]) {
+        return;
+    }
+    for opts in [
+        "-S 65536 -C 300 -T v",
+        "-S 1 -C 2000 -T v",
+        "-S 4096 -C 500 -T b -T v",
+        "-S 1048576 -C 30 -T a -T v",
+        "-S 3000 -C 300 -T a -T b -T v",
+    ] {
+        let (s, c, st) = pair_when(
+            Ready::CmListen,
+            &format!("rstream -b 127.0.0.1 {opts}"),
+            &format!("rstream {opts} -s"),
+        );
+        let all = format!("rstream {opts}\n--- server\n{s}\n--- client\n{c}\n{st}");
+        assert_eq!(st, "server=0 client=0", "{all}");
+        // One result line each: the transfers (and the check of every byte) passed.
+        for o in [&s, &c] {
+            assert_eq!(
+                o.lines().filter(|l| l.starts_with("custom ")).count(),
+                1,
+                "{all}"
+            );
+        }
+    }
+}
+
+/// The rsocket calls a TCP program makes (examples/c/rsocket_echo.c): messages of 1 byte to
+/// 200 KiB echoed and checked, `MSG_PEEK`, `rpoll` on an rsocket with an ordinary pipe,
+/// `rgetpeername`, a half-close read as EOF by the peer, the peer's close read as EOF, EBADF
+/// after `rclose`, and a datagram rsocket refused with EOPNOTSUPP.
+#[test]
+fn rsockets_in_a_c_program_both_ends() {
+    let t = "rsockets_in_a_c_program_both_ends";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "rsocket_echo",
+        "/usr/include/rdma/rsocket.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
+        return;
+    };
+    let (s, c, status) = pair_when(
+        Ready::CmListen,
+        &format!("{} -s", exe.display()),
+        &format!("{} -c", exe.display()),
+    );
+    let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{status}");
+    assert_eq!(status, "server=0 client=0", "{all}");
+    assert_says(
+        "server",
+        &s,
+        &[
+            "accepted from 127.0.0.2",
+            "rpoll: rsocket readable, pipe not",
+            "EOF after 1644069 bytes",
+            "ok",
+        ],
+        &all,
+    );
+    assert_says(
+        "client",
+        &c,
+        &[
+            "connected to 127.0.0.1:7471",
+            "echoed 1644069 bytes",
+            "EOF from the server",
+            "ok",
+        ],
+        &all,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -371,6 +371,10 @@ struct Id {
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's Local ACK Timeout exponent instead of the one
     /// the CM computes; a request's id takes its listener's.
     ack_timeout: Option<u8>,
+    /// The REP's private data (active side), reported again with ESTABLISHED as the
+    /// kernel's RDMA-CM reports it when the id has a QP (rsockets read the peer's
+    /// connection data there).
+    rep_private: Vec<u8>,
 }
 
 /// RDMA-CM over one port's IB CM; sans-IO (see the module documentation).
@@ -552,6 +556,7 @@ impl RdmaCm {
                 pending: false,
                 tos: None,
                 ack_timeout: None,
+                rep_private: Vec::new(),
             },
         );
         RdmaId(id)
@@ -1083,6 +1088,9 @@ impl RdmaCm {
                     return;
                 };
                 self.tune(RdmaId(rid), &mut qp);
+                if let Some(i) = self.ids.get_mut(&rid) {
+                    i.rep_private = rep.private_data.to_vec();
+                }
                 let mut ev = Event::new(RdmaId(rid), EventType::ConnectResponse, 0)
                     .with_private(&rep.private_data);
                 ev.qp = Some(qp);
@@ -1098,7 +1106,12 @@ impl RdmaCm {
                     return;
                 };
                 self.tune(RdmaId(rid), &mut qp);
-                let mut ev = Event::new(RdmaId(rid), EventType::Established, 0);
+                let rep = self
+                    .ids
+                    .get_mut(&rid)
+                    .map(|i| std::mem::take(&mut i.rep_private))
+                    .unwrap_or_default();
+                let mut ev = Event::new(RdmaId(rid), EventType::Established, 0).with_private(&rep);
                 ev.qp = Some(qp);
                 ev.qp_num = Some(qp.remote_qpn);
                 self.event(ev);

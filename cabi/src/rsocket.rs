@@ -1,0 +1,2152 @@
+//! rsockets on ferroce: librdmacm's stream sockets over RDMA (`<rdma/rsocket.h>`), speaking
+//! rdma-core's rsocket protocol on the wire, so that an rsocket program under `ferroce run`
+//! talks to one on rdma-core (rxe or a hardware NIC) as well as to another under ferroce.
+//!
+//! Built on this library's own RDMA-CM and verbs calls, as rdma-core builds its rsockets on
+//! its own: one RC QP per connected socket, one CQ (send and receive) with a completion
+//! channel, and three registered buffers.
+//!
+//! # The protocol (facts from rdma-core's `librdmacm/rsocket.c`; this is our own code)
+//! - Connection: the REQ's and the REP's private data is `struct rs_conn_data` (40 bytes):
+//!   version 1, flags (bit 0: the sender is big-endian, bit 1: it has an iomap area), the
+//!   receive credits (big-endian u16: its receive queue depth), 3 reserved bytes, the iomap
+//!   size (scaled u8), then two `{addr: be64, key: be32, length: be32}`: the sender's *target
+//!   SGL* (an array of 2 SGEs in the sender's host order that the peer RDMA-WRITEs to give it
+//!   receive buffer space; length = the entry count) and its first receive buffer (half the
+//!   ring).
+//! - Data: RDMA WRITE with immediate into the space the last SGL named; the immediate is
+//!   `op << 29 | value` (op 0 data: value = bytes written; op 4 SGL: value = the new credit
+//!   limit, the receiver's consumed-message count plus its queue depth; op 7 control:
+//!   0 disconnect, 2 shutdown of writing). Receives are posted without SGEs. Every send is
+//!   signalled; 4 send-queue slots are kept for control messages.
+//! - A receiver grants buffer space half a ring at a time (when half is free) by writing one
+//!   SGE into the sender's target SGL with an SGL message; it grants credits alone (an SGL
+//!   message without a write) when half its queue's messages were consumed.
+//!
+//! # Limits of this implementation
+//! Stream sockets only (`SOCK_DGRAM` rsockets, which ride on UD QPs with a UDP side channel,
+//! fail with `EOPNOTSUPP`); no `riomap`/`riowrite` (ENOSYS; the iomap area is advertised
+//! with size 0, as rdma-core does by default); connecting and accepting complete inside the
+//! call even on a non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a
+//! listener accepts a request when the program calls `raccept` (or `rpoll` finds it), not
+//! from a service thread; no keepalive service (the option is accepted).
+//!
+//! # Descriptors
+//! An rsocket's number is an eventfd of its own (a real descriptor, so it never collides with
+//! the program's sockets); `rpoll`/`rselect` in `librdmacm.so.1` call libc's `poll`/`select`
+//! directly when no rsocket is among the descriptors (tools/build-cabi), and
+//! [`ferroce_rpoll`] otherwise.
+
+use crate::abi::*;
+use crate::rdmacm::{
+    rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_connect, rdma_create_event_channel,
+    rdma_create_id, rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp,
+    rdma_get_cm_event, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
+    rdma_resolve_route, rdma_set_option,
+};
+use crate::verbs::{
+    ibv_ack_cq_events, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_dealloc_pd,
+    ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_reg_mr,
+    set_errno,
+};
+use libc::{c_int, c_void, nfds_t, pollfd, sockaddr, socklen_t};
+use std::collections::HashMap;
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+// ---- protocol constants (rdma-core's rsocket.c, rsocket.h) --------------------------------------
+
+const OP_DATA: u32 = 0;
+const OP_SGL: u32 = 4;
+const OP_IOMAP_SGL: u32 = 6;
+const OP_CTRL: u32 = 7;
+const CTRL_DISCONNECT: u32 = 0;
+const CTRL_SHUTDOWN: u32 = 2;
+const CONN_FLAG_NET: u8 = 1;
+const CONN_FLAG_IOMAP: u8 = 2;
+const CONN_DATA_LEN: usize = 40;
+/// Entries of the target SGL.
+const SGL_SIZE: u32 = 2;
+/// One `struct rs_sge`.
+const SGE_LEN: usize = 16;
+/// Send-queue slots kept for control messages.
+const CTRL_SLOTS: u32 = 4;
+/// rsend waits for this much send buffer before it sends.
+const SNDLOWAT: u32 = 2048;
+const OLAP_START: usize = 2048;
+const MAX_TRANSFER: usize = 65536;
+const QP_MIN: u32 = 16;
+const QP_MAX: u32 = 0xfffe;
+const RECV_FLAG: u64 = 1 << 63;
+
+const DEF_SQ: u32 = 384;
+const DEF_RQ: u32 = 384;
+const DEF_INLINE: u32 = 64;
+const DEF_MEM: u32 = 1 << 17;
+
+const SOL_RDMA: c_int = 0x10000;
+const RDMA_SQSIZE: c_int = 0;
+const RDMA_RQSIZE: c_int = 1;
+const RDMA_INLINE: c_int = 2;
+const RDMA_IOMAPSIZE: c_int = 3;
+const RDMA_ROUTE: c_int = 4;
+
+const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+const IBV_SEND_INLINE: u32 = 8;
+const IBV_WC_WITH_IMM: u32 = 2;
+const IBV_QPT_RC: c_int = 2;
+const ACCESS_WRITE: c_int = 1 | 2; // LOCAL_WRITE | REMOTE_WRITE
+
+const EV_ADDR_RESOLVED: c_int = 0;
+const EV_ROUTE_RESOLVED: c_int = 2;
+const EV_CONNECT_REQUEST: c_int = 4;
+const EV_ESTABLISHED: c_int = 9;
+const EV_DISCONNECTED: c_int = 10;
+const EV_REJECTED: c_int = 8;
+const EV_UNREACHABLE: c_int = 7;
+
+/// How long the CM steps of connect and accept may take.
+const CM_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn msg(op: u32, v: u32) -> u32 {
+    (op << 29) | (v & 0x1fff_ffff)
+}
+
+// ---- state ------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Init,
+    Bound,
+    Listening,
+    Connected,
+    /// The peer said it is done (or the connection failed): what was received can still be
+    /// read, nothing more arrives.
+    Disconnected,
+    Error,
+}
+
+/// A buffer registered with the device: the engine (another thread) writes into it, so it
+/// is only touched through raw pointers.
+struct Buf {
+    ptr: *mut u8,
+    len: usize,
+    mr: *mut ibv_mr,
+}
+
+impl Buf {
+    fn alloc(pd: *mut ibv_pd, len: usize, access: c_int) -> Result<Buf, c_int> {
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(1), 64).map_err(|_| libc::ENOMEM)?;
+        // SAFETY: a non-zero-sized layout; zeroed so the peer never reads our old memory.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: the PD is live; the buffer is ours and outlives the MR (dropped after it).
+        let mr = unsafe { ibv_reg_mr(pd, ptr as *mut c_void, len, access) };
+        if mr.is_null() {
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::dealloc(ptr, layout) };
+            return Err(errno_or(libc::ENOMEM));
+        }
+        Ok(Buf { ptr, len, mr })
+    }
+    fn lkey(&self) -> u32 {
+        // SAFETY: the MR registered at alloc, live until drop.
+        unsafe { (*self.mr).lkey }
+    }
+    fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr).rkey }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: the MR and the allocation made in `alloc`; the QP using them is destroyed
+        // before the buffers are (field order in `Conn`).
+        unsafe {
+            ibv_dereg_mr(self.mr);
+            std::alloc::dealloc(
+                self.ptr,
+                std::alloc::Layout::from_size_align_unchecked(self.len.max(1), 64),
+            );
+        }
+    }
+}
+
+/// The verbs objects of a connected socket.
+struct Conn {
+    qp: *mut ibv_qp,
+    cq: *mut ibv_cq,
+    cc: *mut ibv_comp_channel,
+    pd: *mut ibv_pd,
+    sbuf: Buf,
+    rbuf: Buf,
+    /// Our target SGL: `SGL_SIZE` entries the peer writes.
+    tsgl: Buf,
+    unacked_events: u32,
+}
+
+struct St {
+    phase: Phase,
+    readable: bool,
+    writable: bool,
+    err: c_int,
+    nonblock: bool,
+    fd_flags: c_int,
+    ch: *mut rdma_event_channel,
+    id: *mut rdma_cm_id,
+    conn: Option<Conn>,
+    // Sizes (options before connecting).
+    sq_size: u32,
+    rq_size: u32,
+    sq_inline: u32,
+    sbuf_size: u32,
+    rbuf_size: u32,
+    so_opts: u64,
+    tcp_opts: u64,
+    ipv6_opts: u64,
+    // Protocol counters (rsocket.c's names).
+    ctrl_seqno: u32,
+    ctrl_max_seqno: u32,
+    sseq_no: u16,
+    sseq_comp: u16,
+    rseq_no: u16,
+    rseq_comp: u16,
+    remote_sge: u32,
+    remote_sgl: (u64, u32, u32),
+    target_sge: usize,
+    swap_sgl: bool,
+    rbuf_bytes_avail: u32,
+    rbuf_free_offset: u32,
+    rbuf_offset: u32,
+    sbuf_bytes_avail: u32,
+    sbuf_pos: u32,
+    sqe_avail: u32,
+    /// Received messages (op, bytes) not yet read.
+    rmsg: std::collections::VecDeque<u32>,
+    cq_armed: bool,
+}
+
+// SAFETY: the raw pointers name objects of this library that are used only under the
+// socket's lock.
+unsafe impl Send for St {}
+
+pub(crate) struct Rs {
+    fd: c_int,
+    st: Mutex<St>,
+}
+
+fn lock(m: &Mutex<St>) -> MutexGuard<'_, St> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static TABLE: RwLock<Option<HashMap<c_int, Arc<Rs>>>> = RwLock::new(None);
+
+fn lookup(fd: c_int) -> Option<Arc<Rs>> {
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|t| t.get(&fd).cloned())
+}
+
+fn is_rsocket(fd: c_int) -> bool {
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|t| t.contains_key(&fd))
+}
+
+fn errno_or(d: c_int) -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .filter(|e| *e != 0)
+        .unwrap_or(d)
+}
+
+fn fail<T: From<i8>>(e: c_int) -> T {
+    set_errno(e);
+    T::from(-1)
+}
+
+impl St {
+    fn new(ch: *mut rdma_event_channel, id: *mut rdma_cm_id, nonblock: bool) -> St {
+        St {
+            phase: Phase::Init,
+            readable: false,
+            writable: false,
+            err: 0,
+            nonblock,
+            fd_flags: 0,
+            ch,
+            id,
+            conn: None,
+            sq_size: DEF_SQ,
+            rq_size: DEF_RQ,
+            sq_inline: DEF_INLINE,
+            sbuf_size: DEF_MEM,
+            rbuf_size: DEF_MEM,
+            so_opts: 0,
+            tcp_opts: 0,
+            ipv6_opts: 0,
+            ctrl_seqno: 0,
+            ctrl_max_seqno: CTRL_SLOTS,
+            sseq_no: 0,
+            sseq_comp: 0,
+            rseq_no: 0,
+            rseq_comp: 0,
+            remote_sge: 0,
+            remote_sgl: (0, 0, 0),
+            target_sge: 0,
+            swap_sgl: false,
+            rbuf_bytes_avail: 0,
+            rbuf_free_offset: 0,
+            rbuf_offset: 0,
+            sbuf_bytes_avail: 0,
+            sbuf_pos: 0,
+            sqe_avail: 0,
+            rmsg: std::collections::VecDeque::new(),
+            cq_armed: false,
+        }
+    }
+
+    fn connected(&self) -> bool {
+        self.phase == Phase::Connected
+    }
+
+    // -- the target SGL (written by the peer) --
+
+    fn tsgl_get(&self, i: usize) -> (u64, u32, u32) {
+        let c = self.conn.as_ref().expect("connected");
+        // SAFETY: entry i < SGL_SIZE of our registered target SGL; the peer may write it at
+        // any time (volatile reads of plain integers).
+        unsafe {
+            let p = c.tsgl.ptr.add(i * SGE_LEN);
+            let addr = std::ptr::read_volatile(p as *const u64);
+            let key = std::ptr::read_volatile(p.add(8) as *const u32);
+            let len = std::ptr::read_volatile(p.add(12) as *const u32);
+            if self.swap_sgl {
+                (addr.swap_bytes(), key.swap_bytes(), len.swap_bytes())
+            } else {
+                (addr, key, len)
+            }
+        }
+    }
+
+    fn tsgl_set(&self, i: usize, v: (u64, u32, u32)) {
+        let c = self.conn.as_ref().expect("connected");
+        let v = if self.swap_sgl {
+            (v.0.swap_bytes(), v.1.swap_bytes(), v.2.swap_bytes())
+        } else {
+            v
+        };
+        // SAFETY: as in tsgl_get.
+        unsafe {
+            let p = c.tsgl.ptr.add(i * SGE_LEN);
+            std::ptr::write_volatile(p as *mut u64, v.0);
+            std::ptr::write_volatile(p.add(8) as *mut u32, v.1);
+            std::ptr::write_volatile(p.add(12) as *mut u32, v.2);
+        }
+    }
+
+    // -- posting --
+
+    fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), c_int> {
+        let c = self.conn.as_ref().ok_or(libc::ENOTCONN)?;
+        let mut bad = null_mut();
+        // SAFETY: the QP is live while `conn` is; the work request and its SGEs are valid
+        // for the call (inline data is copied during it).
+        let r = unsafe {
+            let ops = &(*(*c.qp).context).ops;
+            (ops.post_send.ok_or(libc::EOPNOTSUPP)?)(c.qp, wr, &mut bad)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    }
+
+    fn post_recv(&self) -> Result<(), c_int> {
+        let c = self.conn.as_ref().ok_or(libc::ENOTCONN)?;
+        let mut wr = ibv_recv_wr {
+            wr_id: RECV_FLAG,
+            next: null_mut(),
+            sg_list: null_mut(),
+            num_sge: 0,
+        };
+        let mut bad = null_mut();
+        // SAFETY: as in post_send.
+        let r = unsafe {
+            let ops = &(*(*c.qp).context).ops;
+            (ops.post_recv.ok_or(libc::EOPNOTSUPP)?)(c.qp, &mut wr, &mut bad)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    }
+
+    fn write_imm(
+        &self,
+        sges: &mut [ibv_sge],
+        imm: u32,
+        flags: u32,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), c_int> {
+        // SAFETY: an all-zero work request is a valid starting point (pointers NULL).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = imm as u64;
+        wr.sg_list = if sges.is_empty() {
+            null_mut()
+        } else {
+            sges.as_mut_ptr()
+        };
+        wr.num_sge = sges.len() as c_int;
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.send_flags = flags;
+        wr.imm_data = imm.to_be();
+        wr.wr.rdma = wr_rdma {
+            remote_addr: addr,
+            rkey,
+        };
+        self.post_send(&mut wr)
+    }
+
+    fn ctrl_avail(&self) -> bool {
+        self.ctrl_seqno != self.ctrl_max_seqno
+    }
+
+    // -- credits --
+
+    fn give_credits(&self) -> bool {
+        (self.rbuf_bytes_avail >= self.rbuf_size >> 1
+            || (self.rseq_no.wrapping_sub(self.rseq_comp) as i16) >= 0)
+            && self.ctrl_avail()
+            && self.connected()
+    }
+
+    fn send_credits(&mut self) {
+        self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
+        self.rseq_comp = self.rseq_no.wrapping_add((self.rq_size >> 1) as u16);
+        let credit = (self.rseq_no as u32).wrapping_add(self.rq_size);
+        let r = if self.rbuf_bytes_avail >= self.rbuf_size >> 1 {
+            let c = self.conn.as_ref().expect("connected");
+            let addr = c.rbuf.ptr as u64 + self.rbuf_free_offset as u64;
+            let (a, k, l) = (addr, c.rbuf.rkey(), self.rbuf_size >> 1);
+            let mut sge = [0u8; SGE_LEN];
+            if self.swap_sgl {
+                sge[..8].copy_from_slice(&a.swap_bytes().to_ne_bytes());
+                sge[8..12].copy_from_slice(&k.swap_bytes().to_ne_bytes());
+                sge[12..].copy_from_slice(&l.swap_bytes().to_ne_bytes());
+            } else {
+                sge[..8].copy_from_slice(&a.to_ne_bytes());
+                sge[8..12].copy_from_slice(&k.to_ne_bytes());
+                sge[12..].copy_from_slice(&l.to_ne_bytes());
+            }
+            let mut s = [ibv_sge {
+                addr: sge.as_ptr() as u64,
+                length: SGE_LEN as u32,
+                lkey: 0,
+            }];
+            let dst = self.remote_sgl.0 + self.remote_sge as u64 * SGE_LEN as u64;
+            let r = self.write_imm(
+                &mut s,
+                msg(OP_SGL, credit),
+                IBV_SEND_INLINE,
+                dst,
+                self.remote_sgl.1,
+            );
+            self.rbuf_bytes_avail -= self.rbuf_size >> 1;
+            self.rbuf_free_offset += self.rbuf_size >> 1;
+            if self.rbuf_free_offset >= self.rbuf_size {
+                self.rbuf_free_offset = 0;
+            }
+            self.remote_sge += 1;
+            if self.remote_sge >= self.remote_sgl.2 {
+                self.remote_sge = 0;
+            }
+            r
+        } else {
+            self.write_imm(&mut [], msg(OP_SGL, credit), 0, 0, 0)
+        };
+        if let Err(e) = r {
+            self.fail_conn(e);
+        }
+    }
+
+    fn update_credits(&mut self) {
+        if self.give_credits() {
+            self.send_credits();
+        }
+    }
+
+    fn fail_conn(&mut self, e: c_int) {
+        if self.connected() {
+            self.phase = Phase::Error;
+            self.err = e;
+            self.readable = false;
+            self.writable = false;
+        }
+    }
+
+    // -- completions --
+
+    /// Takes every completion there is. Err only when receives cannot be reposted.
+    fn poll_cq(&mut self) {
+        let Some(c) = self.conn.as_ref() else { return };
+        let cq = c.cq;
+        let mut reposts = 0u32;
+        loop {
+            // SAFETY: an all-zero ibv_wc is valid; the CQ is live while `conn` is.
+            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; the ops table of this library's context.
+            let n = unsafe {
+                match (*(*cq).context).ops.poll_cq {
+                    Some(f) => f(cq, 1, &mut wc),
+                    None => -1,
+                }
+            };
+            if n <= 0 {
+                break;
+            }
+            if wc.wr_id & RECV_FLAG != 0 {
+                if wc.status != 0 {
+                    // A flushed receive: the QP is in error (the peer went away without a
+                    // disconnect message, or the CM tore the connection down). Nothing more
+                    // can arrive.
+                    if self.connected() {
+                        self.phase = Phase::Disconnected;
+                        self.readable = false;
+                        self.writable = false;
+                    }
+                    continue;
+                }
+                reposts += 1;
+                if wc.wc_flags & IBV_WC_WITH_IMM == 0 {
+                    continue;
+                }
+                let m = u32::from_be(wc.imm_data);
+                match m >> 29 {
+                    OP_SGL => self.sseq_comp = (m & 0x1fff_ffff) as u16,
+                    OP_IOMAP_SGL => {}
+                    OP_CTRL => {
+                        let d = m & 0x1fff_ffff;
+                        if d == CTRL_DISCONNECT {
+                            self.phase = Phase::Disconnected;
+                            self.readable = false;
+                            self.writable = false;
+                        } else if d == CTRL_SHUTDOWN {
+                            if self.writable {
+                                self.readable = false;
+                            } else {
+                                self.phase = Phase::Disconnected;
+                                self.readable = false;
+                            }
+                        }
+                    }
+                    OP_DATA => {
+                        // More messages than the credits this side granted: the peer broke
+                        // the protocol; nothing it sends can be trusted to be in place.
+                        if self.rmsg.len() > self.rq_size as usize {
+                            self.fail_conn(libc::EPROTO);
+                        } else {
+                            self.rmsg.push_back(m & 0x1fff_ffff);
+                        }
+                    }
+                    _ => {}
+                }
+            } else {
+                let m = wc.wr_id as u32;
+                match m >> 29 {
+                    OP_SGL | OP_CTRL => {
+                        self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
+                        if m >> 29 == OP_CTRL && m & 0x1fff_ffff == CTRL_DISCONNECT {
+                            self.phase = if self.phase == Phase::Connected {
+                                Phase::Disconnected
+                            } else {
+                                self.phase
+                            };
+                        }
+                    }
+                    _ => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail += m & 0x1fff_ffff;
+                    }
+                }
+                if wc.status != 0 && self.connected() {
+                    self.fail_conn(libc::EIO);
+                }
+            }
+        }
+        if self.connected() {
+            for _ in 0..reposts {
+                if let Err(e) = self.post_recv() {
+                    self.fail_conn(e);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes pending completion notifications off the channel (non-blocking).
+    fn drain_cq_events(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        loop {
+            let mut cq = null_mut();
+            let mut ctx = null_mut();
+            // SAFETY: the socket's channel, non-blocking; out parameters are locals.
+            if unsafe { ibv_get_cq_event(c.cc, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            c.unacked_events += 1;
+            self.cq_armed = false;
+        }
+        if c.unacked_events >= 64 {
+            // SAFETY: events of this CQ taken above.
+            unsafe { ibv_ack_cq_events(c.cq, c.unacked_events) };
+            c.unacked_events = 0;
+        }
+    }
+
+    fn arm(&mut self) {
+        if let Some(c) = self.conn.as_ref() {
+            // SAFETY: the live CQ; this library's ops table.
+            unsafe {
+                if let Some(f) = (*(*c.cq).context).ops.req_notify_cq {
+                    f(c.cq, 0);
+                }
+            }
+            self.cq_armed = true;
+        }
+    }
+
+    fn comp_fd(&self) -> Option<c_int> {
+        // SAFETY: the live channel.
+        self.conn.as_ref().map(|c| unsafe { (*c.cc).fd })
+    }
+
+    /// One round of progress: credits out, completions in.
+    fn progress(&mut self) {
+        self.update_credits();
+        self.poll_cq();
+        self.update_credits();
+    }
+
+    // -- tests --
+
+    fn can_send(&self) -> bool {
+        self.conn.is_some()
+            && self.sqe_avail > 0
+            && self.sbuf_bytes_avail >= SNDLOWAT
+            && self.sseq_no != self.sseq_comp
+            && self.tsgl_get(self.target_sge).2 != 0
+    }
+    fn conn_can_send(&self) -> bool {
+        !self.writable || self.can_send()
+    }
+    fn conn_have_rdata(&self) -> bool {
+        !self.rmsg.is_empty() || !self.readable
+    }
+    fn all_sends_done(&self) -> bool {
+        !self.connected()
+            || (self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno)).wrapping_add(self.sqe_avail)
+                == self.sq_size
+    }
+}
+
+/// Waits (the socket's lock released) until `test` holds or, non-blocking, fails with
+/// EAGAIN. Returns the lock.
+fn wait<'a>(
+    rs: &'a Rs,
+    mut g: MutexGuard<'a, St>,
+    nonblock: bool,
+    test: fn(&St) -> bool,
+) -> (MutexGuard<'a, St>, Result<(), c_int>) {
+    let spin_until = Instant::now() + Duration::from_micros(10);
+    loop {
+        g.progress();
+        if test(&g) {
+            return (g, Ok(()));
+        }
+        if nonblock {
+            return (g, Err(libc::EAGAIN));
+        }
+        if Instant::now() < spin_until {
+            continue;
+        }
+        if !g.cq_armed {
+            g.arm();
+            continue;
+        }
+        let Some(fd) = g.comp_fd() else {
+            return (g, Err(libc::ENOTCONN));
+        };
+        drop(g);
+        let mut p = pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack. A short timeout: another thread may take the
+        // notification first.
+        unsafe { libc::poll(&mut p, 1, 50) };
+        g = lock(&rs.st);
+        g.drain_cq_events();
+    }
+}
+
+// ---- connection management --------------------------------------------------------------------
+
+/// The next event of `ch`, waiting up to `deadline`; copies what callers need and acks it.
+struct Ev {
+    kind: c_int,
+    status: c_int,
+    id: *mut rdma_cm_id,
+    conn: rdma_conn_param,
+    pdata: Vec<u8>,
+}
+
+fn next_event(ch: *mut rdma_event_channel, deadline: Option<Instant>) -> Result<Ev, c_int> {
+    loop {
+        // SAFETY: a channel of this library, kept non-blocking by this module.
+        let fd = unsafe { (*ch).fd };
+        let mut e = null_mut();
+        // SAFETY: as above; out parameter a local.
+        if unsafe { rdma_get_cm_event(ch, &mut e) } == 0 {
+            // SAFETY: the event just delivered; read before it is acknowledged.
+            let ev = unsafe {
+                let c = (*e).param.conn;
+                let pdata = if c.private_data.is_null() {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(
+                        c.private_data as *const u8,
+                        c.private_data_len as usize,
+                    )
+                    .to_vec()
+                };
+                Ev {
+                    kind: (*e).event,
+                    status: (*e).status,
+                    id: (*e).id,
+                    conn: c,
+                    pdata,
+                }
+            };
+            // SAFETY: the event above, not used after this.
+            unsafe { rdma_ack_cm_event(e) };
+            return Ok(ev);
+        }
+        let err = errno_or(libc::EIO);
+        if err != libc::EAGAIN {
+            return Err(err);
+        }
+        let left = match deadline {
+            None => return Err(libc::EAGAIN),
+            Some(d) => d.saturating_duration_since(Instant::now()),
+        };
+        if left.is_zero() {
+            return Err(libc::ETIMEDOUT);
+        }
+        let mut p = pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack.
+        unsafe { libc::poll(&mut p, 1, left.as_millis().min(100) as c_int) };
+    }
+}
+
+fn wait_event(ch: *mut rdma_event_channel, want: c_int) -> Result<Ev, c_int> {
+    let deadline = Instant::now() + CM_TIMEOUT;
+    loop {
+        let e = next_event(ch, Some(deadline))?;
+        if e.kind == want {
+            return Ok(e);
+        }
+        match e.kind {
+            EV_DISCONNECTED => continue,
+            EV_REJECTED => return Err(libc::ECONNREFUSED),
+            EV_UNREACHABLE => return Err(libc::ENETUNREACH),
+            1 | 3 => return Err(libc::EHOSTUNREACH),
+            _ if e.status < 0 => return Err(-e.status),
+            _ => return Err(libc::ECONNABORTED),
+        }
+    }
+}
+
+fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
+    let ch = rdma_create_event_channel();
+    if ch.is_null() {
+        return Err(errno_or(libc::ENODEV));
+    }
+    // SAFETY: the channel's descriptor; non-blocking so that waits are bounded here.
+    unsafe {
+        let fl = libc::fcntl((*ch).fd, libc::F_GETFL);
+        libc::fcntl((*ch).fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+    Ok(ch)
+}
+
+/// Creates the QP, CQ and buffers of a socket whose id has its device (route resolved or a
+/// request received), and posts the receives.
+fn create_ep(st: &mut St) -> Result<(), c_int> {
+    st.sq_size = st.sq_size.clamp(QP_MIN, QP_MAX);
+    st.rq_size = st.rq_size.clamp(QP_MIN, QP_MAX);
+    st.sbuf_size = st.sbuf_size.max(SNDLOWAT * 2);
+    st.rbuf_size = st.rbuf_size.max(SNDLOWAT * 2) & !1;
+    // SAFETY: the id's device context (set once the address is resolved).
+    let ctx = unsafe { (*st.id).verbs };
+    if ctx.is_null() {
+        return Err(libc::ENODEV);
+    }
+    // SAFETY: this library's verbs on its own context; every object made here is owned by
+    // the `Conn` below (or released on the error paths).
+    unsafe {
+        let pd = ibv_alloc_pd(ctx);
+        if pd.is_null() {
+            return Err(errno_or(libc::ENOMEM));
+        }
+        let cc = ibv_create_comp_channel(ctx);
+        if cc.is_null() {
+            ibv_dealloc_pd(pd);
+            return Err(errno_or(libc::ENOMEM));
+        }
+        let fl = libc::fcntl((*cc).fd, libc::F_GETFL);
+        libc::fcntl((*cc).fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        let cq = ibv_create_cq(ctx, (st.sq_size + st.rq_size) as c_int, null_mut(), cc, 0);
+        if cq.is_null() {
+            ibv_destroy_comp_channel(cc);
+            ibv_dealloc_pd(pd);
+            return Err(errno_or(libc::ENOMEM));
+        }
+        let undo = |e: c_int| {
+            ibv_destroy_cq(cq);
+            ibv_destroy_comp_channel(cc);
+            ibv_dealloc_pd(pd);
+            e
+        };
+        let bufs = (|| {
+            Ok::<_, c_int>((
+                Buf::alloc(pd, st.sbuf_size as usize, 1)?,
+                Buf::alloc(pd, st.rbuf_size as usize, ACCESS_WRITE)?,
+                Buf::alloc(pd, SGE_LEN * SGL_SIZE as usize, ACCESS_WRITE)?,
+            ))
+        })();
+        let (sbuf, rbuf, tsgl) = match bufs {
+            Ok(b) => b,
+            Err(e) => return Err(undo(e)),
+        };
+        let mut a = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr: st.sq_size,
+                max_recv_wr: st.rq_size,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+                max_inline_data: st.sq_inline.max(SGE_LEN as u32),
+            },
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 1,
+        };
+        if rdma_create_qp(st.id, pd, &mut a) != 0 {
+            let e = errno_or(libc::ENOMEM);
+            drop((sbuf, rbuf, tsgl));
+            return Err(undo(e));
+        }
+        st.sq_inline = a.cap.max_inline_data;
+        st.conn = Some(Conn {
+            qp: (*st.id).qp,
+            cq,
+            cc,
+            pd,
+            sbuf,
+            rbuf,
+            tsgl,
+            unacked_events: 0,
+        });
+    }
+    st.rbuf_free_offset = st.rbuf_size >> 1;
+    st.rbuf_bytes_avail = st.rbuf_size >> 1;
+    st.sbuf_bytes_avail = st.sbuf_size;
+    st.sbuf_pos = 0;
+    st.sqe_avail = st.sq_size - st.ctrl_max_seqno;
+    st.rseq_comp = (st.rq_size >> 1) as u16;
+    for _ in 0..st.rq_size {
+        st.post_recv()?;
+    }
+    st.arm();
+    Ok(())
+}
+
+fn conn_data(st: &St) -> [u8; CONN_DATA_LEN] {
+    let c = st.conn.as_ref().expect("endpoint made");
+    let mut d = [0u8; CONN_DATA_LEN];
+    d[0] = 1;
+    d[1] = CONN_FLAG_IOMAP
+        | if cfg!(target_endian = "big") {
+            CONN_FLAG_NET
+        } else {
+            0
+        };
+    d[2..4].copy_from_slice(&(st.rq_size as u16).to_be_bytes());
+    // d[4..7] reserved, d[7] iomap size 0.
+    d[8..16].copy_from_slice(&(c.tsgl.ptr as u64).to_be_bytes());
+    d[16..20].copy_from_slice(&c.tsgl.rkey().to_be_bytes());
+    d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
+    d[24..32].copy_from_slice(&(c.rbuf.ptr as u64).to_be_bytes());
+    d[32..36].copy_from_slice(&c.rbuf.rkey().to_be_bytes());
+    d[36..40].copy_from_slice(&(st.rbuf_size >> 1).to_be_bytes());
+    d
+}
+
+/// Takes the peer's connection data (REQ or REP). `None`: not rsocket version 1.
+fn save_conn_data(st: &mut St, d: &[u8]) -> Option<()> {
+    if d.len() < CONN_DATA_LEN || d[0] != 1 {
+        return None;
+    }
+    let be64 = |o: usize| u64::from_be_bytes(d[o..o + 8].try_into().expect("8 bytes"));
+    let be32 = |o: usize| u32::from_be_bytes(d[o..o + 4].try_into().expect("4 bytes"));
+    let n = be32(20);
+    if n == 0 {
+        return None;
+    }
+    st.remote_sgl = (be64(8), be32(16), n);
+    st.remote_sge = 1 % n;
+    let peer_net = d[1] & CONN_FLAG_NET != 0;
+    st.swap_sgl = peer_net != cfg!(target_endian = "big");
+    st.tsgl_set(0, (be64(24), be32(32), be32(36)));
+    st.sseq_comp = u16::from_be_bytes([d[2], d[3]]);
+    Some(())
+}
+
+fn set_connected(st: &mut St) {
+    st.phase = Phase::Connected;
+    st.readable = true;
+    st.writable = true;
+}
+
+/// Tears down the verbs objects and the id (the socket is gone or failed).
+fn free_conn(st: &mut St) {
+    if let Some(c) = st.conn.take() {
+        // SAFETY: the id's QP (made by rdma_create_qp) and the objects of `create_ep`, freed
+        // in dependency order; the buffers' MRs go with `c` after the QP.
+        unsafe {
+            if c.unacked_events > 0 {
+                ibv_ack_cq_events(c.cq, c.unacked_events);
+            }
+            rdma_destroy_qp(st.id);
+            let Conn {
+                cq,
+                cc,
+                pd,
+                sbuf,
+                rbuf,
+                tsgl,
+                ..
+            } = c;
+            drop((sbuf, rbuf, tsgl));
+            ibv_destroy_cq(cq);
+            ibv_destroy_comp_channel(cc);
+            ibv_dealloc_pd(pd);
+        }
+    }
+}
+
+fn connect(st: &mut St, dst: *const sockaddr) -> Result<(), c_int> {
+    // SAFETY: the socket's id and the caller's address.
+    unsafe {
+        if rdma_resolve_addr(st.id, null_mut(), dst as *mut sockaddr, 2000) != 0 {
+            return Err(errno_or(libc::EHOSTUNREACH));
+        }
+    }
+    wait_event(st.ch, EV_ADDR_RESOLVED)?;
+    // SAFETY: the socket's id.
+    if unsafe { rdma_resolve_route(st.id, 2000) } != 0 {
+        return Err(errno_or(libc::EHOSTUNREACH));
+    }
+    wait_event(st.ch, EV_ROUTE_RESOLVED)?;
+    create_ep(st)?;
+    let d = conn_data(st);
+    let mut p = rdma_conn_param {
+        private_data: d.as_ptr() as *const c_void,
+        private_data_len: CONN_DATA_LEN as u8,
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    };
+    // SAFETY: the id and a parameter block on the stack (the library copies private data).
+    if unsafe { rdma_connect(st.id, &mut p) } != 0 {
+        return Err(errno_or(libc::ECONNREFUSED));
+    }
+    let ev = wait_event(st.ch, EV_ESTABLISHED)?;
+    save_conn_data(st, &ev.pdata).ok_or(libc::EOPNOTSUPP)?;
+    set_connected(st);
+    Ok(())
+}
+
+/// Accepts one request taken off the listener's channel: a new socket.
+fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
+    let id = ev.id;
+    let reject = |e: c_int| {
+        // SAFETY: the request's id, not handed out.
+        unsafe {
+            rdma_reject(id, std::ptr::null(), 0);
+            rdma_destroy_id(id);
+        }
+        e
+    };
+    if ev.pdata.len() < CONN_DATA_LEN || ev.pdata[0] != 1 {
+        return Err(reject(libc::ECONNABORTED));
+    }
+    let ch = new_channel().map_err(reject)?;
+    // SAFETY: the new id and the new channel: its later events come there.
+    if unsafe { rdma_migrate_id(id, ch) } != 0 {
+        let e = errno_or(libc::ENOMEM);
+        // SAFETY: the channel made above.
+        unsafe { rdma_destroy_event_channel(ch) };
+        return Err(reject(e));
+    }
+    let mut st = St::new(ch, id, parent.nonblock);
+    st.sq_size = parent.sq_size;
+    st.rq_size = parent.rq_size;
+    st.sq_inline = parent.sq_inline;
+    st.sbuf_size = parent.sbuf_size;
+    st.rbuf_size = parent.rbuf_size;
+    st.fd_flags = parent.fd_flags;
+    let undo = |st: &mut St, e: c_int| {
+        free_conn(st);
+        // SAFETY: the id and its channel, not handed out.
+        unsafe {
+            rdma_reject(st.id, std::ptr::null(), 0);
+            rdma_destroy_id(st.id);
+            rdma_destroy_event_channel(st.ch);
+        }
+        e
+    };
+    if let Err(e) = create_ep(&mut st) {
+        return Err(undo(&mut st, e));
+    }
+    save_conn_data(&mut st, &ev.pdata).expect("checked above");
+    let d = conn_data(&st);
+    let mut p = ev.conn;
+    p.private_data = d.as_ptr() as *const c_void;
+    p.private_data_len = CONN_DATA_LEN as u8;
+    // SAFETY: the id and a parameter block on the stack.
+    if unsafe { rdma_accept(st.id, &mut p) } != 0 {
+        let e = errno_or(libc::ECONNABORTED);
+        return Err(undo(&mut st, e));
+    }
+    if let Err(e) = wait_event(st.ch, EV_ESTABLISHED) {
+        free_conn(&mut st);
+        // SAFETY: as above (the connection failed; no reject after an accept).
+        unsafe {
+            rdma_destroy_id(st.id);
+            rdma_destroy_event_channel(st.ch);
+        }
+        return Err(e);
+    }
+    set_connected(&mut st);
+    insert(st)
+}
+
+fn insert(st: St) -> Result<Arc<Rs>, c_int> {
+    // SAFETY: eventfd(2): the socket's number, closed by rclose.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno_or(libc::EMFILE));
+    }
+    let rs = Arc::new(Rs {
+        fd,
+        st: Mutex::new(st),
+    });
+    TABLE
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(fd, rs.clone());
+    Ok(rs)
+}
+
+// ---- the calls ----------------------------------------------------------------------------------
+
+/// librdmacm's `rsocket`.
+#[export_name = "ferroce_rsocket"]
+pub extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    let st_ty = ty & !(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK);
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return fail(libc::EAFNOSUPPORT);
+    }
+    if st_ty != libc::SOCK_STREAM || (protocol != 0 && protocol != libc::IPPROTO_TCP) {
+        // Datagram rsockets are not provided.
+        return fail(libc::EOPNOTSUPP);
+    }
+    let ch = match new_channel() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let mut id = null_mut();
+    // SAFETY: this library's call with a live channel; out parameter a local.
+    if unsafe { rdma_create_id(ch, &mut id, null_mut(), RDMA_PS_TCP) } != 0 {
+        let e = errno_or(libc::ENODEV);
+        // SAFETY: the channel made above.
+        unsafe { rdma_destroy_event_channel(ch) };
+        return fail(e);
+    }
+    let mut st = St::new(ch, id, ty & libc::SOCK_NONBLOCK != 0);
+    if ty & libc::SOCK_CLOEXEC != 0 {
+        st.fd_flags = libc::FD_CLOEXEC;
+    }
+    match insert(st) {
+        Ok(rs) => rs.fd,
+        Err(e) => {
+            // SAFETY: the id and channel made above.
+            unsafe {
+                rdma_destroy_id(id);
+                rdma_destroy_event_channel(ch);
+            }
+            fail(e)
+        }
+    }
+}
+
+/// librdmacm's `rbind`.
+#[export_name = "ferroce_rbind"]
+pub unsafe extern "C" fn rbind(s: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    if g.phase != Phase::Init {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the socket's id; the caller's address.
+    if unsafe { rdma_bind_addr(g.id, addr as *mut sockaddr) } != 0 {
+        return -1;
+    }
+    g.phase = Phase::Bound;
+    0
+}
+
+/// librdmacm's `rlisten`.
+#[export_name = "ferroce_rlisten"]
+pub extern "C" fn rlisten(s: c_int, backlog: c_int) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    match g.phase {
+        Phase::Listening => return 0,
+        Phase::Init | Phase::Bound => {}
+        _ => return fail(libc::EINVAL),
+    }
+    // SAFETY: the socket's id.
+    if unsafe { rdma_listen(g.id, backlog) } != 0 {
+        return -1;
+    }
+    g.phase = Phase::Listening;
+    0
+}
+
+/// librdmacm's `raccept`: takes the next connection request, accepts it and returns the
+/// new socket (blocking unless the listener is non-blocking: then EAGAIN when none waits).
+#[export_name = "ferroce_raccept"]
+pub unsafe extern "C" fn raccept(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    loop {
+        let (ch, nonblock) = {
+            let g = lock(&rs.st);
+            if g.phase != Phase::Listening {
+                return fail(libc::EINVAL);
+            }
+            (g.ch, g.nonblock)
+        };
+        let ev = match next_event(ch, if nonblock { None } else { Some(far()) }) {
+            Ok(e) => e,
+            Err(libc::ETIMEDOUT) => continue,
+            Err(e) => return fail(e),
+        };
+        if ev.kind != EV_CONNECT_REQUEST {
+            continue;
+        }
+        let new = {
+            let g = lock(&rs.st);
+            accept_one(&g, ev)
+        };
+        match new {
+            Ok(n) => {
+                if !addr.is_null() && !len.is_null() {
+                    // SAFETY: the caller's out parameters.
+                    unsafe { rgetpeername(n.fd, addr, len) };
+                }
+                return n.fd;
+            }
+            // A request that could not be accepted was rejected: wait for the next one.
+            Err(_) if !nonblock => continue,
+            Err(e) => return fail(e),
+        }
+    }
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+/// librdmacm's `rconnect`. Completes before it returns, also on a non-blocking socket.
+#[export_name = "ferroce_rconnect"]
+pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    if addr.is_null() {
+        return fail(libc::EFAULT);
+    }
+    let mut g = lock(&rs.st);
+    match g.phase {
+        Phase::Init | Phase::Bound => {}
+        Phase::Connected => return fail(libc::EISCONN),
+        _ => return fail(libc::EINVAL),
+    }
+    match connect(&mut g, addr) {
+        Ok(()) => 0,
+        Err(e) => {
+            free_conn(&mut g);
+            g.phase = Phase::Error;
+            g.err = e;
+            fail(e)
+        }
+    }
+}
+
+/// Copies from the receive ring into `out`, consuming (or, `peek`, not).
+fn copy_out(st: &mut St, out: &mut [u8], peek: bool) -> usize {
+    let c = st.conn.as_ref().expect("connected");
+    let base = c.rbuf.ptr;
+    let size = st.rbuf_size as usize;
+    let mut off = st.rbuf_offset as usize;
+    let mut done = 0;
+    let mut i = 0;
+    let mut consumed_msgs = 0u16;
+    let mut part_left: Option<u32> = None;
+    while done < out.len() && i < st.rmsg.len() {
+        let avail = st.rmsg[i] as usize;
+        let n = avail.min(out.len() - done);
+        let mut left = n;
+        while left > 0 {
+            let chunk = left.min(size - off);
+            // SAFETY: `off + chunk <= size` within the registered ring; the peer's write
+            // of these bytes completed before its message's completion was polled.
+            unsafe {
+                std::ptr::copy_nonoverlapping(base.add(off), out[done..].as_mut_ptr(), chunk)
+            };
+            done += chunk;
+            left -= chunk;
+            off = (off + chunk) % size;
+        }
+        if n == avail {
+            consumed_msgs += 1;
+            i += 1;
+        } else {
+            part_left = Some((avail - n) as u32);
+            break;
+        }
+    }
+    if !peek {
+        for _ in 0..consumed_msgs {
+            st.rmsg.pop_front();
+        }
+        if let Some(l) = part_left {
+            st.rmsg[0] = l;
+        }
+        st.rseq_no = st.rseq_no.wrapping_add(consumed_msgs);
+        st.rbuf_offset = off as u32;
+        st.rbuf_bytes_avail += done as u32;
+    }
+    done
+}
+
+fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    if g.conn.is_none() {
+        return fail(libc::ENOTCONN);
+    }
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let mut done = 0usize;
+    loop {
+        if g.rmsg.is_empty() {
+            let (g2, r) = wait(&rs, g, nonblock, St::conn_have_rdata);
+            g = g2;
+            if let Err(e) = r {
+                return if done > 0 { done as isize } else { fail(e) };
+            }
+        }
+        let n = copy_out(&mut g, &mut out[done..], flags & libc::MSG_PEEK != 0);
+        done += n;
+        if flags & libc::MSG_PEEK != 0 {
+            break;
+        }
+        g.update_credits();
+        if done == out.len() || flags & libc::MSG_WAITALL == 0 || !g.readable {
+            break;
+        }
+    }
+    done as isize
+}
+
+fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    if g.conn.is_none() {
+        return fail(libc::ENOTCONN);
+    }
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let mut sent = 0usize;
+    let mut olen = OLAP_START;
+    while sent < data.len() {
+        if !g.can_send() {
+            let (g2, r) = wait(&rs, g, nonblock, St::conn_can_send);
+            g = g2;
+            if let Err(e) = r {
+                return if sent > 0 { sent as isize } else { fail(e) };
+            }
+            if !g.writable {
+                return if sent > 0 {
+                    sent as isize
+                } else if g.err != 0 {
+                    fail(g.err)
+                } else {
+                    fail(libc::ECONNRESET)
+                };
+            }
+        }
+        let left = data.len() - sent;
+        let mut n = if olen < left {
+            let n = olen;
+            if olen < MAX_TRANSFER {
+                olen <<= 1;
+            }
+            n
+        } else {
+            left
+        };
+        let t = g.tsgl_get(g.target_sge);
+        n = n.min(g.sbuf_bytes_avail as usize).min(t.2 as usize);
+        let chunk = &data[sent..sent + n];
+        // Take the target space first (the peer may rewrite the next entry once this one
+        // is used up).
+        g.sseq_no = g.sseq_no.wrapping_add(1);
+        g.sqe_avail -= 1;
+        g.sbuf_bytes_avail -= n as u32;
+        let ts = g.target_sge;
+        g.tsgl_set(ts, (t.0 + n as u64, t.1, t.2 - n as u32));
+        if t.2 as usize == n {
+            g.target_sge = (g.target_sge + 1) % SGL_SIZE as usize;
+        }
+        let imm = msg(OP_DATA, n as u32);
+        let r = if n as u32 <= g.sq_inline {
+            let mut s = [ibv_sge {
+                addr: chunk.as_ptr() as u64,
+                length: n as u32,
+                lkey: 0,
+            }];
+            g.write_imm(&mut s, imm, IBV_SEND_INLINE, t.0, t.1)
+        } else {
+            let c = g.conn.as_ref().expect("connected");
+            let (base, lkey, size) = (c.sbuf.ptr, c.sbuf.lkey(), g.sbuf_size as usize);
+            let pos = g.sbuf_pos as usize;
+            let first = n.min(size - pos);
+            // SAFETY: `pos + first <= size` and `n - first <= size - first`, inside the
+            // registered send ring; the bytes there are free (`sbuf_bytes_avail` counted
+            // them), so no posted WRITE still reads them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), base.add(pos), first);
+                std::ptr::copy_nonoverlapping(chunk[first..].as_ptr(), base, n - first);
+            }
+            let mut s = [
+                ibv_sge {
+                    addr: base as u64 + pos as u64,
+                    length: first as u32,
+                    lkey,
+                },
+                ibv_sge {
+                    addr: base as u64,
+                    length: (n - first) as u32,
+                    lkey,
+                },
+            ];
+            g.sbuf_pos = ((pos + n) % size) as u32;
+            let k = if n > first { 2 } else { 1 };
+            g.write_imm(&mut s[..k], imm, 0, t.0, t.1)
+        };
+        if let Err(e) = r {
+            g.fail_conn(e);
+            return if sent > 0 { sent as isize } else { fail(e) };
+        }
+        sent += n;
+    }
+    sent as isize
+}
+
+/// librdmacm's `rrecv`.
+#[export_name = "ferroce_rrecv"]
+pub unsafe extern "C" fn rrecv(s: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+    if buf.is_null() && len > 0 {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer of `len` bytes.
+    let out = unsafe { slice_mut(buf, len) };
+    recv_impl(s, out, flags)
+}
+
+unsafe fn slice_mut<'a>(p: *mut c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) }
+    }
+}
+
+unsafe fn slice<'a>(p: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+    }
+}
+
+/// librdmacm's `rsend`.
+#[export_name = "ferroce_rsend"]
+pub unsafe extern "C" fn rsend(s: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
+    if buf.is_null() && len > 0 {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer of `len` bytes.
+    send_impl(s, unsafe { slice(buf, len) }, flags)
+}
+
+/// librdmacm's `rread`.
+#[export_name = "ferroce_rread"]
+pub unsafe extern "C" fn rread(s: c_int, buf: *mut c_void, len: usize) -> isize {
+    // SAFETY: forwarded.
+    unsafe { rrecv(s, buf, len, 0) }
+}
+
+/// librdmacm's `rwrite`.
+#[export_name = "ferroce_rwrite"]
+pub unsafe extern "C" fn rwrite(s: c_int, buf: *const c_void, len: usize) -> isize {
+    // SAFETY: forwarded.
+    unsafe { rsend(s, buf, len, 0) }
+}
+
+/// librdmacm's `rrecvfrom` (a stream socket: the peer's address).
+#[export_name = "ferroce_rrecvfrom"]
+pub unsafe extern "C" fn rrecvfrom(
+    s: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    src: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> isize {
+    // SAFETY: forwarded.
+    let r = unsafe { rrecv(s, buf, len, flags) };
+    if r >= 0 && !src.is_null() && !alen.is_null() {
+        // SAFETY: the caller's out parameters.
+        unsafe { rgetpeername(s, src, alen) };
+    }
+    r
+}
+
+/// librdmacm's `rsendto` (a stream socket: no address, as a connected TCP socket).
+#[export_name = "ferroce_rsendto"]
+pub unsafe extern "C" fn rsendto(
+    s: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    dst: *const sockaddr,
+    alen: socklen_t,
+) -> isize {
+    if !dst.is_null() || alen != 0 {
+        return fail(libc::EISCONN);
+    }
+    // SAFETY: forwarded.
+    unsafe { rsend(s, buf, len, flags) }
+}
+
+/// `iov`'s buffers, gathered into one (the protocol copies into its ring anyway).
+unsafe fn gather(iov: *const libc::iovec, n: c_int) -> Result<Vec<u8>, c_int> {
+    if n < 0 || (iov.is_null() && n > 0) {
+        return Err(libc::EINVAL);
+    }
+    let mut v = Vec::new();
+    for i in 0..n as usize {
+        // SAFETY: the caller's array of `n` iovecs, each naming readable memory.
+        unsafe {
+            let e = &*iov.add(i);
+            v.extend_from_slice(slice(e.iov_base, e.iov_len));
+        }
+    }
+    Ok(v)
+}
+
+unsafe fn recv_iov(s: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+    if n < 0 || (iov.is_null() && n > 0) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's array.
+    let total: usize = (0..n as usize)
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .sum();
+    let mut tmp = vec![0u8; total];
+    let r = recv_impl(s, &mut tmp, flags);
+    if r > 0 {
+        let mut off = 0;
+        for i in 0..n as usize {
+            // SAFETY: the caller's array of writable buffers.
+            let e = unsafe { &*iov.add(i) };
+            let k = e.iov_len.min(r as usize - off);
+            // SAFETY: as above.
+            unsafe { slice_mut(e.iov_base, k) }.copy_from_slice(&tmp[off..off + k]);
+            off += k;
+            if off == r as usize {
+                break;
+            }
+        }
+    }
+    r
+}
+
+/// librdmacm's `rreadv`.
+#[export_name = "ferroce_rreadv"]
+pub unsafe extern "C" fn rreadv(s: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    // SAFETY: forwarded.
+    unsafe { recv_iov(s, iov, n, 0) }
+}
+
+/// librdmacm's `rwritev`.
+#[export_name = "ferroce_rwritev"]
+pub unsafe extern "C" fn rwritev(s: c_int, iov: *const libc::iovec, n: c_int) -> isize {
+    // SAFETY: the caller's array.
+    match unsafe { gather(iov, n) } {
+        Ok(v) => send_impl(s, &v, 0),
+        Err(e) => fail(e),
+    }
+}
+
+/// librdmacm's `rrecvmsg`.
+#[export_name = "ferroce_rrecvmsg"]
+pub unsafe extern "C" fn rrecvmsg(s: c_int, m: *mut libc::msghdr, flags: c_int) -> isize {
+    if m.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's message header.
+    unsafe {
+        if !(*m).msg_control.is_null() && (*m).msg_controllen > 0 {
+            return fail(libc::ENOTSUP);
+        }
+        recv_iov(s, (*m).msg_iov, (*m).msg_iovlen as c_int, flags)
+    }
+}
+
+/// librdmacm's `rsendmsg`.
+#[export_name = "ferroce_rsendmsg"]
+pub unsafe extern "C" fn rsendmsg(s: c_int, m: *const libc::msghdr, flags: c_int) -> isize {
+    if m.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's message header.
+    unsafe {
+        if !(*m).msg_control.is_null() && (*m).msg_controllen > 0 {
+            return fail(libc::ENOTSUP);
+        }
+        match gather((*m).msg_iov, (*m).msg_iovlen as c_int) {
+            Ok(v) => send_impl(s, &v, flags),
+            Err(e) => fail(e),
+        }
+    }
+}
+
+/// Sends a control message and waits until every send completed (rshutdown's core).
+fn shutdown_locked<'a>(rs: &'a Rs, mut g: MutexGuard<'a, St>, how: c_int) -> MutexGuard<'a, St> {
+    if !g.connected() {
+        return g;
+    }
+    let ctrl = if how == libc::SHUT_RDWR {
+        g.readable = false;
+        g.writable = false;
+        CTRL_DISCONNECT
+    } else if how == libc::SHUT_WR {
+        g.writable = false;
+        if g.readable {
+            CTRL_SHUTDOWN
+        } else {
+            CTRL_DISCONNECT
+        }
+    } else {
+        g.readable = false;
+        if g.writable {
+            return g;
+        }
+        CTRL_DISCONNECT
+    };
+    if !g.ctrl_avail() {
+        let (g2, _) = wait(rs, g, false, |s| s.ctrl_avail() || !s.connected());
+        g = g2;
+    }
+    if g.connected() && g.ctrl_avail() {
+        g.ctrl_seqno = g.ctrl_seqno.wrapping_add(1);
+        let r = g.write_imm(&mut [], msg(OP_CTRL, ctrl), 0, 0, 0);
+        if let Err(e) = r {
+            g.fail_conn(e);
+        }
+    }
+    if g.connected() {
+        // Bounded: a peer that stopped answering fails the QP (retry exceeded) first.
+        let (g2, _) = wait(rs, g, false, St::all_sends_done);
+        g = g2;
+    }
+    g
+}
+
+/// librdmacm's `rshutdown`.
+#[export_name = "ferroce_rshutdown"]
+pub extern "C" fn rshutdown(s: c_int, how: c_int) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    if ![libc::SHUT_RD, libc::SHUT_WR, libc::SHUT_RDWR].contains(&how) {
+        return fail(libc::EINVAL);
+    }
+    let g = lock(&rs.st);
+    if g.conn.is_none() {
+        return fail(libc::ENOTCONN);
+    }
+    let _g = shutdown_locked(&rs, g, how);
+    0
+}
+
+/// librdmacm's `rclose`.
+#[export_name = "ferroce_rclose"]
+pub extern "C" fn rclose(s: c_int) -> c_int {
+    let rs = {
+        let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+        match t.as_mut().and_then(|t| t.remove(&s)) {
+            Some(r) => r,
+            None => return fail(libc::EBADF),
+        }
+    };
+    let g = lock(&rs.st);
+    let mut g = shutdown_locked(&rs, g, libc::SHUT_RDWR);
+    free_conn(&mut g);
+    // SAFETY: the socket's id and channel, not used after this (the socket is out of the
+    // table, and this thread holds its lock).
+    unsafe {
+        rdma_destroy_id(g.id);
+        rdma_destroy_event_channel(g.ch);
+        libc::close(rs.fd);
+    }
+    g.id = null_mut();
+    g.ch = null_mut();
+    0
+}
+
+fn copy_addr(dst: *mut sockaddr, len: *mut socklen_t, src: &libc::sockaddr_storage) -> c_int {
+    if dst.is_null() || len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    let size = if src.ss_family as c_int == libc::AF_INET {
+        std::mem::size_of::<libc::sockaddr_in>()
+    } else {
+        std::mem::size_of::<libc::sockaddr_in6>()
+    };
+    // SAFETY: the caller's buffer of `*len` bytes; `src` holds `size` bytes.
+    unsafe {
+        let n = (*len as usize).min(size);
+        std::ptr::copy_nonoverlapping(src as *const _ as *const u8, dst as *mut u8, n);
+        *len = size as socklen_t;
+    }
+    0
+}
+
+/// librdmacm's `rgetpeername`.
+#[export_name = "ferroce_rgetpeername"]
+pub unsafe extern "C" fn rgetpeername(s: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let g = lock(&rs.st);
+    // SAFETY: the socket's live id.
+    copy_addr(a, l, unsafe { &(*g.id).route.addr.dst_storage })
+}
+
+/// librdmacm's `rgetsockname`.
+#[export_name = "ferroce_rgetsockname"]
+pub unsafe extern "C" fn rgetsockname(s: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let g = lock(&rs.st);
+    // SAFETY: the socket's live id.
+    copy_addr(a, l, unsafe { &(*g.id).route.addr.src_storage })
+}
+
+fn set_bit(opts: &mut u64, name: c_int, on: bool) {
+    if (0..64).contains(&name) {
+        if on {
+            *opts |= 1 << name;
+        } else {
+            *opts &= !(1 << name);
+        }
+    }
+}
+
+/// librdmacm's `rsetsockopt`: the options rsockets keep (buffer and queue sizes, inline
+/// size, and the socket options a TCP program sets, accepted and remembered).
+#[export_name = "ferroce_rsetsockopt"]
+pub unsafe extern "C" fn rsetsockopt(
+    s: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    let int = || -> Option<c_int> {
+        if val.is_null() || (len as usize) < 4 {
+            None
+        } else {
+            // SAFETY: at least 4 readable bytes.
+            Some(unsafe { std::ptr::read_unaligned(val as *const c_int) })
+        }
+    };
+    let before = g.conn.is_none() && g.phase != Phase::Listening;
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            if g.conn.is_none() {
+                g.rbuf_size = (v.max(0) as u32).saturating_mul(2).min(1 << 30);
+            }
+        }
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            if g.conn.is_none() {
+                g.sbuf_size = (v.max(0) as u32)
+                    .saturating_mul(2)
+                    .clamp(SNDLOWAT * 2, 1 << 30);
+            }
+        }
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            let mut one = v;
+            // SAFETY: the socket's id; a local value (librdmacm's option: REUSEADDR).
+            unsafe { rdma_set_option(g.id, 0, 1, &mut one as *mut c_int as *mut c_void, 4) };
+            set_bit(&mut g.so_opts, name, v != 0);
+        }
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            set_bit(&mut g.so_opts, name, v != 0);
+        }
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            if val.is_null() || (len as usize) < std::mem::size_of::<libc::linger>() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a struct linger.
+            let on = unsafe { std::ptr::read_unaligned(val as *const libc::linger) }.l_onoff;
+            set_bit(&mut g.so_opts, name, on == 0);
+        }
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            set_bit(&mut g.tcp_opts, name, v != 0);
+        }
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL | libc::TCP_MAXSEG | libc::TCP_CONGESTION,
+        ) => {}
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => {
+            if int().is_none_or(|v| v <= 0) {
+                return fail(libc::EINVAL);
+            }
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            set_bit(&mut g.ipv6_opts, name, v != 0);
+        }
+        (SOL_RDMA, _) if !before => return fail(libc::EINVAL),
+        (SOL_RDMA, RDMA_SQSIZE | RDMA_RQSIZE | RDMA_INLINE) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            let v = (v.max(0) as u32).min(QP_MAX);
+            match name {
+                RDMA_SQSIZE => g.sq_size = v,
+                RDMA_RQSIZE => g.rq_size = v,
+                _ => g.sq_inline = v,
+            }
+        }
+        // No iomap area here; a path record is taken from the CM instead.
+        (SOL_RDMA, RDMA_IOMAPSIZE | RDMA_ROUTE) => {}
+        _ => return fail(libc::ENOTSUP),
+    }
+    0
+}
+
+/// librdmacm's `rgetsockopt`.
+#[export_name = "ferroce_rgetsockopt"]
+pub unsafe extern "C" fn rgetsockopt(
+    s: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    if val.is_null() || len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    let mut g = lock(&rs.st);
+    let v: c_int = match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
+            (g.so_opts >> name & 1) as c_int
+        }
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => g.rbuf_size as c_int,
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => g.sbuf_size as c_int,
+        (libc::SOL_SOCKET, libc::SO_ERROR) => std::mem::take(&mut g.err),
+        (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
+        (libc::SOL_SOCKET, libc::SO_LINGER) => {
+            // SAFETY: the caller's buffer and length.
+            unsafe {
+                if (*len as usize) < std::mem::size_of::<libc::linger>() {
+                    return fail(libc::EINVAL);
+                }
+                *(val as *mut libc::linger) = libc::linger {
+                    l_onoff: (g.so_opts >> name & 1 == 0) as c_int,
+                    l_linger: 0,
+                };
+                *len = std::mem::size_of::<libc::linger>() as socklen_t;
+            }
+            return 0;
+        }
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) => (g.tcp_opts >> name & 1) as c_int,
+        (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => (g.ipv6_opts >> name & 1) as c_int,
+        (SOL_RDMA, RDMA_SQSIZE) => g.sq_size as c_int,
+        (SOL_RDMA, RDMA_RQSIZE) => g.rq_size as c_int,
+        (SOL_RDMA, RDMA_INLINE) => g.sq_inline as c_int,
+        (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+        _ => return fail(libc::ENOTSUP),
+    };
+    // SAFETY: the caller's buffer of `*len` bytes.
+    unsafe {
+        if (*len as usize) < 4 {
+            return fail(libc::EINVAL);
+        }
+        std::ptr::write_unaligned(val as *mut c_int, v);
+        *len = 4;
+    }
+    0
+}
+
+/// librdmacm's `rfcntl(socket, cmd, ...)`. Its one variadic argument is read as a third
+/// integer argument: on the System V x86-64 and AAPCS64 (Linux) ABIs an int passed
+/// variadically arrives in the same register as a fixed one.
+#[export_name = "ferroce_rfcntl"]
+pub extern "C" fn rfcntl(s: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    match cmd {
+        libc::F_GETFL => libc::O_RDWR | if g.nonblock { libc::O_NONBLOCK } else { 0 },
+        libc::F_SETFL => {
+            g.nonblock = arg as c_int & libc::O_NONBLOCK != 0;
+            0
+        }
+        libc::F_GETFD => g.fd_flags,
+        libc::F_SETFD => {
+            g.fd_flags = arg as c_int;
+            0
+        }
+        _ => fail(libc::ENOTSUP),
+    }
+}
+
+// ---- polling ----------------------------------------------------------------------------------------
+
+/// The events of one rsocket now (progress made, never waits); also what to wait on.
+fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
+    let mut g = lock(&rs.st);
+    match g.phase {
+        Phase::Listening => {
+            // SAFETY: the listener's channel.
+            let fd = unsafe { (*g.ch).fd };
+            let mut p = pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd on the stack.
+            unsafe { libc::poll(&mut p, 1, 0) };
+            let r = if p.revents & libc::POLLIN != 0 {
+                events & libc::POLLIN
+            } else {
+                0
+            };
+            (r, vec![fd])
+        }
+        Phase::Connected | Phase::Disconnected | Phase::Error if g.conn.is_some() => {
+            let ready = |g: &St| {
+                let mut r = 0;
+                if events & libc::POLLIN != 0 && g.conn_have_rdata() {
+                    r |= libc::POLLIN;
+                }
+                if events & libc::POLLOUT != 0 && g.writable && g.can_send() {
+                    r |= libc::POLLOUT;
+                }
+                // Hang-up only once what arrived was read (rdma-core reports it with unread
+                // data too, and a program that takes POLLHUP as failure, as rstream does,
+                // then loses the end of the stream).
+                match g.phase {
+                    Phase::Disconnected if g.rmsg.is_empty() => r |= libc::POLLHUP,
+                    Phase::Error => r |= libc::POLLERR,
+                    _ => {}
+                }
+                r
+            };
+            // Notifications already signalled are taken first: the CQ must be armed again
+            // before this thread sleeps on the channel.
+            g.drain_cq_events();
+            g.progress();
+            let mut r = ready(&g);
+            if r == 0 && !g.cq_armed {
+                g.arm();
+                // A completion that came between the poll above and arming.
+                g.progress();
+                r = ready(&g);
+            }
+            let fds = if r == 0 {
+                g.comp_fd().into_iter().collect()
+            } else {
+                Vec::new()
+            };
+            (r, fds)
+        }
+        Phase::Error => (
+            libc::POLLERR | (events & (libc::POLLIN | libc::POLLOUT)),
+            vec![],
+        ),
+        _ => (0, vec![]),
+    }
+}
+
+/// True when any descriptor of `fds` is an rsocket (librdmacm.so.1's `rpoll` calls libc's
+/// `poll` directly otherwise).
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rsocket_in_poll(fds: *const pollfd, n: nfds_t) -> c_int {
+    if fds.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's array of `n` entries.
+    (0..n as usize).any(|i| is_rsocket(unsafe { (*fds.add(i)).fd })) as c_int
+}
+
+/// librdmacm's `rpoll` when an rsocket is among the descriptors.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if fds.is_null() && n > 0 {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's array of `n` entries.
+    let fds = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let spin_until = Instant::now() + Duration::from_micros(10);
+    loop {
+        let mut ready = 0;
+        let mut wait_fds: Vec<pollfd> = Vec::new();
+        let mut plain: Vec<usize> = Vec::new();
+        for (i, f) in fds.iter_mut().enumerate() {
+            f.revents = 0;
+            if let Some(rs) = lookup(f.fd) {
+                let (r, w) = rs_revents(&rs, f.events);
+                f.revents = r;
+                wait_fds.extend(w.into_iter().map(|fd| pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }));
+            } else {
+                plain.push(i);
+                wait_fds.push(pollfd {
+                    fd: f.fd,
+                    events: f.events,
+                    revents: 0,
+                });
+            }
+        }
+        // The program's own descriptors, now.
+        let mut own: Vec<pollfd> = plain.iter().map(|&i| fds[i]).collect();
+        if !own.is_empty() {
+            // SAFETY: a local array.
+            unsafe { libc::poll(own.as_mut_ptr(), own.len() as nfds_t, 0) };
+            for (k, &i) in plain.iter().enumerate() {
+                fds[i].revents = own[k].revents;
+            }
+        }
+        for f in fds.iter() {
+            if f.revents != 0 {
+                ready += 1;
+            }
+        }
+        if ready > 0 {
+            return ready;
+        }
+        let left = match deadline {
+            Some(d) => {
+                let l = d.saturating_duration_since(Instant::now());
+                if l.is_zero() {
+                    return 0;
+                }
+                l.as_millis().min(50) as c_int
+            }
+            None => 50,
+        };
+        if Instant::now() < spin_until {
+            continue;
+        }
+        // SAFETY: a local array: completion channels, listeners' CM channels and the
+        // program's descriptors. A short wait: a rsocket's state can also change under
+        // another thread's calls.
+        unsafe { libc::poll(wait_fds.as_mut_ptr(), wait_fds.len() as nfds_t, left.max(1)) };
+    }
+}
+
+/// True when any descriptor of the sets is an rsocket.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rsocket_in_select(
+    nfds: c_int,
+    r: *const libc::fd_set,
+    w: *const libc::fd_set,
+    e: *const libc::fd_set,
+) -> c_int {
+    (0..nfds.clamp(0, libc::FD_SETSIZE as c_int)).any(|fd| {
+        // SAFETY: the caller's sets (or NULL).
+        let inset = |s: *const libc::fd_set| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+        (inset(r) || inset(w) || inset(e)) && is_rsocket(fd)
+    }) as c_int
+}
+
+/// librdmacm's `rselect` when an rsocket is among the descriptors: `rpoll` on the sets.
+#[no_mangle]
+pub unsafe extern "C" fn ferroce_rselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let n = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+    // SAFETY: the caller's sets (or NULL).
+    let inset = |s: *mut libc::fd_set, fd| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    let mut p: Vec<pollfd> = Vec::new();
+    for fd in 0..n {
+        let mut ev = 0;
+        if inset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if inset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if inset(e, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            p.push(pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let timeout = if tv.is_null() {
+        -1
+    } else {
+        // SAFETY: the caller's timeval.
+        let t = unsafe { *tv };
+        (t.tv_sec.max(0).saturating_mul(1000) + t.tv_usec.max(0) / 1000).min(c_int::MAX as i64)
+            as c_int
+    };
+    // SAFETY: a local array.
+    let rc = unsafe { ferroce_rpoll(p.as_mut_ptr(), p.len() as nfds_t, timeout) };
+    if rc < 0 {
+        return rc;
+    }
+    let mut count = 0;
+    // SAFETY: the caller's sets, rewritten with what is ready.
+    unsafe {
+        for s in [r, w, e] {
+            if !s.is_null() {
+                libc::FD_ZERO(s);
+            }
+        }
+        for q in &p {
+            let asked = |bit: i16| q.events & bit != 0;
+            if asked(libc::POLLIN)
+                && q.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+            {
+                libc::FD_SET(q.fd, r);
+                count += 1;
+            }
+            if asked(libc::POLLOUT) && q.revents & (libc::POLLOUT | libc::POLLERR) != 0 {
+                libc::FD_SET(q.fd, w);
+                count += 1;
+            }
+            if asked(libc::POLLPRI) && q.revents & libc::POLLPRI != 0 {
+                libc::FD_SET(q.fd, e);
+                count += 1;
+            }
+        }
+    }
+    count
+}
