@@ -2246,23 +2246,3 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
         p = b.c.ai_next;
     }
 }
-
-// ---- rsockets: the iomap calls are not provided (rsocket.rs has the rest) ------------------------
-
-macro_rules! rsocket_stubs {
-    ($($n:ident => $e:literal),* $(,)?) => { $(
-        /// Direct placement into a peer's iomap (`riomap`/`riowrite`) is not provided: -1
-        /// with `errno` ENOSYS.
-        #[export_name = $e]
-        pub extern "C" fn $n() -> isize {
-            set_errno(ENOSYS);
-            -1
-        }
-    )* };
-}
-
-rsocket_stubs!(
-    riomap => "ferroce_riomap",
-    riounmap => "ferroce_riounmap",
-    riowrite => "ferroce_riowrite",
-);

@@ -58,6 +58,8 @@ use std::time::{Duration, Instant};
 // ---- protocol constants (rdma-core's rsocket.c, rsocket.h) --------------------------------------
 
 const OP_DATA: u32 = 0;
+/// A direct write into a peer's iomap (riowrite): never on the wire, only in work-request ids.
+const OP_WRITE: u32 = 2;
 const OP_SGL: u32 = 4;
 const OP_IOMAP_SGL: u32 = 6;
 const OP_CTRL: u32 = 7;
@@ -70,6 +72,8 @@ const CONN_DATA_LEN: usize = 40;
 const SGL_SIZE: u32 = 2;
 /// One `struct rs_sge`.
 const SGE_LEN: usize = 16;
+/// One `struct rs_iomap`: an offset (u64) and an SGE.
+const IOMAP_LEN: usize = 24;
 /// Send-queue slots kept for control messages.
 const CTRL_SLOTS: u32 = 4;
 /// rsend waits for this much send buffer before it sends.
@@ -92,6 +96,7 @@ const RDMA_INLINE: c_int = 2;
 const RDMA_IOMAPSIZE: c_int = 3;
 const RDMA_ROUTE: c_int = 4;
 
+const IBV_WR_RDMA_WRITE: c_int = 0;
 const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
 const IBV_SEND_INLINE: u32 = 8;
 const IBV_WC_WITH_IMM: u32 = 2;
@@ -111,6 +116,34 @@ const CM_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn msg(op: u32, v: u32) -> u32 {
     (op << 29) | (v & 0x1fff_ffff)
+}
+
+/// rdma-core's scaled u8 for an iomap size: values up to 128 as they are, larger ones as
+/// 128 | value / 256.
+fn value_to_scale(v: u32) -> u8 {
+    if v <= 128 {
+        v as u8
+    } else {
+        (128 | (v >> 8).min(127)) as u8
+    }
+}
+
+fn scale_to_value(v: u8) -> u32 {
+    if v <= 128 {
+        u32::from(v)
+    } else {
+        u32::from(v & 127) << 8
+    }
+}
+
+/// A region this side mapped with `riomap`.
+struct IoMap {
+    /// Its slot in the peer's view of our iomap (`None`: mapped without PROT_WRITE, local).
+    index: Option<u32>,
+    offset: u64,
+    mr: *mut ibv_mr,
+    /// Announced to the peer.
+    sent: bool,
 }
 
 // ---- state ------------------------------------------------------------------------------------------
@@ -188,6 +221,7 @@ struct Conn {
     /// Our target SGL: `SGL_SIZE` entries the peer writes.
     tsgl: Buf,
     unacked_events: u32,
+    iomaps: Vec<IoMap>,
 }
 
 struct St {
@@ -206,6 +240,10 @@ struct St {
     sq_inline: u32,
     sbuf_size: u32,
     rbuf_size: u32,
+    /// Entries of our iomap area (`RDMA_IOMAPSIZE`), in the target buffer after the SGL.
+    target_iomap_size: u32,
+    /// The peer's iomap area: address, key, entries.
+    remote_iomap: (u64, u32, u32),
     so_opts: u64,
     tcp_opts: u64,
     ipv6_opts: u64,
@@ -291,6 +329,8 @@ impl St {
             sq_inline: DEF_INLINE,
             sbuf_size: DEF_MEM,
             rbuf_size: DEF_MEM,
+            target_iomap_size: 0,
+            remote_iomap: (0, 0, 0),
             so_opts: 0,
             tcp_opts: 0,
             ipv6_opts: 0,
@@ -322,7 +362,10 @@ impl St {
     // -- the target SGL (written by the peer) --
 
     fn tsgl_get(&self, i: usize) -> (u64, u32, u32) {
-        let c = self.conn.as_ref().expect("connected");
+        // Closed by another thread: no space.
+        let Some(c) = self.conn.as_ref() else {
+            return (0, 0, 0);
+        };
         // SAFETY: entry i < SGL_SIZE of our registered target SGL; the peer may write it at
         // any time (volatile reads of plain integers).
         unsafe {
@@ -338,8 +381,36 @@ impl St {
         }
     }
 
+    /// Entry `i` of our iomap area (the peer writes it): (offset, addr, key, length).
+    fn target_iomap(&self, i: usize) -> (u64, u64, u32, u32) {
+        let Some(c) = self.conn.as_ref() else {
+            return (0, 0, 0, 0);
+        };
+        // SAFETY: entry i < target_iomap_size of the registered target buffer, after the
+        // SGL; volatile reads of plain integers the peer may write at any time.
+        unsafe {
+            let p = c.tsgl.ptr.add(SGE_LEN * SGL_SIZE as usize + i * IOMAP_LEN);
+            let off = std::ptr::read_volatile(p as *const u64);
+            let addr = std::ptr::read_volatile(p.add(8) as *const u64);
+            let key = std::ptr::read_volatile(p.add(16) as *const u32);
+            let len = std::ptr::read_volatile(p.add(20) as *const u32);
+            if self.swap_sgl {
+                (
+                    off.swap_bytes(),
+                    addr.swap_bytes(),
+                    key.swap_bytes(),
+                    len.swap_bytes(),
+                )
+            } else {
+                (off, addr, key, len)
+            }
+        }
+    }
+
     fn tsgl_set(&self, i: usize, v: (u64, u32, u32)) {
-        let c = self.conn.as_ref().expect("connected");
+        let Some(c) = self.conn.as_ref() else {
+            return;
+        };
         let v = if self.swap_sgl {
             (v.0.swap_bytes(), v.1.swap_bytes(), v.2.swap_bytes())
         } else {
@@ -401,6 +472,21 @@ impl St {
         addr: u64,
         rkey: u32,
     ) -> Result<(), c_int> {
+        self.write(sges, IBV_WR_RDMA_WRITE_WITH_IMM, imm, flags, addr, rkey)
+    }
+
+    /// An RDMA WRITE (with immediate `m` when `opcode` says so); `m` is also the work
+    /// request's id, which the send completion reads back.
+    fn write(
+        &self,
+        sges: &mut [ibv_sge],
+        opcode: c_int,
+        m: u32,
+        flags: u32,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), c_int> {
+        let imm = m;
         // SAFETY: an all-zero work request is a valid starting point (pointers NULL).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = imm as u64;
@@ -410,7 +496,7 @@ impl St {
             sges.as_mut_ptr()
         };
         wr.num_sge = sges.len() as c_int;
-        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.opcode = opcode;
         wr.send_flags = flags;
         wr.imm_data = imm.to_be();
         wr.wr.rdma = wr_rdma {
@@ -418,6 +504,55 @@ impl St {
             rkey,
         };
         self.post_send(&mut wr)
+    }
+
+    /// Posts `chunk` to the peer's `addr`: inline when it fits, else copied into the send
+    /// ring (two SGEs when it wraps). The caller has counted its bytes out of
+    /// `sbuf_bytes_avail`.
+    fn post_chunk(
+        &mut self,
+        chunk: &[u8],
+        opcode: c_int,
+        m: u32,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), c_int> {
+        let n = chunk.len();
+        if n as u32 <= self.sq_inline {
+            let mut s = [ibv_sge {
+                addr: chunk.as_ptr() as u64,
+                length: n as u32,
+                lkey: 0,
+            }];
+            return self.write(&mut s, opcode, m, IBV_SEND_INLINE, addr, rkey);
+        }
+        let c = self.conn.as_ref().ok_or(libc::ENOTCONN)?;
+        let (base, lkey, size) = (c.sbuf.ptr, c.sbuf.lkey(), self.sbuf_size as usize);
+        let pos = self.sbuf_pos as usize;
+        let first = n.min(size - pos);
+        // SAFETY: `pos + first <= size` and `n - first <= size - first` (n is at most the
+        // free bytes, at most the ring's size), inside the registered send ring; the bytes
+        // there are free (`sbuf_bytes_avail` counted them), so no posted WRITE still reads
+        // them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(chunk.as_ptr(), base.add(pos), first);
+            std::ptr::copy_nonoverlapping(chunk[first..].as_ptr(), base, n - first);
+        }
+        let mut s = [
+            ibv_sge {
+                addr: base as u64 + pos as u64,
+                length: first as u32,
+                lkey,
+            },
+            ibv_sge {
+                addr: base as u64,
+                length: (n - first) as u32,
+                lkey,
+            },
+        ];
+        self.sbuf_pos = ((pos + n) % size) as u32;
+        let k = if n > first { 2 } else { 1 };
+        self.write(&mut s[..k], opcode, m, 0, addr, rkey)
     }
 
     fn ctrl_avail(&self) -> bool {
@@ -437,8 +572,10 @@ impl St {
         self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
         self.rseq_comp = self.rseq_no.wrapping_add((self.rq_size >> 1) as u16);
         let credit = (self.rseq_no as u32).wrapping_add(self.rq_size);
+        let Some(c) = self.conn.as_ref() else {
+            return;
+        };
         let r = if self.rbuf_bytes_avail >= self.rbuf_size >> 1 {
-            let c = self.conn.as_ref().expect("connected");
             let addr = c.rbuf.ptr as u64 + self.rbuf_free_offset as u64;
             let (a, k, l) = (addr, c.rbuf.rkey(), self.rbuf_size >> 1);
             let mut sge = [0u8; SGE_LEN];
@@ -575,6 +712,10 @@ impl St {
                                 self.phase
                             };
                         }
+                    }
+                    OP_IOMAP_SGL => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail += IOMAP_LEN as u32;
                     }
                     _ => {
                         self.sqe_avail += 1;
@@ -839,7 +980,11 @@ fn create_ep(st: &mut St) -> Result<(), c_int> {
             Ok::<_, c_int>((
                 Buf::alloc(pd, st.sbuf_size as usize, 1)?,
                 Buf::alloc(pd, st.rbuf_size as usize, ACCESS_WRITE)?,
-                Buf::alloc(pd, SGE_LEN * SGL_SIZE as usize, ACCESS_WRITE)?,
+                Buf::alloc(
+                    pd,
+                    SGE_LEN * SGL_SIZE as usize + IOMAP_LEN * st.target_iomap_size as usize,
+                    ACCESS_WRITE,
+                )?,
             ))
         })();
         let (sbuf, rbuf, tsgl) = match bufs {
@@ -876,6 +1021,7 @@ fn create_ep(st: &mut St) -> Result<(), c_int> {
             rbuf,
             tsgl,
             unacked_events: 0,
+            iomaps: Vec::new(),
         });
     }
     st.rbuf_free_offset = st.rbuf_size >> 1;
@@ -902,7 +1048,8 @@ fn conn_data(st: &St) -> [u8; CONN_DATA_LEN] {
             0
         };
     d[2..4].copy_from_slice(&(st.rq_size as u16).to_be_bytes());
-    // d[4..7] reserved, d[7] iomap size 0.
+    // d[4..7] reserved.
+    d[7] = value_to_scale(st.target_iomap_size);
     d[8..16].copy_from_slice(&(c.tsgl.ptr as u64).to_be_bytes());
     d[16..20].copy_from_slice(&c.tsgl.rkey().to_be_bytes());
     d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
@@ -927,6 +1074,15 @@ fn save_conn_data(st: &mut St, d: &[u8]) -> Option<()> {
     st.remote_sge = 1 % n;
     let peer_net = d[1] & CONN_FLAG_NET != 0;
     st.swap_sgl = peer_net != cfg!(target_endian = "big");
+    st.remote_iomap = if d[1] & CONN_FLAG_IOMAP != 0 {
+        (
+            st.remote_sgl.0 + SGE_LEN as u64 * u64::from(n),
+            st.remote_sgl.1,
+            scale_to_value(d[7]),
+        )
+    } else {
+        (0, 0, 0)
+    };
     st.tsgl_set(0, (be64(24), be32(32), be32(36)));
     st.sseq_comp = u16::from_be_bytes([d[2], d[3]]);
     Some(())
@@ -940,6 +1096,11 @@ fn set_connected(st: &mut St) {
 
 /// Tears down the verbs objects and the id (the socket is gone or failed).
 fn free_conn(st: &mut St) {
+    if st.phase == Phase::Connected {
+        st.phase = Phase::Disconnected;
+        st.readable = false;
+        st.writable = false;
+    }
     if let Some(c) = st.conn.take() {
         // SAFETY: the id's QP (made by rdma_create_qp) and the objects of `create_ep`, freed
         // in dependency order; the buffers' MRs go with `c` after the QP.
@@ -948,6 +1109,9 @@ fn free_conn(st: &mut St) {
                 ibv_ack_cq_events(c.cq, c.unacked_events);
             }
             rdma_destroy_qp(st.id);
+            for m in &c.iomaps {
+                ibv_dereg_mr(m.mr);
+            }
             let Conn {
                 cq,
                 cc,
@@ -1030,6 +1194,7 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
     st.sbuf_size = parent.sbuf_size;
     st.rbuf_size = parent.rbuf_size;
     st.fd_flags = parent.fd_flags;
+    st.target_iomap_size = parent.target_iomap_size;
     let undo = |st: &mut St, e: c_int| {
         free_conn(st);
         // SAFETY: the id and its channel, not handed out.
@@ -1043,7 +1208,9 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
     if let Err(e) = create_ep(&mut st) {
         return Err(undo(&mut st, e));
     }
-    save_conn_data(&mut st, &ev.pdata).expect("checked above");
+    if save_conn_data(&mut st, &ev.pdata).is_none() {
+        return Err(undo(&mut st, libc::ECONNABORTED));
+    }
     let d = conn_data(&st);
     let mut p = ev.conn;
     p.private_data = d.as_ptr() as *const c_void;
@@ -1238,7 +1405,10 @@ pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, _len: socklen
 
 /// Copies from the receive ring into `out`, consuming (or, `peek`, not).
 fn copy_out(st: &mut St, out: &mut [u8], peek: bool) -> usize {
-    let c = st.conn.as_ref().expect("connected");
+    // Closed by another thread while this one waited: nothing to read.
+    let Some(c) = st.conn.as_ref() else {
+        return 0;
+    };
     let base = c.rbuf.ptr;
     let size = st.rbuf_size as usize;
     let mut off = st.rbuf_offset as usize;
@@ -1291,6 +1461,9 @@ fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
     if g.conn.is_none() {
         return fail(libc::ENOTCONN);
     }
+    if out.is_empty() {
+        return 0;
+    }
     let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
     let mut done = 0usize;
     loop {
@@ -1314,6 +1487,79 @@ fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
     done as isize
 }
 
+/// Announces every region mapped with `riomap` (PROT_WRITE) that the peer does not know yet:
+/// one `struct rs_iomap` written into its iomap area with an IOMAP_SGL message (which takes a
+/// credit, as in rdma-core).
+fn send_iomaps<'a>(
+    rs: &'a Rs,
+    mut g: MutexGuard<'a, St>,
+    nonblock: bool,
+) -> (MutexGuard<'a, St>, Result<(), c_int>) {
+    loop {
+        let Some(k) = g
+            .conn
+            .as_ref()
+            .and_then(|c| c.iomaps.iter().position(|m| !m.sent && m.index.is_some()))
+        else {
+            return (g, Ok(()));
+        };
+        if !g.can_send() {
+            let (g2, r) = wait(rs, g, nonblock, St::conn_can_send);
+            g = g2;
+            if let Err(e) = r {
+                return (g, Err(e));
+            }
+            if !g.writable {
+                return (g, Err(libc::ECONNRESET));
+            }
+        }
+        let Some(c) = g.conn.as_ref() else {
+            return (g, Err(libc::ENOTCONN));
+        };
+        let Some(m) = c.iomaps.get(k) else {
+            continue;
+        };
+        let index = m.index.expect("announced maps have a slot");
+        // SAFETY: a live MR of this socket.
+        let (addr, key, len) =
+            unsafe { ((*m.mr).addr as u64, (*m.mr).rkey, (*m.mr).length as u32) };
+        let v = if g.swap_sgl {
+            (
+                m.offset.swap_bytes(),
+                addr.swap_bytes(),
+                key.swap_bytes(),
+                len.swap_bytes(),
+            )
+        } else {
+            (m.offset, addr, key, len)
+        };
+        let mut b = [0u8; IOMAP_LEN];
+        b[..8].copy_from_slice(&v.0.to_ne_bytes());
+        b[8..16].copy_from_slice(&v.1.to_ne_bytes());
+        b[16..20].copy_from_slice(&v.2.to_ne_bytes());
+        b[20..].copy_from_slice(&v.3.to_ne_bytes());
+        let dst = g.remote_iomap.0 + u64::from(index) * IOMAP_LEN as u64;
+        let rkey = g.remote_iomap.1;
+        g.sseq_no = g.sseq_no.wrapping_add(1);
+        g.sqe_avail -= 1;
+        g.sbuf_bytes_avail -= IOMAP_LEN as u32;
+        let r = g.post_chunk(
+            &b,
+            IBV_WR_RDMA_WRITE_WITH_IMM,
+            msg(OP_IOMAP_SGL, index),
+            dst,
+            rkey,
+        );
+        if let Some(m) = g.conn.as_mut().and_then(|c| c.iomaps.get_mut(k)) {
+            m.sent = true;
+        }
+        if let Err(e) = r {
+            g.fail_conn(e);
+            return (g, Err(e));
+        }
+    }
+}
+
 fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
@@ -1323,6 +1569,11 @@ fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
         return fail(libc::ENOTCONN);
     }
     let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let (g2, r) = send_iomaps(&rs, g, nonblock);
+    g = g2;
+    if let Err(e) = r {
+        return fail(e);
+    }
     let mut sent = 0usize;
     let mut olen = OLAP_START;
     while sent < data.len() {
@@ -1365,42 +1616,13 @@ fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
         if t.2 as usize == n {
             g.target_sge = (g.target_sge + 1) % SGL_SIZE as usize;
         }
-        let imm = msg(OP_DATA, n as u32);
-        let r = if n as u32 <= g.sq_inline {
-            let mut s = [ibv_sge {
-                addr: chunk.as_ptr() as u64,
-                length: n as u32,
-                lkey: 0,
-            }];
-            g.write_imm(&mut s, imm, IBV_SEND_INLINE, t.0, t.1)
-        } else {
-            let c = g.conn.as_ref().expect("connected");
-            let (base, lkey, size) = (c.sbuf.ptr, c.sbuf.lkey(), g.sbuf_size as usize);
-            let pos = g.sbuf_pos as usize;
-            let first = n.min(size - pos);
-            // SAFETY: `pos + first <= size` and `n - first <= size - first`, inside the
-            // registered send ring; the bytes there are free (`sbuf_bytes_avail` counted
-            // them), so no posted WRITE still reads them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(chunk.as_ptr(), base.add(pos), first);
-                std::ptr::copy_nonoverlapping(chunk[first..].as_ptr(), base, n - first);
-            }
-            let mut s = [
-                ibv_sge {
-                    addr: base as u64 + pos as u64,
-                    length: first as u32,
-                    lkey,
-                },
-                ibv_sge {
-                    addr: base as u64,
-                    length: (n - first) as u32,
-                    lkey,
-                },
-            ];
-            g.sbuf_pos = ((pos + n) % size) as u32;
-            let k = if n > first { 2 } else { 1 };
-            g.write_imm(&mut s[..k], imm, 0, t.0, t.1)
-        };
+        let r = g.post_chunk(
+            chunk,
+            IBV_WR_RDMA_WRITE_WITH_IMM,
+            msg(OP_DATA, n as u32),
+            t.0,
+            t.1,
+        );
         if let Err(e) = r {
             g.fail_conn(e);
             return if sent > 0 { sent as isize } else { fail(e) };
@@ -1748,7 +1970,8 @@ pub unsafe extern "C" fn rsetsockopt(
             Some(unsafe { std::ptr::read_unaligned(val as *const c_int) })
         }
     };
-    let before = g.conn.is_none() && g.phase != Phase::Listening;
+    // As rdma-core: before connecting (a listener passes its sizes on to what it accepts).
+    let before = g.conn.is_none();
     match (level, name) {
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
             let Some(v) = int() else {
@@ -1824,8 +2047,14 @@ pub unsafe extern "C" fn rsetsockopt(
                 _ => g.sq_inline = v,
             }
         }
-        // No iomap area here; a path record is taken from the CM instead.
-        (SOL_RDMA, RDMA_IOMAPSIZE | RDMA_ROUTE) => {}
+        (SOL_RDMA, RDMA_IOMAPSIZE) => {
+            let Some(v) = int() else {
+                return fail(libc::EINVAL);
+            };
+            g.target_iomap_size = scale_to_value(value_to_scale(v.max(0) as u32));
+        }
+        // A path record: the CM's route is used instead.
+        (SOL_RDMA, RDMA_ROUTE) => {}
         _ => return fail(libc::ENOTSUP),
     }
     0
@@ -1875,7 +2104,7 @@ pub unsafe extern "C" fn rgetsockopt(
         (SOL_RDMA, RDMA_SQSIZE) => g.sq_size as c_int,
         (SOL_RDMA, RDMA_RQSIZE) => g.rq_size as c_int,
         (SOL_RDMA, RDMA_INLINE) => g.sq_inline as c_int,
-        (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+        (SOL_RDMA, RDMA_IOMAPSIZE) => g.target_iomap_size as c_int,
         _ => return fail(libc::ENOTSUP),
     };
     // SAFETY: the caller's buffer of `*len` bytes.
@@ -1911,6 +2140,181 @@ pub extern "C" fn rfcntl(s: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
         }
         _ => fail(libc::ENOTSUP),
     }
+}
+
+// ---- iomaps: direct placement ------------------------------------------------------------
+
+/// librdmacm's `riomap`: registers `buf` so that the peer's `riowrite` at `offset` (or, with
+/// `offset == -1`, at the buffer's address) lands there directly; announced to the peer with
+/// the next `rsend`/`riowrite`. Needs a connected socket and, for PROT_WRITE, a free slot in
+/// the peer's iomap area (its `RDMA_IOMAPSIZE`).
+#[export_name = "ferroce_riomap"]
+pub unsafe extern "C" fn riomap(
+    s: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: libc::off_t,
+) -> libc::off_t {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    if prot & !libc::PROT_WRITE != 0 || buf.is_null() || len == 0 || len > u32::MAX as usize {
+        return fail(libc::EINVAL);
+    }
+    let slots = g.remote_iomap.2;
+    let Some(c) = g.conn.as_mut() else {
+        return fail(libc::EINVAL);
+    };
+    let index = if prot & libc::PROT_WRITE != 0 {
+        match (0..slots).find(|i| !c.iomaps.iter().any(|m| m.index == Some(*i))) {
+            Some(i) => Some(i),
+            None => return fail(libc::ENOMEM),
+        }
+    } else {
+        None
+    };
+    let access = if index.is_some() { ACCESS_WRITE } else { 1 };
+    // SAFETY: the socket's PD; the caller's buffer, which it keeps until riounmap.
+    let mr = unsafe { ibv_reg_mr(c.pd, buf, len, access) };
+    if mr.is_null() {
+        return fail(errno_or(libc::ENOMEM));
+    }
+    let offset = if offset == -1 {
+        buf as libc::off_t
+    } else {
+        offset
+    };
+    c.iomaps.push(IoMap {
+        index,
+        offset: offset as u64,
+        mr,
+        sent: false,
+    });
+    offset
+}
+
+/// librdmacm's `riounmap`: forgets the region `buf`/`len` mapped with `riomap`.
+#[export_name = "ferroce_riounmap"]
+pub unsafe extern "C" fn riounmap(s: c_int, buf: *mut c_void, len: usize) -> c_int {
+    let Some(rs) = lookup(s) else {
+        return fail(libc::EBADF);
+    };
+    let mut g = lock(&rs.st);
+    let Some(c) = g.conn.as_mut() else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: live MRs of this socket.
+    let k = c
+        .iomaps
+        .iter()
+        .position(|m| unsafe { (*m.mr).addr == buf && (*m.mr).length == len });
+    match k {
+        Some(k) => {
+            let m = c.iomaps.remove(k);
+            // SAFETY: the region's MR, out of the list.
+            unsafe { ibv_dereg_mr(m.mr) };
+            0
+        }
+        None => fail(libc::EINVAL),
+    }
+}
+
+/// librdmacm's `riowrite`: RDMA WRITE of `buf` into the region the peer mapped at `offset`
+/// (no message: the peer learns of it by its own means, e.g. a byte it polls). Returns what
+/// was written: less than `count` when the peer's map ends first.
+#[export_name = "ferroce_riowrite"]
+pub unsafe extern "C" fn riowrite(
+    s: c_int,
+    buf: *const c_void,
+    count: usize,
+    offset: libc::off_t,
+    flags: c_int,
+) -> usize {
+    if buf.is_null() && count > 0 {
+        return fail::<isize>(libc::EFAULT) as usize;
+    }
+    let Some(rs) = lookup(s) else {
+        return fail::<isize>(libc::EBADF) as usize;
+    };
+    // SAFETY: the caller's buffer of `count` bytes.
+    let data = unsafe { slice(buf, count) };
+    let mut g = lock(&rs.st);
+    if g.conn.is_none() {
+        return fail::<isize>(libc::ENOTCONN) as usize;
+    }
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let (g2, r) = send_iomaps(&rs, g, nonblock);
+    g = g2;
+    if let Err(e) = r {
+        return fail::<isize>(e) as usize;
+    }
+    let mut done = 0usize;
+    let mut olen = OLAP_START;
+    let mut off = offset as u64;
+    while done < count {
+        let n_maps = g.target_iomap_size as usize;
+        let Some(m) = (0..n_maps)
+            .map(|i| g.target_iomap(i))
+            .find(|m| m.3 > 0 && off >= m.0 && off - m.0 < u64::from(m.3))
+        else {
+            break;
+        };
+        if !g.can_send() {
+            let (g2, r) = wait(&rs, g, nonblock, St::conn_can_send);
+            g = g2;
+            if let Err(e) = r {
+                return if done > 0 {
+                    done
+                } else {
+                    fail::<isize>(e) as usize
+                };
+            }
+            if !g.writable {
+                return if done > 0 {
+                    done
+                } else {
+                    fail::<isize>(libc::ECONNRESET) as usize
+                };
+            }
+        }
+        let left = count - done;
+        let mut n = if olen < left {
+            let n = olen;
+            if olen < MAX_TRANSFER {
+                olen <<= 1;
+            }
+            n
+        } else {
+            left
+        };
+        n = n
+            .min(g.sbuf_bytes_avail as usize)
+            .min((m.0 + u64::from(m.3) - off) as usize);
+        g.sqe_avail -= 1;
+        g.sbuf_bytes_avail -= n as u32;
+        let dst = m.1.wrapping_add(off - m.0);
+        let r = g.post_chunk(
+            &data[done..done + n],
+            IBV_WR_RDMA_WRITE,
+            msg(OP_WRITE, n as u32),
+            dst,
+            m.2,
+        );
+        if let Err(e) = r {
+            g.fail_conn(e);
+            return if done > 0 {
+                done
+            } else {
+                fail::<isize>(e) as usize
+            };
+        }
+        done += n;
+        off += n as u64;
+    }
+    done
 }
 
 // ---- polling ----------------------------------------------------------------------------------------
@@ -1998,8 +2402,12 @@ pub unsafe extern "C" fn ferroce_rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_i
     if fds.is_null() && n > 0 {
         return fail(libc::EFAULT);
     }
-    // SAFETY: the caller's array of `n` entries.
-    let fds = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    let fds: &mut [pollfd] = if n == 0 {
+        &mut []
+    } else {
+        // SAFETY: the caller's array of `n` entries.
+        unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
+    };
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let spin_until = Instant::now() + Duration::from_micros(10);
     loop {

@@ -1416,28 +1416,33 @@ fn assert_mckey_both_halves(o: &str) {
 }
 
 /// rsockets (librdmacm's stream sockets over RDMA, rdma-core's rsocket protocol): Debian's
-/// `rstream` at both ends, every byte checked (`-T v`), in its default non-blocking mode, with
-/// blocking calls, and through `rpoll`; 1 byte to 1 MiB transfers, more than one receive-buffer
-/// grant per transfer at the large sizes.
+/// `rstream` and `riostream` at both ends, every byte checked (`-T v`), in their default
+/// non-blocking mode, with blocking calls, and through `rpoll`; 1 byte to 1 MiB transfers,
+/// more than one receive-buffer grant per transfer at the large sizes; riostream's
+/// `riomap`/`riowrite`.
 #[test]
-fn rstream_both_ends_on_ferroces_rsockets() {
-    let t = "rstream_both_ends_on_ferroces_rsockets";
-    if !ready(t, &["rstream"]) {
+fn rstream_and_riostream_both_ends_on_ferroces_rsockets() {
+    let t = "rstream_and_riostream_both_ends_on_ferroces_rsockets";
+    if !ready(t, &["rstream", "riostream"]) {
         return;
     }
-    for opts in [
-        "-S 65536 -C 300 -T v",
-        "-S 1 -C 2000 -T v",
-        "-S 4096 -C 500 -T b -T v",
-        "-S 1048576 -C 30 -T a -T v",
-        "-S 3000 -C 300 -T a -T b -T v",
+    for (prog, opts) in [
+        ("rstream", "-S 65536 -C 300 -T v"),
+        ("rstream", "-S 1 -C 2000 -T v"),
+        ("rstream", "-S 4096 -C 500 -T b -T v"),
+        ("rstream", "-S 1048576 -C 30 -T a -T v"),
+        ("rstream", "-S 3000 -C 300 -T a -T b -T v"),
+        // riomap at both ends, riowrite into the peer's mapped buffer, a byte polled in memory
+        ("riostream", "-S 65536 -C 100 -T v"),
+        ("riostream", "-S 1048576 -C 10 -T a -T v"),
+        ("riostream", "-S 100 -C 50 -T b -T v"),
     ] {
         let (s, c, st) = pair_when(
             Ready::CmListen,
-            &format!("rstream -b 127.0.0.1 {opts}"),
-            &format!("rstream {opts} -s"),
+            &format!("{prog} -b 127.0.0.1 {opts}"),
+            &format!("{prog} {opts} -s"),
         );
-        let all = format!("rstream {opts}\n--- server\n{s}\n--- client\n{c}\n{st}");
+        let all = format!("{prog} {opts}\n--- server\n{s}\n--- client\n{c}\n{st}");
         assert_eq!(st, "server=0 client=0", "{all}");
         // One result line each: the transfers (and the check of every byte) passed.
         for o in [&s, &c] {
