@@ -266,6 +266,8 @@ struct St {
     sqe_avail: u32,
     /// Received messages (op, bytes) not yet read.
     rmsg: std::collections::VecDeque<u32>,
+    /// Their bytes.
+    unread: u64,
     cq_armed: bool,
 }
 
@@ -351,6 +353,7 @@ impl St {
             sbuf_pos: 0,
             sqe_avail: 0,
             rmsg: std::collections::VecDeque::new(),
+            unread: 0,
             cq_armed: false,
         }
     }
@@ -593,7 +596,10 @@ impl St {
                 length: SGE_LEN as u32,
                 lkey: 0,
             }];
-            let dst = self.remote_sgl.0 + self.remote_sge as u64 * SGE_LEN as u64;
+            let dst = self
+                .remote_sgl
+                .0
+                .wrapping_add(u64::from(self.remote_sge) * SGE_LEN as u64);
             let r = self.write_imm(
                 &mut s,
                 msg(OP_SGL, credit),
@@ -692,10 +698,15 @@ impl St {
                     OP_DATA => {
                         // More messages than the credits this side granted: the peer broke
                         // the protocol; nothing it sends can be trusted to be in place.
-                        if self.rmsg.len() > self.rq_size as usize {
+                        // More bytes than the ring holds unread likewise.
+                        let len = m & 0x1fff_ffff;
+                        if self.rmsg.len() > self.rq_size as usize
+                            || self.unread + u64::from(len) > u64::from(self.rbuf_size)
+                        {
                             self.fail_conn(libc::EPROTO);
                         } else {
-                            self.rmsg.push_back(m & 0x1fff_ffff);
+                            self.rmsg.push_back(len);
+                            self.unread += u64::from(len);
                         }
                     }
                     _ => {}
@@ -1076,7 +1087,7 @@ fn save_conn_data(st: &mut St, d: &[u8]) -> Option<()> {
     st.swap_sgl = peer_net != cfg!(target_endian = "big");
     st.remote_iomap = if d[1] & CONN_FLAG_IOMAP != 0 {
         (
-            st.remote_sgl.0 + SGE_LEN as u64 * u64::from(n),
+            st.remote_sgl.0.wrapping_add(SGE_LEN as u64 * u64::from(n)),
             st.remote_sgl.1,
             scale_to_value(d[7]),
         )
@@ -1449,6 +1460,7 @@ fn copy_out(st: &mut St, out: &mut [u8], peek: bool) -> usize {
         st.rseq_no = st.rseq_no.wrapping_add(consumed_msgs);
         st.rbuf_offset = off as u32;
         st.rbuf_bytes_avail += done as u32;
+        st.unread -= done as u64;
     }
     done
 }
@@ -1473,6 +1485,12 @@ fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
             if let Err(e) = r {
                 return if done > 0 { done as isize } else { fail(e) };
             }
+        }
+        if g.rmsg.is_empty() && g.phase == Phase::Error && done == 0 {
+            // A failed connection (a protocol violation, a transport error): an error, as
+            // a reset TCP connection gives, not the end of the stream.
+            let e = if g.err != 0 { g.err } else { libc::ECONNRESET };
+            return fail(e);
         }
         let n = copy_out(&mut g, &mut out[done..], flags & libc::MSG_PEEK != 0);
         done += n;
@@ -1538,7 +1556,10 @@ fn send_iomaps<'a>(
         b[8..16].copy_from_slice(&v.1.to_ne_bytes());
         b[16..20].copy_from_slice(&v.2.to_ne_bytes());
         b[20..].copy_from_slice(&v.3.to_ne_bytes());
-        let dst = g.remote_iomap.0 + u64::from(index) * IOMAP_LEN as u64;
+        let dst = g
+            .remote_iomap
+            .0
+            .wrapping_add(u64::from(index) * IOMAP_LEN as u64);
         let rkey = g.remote_iomap.1;
         g.sseq_no = g.sseq_no.wrapping_add(1);
         g.sqe_avail -= 1;
@@ -1612,7 +1633,7 @@ fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
         g.sqe_avail -= 1;
         g.sbuf_bytes_avail -= n as u32;
         let ts = g.target_sge;
-        g.tsgl_set(ts, (t.0 + n as u64, t.1, t.2 - n as u32));
+        g.tsgl_set(ts, (t.0.wrapping_add(n as u64), t.1, t.2 - n as u32));
         if t.2 as usize == n {
             g.target_sge = (g.target_sge + 1) % SGL_SIZE as usize;
         }
@@ -2292,7 +2313,7 @@ pub unsafe extern "C" fn riowrite(
         };
         n = n
             .min(g.sbuf_bytes_avail as usize)
-            .min((m.0 + u64::from(m.3) - off) as usize);
+            .min((u64::from(m.3) - (off - m.0)) as usize);
         g.sqe_avail -= 1;
         g.sbuf_bytes_avail -= n as u32;
         let dst = m.1.wrapping_add(off - m.0);

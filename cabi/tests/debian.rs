@@ -1502,3 +1502,49 @@ fn rsockets_in_a_c_program_both_ends() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Peers that break the rsocket protocol (examples/c/rsocket_hostile.c, plain librdmacm and
+/// verbs on the attacking side): connection data of another version and too short are
+/// rejected and the server's blocking `raccept` passes over them; a connected peer that
+/// claims a 16 MiB message in a 256 KiB ring makes `rrecv` fail with EPROTO (before, the
+/// claim was believed and stale ring bytes returned as data), and the server's close
+/// disconnects it.
+#[test]
+fn rsockets_refuse_peers_that_break_the_protocol() {
+    let t = "rsockets_refuse_peers_that_break_the_protocol";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "rsocket_hostile",
+        "/usr/include/rdma/rsocket.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
+        return;
+    };
+    let (s, c, status) = pair_when(
+        Ready::CmListen,
+        &format!("{} -s", exe.display()),
+        &format!("{} -c", exe.display()),
+    );
+    let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{status}");
+    assert_eq!(status, "server=0 client=0", "{all}");
+    assert_says(
+        "server",
+        &s,
+        &["accepted the third peer", "rrecv: EPROTO", "ok"],
+        &all,
+    );
+    assert_says(
+        "client",
+        &c,
+        &[
+            "version 2: rejected",
+            "8 bytes: rejected",
+            "claimed 16 MiB",
+            "disconnected by the server",
+            "ok",
+        ],
+        &all,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

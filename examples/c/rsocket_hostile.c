@@ -1,0 +1,279 @@
+/* rsocket_hostile: peers that break the rsocket protocol, against an rsocket server.
+ *
+ *   rsocket_hostile -s           an rsocket server on 127.0.0.1:7472 (rsocket, rbind,
+ *                                rlisten, raccept, rrecv)
+ *   rsocket_hostile -c 127.0.0.1 the peers, with plain librdmacm and verbs calls:
+ *     1. a REQ whose connection data says version 2        -> REJECTED
+ *     2. a REQ with 8 bytes of connection data              -> REJECTED
+ *     3. a well-formed connection that then claims, in an RDMA WRITE with immediate, a
+ *        16 MiB message into the server's 256 KiB ring      -> the server's rrecv fails with
+ *        EPROTO (nothing is read from outside the ring), it closes, and this side is
+ *        disconnected
+ * The server's blocking raccept must pass over the two bad requests and return the third.
+ * Both print "ok" at the end.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rsocket.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PORT 7472
+
+static void die(const char *what)
+{
+	fprintf(stderr, "%s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static int server(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+	char buf[100];
+	int l, s, sz = 128 * 1024;
+
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	l = rsocket(AF_INET, SOCK_STREAM, 0);
+	if (l < 0)
+		die("rsocket");
+	/* A 256 KiB receive ring: the liar's 16 MiB claim is far beyond it. */
+	if (rsetsockopt(l, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz)))
+		die("rsetsockopt");
+	if (rbind(l, (struct sockaddr *)&a, sizeof(a)) || rlisten(l, 4))
+		die("rbind/rlisten");
+	s = raccept(l, NULL, NULL);
+	if (s < 0)
+		die("raccept");
+	printf("accepted the third peer\n");
+	ssize_t k = rrecv(s, buf, sizeof(buf), 0);
+	if (k != -1 || errno != EPROTO) {
+		fprintf(stderr, "rrecv after the 16 MiB claim: %zd (%s), not EPROTO\n", k,
+			k < 0 ? strerror(errno) : "data");
+		return 1;
+	}
+	printf("rrecv: EPROTO\n");
+	rclose(s);
+	rclose(l);
+	printf("ok\n");
+	return 0;
+}
+
+static struct rdma_event_channel *ch;
+
+static struct rdma_cm_event *wait_event(int want)
+{
+	struct rdma_cm_event *e;
+
+	if (rdma_get_cm_event(ch, &e))
+		die("rdma_get_cm_event");
+	if ((int)e->event != want) {
+		fprintf(stderr, "event %s, %s expected\n", rdma_event_str(e->event),
+			rdma_event_str(want));
+		exit(1);
+	}
+	return e;
+}
+
+/* The rsocket connection data: version, flags, credits, reserved, iomap size, the target
+ * SGL {addr, key, entries} and the first receive buffer {addr, key, length}, big-endian. */
+struct conn_data {
+	uint8_t version, flags;
+	uint16_t credits;
+	uint8_t reserved[3], iomap;
+	uint64_t sgl_addr;
+	uint32_t sgl_key, sgl_len;
+	uint64_t buf_addr;
+	uint32_t buf_key, buf_len;
+} __attribute__((packed));
+
+/* Connects with `len` bytes of `cd` as private data; returns the id (QP made) once the
+ * outcome is known: `*established` 1 and the REP's data in `rep`, or 0 when rejected. */
+static struct rdma_cm_id *connect_with(const char *host, const void *cd, int len,
+				       struct ibv_pd **pd, struct ibv_cq **cq,
+				       int *established, struct conn_data *rep)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *e;
+
+	inet_pton(AF_INET, host, &a.sin_addr);
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		die("rdma_create_id");
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+		die("rdma_resolve_addr");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	*pd = ibv_alloc_pd(id->verbs);
+	*cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+	if (!*pd || !*cq)
+		die("pd/cq");
+	struct ibv_qp_init_attr qa = {
+		.send_cq = *cq, .recv_cq = *cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	if (rdma_create_qp(id, *pd, &qa))
+		die("rdma_create_qp");
+	/* Receives for the server's credit messages. */
+	for (int i = 0; i < 16; i++) {
+		struct ibv_recv_wr r = { .wr_id = i }, *bad;
+		if (ibv_post_recv(id->qp, &r, &bad))
+			die("ibv_post_recv");
+	}
+	struct rdma_conn_param p = {
+		.private_data = cd, .private_data_len = len, .flow_control = 1,
+		.retry_count = 7, .rnr_retry_count = 7,
+	};
+	if (rdma_connect(id, &p))
+		die("rdma_connect");
+	if (rdma_get_cm_event(ch, &e))
+		die("rdma_get_cm_event");
+	*established = e->event == RDMA_CM_EVENT_ESTABLISHED;
+	if (!*established && e->event != RDMA_CM_EVENT_REJECTED) {
+		fprintf(stderr, "connect: %s\n", rdma_event_str(e->event));
+		exit(1);
+	}
+	if (*established && rep) {
+		if (e->param.conn.private_data_len < sizeof(*rep)) {
+			fprintf(stderr, "REP: %d bytes of connection data\n", e->param.conn.private_data_len);
+			exit(1);
+		}
+		memcpy(rep, e->param.conn.private_data, sizeof(*rep));
+	}
+	rdma_ack_cm_event(e);
+	return id;
+}
+
+static void drop(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	rdma_destroy_qp(id);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	rdma_destroy_id(id);
+}
+
+static int client(const char *host)
+{
+	static uint8_t sgl[32], ring[4096];
+	struct conn_data cd = { .version = 2, .credits = htobe16(16) }, rep;
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	int est;
+
+	ch = rdma_create_event_channel();
+	if (!ch)
+		die("rdma_create_event_channel");
+
+	id = connect_with(host, &cd, sizeof(cd), &pd, &cq, &est, NULL);
+	if (est) {
+		fprintf(stderr, "version 2: accepted\n");
+		return 1;
+	}
+	printf("version 2: rejected\n");
+	drop(id, pd, cq);
+
+	cd.version = 1;
+	id = connect_with(host, &cd, 8, &pd, &cq, &est, NULL);
+	if (est) {
+		fprintf(stderr, "8 bytes of connection data: accepted\n");
+		return 1;
+	}
+	printf("8 bytes: rejected\n");
+	drop(id, pd, cq);
+
+	/* Well-formed: our target SGL and ring are registered for the server to write. */
+	id = NULL;
+	{
+		/* The buffers need a PD before the connection data names their keys: a first
+		 * id resolves the device, as connect_with does. */
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+		struct rdma_cm_event *e;
+		inet_pton(AF_INET, host, &a.sin_addr);
+		if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
+		    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+			die("resolve");
+		rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
+		if (rdma_resolve_route(id, 2000))
+			die("rdma_resolve_route");
+		rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+		pd = ibv_alloc_pd(id->verbs);
+		cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+		struct ibv_mr *ms = ibv_reg_mr(pd, sgl, sizeof(sgl),
+					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		struct ibv_mr *mr = ibv_reg_mr(pd, ring, sizeof(ring),
+					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		if (!pd || !cq || !ms || !mr)
+			die("pd/cq/mr");
+		struct ibv_qp_init_attr qa = {
+			.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+				 .max_recv_sge = 1 },
+		};
+		if (rdma_create_qp(id, pd, &qa))
+			die("rdma_create_qp");
+		for (int i = 0; i < 16; i++) {
+			struct ibv_recv_wr r = { .wr_id = i }, *bad;
+			if (ibv_post_recv(id->qp, &r, &bad))
+				die("ibv_post_recv");
+		}
+		cd = (struct conn_data){
+			.version = 1, .credits = htobe16(16),
+			.sgl_addr = htobe64((uintptr_t)sgl), .sgl_key = htobe32(ms->rkey),
+			.sgl_len = htobe32(2),
+			.buf_addr = htobe64((uintptr_t)ring), .buf_key = htobe32(mr->rkey),
+			.buf_len = htobe32(sizeof(ring) / 2),
+		};
+		struct rdma_conn_param p = {
+			.private_data = &cd, .private_data_len = sizeof(cd), .flow_control = 1,
+			.retry_count = 7, .rnr_retry_count = 7,
+		};
+		if (rdma_connect(id, &p))
+			die("rdma_connect");
+		e = wait_event(RDMA_CM_EVENT_ESTABLISHED);
+		memcpy(&rep, e->param.conn.private_data, sizeof(rep));
+		rdma_ack_cm_event(e);
+	}
+	if (rep.version != 1 || !rep.buf_len) {
+		fprintf(stderr, "REP: version %d, buffer %u bytes\n", rep.version, be32toh(rep.buf_len));
+		return 1;
+	}
+	printf("third peer connected (server ring half: %u bytes)\n", be32toh(rep.buf_len));
+	/* 16 MiB claimed, nothing written. */
+	struct ibv_send_wr w = {
+		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .imm_data = htobe32(16u << 20),
+		.wr.rdma = { .remote_addr = be64toh(rep.buf_addr), .rkey = be32toh(rep.buf_key) },
+	}, *bad;
+	if (ibv_post_send(id->qp, &w, &bad))
+		die("ibv_post_send");
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 || (n == 1 && wc.opcode != IBV_WC_RDMA_WRITE))
+		;
+	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+		fprintf(stderr, "the claim: %s\n", ibv_wc_status_str(wc.status));
+		return 1;
+	}
+	printf("claimed 16 MiB\n");
+	wait_event(RDMA_CM_EVENT_DISCONNECTED);
+	printf("disconnected by the server\n");
+	printf("ok\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 2 && !strcmp(argv[1], "-s"))
+		return server();
+	if (argc >= 3 && !strcmp(argv[1], "-c"))
+		return client(argv[2]);
+	fprintf(stderr, "usage: rsocket_hostile -s | -c SERVER\n");
+	return 2;
+}
