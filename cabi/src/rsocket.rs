@@ -1048,54 +1048,104 @@ fn create_ep(st: &mut St) -> Result<(), c_int> {
     Ok(())
 }
 
+/// `struct rs_conn_data`: what each side says about itself in the REQ or the REP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConnData {
+    flags: u8,
+    /// Its receive-queue depth.
+    credits: u16,
+    /// Its iomap area's size, rdma-core's scaled byte.
+    iomap_scale: u8,
+    /// Its target SGL: address, key, entries.
+    target_sgl: (u64, u32, u32),
+    /// Its first receive buffer: address, key, length.
+    data_buf: (u64, u32, u32),
+}
+
+impl ConnData {
+    /// Version 1, at least 40 bytes, a target SGL of at least one entry; `None` otherwise
+    /// (the peer is not an rsocket this side can talk to).
+    fn parse(d: &[u8]) -> Option<ConnData> {
+        let d: &[u8; CONN_DATA_LEN] = d.get(..CONN_DATA_LEN)?.try_into().ok()?;
+        if d[0] != 1 {
+            return None;
+        }
+        let be64 = |o: usize| {
+            u64::from_be_bytes([
+                d[o],
+                d[o + 1],
+                d[o + 2],
+                d[o + 3],
+                d[o + 4],
+                d[o + 5],
+                d[o + 6],
+                d[o + 7],
+            ])
+        };
+        let be32 = |o: usize| u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]);
+        let c = ConnData {
+            flags: d[1],
+            credits: u16::from_be_bytes([d[2], d[3]]),
+            iomap_scale: d[7],
+            target_sgl: (be64(8), be32(16), be32(20)),
+            data_buf: (be64(24), be32(32), be32(36)),
+        };
+        (c.target_sgl.2 > 0).then_some(c)
+    }
+
+    fn emit(&self) -> [u8; CONN_DATA_LEN] {
+        let mut d = [0u8; CONN_DATA_LEN];
+        d[0] = 1;
+        d[1] = self.flags;
+        d[2..4].copy_from_slice(&self.credits.to_be_bytes());
+        // d[4..7] reserved.
+        d[7] = self.iomap_scale;
+        d[8..16].copy_from_slice(&self.target_sgl.0.to_be_bytes());
+        d[16..20].copy_from_slice(&self.target_sgl.1.to_be_bytes());
+        d[20..24].copy_from_slice(&self.target_sgl.2.to_be_bytes());
+        d[24..32].copy_from_slice(&self.data_buf.0.to_be_bytes());
+        d[32..36].copy_from_slice(&self.data_buf.1.to_be_bytes());
+        d[36..40].copy_from_slice(&self.data_buf.2.to_be_bytes());
+        d
+    }
+}
+
 fn conn_data(st: &St) -> [u8; CONN_DATA_LEN] {
     let c = st.conn.as_ref().expect("endpoint made");
-    let mut d = [0u8; CONN_DATA_LEN];
-    d[0] = 1;
-    d[1] = CONN_FLAG_IOMAP
-        | if cfg!(target_endian = "big") {
-            CONN_FLAG_NET
-        } else {
-            0
-        };
-    d[2..4].copy_from_slice(&(st.rq_size as u16).to_be_bytes());
-    // d[4..7] reserved.
-    d[7] = value_to_scale(st.target_iomap_size);
-    d[8..16].copy_from_slice(&(c.tsgl.ptr as u64).to_be_bytes());
-    d[16..20].copy_from_slice(&c.tsgl.rkey().to_be_bytes());
-    d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
-    d[24..32].copy_from_slice(&(c.rbuf.ptr as u64).to_be_bytes());
-    d[32..36].copy_from_slice(&c.rbuf.rkey().to_be_bytes());
-    d[36..40].copy_from_slice(&(st.rbuf_size >> 1).to_be_bytes());
-    d
+    ConnData {
+        flags: CONN_FLAG_IOMAP
+            | if cfg!(target_endian = "big") {
+                CONN_FLAG_NET
+            } else {
+                0
+            },
+        credits: st.rq_size as u16,
+        iomap_scale: value_to_scale(st.target_iomap_size),
+        target_sgl: (c.tsgl.ptr as u64, c.tsgl.rkey(), SGL_SIZE),
+        data_buf: (c.rbuf.ptr as u64, c.rbuf.rkey(), st.rbuf_size >> 1),
+    }
+    .emit()
 }
 
 /// Takes the peer's connection data (REQ or REP). `None`: not rsocket version 1.
 fn save_conn_data(st: &mut St, d: &[u8]) -> Option<()> {
-    if d.len() < CONN_DATA_LEN || d[0] != 1 {
-        return None;
-    }
-    let be64 = |o: usize| u64::from_be_bytes(d[o..o + 8].try_into().expect("8 bytes"));
-    let be32 = |o: usize| u32::from_be_bytes(d[o..o + 4].try_into().expect("4 bytes"));
-    let n = be32(20);
-    if n == 0 {
-        return None;
-    }
-    st.remote_sgl = (be64(8), be32(16), n);
+    let c = ConnData::parse(d)?;
+    let n = c.target_sgl.2;
+    st.remote_sgl = c.target_sgl;
     st.remote_sge = 1 % n;
-    let peer_net = d[1] & CONN_FLAG_NET != 0;
+    let peer_net = c.flags & CONN_FLAG_NET != 0;
     st.swap_sgl = peer_net != cfg!(target_endian = "big");
-    st.remote_iomap = if d[1] & CONN_FLAG_IOMAP != 0 {
+    st.remote_iomap = if c.flags & CONN_FLAG_IOMAP != 0 {
         (
             st.remote_sgl.0.wrapping_add(SGE_LEN as u64 * u64::from(n)),
             st.remote_sgl.1,
-            scale_to_value(d[7]),
+            scale_to_value(c.iomap_scale),
         )
     } else {
         (0, 0, 0)
     };
-    st.tsgl_set(0, (be64(24), be32(32), be32(36)));
-    st.sseq_comp = u16::from_be_bytes([d[2], d[3]]);
+    st.tsgl_set(0, c.data_buf);
+    st.sseq_comp = c.credits;
     Some(())
 }
 
@@ -1187,7 +1237,7 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
         }
         e
     };
-    if ev.pdata.len() < CONN_DATA_LEN || ev.pdata[0] != 1 {
+    if ConnData::parse(&ev.pdata).is_none() {
         return Err(reject(libc::ECONNABORTED));
     }
     let ch = new_channel().map_err(reject)?;
@@ -2578,4 +2628,77 @@ pub unsafe extern "C" fn ferroce_rselect(
         }
     }
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The REP private data of Debian's `rstream -b 10.77.0.21 -S 65536 -C 200 -T v` on
+    /// rdma-core 44 (rdma_rxe in the tools/rxe-peer guest), as tshark decodes it
+    /// (`infiniband.cm.rep.private`, first 40 of 196 bytes) from tools/interop-rxe's bridge
+    /// capture of `dropin-rstream-64k/ferroce-client`, 2026-12-06: an independent sample of
+    /// the format.
+    const RDMA_CORE_REP: [u8; 40] = [
+        0x01, 0x02, 0x01, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x7f, 0x77, 0x7c, 0x00, 0x30,
+        0x00, 0x00, 0x00, 0x03, 0x87, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x7f, 0x77, 0x80, 0xfe,
+        0x20, 0x00, 0x00, 0x00, 0x04, 0xdc, 0x00, 0x08, 0x00, 0x00,
+    ];
+
+    #[test]
+    fn rdma_cores_connection_data_reads_as_rstream_set_it_up() {
+        let c = ConnData::parse(&RDMA_CORE_REP).unwrap();
+        // Little-endian host with an iomap area (flag 2), 384 receive credits (rdma-core's
+        // default queue), no iomap entries (rstream sets none), a 2-entry target SGL, and
+        // half of a 1 MiB ring (rstream's SO_RCVBUF of 512 KiB, doubled).
+        assert_eq!(c.flags, CONN_FLAG_IOMAP);
+        assert_eq!(c.credits, 384);
+        assert_eq!(c.iomap_scale, 0);
+        assert_eq!(c.target_sgl, (0x7f77_7c00_3000, 0x387, 2));
+        assert_eq!(c.data_buf, (0x7f77_80fe_2000, 0x4dc, 512 * 1024));
+        // What this side emits for the same values is the same 40 bytes.
+        assert_eq!(c.emit(), RDMA_CORE_REP);
+        // Followed by the REP's zero padding, it still reads the same.
+        let mut rep = [0u8; 196];
+        rep[..40].copy_from_slice(&RDMA_CORE_REP);
+        assert_eq!(ConnData::parse(&rep), Some(c));
+    }
+
+    #[test]
+    fn connection_data_that_is_not_rsocket_v1_is_refused() {
+        let mut v2 = RDMA_CORE_REP;
+        v2[0] = 2;
+        assert_eq!(ConnData::parse(&v2), None);
+        let mut no_sgl = RDMA_CORE_REP;
+        no_sgl[20..24].copy_from_slice(&[0; 4]);
+        assert_eq!(ConnData::parse(&no_sgl), None);
+        for n in 0..40 {
+            assert_eq!(ConnData::parse(&RDMA_CORE_REP[..n]), None, "{n} bytes");
+        }
+        assert_eq!(ConnData::parse(&[]), None);
+    }
+
+    #[test]
+    fn iomap_sizes_scale_as_rdma_cores() {
+        for v in [0, 1, 2, 64, 127, 128] {
+            assert_eq!(scale_to_value(value_to_scale(v)), v);
+        }
+        // Above 128: multiples of 256.
+        assert_eq!(value_to_scale(129), 128);
+        assert_eq!(value_to_scale(256), 129);
+        assert_eq!(scale_to_value(129), 256);
+        assert_eq!(scale_to_value(value_to_scale(1000)), 768);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_parse_without_panic_and_round_trip(d in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            if let Some(c) = ConnData::parse(&d) {
+                let e = c.emit();
+                proptest::prop_assert_eq!(&e[..4], &d[..4]);
+                proptest::prop_assert_eq!(&e[7..40], &d[7..40]);
+                proptest::prop_assert_eq!(ConnData::parse(&e), Some(c));
+            }
+        }
+    }
 }
