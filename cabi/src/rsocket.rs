@@ -2171,6 +2171,21 @@ pub unsafe extern "C" fn rgetsockopt(
         }
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => (g.tcp_opts >> name & 1) as c_int,
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
+        (libc::IPPROTO_TCP, libc::TCP_INFO) => {
+            // As rdma-core: the state (ESTABLISHED or CLOSE) and the send queue's depth as
+            // the congestion window; every other field 0 (iperf3 reads it).
+            // SAFETY: an all-zero tcp_info is valid.
+            let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+            info.tcpi_state = if g.connected() { 1 } else { 7 };
+            info.tcpi_snd_cwnd = g.sq_size;
+            // SAFETY: the caller's buffer of `*len` bytes; at most the struct is copied.
+            unsafe {
+                let n = (*len as usize).min(std::mem::size_of::<libc::tcp_info>());
+                std::ptr::copy_nonoverlapping(&info as *const _ as *const u8, val as *mut u8, n);
+                *len = n as socklen_t;
+            }
+            return 0;
+        }
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => (g.ipv6_opts >> name & 1) as c_int,
         (SOL_RDMA, RDMA_SQSIZE) => g.sq_size as c_int,
         (SOL_RDMA, RDMA_RQSIZE) => g.rq_size as c_int,

@@ -1548,3 +1548,50 @@ fn rsockets_refuse_peers_that_break_the_protocol() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Unmodified TCP programs over RDMA: iperf3 at both ends with rdma-core's own socket
+/// preload library (Debian's `librspreload.so`, which turns a program's TCP sockets into
+/// rsockets) on this library's rsockets: the control and the data connection are RC QPs, and
+/// the 20 MiB the client sends reach the server.
+#[test]
+fn iperf3_over_rdma_cores_socket_preload_on_ferroces_rsockets() {
+    let t = "iperf3_over_rdma_cores_socket_preload_on_ferroces_rsockets";
+    let preload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+    if !ready(t, &["iperf3"])
+        || !have(
+            std::path::Path::new(preload).exists(),
+            t,
+            "rdma-core's librspreload.so (librdmacm1)",
+        )
+    {
+        return;
+    }
+    // The server's capture: the preload falls back to kernel TCP when an rsocket cannot be
+    // made or connected, so the bytes must be seen going over RoCE.
+    let dir = std::env::temp_dir().join(format!("ferroce-{t}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("server.pcap");
+    let (s, c, st) = pair_when(
+        Ready::CmListen,
+        &format!(
+            "env LD_PRELOAD={preload} FERROCE_PCAP={} iperf3 -s -B 127.0.0.1 -1",
+            pcap.display()
+        ),
+        &format!("env LD_PRELOAD={preload} iperf3 -n 20M -c"),
+    );
+    let all = format!("{t}\n--- server\n{s}\n--- client\n{c}\n{st}");
+    assert_eq!(st, "server=0 client=0", "{all}");
+    let captured = std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        captured > 20 << 20,
+        "the server's RoCE capture holds {captured} bytes: the 20 MiB did not go over RDMA\n{all}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(
+            o.lines()
+                .any(|l| l.contains("20.0 MBytes") && l.trim_end().ends_with("receiver")),
+            "{who}: no receiver line with 20.0 MBytes\n{all}"
+        );
+    }
+}
