@@ -446,25 +446,44 @@ impl St {
         }
     }
 
-    fn post_recv(&self) -> Result<(), c_int> {
+    /// Posts `n` receives (no SGE: every message is an RDMA WRITE with immediate), up to
+    /// 32 per call as one linked list.
+    fn post_recvs(&self, mut n: u32) -> Result<(), c_int> {
         let c = self.conn.as_ref().ok_or(libc::ENOTCONN)?;
-        let mut wr = ibv_recv_wr {
+        const CHAIN: usize = 32;
+        let mut wrs: [ibv_recv_wr; CHAIN] = std::array::from_fn(|_| ibv_recv_wr {
             wr_id: RECV_FLAG,
             next: null_mut(),
             sg_list: null_mut(),
             num_sge: 0,
-        };
-        let mut bad = null_mut();
-        // SAFETY: as in post_send.
-        let r = unsafe {
-            let ops = &(*(*c.qp).context).ops;
-            (ops.post_recv.ok_or(libc::EOPNOTSUPP)?)(c.qp, &mut wr, &mut bad)
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(r)
+        });
+        while n > 0 {
+            let k = (n as usize).min(CHAIN);
+            // Every access through this one pointer until the post returns.
+            let base = wrs.as_mut_ptr();
+            for i in 0..k {
+                // SAFETY: i < k <= CHAIN, and i + 1 < k when it is linked: elements of the
+                // array.
+                unsafe {
+                    (*base.add(i)).next = if i + 1 < k {
+                        base.add(i + 1)
+                    } else {
+                        null_mut()
+                    };
+                }
+            }
+            let mut bad = null_mut();
+            // SAFETY: the QP is live while `conn` is; the list is valid for the call.
+            let r = unsafe {
+                let ops = &(*(*c.qp).context).ops;
+                (ops.post_recv.ok_or(libc::EOPNOTSUPP)?)(c.qp, base, &mut bad)
+            };
+            if r != 0 {
+                return Err(r);
+            }
+            n -= k as u32;
         }
+        Ok(())
     }
 
     fn write_imm(
@@ -647,103 +666,107 @@ impl St {
         let Some(c) = self.conn.as_ref() else { return };
         let cq = c.cq;
         let mut reposts = 0u32;
+        const BATCH: usize = 32;
+        // SAFETY: an all-zero ibv_wc is valid.
+        let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
         loop {
-            // SAFETY: an all-zero ibv_wc is valid; the CQ is live while `conn` is.
-            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-            // SAFETY: as above; the ops table of this library's context.
+            // SAFETY: the CQ is live while `conn` is; the ops table of this library's
+            // context; room for BATCH completions.
             let n = unsafe {
                 match (*(*cq).context).ops.poll_cq {
-                    Some(f) => f(cq, 1, &mut wc),
+                    Some(f) => f(cq, BATCH as c_int, wcs.as_mut_ptr()),
                     None => -1,
                 }
             };
             if n <= 0 {
                 break;
             }
-            if wc.wr_id & RECV_FLAG != 0 {
-                if wc.status != 0 {
-                    // A flushed receive: the QP is in error (the peer went away without a
-                    // disconnect message, or the CM tore the connection down). Nothing more
-                    // can arrive.
-                    if self.connected() {
-                        self.phase = Phase::Disconnected;
-                        self.readable = false;
-                        self.writable = false;
-                    }
-                    continue;
-                }
-                reposts += 1;
-                if wc.wc_flags & IBV_WC_WITH_IMM == 0 {
-                    continue;
-                }
-                let m = u32::from_be(wc.imm_data);
-                match m >> 29 {
-                    OP_SGL => self.sseq_comp = (m & 0x1fff_ffff) as u16,
-                    OP_IOMAP_SGL => {}
-                    OP_CTRL => {
-                        let d = m & 0x1fff_ffff;
-                        if d == CTRL_DISCONNECT {
+            for wc in &wcs[..n as usize] {
+                if wc.wr_id & RECV_FLAG != 0 {
+                    if wc.status != 0 {
+                        // A flushed receive: the QP is in error (the peer went away without a
+                        // disconnect message, or the CM tore the connection down). Nothing more
+                        // can arrive.
+                        if self.connected() {
                             self.phase = Phase::Disconnected;
                             self.readable = false;
                             self.writable = false;
-                        } else if d == CTRL_SHUTDOWN {
-                            if self.writable {
-                                self.readable = false;
-                            } else {
+                        }
+                        continue;
+                    }
+                    reposts += 1;
+                    if wc.wc_flags & IBV_WC_WITH_IMM == 0 {
+                        continue;
+                    }
+                    let m = u32::from_be(wc.imm_data);
+                    match m >> 29 {
+                        OP_SGL => self.sseq_comp = (m & 0x1fff_ffff) as u16,
+                        OP_IOMAP_SGL => {}
+                        OP_CTRL => {
+                            let d = m & 0x1fff_ffff;
+                            if d == CTRL_DISCONNECT {
                                 self.phase = Phase::Disconnected;
                                 self.readable = false;
+                                self.writable = false;
+                            } else if d == CTRL_SHUTDOWN {
+                                if self.writable {
+                                    self.readable = false;
+                                } else {
+                                    self.phase = Phase::Disconnected;
+                                    self.readable = false;
+                                }
                             }
                         }
-                    }
-                    OP_DATA => {
-                        // More messages than the credits this side granted: the peer broke
-                        // the protocol; nothing it sends can be trusted to be in place.
-                        // More bytes than the ring holds unread likewise.
-                        let len = m & 0x1fff_ffff;
-                        if self.rmsg.len() > self.rq_size as usize
-                            || self.unread + u64::from(len) > u64::from(self.rbuf_size)
-                        {
-                            self.fail_conn(libc::EPROTO);
-                        } else {
-                            self.rmsg.push_back(len);
-                            self.unread += u64::from(len);
-                        }
-                    }
-                    _ => {}
-                }
-            } else {
-                let m = wc.wr_id as u32;
-                match m >> 29 {
-                    OP_SGL | OP_CTRL => {
-                        self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
-                        if m >> 29 == OP_CTRL && m & 0x1fff_ffff == CTRL_DISCONNECT {
-                            self.phase = if self.phase == Phase::Connected {
-                                Phase::Disconnected
+                        OP_DATA => {
+                            // More messages than the credits this side granted: the peer broke
+                            // the protocol; nothing it sends can be trusted to be in place.
+                            // More bytes than the ring holds unread likewise.
+                            let len = m & 0x1fff_ffff;
+                            if self.rmsg.len() > self.rq_size as usize
+                                || self.unread + u64::from(len) > u64::from(self.rbuf_size)
+                            {
+                                self.fail_conn(libc::EPROTO);
                             } else {
-                                self.phase
-                            };
+                                self.rmsg.push_back(len);
+                                self.unread += u64::from(len);
+                            }
+                        }
+                        _ => {}
+                    }
+                } else {
+                    let m = wc.wr_id as u32;
+                    match m >> 29 {
+                        OP_SGL | OP_CTRL => {
+                            self.ctrl_max_seqno = self.ctrl_max_seqno.wrapping_add(1);
+                            if m >> 29 == OP_CTRL && m & 0x1fff_ffff == CTRL_DISCONNECT {
+                                self.phase = if self.phase == Phase::Connected {
+                                    Phase::Disconnected
+                                } else {
+                                    self.phase
+                                };
+                            }
+                        }
+                        OP_IOMAP_SGL => {
+                            self.sqe_avail += 1;
+                            self.sbuf_bytes_avail += IOMAP_LEN as u32;
+                        }
+                        _ => {
+                            self.sqe_avail += 1;
+                            self.sbuf_bytes_avail += m & 0x1fff_ffff;
                         }
                     }
-                    OP_IOMAP_SGL => {
-                        self.sqe_avail += 1;
-                        self.sbuf_bytes_avail += IOMAP_LEN as u32;
+                    if wc.status != 0 && self.connected() {
+                        self.fail_conn(libc::EIO);
                     }
-                    _ => {
-                        self.sqe_avail += 1;
-                        self.sbuf_bytes_avail += m & 0x1fff_ffff;
-                    }
-                }
-                if wc.status != 0 && self.connected() {
-                    self.fail_conn(libc::EIO);
                 }
             }
+            if (n as usize) < BATCH {
+                break;
+            }
         }
-        if self.connected() {
-            for _ in 0..reposts {
-                if let Err(e) = self.post_recv() {
-                    self.fail_conn(e);
-                    break;
-                }
+        if self.connected() && reposts > 0 {
+            if let Err(e) = self.post_recvs(reposts) {
+                self.fail_conn(e);
             }
         }
     }
@@ -1041,9 +1064,7 @@ fn create_ep(st: &mut St) -> Result<(), c_int> {
     st.sbuf_pos = 0;
     st.sqe_avail = st.sq_size - st.ctrl_max_seqno;
     st.rseq_comp = (st.rq_size >> 1) as u16;
-    for _ in 0..st.rq_size {
-        st.post_recv()?;
-    }
+    st.post_recvs(st.rq_size)?;
     st.arm();
     Ok(())
 }
