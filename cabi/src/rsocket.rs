@@ -1873,6 +1873,15 @@ pub unsafe extern "C" fn rwritev(s: c_int, iov: *const libc::iovec, n: c_int) ->
     }
 }
 
+/// Ancillary data (none is carried by rsockets).
+///
+/// # Safety
+/// `m` is a readable message header.
+unsafe fn has_control(m: *const libc::msghdr) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { !(*m).msg_control.is_null() && (*m).msg_controllen > 0 }
+}
+
 /// librdmacm's `rrecvmsg`.
 #[export_name = "ferroce_rrecvmsg"]
 pub unsafe extern "C" fn rrecvmsg(s: c_int, m: *mut libc::msghdr, flags: c_int) -> isize {
@@ -1881,7 +1890,7 @@ pub unsafe extern "C" fn rrecvmsg(s: c_int, m: *mut libc::msghdr, flags: c_int) 
     }
     // SAFETY: the caller's message header.
     unsafe {
-        if !(*m).msg_control.is_null() && (*m).msg_controllen > 0 {
+        if has_control(m) {
             return fail(libc::ENOTSUP);
         }
         recv_iov(s, (*m).msg_iov, (*m).msg_iovlen as c_int, flags)
@@ -1896,7 +1905,7 @@ pub unsafe extern "C" fn rsendmsg(s: c_int, m: *const libc::msghdr, flags: c_int
     }
     // SAFETY: the caller's message header.
     unsafe {
-        if !(*m).msg_control.is_null() && (*m).msg_controllen > 0 {
+        if has_control(m) {
             return fail(libc::ENOTSUP);
         }
         match gather((*m).msg_iov, (*m).msg_iovlen as c_int) {
