@@ -41,8 +41,8 @@ use crate::abi::*;
 use crate::rdmacm::{
     rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_connect, rdma_create_event_channel,
     rdma_create_id, rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp,
-    rdma_get_cm_event, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
-    rdma_resolve_route, rdma_set_option,
+    rdma_disconnect, rdma_get_cm_event, rdma_listen, rdma_migrate_id, rdma_reject,
+    rdma_resolve_addr, rdma_resolve_route, rdma_set_option,
 };
 use crate::verbs::{
     ibv_ack_cq_events, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_dealloc_pd,
@@ -703,7 +703,12 @@ impl St {
                         OP_SGL => self.sseq_comp = (m & 0x1fff_ffff) as u16,
                         OP_IOMAP_SGL => {}
                         OP_CTRL => {
+                            // A failed connection stays failed (its error is what the
+                            // program reads), whatever the peer says after.
                             let d = m & 0x1fff_ffff;
+                            if !self.connected() {
+                                continue;
+                            }
                             if d == CTRL_DISCONNECT {
                                 self.phase = Phase::Disconnected;
                                 self.readable = false;
@@ -718,11 +723,16 @@ impl St {
                             }
                         }
                         OP_DATA => {
+                            // Data after the peer shut down its side, or after the connection
+                            // failed or ended, is not for the reader: dropped.
+                            if !self.readable {
+                                continue;
+                            }
                             // More messages than the credits this side granted: the peer broke
                             // the protocol; nothing it sends can be trusted to be in place.
                             // More bytes than the ring holds unread likewise.
                             let len = m & 0x1fff_ffff;
-                            if self.rmsg.len() > self.rq_size as usize
+                            if self.rmsg.len() >= self.rq_size as usize
                                 || self.unread + u64::from(len) > u64::from(self.rbuf_size)
                             {
                                 self.fail_conn(libc::EPROTO);
@@ -791,6 +801,37 @@ impl St {
         }
     }
 
+    /// Takes the connection's CM events (non-blocking). A DISCONNECTED (the peer's DREQ: it
+    /// destroyed its id, or its process went away without a disconnect message) ends the
+    /// connection: the DREQ is answered, which moves the QP to the error state, so sends
+    /// still out are flushed instead of retried towards a peer that is gone, and a reader
+    /// gets what arrived, then the end of the stream.
+    fn poll_cm(&mut self) -> bool {
+        if self.conn.is_none() || self.ch.is_null() {
+            return false;
+        }
+        let mut ended = false;
+        while let Ok(ev) = next_event(self.ch, None) {
+            if ev.kind == EV_DISCONNECTED {
+                ended = true;
+                // SAFETY: the socket's id.
+                unsafe { rdma_disconnect(self.id) };
+                if self.connected() {
+                    self.phase = Phase::Disconnected;
+                }
+                self.readable = false;
+                self.writable = false;
+            }
+        }
+        ended
+    }
+
+    /// The connection's CM channel (for waiting on its events).
+    fn cm_fd(&self) -> Option<c_int> {
+        // SAFETY: the socket's channel while it has one.
+        (!self.ch.is_null()).then(|| unsafe { (*self.ch).fd })
+    }
+
     fn arm(&mut self) {
         if let Some(c) = self.conn.as_ref() {
             // SAFETY: the live CQ; this library's ops table.
@@ -811,7 +852,12 @@ impl St {
     /// One round of progress: credits out, completions in.
     fn progress(&mut self) {
         self.update_credits();
+        // Completions first: what the peer sent before its disconnect is taken in before the
+        // disconnect ends the connection (then the flushed sends are taken too).
         self.poll_cq();
+        if self.poll_cm() {
+            self.poll_cq();
+        }
         self.update_credits();
     }
 
@@ -864,15 +910,15 @@ fn wait<'a>(
         let Some(fd) = g.comp_fd() else {
             return (g, Err(libc::ENOTCONN));
         };
-        drop(g);
-        let mut p = pollfd {
+        let mut p = [fd, g.cm_fd().unwrap_or(-1)].map(|fd| pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one pollfd on the stack. A short timeout: another thread may take the
-        // notification first.
-        unsafe { libc::poll(&mut p, 1, 50) };
+        });
+        drop(g);
+        // SAFETY: two pollfds on the stack (a negative descriptor is skipped). A short
+        // timeout: another thread may take the notification first.
+        unsafe { libc::poll(p.as_mut_ptr(), 2, 50) };
         g = lock(&rs.st);
         g.drain_cq_events();
     }
@@ -1576,6 +1622,50 @@ fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
     done as isize
 }
 
+/// Waits (unless `nonblock`) until a message may be posted: a send queue entry, a credit and
+/// send-buffer space. The error is the wait's, or the connection's failure (`ECONNRESET` when it
+/// recorded none) once it can no longer send.
+fn wait_can_send<'a>(
+    rs: &'a Rs,
+    g: MutexGuard<'a, St>,
+    nonblock: bool,
+) -> (MutexGuard<'a, St>, Result<(), c_int>) {
+    if g.can_send() {
+        return (g, Ok(()));
+    }
+    let (g, r) = wait(rs, g, nonblock, St::conn_can_send);
+    if let Err(e) = r {
+        return (g, Err(e));
+    }
+    if !g.writable {
+        let e = if g.err != 0 { g.err } else { libc::ECONNRESET };
+        return (g, Err(e));
+    }
+    (g, Ok(()))
+}
+
+/// rdma-core's send sizes: a transfer starts with `OLAP_START` bytes and doubles each chunk up
+/// to `MAX_TRANSFER`, so a small write goes out at once and a large one in big pieces.
+struct Ramp(usize);
+
+impl Ramp {
+    fn new() -> Ramp {
+        Ramp(OLAP_START)
+    }
+
+    /// The next chunk of the `left` bytes still to go (before the space limits).
+    fn next(&mut self, left: usize) -> usize {
+        if self.0 >= left {
+            return left;
+        }
+        let n = self.0;
+        if self.0 < MAX_TRANSFER {
+            self.0 <<= 1;
+        }
+        n
+    }
+}
+
 /// Announces every region mapped with `riomap` (PROT_WRITE) that the peer does not know yet:
 /// one `struct rs_iomap` written into its iomap area with an IOMAP_SGL message (which takes a
 /// credit, as in rdma-core).
@@ -1592,15 +1682,10 @@ fn send_iomaps<'a>(
         else {
             return (g, Ok(()));
         };
-        if !g.can_send() {
-            let (g2, r) = wait(rs, g, nonblock, St::conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                return (g, Err(e));
-            }
-            if !g.writable {
-                return (g, Err(libc::ECONNRESET));
-            }
+        let (g2, r) = wait_can_send(rs, g, nonblock);
+        g = g2;
+        if let Err(e) = r {
+            return (g, Err(e));
         }
         let Some(c) = g.conn.as_ref() else {
             return (g, Err(libc::ENOTCONN));
@@ -1667,34 +1752,14 @@ fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
         return fail(e);
     }
     let mut sent = 0usize;
-    let mut olen = OLAP_START;
+    let mut ramp = Ramp::new();
     while sent < data.len() {
-        if !g.can_send() {
-            let (g2, r) = wait(&rs, g, nonblock, St::conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                return if sent > 0 { sent as isize } else { fail(e) };
-            }
-            if !g.writable {
-                return if sent > 0 {
-                    sent as isize
-                } else if g.err != 0 {
-                    fail(g.err)
-                } else {
-                    fail(libc::ECONNRESET)
-                };
-            }
+        let (g2, r) = wait_can_send(&rs, g, nonblock);
+        g = g2;
+        if let Err(e) = r {
+            return if sent > 0 { sent as isize } else { fail(e) };
         }
-        let left = data.len() - sent;
-        let mut n = if olen < left {
-            let n = olen;
-            if olen < MAX_TRANSFER {
-                olen <<= 1;
-            }
-            n
-        } else {
-            left
-        };
+        let mut n = ramp.next(data.len() - sent);
         let t = g.tsgl_get(g.target_sge);
         n = n.min(g.sbuf_bytes_avail as usize).min(t.2 as usize);
         let chunk = &data[sent..sent + n];
@@ -2368,7 +2433,7 @@ pub unsafe extern "C" fn riowrite(
         return fail::<isize>(e) as usize;
     }
     let mut done = 0usize;
-    let mut olen = OLAP_START;
+    let mut ramp = Ramp::new();
     let mut off = offset as u64;
     while done < count {
         let n_maps = g.target_iomap_size as usize;
@@ -2378,34 +2443,16 @@ pub unsafe extern "C" fn riowrite(
         else {
             break;
         };
-        if !g.can_send() {
-            let (g2, r) = wait(&rs, g, nonblock, St::conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                return if done > 0 {
-                    done
-                } else {
-                    fail::<isize>(e) as usize
-                };
-            }
-            if !g.writable {
-                return if done > 0 {
-                    done
-                } else {
-                    fail::<isize>(libc::ECONNRESET) as usize
-                };
-            }
+        let (g2, r) = wait_can_send(&rs, g, nonblock);
+        g = g2;
+        if let Err(e) = r {
+            return if done > 0 {
+                done
+            } else {
+                fail::<isize>(e) as usize
+            };
         }
-        let left = count - done;
-        let mut n = if olen < left {
-            let n = olen;
-            if olen < MAX_TRANSFER {
-                olen <<= 1;
-            }
-            n
-        } else {
-            left
-        };
+        let mut n = ramp.next(count - done);
         n = n
             .min(g.sbuf_bytes_avail as usize)
             .min((u64::from(m.3) - (off - m.0)) as usize);
@@ -2487,7 +2534,7 @@ fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
                 r = ready(&g);
             }
             let fds = if r == 0 {
-                g.comp_fd().into_iter().collect()
+                g.comp_fd().into_iter().chain(g.cm_fd()).collect()
             } else {
                 Vec::new()
             };
@@ -2721,6 +2768,26 @@ mod tests {
             assert_eq!(ConnData::parse(&RDMA_CORE_REP[..n]), None, "{n} bytes");
         }
         assert_eq!(ConnData::parse(&[]), None);
+    }
+
+    #[test]
+    fn sends_start_small_and_double_up_to_the_largest_transfer() {
+        // rdma-core's rsend: 2 KiB first, doubling per chunk to 64 KiB; what is left when
+        // it is less.
+        let mut r = Ramp::new();
+        let mut left = 300_000usize;
+        let mut chunks = Vec::new();
+        while left > 0 {
+            let n = r.next(left);
+            chunks.push(n);
+            left -= n;
+        }
+        assert_eq!(
+            chunks,
+            [2048, 4096, 8192, 16384, 32768, 65536, 65536, 65536, 39904]
+        );
+        assert_eq!(Ramp::new().next(100), 100);
+        assert_eq!(Ramp::new().next(2048), 2048);
     }
 
     #[test]

@@ -9,6 +9,10 @@
  *        16 MiB message into the server's 256 KiB ring      -> the server's rrecv fails with
  *        EPROTO (nothing is read from outside the ring), it closes, and this side is
  *        disconnected
+ *     4. a well-formed connection that writes "hello" as rsocket data, then disconnects
+ *        without the rsocket disconnect message (a DREQ only: what the kernel sends for a
+ *        process that died)                                 -> the server's blocking rrecv
+ *        returns "hello", then 0 (the end of the stream), not waiting forever
  * The server's blocking raccept must pass over the two bad requests and return the third.
  * Both print "ok" at the end.
  */
@@ -22,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PORT 7472
 
@@ -57,6 +62,26 @@ static int server(void)
 		return 1;
 	}
 	printf("rrecv: EPROTO\n");
+	rclose(s);
+	s = raccept(l, NULL, NULL);
+	if (s < 0)
+		die("raccept");
+	printf("accepted the fourth peer\n");
+	/* Before 2026-12-06 the second rrecv waited forever: the DREQ went unread. */
+	alarm(20);
+	k = rrecv(s, buf, sizeof(buf), 0);
+	if (k != 5 || memcmp(buf, "hello", 5)) {
+		fprintf(stderr, "rrecv from the fourth peer: %zd\n", k);
+		return 1;
+	}
+	k = rrecv(s, buf, sizeof(buf), 0);
+	if (k != 0) {
+		fprintf(stderr, "rrecv after the fourth peer's DREQ: %zd (%s), not 0\n", k,
+			k < 0 ? strerror(errno) : "data");
+		return 1;
+	}
+	alarm(0);
+	printf("rrecv: hello, then the end of the stream\n");
 	rclose(s);
 	rclose(l);
 	printf("ok\n");
@@ -158,9 +183,94 @@ static void drop(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq)
 	rdma_destroy_id(id);
 }
 
-static int client(const char *host)
+/* A well-formed rsocket connection: our target SGL and ring registered for the server to
+ * write; returns the id once established, the REP's connection data in `rep`. */
+static struct rdma_cm_id *connect_good(const char *host, struct ibv_pd **pdp,
+				       struct ibv_cq **cqp, struct conn_data *rep)
 {
 	static uint8_t sgl[32], ring[4096];
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+	struct rdma_cm_event *e;
+	struct rdma_cm_id *id;
+	struct conn_data cd;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+
+	/* The buffers need a PD before the connection data names their keys: the id resolves
+	 * the device first, as connect_with does. */
+	inet_pton(AF_INET, host, &a.sin_addr);
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
+	    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+		die("resolve");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	pd = ibv_alloc_pd(id->verbs);
+	cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+	struct ibv_mr *ms = ibv_reg_mr(pd, sgl, sizeof(sgl),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(pd, ring, sizeof(ring),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!pd || !cq || !ms || !mr)
+		die("pd/cq/mr");
+	struct ibv_qp_init_attr qa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	if (rdma_create_qp(id, pd, &qa))
+		die("rdma_create_qp");
+	for (int i = 0; i < 16; i++) {
+		struct ibv_recv_wr r = { .wr_id = i }, *bad;
+		if (ibv_post_recv(id->qp, &r, &bad))
+			die("ibv_post_recv");
+	}
+	cd = (struct conn_data){
+		.version = 1, .credits = htobe16(16),
+		.sgl_addr = htobe64((uintptr_t)sgl), .sgl_key = htobe32(ms->rkey),
+		.sgl_len = htobe32(2),
+		.buf_addr = htobe64((uintptr_t)ring), .buf_key = htobe32(mr->rkey),
+		.buf_len = htobe32(sizeof(ring) / 2),
+	};
+	struct rdma_conn_param p = {
+		.private_data = &cd, .private_data_len = sizeof(cd), .flow_control = 1,
+		.retry_count = 7, .rnr_retry_count = 7,
+	};
+	if (rdma_connect(id, &p))
+		die("rdma_connect");
+	e = wait_event(RDMA_CM_EVENT_ESTABLISHED);
+	memcpy(rep, e->param.conn.private_data, sizeof(*rep));
+	rdma_ack_cm_event(e);
+	*pdp = pd;
+	*cqp = cq;
+	return id;
+}
+
+/* One RDMA WRITE with immediate of `len` bytes of `data` (registered by the caller, or
+ * none) into the server's first buffer; waits for its completion. */
+static void write_imm(struct rdma_cm_id *id, struct ibv_cq *cq, const struct conn_data *rep,
+		      uint32_t imm, struct ibv_sge *sge)
+{
+	struct ibv_send_wr w = {
+		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .imm_data = htobe32(imm),
+		.sg_list = sge, .num_sge = sge ? 1 : 0,
+		.wr.rdma = { .remote_addr = be64toh(rep->buf_addr), .rkey = be32toh(rep->buf_key) },
+	}, *bad;
+	if (ibv_post_send(id->qp, &w, &bad))
+		die("ibv_post_send");
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 || (n == 1 && wc.opcode != IBV_WC_RDMA_WRITE))
+		;
+	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+		fprintf(stderr, "write with immediate %#x: %s\n", imm, ibv_wc_status_str(wc.status));
+		exit(1);
+	}
+}
+
+static int client(const char *host)
+{
 	struct conn_data cd = { .version = 2, .credits = htobe16(16) }, rep;
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd;
@@ -189,80 +299,31 @@ static int client(const char *host)
 	drop(id, pd, cq);
 
 	/* Well-formed: our target SGL and ring are registered for the server to write. */
-	id = NULL;
-	{
-		/* The buffers need a PD before the connection data names their keys: a first
-		 * id resolves the device, as connect_with does. */
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
-		struct rdma_cm_event *e;
-		inet_pton(AF_INET, host, &a.sin_addr);
-		if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
-		    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
-			die("resolve");
-		rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
-		if (rdma_resolve_route(id, 2000))
-			die("rdma_resolve_route");
-		rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
-		pd = ibv_alloc_pd(id->verbs);
-		cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
-		struct ibv_mr *ms = ibv_reg_mr(pd, sgl, sizeof(sgl),
-					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-		struct ibv_mr *mr = ibv_reg_mr(pd, ring, sizeof(ring),
-					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-		if (!pd || !cq || !ms || !mr)
-			die("pd/cq/mr");
-		struct ibv_qp_init_attr qa = {
-			.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
-			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
-				 .max_recv_sge = 1 },
-		};
-		if (rdma_create_qp(id, pd, &qa))
-			die("rdma_create_qp");
-		for (int i = 0; i < 16; i++) {
-			struct ibv_recv_wr r = { .wr_id = i }, *bad;
-			if (ibv_post_recv(id->qp, &r, &bad))
-				die("ibv_post_recv");
-		}
-		cd = (struct conn_data){
-			.version = 1, .credits = htobe16(16),
-			.sgl_addr = htobe64((uintptr_t)sgl), .sgl_key = htobe32(ms->rkey),
-			.sgl_len = htobe32(2),
-			.buf_addr = htobe64((uintptr_t)ring), .buf_key = htobe32(mr->rkey),
-			.buf_len = htobe32(sizeof(ring) / 2),
-		};
-		struct rdma_conn_param p = {
-			.private_data = &cd, .private_data_len = sizeof(cd), .flow_control = 1,
-			.retry_count = 7, .rnr_retry_count = 7,
-		};
-		if (rdma_connect(id, &p))
-			die("rdma_connect");
-		e = wait_event(RDMA_CM_EVENT_ESTABLISHED);
-		memcpy(&rep, e->param.conn.private_data, sizeof(rep));
-		rdma_ack_cm_event(e);
-	}
+	id = connect_good(host, &pd, &cq, &rep);
 	if (rep.version != 1 || !rep.buf_len) {
 		fprintf(stderr, "REP: version %d, buffer %u bytes\n", rep.version, be32toh(rep.buf_len));
 		return 1;
 	}
 	printf("third peer connected (server ring half: %u bytes)\n", be32toh(rep.buf_len));
 	/* 16 MiB claimed, nothing written. */
-	struct ibv_send_wr w = {
-		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .imm_data = htobe32(16u << 20),
-		.wr.rdma = { .remote_addr = be64toh(rep.buf_addr), .rkey = be32toh(rep.buf_key) },
-	}, *bad;
-	if (ibv_post_send(id->qp, &w, &bad))
-		die("ibv_post_send");
-	struct ibv_wc wc;
-	int n;
-	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 || (n == 1 && wc.opcode != IBV_WC_RDMA_WRITE))
-		;
-	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-		fprintf(stderr, "the claim: %s\n", ibv_wc_status_str(wc.status));
-		return 1;
-	}
+	write_imm(id, cq, &rep, 16u << 20, NULL);
 	printf("claimed 16 MiB\n");
-	wait_event(RDMA_CM_EVENT_DISCONNECTED);
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_DISCONNECTED));
 	printf("disconnected by the server\n");
+	drop(id, pd, cq);
+
+	id = connect_good(host, &pd, &cq, &rep);
+	static char hello[] = "hello";
+	struct ibv_mr *hm = ibv_reg_mr(pd, hello, 5, 0);
+	if (!hm)
+		die("ibv_reg_mr");
+	struct ibv_sge sge = { .addr = (uintptr_t)hello, .length = 5, .lkey = hm->lkey };
+	/* rsocket data: op 0, the length. */
+	write_imm(id, cq, &rep, 5, &sge);
+	if (rdma_disconnect(id))
+		die("rdma_disconnect");
+	printf("fourth peer: wrote hello, disconnected without the rsocket message\n");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_DISCONNECTED));
 	printf("ok\n");
 	return 0;
 }
