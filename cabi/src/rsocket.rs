@@ -2480,6 +2480,9 @@ pub unsafe extern "C" fn riowrite(
     done
 }
 
+#[doc(hidden)]
+pub mod fuzz;
+
 // ---- polling ----------------------------------------------------------------------------------------
 
 /// The events of one rsocket now (progress made, never waits); also what to wait on.
