@@ -22,14 +22,15 @@
 //! - A receiver grants buffer space half a ring at a time (when half is free) by writing one
 //!   SGE into the sender's target SGL with an SGL message; it grants credits alone (an SGL
 //!   message without a write) when half its queue's messages were consumed.
+//! - A peer's DREQ without the disconnect message (its process died) ends the connection:
+//!   a connected socket reads its CM channel too (`St::poll_cm`).
 //!
 //! # Limits of this implementation
 //! Stream sockets only (`SOCK_DGRAM` rsockets, which ride on UD QPs with a UDP side channel,
-//! fail with `EOPNOTSUPP`); no `riomap`/`riowrite` (ENOSYS; the iomap area is advertised
-//! with size 0, as rdma-core does by default); connecting and accepting complete inside the
-//! call even on a non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a
-//! listener accepts a request when the program calls `raccept` (or `rpoll` finds it), not
-//! from a service thread; no keepalive service (the option is accepted).
+//! fail with `EOPNOTSUPP`); connecting and accepting complete inside the call even on a
+//! non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a listener accepts a
+//! request when the program calls `raccept` (or `rpoll` finds it), not from a service
+//! thread; no keepalive service (the option is accepted).
 //!
 //! # Descriptors
 //! An rsocket's number is an eventfd of its own (a real descriptor, so it never collides with
