@@ -33,25 +33,25 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ptr::null_mut;
 
-/// Reads the fuzz input; zeros once it is exhausted.
-struct Input<'a> {
-    d: &'a [u8],
-    i: usize,
+/// Reads the fuzz input; zeros once it is exhausted (also the rsocket harness's reader).
+pub(crate) struct Input<'a> {
+    pub(crate) d: &'a [u8],
+    pub(crate) i: usize,
 }
 
 impl Input<'_> {
-    fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.i >= self.d.len()
     }
-    fn u8(&mut self) -> u8 {
+    pub(crate) fn u8(&mut self) -> u8 {
         let b = self.d.get(self.i).copied().unwrap_or(0);
         self.i += 1;
         b
     }
-    fn u16(&mut self) -> u16 {
+    pub(crate) fn u16(&mut self) -> u16 {
         u16::from_le_bytes([self.u8(), self.u8()])
     }
-    fn u32(&mut self) -> u32 {
+    pub(crate) fn u32(&mut self) -> u32 {
         u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
     fn u64(&mut self) -> u64 {

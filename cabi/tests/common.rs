@@ -159,3 +159,36 @@ pub fn pair_when(ready: Ready, server: &str, client: &str) -> (String, String, S
     let _ = std::fs::remove_dir_all(&dir);
     r
 }
+
+/// Runs `test` of the calling test binary again inside `unshare -rn` with `lo` up (no
+/// privilege needed), marked by the environment variable `child`: true when this is that run
+/// (the caller then does the work), false after the child passed (or when namespaces are not
+/// available: said, and skipped).
+pub fn reexec_in_netns(test: &str, child: &str) -> bool {
+    if std::env::var_os(child).is_some() {
+        return true;
+    }
+    if !can_unshare(test) {
+        return false;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["-rn", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(child, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{test} in its namespace:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "{test} did not run in its namespace:\n{text}"
+    );
+    eprint!("{text}");
+    false
+}

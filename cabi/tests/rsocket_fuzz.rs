@@ -8,43 +8,11 @@
 mod common;
 
 use ferroce::rng::SplitMix64;
-use std::process::Command;
 
-const CHILD: &str = "FERROCE_RSOCKET_RX_CHILD";
-
-fn in_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
-
-/// Run `test` of this binary again inside `unshare -rn` with `lo` up; true when this is
-/// that run (the caller then does the work), false after the child passed.
+/// Run `test` of this binary again in a network namespace of its own (`unshare -rn`, `lo`
+/// up): true when this is that run.
 fn reexec(test: &str) -> bool {
-    if in_child() {
-        return true;
-    }
-    if !common::can_unshare(test) {
-        return false;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("unshare")
-        .args(["-rn", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
-        .arg(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{test} in its namespace:\n{text}");
-    assert!(
-        text.contains("1 passed"),
-        "{test} did not run in its namespace:\n{text}"
-    );
-    eprint!("{text}");
-    false
+    common::reexec_in_netns(test, "FERROCE_RSOCKET_RX_CHILD")
 }
 
 #[test]

@@ -26,6 +26,7 @@
 #![allow(missing_docs)]
 
 use super::*;
+use crate::entry_fuzz::Input;
 use crate::verbs::{ibv_create_cq, ibv_destroy_cq};
 use std::cell::RefCell;
 
@@ -38,29 +39,6 @@ const GUARD: u8 = 0x5c;
 const PEER_RQ: u32 = 128;
 /// Actions per input at most.
 const MAX_ACTIONS: usize = 64;
-
-/// Reads the fuzz input; zeros once it is exhausted.
-struct Input<'a> {
-    d: &'a [u8],
-    i: usize,
-}
-
-impl Input<'_> {
-    fn done(&self) -> bool {
-        self.i >= self.d.len()
-    }
-    fn u8(&mut self) -> u8 {
-        let b = self.d.get(self.i).copied().unwrap_or(0);
-        self.i += 1;
-        b
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-}
 
 /// The byte the peer puts at offset `x` of the rsocket's ring (never zero, so that a byte
 /// never written, zero, is told apart).
@@ -184,6 +162,22 @@ impl Peer {
                 return out;
             }
         }
+    }
+
+    /// `n` bytes (at most its send buffer) as they land at offset `off` of the rsocket's
+    /// ring, in the send buffer: the SGE that sends them (none for 0 bytes).
+    fn ring_bytes(&mut self, off: u64, n: u64) -> Option<ibv_sge> {
+        let n = n.min(PEER_SEND as u64);
+        for i in 0..n {
+            self.send.buf[i as usize] = pat(off + i);
+        }
+        // SAFETY: the live MR of the send buffer.
+        let lkey = unsafe { (*self.send.mr).lkey };
+        (n > 0).then_some(ibv_sge {
+            addr: self.send.buf.as_ptr() as u64,
+            length: n as u32,
+            lkey,
+        })
     }
 
     fn post_recv(&self) {
@@ -320,37 +314,31 @@ fn one(env: &Env, inp: &mut Input) -> Stats {
         ..Stats::default()
     };
     // The listener's sizes for this connection.
+    // Each size rdma-core's default unless its bit is set: then from the input.
     let sizes = if inp.u8() % 4 == 0 { inp.u8() } else { 0 };
-    let rcvbuf = if sizes & 1 != 0 {
-        [0, 1, 100, 2048, 4096, 8192, 16384, 65536][(inp.u8() % 8) as usize]
-    } else {
-        DEF_MEM as c_int / 2
+    let mut size = |bit: u8, default: u32, wild: fn(&mut Input) -> c_int| {
+        if sizes & bit != 0 {
+            wild(inp)
+        } else {
+            default as c_int
+        }
     };
-    let rq = if sizes & 2 != 0 {
-        i32::from(inp.u8())
-    } else {
-        DEF_RQ as c_int
-    };
-    let sndbuf = if sizes & 4 != 0 {
-        i32::from(inp.u16())
-    } else {
-        DEF_MEM as c_int / 2
-    };
-    let sq = if sizes & 8 != 0 {
-        i32::from(inp.u8())
-    } else {
-        DEF_SQ as c_int
-    };
-    let inline = if sizes & 16 != 0 {
-        i32::from(inp.u8())
-    } else {
-        DEF_INLINE as c_int
-    };
-    set_int(env.listener, libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
-    set_int(env.listener, libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf);
-    set_int(env.listener, SOL_RDMA, RDMA_RQSIZE, rq);
-    set_int(env.listener, SOL_RDMA, RDMA_SQSIZE, sq);
-    set_int(env.listener, SOL_RDMA, RDMA_INLINE, inline);
+    let rcvbuf = size(1, DEF_MEM / 2, |i| {
+        [0, 1, 100, 2048, 4096, 8192, 16384, 65536][(i.u8() % 8) as usize]
+    });
+    let rq = size(2, DEF_RQ, |i| i32::from(i.u8()));
+    let sndbuf = size(4, DEF_MEM / 2, |i| i32::from(i.u16()));
+    let sq = size(8, DEF_SQ, |i| i32::from(i.u8()));
+    let inline = size(16, DEF_INLINE, |i| i32::from(i.u8()));
+    for (level, name, v) in [
+        (libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf),
+        (SOL_RDMA, RDMA_RQSIZE, rq),
+        (SOL_RDMA, RDMA_SQSIZE, sq),
+        (SOL_RDMA, RDMA_INLINE, inline),
+    ] {
+        set_int(env.listener, level, name, v);
+    }
     if trace() {
         eprintln!("rcvbuf {rcvbuf} sndbuf {sndbuf} rq {rq} sq {sq} inline {inline}");
     }
@@ -760,16 +748,8 @@ fn actions(
                     4 => msg(OP_DATA, inp.u32() & 0x1fff_ffff),
                     _ => inp.u32(),
                 };
-                // The bytes as they land at `off` of the ring.
                 let n = len.min(PEER_SEND as u64);
-                for i in 0..n {
-                    peer.send.buf[i as usize] = pat(off + i);
-                }
-                let sge = (n > 0).then_some(ibv_sge {
-                    addr: send_addr,
-                    length: n as u32,
-                    lkey: send_key,
-                });
+                let sge = peer.ring_bytes(off, n);
                 st.peer_writes += 1;
                 let was_broken = peer.broken;
                 let r = peer.post(
@@ -806,14 +786,7 @@ fn actions(
             10 | 11 => {
                 let len = u64::from(inp.u16()) % PEER_SEND as u64;
                 let off = u64::from(inp.u32()) % (ring + 1024);
-                for i in 0..len {
-                    peer.send.buf[i as usize] = pat(off + i);
-                }
-                let sge = (len > 0).then_some(ibv_sge {
-                    addr: send_addr,
-                    length: len as u32,
-                    lkey: send_key,
-                });
+                let sge = peer.ring_bytes(off, len);
                 if peer.post(
                     IBV_WR_RDMA_WRITE,
                     0,
