@@ -662,7 +662,7 @@ impl St {
 
     // -- completions --
 
-    /// Takes every completion there is. Err only when receives cannot be reposted.
+    /// Takes every completion there is.
     fn poll_cq(&mut self) {
         let Some(c) = self.conn.as_ref() else { return };
         let cq = c.cq;
@@ -827,6 +827,20 @@ impl St {
         ended
     }
 
+    /// After `progress`, when the caller is about to wait or give up: a look at the CM
+    /// channel (not on every progress: a system call per chunk of a busy stream). True when
+    /// the peer's disconnect ended the connection; its flushed sends are taken then.
+    /// Completions come first, so what the peer sent before its disconnect is taken in
+    /// before the disconnect ends the stream.
+    fn check_cm(&mut self) -> bool {
+        if self.poll_cm() {
+            self.poll_cq();
+            true
+        } else {
+            false
+        }
+    }
+
     /// The connection's CM channel (for waiting on its events).
     fn cm_fd(&self) -> Option<c_int> {
         // SAFETY: the socket's channel while it has one.
@@ -853,12 +867,7 @@ impl St {
     /// One round of progress: credits out, completions in.
     fn progress(&mut self) {
         self.update_credits();
-        // Completions first: what the peer sent before its disconnect is taken in before the
-        // disconnect ends the connection (then the flushed sends are taken too).
         self.poll_cq();
-        if self.poll_cm() {
-            self.poll_cq();
-        }
         self.update_credits();
     }
 
@@ -898,11 +907,14 @@ fn wait<'a>(
         if test(&g) {
             return (g, Ok(()));
         }
+        if Instant::now() < spin_until && !nonblock {
+            continue;
+        }
+        if g.check_cm() {
+            continue;
+        }
         if nonblock {
             return (g, Err(libc::EAGAIN));
-        }
-        if Instant::now() < spin_until {
-            continue;
         }
         if !g.cq_armed {
             g.arm();
@@ -2531,6 +2543,9 @@ fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
             g.drain_cq_events();
             g.progress();
             let mut r = ready(&g);
+            if r == 0 && g.check_cm() {
+                r = ready(&g);
+            }
             if r == 0 && !g.cq_armed {
                 g.arm();
                 // A completion that came between the poll above and arming.
