@@ -68,6 +68,28 @@ fn a_hostile_peer_never_gets_past_the_rsocket_checks() {
     assert!(total.peer_writes > runs, "{total:?}");
 }
 
+/// The direct-placement path, which random inputs rarely reach whole (an iomap area, a healthy
+/// peer, an entry, then a riowrite into it): a listener with 4 iomap entries; the peer writes
+/// entry 1 (offset 1000, 8 KiB of its ring from 4096) and announces it; the rsocket's riowrite
+/// of 3,000 bytes at offset 1010 lands there, all of it (the harness checks every byte of the
+/// peer's ring outside what it granted).
+#[test]
+fn riowrite_lands_in_the_entry_the_peer_announced() {
+    if !reexec("riowrite_lands_in_the_entry_the_peer_announced") {
+        return;
+    }
+    let input = [
+        0, 32, 4, // the listener's sizes: only the iomap area, 4 entries
+        1, // well-formed connection data
+        30, 1, 1, 0xe8, 0x03, 0x00, 0x10, 0, 0x00, 0x20,
+        1, // entry 1: offset 1000 -> ring+4096, 8 KiB
+        31, 0xb8, 0x0b, 1, 0, 10, // riowrite 3000 bytes at the first announced offset + 10
+    ];
+    let st = ferroce_cabi::rsocket_fuzz::run_stats(&input);
+    assert_eq!(st.connected, 1, "{st:?}");
+    assert_eq!(st.bytes_iowritten, 3000, "{st:?}");
+}
+
 /// `RSOCKET_RX_REPLAY=FILE`: run one kept input.
 #[test]
 fn replay_a_kept_input() {

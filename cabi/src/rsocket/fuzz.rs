@@ -101,6 +101,8 @@ pub struct Stats {
     pub bytes_read: u64,
     pub eproto: u64,
     pub bytes_sent: u64,
+    /// Bytes `riowrite` put straight into the peer's memory.
+    pub bytes_iowritten: u64,
 }
 
 impl Stats {
@@ -113,6 +115,7 @@ impl Stats {
         self.bytes_read += o.bytes_read;
         self.eproto += o.eproto;
         self.bytes_sent += o.bytes_sent;
+        self.bytes_iowritten += o.bytes_iowritten;
     }
 }
 
@@ -330,17 +333,20 @@ fn one(env: &Env, inp: &mut Input) -> Stats {
     let sndbuf = size(4, DEF_MEM / 2, |i| i32::from(i.u16()));
     let sq = size(8, DEF_SQ, |i| i32::from(i.u8()));
     let inline = size(16, DEF_INLINE, |i| i32::from(i.u8()));
+    // An iomap area (riowrite's targets, written by the peer): none, as rdma-core's default.
+    let iomap = size(32, 0, |i| i32::from(i.u8() % 9));
     for (level, name, v) in [
         (libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf),
         (libc::SOL_SOCKET, libc::SO_SNDBUF, sndbuf),
         (SOL_RDMA, RDMA_RQSIZE, rq),
         (SOL_RDMA, RDMA_SQSIZE, sq),
         (SOL_RDMA, RDMA_INLINE, inline),
+        (SOL_RDMA, RDMA_IOMAPSIZE, iomap),
     ] {
         set_int(env.listener, level, name, v);
     }
     if trace() {
-        eprintln!("rcvbuf {rcvbuf} sndbuf {sndbuf} rq {rq} sq {sq} inline {inline}");
+        eprintln!("rcvbuf {rcvbuf} sndbuf {sndbuf} rq {rq} sq {sq} inline {inline} iomap {iomap}");
     }
 
     // The peer's endpoint.
@@ -706,6 +712,8 @@ fn actions(
     };
     // Where the next well-behaved write goes.
     let mut next_off = 0u64;
+    // The offsets of the iomap entries the peer wrote.
+    let mut announced: Vec<u64> = Vec::new();
     let mut out = vec![0u8; 1 << 16];
     for _ in 0..MAX_ACTIONS {
         if inp.done() {
@@ -856,7 +864,7 @@ fn actions(
                 m.set_inexact();
             }
             // The rsocket reads (or peeks).
-            16..=21 | 30 | 31 => {
+            16..=21 => {
                 let want = (inp.u16() as usize % out.len()).max(1);
                 let peek = inp.u8() % 4 == 0;
                 let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
@@ -948,6 +956,108 @@ fn actions(
             26..=28 => {
                 rpoll_now(fd);
                 m.take_in();
+            }
+            // An entry of the rsocket's iomap area (where its riowrite may write): any slot,
+            // past the area too, any offset, address, key and length; then the IOMAP_SGL
+            // message that announces it.
+            30 => {
+                let n_maps = if srv.flags & CONN_FLAG_IOMAP != 0 {
+                    u64::from(scale_to_value(srv.iomap_scale))
+                } else {
+                    0
+                };
+                let idx = match inp.u8() % 8 {
+                    0 => u64::from(inp.u8() % 16),
+                    _ => u64::from(inp.u8()) % n_maps.max(1),
+                };
+                let offset = u64::from(inp.u16());
+                let goff = u64::from(inp.u16()) % PEER_RING as u64;
+                let glen = match inp.u8() % 4 {
+                    0..=2 => (PEER_RING as u64 - goff).min(u64::from(inp.u16())),
+                    _ => u64::from(inp.u32()),
+                };
+                let key = if inp.u8() % 8 == 0 {
+                    inp.u32()
+                } else {
+                    peer_ring_key
+                };
+                if key == peer_ring_key {
+                    granted.push((peer_ring + goff, glen));
+                }
+                announced.push(offset);
+                let b = &mut peer.send.buf[..IOMAP_LEN];
+                b[..8].copy_from_slice(&offset.to_ne_bytes());
+                b[8..16].copy_from_slice(&(peer_ring + goff).to_ne_bytes());
+                b[16..20].copy_from_slice(&key.to_ne_bytes());
+                b[20..24].copy_from_slice(&(glen as u32).to_ne_bytes());
+                let ok = peer.post(
+                    IBV_WR_RDMA_WRITE,
+                    0,
+                    Some(ibv_sge {
+                        addr: send_addr,
+                        length: IOMAP_LEN as u32,
+                        lkey: send_key,
+                    }),
+                    tsgl_base
+                        .wrapping_add((SGE_LEN * SGL_SIZE as usize) as u64)
+                        .wrapping_add(idx * IOMAP_LEN as u64),
+                    tsgl_key,
+                ) == Some(true);
+                if !ok
+                    || peer.post(
+                        IBV_WR_RDMA_WRITE_WITH_IMM,
+                        msg(OP_IOMAP_SGL, idx as u32),
+                        None,
+                        0,
+                        0,
+                    ) != Some(true)
+                {
+                    m.set_inexact();
+                }
+            }
+            // riowrite: straight into the peer's memory, where its iomap entries say.
+            31 => {
+                let len = (inp.u16() as usize % 8192).max(1);
+                // Mostly at or just after an offset the peer announced.
+                let offset = match (inp.u8() % 4, announced.len()) {
+                    (0, _) | (_, 0) => u64::from(inp.u16()),
+                    (_, k) => announced[inp.u8() as usize % k] + u64::from(inp.u8()),
+                };
+                // SAFETY: `out` holds `len` bytes.
+                let r = unsafe {
+                    riowrite(
+                        fd,
+                        out.as_ptr() as *const c_void,
+                        len,
+                        offset as libc::off_t,
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if trace() {
+                    let e = std::io::Error::last_os_error();
+                    let maps: Vec<_> = lookup(fd)
+                        .map(|rs| {
+                            let g = lock(&rs.st);
+                            (0..g.target_iomap_size as usize)
+                                .map(|i| g.target_iomap(i))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    eprintln!(
+                        "riowrite {len} at {offset}: {r} ({e}); announced {announced:?}; \
+                         the rsocket's entries {maps:x?}"
+                    );
+                }
+                assert!(
+                    r == usize::MAX || r <= len,
+                    "riowrite returned {r} for {len}"
+                );
+                if r != usize::MAX {
+                    st.bytes_iowritten += r as u64;
+                }
+                rpoll_now(fd);
+                m.take_in();
+                peer.poll();
             }
             // The end: a shutdown of the rsocket, or the peer disconnects.
             _ => {
