@@ -665,6 +665,31 @@ fn trace() -> bool {
     *T.get_or_init(|| std::env::var_os("RSOCKET_RX_TRACE").is_some())
 }
 
+/// Space of the peer's ring it names to the rsocket (in its target SGL or an iomap entry):
+/// (offset in the ring, length, key), mostly inside the ring with its key, sometimes any
+/// length or key; recorded in `granted` when the key is the ring's.
+fn grant(
+    inp: &mut Input,
+    peer_ring: u64,
+    peer_ring_key: u32,
+    granted: &mut Vec<(u64, u64)>,
+) -> (u64, u64, u32) {
+    let goff = u64::from(inp.u16()) % PEER_RING as u64;
+    let glen = match inp.u8() % 4 {
+        0..=2 => (PEER_RING as u64 - goff).min(u64::from(inp.u16())),
+        _ => u64::from(inp.u32()),
+    };
+    let key = if inp.u8() % 8 == 0 {
+        inp.u32()
+    } else {
+        peer_ring_key
+    };
+    if key == peer_ring_key {
+        granted.push((peer_ring + goff, glen));
+    }
+    (goff, glen, key)
+}
+
 /// rpoll with no wait: the rsocket takes in what arrived.
 fn rpoll_now(fd: c_int) {
     let mut p = pollfd {
@@ -812,19 +837,7 @@ fn actions(
                     0 => u64::from(inp.u8() % 4),
                     _ => u64::from(inp.u8()) % u64::from(tsgl_n.clamp(1, 2)),
                 };
-                let goff = u64::from(inp.u16()) % PEER_RING as u64;
-                let glen = match inp.u8() % 4 {
-                    0..=2 => (PEER_RING as u64 - goff).min(u64::from(inp.u16())),
-                    _ => u64::from(inp.u32()),
-                };
-                let key = if inp.u8() % 8 == 0 {
-                    inp.u32()
-                } else {
-                    peer_ring_key
-                };
-                if key == peer_ring_key {
-                    granted.push((peer_ring + goff, glen));
-                }
+                let (goff, glen, key) = grant(inp, peer_ring, peer_ring_key, granted);
                 let mut sge = [0u8; SGE_LEN];
                 sge[..8].copy_from_slice(&(peer_ring + goff).to_ne_bytes());
                 sge[8..12].copy_from_slice(&key.to_ne_bytes());
@@ -971,19 +984,7 @@ fn actions(
                     _ => u64::from(inp.u8()) % n_maps.max(1),
                 };
                 let offset = u64::from(inp.u16());
-                let goff = u64::from(inp.u16()) % PEER_RING as u64;
-                let glen = match inp.u8() % 4 {
-                    0..=2 => (PEER_RING as u64 - goff).min(u64::from(inp.u16())),
-                    _ => u64::from(inp.u32()),
-                };
-                let key = if inp.u8() % 8 == 0 {
-                    inp.u32()
-                } else {
-                    peer_ring_key
-                };
-                if key == peer_ring_key {
-                    granted.push((peer_ring + goff, glen));
-                }
+                let (goff, glen, key) = grant(inp, peer_ring, peer_ring_key, granted);
                 announced.push(offset);
                 let b = &mut peer.send.buf[..IOMAP_LEN];
                 b[..8].copy_from_slice(&offset.to_ne_bytes());
