@@ -81,6 +81,15 @@ pub const INLINE_CHECK_MAX: Duration = Duration::from_millis(10);
 /// the engine before it sleeps in the packet device (see [`spin_budget`]).
 pub const INLINE_WAIT_SPIN: Duration = Duration::from_micros(20);
 
+/// [`PollMode::Inline`]: how long the background thread, once it has taken over, keeps
+/// driving the engine without sleeping after the last round that did work (none on a
+/// one-CPU host, [`spin_budget`]). A passive side whose application never calls in (a WRITE
+/// target, perftest's bandwidth server) otherwise sleeps in the packet device between two
+/// bursts and wakes ~80 µs later on this VM for each, and its ACKs hold the sender's window:
+/// Debian's `ib_write_bw` 64 KiB at both ends on the library, 1.6–1.9 GB/s with the server
+/// sleeping, 1.8–2.6 with it spinning (docs/cabi.md).
+pub const INLINE_BACKGROUND_SPIN: Duration = Duration::from_micros(500);
+
 /// Whether this process has one CPU to run on (`available_parallelism`: the affinity mask
 /// and the cgroup's CPU quota). There a thread that busy-polls for a packet holds the only
 /// CPU the packet's way in needs (the kernel's softirq thread, our own engine thread), and
@@ -1614,42 +1623,57 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
     // preempts a spinning one, and that shows in the latency tail.
     let max_check = INLINE_CHECK_MAX.as_nanos() as u64;
     let mut check = takeover;
+    // After a round that did work, drive on without sleeping this long (INLINE_BACKGROUND_SPIN).
+    let spin = spin_budget(INLINE_BACKGROUND_SPIN).as_nanos() as u64;
+    let mut worked_at: Option<u64> = None;
+    let mut spinner = Spinner::fixed();
     tracing::debug!("inline engine's background thread running");
     while !inner.stop.load(Ordering::Acquire) {
         let now = inner.epoch.elapsed().as_nanos() as u64;
         let since = now.saturating_sub(inner.last_app_drive.load(Ordering::Relaxed));
         if since < takeover {
+            worked_at = None;
             std::thread::sleep(Duration::from_nanos((takeover - since).max(check)));
             check = (check * 2).min(max_check);
             continue;
         }
         check = takeover;
-        let next = inner
-            .inline
-            .as_ref()
-            .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer));
-        let wait = until_timer(Duration::from_millis(1), next, now);
-        let r = match fd {
-            Some(fd) => {
-                crate::io::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
+        if worked_at.is_some_and(|t| now.saturating_sub(t) < spin) {
+            spinner.pause();
+        } else {
+            worked_at = None;
+            let next = inner
+                .inline
+                .as_ref()
+                .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer));
+            let wait = until_timer(Duration::from_millis(1), next, now);
+            let r = match fd {
+                Some(fd) => {
+                    crate::io::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
+                }
+                None => {
+                    std::thread::sleep(wait.min(Duration::from_micros(50)));
+                    Ok(())
+                }
+            };
+            if r.is_err() {
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
             }
-            None => {
-                std::thread::sleep(wait.min(Duration::from_micros(50)));
-                Ok(())
-            }
-        };
-        if r.is_err() {
-            inner.io_errors.fetch_add(1, Ordering::Relaxed);
+            inner.wake.drain();
         }
-        inner.wake.drain();
-        if inline_try_progress(inner).is_none() {
+        match inline_try_progress(inner) {
             // An application thread holds the engine: it drives it, or waits in the packet
             // device with it and takes the frame that woke this thread. Polling the device
             // again would return at once, the frame still there, until that thread runs: a
             // busy loop that, on a one-CPU host, keeps that very thread off the CPU (send-lat
             // in a one-vCPU guest: this thread ran 1.3 s of a 4 s run and every hop took
             // ~4 ms, a scheduler time slice).
-            std::thread::sleep(takeover_d);
+            None => {
+                worked_at = None;
+                std::thread::sleep(takeover_d);
+            }
+            Some(0) => {}
+            Some(_) => worked_at = Some(inner.epoch.elapsed().as_nanos() as u64),
         }
     }
     flush_held_acks(inner, || inline_progress(inner));
