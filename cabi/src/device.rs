@@ -67,6 +67,9 @@ pub(crate) enum DeviceError {
     /// `FERROCE_POLL` names no mode.
     #[error("FERROCE_POLL={0}: expected inline, busy or adaptive")]
     BadPoll(String),
+    /// `FERROCE_INLINE_SPIN_US` is not a number of microseconds up to 1,000,000.
+    #[error("FERROCE_INLINE_SPIN_US={0}: expected 0 to 1000000 (microseconds)")]
+    BadInlineSpin(String),
     /// `FERROCE_ACK_DELAY_US` is not a number of microseconds up to 1,000,000.
     #[error("FERROCE_ACK_DELAY_US={0}: expected 0 to 1000000 (microseconds)")]
     BadAckDelay(String),
@@ -103,7 +106,8 @@ impl DeviceError {
             | DeviceError::AddrNotIp(_)
             | DeviceError::AddrNotOnInterface { .. }
             | DeviceError::BadPoll(_)
-            | DeviceError::BadAckDelay(_) => libc::EINVAL,
+            | DeviceError::BadAckDelay(_)
+            | DeviceError::BadInlineSpin(_) => libc::EINVAL,
             DeviceError::NoInterface | DeviceError::NoAddress(_) => libc::ENODEV,
             DeviceError::Interface { source, .. }
             | DeviceError::Backend { source, .. }
@@ -294,6 +298,9 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     // FERROCE_ACK_DELAY_US: how long a responder holds a lone ACK so that it leaves with the
     // QP's next request instead of before it (DeviceConfig::ack_delay; 0: at once).
     cfg.ack_delay = ack_delay(std::env::var("FERROCE_ACK_DELAY_US").ok().as_deref())?;
+    // FERROCE_INLINE_SPIN_US: how long the inline engine's background thread drives on after
+    // work before it sleeps (Nic::set_background_spin; 0: sleep at once).
+    let bg_spin = inline_spin(std::env::var("FERROCE_INLINE_SPIN_US").ok().as_deref())?;
     let opts = NicOptions { poll, batch: 64 };
     let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
         Some(p) => {
@@ -309,6 +316,9 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         None => Nic::start(cfg, pkt, opts),
     }
     .map_err(DeviceError::Start)?;
+    if let Some(d) = bg_spin {
+        nic.set_background_spin(d);
+    }
     let contexts: Arc<crate::verbs::Contexts> = Arc::default();
     let ctxs = contexts.clone();
     nic.set_async_sink(Some(Arc::new(move |e| {
@@ -344,6 +354,18 @@ extern "C" fn release_acks_at_exit() {
     }
 }
 
+/// `FERROCE_INLINE_SPIN_US`: unset or empty is the runtime's default (None), else that many
+/// microseconds (0: the background thread sleeps after every round).
+fn inline_spin(v: Option<&str>) -> Result<Option<std::time::Duration>, DeviceError> {
+    match v {
+        None | Some("") => Ok(None),
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if n <= 1_000_000 => Ok(Some(std::time::Duration::from_micros(n))),
+            _ => Err(DeviceError::BadInlineSpin(s.to_string())),
+        },
+    }
+}
+
 /// The default hold of a lone ACK ([`ack_delay`]): 20 µs, what `ferroce perf`'s latency tests
 /// use: a ping-pong's answer leaves without a separate ACK before it (`ib_send_lat`: 2,000
 /// SENDs each way made 1,868 ACKs each way without it, 25–48 with it; docs/cabi.md). A held
@@ -366,6 +388,25 @@ fn ack_delay(v: Option<&str>) -> Result<Option<ferroce::time::Duration>, DeviceE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_spin_from_the_environment() {
+        assert_eq!(inline_spin(None).unwrap(), None);
+        assert_eq!(inline_spin(Some("")).unwrap(), None);
+        assert_eq!(
+            inline_spin(Some("0")).unwrap(),
+            Some(std::time::Duration::ZERO)
+        );
+        assert_eq!(
+            inline_spin(Some("250")).unwrap(),
+            Some(std::time::Duration::from_micros(250))
+        );
+        for bad in ["-1", "x", "1000001", "1.5"] {
+            let e = inline_spin(Some(bad)).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL);
+            assert!(e.to_string().starts_with("FERROCE_INLINE_SPIN_US="), "{e}");
+        }
+    }
 
     #[test]
     fn ack_delay_from_the_environment() {

@@ -431,6 +431,9 @@ struct Inner {
     /// [`PollMode::Inline`]: nanoseconds a waiting application thread spins before it sleeps
     /// in the packet device (see [`Nic::set_wait_spin`]).
     wait_spin_ns: AtomicU64,
+    /// [`PollMode::Inline`]: nanoseconds the background thread drives on after work before it
+    /// sleeps (see [`Nic::set_background_spin`]).
+    bg_spin_ns: AtomicU64,
 }
 
 impl Inner {
@@ -525,6 +528,7 @@ impl Nic {
             groups_dirty: AtomicBool::new(false),
             async_seen: AtomicU64::new(0),
             wait_spin_ns: AtomicU64::new(spin_budget(INLINE_WAIT_SPIN).as_nanos() as u64),
+            bg_spin_ns: AtomicU64::new(spin_budget(INLINE_BACKGROUND_SPIN).as_nanos() as u64),
         });
         let describe = pkt.describe();
         let filter = pkt.rx_filter();
@@ -1145,6 +1149,17 @@ impl Nic {
         );
     }
 
+    /// [`PollMode::Inline`]: how long the background thread, once it has taken over, drives
+    /// the engine without sleeping after a round that did work. Default
+    /// [`INLINE_BACKGROUND_SPIN`], none on a one-CPU host ([`spin_budget`]); zero sleeps in
+    /// the packet device after every round.
+    pub fn set_background_spin(&self, d: Duration) {
+        self.inner.bg_spin_ns.store(
+            d.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
     /// [`PollMode::Inline`]: drive the engine until `ready()` or `deadline`, sleeping in the
     /// packet device (at most until the next timer) when there is nothing to do.
     fn inline_wait(&self, deadline: std::time::Instant, ready: &dyn Fn() -> bool) -> bool {
@@ -1623,8 +1638,6 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
     // preempts a spinning one, and that shows in the latency tail.
     let max_check = INLINE_CHECK_MAX.as_nanos() as u64;
     let mut check = takeover;
-    // After a round that did work, drive on without sleeping this long (INLINE_BACKGROUND_SPIN).
-    let spin = spin_budget(INLINE_BACKGROUND_SPIN).as_nanos() as u64;
     let mut worked_at: Option<u64> = None;
     let mut spinner = Spinner::fixed();
     tracing::debug!("inline engine's background thread running");
@@ -1638,6 +1651,8 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
             continue;
         }
         check = takeover;
+        // After a round that did work, drive on without sleeping (Nic::set_background_spin).
+        let spin = inner.bg_spin_ns.load(Ordering::Relaxed);
         if worked_at.is_some_and(|t| now.saturating_sub(t) < spin) {
             spinner.pause();
         } else {
