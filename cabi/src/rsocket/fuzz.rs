@@ -174,11 +174,16 @@ impl Peer {
         for i in 0..n {
             self.send.buf[i as usize] = pat(off + i);
         }
+        self.send_sge(n as u32)
+    }
+
+    /// The SGE of the first `len` bytes of the send buffer (none for 0 bytes).
+    fn send_sge(&self, len: u32) -> Option<ibv_sge> {
         // SAFETY: the live MR of the send buffer.
         let lkey = unsafe { (*self.send.mr).lkey };
-        (n > 0).then_some(ibv_sge {
+        (len > 0).then_some(ibv_sge {
             addr: self.send.buf.as_ptr() as u64,
-            length: n as u32,
+            length: len,
             lkey,
         })
     }
@@ -316,8 +321,8 @@ fn one(env: &Env, inp: &mut Input) -> Stats {
         inputs: 1,
         ..Stats::default()
     };
-    // The listener's sizes for this connection.
-    // Each size rdma-core's default unless its bit is set: then from the input.
+    // The listener's sizes for this connection: each rdma-core's default unless its bit of
+    // `sizes` is set, then from the input.
     let sizes = if inp.u8() % 4 == 0 { inp.u8() } else { 0 };
     let mut size = |bit: u8, default: u32, wild: fn(&mut Input) -> c_int| {
         if sizes & bit != 0 {
@@ -715,14 +720,7 @@ fn actions(
     let (ring_base, ring_key) = (srv.data_buf.0, srv.data_buf.1);
     let (tsgl_base, tsgl_key, tsgl_n) = srv.target_sgl;
     // SAFETY: the live MRs.
-    let (peer_ring, peer_ring_key, send_key) = unsafe {
-        (
-            (*peer.ring.mr).addr as u64,
-            (*peer.ring.mr).rkey,
-            (*peer.send.mr).lkey,
-        )
-    };
-    let send_addr = peer.send.buf.as_ptr() as u64;
+    let (peer_ring, peer_ring_key) = unsafe { ((*peer.ring.mr).addr as u64, (*peer.ring.mr).rkey) };
     let mut m = Model {
         pending: std::collections::VecDeque::new(),
         q: std::collections::VecDeque::new(),
@@ -846,11 +844,7 @@ fn actions(
                 let ok = peer.post(
                     IBV_WR_RDMA_WRITE,
                     0,
-                    Some(ibv_sge {
-                        addr: send_addr,
-                        length: SGE_LEN as u32,
-                        lkey: send_key,
-                    }),
+                    peer.send_sge(SGE_LEN as u32),
                     tsgl_base.wrapping_add(entry * SGE_LEN as u64),
                     tsgl_key,
                 ) == Some(true);
@@ -868,11 +862,7 @@ fn actions(
             // A SEND: rsockets post no buffers for one.
             15 => {
                 let len = u32::from(inp.u8());
-                let sge = (len > 0).then_some(ibv_sge {
-                    addr: send_addr,
-                    length: len,
-                    lkey: send_key,
-                });
+                let sge = peer.send_sge(len);
                 peer.post(2, 0, sge, 0, 0);
                 m.set_inexact();
             }
@@ -994,11 +984,7 @@ fn actions(
                 let ok = peer.post(
                     IBV_WR_RDMA_WRITE,
                     0,
-                    Some(ibv_sge {
-                        addr: send_addr,
-                        length: IOMAP_LEN as u32,
-                        lkey: send_key,
-                    }),
+                    peer.send_sge(IOMAP_LEN as u32),
                     tsgl_base
                         .wrapping_add((SGE_LEN * SGL_SIZE as usize) as u64)
                         .wrapping_add(idx * IOMAP_LEN as u64),
