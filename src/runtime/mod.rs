@@ -87,7 +87,8 @@ pub const INLINE_WAIT_SPIN: Duration = Duration::from_micros(20);
 /// target, perftest's bandwidth server) otherwise sleeps in the packet device between two
 /// bursts and wakes ~80 µs later on this VM for each, and its ACKs hold the sender's window:
 /// Debian's `ib_write_bw` 64 KiB at both ends on the library, 1.6–1.9 GB/s with the server
-/// sleeping, 1.8–2.6 with it spinning (docs/cabi.md).
+/// sleeping, 2.1–2.4 in three rounds of four with this spin (docs/cabi.md, which also shows
+/// what it costs on a machine loaded with other work: `Nic::set_background_spin`).
 pub const INLINE_BACKGROUND_SPIN: Duration = Duration::from_micros(500);
 
 /// Whether this process has one CPU to run on (`available_parallelism`: the affinity mask
