@@ -2864,8 +2864,6 @@ fn taskset(args: &[&str]) {
     assert!(out.status.success(), "taskset {args:?}: {out:?}");
 }
 
-/// The flood's stated rate, frames per second (`FERROCE_FLOOD_RATE`, default 20,000: some
-/// 50 Mbit/s of these frames, a host's worth of junk on a 1 Gbit/s segment).
 /// The flood's "maximum" phases: as fast as X goes on AF_PACKET; on the UDP-socket backend
 /// at most `FERROCE_FLOOD_MAX` frames per second (default 100,000; 0: no cap). There one
 /// socket queue serves every QP, and a flood faster than B's engine empties it drops A's
@@ -2888,6 +2886,8 @@ fn flood_max(kind: BackendKind) -> u64 {
     }
 }
 
+/// The flood's stated rate, frames per second (`FERROCE_FLOOD_RATE`, default 20,000: some
+/// 50 Mbit/s of these frames, a host's worth of junk on a 1 Gbit/s segment).
 fn flood_rate() -> u64 {
     std::env::var("FERROCE_FLOOD_RATE")
         .ok()
