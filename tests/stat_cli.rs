@@ -192,14 +192,24 @@ fn two_perf_processes_are_seen_by_stat_and_res_qp() {
     // Until both run with their QP connected and the client has sent (or the run is over):
     // right at RTS the client may have posted its WRs without a packet out yet (seen once in
     // CI under load: tx_packets 0 with 128 outstanding). Only the client sends first (the
-    // server's ACKs follow its packets), so any QP with packets out means the client's has.
+    // server's ACKs follow its packets), yet each process publishes its own figures when it
+    // does: a fresh server snapshot beside a stale client one showed the server's ACKs and
+    // the client's tx_packets 0 (CI, 2026-12-06). So the client's own QP (not the server's
+    // pid) must show packets out.
     let mut seen = Vec::new();
     for _ in 0..300 {
         let v = json(&dir, &["res", "qp", "--json"]);
+        let spid: Option<u64> = std::fs::read_to_string(dir.join("s.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
         if v.len() == 2
             && v.iter().all(|q| q["state"] == "RTS" && q["rqpn"] != 0)
-            && v.iter()
-                .any(|q| q["counters"]["tx_packets"].as_u64().unwrap_or(0) > 0)
+            && spid.is_some_and(|spid| {
+                v.iter().any(|q| {
+                    q["pid"].as_u64() != Some(spid)
+                        && q["counters"]["tx_packets"].as_u64().unwrap_or(0) > 0
+                })
+            })
         {
             seen = v;
             break;
