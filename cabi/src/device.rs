@@ -354,16 +354,22 @@ extern "C" fn release_acks_at_exit() {
     }
 }
 
-/// `FERROCE_INLINE_SPIN_US`: unset or empty is the runtime's default (None), else that many
-/// microseconds (0: the background thread sleeps after every round).
-fn inline_spin(v: Option<&str>) -> Result<Option<std::time::Duration>, DeviceError> {
+/// A count of microseconds from the environment, at most one second: `None` when unset or
+/// empty, `bad` (with the text) when it is not a whole number in `0..=1_000_000`.
+fn env_micros(v: Option<&str>, bad: fn(String) -> DeviceError) -> Result<Option<u64>, DeviceError> {
     match v {
         None | Some("") => Ok(None),
         Some(s) => match s.parse::<u64>() {
-            Ok(n) if n <= 1_000_000 => Ok(Some(std::time::Duration::from_micros(n))),
-            _ => Err(DeviceError::BadInlineSpin(s.to_string())),
+            Ok(n) if n <= 1_000_000 => Ok(Some(n)),
+            _ => Err(bad(s.to_string())),
         },
     }
+}
+
+/// `FERROCE_INLINE_SPIN_US`: unset or empty is the runtime's default (None), else that many
+/// microseconds (0: the background thread sleeps after every round).
+fn inline_spin(v: Option<&str>) -> Result<Option<std::time::Duration>, DeviceError> {
+    Ok(env_micros(v, DeviceError::BadInlineSpin)?.map(std::time::Duration::from_micros))
 }
 
 /// The default hold of a lone ACK ([`ack_delay`]): 20 µs, what `ferroce perf`'s latency tests
@@ -375,13 +381,7 @@ pub const DEFAULT_ACK_DELAY_US: u64 = 20;
 
 /// `FERROCE_ACK_DELAY_US`: unset or empty is [`DEFAULT_ACK_DELAY_US`], 0 is no hold.
 fn ack_delay(v: Option<&str>) -> Result<Option<ferroce::time::Duration>, DeviceError> {
-    let us = match v {
-        None | Some("") => DEFAULT_ACK_DELAY_US,
-        Some(s) => match s.parse::<u64>() {
-            Ok(n) if n <= 1_000_000 => n,
-            _ => return Err(DeviceError::BadAckDelay(s.to_string())),
-        },
-    };
+    let us = env_micros(v, DeviceError::BadAckDelay)?.unwrap_or(DEFAULT_ACK_DELAY_US);
     Ok((us > 0).then(|| ferroce::time::Duration::from_micros(us)))
 }
 
