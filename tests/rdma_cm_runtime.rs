@@ -229,6 +229,68 @@ fn connect_exchange_disconnect() {
     l.destroy().unwrap();
 }
 
+/// 300 connections requested at once, as Debian's `cmtime` does: every REQ finds a receive
+/// buffer on the passive side's QP1 (none dropped, so none waits ~4 s for its retransmission)
+/// and all 300 are established. With 64 receive buffers on QP1 the burst overflowed them:
+/// `cmtime -c 200` took 9.7 s to connect its slowest connection.
+#[test]
+fn a_burst_of_connection_requests_is_not_dropped() {
+    const N: usize = 300;
+    let (a, b) = pair();
+    let l = b.ch.create_id(PortSpace::TCP);
+    l.bind_addr(SocketAddr::new(ip(2), 7471)).unwrap();
+    l.listen(N).unwrap();
+    let (pda, cqa) = (a.nic.alloc_pd().unwrap(), a.nic.create_cq(64).unwrap());
+    let (pdb, cqb) = (b.nic.alloc_pd().unwrap(), b.nic.create_cq(64).unwrap());
+    let ids: Vec<_> = (0..N)
+        .map(|_| {
+            let c = a.ch.create_id(PortSpace::TCP);
+            c.resolve_addr(None, SocketAddr::new(ip(2), 7471), Duration::from_secs(2))
+                .unwrap();
+            expect(&a.ch, EventType::AddrResolved);
+            c.resolve_route(Duration::from_secs(2)).unwrap();
+            expect(&a.ch, EventType::RouteResolved);
+            c.create_qp(QpInitAttr::new(pda, cqa, cqa, cap())).unwrap();
+            c
+        })
+        .collect();
+    // All REQs leave back to back; the server answers none until the last is posted.
+    for c in &ids {
+        c.connect(&param(&[])).unwrap();
+    }
+    // The server accepts each request as it comes; its ESTABLISHED events (the RTUs) come
+    // between the later requests.
+    let (mut accepted, mut established) = (Vec::new(), 0);
+    while accepted.len() < N || established < N {
+        let e = b.ch.get_cm_event(T).expect("a request or ESTABLISHED");
+        match e.event {
+            EventType::ConnectRequest => {
+                e.id.create_qp(QpInitAttr::new(pdb, cqb, cqb, cap()))
+                    .unwrap();
+                e.id.accept(&param(&[])).unwrap();
+                accepted.push(e.id.clone());
+            }
+            EventType::Established => established += 1,
+            _ => panic!("{e:?}"),
+        }
+    }
+    for _ in 0..N {
+        expect(&a.ch, EventType::Established);
+    }
+    for (who, s) in [("client", &a), ("server", &b)] {
+        let gsi = s.nic.qp_counters(QpNumber::GSI).unwrap();
+        assert_eq!(gsi.no_wqe_drops, 0, "{who}: MADs dropped on QP1: {gsi:?}");
+        let cm = s.svc.cm_counters();
+        assert_eq!(
+            (cm.retransmissions, cm.duplicates, cm.rej_sent),
+            (0, 0, 0),
+            "{who}: {cm:?}"
+        );
+    }
+    // REQ and RTU from each connection, nothing else.
+    assert_eq!(b.svc.qp1_counters().mads_in as usize, 2 * N);
+}
+
 /// A REQ to a port where nothing listens: REJECTED with reason 8 (invalid service ID),
 /// promptly (one round trip, not a timeout).
 #[test]

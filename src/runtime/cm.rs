@@ -67,10 +67,14 @@ pub use crate::wire::mad::rdma_cm::PortSpace;
 /// The Q_Key of QP1 (IBTA Vol. 1 §13.5.1).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
-/// QP1's receive buffers.
-const RECV_SLOTS: usize = 64;
-/// QP1's send buffers.
-const SEND_SLOTS: usize = 64;
+/// QP1's receive buffers: Linux's MAD layer posts 512 (`ib_mad`'s `recv_queue_size`). A UD
+/// packet that finds no receive buffer is dropped, and a connection whose REQ is dropped waits
+/// for the CM's response timeout (~4 s) to send it again: with 64, Debian's `cmtime -c 200`
+/// (200 REQs at once) took 9.7 s to connect its slowest connection.
+const RECV_SLOTS: usize = 512;
+/// QP1's send buffers (Linux's `send_queue_size`: 128); what does not fit waits in the
+/// backlog.
+const SEND_SLOTS: usize = 128;
 /// Most address handles QP1 keeps (one per peer and traffic class). MADs come from any
 /// address on the segment (a REJ answers each REQ): without a bound, a flood from forged
 /// sources would fill the device's AH table, which the application's AHs share.
