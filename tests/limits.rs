@@ -309,10 +309,13 @@ fn work_requests_up_to_the_queue_sge_inline_and_message_limits() {
         p.a.post_send(qa, write(vec![s(1), s(1), s(1)], SendFlags::empty())),
         Err(VerbsError::TooManySge(3))
     ));
-    // Inline: max_inline_data (16) and no more.
+    // Inline: 16 bytes asked, 32 granted (the room of max_send_sge 2 entries, as rxe grants
+    // it), and no more.
+    let granted = p.a.query_qp(qa).unwrap().1.cap.max_inline_data;
+    assert_eq!(granted, 32);
     assert!(matches!(
-        p.a.post_send(qa, write(vec![s(17)], SendFlags::INLINE)),
-        Err(VerbsError::InlineTooLarge(17))
+        p.a.post_send(qa, write(vec![s(33)], SendFlags::INLINE)),
+        Err(VerbsError::InlineTooLarge(33))
     ));
     // A message of 2^31 + 1 bytes is refused at once; 2^31 is a valid length (the request
     // then fails on its local key range, as a completion).

@@ -367,6 +367,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     let mut b = a.base();
     // SAFETY: forwarded.
     let qp = unsafe { crate::verbs::ibv_create_qp(a.pd, &mut b) };
+    if !qp.is_null() {
+        // The granted capabilities, as `ibv_create_qp` writes them.
+        a.cap = b.cap;
+    }
     if !qp.is_null() && a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
         // SAFETY: the QP just made.
         unsafe { (*(qp as *mut QpW)).ex_on = true };

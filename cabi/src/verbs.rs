@@ -1464,6 +1464,23 @@ pub unsafe extern "C" fn ibv_create_qp(
         Ok(q) => q,
         Err(e) => return fail(errno_of(&e)),
     };
+    // What was granted goes back to the caller, as every provider writes it (inline data is
+    // granted at least the room of the send SGEs: `granted_inline` in src/verbs/device.rs);
+    // with an SRQ the receive fields are left as they were, as rxe leaves them.
+    let cap = match s.nic.query_qp(qpn) {
+        Ok((_, a)) => QpCap {
+            max_inline_data: a.cap.max_inline_data,
+            ..cap
+        },
+        Err(_) => cap,
+    };
+    ia.cap.max_send_wr = cap.max_send_wr;
+    ia.cap.max_send_sge = cap.max_send_sge;
+    ia.cap.max_inline_data = cap.max_inline_data;
+    if srq.is_none() {
+        ia.cap.max_recv_wr = cap.max_recv_wr;
+        ia.cap.max_recv_sge = cap.max_recv_sge;
+    }
     // SAFETY: plain C data.
     let mut c: ibv_qp = unsafe { std::mem::zeroed() };
     c.context = p.c.context;

@@ -864,6 +864,16 @@ fn rdmacm_utils_examples_both_ends() {
     );
     assert!(s.contains("rdma_server: end 0"), "{s}");
     assert!(c.contains("rdma_client: end 0"), "{c}");
+    // rdma_xclient's RC mode: a QP created with max_inline_data 0 posts a 16-byte SEND with
+    // IBV_SEND_INLINE and lkey 0 — it works because providers grant inline data the room of
+    // the send SGEs (rxe: max_send_sge × 16), and so does ferroce.
+    let (s, c, st) = pair_when(Ready::CmListen, "rdma_xserver", "rdma_xclient -s");
+    assert_eq!(
+        st, "server=0 client=0",
+        "rdma_xserver\n--- server\n{s}\n--- client\n{c}"
+    );
+    assert!(s.contains("rdma_xserver: end 0"), "{s}");
+    assert!(c.contains("rdma_xclient: end 0"), "{c}");
     let cmd = "ib_send_bw -R -c UD -d ferroce_lo -n 300";
     let (s, c, st) = pair_when(Ready::CmListen, cmd, cmd);
     assert_eq!(
@@ -871,6 +881,38 @@ fn rdmacm_utils_examples_both_ends() {
         "{cmd}\n--- server\n{s}\n--- client\n{c}"
     );
     result_line(cmd, &c, "300");
+}
+
+/// Debian's `cmtime`: 300 connections requested, accepted, established and disconnected at
+/// once (its server serves until it is killed). Every REQ of the burst must find a receive
+/// buffer on QP1 (`tests/rdma_cm_runtime.rs` `a_burst_of_connection_requests_is_not_dropped`
+/// counts the drops).
+#[test]
+fn cmtime_connects_and_disconnects_300_connections() {
+    let t = "cmtime_connects_and_disconnects_300_connections";
+    if !ready(t, &["cmtime"]) {
+        return;
+    }
+    let o = in_netns(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         L=$(mktemp -u)\n\
+         FERROCE_LISTENING=$L FERROCE_ADDR=127.0.0.1 timeout 120 cmtime -b 127.0.0.1 -c 300 \
+           > /dev/null 2>&1 &\n\
+         s=$!\n\
+         i=0; while [ $i -lt 400 ] && ! [ -e $L ]; do sleep 0.05; i=$((i+1)); done\n\
+         FERROCE_ADDR=127.0.0.2 timeout 60 cmtime -s 127.0.0.1 -c 300 2>&1\n\
+         echo \"client=$?\"\n\
+         kill $s; rm -f $L",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("client=0"), "{out}");
+    for step in ["connect", "disconnect", "destroy"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split(':').next().map(str::trim) == Some(step)),
+            "cmtime printed no {step} line:\n{out}"
+        );
+    }
 }
 
 #[test]

@@ -710,15 +710,21 @@ impl Nic {
     /// `ibv_create_qp` (RC, UC or UD, with or without an SRQ), with the QP's lock-free shadow
     /// for posting.
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
-        let qpn = self.with_device(|d| d.create_qp(init))?;
-        self.add_shadow(qpn, init);
+        let (qpn, cap) = self.with_device(|d| {
+            let qpn = d.create_qp(init)?;
+            Ok::<_, VerbsError>((qpn, d.qp_cap(qpn)?))
+        })?;
+        self.add_shadow(qpn, QpInitAttr { cap, ..init });
         Ok(qpn)
     }
 
     /// QP1, the GSI (see [`Device::create_gsi_qp`]).
     pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
-        let qpn = self.with_device(|d| d.create_gsi_qp(init))?;
-        self.add_shadow(qpn, init);
+        let (qpn, cap) = self.with_device(|d| {
+            let qpn = d.create_gsi_qp(init)?;
+            Ok::<_, VerbsError>((qpn, d.qp_cap(qpn)?))
+        })?;
+        self.add_shadow(qpn, QpInitAttr { cap, ..init });
         Ok(qpn)
     }
 
@@ -793,6 +799,7 @@ impl Nic {
         self.progress();
     }
 
+    /// `init.cap` is what the device granted (`Device::qp_cap`).
     fn add_shadow(&self, qpn: QpNumber, init: QpInitAttr) {
         let sh = Arc::new(QpShadow {
             qp_type: init.qp_type,

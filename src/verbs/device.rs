@@ -330,6 +330,17 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
     Ok(len as u32)
 }
 
+/// The inline data a QP is granted: what was asked, and at least the room its send queue's
+/// scatter/gather entries take (16 bytes each, `max_send_sge` of them), up to the device's
+/// `max_inline` — as rxe and hardware providers grant it, so a program that asks for no inline
+/// data but posts a small `IBV_SEND_INLINE` request (rdma-core's `rdma_xclient` sends 16
+/// bytes inline from a QP created with `max_inline_data` 0) works here as there. The granted
+/// value is what `query_qp` reports and `ibv_create_qp` writes back.
+pub fn granted_inline(cap: &QpCap, device_max: u32) -> u32 {
+    let sge_room = cap.max_send_sge.max(1).saturating_mul(16).min(device_max);
+    cap.max_inline_data.max(sge_room)
+}
+
 /// A software RNIC: the verbs objects of one port and the sans-IO engine that runs its queue
 /// pairs (see [`super::engine`] for the contract with its driver).
 ///
@@ -884,6 +895,7 @@ impl Device {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
         }
+        cap.max_inline_data = granted_inline(&cap, self.cfg.max_inline);
         let num = QpNumber::new(qpn);
         let i = QpInit {
             pd: init.pd,
@@ -1018,6 +1030,12 @@ impl Device {
         a.qp_state = qp.state();
         a.cur_qp_state = qp.state();
         Ok((qp.state(), a))
+    }
+
+    /// What the QP was granted (`ibv_qp_init_attr.cap` after `ibv_create_qp`): at least what
+    /// was asked; inline data at least the room of its send SGEs ([`granted_inline`]).
+    pub fn qp_cap(&self, qpn: QpNumber) -> Result<QpCap, VerbsError> {
+        Ok(self.qp(qpn)?.cap())
     }
 
     /// The QP's transport.
