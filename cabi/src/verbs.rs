@@ -1033,6 +1033,38 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     let s = unsafe { sh(context) };
     // SAFETY: fcntl on the channel's own descriptor.
     let nonblock = unsafe { libc::fcntl(w.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    // A blocking wait returns -1 with EINTR when a signal handler runs meanwhile, as
+    // rdma-core's `read()` of the channel does for a handler installed without SA_RESTART
+    // (qperf's SIGALRM ends its test while the server waits here). With SA_RESTART the
+    // kernel restarts such a read; rdma-core's callers then never see EINTR, and here a
+    // program that installed its handler with SA_RESTART may: the waits cannot tell.
+    ferroce::io::event::watch_interrupts(!nonblock);
+    // SAFETY: the caller's out parameters, checked above (libibverbs' contract).
+    let r = unsafe { get_cq_event_loop(s, &w, nonblock, cq_out, ctx_out) };
+    ferroce::io::event::watch_interrupts(false);
+    r
+}
+
+/// The body of [`ibv_get_cq_event`].
+///
+/// # Safety
+/// As [`ibv_get_cq_event`]'s: `cq_out` is writable, `ctx_out` null or writable.
+unsafe fn get_cq_event_loop(
+    s: &Shared,
+    w: &Arc<ChanInner>,
+    nonblock: bool,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    let interrupted = || {
+        if ferroce::io::event::interrupted() {
+            set_errno(libc::EINTR);
+            true
+        } else {
+            false
+        }
+    };
+    let mut idle_readable = false;
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if cqs.is_empty() {
@@ -1040,10 +1072,30 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            // Sleep on the channel's descriptor (a wait that notices a signal).
+            let _ = ferroce::io::event::poll_readable(&[w.fd], Some(Duration::from_millis(10)));
+            if interrupted() {
+                return -1;
+            }
             continue;
         }
-        let slice = if nonblock {
+        if !nonblock && !s.nic.drives_inline() {
+            // An engine thread notifies: wait on the descriptor it makes readable, where a
+            // signal is noticed (the CQ's own wait is a condition variable, where it is not).
+            // After a round that found the descriptor readable and no event (another thread
+            // took it), sleep a little instead of finding it readable again at once.
+            let wait = if idle_readable {
+                Duration::from_micros(200)
+            } else {
+                Duration::from_secs(1)
+            };
+            let fds: &[c_int] = if idle_readable { &[] } else { &[w.fd] };
+            idle_readable = matches!(ferroce::io::event::poll_readable(fds, Some(wait)), Ok(true));
+            if interrupted() {
+                return -1;
+            }
+        }
+        let slice = if nonblock || !s.nic.drives_inline() {
             Duration::ZERO
         } else if cqs.len() == 1 {
             Duration::from_secs(1)
@@ -1085,6 +1137,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     }
                 }
                 return 0;
+            }
+            if interrupted() {
+                return -1;
             }
         }
         if nonblock {

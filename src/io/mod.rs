@@ -43,7 +43,9 @@ pub use sys::{enter_netns, if_nametoindex, netns_id};
 /// Sleeping until a descriptor is readable, and waking a sleeper: an eventfd counter and the
 /// one `poll(2)` wrapper of the crate.
 pub mod event {
-    pub use super::sys::event::{poll_readable, poll_readable_precise, EventFd};
+    pub use super::sys::event::{
+        interrupted, poll_readable, poll_readable_precise, watch_interrupts, EventFd,
+    };
 }
 
 /// What a device carries.

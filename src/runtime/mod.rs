@@ -1185,7 +1185,9 @@ impl Nic {
                 return true;
             }
             let now = std::time::Instant::now();
-            if now >= deadline {
+            // A signal handler ran while this thread waited, and the caller wants to know
+            // (`crate::io::event::watch_interrupts`): give up the wait.
+            if now >= deadline || crate::io::event::interrupted() {
                 return false;
             }
             // Spin briefly (the answer is usually microseconds away), then sleep in the
@@ -1317,6 +1319,12 @@ impl Nic {
     /// Notifications that fired and were not taken by `get_cq_event` yet.
     pub fn cq_events_pending(&self, cq: Cq) -> Result<u64, VerbsError> {
         Ok(self.cq(cq)?.events.load(Ordering::Acquire))
+    }
+
+    /// Whether the engine runs inline, in the application's calls ([`PollMode::Inline`]):
+    /// then waits drive it, else an engine thread does.
+    pub fn drives_inline(&self) -> bool {
+        self.inner.inline.is_some()
     }
 
     /// `ibv_get_cq_event`: block until an armed notification fires or `timeout` passes.

@@ -43,6 +43,26 @@ impl EventFd {
     }
 }
 
+thread_local! {
+    /// This thread's interrupt watch: 0 off, 1 armed, 2 a wait was interrupted since arming.
+    static INTERRUPT_WATCH: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Arm (`true`) or disarm this thread's interrupt watch. While it is armed, a wait of this
+/// module that a signal handler interrupts (`EINTR`) is remembered, so that a blocking call
+/// of the C library can return `EINTR` as rdma-core's do when the program's handler was
+/// installed without `SA_RESTART` (qperf ends its test from `SIGALRM` that way, waiting in
+/// `ibv_get_cq_event`). The waits themselves still treat `EINTR` as a spurious wake-up.
+pub fn watch_interrupts(on: bool) {
+    INTERRUPT_WATCH.with(|w| w.set(u8::from(on)));
+}
+
+/// Whether a wait of this thread was interrupted by a signal since
+/// [`watch_interrupts`]`(true)` (always `false` while the watch is off).
+pub fn interrupted() -> bool {
+    INTERRUPT_WATCH.with(|w| w.get() == 2)
+}
+
 /// Wait until one of `fds` is readable or `timeout` passes (`None`: forever). Returns
 /// whether any descriptor reported an event (readable, or an error or hang-up, which a read
 /// then reports). EINTR counts as a spurious wake-up (`Ok(false)`).
@@ -95,6 +115,11 @@ fn ppoll_readable<F: AsRawFd>(fds: &[F], timeout: Option<Duration>) -> io::Resul
     if r < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted {
+            INTERRUPT_WATCH.with(|w| {
+                if w.get() == 1 {
+                    w.set(2);
+                }
+            });
             Ok(false)
         } else {
             Err(e)
