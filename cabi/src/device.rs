@@ -276,13 +276,12 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     }
     let port = Port::from_env()?;
     let local = port.gids[0];
-    let pkt = backend::open_with(port.backend, &port.netdev, local, true).map_err(|source| {
-        DeviceError::Backend {
+    let pkt = open_waiting(|| backend::open_with(port.backend, &port.netdev, local, true))
+        .map_err(|source| DeviceError::Backend {
             backend: port.backend.name(),
             interface: port.netdev.name.clone(),
             source,
-        }
-    })?;
+        })?;
     let mut cfg = DeviceConfig::new(port.netdev.mac, local);
     cfg.gids = port.gids.clone();
     cfg.port_mtu = port.mtu;
@@ -363,6 +362,30 @@ fn env_micros(v: Option<&str>, bad: fn(String) -> DeviceError) -> Result<Option<
             Ok(n) if n <= 1_000_000 => Ok(Some(n)),
             _ => Err(bad(s.to_string())),
         },
+    }
+}
+
+/// How long opening the device waits for the UDP port of its address to come free
+/// ([`open_waiting`]).
+pub const ADDR_IN_USE_WAIT: Duration = Duration::from_secs(1);
+
+/// Open with `open`, trying again for up to [`ADDR_IN_USE_WAIT`] while the address is in use:
+/// one RoCE endpoint per address and host, and the program before this one on the address may
+/// still be exiting. qperf's server forks a process per test, and the client asks for the next
+/// test as soon as the last one's results are in; the next process found the port still held
+/// by the last one (its connection closing) and the client's REQ reached the old process.
+fn open_waiting<T>(mut open: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let until = std::time::Instant::now() + ADDR_IN_USE_WAIT;
+    loop {
+        match open() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r,
+        }
     }
 }
 

@@ -883,6 +883,64 @@ fn rdmacm_utils_examples_both_ends() {
     result_line(cmd, &c, "300");
 }
 
+/// Debian's `qperf` (package qperf), its RC tests over RDMA-CM (`-cm1`; without it qperf
+/// addresses the peer by LID, which RoCE has not: its QPs fail RTR there, on rxe too). Its
+/// server forks a process per test and ends each test from `SIGALRM`, which must interrupt
+/// the server's `ibv_get_cq_event` (EINTR, as rdma-core's `read()` of the channel; before, the
+/// server missed its results deadline, 2 runs of 6 of `rc_bw`); and the client asks for the
+/// next test as soon as one ends, so the next server process must wait for the last one to
+/// let the address's UDP port go (before, the REQ reached the old process and was rejected).
+#[test]
+fn qperf_rc_tests_over_rdma_cm_both_ends() {
+    let t = "qperf_rc_tests_over_rdma_cm_both_ends";
+    if !ready(t, &["qperf"]) {
+        return;
+    }
+    let tests = [
+        ("rc_bw", "bw"),
+        ("rc_lat", "latency"),
+        ("rc_rdma_write_bw", "bw"),
+        ("rc_rdma_write_lat", "latency"),
+        ("rc_bw", "bw"),
+        ("rc_rdma_read_bw", "bw"),
+        ("rc_rdma_read_lat", "latency"),
+        ("rc_bi_bw", "bw"),
+        ("ver_rc_compare_swap", "msg_rate"),
+        ("ver_rc_fetch_add", "msg_rate"),
+        ("rc_rdma_write_poll_lat", "latency"),
+        ("rc_lat", "latency"),
+    ];
+    let names: Vec<&str> = tests.iter().map(|(n, _)| *n).collect();
+    let o = in_netns(&format!(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         FERROCE_ADDR=127.0.0.1 timeout 120 qperf > /dev/null 2>&1 &\n\
+         s=$!\n\
+         i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
+         FERROCE_ADDR=127.0.0.2 timeout 100 qperf -cm1 -t 1 127.0.0.1 {} 2>&1\n\
+         echo \"client=$?\"\n\
+         kill $s",
+        names.join(" ")
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("client=0"), "{out}");
+    // Each test's name, then its figure: `rc_bw:` followed by `    bw  =  2.3 GB/sec`.
+    let lines: Vec<&str> = out.lines().collect();
+    let mut at = 0;
+    for (name, figure) in tests {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.trim() == format!("{name}:"))
+            .unwrap_or_else(|| panic!("no {name} result:\n{out}"))
+            + at;
+        let l = lines.get(i + 1).copied().unwrap_or("");
+        assert!(
+            l.split('=').next().map(str::trim) == Some(figure),
+            "{name}: {l:?} is not its {figure}:\n{out}"
+        );
+        at = i + 1;
+    }
+}
+
 /// Debian's `cmtime`: 300 connections requested, accepted, established and disconnected at
 /// once (its server serves until it is killed). Every REQ of the burst must find a receive
 /// buffer on QP1 (`tests/rdma_cm_runtime.rs` `a_burst_of_connection_requests_is_not_dropped`
