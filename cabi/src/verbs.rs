@@ -1035,9 +1035,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     let nonblock = unsafe { libc::fcntl(w.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     // A blocking wait returns -1 with EINTR when a signal handler runs meanwhile, as
     // rdma-core's `read()` of the channel does for a handler installed without SA_RESTART
-    // (qperf's SIGALRM ends its test while the server waits here). With SA_RESTART the
-    // kernel restarts such a read; rdma-core's callers then never see EINTR, and here a
-    // program that installed its handler with SA_RESTART may: the waits cannot tell.
+    // (qperf's SIGALRM ends its test while the server waits here); with SA_RESTART the
+    // kernel restarts such a read, and the wait goes on here too (`handlers_restart`).
     ferroce::io::event::watch_interrupts(!nonblock);
     // SAFETY: the caller's out parameters, checked above (libibverbs' contract).
     let r = unsafe { get_cq_event_loop(s, &w, nonblock, cq_out, ctx_out) };
@@ -1057,12 +1056,16 @@ unsafe fn get_cq_event_loop(
     ctx_out: *mut *mut c_void,
 ) -> c_int {
     let interrupted = || {
-        if ferroce::io::event::interrupted() {
-            set_errno(libc::EINTR);
-            true
-        } else {
-            false
+        if !ferroce::io::event::interrupted() {
+            return false;
         }
+        if handlers_restart() {
+            // The kernel would have restarted the read: wait on, watching again.
+            ferroce::io::event::watch_interrupts(true);
+            return false;
+        }
+        set_errno(libc::EINTR);
+        true
     };
     let mut idle_readable = false;
     loop {
@@ -1147,6 +1150,26 @@ unsafe fn get_cq_event_loop(
             return -1;
         }
     }
+}
+
+/// Whether the kernel would restart a `read()` that a signal interrupted: every signal the
+/// program catches has `SA_RESTART` (the wait does not know which signal it was). Faults are
+/// left out: they are the thread's own, never a wait's interruption.
+fn handlers_restart() -> bool {
+    use libc::{SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSEGV, SIGSTOP, SIGTRAP};
+    (1..=libc::SIGRTMAX())
+        .filter(|s| ![SIGKILL, SIGSTOP, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP].contains(s))
+        .all(|sig| {
+            // SAFETY: plain C data.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a query (no new action); `old` is a local the call fills.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+                return true;
+            }
+            old.sa_sigaction == libc::SIG_DFL
+                || old.sa_sigaction == libc::SIG_IGN
+                || old.sa_flags & libc::SA_RESTART != 0
+        })
 }
 
 #[no_mangle]

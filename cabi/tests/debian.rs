@@ -804,6 +804,22 @@ fn perftest_ud_over_sidr_with_several_qps_against_ferroce_perf_both_roles() {
     }
 }
 
+/// A signal during a blocking `ibv_get_cq_event`, as with rdma-core's `read()` of the channel:
+/// a handler without `SA_RESTART` interrupts it (-1, EINTR), one with `SA_RESTART` runs and
+/// the wait goes on to the event (`examples/c/cq_event_signal.c`).
+#[test]
+fn a_signal_interrupts_ibv_get_cq_event_unless_sa_restart() {
+    run_verbs_example(
+        "a_signal_interrupts_ibv_get_cq_event_unless_sa_restart",
+        "cq_event_signal",
+        &[
+            "without SA_RESTART: ibv_get_cq_event -1, Interrupted system call",
+            "with SA_RESTART: the handler ran, the wait returned the completion event",
+            "ok",
+        ],
+    );
+}
+
 #[test]
 fn the_extended_verbs_and_inline_data_in_a_c_program() {
     run_verbs_example(
