@@ -20,6 +20,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "rc_connect.h"
+
 static volatile sig_atomic_t alarms;
 
 static void on_alarm(int sig)
@@ -50,38 +52,10 @@ static void alarm_in_ms(int ms, int flags)
 
 static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
 {
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
-	};
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				       IBV_QP_ACCESS_FLAGS))
-		fail("modify to INIT", errno);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest_qpn;
-	a.rq_psn = 7;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				       IBV_QP_MIN_RNR_TIMER))
-		fail("modify to RTR", errno);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		fail("modify to RTS", errno);
+	int e;
+	const char *step = rc_to_rts(qp, dest_qpn, gid, IBV_ACCESS_REMOTE_WRITE, 7, &e);
+	if (step)
+		fail(step, e);
 }
 
 static struct ibv_qp *qa;
@@ -100,16 +74,12 @@ static void *post_later(void *arg)
 
 int main(void)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list || num < 1)
-		fail("no device", ENODEV);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fail("ibv_open_device", errno);
+	struct ibv_device **list;
 	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		fail("ibv_query_gid", errno);
+	const char *step;
+	struct ibv_context *ctx = open_first_device(&list, &gid, &step);
+	if (!ctx)
+		fail(step, errno ? errno : ENODEV);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;

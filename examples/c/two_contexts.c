@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rc_connect.h"
+
 #define N 4096
 
 static int fail(const char *what, int e)
@@ -44,42 +46,10 @@ static struct ibv_wc poll_one(struct ibv_cq *cq)
 
 static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
 {
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
-	};
-	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				      IBV_QP_ACCESS_FLAGS);
-	if (r)
-		fail("modify to INIT", r);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest_qpn;
-	a.rq_psn = 7;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				      IBV_QP_MIN_RNR_TIMER);
-	if (r)
-		fail("modify to RTR", r);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 7;
-	a.max_rd_atomic = 1;
-	r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-	if (r)
-		fail("modify to RTS", r);
+	int e;
+	const char *step = rc_to_rts(qp, dest_qpn, gid, IBV_ACCESS_REMOTE_WRITE, 7, &e);
+	if (step)
+		fail(step, e);
 }
 
 struct side {

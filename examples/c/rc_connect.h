@@ -1,0 +1,86 @@
+/*
+ * rc_connect.h — shared by the examples that connect two RC QPs of one device to each other
+ * through its GID: RESET → INIT → RTR → RTS with the usual attributes (path MTU 1024, one
+ * READ/atomic each way, retry counts 7).
+ */
+#ifndef FERROCE_EXAMPLES_RC_CONNECT_H
+#define FERROCE_EXAMPLES_RC_CONNECT_H
+
+#include <infiniband/verbs.h>
+#include <string.h>
+
+/*
+ * Bring `qp` to RTS towards QP `dest_qpn` at `gid`, with remote `access` rights and `psn` as
+ * both its send PSN and the peer's. Returns NULL, or the step that failed with its error in
+ * *err.
+ */
+static inline const char *rc_to_rts(struct ibv_qp *qp, uint32_t dest_qpn,
+				    const union ibv_gid *gid, int access, uint32_t psn, int *err)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = access;
+	*err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					     IBV_QP_ACCESS_FLAGS);
+	if (*err)
+		return "modify to INIT";
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = psn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	*err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (*err)
+		return "modify to RTR";
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = psn;
+	a.max_rd_atomic = 1;
+	*err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+					     IBV_QP_MAX_QP_RD_ATOMIC);
+	if (*err)
+		return "modify to RTS";
+	return NULL;
+}
+
+/*
+ * Open the first device and read its GID 0 into *gid. Returns the context, or NULL with the
+ * step that failed in *step (errno set by libibverbs). *list is to be freed with
+ * ibv_free_device_list.
+ */
+static inline struct ibv_context *open_first_device(struct ibv_device ***list,
+						     union ibv_gid *gid, const char **step)
+{
+	int num;
+	*list = ibv_get_device_list(&num);
+	if (!*list || num < 1) {
+		*step = "no device";
+		return NULL;
+	}
+	struct ibv_context *ctx = ibv_open_device((*list)[0]);
+	if (!ctx) {
+		*step = "ibv_open_device";
+		return NULL;
+	}
+	if (ibv_query_gid(ctx, 1, 0, gid)) {
+		*step = "ibv_query_gid";
+		return NULL;
+	}
+	return ctx;
+}
+
+#endif
