@@ -1067,6 +1067,7 @@ unsafe fn get_cq_event_loop(
         set_errno(libc::EINTR);
         true
     };
+    let inline = s.nic.drives_inline();
     let mut idle_readable = false;
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1082,7 +1083,7 @@ unsafe fn get_cq_event_loop(
             }
             continue;
         }
-        if !nonblock && !s.nic.drives_inline() {
+        if !nonblock && !inline {
             // An engine thread notifies: wait on the descriptor it makes readable, where a
             // signal is noticed (the CQ's own wait is a condition variable, where it is not).
             // After a round that found the descriptor readable and no event (another thread
@@ -1098,7 +1099,7 @@ unsafe fn get_cq_event_loop(
                 return -1;
             }
         }
-        let slice = if nonblock || !s.nic.drives_inline() {
+        let slice = if nonblock || !inline {
             Duration::ZERO
         } else if cqs.len() == 1 {
             Duration::from_secs(1)
@@ -1545,9 +1546,9 @@ pub unsafe extern "C" fn ibv_create_qp(
     // What was granted goes back to the caller, as every provider writes it (inline data is
     // granted at least the room of the send SGEs: `granted_inline` in src/verbs/device.rs);
     // with an SRQ the receive fields are left as they were, as rxe leaves them.
-    let cap = match s.nic.query_qp(qpn) {
-        Ok((_, a)) => QpCap {
-            max_inline_data: a.cap.max_inline_data,
+    let cap = match s.nic.qp_cap(qpn) {
+        Ok(g) => QpCap {
+            max_inline_data: g.max_inline_data,
             ..cap
         },
         Err(_) => cap,

@@ -710,22 +710,31 @@ impl Nic {
     /// `ibv_create_qp` (RC, UC or UD, with or without an SRQ), with the QP's lock-free shadow
     /// for posting.
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        self.create_with(init, Device::create_qp)
+    }
+
+    /// QP1, the GSI (see [`Device::create_gsi_qp`]).
+    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
+        self.create_with(init, Device::create_gsi_qp)
+    }
+
+    /// A QP made by `make` on the device, with its shadow holding what the device granted.
+    fn create_with(
+        &self,
+        init: QpInitAttr,
+        make: fn(&mut Device, QpInitAttr) -> Result<QpNumber, VerbsError>,
+    ) -> Result<QpNumber, VerbsError> {
         let (qpn, cap) = self.with_device(|d| {
-            let qpn = d.create_qp(init)?;
+            let qpn = make(d, init)?;
             Ok::<_, VerbsError>((qpn, d.qp_cap(qpn)?))
         })?;
         self.add_shadow(qpn, QpInitAttr { cap, ..init });
         Ok(qpn)
     }
 
-    /// QP1, the GSI (see [`Device::create_gsi_qp`]).
-    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
-        let (qpn, cap) = self.with_device(|d| {
-            let qpn = d.create_gsi_qp(init)?;
-            Ok::<_, VerbsError>((qpn, d.qp_cap(qpn)?))
-        })?;
-        self.add_shadow(qpn, QpInitAttr { cap, ..init });
-        Ok(qpn)
+    /// What the QP was granted (`Device::qp_cap`), from its shadow (no device lock).
+    pub fn qp_cap(&self, qpn: QpNumber) -> Result<crate::verbs::QpCap, VerbsError> {
+        Ok(self.shadow(qpn)?.cap)
     }
 
     /// `ibv_destroy_qp`. The receives and sends still in the doorbell are applied first (and
