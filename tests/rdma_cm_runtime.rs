@@ -7,7 +7,8 @@ mod common;
 use ferroce::cm::CmConfig;
 use ferroce::io::Loopback;
 use ferroce::runtime::cm::{
-    ca_guid_of, CmEvent, CmService, ConnParam, EventChannel, EventType, PortSpace, StaticResolver,
+    ca_guid_of, CmEvent, CmId, CmService, ConnParam, EventChannel, EventType, PortSpace,
+    StaticResolver,
 };
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
@@ -70,6 +71,15 @@ fn expect(ch: &EventChannel, kind: EventType) -> CmEvent {
         .unwrap_or_else(|| panic!("no event, {kind:?} expected"));
     assert_eq!(e.event, kind, "{e:?}");
     e
+}
+
+/// Resolve `c`'s address and route to B's `port`, each event on `ch` in turn.
+fn resolve(ch: &EventChannel, c: &CmId, port: u16) {
+    c.resolve_addr(None, SocketAddr::new(ip(2), port), Duration::from_secs(2))
+        .unwrap();
+    expect(ch, EventType::AddrResolved);
+    c.resolve_route(Duration::from_secs(2)).unwrap();
+    expect(ch, EventType::RouteResolved);
 }
 
 fn cap() -> QpCap {
@@ -245,11 +255,7 @@ fn a_burst_of_connection_requests_is_not_dropped() {
     let ids: Vec<_> = (0..N)
         .map(|_| {
             let c = a.ch.create_id(PortSpace::TCP);
-            c.resolve_addr(None, SocketAddr::new(ip(2), 7471), Duration::from_secs(2))
-                .unwrap();
-            expect(&a.ch, EventType::AddrResolved);
-            c.resolve_route(Duration::from_secs(2)).unwrap();
-            expect(&a.ch, EventType::RouteResolved);
+            resolve(&a.ch, &c, 7471);
             c.create_qp(QpInitAttr::new(pda, cqa, cqa, cap())).unwrap();
             c
         })
@@ -297,11 +303,7 @@ fn a_burst_of_connection_requests_is_not_dropped() {
 fn nothing_listens_rejected() {
     let (a, b) = pair();
     let c = a.ch.create_id(PortSpace::TCP);
-    c.resolve_addr(None, SocketAddr::new(ip(2), 9999), Duration::from_secs(2))
-        .unwrap();
-    expect(&a.ch, EventType::AddrResolved);
-    c.resolve_route(Duration::from_secs(2)).unwrap();
-    expect(&a.ch, EventType::RouteResolved);
+    resolve(&a.ch, &c, 9999);
     let (ia, _, _) = qp_init(&a.nic);
     c.create_qp(ia).unwrap();
     c.connect(&param(&[])).unwrap();
@@ -325,11 +327,7 @@ fn consumer_reject_with_private_data() {
         .unwrap();
     l.listen(1).unwrap();
     let c = a.ch.create_id(PortSpace::TCP);
-    c.resolve_addr(None, SocketAddr::new(ip(2), 20000), Duration::from_secs(2))
-        .unwrap();
-    expect(&a.ch, EventType::AddrResolved);
-    c.resolve_route(Duration::from_secs(2)).unwrap();
-    expect(&a.ch, EventType::RouteResolved);
+    resolve(&a.ch, &c, 20000);
     c.connect(&param(b"may I?")).unwrap();
     let req = expect(&b.ch, EventType::ConnectRequest);
     req.id.reject(b"no, sorry").unwrap();
@@ -369,11 +367,7 @@ fn ud_over_sidr() {
     l.listen(4).unwrap();
 
     let c = a.ch.create_id(PortSpace::UDP);
-    c.resolve_addr(None, SocketAddr::new(ip(2), 18515), Duration::from_secs(2))
-        .unwrap();
-    expect(&a.ch, EventType::AddrResolved);
-    c.resolve_route(Duration::from_secs(2)).unwrap();
-    expect(&a.ch, EventType::RouteResolved);
+    resolve(&a.ch, &c, 18515);
     let (mut ia, pda, cqa) = qp_init(&a.nic);
     ia.qp_type = QpType::Ud;
     let qa = a.nic.create_qp(ia).unwrap();
@@ -456,11 +450,7 @@ fn ud_over_sidr() {
 
     // Nothing listens on this UDP port: the SIDR_REP says so at once.
     let c2 = a.ch.create_id(PortSpace::UDP);
-    c2.resolve_addr(None, SocketAddr::new(ip(2), 18516), Duration::from_secs(2))
-        .unwrap();
-    expect(&a.ch, EventType::AddrResolved);
-    c2.resolve_route(Duration::from_secs(2)).unwrap();
-    expect(&a.ch, EventType::RouteResolved);
+    resolve(&a.ch, &c2, 18516);
     c2.connect(&param(&[])).unwrap();
     let e =
         a.ch.get_cm_event(Some(Duration::from_secs(2)))
@@ -486,11 +476,7 @@ fn migrate_id_moves_waiting_and_later_events() {
         .unwrap();
     l.listen(1).unwrap();
     let c = a.ch.create_id(PortSpace::TCP);
-    c.resolve_addr(None, SocketAddr::new(ip(2), 20001), Duration::from_secs(2))
-        .unwrap();
-    expect(&a.ch, EventType::AddrResolved);
-    c.resolve_route(Duration::from_secs(2)).unwrap();
-    expect(&a.ch, EventType::RouteResolved);
+    resolve(&a.ch, &c, 20001);
     let a2 = a.svc.create_event_channel().unwrap();
     c.migrate(&a2).unwrap();
     let (ia, _, _) = qp_init(&a.nic);
