@@ -903,11 +903,13 @@ fn rdmacm_utils_examples_both_ends() {
 /// addresses the peer by LID, which RoCE has not: its QPs fail RTR there, on rxe too). Its
 /// server forks a process per test and ends each test from `SIGALRM`, which must interrupt
 /// the server's `ibv_get_cq_event` (EINTR, as rdma-core's `read()` of the channel; before, the
-/// server missed its results deadline, 2 runs of 6 of `rc_bw`); and the client asks for the
-/// next test as soon as one ends, so the next server process must wait for the last one to
-/// let the address's UDP port go (before, the REQ reached the old process and was rejected).
+/// server missed its results deadline, 2 runs of 6 of `rc_bw`); the client asks for the next
+/// test as soon as one ends, so the next server process must wait for the last one to let
+/// the address's UDP port go; and each server process binds its port, sends it to the client
+/// and only then listens, so a REQ that comes in between must wait for the listener (before,
+/// it was rejected: "Event rejected" in 2 runs of 3 of `rc_rdma_read_bw rc_rdma_read_lat`
+/// twice then `rc_bw`).
 #[test]
-#[ignore = "intermittent: a REQ rejected between qperf's per-test server processes (1 CI run of 2 on ff44534, after rc_rdma_read_bw); cause not found yet — run with --ignored"]
 fn qperf_rc_tests_over_rdma_cm_both_ends() {
     let t = "qperf_rc_tests_over_rdma_cm_both_ends";
     if !ready(t, &["qperf"]) {

@@ -111,7 +111,7 @@ struct SidrOut {
 }
 
 /// A REQ or SIDR_REQ that found no listener, from a peer this CM has an established
-/// connection with: held until a listener for its service appears (then taken as if it had
+/// connection with or for a service a consumer has reserved ([`Cm::reserve`]): held until a listener for its service appears (then taken as if it had
 /// just arrived) or until its grace ends (then answered as Linux answers it at once: REJ
 /// Invalid Service ID, SIDR_REP "service ID not supported").
 ///
@@ -120,7 +120,8 @@ struct SidrOut {
 /// REQ before our application has called `rdma_listen` again; a REJ then ends its attempt
 /// (Debian's perftest 4.5-0.17 crashes in its retry). The grace never exceeds the time the
 /// REQ allows this CM to answer (its Remote CM Response Timeout), so the peer does not
-/// retransmit meanwhile.
+/// retransmit meanwhile. Likewise a program that has bound the port it is about to listen on
+/// and has told its peer the port first (qperf's server: bind, send the port, listen).
 struct Held {
     src: MadAddr,
     tid: u64,
@@ -186,6 +187,9 @@ pub struct Cm {
     sidr_in_by_remote: HashMap<(Gid, u32), u32>,
     held: HashMap<u32, Held>,
     next_held: u32,
+    /// Service IDs a consumer has reserved without listening yet ([`Cm::reserve`]), with how
+    /// many reservations each has.
+    reserved: HashMap<u64, usize>,
     timers: BTreeSet<(Instant, TimerKey)>,
     tx: VecDeque<Transmit>,
     events: VecDeque<CmEvent>,
@@ -221,6 +225,7 @@ impl Cm {
             sidr_in_by_remote: HashMap::new(),
             held: HashMap::new(),
             next_held: 1,
+            reserved: HashMap::new(),
             timers: BTreeSet::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
@@ -432,6 +437,26 @@ impl Cm {
         let sid = self.listen_ids.remove(&id).ok_or(CmError::NoSuchListener)?;
         self.listeners.remove(&sid);
         Ok(())
+    }
+
+    /// Reserve `service_id` for a listener that is about to come (an RDMA-CM id bound to its
+    /// port): a REQ or SIDR_REQ for it that finds no listener is held for the listen grace
+    /// instead of being rejected at once. A program commonly binds a port, tells its peer
+    /// the port over another channel, and only then listens (qperf's server does); the
+    /// peer's REQ may come in between.
+    pub fn reserve(&mut self, service_id: u64) {
+        *self.reserved.entry(service_id).or_default() += 1;
+    }
+
+    /// Give back a reservation of [`reserve`](Self::reserve). Requests held for the service
+    /// stay held until a listener comes or their grace ends.
+    pub fn release(&mut self, service_id: u64) {
+        if let Some(n) = self.reserved.get_mut(&service_id) {
+            *n -= 1;
+            if *n == 0 {
+                self.reserved.remove(&service_id);
+            }
+        }
     }
 
     fn release_backlog(&mut self, listen: Option<ListenId>) {
@@ -1326,7 +1351,7 @@ impl Cm {
     // ---- requests held for a listener -----------------------------------------------------
 
     /// Hold a request that found no listener (see [`Held`]) if its sender has an established
-    /// connection here; true if held (or already held: a duplicate).
+    /// connection here or its service is reserved; true if held (or already held: a duplicate).
     fn hold(
         &mut self,
         now: Instant,
@@ -1351,7 +1376,8 @@ impl Cm {
             .conns
             .values()
             .any(|c| c.peer.gid == src.gid && c.state == CmState::Established);
-        if !connected || self.held.len() >= MAX_HELD {
+        let reserved = self.reserved.contains_key(&msg.service_id());
+        if !(connected || reserved) || self.held.len() >= MAX_HELD {
             return false;
         }
         let id = self.next_held;

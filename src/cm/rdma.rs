@@ -627,7 +627,12 @@ impl RdmaCm {
             }
             addr.port()
         };
-        self.ports.entry((ps, port)).or_default().push(id.0);
+        let users = self.ports.entry((ps, port)).or_default();
+        users.push(id.0);
+        if users.len() == 1 {
+            // A bound port is usually about to listen: a REQ that comes first waits for it.
+            self.cm.reserve(service_id::of(ps, port));
+        }
         let i = self.id_mut(id)?;
         i.src = Some(SocketAddr::new(addr.ip(), port));
         i.state = IdState::AddrBound;
@@ -653,6 +658,7 @@ impl RdmaCm {
             v.retain(|&u| u != id);
             if v.is_empty() {
                 self.ports.remove(&(ps, src.port()));
+                self.cm.release(service_id::of(ps, src.port()));
             }
         }
     }

@@ -359,6 +359,72 @@ fn only_connected_peers_wait_for_a_listener() {
     assert_eq!(p.count(Side::A, "SIDR_REQ"), 1);
 }
 
+/// qperf's server binds its port, sends the port to its client over TCP and only then
+/// listens: a REQ that comes in between, from a peer with no connection here, finds the
+/// service reserved and waits for the listener (no REJ, no retransmission); once the
+/// reservation is given back, such a REQ is rejected at once again.
+#[test]
+fn a_req_for_a_reserved_service_waits_for_its_listener() {
+    let mut p = pair();
+    p.b.reserve(0x42);
+    let a = connect(&mut p, 0x11);
+    p.run_for(Duration::from_millis(10));
+    assert_eq!(p.count(Side::B, "REJ"), 0, "{:?}", p.sent_by(Side::B));
+    assert_eq!(p.b.counters().held_for_listener, 1);
+    let l = p.b.listen(0x42, 4).unwrap();
+    p.run_for(Duration::from_micros(30));
+    let b = match events(&mut p.b).as_slice() {
+        [CmEvent::ReqReceived { id, listen, .. }] if *listen == l => *id,
+        e => panic!("{e:?}"),
+    };
+    let now = p.now;
+    p.b.accept(
+        now,
+        b,
+        &AcceptParams::new(QpNumber::new(0x911), Psn::new(9)),
+    )
+    .unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert!(matches!(
+        events(&mut p.a).as_slice(),
+        [CmEvent::RepReceived { id, .. }] if *id == a
+    ));
+    assert_eq!(p.count(Side::A, "REQ"), 1);
+    assert_eq!(p.b.counters().no_listener, 0);
+    // Reserved twice, given back twice: a REQ for another service that nobody reserved is
+    // answered at once, and so is one for 0x43 once its reservations are gone.
+    let mut p = pair();
+    p.b.reserve(0x43);
+    p.b.reserve(0x43);
+    p.b.release(0x43);
+    let cp = |sid| {
+        ConnectParams::rc(
+            sid,
+            p.addr_b,
+            p.addr_a.gid,
+            QpNumber::new(0x12),
+            Psn::new(5),
+        )
+    };
+    let (c43, c44) = (cp(0x43), cp(0x44));
+    let now = p.now;
+    p.a.connect(now, &c44).unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.count(Side::B, "REJ"), 1);
+    let now = p.now;
+    p.a.connect(now, &c43).unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.count(Side::B, "REJ"), 1, "0x43 still reserved once");
+    p.b.release(0x43);
+    let mut c = c43;
+    c.local_qpn = QpNumber::new(0x13);
+    let now = p.now;
+    p.a.connect(now, &c).unwrap();
+    p.run_for(Duration::from_micros(30));
+    assert_eq!(p.count(Side::B, "REJ"), 2);
+    assert_eq!(p.b.counters().held_for_listener, 1);
+}
+
 #[test]
 fn passive_side_gives_up_on_a_consumer_that_never_answers() {
     let mut p = pair();
