@@ -908,6 +908,8 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
         13 => {
             ah(env, m, inp);
         }
+        14 if act >> 4 >= 12 && !m.mrs.is_empty() => rereg(env, m, inp),
+        14 if act >> 4 == 11 => gid_table(env, inp),
         14 => {
             // A region over bytes of the registered part of the buffer, any access flags.
             let off = usize::from(inp.u16()) % MR_END;
@@ -957,6 +959,76 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
             }
         }
     }
+}
+
+/// `ibv_rereg_mr` of one of the input's regions with any flags, PD (ours, the other one or
+/// NULL), range (NULL, or bytes of the registered part of the buffer) and rights: it returns
+/// 0, `IBV_REREG_MR_ERR_INPUT` or `IBV_REREG_MR_ERR_CMD`, and a failed call leaves the region
+/// as it was (it stays registered either way, and is deregistered with the input).
+fn rereg(env: &mut Env, m: &mut Made, inp: &mut Input) {
+    let mr = m.mrs[usize::from(inp.u8()) % m.mrs.len()];
+    let flags = match inp.u8() % 4 {
+        0 => inp.int(),
+        _ => c_int::from(inp.u8() % 8),
+    };
+    let pd = match inp.u8() % 4 {
+        0 => null_mut(),
+        1 => env.other_pd,
+        _ => env.pd,
+    };
+    let (addr, len) = match inp.u8() % 4 {
+        0 => (null_mut(), usize::from(inp.u16())),
+        _ => {
+            let off = usize::from(inp.u16()) % MR_END;
+            let len = usize::from(inp.u16()) % (MR_END - off + 1);
+            // SAFETY: an offset inside our buffer.
+            (unsafe { env.buf.as_mut_ptr().add(off) } as *mut c_void, len)
+        }
+    };
+    let access = match inp.u8() % 4 {
+        0 => inp.int(),
+        1 => 0,
+        _ => c_int::from(inp.u8() % 16),
+    };
+    // SAFETY: a region of ours.
+    let before = unsafe { ((*mr).addr, (*mr).length, (*mr).lkey, (*mr).rkey, (*mr).pd) };
+    // SAFETY: a region of ours; a PD of ours or NULL; bytes of our buffer, which outlives every
+    // region of the input, or NULL.
+    let r = unsafe { ibv_rereg_mr(mr, flags, pd, addr, len, access) };
+    assert!(matches!(r, 0 | -1 | -4), "ibv_rereg_mr returned {r}");
+    if r != 0 {
+        // SAFETY: as above.
+        let after = unsafe { ((*mr).addr, (*mr).length, (*mr).lkey, (*mr).rkey, (*mr).pd) };
+        assert!(before == after, "a failed ibv_rereg_mr changed the region");
+    }
+}
+
+/// `ibv_query_gid_table` into an array of any length and entry size: `-EINVAL` or at most
+/// as many entries as asked, each naming port 1.
+fn gid_table(env: &mut Env, inp: &mut Input) {
+    let max = usize::from(inp.u8() % 8);
+    let size = match inp.u8() % 4 {
+        0 => usize::from(inp.u8() % 40),
+        _ => std::mem::size_of::<ibv_gid_entry>() + 4 * usize::from(inp.u8() % 3),
+    };
+    let mut buf = vec![0u8; max * size.max(1) + 1];
+    let entries = if max == 0 && inp.u8() % 2 == 0 {
+        null_mut()
+    } else {
+        buf.as_mut_ptr() as *mut ibv_gid_entry
+    };
+    // SAFETY: our context; an array of `max` entries of `size` bytes (or NULL with none).
+    let n = unsafe { _ibv_query_gid_table(env.ctx, entries, max, 0, size) };
+    assert!(
+        n == -(EINVAL as isize) || (0..=max as isize).contains(&n),
+        "{n} entries"
+    );
+    for i in 0..n.max(0) as usize {
+        // SAFETY: an entry the call wrote, inside `buf`.
+        let e = unsafe { (buf.as_ptr().add(i * size) as *const ibv_gid_entry).read_unaligned() };
+        assert_eq!(e.port_num, 1, "entry {i}");
+    }
+    assert_eq!(buf[max * size.max(1)], 0, "written past the array");
 }
 
 /// Move the input's QPs to the error state (their work requests flush), poll the shared CQ,

@@ -43,6 +43,7 @@ mod rsocket;
 /// The rsocket fuzz harness (`cabi/src/rsocket/fuzz.rs`).
 pub use rsocket::fuzz as rsocket_fuzz;
 mod stubs;
+mod util;
 mod verbs;
 
 pub use device::DEVICE_PREFIX;

@@ -441,7 +441,9 @@ impl IdW {
         if let Some(a) = local {
             to_sockaddr(&mut self.c.route.addr.src_storage, a);
             self.c.route.addr.ibaddr.sgid.raw = gid_of(a.ip());
-            if !a.ip().is_unspecified() {
+            // An id bound to an address of the device is on the device; the wildcard and a
+            // loopback address the device does not serve are on none (yet).
+            if !a.ip().is_unspecified() && served(a.ip()) {
                 self.c.verbs = cm_ctx();
                 self.c.port_num = 1;
             }
@@ -953,12 +955,45 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
     let Some(a) = a else {
         return fail(libc::EAFNOSUPPORT);
     };
+    if let Err(e) = bindable(a.ip()) {
+        return fail(e);
+    }
     let r = match w.cmid() {
         Ok(c) => c.bind_addr(a),
         Err(e) => return fail(e),
     };
     w.refresh();
     ret(r)
+}
+
+/// Whether the device serves `ip` (one of its GIDs).
+fn served(ip: IpAddr) -> bool {
+    let Ok(c) = cm() else { return false };
+    // SAFETY: the CM's context, open for the process's lifetime.
+    let port = &unsafe { verbs::sh(c.ctx as *mut ibv_context) }.port;
+    port.gids
+        .iter()
+        .any(|g| g.to_canonical() == ip.to_canonical())
+}
+
+/// Whether an id may bind `ip`: the wildcard, an address the device serves (its GIDs; the
+/// UDP backend serves its one address), or a loopback address, which binds without a device
+/// (`id->verbs` stays NULL). Another local address, of no RDMA device, is refused with
+/// `ENODEV`, an address that is not the host's with `EADDRNOTAVAIL`. libfabric's verbs
+/// provider relies on both: it binds each of the host's addresses to find those with a
+/// device, and binds "localhost" for a server's default source, then takes the device's
+/// addresses when that id has no device; an id attached to the device there made every peer
+/// connect to 127.0.0.1.
+fn bindable(ip: IpAddr) -> Result<(), c_int> {
+    if ip.is_unspecified() || ip.to_canonical().is_loopback() || served(ip) {
+        return Ok(());
+    }
+    // A UDP socket binds to an address exactly when it is one of the host's.
+    if std::net::UdpSocket::bind((ip.to_canonical(), 0)).is_ok() {
+        Err(libc::ENODEV)
+    } else {
+        Err(libc::EADDRNOTAVAIL)
+    }
 }
 
 /// librdmacm's `rdma_resolve_addr` (`librdmacm.so.1` forwards to it).
@@ -1349,6 +1384,39 @@ unsafe fn conn_param<'a>(p: *const rdma_conn_param, qpn: u32) -> ConnParam<'a> {
     c
 }
 
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH` (rdma_cma.h): as many READ/atomic requests
+/// as the device allows.
+const RDMA_MAX_DEPTH: u8 = 0xff;
+
+/// librdmacm's reading of a connection's READ/atomic depths (RC): `RDMA_MAX_*` (0xff), or no
+/// parameters at all, asks for the device's maximum, and on the passive side for at most what
+/// the request offered (`offered`: the request event's initiator depth and responder
+/// resources); any other value above the device's maximum is refused with `EINVAL`.
+/// libfabric's verbs provider connects and accepts with 0xff for both.
+fn resolve_depths(
+    cp: &mut ConnParam<'_>,
+    given: bool,
+    offered: Option<(u8, u8)>,
+) -> Result<(), c_int> {
+    let a = cm()?.svc.nic().query_device();
+    let dev = |v: u32| u8::try_from(v).unwrap_or(u8::MAX - 1);
+    let (max_resp, max_init) = (dev(a.max_qp_rd_atom), dev(a.max_qp_init_rd_atom));
+    if given
+        && ((cp.responder_resources != RDMA_MAX_DEPTH && cp.responder_resources > max_resp)
+            || (cp.initiator_depth != RDMA_MAX_DEPTH && cp.initiator_depth > max_init))
+    {
+        return Err(EINVAL);
+    }
+    let (offered_init, offered_resp) = offered.unwrap_or((max_init, max_resp));
+    if !given || cp.initiator_depth == RDMA_MAX_DEPTH {
+        cp.initiator_depth = offered_init.min(max_init);
+    }
+    if !given || cp.responder_resources == RDMA_MAX_DEPTH {
+        cp.responder_resources = offered_resp.min(max_resp);
+    }
+    Ok(())
+}
+
 /// librdmacm's `rdma_connect` (`librdmacm.so.1` forwards to it).
 #[export_name = "ferroce_rdma_connect"]
 pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
@@ -1359,6 +1427,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_par
     let w = unsafe { idw(id) };
     // SAFETY: the caller's parameters.
     let mut cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    if w.c.ps == RDMA_PS_TCP {
+        if let Err(e) = resolve_depths(&mut cp, !p.is_null(), None) {
+            return fail(e);
+        }
+    }
     // A QP the program moves itself starts at the PSN rdma_init_qp_attr gives it (the CM
     // picks its own for a QP it holds).
     cp.starting_psn = Psn::new(w.my_psn);
@@ -1476,6 +1549,12 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_para
     let w = unsafe { idw(id) };
     // SAFETY: the caller's parameters.
     let mut cp = unsafe { conn_param(p, w.ud_qp.map_or(0, |q| q.get())) };
+    if w.c.ps == RDMA_PS_TCP {
+        let offered = w.req.map(|r| (r.2, r.3));
+        if let Err(e) = resolve_depths(&mut cp, !p.is_null(), offered) {
+            return fail(e);
+        }
+    }
     cp.qkey = RDMA_UDP_QKEY;
     cp.starting_psn = Psn::new(w.my_psn);
     let r = match w.cmid() {
@@ -2170,13 +2249,57 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return fail(EINVAL);
     }
     // SAFETY: the caller's hints (or none).
     let h = unsafe { hints.as_ref() };
     let flags = h.map_or(0, |h| h.ai_flags);
     let passive = flags & RAI_PASSIVE != 0;
+    // SAFETY: plain C data.
+    let mut w: Box<AiW> = Box::new(unsafe { std::mem::zeroed() });
+    w.c.ai_flags = flags;
+    w.c.ai_port_space = h
+        .map(|h| h.ai_port_space)
+        .filter(|p| *p != 0)
+        .unwrap_or(RDMA_PS_TCP);
+    w.c.ai_qp_type = h.map(|h| h.ai_qp_type).filter(|q| *q != 0).unwrap_or(
+        if w.c.ai_port_space == RDMA_PS_UDP {
+            4
+        } else {
+            2
+        },
+    );
+    // SAFETY: the caller's hints' source address (or NULL).
+    let hint_src = h.and_then(|h| unsafe { from_sockaddr(h.ai_src_addr) });
+    // SAFETY: the caller's hints' destination address (or NULL).
+    let hint_dst = h.and_then(|h| unsafe { from_sockaddr(h.ai_dst_addr) });
+    let family_of = |a: &SocketAddr| {
+        if a.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        }
+    };
+    if node.is_null() && service.is_null() {
+        // No name to look up: the hints' addresses are the answer, as librdmacm copies them.
+        w.c.ai_family = h.map_or(0, |h| h.ai_family);
+        if let Some(d) = hint_dst {
+            w.c.ai_family = family_of(&d);
+            w.c.ai_dst_len = to_sockaddr(&mut w.dst, d);
+            w.c.ai_dst_addr = &mut w.dst as *mut _ as *mut sockaddr;
+        }
+        if let Some(s) = hint_src {
+            if w.c.ai_family == 0 {
+                w.c.ai_family = family_of(&s);
+            }
+            w.c.ai_src_len = to_sockaddr(&mut w.src, s);
+            w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
+        }
+        // SAFETY: the caller's out parameter.
+        unsafe { *res = Box::into_raw(w) as *mut rdma_addrinfo };
+        return 0;
+    }
     let mut family = h.map_or(0, |h| h.ai_family);
     if family == 0 && node.is_null() {
         // A wildcard address: IPv4's (ferroce's CM binds every address of the family).
@@ -2191,25 +2314,7 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             return if e != 0 { e } else { -1 };
         }
     };
-    // SAFETY: plain C data.
-    let mut w: Box<AiW> = Box::new(unsafe { std::mem::zeroed() });
-    w.c.ai_flags = flags;
-    w.c.ai_family = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    w.c.ai_port_space = h
-        .map(|h| h.ai_port_space)
-        .filter(|p| *p != 0)
-        .unwrap_or(RDMA_PS_TCP);
-    w.c.ai_qp_type = h.map(|h| h.ai_qp_type).filter(|q| *q != 0).unwrap_or(
-        if w.c.ai_port_space == RDMA_PS_UDP {
-            4
-        } else {
-            2
-        },
-    );
+    w.c.ai_family = family_of(&addr);
     if passive {
         w.c.ai_src_len = to_sockaddr(&mut w.src, addr);
         w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
@@ -2217,8 +2322,7 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         w.c.ai_dst_len = to_sockaddr(&mut w.dst, addr);
         w.c.ai_dst_addr = &mut w.dst as *mut _ as *mut sockaddr;
         // A source address from the hints.
-        // SAFETY: the caller's hints' address.
-        if let Some(s) = h.and_then(|h| unsafe { from_sockaddr(h.ai_src_addr) }) {
+        if let Some(s) = hint_src {
             w.c.ai_src_len = to_sockaddr(&mut w.src, s);
             w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
         } else if flags & RAI_NOROUTE == 0 {

@@ -61,9 +61,11 @@ int_stubs!(
     ibv_cmd_close_xrcd,
     ibv_cmd_create_ah,
     ibv_cmd_create_counters,
+    ibv_cmd_create_cq,
     ibv_cmd_create_cq_ex,
     ibv_cmd_create_flow,
     ibv_cmd_create_flow_action_esp,
+    ibv_cmd_create_qp,
     ibv_cmd_create_qp_ex,
     ibv_cmd_create_qp_ex2,
     ibv_cmd_create_rwq_ind_table,
@@ -93,6 +95,10 @@ int_stubs!(
     ibv_cmd_modify_wq,
     ibv_cmd_open_qp,
     ibv_cmd_open_xrcd,
+    ibv_cmd_poll_cq,
+    ibv_cmd_post_recv,
+    ibv_cmd_post_send,
+    ibv_cmd_post_srq_recv,
     ibv_cmd_query_context,
     ibv_cmd_query_device_any,
     ibv_cmd_query_mr,
@@ -103,18 +109,20 @@ int_stubs!(
     ibv_cmd_reg_dm_mr,
     ibv_cmd_reg_dmabuf_mr,
     ibv_cmd_reg_mr,
+    ibv_cmd_req_notify_cq,
     ibv_cmd_rereg_mr,
     ibv_cmd_resize_cq,
     ibv_query_ece,
     ibv_resolve_eth_l2_from_gid,
     ibv_set_ece,
-    verbs_init_cq
+    __ioctl_final_num_attrs,
+    verbs_init_cq,
 );
 
 void_stubs!(
-    __verbs_log,
     ibv_copy_ah_attr_from_kern,
     ibv_copy_path_rec_from_kern,
+    ibv_copy_path_rec_to_kern,
     ibv_copy_qp_attr_from_kern,
     verbs_set_ops,
     verbs_uninit_context
@@ -137,6 +145,26 @@ pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int 
 #[no_mangle]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
+}
+
+/// `__verbs_log` (variadic in rdma-core): a provider's debug log line, dropped (a provider
+/// loaded beside the application, libfabric's libefa for one, may log while it looks for
+/// devices of its own).
+#[no_mangle]
+pub extern "C" fn __verbs_log(_ctx: *mut c_void, _level: u32, _format: *const c_char) {}
+
+/// `ibv_read_ibdev_sysfs_file` (variadic in rdma-core; the format's arguments are not read):
+/// a provider reads its device's sysfs files with it, and a ferroce device has none: -1 with
+/// `ENOENT`.
+#[no_mangle]
+pub extern "C" fn ibv_read_ibdev_sysfs_file(
+    _buf: *mut c_char,
+    _size: usize,
+    _sysfs_dev: *const c_char,
+    _fnfmt: *const c_char,
+) -> c_int {
+    crate::verbs::set_errno(libc::ENOENT);
+    -1
 }
 
 /// `ibv_get_sysfs_path`: where sysfs is mounted.

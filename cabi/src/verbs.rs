@@ -625,6 +625,63 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     }
 }
 
+/// `_ibv_query_gid_table` (behind `ibv_query_gid_table`): every valid GID of the device
+/// (port 1), in index order, `entry_size` bytes apart; the number written, or `-EINVAL` when
+/// an entry is smaller than ours or `max_entries` cannot hold them all.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    c: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    _flags: u32,
+    entry_size: usize,
+) -> isize {
+    let einval = -(EINVAL as isize);
+    if c.is_null()
+        || (entries.is_null() && max_entries > 0)
+        || entry_size < size_of::<ibv_gid_entry>()
+    {
+        return einval;
+    }
+    // SAFETY: caller's context.
+    let s = unsafe { sh(c) };
+    let mut n = 0usize;
+    for index in 0..s.port.table.len() {
+        let Some(Some(g)) = gid_bytes(s, index as c_int) else {
+            continue;
+        };
+        if n == max_entries {
+            return einval;
+        }
+        // SAFETY: the caller's array of `max_entries` entries of `entry_size` bytes each
+        // (libibverbs' contract), `n` < `max_entries`; written unaligned, as `entry_size` may
+        // be any size.
+        unsafe {
+            (entries as *mut u8)
+                .add(n * entry_size)
+                .cast::<ibv_gid_entry>()
+                .write_unaligned(ibv_gid_entry {
+                    gid: ibv_gid { raw: g },
+                    gid_index: index as u32,
+                    port_num: 1,
+                    gid_type: 2, // IBV_GID_TYPE_ROCE_V2
+                    ndev_ifindex: s.port.netdev.index,
+                });
+        }
+        n += 1;
+    }
+    n as isize
+}
+
+/// `ibv_query_qp_data_in_order`: 0, in-order data placement is not promised (what
+/// libibverbs answers for a provider without the query). The engine places a message's
+/// packets in PSN order, but each packet's bytes are copied with `memcpy`, whose stores
+/// another CPU may see out of order, so polling on a message's last byte is not safe.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_int, _flags: u32) -> c_int {
+    0
+}
+
 /// IBVERBS_PRIVATE: `ibv_devinfo` asks each GID's type (RoCE v2 for all of ours).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid_type(
@@ -821,6 +878,80 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 ) -> *mut ibv_mr {
     // SAFETY: forwarded.
     unsafe { reg(pd, addr, len, iova, access) }
+}
+
+/// `ibv_rereg_mr`: change a region's translation (`addr`, `length`), PD or rights in place;
+/// the `struct ibv_mr` stays the caller's, with new keys. The new registration is made
+/// before the old one goes, so on failure the region is still registered as it was.
+/// Returns 0, `IBV_REREG_MR_ERR_INPUT` (-1) for arguments libibverbs refuses itself, or
+/// `IBV_REREG_MR_ERR_CMD` (-4) when the registration fails; errno says why.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    const TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 2;
+    const CHANGE_ACCESS: c_int = 4;
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -4;
+    let input = |bad: bool| {
+        bad.then(|| {
+            set_errno(EINVAL);
+            ERR_INPUT
+        })
+    };
+    if let Some(e) = input(
+        mr.is_null()
+            || flags & !(TRANSLATION | CHANGE_PD | CHANGE_ACCESS) != 0
+            || (flags & TRANSLATION != 0 && (addr.is_null() || length == 0))
+            || (access != 0 && flags & CHANGE_ACCESS == 0)
+            || (flags & CHANGE_PD != 0 && pd.is_null()),
+    ) {
+        return e;
+    }
+    if flags == 0 {
+        return 0;
+    }
+    // SAFETY: an MR from ibv_reg_mr that the caller still holds (libibverbs' contract).
+    let w = unsafe { &mut *(mr as *mut MrW) };
+    let new_pd = if flags & CHANGE_PD != 0 { pd } else { w.c.pd };
+    let (new_addr, new_len, iova) = if flags & TRANSLATION != 0 {
+        (addr, length, addr as u64)
+    } else {
+        (w.c.addr, w.c.length, w.mr.addr())
+    };
+    let new_access = if flags & CHANGE_ACCESS != 0 {
+        access
+    } else {
+        w.mr.access().bits() as c_int
+    };
+    // SAFETY: the PD is the caller's (libibverbs' contract) or the region's own; the memory
+    // is the caller's new range or the range the region already had, with ibv_reg_mr's
+    // promise (see `reg`).
+    let fresh = unsafe { reg(new_pd, new_addr, new_len, iova, new_access) };
+    if fresh.is_null() {
+        return ERR_CMD;
+    }
+    // SAFETY: `reg` returned a box of this library.
+    let fresh = unsafe { Box::from_raw(fresh as *mut MrW) };
+    // SAFETY: the region's context is the one set at creation.
+    let s = unsafe { sh(w.c.context) };
+    if let Err(e) = s.nic.dereg_mr(&w.mr) {
+        // The old registration stays (a memory window bound to it, say): the new one goes.
+        // SAFETY: the new region's context is the same device's.
+        let _ = unsafe { sh(fresh.c.context) }.nic.dereg_mr(&fresh.mr);
+        set_errno(errno_of(&e));
+        return ERR_CMD;
+    }
+    let MrW { c, mr: region } = *fresh;
+    w.c = c;
+    w.mr = region;
+    0
 }
 
 #[no_mangle]

@@ -117,6 +117,16 @@ fn every_symbol_has_rdma_cores_version_and_the_soname() {
     for (s, v) in &ours {
         assert_eq!(theirs.get(s), Some(v), "{s}: ours {v}");
     }
+    // And every name rdma-core's library defines, public and provider-internal, is ours too
+    // (a library built against a later libibverbs than the programs below, libfabric's for
+    // one, imports calls none of them does: ibv_is_fork_initialized, ibv_reg_dmabuf_mr).
+    let mut missing: Vec<String> = theirs
+        .iter()
+        .filter(|(s, _)| !ours.contains_key(*s))
+        .map(|(s, v)| format!("{s}@{v}"))
+        .collect();
+    missing.sort();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
     // Everything Debian's RDMA programs and the libraries they load import is there.
     let dyn_ = Command::new("objdump")
         .arg("-p")
@@ -142,6 +152,7 @@ fn every_symbol_has_rdma_cores_version_and_the_soname() {
         "/usr/lib/x86_64-linux-gnu/librdmacm.so.1",
         "/usr/lib/x86_64-linux-gnu/libmlx5.so.1",
         "/usr/lib/x86_64-linux-gnu/libefa.so.1",
+        "/usr/lib/x86_64-linux-gnu/libfabric.so.1",
     ] {
         if std::path::Path::new(l).exists() {
             wanted.push(l.into());

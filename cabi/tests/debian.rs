@@ -899,6 +899,142 @@ fn rdmacm_utils_examples_both_ends() {
     result_line(cmd, &c, "300");
 }
 
+/// examples/c/rereg_mr.c: the libibverbs calls of rdma-core 44 no other example makes.
+/// `ibv_rereg_mr` gives a region remote write (a WRITE then lands) and moves its translation
+/// (a WRITE lands in the new buffer, one to the old address gets a remote access error);
+/// the arguments libibverbs refuses itself fail with `IBV_REREG_MR_ERR_INPUT`; the GID table
+/// in one call equals the entries one by one; fork needs no preparation; dma-buf memory and
+/// imported objects are refused with `EOPNOTSUPP`.
+#[test]
+fn rereg_mr_and_the_other_calls_of_rdma_core_44() {
+    let t = "rereg_mr_and_the_other_calls_of_rdma_core_44";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "rereg_mr",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
+        return;
+    };
+    let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_says(
+        "rereg_mr",
+        &so,
+        &[
+            "rereg unknown flag: -1 Invalid argument",
+            "rereg translation to NULL: -1 Invalid argument",
+            "rereg rights without CHANGE_ACCESS: -1 Invalid argument",
+            "WRITE after rereg CHANGE_ACCESS: success, data identical",
+            "rereg translation: addr moved, length 4096",
+            "WRITE to the new range: success, data identical, old buffer untouched",
+            "WRITE to the old range: remote access error",
+            "equal to the",
+            "ibv_is_fork_initialized: 2",
+            "ibv_reg_dmabuf_mr: NULL Operation not supported",
+            "ibv_import_pd: NULL Operation not supported",
+            "ok",
+        ],
+        &so,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The rate conversions (`ibv_rate_to_mult`, `mult_to_ibv_rate`, `ibv_rate_to_mbps`,
+/// `mbps_to_ibv_rate`) give what rdma-core's own library gives, for every enum value, every
+/// multiple up to 500 and a list of data rates: the same program run on each library.
+#[test]
+fn rate_conversions_answer_as_rdma_core() {
+    let t = "rate_conversions_answer_as_rdma_core";
+    let real = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if !have(real.exists(), t, "Debian's libibverbs.so.1 (libibverbs1)") {
+        return;
+    }
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "rereg_mr",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
+        return;
+    };
+    let run = |lib: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(&exe);
+        c.arg("rates").env_remove("LD_LIBRARY_PATH");
+        if let Some(l) = lib {
+            c.env("LD_LIBRARY_PATH", l);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (theirs, ours) = (run(None), run(Some(&common::lib_dir())));
+    assert!(theirs.lines().count() > 500, "{theirs}");
+    assert!(theirs.contains("rate 3: mult 4 mbps 10000"), "{theirs}");
+    for (a, b) in theirs.lines().zip(ours.lines()) {
+        assert_eq!(a, b, "rdma-core, then ferroce");
+    }
+    assert_eq!(theirs.lines().count(), ours.lines().count());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// libfabric's `fi_pingpong` (Debian's libfabric-bin) on its verbs provider: the connected
+/// endpoint type (`-e msg`: RDMA-CM and RC QPs) and the reliable datagram one built on it
+/// (`-e rdm`, `ofi_rxm`, what MPI libraries use), every message size from 64 B to 1 MiB,
+/// each message's bytes checked (`-c`). libfabric looks for its devices among the host's
+/// interface addresses and skips `lo`, so the two programs run on the two addresses of a
+/// veth interface. It needed what libfabric 1.17 imports (`ibv_is_fork_initialized`,
+/// `ibv_reg_dmabuf_mr`), `rdma_getaddrinfo` from the hints' addresses alone, an id bound to
+/// the loopback address left without a device (libfabric then advertises the device's own
+/// addresses, not 127.0.0.1), and 0xff depths in `rdma_connect`/`rdma_accept` read as "the
+/// most allowed", as librdmacm reads them.
+#[test]
+fn libfabric_fi_pingpong_over_verbs_msg_and_rdm_both_ends() {
+    let t = "libfabric_fi_pingpong_over_verbs_msg_and_rdm_both_ends";
+    if !ready(t, &["fi_pingpong"]) {
+        return;
+    }
+    let o = in_netns(
+        "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
+           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
+         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+         p=47600\n\
+         for e in msg rdm; do\n\
+           p=$((p+1))\n\
+           FERROCE_ADDR=10.7.0.1 timeout 60 fi_pingpong -p verbs -e $e -I 50 -c -B $p \
+             > /dev/null 2>&1 &\n\
+           s=$!\n\
+           i=0; while [ $i -lt 400 ] && ! ss -Hltn | grep -q \":$p \"; do sleep 0.05; i=$((i+1)); done\n\
+           FERROCE_ADDR=10.7.0.2 timeout 60 fi_pingpong -p verbs -e $e -I 50 -c -P $p 10.7.0.1 2>&1\n\
+           echo \"client $e=$?\"\n\
+           wait $s; echo \"server $e=$?\"\n\
+         done",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    for e in ["msg", "rdm"] {
+        assert!(out.contains(&format!("client {e}=0")), "{out}");
+        assert!(out.contains(&format!("server {e}=0")), "{out}");
+    }
+    // Each endpoint type's table: every size sent and acknowledged 50 times.
+    for size in ["64", "256", "1k", "4k", "64k", "1m"] {
+        let rows = out
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
+            })
+            .count();
+        assert_eq!(rows, 2, "{size}: one row per endpoint type\n{out}");
+    }
+}
+
 /// Debian's `qperf` (package qperf), its RC tests over RDMA-CM (`-cm1`; without it qperf
 /// addresses the peer by LID, which RoCE has not: its QPs fail RTR there, on rxe too). Its
 /// server forks a process per test and ends each test from `SIGALRM`, which must interrupt
