@@ -986,44 +986,58 @@ fn rate_conversions_answer_as_rdma_core() {
 }
 
 /// libfabric's `fi_pingpong` (Debian's libfabric-bin) on its verbs provider: the connected
-/// endpoint type (`-e msg`: RDMA-CM and RC QPs) and the reliable datagram one built on it
-/// (`-e rdm`, `ofi_rxm`, what MPI libraries use), every message size from 64 B to 1 MiB,
-/// each message's bytes checked (`-c`). libfabric looks for its devices among the host's
-/// interface addresses and skips `lo`, so the two programs run on the two addresses of a
-/// veth interface. It needed what libfabric 1.17 imports (`ibv_is_fork_initialized`,
-/// `ibv_reg_dmabuf_mr`), `rdma_getaddrinfo` from the hints' addresses alone, an id bound to
-/// the loopback address left without a device (libfabric then advertises the device's own
-/// addresses, not 127.0.0.1), and 0xff depths in `rdma_connect`/`rdma_accept` read as "the
-/// most allowed", as librdmacm reads them.
+/// endpoint type (`-e msg`: RDMA-CM and RC QPs), the reliable datagram one built on it
+/// (`-e rdm`, `ofi_rxm`, what MPI libraries use), every message size from 64 B to 1 MiB, and
+/// the unreliable datagram one (`-e dgram`: UD QPs, messages up to the MTU), each message's
+/// bytes checked (`-c`). libfabric looks for its devices among the host's interface addresses
+/// and skips `lo`, so the two programs run on the two addresses of a veth interface. For UD
+/// libfabric names its endpoint by the GID at `FI_VERBS_GID_IDX` (default 0: the IPv6
+/// link-local entry, which the UDP backend does not serve), so each side is given the index
+/// of its own address, read from `ibv_devinfo -v`. It needed what libfabric 1.17 imports
+/// (`ibv_is_fork_initialized`, `ibv_reg_dmabuf_mr`), `rdma_getaddrinfo` from the hints'
+/// addresses alone, an id bound to the loopback address left without a device (libfabric then
+/// advertises the device's own addresses, not 127.0.0.1), and 0xff depths in
+/// `rdma_connect`/`rdma_accept` read as "the most allowed", as librdmacm reads them.
 #[test]
-fn libfabric_fi_pingpong_over_verbs_msg_and_rdm_both_ends() {
-    let t = "libfabric_fi_pingpong_over_verbs_msg_and_rdm_both_ends";
-    if !ready(t, &["fi_pingpong"]) {
+fn libfabric_fi_pingpong_over_verbs_msg_rdm_and_dgram_both_ends() {
+    let t = "libfabric_fi_pingpong_over_verbs_msg_rdm_and_dgram_both_ends";
+    if !ready(t, &["fi_pingpong", "ibv_devinfo"]) {
         return;
     }
     let o = in_netns(
         "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
            && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
          export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+         gid() { FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }\n\
+         g1=$(gid 10.7.0.1); g2=$(gid 10.7.0.2); echo \"gids $g1 $g2\"\n\
          p=47600\n\
-         for e in msg rdm; do\n\
+         for e in msg rdm dgram; do\n\
            p=$((p+1))\n\
-           FERROCE_ADDR=10.7.0.1 timeout 60 fi_pingpong -p verbs -e $e -I 50 -c -B $p \
-             > /dev/null 2>&1 &\n\
+           FI_VERBS_GID_IDX=$g1 FERROCE_ADDR=10.7.0.1 timeout 60 fi_pingpong -p verbs -e $e \
+             -I 50 -c -B $p > /dev/null 2>&1 &\n\
            s=$!\n\
            i=0; while [ $i -lt 400 ] && ! ss -Hltn | grep -q \":$p \"; do sleep 0.05; i=$((i+1)); done\n\
-           FERROCE_ADDR=10.7.0.2 timeout 60 fi_pingpong -p verbs -e $e -I 50 -c -P $p 10.7.0.1 2>&1\n\
+           FI_VERBS_GID_IDX=$g2 FERROCE_ADDR=10.7.0.2 timeout 60 fi_pingpong -p verbs -e $e \
+             -I 50 -c -P $p 10.7.0.1 2>&1\n\
            echo \"client $e=$?\"\n\
            wait $s; echo \"server $e=$?\"\n\
          done",
     );
     let out = String::from_utf8_lossy(&o.stdout);
-    for e in ["msg", "rdm"] {
+    for e in ["msg", "rdm", "dgram"] {
         assert!(out.contains(&format!("client {e}=0")), "{out}");
         assert!(out.contains(&format!("server {e}=0")), "{out}");
     }
-    // Each endpoint type's table: every size sent and acknowledged 50 times.
-    for size in ["64", "256", "1k", "4k", "64k", "1m"] {
+    // Each endpoint type's table: every size sent and acknowledged 50 times (UD: up to the
+    // MTU, 1 KiB on this veth).
+    for (size, tables) in [
+        ("64", 3),
+        ("256", 3),
+        ("1k", 3),
+        ("4k", 2),
+        ("64k", 2),
+        ("1m", 2),
+    ] {
         let rows = out
             .lines()
             .filter(|l| {
@@ -1031,7 +1045,7 @@ fn libfabric_fi_pingpong_over_verbs_msg_and_rdm_both_ends() {
                 f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
             })
             .count();
-        assert_eq!(rows, 2, "{size}: one row per endpoint type\n{out}");
+        assert_eq!(rows, tables, "{size}\n{out}");
     }
 }
 
