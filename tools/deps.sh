@@ -15,8 +15,9 @@ Groups:
   net    iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd
                                               (tools/testbed, tools/baseline)
   bench  sockperf iperf3                      (tools/bench-testbed's C baselines)
-  rdma   ibverbs-utils perftest rdmacm-utils qperf libfabric-bin libibverbs-dev
-         librdmacm-dev valgrind               (Debian's RDMA programs and headers, run on
+  rdma   ibverbs-utils perftest rdmacm-utils qperf libfabric-bin openmpi-bin
+         libopenmpi-dev libibverbs-dev librdmacm-dev valgrind
+                                              (Debian's RDMA programs and headers, run on
                                               ferroce's libibverbs.so.1: cabi/tests; valgrind
                                               checks C programs' memory use on the library)
   vm     qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd
@@ -32,7 +33,7 @@ declare -A GROUP_PKGS=(
     [net]="iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd"
     [bench]="sockperf iperf3"
     [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump ethtool"
-    [rdma]="ibverbs-utils perftest rdmacm-utils qperf libfabric-bin libibverbs-dev librdmacm-dev binutils valgrind"
+    [rdma]="ibverbs-utils perftest rdmacm-utils qperf libfabric-bin openmpi-bin libopenmpi-dev libibverbs-dev librdmacm-dev binutils valgrind"
 )
 ALL_GROUPS=(wire net bench vm rdma)
 

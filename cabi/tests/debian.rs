@@ -1049,6 +1049,92 @@ fn libfabric_fi_pingpong_over_verbs_msg_rdm_and_dgram_both_ends() {
     }
 }
 
+/// Open MPI (Debian's openmpi-bin 4.1) over ferroce, through libfabric's verbs provider
+/// (`--mca pml cm --mca mtl ofi`, provider `verbs;ofi_rxm`): examples/c/mpi_ring.c, two
+/// ranks on the two addresses of a veth interface, sends 1 B to 1 MiB around the ring, every
+/// byte checked, then an allreduce. Each rank's capture holds its RoCE traffic (the large
+/// messages as RDMA READ responses) and passes tools/check-captures; the transport is forced,
+/// so a rank that could not open ferroce's device would fail instead of falling back to
+/// shared memory or TCP.
+#[test]
+fn open_mpi_over_libfabric_verbs_on_ferroce() {
+    let t = "open_mpi_over_libfabric_verbs_on_ferroce";
+    if !ready(t, &["mpirun", "ibv_devinfo"]) {
+        return;
+    }
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "mpi_ring",
+        "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h",
+        "libopenmpi-dev",
+        &[
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include",
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include/openmpi",
+            "-L/usr/lib/x86_64-linux-gnu/openmpi/lib",
+            "-lmpi",
+        ],
+    ) else {
+        return;
+    };
+    let wrap = dir.join("rank.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh\n\
+             r=$OMPI_COMM_WORLD_RANK\n\
+             a=10.7.0.$((r + 1))\n\
+             export FERROCE_ADDR=$a FERROCE_PCAP={dir}/rank$r.pcap\n\
+             export FI_VERBS_GID_IDX=$(ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$a,.*/\\1/p\")\n\
+             exec {exe}\n",
+            dir = dir.display(),
+            exe = exe.display()
+        ),
+    )
+    .unwrap();
+    let o = in_netns(&format!(
+        "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
+           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
+         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+         timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml cm \
+           --mca mtl ofi --mca mtl_ofi_provider_include 'verbs;ofi_rxm' \
+           -x LD_LIBRARY_PATH -x FERROCE_DEV sh {} 2>&1\n\
+         echo \"mpirun=$?\"",
+        wrap.display()
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("mpirun=0"),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} of 2: ring ok, allreduce 3")),
+            "{out}"
+        );
+        let pcap = dir.join(format!("rank{r}.pcap"));
+        // 1 MiB each way at a 1 KiB MTU: over a thousand RoCE frames in each capture.
+        assert!(
+            std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0) > 1_000_000,
+            "{}: no RoCE traffic captured",
+            pcap.display()
+        );
+        if which("tshark") {
+            let chk = std::process::Command::new(repo().join("tools/check-captures"))
+                .arg(&pcap)
+                .output()
+                .unwrap();
+            assert!(
+                chk.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&chk.stdout),
+                String::from_utf8_lossy(&chk.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Debian's `qperf` (package qperf), its RC tests over RDMA-CM (`-cm1`; without it qperf
 /// addresses the peer by LID, which RoCE has not: its QPs fail RTR there, on rxe too). Its
 /// server forks a process per test and ends each test from `SIGALRM`, which must interrupt
