@@ -985,6 +985,16 @@ fn rate_conversions_answer_as_rdma_core() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A script's start for programs that skip `lo` (libfabric looks for its devices among the
+/// host's other interfaces): a veth interface `d0` with 10.7.0.1 and 10.7.0.2, ferroce's
+/// device on it, and `$G1`/`$G2`: the GID index of each address as `ibv_devinfo -v` shows it.
+const VETH_TWO_ADDRESSES: &str = "\
+    ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
+      && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
+    export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+    gid() { FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }\n\
+    export G1=$(gid 10.7.0.1) G2=$(gid 10.7.0.2)\n";
+
 /// libfabric's `fi_pingpong` (Debian's libfabric-bin) on its verbs provider: the connected
 /// endpoint type (`-e msg`: RDMA-CM and RC QPs), the reliable datagram one built on it
 /// (`-e rdm`, `ofi_rxm`, what MPI libraries use), every message size from 64 B to 1 MiB, and
@@ -1004,25 +1014,21 @@ fn libfabric_fi_pingpong_over_verbs_msg_rdm_and_dgram_both_ends() {
     if !ready(t, &["fi_pingpong", "ibv_devinfo"]) {
         return;
     }
-    let o = in_netns(
-        "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
-           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
-         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
-         gid() { FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }\n\
-         g1=$(gid 10.7.0.1); g2=$(gid 10.7.0.2); echo \"gids $g1 $g2\"\n\
+    let o = in_netns(&format!(
+        "{VETH_TWO_ADDRESSES}\
          p=47600\n\
          for e in msg rdm dgram; do\n\
            p=$((p+1))\n\
-           FI_VERBS_GID_IDX=$g1 FERROCE_ADDR=10.7.0.1 timeout 60 fi_pingpong -p verbs -e $e \
+           FI_VERBS_GID_IDX=$G1 FERROCE_ADDR=10.7.0.1 timeout 60 fi_pingpong -p verbs -e $e \
              -I 50 -c -B $p > /dev/null 2>&1 &\n\
            s=$!\n\
            i=0; while [ $i -lt 400 ] && ! ss -Hltn | grep -q \":$p \"; do sleep 0.05; i=$((i+1)); done\n\
-           FI_VERBS_GID_IDX=$g2 FERROCE_ADDR=10.7.0.2 timeout 60 fi_pingpong -p verbs -e $e \
+           FI_VERBS_GID_IDX=$G2 FERROCE_ADDR=10.7.0.2 timeout 60 fi_pingpong -p verbs -e $e \
              -I 50 -c -P $p 10.7.0.1 2>&1\n\
            echo \"client $e=$?\"\n\
            wait $s; echo \"server $e=$?\"\n\
-         done",
-    );
+         done"
+    ));
     let out = String::from_utf8_lossy(&o.stdout);
     for e in ["msg", "rdm", "dgram"] {
         assert!(out.contains(&format!("client {e}=0")), "{out}");
@@ -1083,8 +1089,8 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
             "#!/bin/sh\n\
              r=$OMPI_COMM_WORLD_RANK\n\
              a=10.7.0.$((r + 1))\n\
-             export FERROCE_ADDR=$a FERROCE_PCAP={dir}/rank$r.pcap\n\
-             export FI_VERBS_GID_IDX=$(ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$a,.*/\\1/p\")\n\
+             if [ $r = 0 ]; then g=$G1; else g=$G2; fi\n\
+             export FERROCE_ADDR=$a FERROCE_PCAP={dir}/rank$r.pcap FI_VERBS_GID_IDX=$g\n\
              exec {exe}\n",
             dir = dir.display(),
             exe = exe.display()
@@ -1092,12 +1098,10 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
     )
     .unwrap();
     let o = in_netns(&format!(
-        "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
-           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
-         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+        "{VETH_TWO_ADDRESSES}\
          timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml cm \
            --mca mtl ofi --mca mtl_ofi_provider_include 'verbs;ofi_rxm' \
-           -x LD_LIBRARY_PATH -x FERROCE_DEV sh {} 2>&1\n\
+           -x LD_LIBRARY_PATH -x FERROCE_DEV -x G1 -x G2 sh {} 2>&1\n\
          echo \"mpirun=$?\"",
         wrap.display()
     ));

@@ -6,6 +6,7 @@
 #ifndef FERROCE_EXAMPLES_RC_CONNECT_H
 #define FERROCE_EXAMPLES_RC_CONNECT_H
 
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <string.h>
 
@@ -81,6 +82,25 @@ static inline struct ibv_context *open_first_device(struct ibv_device ***list,
 		return NULL;
 	}
 	return ctx;
+}
+
+/*
+ * Poll `cq` until one completion comes (busy, at most 2e8 polls) into *wc. Returns NULL, or
+ * what went wrong with its error in *err (ETIMEDOUT when nothing came).
+ */
+static inline const char *poll_one_wc(struct ibv_cq *cq, struct ibv_wc *wc, int *err)
+{
+	for (long i = 0; i < 200000000L; i++) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n < 0) {
+			*err = -n;
+			return "ibv_poll_cq";
+		}
+		if (n == 1)
+			return NULL;
+	}
+	*err = ETIMEDOUT;
+	return "no completion";
 }
 
 #endif

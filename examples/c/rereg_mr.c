@@ -50,15 +50,11 @@ static void rates(void)
 static struct ibv_wc poll_one(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
-	for (long i = 0; i < 200000000L; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			fail("ibv_poll_cq", -n);
-		if (n == 1)
-			return wc;
-	}
-	fprintf(stderr, "rereg_mr: no completion\n");
-	exit(1);
+	int e;
+	const char *what = poll_one_wc(cq, &wc, &e);
+	if (what)
+		fail(what, e);
+	return wc;
 }
 
 /* A signaled RDMA WRITE of `len` bytes from `src` to `raddr`/`rkey`; its completion status. */

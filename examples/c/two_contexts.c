@@ -33,15 +33,11 @@ static int fail(const char *what, int e)
 static struct ibv_wc poll_one(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
-	for (long i = 0; i < 200000000L; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			fail("ibv_poll_cq", -n);
-		if (n == 1)
-			return wc;
-	}
-	fprintf(stderr, "two_contexts: no completion\n");
-	exit(1);
+	int e;
+	const char *what = poll_one_wc(cq, &wc, &e);
+	if (what)
+		fail(what, e);
+	return wc;
 }
 
 static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
