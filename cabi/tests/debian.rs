@@ -46,6 +46,24 @@ fn build_c_example(
     Some((dir, exe))
 }
 
+/// `pcap` passes tools/check-captures (inspect, tshark and the independent checker agree it
+/// is clean RoCE v2), when tshark is installed.
+fn check_capture(pcap: &std::path::Path) {
+    if !which("tshark") {
+        return;
+    }
+    let chk = std::process::Command::new(repo().join("tools/check-captures"))
+        .arg(pcap)
+        .output()
+        .unwrap();
+    assert!(
+        chk.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&chk.stdout),
+        String::from_utf8_lossy(&chk.stderr)
+    );
+}
+
 /// [`build_c_example`] for a program of examples/c/ that uses librdmacm (and libibverbs).
 fn build_cm_example(t: &str, name: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
     build_c_example(
@@ -318,18 +336,7 @@ fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
         assert!(so.contains(want), "no {want:?} in:\n{so}");
     }
     // The frames it exchanged are RoCE v2 that tshark and the independent checker accept.
-    if which("tshark") {
-        let chk = std::process::Command::new(repo().join("tools/check-captures"))
-            .arg(&pcap)
-            .output()
-            .unwrap();
-        assert!(
-            chk.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&chk.stdout),
-            String::from_utf8_lossy(&chk.stderr)
-        );
-    }
+    check_capture(&pcap);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -428,18 +435,7 @@ fn rping_both_ends_on_ferroces_librdmacm() {
     assert_rping("rping -q", r, 10);
     // The RDMA-CM MADs (REQ, REP, RTU, DREQ, DREP) and the data are RoCE v2 that inspect,
     // tshark and the independent checker accept.
-    if which("tshark") {
-        let chk = std::process::Command::new(repo().join("tools/check-captures"))
-            .arg(&pcap)
-            .output()
-            .unwrap();
-        assert!(
-            chk.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&chk.stdout),
-            String::from_utf8_lossy(&chk.stderr)
-        );
-    }
+    check_capture(&pcap);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1123,18 +1119,7 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
             "{}: no RoCE traffic captured",
             pcap.display()
         );
-        if which("tshark") {
-            let chk = std::process::Command::new(repo().join("tools/check-captures"))
-                .arg(&pcap)
-                .output()
-                .unwrap();
-            assert!(
-                chk.status.success(),
-                "{}{}",
-                String::from_utf8_lossy(&chk.stdout),
-                String::from_utf8_lossy(&chk.stderr)
-            );
-        }
+        check_capture(&pcap);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
