@@ -981,6 +981,43 @@ fn rate_conversions_answer_as_rdma_core() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// examples/c/cm_bind.c: which addresses an id binds (the device's: on the device; the
+/// wildcard and another loopback address: on no device; another interface's: `ENODEV`; a
+/// foreign one: `EADDRNOTAVAIL`) and `rdma_getaddrinfo` from hints alone, the behaviour
+/// libfabric's verbs provider builds on.
+#[test]
+fn rdma_bind_addr_and_getaddrinfo_from_hints() {
+    let t = "rdma_bind_addr_and_getaddrinfo_from_hints";
+    let Some((dir, exe)) = build_cm_example(t, "cm_bind") else {
+        return;
+    };
+    let o = in_netns(&format!(
+        "ip link add d0 type veth peer name d1 && ip link set d0 up \
+           && ip addr add 10.7.0.9/24 dev d0 || exit 98\n\
+         LD_LIBRARY_PATH=$LIB FERROCE_ADDR=127.0.0.1 timeout 30 {} 127.0.0.1 127.0.0.2 \
+           10.7.0.9 192.0.2.1 2>&1",
+        exe.display()
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_says(
+        "cm_bind",
+        &out,
+        &[
+            "bind the device's address (127.0.0.1): bound, on the device",
+            "bind the wildcard (0.0.0.0): bound, on no device",
+            "bind another loopback address (127.0.0.2): bound, on no device",
+            "bind another interface's address (10.7.0.9): No such device",
+            "bind a foreign address (192.0.2.1): Cannot assign requested address",
+            "rdma_getaddrinfo from hints alone: their addresses",
+            "rdma_getaddrinfo with nothing: Invalid argument",
+            "ok",
+        ],
+        &out,
+    );
+    assert!(o.status.success(), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A script's start for programs that skip `lo` (libfabric looks for its devices among the
 /// host's other interfaces): a veth interface `d0` with 10.7.0.1 and 10.7.0.2, ferroce's
 /// device on it, and `$G1`/`$G2`: the GID index of each address as `ibv_devinfo -v` shows it.

@@ -1,0 +1,96 @@
+/*
+ * cm_bind.c — which local addresses an rdma_cm_id may bind, and what rdma_getaddrinfo answers
+ * from hints alone, as libfabric's verbs provider relies on them:
+ *
+ *   an address of the device           binds, and the id is on the device (id->verbs set);
+ *   the wildcard                        binds, on no device yet;
+ *   a loopback address the device does not serve
+ *                                       binds, on no device (libfabric then advertises the
+ *                                       device's own addresses instead of 127.0.0.1);
+ *   another local address (of an interface with no RDMA device)
+ *                                       fails with ENODEV;
+ *   an address that is not the host's   fails with EADDRNOTAVAIL;
+ *   rdma_getaddrinfo(NULL, NULL, hints) answers with the hints' destination and source.
+ *
+ * Usage: cm_bind DEVICE_ADDR OTHER_LOOPBACK OTHER_LOCAL FOREIGN   (IPv4 addresses)
+ * Prints one line per case and "ok" when each behaves as above.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <string.h>
+
+static int failures;
+
+static void bind_case(struct rdma_event_channel *ch, const char *what, const char *ip,
+		      int want_err, int want_device)
+{
+	struct rdma_cm_id *id;
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
+		printf("%s: rdma_create_id: %s\n", what, strerror(errno));
+		failures++;
+		return;
+	}
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	errno = 0;
+	int r = rdma_bind_addr(id, (struct sockaddr *)&a);
+	int err = r ? errno : 0;
+	printf("bind %s (%s): %s, %s\n", what, ip, r ? strerror(err) : "bound",
+	       id->verbs ? "on the device" : "on no device");
+	if (err != want_err || (!r && !!id->verbs != want_device))
+		failures++;
+	rdma_destroy_id(id);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 5) {
+		fprintf(stderr, "usage: cm_bind DEVICE_ADDR OTHER_LOOPBACK OTHER_LOCAL FOREIGN\n");
+		return 2;
+	}
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch) {
+		perror("rdma_create_event_channel");
+		return 1;
+	}
+	bind_case(ch, "the device's address", argv[1], 0, 1);
+	bind_case(ch, "the wildcard", "0.0.0.0", 0, 0);
+	bind_case(ch, "another loopback address", argv[2], 0, 0);
+	bind_case(ch, "another interface's address", argv[3], ENODEV, 0);
+	bind_case(ch, "a foreign address", argv[4], EADDRNOTAVAIL, 0);
+
+	/* Hints alone: their addresses come back. */
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(7471) };
+	struct sockaddr_in src = { .sin_family = AF_INET };
+	inet_pton(AF_INET, argv[4], &dst.sin_addr);
+	inet_pton(AF_INET, argv[1], &src.sin_addr);
+	struct rdma_addrinfo hints, *res = NULL;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_port_space = RDMA_PS_TCP;
+	hints.ai_dst_addr = (struct sockaddr *)&dst;
+	hints.ai_dst_len = sizeof(dst);
+	hints.ai_src_addr = (struct sockaddr *)&src;
+	hints.ai_src_len = sizeof(src);
+	int r = rdma_getaddrinfo(NULL, NULL, &hints, &res);
+	int same = !r && res && res->ai_dst_len == sizeof(dst) && res->ai_src_len == sizeof(src) &&
+		   !memcmp(res->ai_dst_addr, &dst, sizeof(dst)) &&
+		   !memcmp(res->ai_src_addr, &src, sizeof(src)) && res->ai_family == AF_INET;
+	printf("rdma_getaddrinfo from hints alone: %s\n",
+	       r ? strerror(errno) : same ? "their addresses" : "OTHER addresses");
+	if (!same)
+		failures++;
+	if (res)
+		rdma_freeaddrinfo(res);
+	r = rdma_getaddrinfo(NULL, NULL, NULL, &res);
+	printf("rdma_getaddrinfo with nothing: %s\n", r ? strerror(errno) : "answered");
+	if (!r || errno != EINVAL)
+		failures++;
+
+	rdma_destroy_event_channel(ch);
+	if (failures)
+		return 1;
+	printf("ok\n");
+	return 0;
+}
