@@ -30,7 +30,8 @@
 //! fail with `EOPNOTSUPP`); connecting and accepting complete inside the call even on a
 //! non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a listener accepts a
 //! request when the program calls `raccept` (or `rpoll` finds it), not from a service
-//! thread; no keepalive service (the option is accepted).
+//! thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
+//! calls, blocked ones included, not from a service thread ([`St::keepalive`]).
 //!
 //! # Descriptors
 //! An rsocket's number is an eventfd of its own (a real descriptor, so it never collides with
@@ -65,7 +66,10 @@ const OP_SGL: u32 = 4;
 const OP_IOMAP_SGL: u32 = 6;
 const OP_CTRL: u32 = 7;
 const CTRL_DISCONNECT: u32 = 0;
+const CTRL_KEEPALIVE: u32 = 1;
 const CTRL_SHUTDOWN: u32 = 2;
+/// rdma-core's default keepalive time (`/etc/rdma/rsocket/keepalive_time`, TCP's 2 hours).
+const DEF_KEEPALIVE: Duration = Duration::from_secs(7200);
 const CONN_FLAG_NET: u8 = 1;
 const CONN_FLAG_IOMAP: u8 = 2;
 const CONN_DATA_LEN: usize = 40;
@@ -270,6 +274,10 @@ struct St {
     /// Their bytes.
     unread: u64,
     cq_armed: bool,
+    /// `TCP_KEEPIDLE`: how often a connection with `SO_KEEPALIVE` sends a keepalive.
+    keepalive_time: Duration,
+    /// When the next keepalive is due (set once the connection has `SO_KEEPALIVE`).
+    next_keepalive: Option<Instant>,
 }
 
 // SAFETY: the raw pointers name objects of this library that are used only under the
@@ -337,6 +345,8 @@ impl St {
             so_opts: 0,
             tcp_opts: 0,
             ipv6_opts: 0,
+            keepalive_time: DEF_KEEPALIVE,
+            next_keepalive: None,
             ctrl_seqno: 0,
             ctrl_max_seqno: CTRL_SLOTS,
             sseq_no: 0,
@@ -869,6 +879,32 @@ impl St {
         self.update_credits();
         self.poll_cq();
         self.update_credits();
+        self.keepalive(Instant::now());
+    }
+
+    /// With `SO_KEEPALIVE`, a connection sends a keepalive (a control message, an RDMA WRITE
+    /// with immediate and no data, as rdma-core's service thread sends it) every
+    /// `TCP_KEEPIDLE`. A peer that died without disconnecting (a process killed, whose CM
+    /// cannot say so) never acknowledges it: the QP runs out of retries, the send completes
+    /// in error and the connection fails, so a program blocked reading from it gets an error
+    /// instead of waiting for ever. Sent from every call that makes progress, including the
+    /// waits of blocked calls, which look at least every 50 ms; no service thread.
+    fn keepalive(&mut self, now: Instant) {
+        if self.so_opts >> libc::SO_KEEPALIVE & 1 == 0 || !self.connected() {
+            self.next_keepalive = None;
+            return;
+        }
+        let due = *self.next_keepalive.get_or_insert(now + self.keepalive_time);
+        if now < due {
+            return;
+        }
+        self.next_keepalive = Some(now + self.keepalive_time);
+        if self.ctrl_avail() {
+            self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
+            if let Err(e) = self.write_imm(&mut [], msg(OP_CTRL, CTRL_KEEPALIVE), 0, 0, 0) {
+                self.fail_conn(e);
+            }
+        }
     }
 
     // -- tests --
@@ -1336,6 +1372,7 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
     st.rbuf_size = parent.rbuf_size;
     st.fd_flags = parent.fd_flags;
     st.target_iomap_size = parent.target_iomap_size;
+    st.keepalive_time = parent.keepalive_time;
     let undo = |st: &mut St, e: c_int| {
         free_conn(st);
         // SAFETY: the id and its channel, not handed out.
@@ -2193,6 +2230,13 @@ pub unsafe extern "C" fn rsetsockopt(
             let on = unsafe { std::ptr::read_unaligned(val as *const libc::linger) }.l_onoff;
             set_bit(&mut g.so_opts, name, on == 0);
         }
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => {
+            let Some(v) = int().filter(|v| *v > 0) else {
+                return fail(libc::EINVAL);
+            };
+            g.keepalive_time = Duration::from_secs(v as u64);
+            g.next_keepalive = None;
+        }
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => {
             let Some(v) = int() else {
                 return fail(libc::EINVAL);
@@ -2203,11 +2247,6 @@ pub unsafe extern "C" fn rsetsockopt(
             libc::IPPROTO_TCP,
             libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL | libc::TCP_MAXSEG | libc::TCP_CONGESTION,
         ) => {}
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => {
-            if int().is_none_or(|v| v <= 0) {
-                return fail(libc::EINVAL);
-            }
-        }
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
             let Some(v) = int() else {
                 return fail(libc::EINVAL);
@@ -2258,6 +2297,9 @@ pub unsafe extern "C" fn rgetsockopt(
     let v: c_int = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
             (g.so_opts >> name & 1) as c_int
+        }
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => {
+            g.keepalive_time.as_secs().min(c_int::MAX as u64) as c_int
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => g.rbuf_size as c_int,
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => g.sbuf_size as c_int,

@@ -1885,6 +1885,46 @@ fn rsockets_in_a_c_program_both_ends() {
     );
 }
 
+/// An rsocket whose peer is killed (examples/c/rsocket_keepalive.c): a process killed with
+/// SIGKILL cannot disconnect (rdma-core's kernel would send its DREQ; a library cannot), so
+/// the server's blocked read can only learn of it from keepalives. With `SO_KEEPALIVE` and
+/// `TCP_KEEPIDLE` 1 s (read back as set) the unacknowledged keepalive fails the connection
+/// and the read returns -1; the script's 60 s timeout would end a read that waited on.
+#[test]
+fn rsocket_keepalive_ends_a_read_from_a_killed_peer() {
+    let t = "rsocket_keepalive_ends_a_read_from_a_killed_peer";
+    let Some((dir, exe)) = build_cm_example(t, "rsocket_keepalive") else {
+        return;
+    };
+    let e = exe.display();
+    let o = in_netns(&format!(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         L=$(mktemp -u); S=$(mktemp)\n\
+         FERROCE_LISTENING=$L FERROCE_ADDR=127.0.0.1 timeout 60 {e} -s 127.0.0.1 1 > $S 2>&1 &\n\
+         s=$!\n\
+         i=0; while [ $i -lt 400 ] && ! [ -e $L ]; do sleep 0.05; i=$((i+1)); done\n\
+         FERROCE_ADDR=127.0.0.2 {e} -c 127.0.0.1 > /dev/null 2>&1 &\n\
+         c=$!\n\
+         i=0; while [ $i -lt 400 ] && ! grep -q 'got hello' $S; do sleep 0.05; i=$((i+1)); done\n\
+         kill -9 $c\n\
+         wait $s; echo \"server=$?\"\n\
+         cat $S; rm -f $L $S"
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_says(
+        "server",
+        &out,
+        &[
+            "SO_KEEPALIVE 1, TCP_KEEPIDLE 1",
+            "got hello",
+            "read after the peer died: -1",
+            "server=0",
+        ],
+        &out,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Peers that break the rsocket protocol (examples/c/rsocket_hostile.c, plain librdmacm and
 /// verbs on the attacking side): connection data of another version and too short are
 /// rejected and the server's blocking `raccept` passes over them; a connected peer that
