@@ -2282,17 +2282,14 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         }
     };
     if node.is_null() && service.is_null() {
-        // No name to look up: the hints' addresses are the answer, as librdmacm copies them.
+        // No name to look up: the hints' family and addresses are the answer, copied as
+        // librdmacm copies them (the family too, AF_UNSPEC included).
         w.c.ai_family = h.map_or(0, |h| h.ai_family);
         if let Some(d) = hint_dst {
-            w.c.ai_family = family_of(&d);
             w.c.ai_dst_len = to_sockaddr(&mut w.dst, d);
             w.c.ai_dst_addr = &mut w.dst as *mut _ as *mut sockaddr;
         }
         if let Some(s) = hint_src {
-            if w.c.ai_family == 0 {
-                w.c.ai_family = family_of(&s);
-            }
             w.c.ai_src_len = to_sockaddr(&mut w.src, s);
             w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;
         }
