@@ -879,7 +879,7 @@ impl St {
         self.update_credits();
         self.poll_cq();
         self.update_credits();
-        self.keepalive(Instant::now());
+        self.keepalive();
     }
 
     /// With `SO_KEEPALIVE`, a connection sends a keepalive (a control message, an RDMA WRITE
@@ -889,11 +889,12 @@ impl St {
     /// in error and the connection fails, so a program blocked reading from it gets an error
     /// instead of waiting for ever. Sent from every call that makes progress, including the
     /// waits of blocked calls, which look at least every 50 ms; no service thread.
-    fn keepalive(&mut self, now: Instant) {
+    fn keepalive(&mut self) {
         if self.so_opts >> libc::SO_KEEPALIVE & 1 == 0 || !self.connected() {
             self.next_keepalive = None;
             return;
         }
+        let now = Instant::now();
         let due = *self.next_keepalive.get_or_insert(now + self.keepalive_time);
         if now < due {
             return;
