@@ -2274,13 +2274,6 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     let hint_src = h.and_then(|h| unsafe { from_sockaddr(h.ai_src_addr) });
     // SAFETY: the caller's hints' destination address (or NULL).
     let hint_dst = h.and_then(|h| unsafe { from_sockaddr(h.ai_dst_addr) });
-    let family_of = |a: &SocketAddr| {
-        if a.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        }
-    };
     if node.is_null() && service.is_null() {
         // No name to look up: the hints' family and addresses are the answer, copied as
         // librdmacm copies them (the family too, AF_UNSPEC included).
@@ -2311,7 +2304,11 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             return if e != 0 { e } else { -1 };
         }
     };
-    w.c.ai_family = family_of(&addr);
+    w.c.ai_family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     if passive {
         w.c.ai_src_len = to_sockaddr(&mut w.src, addr);
         w.c.ai_src_addr = &mut w.src as *mut _ as *mut sockaddr;

@@ -4,8 +4,8 @@
 //! without the feature.
 
 use crate::abi::{ibv_context, ibv_mr, ibv_pd};
+use crate::verbs::fail;
 use libc::{c_int, c_void};
-use std::ptr::null_mut;
 
 /// `enum ibv_rate` values (verbs.h) with their multiple of 2.5 Gb/s (-1: none, as libibverbs
 /// answers for the rates that are not one) and their data rate in Mb/s (what libibverbs'
@@ -79,11 +79,6 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
     2
 }
 
-fn unsupported<T>() -> *mut T {
-    crate::verbs::set_errno(libc::EOPNOTSUPP);
-    null_mut()
-}
-
 /// `ibv_reg_dmabuf_mr`: memory exported by another device driver as a dma-buf (GPU memory)
 /// cannot be read by a software NIC: NULL with `EOPNOTSUPP`, as on a provider without it.
 #[no_mangle]
@@ -95,32 +90,32 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
     _fd: c_int,
     _access: c_int,
 ) -> *mut ibv_mr {
-    unsupported()
+    fail(libc::EOPNOTSUPP)
 }
 
 /// `ibv_import_device`: a context shared from another process's uverbs descriptor; there is
 /// no such descriptor here (NULL, `EOPNOTSUPP`).
 #[no_mangle]
 pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
-    unsupported()
+    fail(libc::EOPNOTSUPP)
 }
 
 /// `ibv_import_pd`: NULL with `EOPNOTSUPP` (no imported context can exist).
 #[no_mangle]
 pub extern "C" fn ibv_import_pd(_context: *mut ibv_context, _handle: u32) -> *mut ibv_pd {
-    unsupported()
+    fail(libc::EOPNOTSUPP)
 }
 
 /// `ibv_import_mr`: NULL with `EOPNOTSUPP`.
 #[no_mangle]
 pub extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _handle: u32) -> *mut ibv_mr {
-    unsupported()
+    fail(libc::EOPNOTSUPP)
 }
 
 /// `ibv_import_dm`: NULL with `EOPNOTSUPP` (no device memory either).
 #[no_mangle]
 pub extern "C" fn ibv_import_dm(_context: *mut ibv_context, _handle: u32) -> *mut c_void {
-    unsupported()
+    fail(libc::EOPNOTSUPP)
 }
 
 /// `ibv_unimport_pd`, `_mr`, `_dm`: nothing was imported, nothing to let go.

@@ -32,7 +32,7 @@ pub(crate) fn set_errno(e: c_int) {
 }
 
 /// NULL with `errno` set: how libibverbs' constructors fail.
-fn fail<T>(e: c_int) -> *mut T {
+pub(crate) fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
     null_mut()
 }

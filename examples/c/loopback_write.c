@@ -31,16 +31,6 @@ static int fail(const char *what, int e)
 	exit(1);
 }
 
-static struct ibv_wc poll_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	int e;
-	const char *what = poll_one_wc(cq, &wc, &e);
-	if (what)
-		fail(what, e);
-	return wc;
-}
-
 static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
 {
 	int e;
@@ -122,7 +112,7 @@ int main(void)
 		fail("ibv_get_cq_event", errno);
 	ibv_ack_cq_events(cq, 1);
 	printf("completion channel: descriptor readable, event for the CQ\n");
-	struct ibv_wc wc = poll_one(cq);
+	struct ibv_wc wc = poll_one_or_exit(cq, "loopback_write");
 	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 1 || wc.opcode != IBV_WC_RDMA_WRITE)
 		fail(ibv_wc_status_str(wc.status), EIO);
 	if (memcmp(src, dst, N))
@@ -136,7 +126,7 @@ int main(void)
 	r = ibv_post_send(a, &wr, &bad);
 	if (r)
 		fail("ibv_post_send (bad SGE)", r);
-	wc = poll_one(cq);
+	wc = poll_one_or_exit(cq, "loopback_write");
 	if (wc.wr_id != 2 || wc.status != IBV_WC_LOC_PROT_ERR)
 		fail("bad SGE did not complete with a local protection error", EIO);
 	printf("SGE outside every MR: %s\n", ibv_wc_status_str(wc.status));

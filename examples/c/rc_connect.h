@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /*
@@ -85,22 +87,24 @@ static inline struct ibv_context *open_first_device(struct ibv_device ***list,
 }
 
 /*
- * Poll `cq` until one completion comes (busy, at most 2e8 polls) into *wc. Returns NULL, or
- * what went wrong with its error in *err (ETIMEDOUT when nothing came).
+ * Poll `cq` until one completion comes (busy, at most 2e8 polls) and return it; on an error
+ * or when nothing comes, say so as "PROG: what: error" on standard error and exit 1, as the
+ * examples' own failures do.
  */
-static inline const char *poll_one_wc(struct ibv_cq *cq, struct ibv_wc *wc, int *err)
+static inline struct ibv_wc poll_one_or_exit(struct ibv_cq *cq, const char *prog)
 {
+	struct ibv_wc wc;
 	for (long i = 0; i < 200000000L; i++) {
-		int n = ibv_poll_cq(cq, 1, wc);
+		int n = ibv_poll_cq(cq, 1, &wc);
 		if (n < 0) {
-			*err = -n;
-			return "ibv_poll_cq";
+			fprintf(stderr, "%s: ibv_poll_cq: %s\n", prog, strerror(-n));
+			exit(1);
 		}
 		if (n == 1)
-			return NULL;
+			return wc;
 	}
-	*err = ETIMEDOUT;
-	return "no completion";
+	fprintf(stderr, "%s: no completion: %s\n", prog, strerror(ETIMEDOUT));
+	exit(1);
 }
 
 #endif

@@ -47,16 +47,6 @@ static void rates(void)
 		printf("mbps %d: rate %d\n", mbps[i], mbps_to_ibv_rate(mbps[i]));
 }
 
-static struct ibv_wc poll_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	int e;
-	const char *what = poll_one_wc(cq, &wc, &e);
-	if (what)
-		fail(what, e);
-	return wc;
-}
-
 /* A signaled RDMA WRITE of `len` bytes from `src` to `raddr`/`rkey`; its completion status. */
 static enum ibv_wc_status write_to(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *smr,
 				   void *src, size_t len, void *raddr, uint32_t rkey)
@@ -70,7 +60,7 @@ static enum ibv_wc_status write_to(struct ibv_qp *qp, struct ibv_cq *cq, struct 
 	int r = ibv_post_send(qp, &wr, &bad);
 	if (r)
 		fail("ibv_post_send", r);
-	return poll_one(cq).status;
+	return poll_one_or_exit(cq, "rereg_mr").status;
 }
 
 int main(int argc, char **argv)

@@ -30,16 +30,6 @@ static int fail(const char *what, int e)
 	exit(1);
 }
 
-static struct ibv_wc poll_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	int e;
-	const char *what = poll_one_wc(cq, &wc, &e);
-	if (what)
-		fail(what, e);
-	return wc;
-}
-
 static void to_rts(struct ibv_qp *qp, uint32_t dest_qpn, union ibv_gid *gid)
 {
 	int e;
@@ -92,7 +82,7 @@ static void write_to(struct ibv_qp *qp, struct ibv_cq *cq, char *src, uint32_t l
 	int r = ibv_post_send(qp, &wr, &bad);
 	if (r)
 		fail("ibv_post_send (WRITE)", r);
-	struct ibv_wc wc = poll_one(cq);
+	struct ibv_wc wc = poll_one_or_exit(cq, "two_contexts");
 	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != id)
 		fail(ibv_wc_status_str(wc.status), EIO);
 	if (memcmp(src, dst, N))
@@ -219,10 +209,10 @@ int main(void)
 	int r = ibv_post_send(b.qp, &sw, &sbad);
 	if (r)
 		fail("ibv_post_send (SEND)", r);
-	struct ibv_wc wc = poll_one(b.cq);
+	struct ibv_wc wc = poll_one_or_exit(b.cq, "two_contexts");
 	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 3)
 		fail("SEND completion", EIO);
-	wc = poll_one(a.cq);
+	wc = poll_one_or_exit(a.cq, "two_contexts");
 	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 2 || wc.opcode != IBV_WC_RECV ||
 	    wc.byte_len != N || memcmp(a.buf, b.buf, N))
 		fail("RECV completion or data", EIO);

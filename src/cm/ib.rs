@@ -111,9 +111,10 @@ struct SidrOut {
 }
 
 /// A REQ or SIDR_REQ that found no listener, from a peer this CM has an established
-/// connection with or for a service a consumer has reserved ([`Cm::reserve`]): held until a listener for its service appears (then taken as if it had
-/// just arrived) or until its grace ends (then answered as Linux answers it at once: REJ
-/// Invalid Service ID, SIDR_REP "service ID not supported").
+/// connection with or for a service a consumer has reserved ([`Cm::reserve`]): held until a
+/// listener for its service appears (then taken as if it had just arrived) or until its grace
+/// ends (then answered as Linux answers it at once: REJ Invalid Service ID, SIDR_REP "service
+/// ID not supported").
 ///
 /// Why: a peer that is connected here already is usually an application talking to ours
 /// over that connection (perftest -R: the exchange connection), and it may send its next
