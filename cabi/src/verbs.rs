@@ -650,15 +650,17 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         let Some(Some(g)) = gid_bytes(s, index as c_int) else {
             continue;
         };
-        if n == max_entries {
+        // A size no array of `max_entries` entries can have (the product overflows) is
+        // refused rather than wrapped.
+        let Some(offset) = n.checked_mul(entry_size).filter(|_| n < max_entries) else {
             return einval;
-        }
+        };
         // SAFETY: the caller's array of `max_entries` entries of `entry_size` bytes each
         // (libibverbs' contract), `n` < `max_entries`; written unaligned, as `entry_size` may
         // be any size.
         unsafe {
             (entries as *mut u8)
-                .add(n * entry_size)
+                .add(offset)
                 .cast::<ibv_gid_entry>()
                 .write_unaligned(ibv_gid_entry {
                     gid: ibv_gid { raw: g },
