@@ -363,7 +363,7 @@ pub const EVENT_NAMES: [(EventType, &str); 14] = [
 
 /// # Safety
 /// `sa` is NULL or points to a socket address of its family's size.
-unsafe fn from_sockaddr(sa: *const sockaddr) -> Option<SocketAddr> {
+pub(crate) unsafe fn from_sockaddr(sa: *const sockaddr) -> Option<SocketAddr> {
     if sa.is_null() {
         return None;
     }
@@ -390,7 +390,7 @@ unsafe fn from_sockaddr(sa: *const sockaddr) -> Option<SocketAddr> {
 }
 
 /// Write `a` into a `sockaddr_storage`; its length.
-fn to_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen_t {
+pub(crate) fn to_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen_t {
     // SAFETY: sockaddr_storage is plain data; all-zero is valid.
     *dst = unsafe { std::mem::zeroed() };
     match a {
@@ -414,7 +414,7 @@ fn to_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen
 }
 
 /// A RoCE v2 GID of an address (IPv4-mapped for IPv4).
-fn gid_of(ip: IpAddr) -> [u8; 16] {
+pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
     match ip {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
         IpAddr::V6(a) => a.octets(),
@@ -422,7 +422,7 @@ fn gid_of(ip: IpAddr) -> [u8; 16] {
 }
 
 /// The index of `ip` in the GID table applications see (0 when it is not there).
-fn gid_index(ip: IpAddr) -> u8 {
+pub(crate) fn gid_index(ip: IpAddr) -> u8 {
     let Ok(c) = cm() else { return 0 };
     // SAFETY: the CM's context, open for the life of the process.
     let sh = unsafe { verbs::sh(c.ctx as *mut ibv_context) };

@@ -26,8 +26,8 @@
 //!   a connected socket reads its CM channel too (`St::poll_cm`).
 //!
 //! # Limits of this implementation
-//! Stream sockets only (`SOCK_DGRAM` rsockets, which ride on UD QPs with a UDP side channel,
-//! fail with `EOPNOTSUPP`); connecting and accepting complete inside the call even on a
+//! Datagram rsockets (`SOCK_DGRAM`) are in [`dgram`]. For stream sockets, connecting and
+//! accepting complete inside the call even on a
 //! non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a listener accepts a
 //! request when the program calls `raccept` (or `rpoll` finds it), not from a service
 //! thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
@@ -309,6 +309,7 @@ fn is_rsocket(fd: c_int) -> bool {
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .is_some_and(|t| t.contains_key(&fd))
+        || dgram::lookup(fd).is_some()
 }
 
 fn errno_or(d: c_int) -> c_int {
@@ -1439,8 +1440,10 @@ pub extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return fail(libc::EAFNOSUPPORT);
     }
+    if st_ty == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP) {
+        return dgram::create(domain, ty);
+    }
     if st_ty != libc::SOCK_STREAM || (protocol != 0 && protocol != libc::IPPROTO_TCP) {
-        // Datagram rsockets are not provided.
         return fail(libc::EOPNOTSUPP);
     }
     let ch = match new_channel() {
@@ -1474,7 +1477,10 @@ pub extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
 
 /// librdmacm's `rbind`.
 #[export_name = "ferroce_rbind"]
-pub unsafe extern "C" fn rbind(s: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+pub unsafe extern "C" fn rbind(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        return dgram::bind(&d, addr, len);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1493,6 +1499,9 @@ pub unsafe extern "C" fn rbind(s: c_int, addr: *const sockaddr, _len: socklen_t)
 /// librdmacm's `rlisten`.
 #[export_name = "ferroce_rlisten"]
 pub extern "C" fn rlisten(s: c_int, backlog: c_int) -> c_int {
+    if dgram::lookup(s).is_some() {
+        return fail(libc::EOPNOTSUPP);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1514,6 +1523,9 @@ pub extern "C" fn rlisten(s: c_int, backlog: c_int) -> c_int {
 /// new socket (blocking unless the listener is non-blocking: then EAGAIN when none waits).
 #[export_name = "ferroce_raccept"]
 pub unsafe extern "C" fn raccept(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if dgram::lookup(s).is_some() {
+        return fail(libc::EOPNOTSUPP);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1558,7 +1570,13 @@ fn far() -> Instant {
 
 /// librdmacm's `rconnect`. Completes before it returns, also on a non-blocking socket.
 #[export_name = "ferroce_rconnect"]
-pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, _len: socklen_t) -> c_int {
+pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        if addr.is_null() {
+            return fail(libc::EFAULT);
+        }
+        return dgram::connect(&d, addr, len);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1634,6 +1652,12 @@ fn copy_out(st: &mut St, out: &mut [u8], peek: bool) -> usize {
 }
 
 fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
+    if let Some(d) = dgram::lookup(s) {
+        return match dgram::recv_from(&d, out, flags) {
+            Ok((n, _)) => n as isize,
+            Err(e) => fail(e),
+        };
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1789,6 +1813,9 @@ fn send_iomaps<'a>(
 }
 
 fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
+    if let Some(d) = dgram::lookup(s) {
+        return dgram::send_to(&d, data, flags, None);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -1893,7 +1920,8 @@ pub unsafe extern "C" fn rwrite(s: c_int, buf: *const c_void, len: usize) -> isi
     unsafe { rsend(s, buf, len, 0) }
 }
 
-/// librdmacm's `rrecvfrom` (a stream socket: the peer's address).
+/// librdmacm's `rrecvfrom` (a stream socket: the peer's address; a datagram socket: the
+/// message's source).
 #[export_name = "ferroce_rrecvfrom"]
 pub unsafe extern "C" fn rrecvfrom(
     s: c_int,
@@ -1903,6 +1931,13 @@ pub unsafe extern "C" fn rrecvfrom(
     src: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> isize {
+    if buf.is_null() && len > 0 {
+        return fail(libc::EFAULT);
+    }
+    if let Some(d) = dgram::lookup(s) {
+        // SAFETY: the caller's buffers.
+        return unsafe { dgram::recvfrom_c(&d, buf, len, flags, src, alen) };
+    }
     // SAFETY: forwarded.
     let r = unsafe { rrecv(s, buf, len, flags) };
     if r >= 0 && !src.is_null() && !alen.is_null() {
@@ -1922,6 +1957,16 @@ pub unsafe extern "C" fn rsendto(
     dst: *const sockaddr,
     alen: socklen_t,
 ) -> isize {
+    if let Some(d) = dgram::lookup(s) {
+        if buf.is_null() && len > 0 {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: the caller's buffer and address.
+        return unsafe { dgram::sendto_c(&d, buf, len, flags, dst) };
+    }
+    if lookup(s).is_none() {
+        return fail(libc::EBADF);
+    }
     if !dst.is_null() || alen != 0 {
         return fail(libc::EISCONN);
     }
@@ -1946,6 +1991,19 @@ unsafe fn gather(iov: *const libc::iovec, n: c_int) -> Result<Vec<u8>, c_int> {
 }
 
 unsafe fn recv_iov(s: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize {
+    // SAFETY: forwarded.
+    unsafe { recv_iov_with(iov, n, |out| recv_impl(s, out, flags)) }
+}
+
+/// Receives with `recv` into one buffer as large as `iov`'s, then scatters it.
+///
+/// # Safety
+/// `iov` is an array of `n` iovecs naming writable memory.
+unsafe fn recv_iov_with(
+    iov: *const libc::iovec,
+    n: c_int,
+    recv: impl FnOnce(&mut [u8]) -> isize,
+) -> isize {
     if n < 0 || (iov.is_null() && n > 0) {
         return fail(libc::EINVAL);
     }
@@ -1954,7 +2012,7 @@ unsafe fn recv_iov(s: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) ->
         .map(|i| unsafe { (*iov.add(i)).iov_len })
         .sum();
     let mut tmp = vec![0u8; total];
-    let r = recv_impl(s, &mut tmp, flags);
+    let r = recv(&mut tmp);
     if r > 0 {
         let mut off = 0;
         for i in 0..n as usize {
@@ -2009,6 +2067,35 @@ pub unsafe extern "C" fn rrecvmsg(s: c_int, m: *mut libc::msghdr, flags: c_int) 
         if has_control(m) {
             return fail(libc::ENOTSUP);
         }
+        if let Some(d) = dgram::lookup(s) {
+            let mut from = None;
+            let r =
+                recv_iov_with(
+                    (*m).msg_iov,
+                    (*m).msg_iovlen as c_int,
+                    |out| match dgram::recv_from(&d, out, flags) {
+                        Ok((n, a)) => {
+                            from = Some(a);
+                            n as isize
+                        }
+                        Err(e) => fail(e),
+                    },
+                );
+            if let Some(a) = from {
+                if !(*m).msg_name.is_null() {
+                    let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+                    let l = crate::rdmacm::to_sockaddr(&mut ss, a);
+                    let k = (*m).msg_namelen.min(l) as usize;
+                    std::ptr::copy_nonoverlapping(
+                        &ss as *const _ as *const u8,
+                        (*m).msg_name as *mut u8,
+                        k,
+                    );
+                    (*m).msg_namelen = l;
+                }
+            }
+            return r;
+        }
         recv_iov(s, (*m).msg_iov, (*m).msg_iovlen as c_int, flags)
     }
 }
@@ -2025,7 +2112,16 @@ pub unsafe extern "C" fn rsendmsg(s: c_int, m: *const libc::msghdr, flags: c_int
             return fail(libc::ENOTSUP);
         }
         match gather((*m).msg_iov, (*m).msg_iovlen as c_int) {
-            Ok(v) => send_impl(s, &v, flags),
+            Ok(v) => match dgram::lookup(s) {
+                Some(d) if !(*m).msg_name.is_null() => dgram::sendto_c(
+                    &d,
+                    v.as_ptr() as *const c_void,
+                    v.len(),
+                    flags,
+                    (*m).msg_name as *const sockaddr,
+                ),
+                _ => send_impl(s, &v, flags),
+            },
             Err(e) => fail(e),
         }
     }
@@ -2076,6 +2172,10 @@ fn shutdown_locked<'a>(rs: &'a Rs, mut g: MutexGuard<'a, St>, how: c_int) -> Mut
 /// librdmacm's `rshutdown`.
 #[export_name = "ferroce_rshutdown"]
 pub extern "C" fn rshutdown(s: c_int, how: c_int) -> c_int {
+    if dgram::lookup(s).is_some() {
+        // As rdma-core: a datagram socket is never connected in the stream sense.
+        return 0;
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -2093,6 +2193,9 @@ pub extern "C" fn rshutdown(s: c_int, how: c_int) -> c_int {
 /// librdmacm's `rclose`.
 #[export_name = "ferroce_rclose"]
 pub extern "C" fn rclose(s: c_int) -> c_int {
+    if let Some(r) = dgram::close(s) {
+        return r;
+    }
     let rs = {
         let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
         match t.as_mut().and_then(|t| t.remove(&s)) {
@@ -2136,6 +2239,10 @@ fn copy_addr(dst: *mut sockaddr, len: *mut socklen_t, src: &libc::sockaddr_stora
 /// librdmacm's `rgetpeername`.
 #[export_name = "ferroce_rgetpeername"]
 pub unsafe extern "C" fn rgetpeername(s: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        // SAFETY: the UDP socket's own call with the caller's buffers.
+        return unsafe { libc::getpeername(dgram::udp(&d), a, l) };
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -2147,6 +2254,10 @@ pub unsafe extern "C" fn rgetpeername(s: c_int, a: *mut sockaddr, l: *mut sockle
 /// librdmacm's `rgetsockname`.
 #[export_name = "ferroce_rgetsockname"]
 pub unsafe extern "C" fn rgetsockname(s: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        // SAFETY: the UDP socket's own call with the caller's buffers.
+        return unsafe { libc::getsockname(dgram::udp(&d), a, l) };
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -2175,6 +2286,9 @@ pub unsafe extern "C" fn rsetsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        return dgram::setsockopt(&d, level, name, val, len);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -2288,12 +2402,20 @@ pub unsafe extern "C" fn rgetsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    let Some(rs) = lookup(s) else {
+    let dg = dgram::lookup(s);
+    let rs = lookup(s);
+    if dg.is_none() && rs.is_none() {
         return fail(libc::EBADF);
-    };
+    }
     if val.is_null() || len.is_null() {
         return fail(libc::EFAULT);
     }
+    if let Some(d) = dg {
+        return dgram::getsockopt(&d, level, name, val, len);
+    }
+    let Some(rs) = rs else {
+        return fail(libc::EBADF);
+    };
     let mut g = lock(&rs.st);
     let v: c_int = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
@@ -2360,6 +2482,9 @@ pub unsafe extern "C" fn rgetsockopt(
 /// variadically arrives in the same register as a fixed one.
 #[export_name = "ferroce_rfcntl"]
 pub extern "C" fn rfcntl(s: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    if let Some(d) = dgram::lookup(s) {
+        return dgram::fcntl(&d, cmd, arg);
+    }
     let Some(rs) = lookup(s) else {
         return fail(libc::EBADF);
     };
@@ -2539,6 +2664,8 @@ pub unsafe extern "C" fn riowrite(
 #[doc(hidden)]
 pub mod fuzz;
 
+mod dgram;
+
 // ---- polling ----------------------------------------------------------------------------------------
 
 /// The events of one rsocket now (progress made, never waits); also what to wait on.
@@ -2634,6 +2761,14 @@ pub unsafe extern "C" fn ferroce_rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_i
         unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
     };
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    // One datagram rsocket alone (a datagram program's usual wait): waited on driving the
+    // engine (see dgram::wait).
+    if let [f] = fds {
+        if let Some(d) = dgram::lookup(f.fd) {
+            f.revents = dgram::poll_one(&d, f.events, deadline);
+            return (f.revents != 0) as c_int;
+        }
+    }
     let spin_until = Instant::now() + Duration::from_micros(10);
     loop {
         let mut ready = 0;
@@ -2641,8 +2776,11 @@ pub unsafe extern "C" fn ferroce_rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_i
         let mut plain: Vec<usize> = Vec::new();
         for (i, f) in fds.iter_mut().enumerate() {
             f.revents = 0;
-            if let Some(rs) = lookup(f.fd) {
-                let (r, w) = rs_revents(&rs, f.events);
+            let rsock = match lookup(f.fd) {
+                Some(rs) => Some(rs_revents(&rs, f.events)),
+                None => dgram::lookup(f.fd).map(|d| dgram::revents(&d, f.events)),
+            };
+            if let Some((r, w)) = rsock {
                 f.revents = r;
                 wait_fds.extend(w.into_iter().map(|fd| pollfd {
                     fd,

@@ -1398,6 +1398,21 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     })
 }
 
+/// Waits up to `timeout` for a completion on `cq`. With the inline engine the waiting
+/// thread drives it, sleeping in the packet device: a thread that sleeps in `poll()` on the
+/// completion channel instead is woken only once the engine's background thread takes over
+/// (`INLINE_TAKEOVER` after the last call in, then its wake-up): hundreds of microseconds.
+///
+/// # Safety
+/// `cq` is a live CQ of this library.
+pub(crate) unsafe fn wait_cq_for(cq: *mut ibv_cq, timeout: Duration) -> bool {
+    // SAFETY: the caller's contract.
+    let w = unsafe { &*(cq as *mut CqW) };
+    // SAFETY: as above; its context pointer is the one set at creation.
+    let s = unsafe { sh(w.c.context) };
+    s.nic.wait_cq(w.cq, timeout).unwrap_or(false)
+}
+
 // ---- shared receive queues ----------------------------------------------------------------------
 
 #[no_mangle]

@@ -1867,7 +1867,7 @@ fn rsocket_c_pair(t: &str, name: &str, server_wants: &[&str], client_wants: &[&s
 /// The rsocket calls a TCP program makes (examples/c/rsocket_echo.c): messages of 1 byte to
 /// 200 KiB echoed and checked, `MSG_PEEK`, `rpoll` on an rsocket with an ordinary pipe,
 /// `rgetpeername`, a half-close read as EOF by the peer, the peer's close read as EOF, EBADF
-/// after `rclose`, and a datagram rsocket refused with EOPNOTSUPP.
+/// after `rclose`, and a `SOCK_SEQPACKET` rsocket refused with EOPNOTSUPP.
 #[test]
 fn rsockets_in_a_c_program_both_ends() {
     rsocket_c_pair(
@@ -1886,6 +1886,133 @@ fn rsockets_in_a_c_program_both_ends() {
             "ok",
         ],
     );
+}
+
+/// Datagram rsockets in a C program (examples/c/rsocket_dgram.c): an unbound client's
+/// datagrams of 1 to 2040 bytes echoed and checked, the source rrecvfrom reports being the
+/// server's address and port, 2041 bytes refused (EMSGSIZE), MSG_PEEK, truncation, EAGAIN,
+/// rpoll, rconnect then rsend/rrecv, rlisten refused, a burst whose every arriving datagram
+/// the server checks, EBADF after rclose; foreign and malformed datagrams on the server's
+/// UDP side channel ignored, a well-formed one answered with rdma-core's control message as
+/// a plain UDP socket reads it. The server's capture is clean RoCE v2 (the UD messages with
+/// rdma-core's `ds_header` in front of the data).
+#[test]
+fn datagram_rsockets_in_a_c_program_both_ends() {
+    let t = "datagram_rsockets_in_a_c_program_both_ends";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "rsocket_dgram",
+        "/usr/include/rdma/rsocket.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
+        return;
+    };
+    let pcap = dir.join("server.pcap");
+    let e = exe.display();
+    let o = in_netns(&format!(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         S=$(mktemp)\n\
+         FERROCE_PCAP={p} FERROCE_ADDR=127.0.0.1 timeout 90 {e} -s 127.0.0.1 > $S 2>&1 &\n\
+         s=$!\n\
+         i=0; while [ $i -lt 200 ] && ! grep -q bound $S; do sleep 0.05; i=$((i+1)); done\n\
+         FERROCE_ADDR=127.0.0.2 timeout 90 {e} -c 127.0.0.1 2>&1\n\
+         echo client=$?\n\
+         wait $s; echo server=$?\n\
+         echo '--- server'; cat $S",
+        p = pcap.display()
+    ));
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for want in [
+        "side channel: control answer, QPN 0x",
+        "echoed 13 sizes, 1 to 2040 bytes",
+        "bound to 127.0.0.2 with a port",
+        "2041 bytes: EMSGSIZE",
+        "non-blocking rrecv: EAGAIN",
+        "MSG_PEEK then read: same datagram",
+        "truncated to 10 bytes, rest discarded",
+        "connected: rsend/rrecv echoed",
+        "client=0",
+        "server=0",
+        ", bad 0",
+    ] {
+        assert!(o.contains(want), "{t}: no {want:?} in\n{o}");
+    }
+    assert_eq!(o.matches("\nok\n").count(), 2, "{t}: both ends say ok\n{o}");
+    // UD may drop (a full receive queue), never corrupt: some of the burst arrived, intact.
+    let burst = o
+        .lines()
+        .find_map(|l| l.strip_prefix("burst of 300: "))
+        .unwrap_or_else(|| panic!("{t}: no burst line\n{o}"));
+    assert!(burst.ends_with(" 0 corrupt"), "{t}: {burst}\n{o}");
+    check_capture(&pcap);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Debian's `udpong` (rdmacm-utils) at both ends on ferroce's datagram rsockets: its whole
+/// default run (latency ping-pongs and bandwidth bursts of 64 to 1536 bytes), then blocking,
+/// `rpoll` and blocking-`rpoll` modes. Every test's result line must be there; a bandwidth
+/// test's count is what the server received (UD may drop, so it is only checked to be
+/// non-zero). rdma-core's own datagram rsockets do not run on RoCE (rxe: `rconnect` fails),
+/// so this is the only pairing there is.
+///
+/// udpong resends a request unanswered after 1 ms, and an answer that comes later stays in
+/// flight for good (each stale echo it reads makes it send again); with an 8-bit sequence
+/// number, a stale echo can end a later test's start, which it then skips without a word.
+/// On a loaded 2-core machine (the rest of the suite runs alongside) a reply can take longer
+/// than 1 ms, so the default run gets a second try when a result line is missing.
+#[test]
+fn udpong_both_ends_on_ferroces_datagram_rsockets() {
+    let t = "udpong_both_ends_on_ferroces_datagram_rsockets";
+    if !ready(t, &["udpong"]) {
+        return;
+    }
+    let o = in_netns(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         S=$(mktemp); D=$(mktemp)\n\
+         FERROCE_ADDR=127.0.0.1 timeout 300 udpong -b 127.0.0.1 > $S 2>&1 &\n\
+         s=$!\n\
+         sleep 0.5\n\
+         for try in 1 2; do\n\
+           FERROCE_ADDR=127.0.0.2 timeout 120 udpong -s 127.0.0.1 > $D 2>&1; rc=$?\n\
+           n=$(grep -c -e '_lat ' -e '_bw ' $D)\n\
+           [ $rc = 0 ] && [ $n = 18 ] && break\n\
+           echo \"=== default run, try $try: status $rc, $n of 18 results\"; sed 's/^/try| /' $D\n\
+         done\n\
+         echo '=== udpong'; cat $D; echo client=$rc\n\
+         for o in '-C 2000 -S 100 -T e -T b' '-C 2000 -S 1000 -T e -T a' \
+                  '-C 2000 -S 500 -T e -T a -T b' '-C 5000 -S 1500 -T b'; do\n\
+           echo \"=== udpong $o\"\n\
+           FERROCE_ADDR=127.0.0.2 timeout 120 udpong -s 127.0.0.1 $o 2>&1; echo client=$?\n\
+         done\n\
+         kill $s; wait $s",
+    );
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.matches("client=0").count(), 5, "{t}\n{o}");
+    let results: Vec<&str> = o
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.ends_with("_lat") || w.ends_with("_bw") || w == "custom")
+        })
+        .collect();
+    // 9 latency and 9 bandwidth tests in the default run, one each in the others.
+    assert_eq!(results.len(), 22, "{t}\n{o}");
+    for l in &results {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f.len(), 7, "{t}: {l}\n{o}");
+        // xfers (e.g. "20k", "99k", "4k"): never 0.
+        assert!(!f[2].starts_with('0'), "{t}: {l}\n{o}");
+    }
 }
 
 /// An rsocket whose peer is killed (examples/c/rsocket_keepalive.c): a process killed with

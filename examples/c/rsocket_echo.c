@@ -9,7 +9,7 @@
  * bytes; rpoll on an rsocket together with an ordinary pipe (only the rsocket is readable);
  * rgetpeername; rshutdown(SHUT_WR) reaching the server as EOF (rrecv returns 0) while the
  * client can still read; the server's rclose reaching the client as EOF; calls on a closed
- * descriptor failing with EBADF, and a datagram rsocket refused. Prints "ok" at the end.
+ * descriptor failing with EBADF, and a SOCK_SEQPACKET rsocket refused. Prints "ok" at the end.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -134,8 +134,9 @@ static int client(const char *host)
 	size_t total = 0;
 	int s;
 
-	if (rsocket(AF_INET, SOCK_DGRAM, 0) != -1 || errno != EOPNOTSUPP) {
-		fprintf(stderr, "a datagram rsocket: not EOPNOTSUPP\n");
+	/* rdma-core's rsockets are streams and datagrams: a sequenced-packet socket is not. */
+	if (rsocket(AF_INET, SOCK_SEQPACKET, 0) != -1 || errno != EOPNOTSUPP) {
+		fprintf(stderr, "a SOCK_SEQPACKET rsocket: not EOPNOTSUPP\n");
 		return 1;
 	}
 	inet_pton(AF_INET, host, &a.sin_addr);
