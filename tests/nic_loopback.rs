@@ -418,3 +418,55 @@ fn a_destroyed_qps_completions_are_never_polled() {
         a.destroy_qp(y).unwrap();
     }
 }
+
+/// `Nic::wait_cq_events` (a completion channel with several CQs, as perftest's send and
+/// receive CQs): a wait on a CQ that gets nothing and one that gets a SEND's completion ends
+/// with the event (left for `get_cq_event` to take); a wait on the idle CQ alone times out.
+fn wait_on_any_of_several_cqs(poll: PollMode) {
+    let (la, lb) = Loopback::pair(4096, 9000).unwrap();
+    let (a, b) = (nic(1, la, poll), nic(2, lb, poll));
+    let (x, y) = nic_rc_pair(&a, &b, common::qp_cap(16, 2, 64), 64, 4096, Mtu::M1024);
+    let idle = b.create_cq(16).unwrap();
+    b.req_notify_cq(idle, NotifyMode::NextCompletion).unwrap();
+    b.req_notify_cq(y.cq, NotifyMode::NextCompletion).unwrap();
+    assert!(!b
+        .wait_cq_events(&[idle, y.cq], Duration::from_millis(20))
+        .unwrap());
+    b.post_recv(
+        y.qp,
+        RecvWr {
+            wr_id: 9,
+            sg_list: vec![common::sge(&y.mr, 0, 64)].into(),
+        },
+    )
+    .unwrap();
+    a.post_send(
+        x.qp,
+        SendWr::new(1, SendOp::Send, vec![common::sge(&x.mr, 0, 8)])
+            .with_flags(SendFlags::SIGNALED),
+    )
+    .unwrap();
+    assert!(b
+        .wait_cq_events(&[idle, y.cq], Duration::from_secs(10))
+        .unwrap());
+    assert!(
+        b.get_cq_event(y.cq, Duration::ZERO).unwrap(),
+        "the event is left"
+    );
+    assert!(!b.get_cq_event(idle, Duration::ZERO).unwrap());
+    assert!(!b
+        .wait_cq_events(&[idle], Duration::from_millis(20))
+        .unwrap());
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn wait_on_any_of_several_cqs_inline() {
+    wait_on_any_of_several_cqs(PollMode::Inline);
+}
+
+#[test]
+fn wait_on_any_of_several_cqs_busy() {
+    wait_on_any_of_several_cqs(PollMode::Busy);
+}

@@ -260,6 +260,9 @@ fn perftest_both_ends() {
         ("ib_atomic_bw", "-n 500", "500"),
         ("ib_write_bw", "-n 100 -q 2 -s 8192", "200"),
         ("ib_send_lat", "-n 500", "500"),
+        // Completion events (send and receive CQs on one channel), RC and UD.
+        ("ib_send_lat", "-n 500 -e", "500"),
+        ("ib_send_lat", "-n 500 -e -c UD", "500"),
         ("ib_write_lat", "-n 500", "500"),
         ("ib_read_lat", "-n 500", "500"),
         ("ib_atomic_lat", "-n 500", "500"),

@@ -1209,6 +1209,13 @@ impl Nic {
                 std::thread::yield_now();
                 continue;
             };
+            // The background thread may have held the engine since `ready()` was last
+            // asked, and made what this thread waits for from a frame it took: the frame is
+            // gone from the device, and a sleep there would last the whole slice.
+            // Completions are made under the engine's lock, so with it held the answer holds.
+            if ready() {
+                return true;
+            }
             let e = &mut *e;
             let at = self.inner.epoch.elapsed().as_nanos() as u64;
             let wait = until_timer(
@@ -1351,6 +1358,30 @@ impl Nic {
             return Ok(self.inline_wait(deadline, &take));
         }
         Ok(c.wait_until(deadline, &take))
+    }
+
+    /// Block until any CQ of `cqs` holds a completion event or `timeout` passes; true if one
+    /// does (the event is left for [`Nic::get_cq_event`] to take). For a completion channel
+    /// with several CQs: waiting on each in turn would sleep on one while another's event
+    /// waits.
+    pub fn wait_cq_events(&self, cqs: &[Cq], timeout: Duration) -> Result<bool, VerbsError> {
+        let shadows = cqs
+            .iter()
+            .map(|&c| self.cq(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let deadline = std::time::Instant::now() + timeout;
+        let any = || shadows.iter().any(|c| c.events.load(Ordering::SeqCst) > 0);
+        if self.inner.inline.is_some() {
+            return Ok(self.inline_wait(deadline, &any));
+        }
+        // An engine thread makes the events: look again in short steps.
+        while !any() {
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(true)
     }
 
     /// Let every held (delayed) ACK go now and wait, at most `timeout`, until the engine has
