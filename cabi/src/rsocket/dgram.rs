@@ -42,7 +42,7 @@
 //! trusting as UDP: a datagram with a forged source can point our messages for that source
 //! at another QP of the same address.
 
-use super::{errno_or, fail, slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT};
+use super::{errno_or, fail, poll_cq_into, slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT};
 use crate::abi::*;
 use crate::rdmacm::{
     from_sockaddr, gid_index, gid_of, rdma_bind_addr, rdma_create_id, rdma_create_qp,
@@ -765,18 +765,12 @@ impl Dg {
         loop {
             // SAFETY: an all-zero ibv_wc is valid.
             let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
-            let cq = self.qps[qi].cq;
-            // SAFETY: the live CQ; this library's ops table; room for BATCH completions.
-            let n = unsafe {
-                match (*(*cq).context).ops.poll_cq {
-                    Some(f) => f(cq, BATCH as c_int, wcs.as_mut_ptr()),
-                    None => -1,
-                }
-            };
-            if n <= 0 {
+            // SAFETY: the QP's live CQ.
+            let n = unsafe { poll_cq_into(self.qps[qi].cq, &mut wcs) };
+            if n == 0 {
                 return;
             }
-            for wc in &wcs[..n as usize] {
+            for wc in &wcs[..n] {
                 let slot = (wc.wr_id & 0xffff_ffff) as u32;
                 if wc.wr_id & RECV_FLAG == 0 {
                     self.qps[qi].free.push(slot);
