@@ -2021,6 +2021,53 @@ fn udpong_both_ends_on_ferroces_datagram_rsockets() {
     }
 }
 
+/// `udpong` at both ends over IPv6 (two addresses of a ULA prefix on `lo`; the GIDs are the
+/// addresses themselves), the server capturing: datagram rsockets over RoCE v2 on IPv6, and
+/// a capture of the UDP socket backend over IPv6 that tshark finds clean (the backend
+/// synthesises the headers of what it receives; the capture fills in their UDP checksum).
+#[test]
+fn udpong_over_ipv6_with_a_clean_capture() {
+    let t = "udpong_over_ipv6_with_a_clean_capture";
+    if !ready(t, &["udpong"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-{t}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("server.pcap");
+    let o = in_netns(&format!(
+        "ip -6 addr add fd00::1/128 dev lo nodad && ip -6 addr add fd00::2/128 dev lo nodad || exit 98\n\
+         export LD_LIBRARY_PATH=$LIB\n\
+         FERROCE_PCAP={p} FERROCE_ADDR=fd00::1 timeout 200 udpong -b fd00::1 > /dev/null 2>&1 &\n\
+         s=$!\n\
+         sleep 0.5\n\
+         for o in '-C 500 -S 100 -T e' '-C 1000 -S 1000'; do\n\
+           for try in 1 2 3; do\n\
+             out=$(FERROCE_ADDR=fd00::2 timeout 60 udpong -s fd00::1 $o 2>&1); rc=$?\n\
+             [ $rc = 0 ] && echo \"$out\" | grep -q '^custom ' && break\n\
+           done\n\
+           echo \"$out\"; echo client=$rc\n\
+         done\n\
+         kill $s; wait $s",
+        p = pcap.display()
+    ));
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.matches("client=0").count(), 2, "{t}\n{o}");
+    assert_eq!(
+        o.lines().filter(|l| l.starts_with("custom ")).count(),
+        2,
+        "{t}\n{o}"
+    );
+    // At least the echoes of the first run, both ways.
+    let frames = std::fs::metadata(&pcap).map_or(0, |m| m.len()) / 100;
+    assert!(frames >= 1000, "{t}: capture of {frames}00 bytes\n{o}");
+    check_capture(&pcap);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An rsocket whose peer is killed (examples/c/rsocket_keepalive.c): a process killed with
 /// SIGKILL cannot disconnect (rdma-core's kernel would send its DREQ; a library cannot), so
 /// the server's blocked read can only learn of it from keepalives. With `SO_KEEPALIVE` and

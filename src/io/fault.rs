@@ -174,6 +174,9 @@ impl<D: PacketDevice> PacketDevice for FaultInjector<D> {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.poll_fd()
     }
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        self.inner.rx_udp_checksum_synthesised()
+    }
     fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
         self.inner.rx_filter()
     }

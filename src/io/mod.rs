@@ -167,6 +167,14 @@ pub trait PacketDevice: Send {
         None
     }
 
+    /// Whether received frames carry UDP checksum 0 in place of the one that was on the wire:
+    /// a device that synthesises the headers of what its kernel socket received (the UDP
+    /// socket, which has checked the real checksum). A capture then fills it in, since an
+    /// IPv6 datagram with checksum 0 is not valid (RFC 8200 §8.1).
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        false
+    }
+
     /// Receive (`join`) or stop receiving the frames sent to the IP multicast `group`, as the
     /// kernel's socket layer does with `IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`. Devices that
     /// cannot: `Unsupported`.
@@ -217,6 +225,9 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     }
     fn rx_filter(&self) -> Option<udp_filter::SocketFilter> {
         (**self).rx_filter()
+    }
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        (**self).rx_udp_checksum_synthesised()
     }
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         (**self).join_group(group, join)

@@ -122,6 +122,36 @@ fn record<W: Write>(
     }
 }
 
+/// What is written for a received `frame`: the frame itself, or, when the device synthesised
+/// its headers (`fill`) and it is an IPv6 UDP datagram with checksum 0, a copy in `scratch`
+/// with the checksum computed (the kernel checked the real one; the ICRC does not cover it).
+fn recorded<'a>(frame: &'a [u8], fill: bool, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    const ETH: usize = 14;
+    const UDP: usize = ETH + 40;
+    if !fill
+        || frame.len() < UDP + 8
+        || frame[12..14] != [0x86, 0xdd]
+        || frame[ETH + 6] != 17
+        || frame[UDP + 6..UDP + 8] != [0, 0]
+    {
+        return frame;
+    }
+    let len = usize::from(u16::from_be_bytes([frame[UDP + 4], frame[UDP + 5]]));
+    if len < 8 || UDP + len > frame.len() {
+        return frame;
+    }
+    let ip = |o: usize| {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&frame[o..o + 16]);
+        std::net::IpAddr::V6(std::net::Ipv6Addr::from(a))
+    };
+    let c = crate::wire::udp::checksum(ip(ETH + 8), ip(ETH + 24), &frame[UDP..UDP + len]);
+    scratch.clear();
+    scratch.extend_from_slice(frame);
+    scratch[UDP + 6..UDP + 8].copy_from_slice(&c.to_be_bytes());
+    scratch
+}
+
 fn now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -130,11 +160,13 @@ fn now() -> Duration {
 
 impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let fill = self.inner.rx_udp_checksum_synthesised();
         let sink = &mut self.sink;
         let errs = &mut self.write_errors;
         let budget = &self.budget;
+        let mut scratch = Vec::new();
         self.inner.recv_batch(max, &mut |frame| {
-            record(sink, budget, errs, frame);
+            record(sink, budget, errs, recorded(frame, fill, &mut scratch));
             f(frame)
         })
     }
@@ -145,11 +177,13 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
         f: &mut dyn FnMut(&[u8], crate::io::IcrcCheck),
     ) -> io::Result<usize> {
         // Recording does not change the frame: the inner device's verdict holds.
+        let fill = self.inner.rx_udp_checksum_synthesised();
         let sink = &mut self.sink;
         let errs = &mut self.write_errors;
         let budget = &self.budget;
+        let mut scratch = Vec::new();
         self.inner.recv_batch_checked(max, &mut |frame, icrc| {
-            record(sink, budget, errs, frame);
+            record(sink, budget, errs, recorded(frame, fill, &mut scratch));
             f(frame, icrc)
         })
     }
@@ -180,6 +214,9 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     }
     fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
         self.inner.rx_filter()
+    }
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        self.inner.rx_udp_checksum_synthesised()
     }
     fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
         self.inner.join_group(group, join)
@@ -215,6 +252,61 @@ mod tests {
 
     fn frames_in(bytes: &[u8]) -> usize {
         crate::pcap::capture::open(bytes).unwrap().count()
+    }
+
+    /// An IPv6 UDP frame as the UDP socket device synthesises a received one (checksum 0).
+    fn udp6_frame(payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x86, 0xdd]);
+        let ulen = (8 + payload.len()) as u16;
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&ulen.to_be_bytes());
+        f.extend_from_slice(&[17, 64]);
+        f.extend_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(&"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(&[0xc0, 0x01, 0x12, 0xb7]);
+        f.extend_from_slice(&ulen.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn a_synthesised_ipv6_checksum_is_filled_in_for_the_capture() {
+        let payload: Vec<u8> = (0..37u8).map(|i| i.wrapping_mul(29)).collect();
+        let f = udp6_frame(&payload);
+        let mut scratch = Vec::new();
+        let out = recorded(&f, true, &mut scratch).to_vec();
+        assert_eq!(out.len(), f.len());
+        assert_eq!(out[..60], f[..60], "only the checksum changes");
+        assert_eq!(out[62..], f[62..]);
+        assert_ne!(out[60..62], [0, 0]);
+        // RFC 8200 §8.1, summed here on its own: pseudo-header (addresses, length, next
+        // header) and the datagram with its checksum add up to 0xffff.
+        let mut sum = 0u32;
+        let mut add = |b: &[u8]| {
+            for c in b.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+        };
+        add(&out[22..54]);
+        add(&(8 + payload.len() as u32).to_be_bytes());
+        add(&[0, 0, 0, 17]);
+        add(&out[54..]);
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff);
+        // Left as they are: devices that record what was on the wire, checksums already
+        // there, IPv4.
+        assert_eq!(recorded(&f, false, &mut scratch), &f[..]);
+        let mut set = f.clone();
+        set[60] = 0x12;
+        assert_eq!(recorded(&set, true, &mut scratch), &set[..]);
+        let mut v4 = f.clone();
+        v4[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(recorded(&v4, true, &mut scratch), &v4[..]);
+        assert_eq!(recorded(&f[..40], true, &mut scratch), &f[..40]);
     }
 
     #[test]

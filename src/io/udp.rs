@@ -1211,6 +1211,9 @@ impl PacketDevice for UdpDevice {
 
     /// A filter handle on a duplicate of the bound socket's descriptor, when
     /// [`UdpConfig::filter`] asks for it.
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        true
+    }
     fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
         if !self.filter {
             return None;
