@@ -75,7 +75,7 @@ fn errno_of(e: &CmApiError) -> c_int {
 }
 
 /// `FERROCE_DEBUG` set: say what happens on standard error.
-fn trace() -> bool {
+pub(crate) fn trace() -> bool {
     static T: OnceLock<bool> = OnceLock::new();
     *T.get_or_init(|| std::env::var_os("FERROCE_DEBUG").is_some())
 }

@@ -1916,7 +1916,7 @@ fn datagram_rsockets_in_a_c_program_both_ends() {
     let o = in_netns(&format!(
         "export LD_LIBRARY_PATH=$LIB\n\
          S=$(mktemp)\n\
-         FERROCE_PCAP={p} FERROCE_ADDR=127.0.0.1 timeout 90 {e} -s 127.0.0.1 > $S 2>&1 &\n\
+         FERROCE_DEBUG=1 FERROCE_PCAP={p} FERROCE_ADDR=127.0.0.1 timeout 90 {e} -s 127.0.0.1 > $S 2>&1 &\n\
          s=$!\n\
          i=0; while [ $i -lt 200 ] && ! grep -q bound $S; do sleep 0.05; i=$((i+1)); done\n\
          FERROCE_ADDR=127.0.0.2 timeout 90 {e} -c 127.0.0.1 2>&1\n\
@@ -1952,6 +1952,19 @@ fn datagram_rsockets_in_a_c_program_both_ends() {
         .find_map(|l| l.strip_prefix("burst of 300: "))
         .unwrap_or_else(|| panic!("{t}: no burst line\n{o}"));
     assert!(burst.ends_with(" 0 corrupt"), "{t}: {burst}\n{o}");
+    // The five malformed side-channel datagrams were counted as dropped (FERROCE_DEBUG says
+    // so when the socket closes).
+    let dropped = o
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ferroce librdmacm: datagram rsocket ")?
+                .split_once(": ")?
+                .1
+                .split_once(" datagrams dropped")
+        })
+        .and_then(|(n, _)| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{t}: no count of dropped datagrams\n{o}"));
+    assert!(dropped >= 5, "{t}: {dropped} dropped\n{o}");
     check_capture(&pcap);
     let _ = std::fs::remove_dir_all(&dir);
 }

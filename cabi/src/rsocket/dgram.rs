@@ -958,6 +958,13 @@ impl Dg {
 
 impl Drop for Dg {
     fn drop(&mut self) {
+        if crate::rdmacm::trace() && self.drops > 0 {
+            eprintln!(
+                "ferroce librdmacm: datagram rsocket {}: {} datagrams dropped (not rsocket \
+                 datagrams, forged sources, no room)",
+                self.udp, self.drops
+            );
+        }
         for d in self.dests.values() {
             if !d.ah.is_null() {
                 // SAFETY: handles made by `learn`, destroyed once, before their PDs go.
@@ -1264,12 +1271,6 @@ pub(crate) fn fcntl(d: &Shared, cmd: c_int, arg: libc::c_long) -> c_int {
         libc::F_GETFD | libc::F_SETFD => unsafe { libc::fcntl(g.udp, cmd, arg) },
         _ => fail(libc::ENOTSUP),
     }
-}
-
-/// Messages dropped so far (not datagram rsocket messages, forged sources, no room).
-#[allow(dead_code)] // read by tests and debuggers
-pub(crate) fn drops(d: &Shared) -> u64 {
-    lock(d).drops
 }
 
 /// `rrecvfrom` into the caller's buffer and address.
