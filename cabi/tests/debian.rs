@@ -1938,6 +1938,7 @@ fn datagram_rsockets_in_a_c_program_both_ends() {
         "non-blocking rrecv: EAGAIN",
         "MSG_PEEK then read: same datagram",
         "truncated to 10 bytes, rest discarded",
+        "rpoll with a pipe and rselect: socket readable, pipe not",
         "connected: rsend/rrecv echoed",
         "client=0",
         "server=0",

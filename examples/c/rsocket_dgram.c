@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -315,6 +316,49 @@ static int client(const char *addr)
 		/* The rest of that datagram is gone: the next read is the next datagram. */
 		echo_size(s, 50, 0);
 		printf("truncated to 10 bytes, rest discarded\n");
+	}
+
+	/* rpoll with an ordinary pipe beside the socket, and rselect: only the socket is
+	 * readable once an echo is there; with nothing there rselect times out. */
+	{
+		int pp[2];
+		unsigned char out[64];
+		if (pipe(pp))
+			die("pipe");
+		while (rrecv(s, b, sizeof b, MSG_DONTWAIT) >= 0)
+			; /* late echoes of resent requests, if any */
+		struct timeval tv = { .tv_sec = 0, .tv_usec = 20000 };
+		fd_set rs;
+		FD_ZERO(&rs);
+		FD_SET(s, &rs);
+		if (rselect(s + 1, &rs, NULL, NULL, &tv) != 0) {
+			fprintf(stderr, "rselect with nothing there: not a timeout\n");
+			return 1;
+		}
+		seq++;
+		fill(out, sizeof out, 5);
+		memcpy(out, &seq, 4);
+		if (rsendto(s, out, sizeof out, 0, (struct sockaddr *)&srv, sizeof srv) != sizeof out)
+			die("rsendto");
+		struct pollfd p[2] = { { .fd = s, .events = POLLIN }, { .fd = pp[0], .events = POLLIN } };
+		if (rpoll(p, 2, 5000) != 1 || !(p[0].revents & POLLIN) || p[1].revents) {
+			fprintf(stderr, "rpoll on the socket and a pipe: wrong\n");
+			return 1;
+		}
+		FD_ZERO(&rs);
+		FD_SET(s, &rs);
+		tv.tv_sec = 5;
+		if (rselect(s + 1, &rs, NULL, NULL, &tv) != 1 || !FD_ISSET(s, &rs)) {
+			fprintf(stderr, "rselect with an echo there: not readable\n");
+			return 1;
+		}
+		if (rrecv(s, b, sizeof b, 0) != sizeof out || memcmp(b, out, sizeof out)) {
+			fprintf(stderr, "the polled echo: wrong\n");
+			return 1;
+		}
+		close(pp[0]);
+		close(pp[1]);
+		printf("rpoll with a pipe and rselect: socket readable, pipe not\n");
 	}
 
 	/* Ping-pongs: round-trip times. */
