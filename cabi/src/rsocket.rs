@@ -327,6 +327,31 @@ unsafe fn poll_cq_into(cq: *mut ibv_cq, wcs: &mut [ibv_wc]) -> usize {
     n.max(0) as usize
 }
 
+/// Takes the notifications waiting on `cc` (a non-blocking channel) and acknowledges them on
+/// `cq` 64 at a time (`unacked` counts those not acknowledged yet); how many were taken.
+///
+/// # Safety
+/// `cc` is a live completion channel of this library and `cq` its CQ.
+unsafe fn drain_channel(cc: *mut ibv_comp_channel, cq: *mut ibv_cq, unacked: &mut u32) -> u32 {
+    let mut n = 0;
+    loop {
+        let mut c = null_mut();
+        let mut ctx = null_mut();
+        // SAFETY: the caller's channel, non-blocking; out parameters are locals.
+        if unsafe { ibv_get_cq_event(cc, &mut c, &mut ctx) } != 0 {
+            break;
+        }
+        *unacked += 1;
+        n += 1;
+    }
+    if *unacked >= 64 {
+        // SAFETY: events of the caller's CQ, taken above or before.
+        unsafe { ibv_ack_cq_events(cq, *unacked) };
+        *unacked = 0;
+    }
+    n
+}
+
 fn errno_or(d: c_int) -> c_int {
     std::io::Error::last_os_error()
         .raw_os_error()
@@ -805,20 +830,9 @@ impl St {
     /// Takes pending completion notifications off the channel (non-blocking).
     fn drain_cq_events(&mut self) {
         let Some(c) = self.conn.as_mut() else { return };
-        loop {
-            let mut cq = null_mut();
-            let mut ctx = null_mut();
-            // SAFETY: the socket's channel, non-blocking; out parameters are locals.
-            if unsafe { ibv_get_cq_event(c.cc, &mut cq, &mut ctx) } != 0 {
-                break;
-            }
-            c.unacked_events += 1;
+        // SAFETY: the connection's live channel and CQ.
+        if unsafe { drain_channel(c.cc, c.cq, &mut c.unacked_events) } > 0 {
             self.cq_armed = false;
-        }
-        if c.unacked_events >= 64 {
-            // SAFETY: events of this CQ taken above.
-            unsafe { ibv_ack_cq_events(c.cq, c.unacked_events) };
-            c.unacked_events = 0;
         }
     }
 

@@ -42,7 +42,9 @@
 //! trusting as UDP: a datagram with a forged source can point our messages for that source
 //! at another QP of the same address.
 
-use super::{errno_or, fail, poll_cq_into, slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT};
+use super::{
+    drain_channel, errno_or, fail, poll_cq_into, slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT,
+};
 use crate::abi::*;
 use crate::rdmacm::{
     from_sockaddr, gid_index, gid_of, rdma_bind_addr, rdma_create_id, rdma_create_qp,
@@ -50,8 +52,8 @@ use crate::rdmacm::{
 };
 use crate::verbs::{
     ibv_ack_cq_events, ibv_alloc_pd, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq,
-    ibv_dealloc_pd, ibv_destroy_ah, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event,
-    ibv_query_port, wait_cq_for,
+    ibv_dealloc_pd, ibv_destroy_ah, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_query_port,
+    wait_cq_for,
 };
 use libc::{c_int, c_void, pollfd, sockaddr, socklen_t};
 use std::collections::{HashMap, VecDeque};
@@ -389,20 +391,8 @@ impl Qp {
 
     /// Takes the channel's notifications (non-blocking).
     fn drain_events(&mut self) {
-        loop {
-            let mut cq = null_mut();
-            let mut ctx = null_mut();
-            // SAFETY: the QP's channel, non-blocking; out parameters are locals.
-            if unsafe { ibv_get_cq_event(self.cc, &mut cq, &mut ctx) } != 0 {
-                break;
-            }
-            self.unacked += 1;
-        }
-        if self.unacked >= 64 {
-            // SAFETY: events of this CQ taken above.
-            unsafe { ibv_ack_cq_events(self.cq, self.unacked) };
-            self.unacked = 0;
-        }
+        // SAFETY: the QP's live channel and CQ.
+        unsafe { drain_channel(self.cc, self.cq, &mut self.unacked) };
     }
 
     /// The message in receive buffer `slot` as received: the GRH's IP source and the bytes
