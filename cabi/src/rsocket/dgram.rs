@@ -674,6 +674,12 @@ impl Dg {
         if data.len() > SLOT - hl {
             return Err(libc::EMSGSIZE);
         }
+        if self.dests.get(&dst).is_none_or(|d| d.ah.is_null()) {
+            // The peer's QP may have been announced on the side channel meanwhile (no other
+            // system call per datagram once it is known: send buffers are taken back below,
+            // when none is free).
+            self.poll_udp();
+        }
         let (qi, ah, qpn) = {
             let d = self.dest(dst)?;
             (d.qp, d.ah, d.qpn)
@@ -1128,7 +1134,6 @@ pub(crate) fn send_to(d: &Shared, data: &[u8], flags: c_int, dst: Option<SocketA
         if let Err(e) = g.bind_for(&to) {
             return fail(e);
         }
-        g.progress();
         match g.send(to, data, flags) {
             Ok(n) => return n,
             Err(libc::EAGAIN) if !nonblock => {}
