@@ -327,6 +327,59 @@ unsafe fn poll_cq_into(cq: *mut ibv_cq, wcs: &mut [ibv_wc]) -> usize {
     n.max(0) as usize
 }
 
+/// Posts the send work requests `wr` on `qp` through this library's ops table.
+///
+/// # Safety
+/// `qp` is a live QP of this library; `wr` (a list) and its SGEs are valid for the call.
+unsafe fn post_send_on(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> Result<(), c_int> {
+    let mut bad = null_mut();
+    // SAFETY: the caller's contract.
+    let r = unsafe {
+        match (*(*qp).context).ops.post_send {
+            Some(f) => f(qp, wr, &mut bad),
+            None => libc::EOPNOTSUPP,
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
+/// Posts the receive work requests `wr` on `qp` through this library's ops table.
+///
+/// # Safety
+/// As [`post_send_on`]'s.
+unsafe fn post_recv_on(qp: *mut ibv_qp, wr: *mut ibv_recv_wr) -> Result<(), c_int> {
+    let mut bad = null_mut();
+    // SAFETY: the caller's contract.
+    let r = unsafe {
+        match (*(*qp).context).ops.post_recv {
+            Some(f) => f(qp, wr, &mut bad),
+            None => libc::EOPNOTSUPP,
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
+/// Asks `cq` for a notification of its next completion, through this library's ops table.
+///
+/// # Safety
+/// `cq` is a live CQ of this library.
+unsafe fn arm_cq(cq: *mut ibv_cq) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if let Some(f) = (*(*cq).context).ops.req_notify_cq {
+            f(cq, 0);
+        }
+    }
+}
+
 /// Takes the notifications waiting on `cc` (a non-blocking channel) and acknowledges them on
 /// `cq` 64 at a time (`unacked` counts those not acknowledged yet); how many were taken.
 ///
@@ -484,18 +537,9 @@ impl St {
 
     fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), c_int> {
         let c = self.conn.as_ref().ok_or(libc::ENOTCONN)?;
-        let mut bad = null_mut();
         // SAFETY: the QP is live while `conn` is; the work request and its SGEs are valid
         // for the call (inline data is copied during it).
-        let r = unsafe {
-            let ops = &(*(*c.qp).context).ops;
-            (ops.post_send.ok_or(libc::EOPNOTSUPP)?)(c.qp, wr, &mut bad)
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(r)
-        }
+        unsafe { post_send_on(c.qp, wr) }
     }
 
     /// Posts `n` receives (no SGE: every message is an RDMA WRITE with immediate), up to
@@ -524,15 +568,8 @@ impl St {
                     };
                 }
             }
-            let mut bad = null_mut();
             // SAFETY: the QP is live while `conn` is; the list is valid for the call.
-            let r = unsafe {
-                let ops = &(*(*c.qp).context).ops;
-                (ops.post_recv.ok_or(libc::EOPNOTSUPP)?)(c.qp, base, &mut bad)
-            };
-            if r != 0 {
-                return Err(r);
-            }
+            unsafe { post_recv_on(c.qp, base) }?;
             n -= k as u32;
         }
         Ok(())
@@ -883,12 +920,8 @@ impl St {
 
     fn arm(&mut self) {
         if let Some(c) = self.conn.as_ref() {
-            // SAFETY: the live CQ; this library's ops table.
-            unsafe {
-                if let Some(f) = (*(*c.cq).context).ops.req_notify_cq {
-                    f(c.cq, 0);
-                }
-            }
+            // SAFETY: the connection's live CQ.
+            unsafe { arm_cq(c.cq) };
             self.cq_armed = true;
         }
     }
@@ -2106,15 +2139,7 @@ pub unsafe extern "C" fn rrecvmsg(s: c_int, m: *mut libc::msghdr, flags: c_int) 
                 );
             if let Some(a) = from {
                 if !(*m).msg_name.is_null() {
-                    let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-                    let l = crate::rdmacm::to_sockaddr(&mut ss, a);
-                    let k = (*m).msg_namelen.min(l) as usize;
-                    std::ptr::copy_nonoverlapping(
-                        &ss as *const _ as *const u8,
-                        (*m).msg_name as *mut u8,
-                        k,
-                    );
-                    (*m).msg_namelen = l;
+                    dgram::copy_source((*m).msg_name as *mut sockaddr, &mut (*m).msg_namelen, a);
                 }
             }
             return r;

@@ -43,7 +43,8 @@
 //! at another QP of the same address.
 
 use super::{
-    drain_channel, errno_or, fail, poll_cq_into, slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT,
+    arm_cq, copy_addr, drain_channel, errno_or, fail, poll_cq_into, post_recv_on, post_send_on,
+    slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT,
 };
 use crate::abi::*;
 use crate::rdmacm::{
@@ -365,28 +366,13 @@ impl Qp {
             sg_list: &mut sge,
             num_sge: 1,
         };
-        let mut bad = null_mut();
-        // SAFETY: the live QP; this library's ops table; the request valid for the call.
-        let r = unsafe {
-            match (*(*self.qp).context).ops.post_recv {
-                Some(f) => f(self.qp, &mut wr, &mut bad),
-                None => libc::EOPNOTSUPP,
-            }
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(r)
-        }
+        // SAFETY: the live QP; the request and its SGE are valid for the call.
+        unsafe { post_recv_on(self.qp, &mut wr) }
     }
 
     fn arm(&self) {
-        // SAFETY: the live CQ; this library's ops table.
-        unsafe {
-            if let Some(f) = (*(*self.cq).context).ops.req_notify_cq {
-                f(self.cq, 0);
-            }
-        }
+        // SAFETY: the live CQ.
+        unsafe { arm_cq(self.cq) };
     }
 
     /// Takes the channel's notifications (non-blocking).
@@ -738,18 +724,10 @@ impl Dg {
             remote_srqn: 0,
             _bind_mw_tso: [0; 6],
         };
-        let mut bad = null_mut();
-        // SAFETY: the live QP; this library's ops table; the request and its SGE are valid
-        // for the call.
-        let r = unsafe {
-            match (*(*q.qp).context).ops.post_send {
-                Some(f) => f(q.qp, &mut wr, &mut bad),
-                None => libc::EOPNOTSUPP,
-            }
-        };
-        if r != 0 {
+        // SAFETY: the live QP; the request and its SGE are valid for the call.
+        if let Err(e) = unsafe { post_send_on(q.qp, &mut wr) } {
             q.free.push(slot);
-            return Err(r);
+            return Err(e);
         }
         Ok(data.len() as isize)
     }
@@ -1044,17 +1022,16 @@ pub(crate) fn close(s: c_int) -> Option<c_int> {
     Some(0)
 }
 
-/// Waits (lock released) until something may have changed for `events`, at most 50 ms (or
-/// until `deadline`): the caller looks again. With a QP, the thread drives the engine while
-/// it waits for a completion ([`wait_cq_for`]), looking at the side channel every
-/// millisecond; before the first QP, it sleeps on the side channel.
-fn wait(d: &Shared, events: i16, deadline: Option<Instant>) -> Result<(), c_int> {
+/// Waits (lock released) until something may have changed, at most one [`SLICE`] with a QP
+/// (the thread drives the engine while it waits for a completion, [`wait_cq_for`]; the
+/// caller then looks at the side channel too) or 50 ms before the first QP (asleep on the
+/// side channel), never past `deadline`: the caller looks again.
+fn wait(d: &Shared, deadline: Option<Instant>) -> Result<(), c_int> {
+    // The caller has just looked (after progress). What came since ends the wait at once: a
+    // completion is already in the CQ, a datagram already readable on the side channel (or
+    // seen at the end of the slice).
     let (cq, udp) = {
-        let mut g = lock(d);
-        let (r, _) = g.revents(events, false);
-        if r != 0 {
-            return Ok(());
-        }
+        let g = lock(d);
         (g.qps.first().map(|q| q.cq), g.udp)
     };
     let mut left = Duration::from_millis(50);
@@ -1087,7 +1064,7 @@ fn wait(d: &Shared, events: i16, deadline: Option<Instant>) -> Result<(), c_int>
 pub(crate) fn poll_one(d: &Shared, events: i16, deadline: Option<Instant>) -> i16 {
     loop {
         let r = lock(d).revents(events, false).0;
-        if r != 0 || wait(d, events, deadline).is_err() {
+        if r != 0 || wait(d, deadline).is_err() {
             return r;
         }
     }
@@ -1140,7 +1117,7 @@ pub(crate) fn send_to(d: &Shared, data: &[u8], flags: c_int, dst: Option<SocketA
             Err(e) => return fail(e),
         }
         drop(g);
-        if let Err(e) = wait(d, libc::POLLOUT, None) {
+        if let Err(e) = wait(d, None) {
             return fail(e);
         }
     }
@@ -1165,7 +1142,7 @@ pub(crate) fn recv_from(
             return Err(libc::EAGAIN);
         }
         drop(g);
-        wait(d, libc::POLLIN, None)?;
+        wait(d, None)?;
     }
 }
 
@@ -1285,20 +1262,21 @@ pub(crate) unsafe fn recvfrom_c(
     match recv_from(d, out, flags) {
         Ok((n, from)) => {
             if !src.is_null() && !alen.is_null() {
-                // SAFETY: as in `local`.
-                let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-                let l = to_sockaddr(&mut ss, from);
-                // SAFETY: the caller's buffer of *alen bytes.
-                unsafe {
-                    let k = (*alen).min(l) as usize;
-                    std::ptr::copy_nonoverlapping(&ss as *const _ as *const u8, src as *mut u8, k);
-                    *alen = l;
-                }
+                copy_source(src, alen, from);
             }
             n as isize
         }
         Err(e) => fail(e),
     }
+}
+
+/// Writes `from` into the caller's address buffer `dst` of `*len` bytes (truncated to it), and
+/// its whole length into `*len`, as `recvfrom` does. `dst` and `len` are not NULL.
+pub(crate) fn copy_source(dst: *mut sockaddr, len: *mut socklen_t, from: SocketAddr) {
+    // SAFETY: a zeroed sockaddr_storage is valid; written by to_sockaddr.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    to_sockaddr(&mut ss, from);
+    copy_addr(dst, len, &ss);
 }
 
 /// `rsendto` from the caller's buffer.
