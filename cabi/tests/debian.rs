@@ -2001,15 +2001,31 @@ fn udpong_both_ends_on_ferroces_datagram_rsockets() {
         "-C 5000 -S 1500 -T b",
         "-C 5000 -S 768 -T a",
     ];
+    udpong_runs(t, "", "", "127.0.0.1", "127.0.0.2", &runs);
+}
+
+/// Runs `udpong -s SERVER RUN` from `client` for each of `runs` against one `udpong -b
+/// SERVER` (started with `server_env`) after the shell lines `setup`, each run tried again
+/// (up to three times) when udpong skips its result line, and checks that every run ends
+/// well with its result line and a non-zero transfer count. The output.
+fn udpong_runs(
+    t: &str,
+    setup: &str,
+    server_env: &str,
+    server: &str,
+    client: &str,
+    runs: &[&str],
+) -> String {
     let o = in_netns(&format!(
-        "export LD_LIBRARY_PATH=$LIB\n\
+        "{setup}\n\
+         export LD_LIBRARY_PATH=$LIB\n\
          S=$(mktemp); D=$(mktemp)\n\
-         FERROCE_ADDR=127.0.0.1 timeout 600 udpong -b 127.0.0.1 > $S 2>&1 &\n\
+         {server_env} FERROCE_ADDR={server} timeout 600 udpong -b {server} > $S 2>&1 &\n\
          s=$!\n\
          sleep 0.5\n\
          run() {{\n\
            for try in 1 2 3; do\n\
-             FERROCE_ADDR=127.0.0.2 timeout 60 udpong -s 127.0.0.1 \"$@\" > $D 2>&1; rc=$?\n\
+             FERROCE_ADDR={client} timeout 60 udpong -s {server} \"$@\" > $D 2>&1; rc=$?\n\
              [ $rc = 0 ] && grep -q '^custom ' $D && break\n\
              echo \"=== try $try of udpong $*: status $rc\"; sed 's/^/try| /' $D\n\
            done\n\
@@ -2017,7 +2033,10 @@ fn udpong_both_ends_on_ferroces_datagram_rsockets() {
          }}\n\
          {}\n\
          kill $s; wait $s",
-        runs.map(|r| format!("run {r}")).join("\n")
+        runs.iter()
+            .map(|r| format!("run {r}"))
+            .collect::<Vec<_>>()
+            .join("\n")
     ));
     let o = format!(
         "{}{}",
@@ -2033,6 +2052,7 @@ fn udpong_both_ends_on_ferroces_datagram_rsockets() {
         // xfers (e.g. "1k", "19k", "4k"): never 0.
         assert!(!f[2].starts_with('0'), "{t}: {l}\n{o}");
     }
+    o
 }
 
 /// `udpong` at both ends over IPv6 (two addresses of a ULA prefix on `lo`; the GIDs are the
@@ -2048,32 +2068,13 @@ fn udpong_over_ipv6_with_a_clean_capture() {
     let dir = std::env::temp_dir().join(format!("ferroce-{t}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("server.pcap");
-    let o = in_netns(&format!(
-        "ip -6 addr add fd00::1/128 dev lo nodad && ip -6 addr add fd00::2/128 dev lo nodad || exit 98\n\
-         export LD_LIBRARY_PATH=$LIB\n\
-         FERROCE_PCAP={p} FERROCE_ADDR=fd00::1 timeout 200 udpong -b fd00::1 > /dev/null 2>&1 &\n\
-         s=$!\n\
-         sleep 0.5\n\
-         for o in '-C 500 -S 100 -T e' '-C 1000 -S 1000'; do\n\
-           for try in 1 2 3; do\n\
-             out=$(FERROCE_ADDR=fd00::2 timeout 60 udpong -s fd00::1 $o 2>&1); rc=$?\n\
-             [ $rc = 0 ] && echo \"$out\" | grep -q '^custom ' && break\n\
-           done\n\
-           echo \"$out\"; echo client=$rc\n\
-         done\n\
-         kill $s; wait $s",
-        p = pcap.display()
-    ));
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(o.matches("client=0").count(), 2, "{t}\n{o}");
-    assert_eq!(
-        o.lines().filter(|l| l.starts_with("custom ")).count(),
-        2,
-        "{t}\n{o}"
+    let o = udpong_runs(
+        t,
+        "ip -6 addr add fd00::1/128 dev lo nodad && ip -6 addr add fd00::2/128 dev lo nodad || exit 98",
+        &format!("FERROCE_PCAP={}", pcap.display()),
+        "fd00::1",
+        "fd00::2",
+        &["-C 500 -S 100 -T e", "-C 1000 -S 1000"],
     );
     // At least the echoes of the first run, both ways.
     let frames = std::fs::metadata(&pcap).map_or(0, |m| m.len()) / 100;
