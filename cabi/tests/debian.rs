@@ -1842,6 +1842,82 @@ fn rstream_and_riostream_both_ends_on_ferroces_rsockets() {
     }
 }
 
+/// rdmacm-utils' `rcopy` (a file copy over rsockets: the client maps the file and sends it,
+/// the server writes what it receives): four files of 1 byte to 24 MiB + 3 bytes of random
+/// data copied one after another to one server, each compared byte for byte with its source.
+/// The server serves clients until it is stopped, so the script runs it by hand.
+#[test]
+fn rcopy_copies_files_byte_for_byte_over_ferroces_rsockets() {
+    let t = "rcopy_copies_files_byte_for_byte_over_ferroces_rsockets";
+    if !ready(t, &["rcopy", "cmp"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-cabi-rcopy-{}", std::process::id()));
+    let srv = dir.join("server");
+    std::fs::create_dir_all(&srv).unwrap();
+    let sizes = [1usize, 4095, 1 << 20 | 7, (24 << 20) + 3];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut data = Vec::with_capacity(n);
+        while data.len() < n {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            data.extend_from_slice(&seed.to_le_bytes());
+        }
+        data.truncate(n);
+        std::fs::write(dir.join(format!("src{i}")), &data).unwrap();
+    }
+    let copies: String = (0..sizes.len())
+        .map(|i| {
+            format!(
+                "FERROCE_ADDR=127.0.0.2 timeout 30 rcopy {d}/src{i} 127.0.0.1:copy{i} \
+                 > {d}/client{i}.out 2>&1; echo \"client{i}=$?\"\n",
+                d = dir.display()
+            )
+        })
+        .collect();
+    let script = format!(
+        "export LD_LIBRARY_PATH=$LIB\n\
+         cd {srv} && FERROCE_LISTENING={d}/listening FERROCE_ADDR=127.0.0.1 timeout 60 rcopy \
+         > {d}/server.out 2>&1 &\n\
+         s=$!\n\
+         i=0; while [ $i -lt 400 ] && ! [ -e {d}/listening ]; do sleep 0.05; i=$((i+1)); done\n\
+         {copies}\
+         kill $s; wait $s\n\
+         for i in {list}; do cmp {d}/src$i {srv}/copy$i && echo same$i; done",
+        srv = srv.display(),
+        d = dir.display(),
+        list = (0..sizes.len())
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    let out = in_netns(&script);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let mut all = format!(
+        "{text}{}\n--- server\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        read("server.out")
+    );
+    for i in 0..sizes.len() {
+        all += &format!("--- client {i}\n{}", read(&format!("client{i}.out")));
+    }
+    for (i, n) in sizes.iter().enumerate() {
+        assert!(text.contains(&format!("client{i}=0")), "copy {i}:\n{all}");
+        assert!(
+            read(&format!("client{i}.out")).contains(&format!("{n} bytes in ")),
+            "copy {i}:\n{all}"
+        );
+        assert!(
+            text.contains(&format!("same{i}")),
+            "copy {i} differs:\n{all}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Build `examples/c/NAME.c` against librdmacm's rsocket header, run it as `NAME -s` and
 /// `NAME -c SERVER` in the test's namespace, and check that both succeed and print what is
 /// wanted.
