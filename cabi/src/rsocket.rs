@@ -26,11 +26,11 @@
 //!   a connected socket reads its CM channel too (`St::poll_cm`).
 //!
 //! # Limits of this implementation
-//! Datagram rsockets (`SOCK_DGRAM`) are in [`dgram`]. For stream sockets, connecting and
-//! accepting complete inside the call even on a
-//! non-blocking socket (`rconnect` returns 0, never `EINPROGRESS`), and a listener accepts a
-//! request when the program calls `raccept` (or `rpoll` finds it), not from a service
-//! thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
+//! Datagram rsockets (`SOCK_DGRAM`) are in [`dgram`]. For stream sockets, a non-blocking
+//! `rconnect` returns `EINPROGRESS` and the connection is made from the socket's later calls
+//! (`rpoll`, `rconnect`, data calls), as rdma-core's; accepting completes inside `raccept`;
+//! a listener accepts a request when the program calls `raccept` (or `rpoll` finds it), not
+//! from a service thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
 //! calls, blocked ones included, not from a service thread ([`St::keepalive`]).
 //!
 //! # Descriptors
@@ -158,11 +158,25 @@ enum Phase {
     Init,
     Bound,
     Listening,
+    /// `rconnect` began; what the connection waits for next. A non-blocking socket returns
+    /// `EINPROGRESS` here and goes on from `rpoll`, `rconnect`, `rsend` or `rrecv`.
+    Connecting(Step),
     Connected,
     /// The peer said it is done (or the connection failed): what was received can still be
     /// read, nothing more arrives.
     Disconnected,
     Error,
+}
+
+/// The CM event a connection being made waits for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Step {
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`
+    Addr,
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`
+    Route,
+    /// `RDMA_CM_EVENT_ESTABLISHED` (the REQ is out)
+    Established,
 }
 
 /// A buffer registered with the device: the engine (another thread) writes into it, so it
@@ -278,6 +292,11 @@ struct St {
     keepalive_time: Duration,
     /// When the next keepalive is due (set once the connection has `SO_KEEPALIVE`).
     next_keepalive: Option<Instant>,
+    /// When a connection being made gives up (`ETIMEDOUT`).
+    connect_deadline: Option<Instant>,
+    /// A connection that returned `EINPROGRESS` and has not yet been reported made by
+    /// `rconnect` (which then returns 0 once, as a TCP socket's does; `EISCONN` after).
+    connect_unreported: bool,
 }
 
 // SAFETY: the raw pointers name objects of this library that are used only under the
@@ -460,6 +479,8 @@ impl St {
             rmsg: std::collections::VecDeque::new(),
             unread: 0,
             cq_armed: false,
+            connect_deadline: None,
+            connect_unreported: false,
         }
     }
 
@@ -1101,15 +1122,23 @@ fn wait_event(ch: *mut rdma_event_channel, want: c_int) -> Result<Ev, c_int> {
         if e.kind == want {
             return Ok(e);
         }
-        match e.kind {
-            EV_DISCONNECTED => continue,
-            EV_REJECTED => return Err(libc::ECONNREFUSED),
-            EV_UNREACHABLE => return Err(libc::ENETUNREACH),
-            1 | 3 => return Err(libc::EHOSTUNREACH),
-            _ if e.status < 0 => return Err(-e.status),
-            _ => return Err(libc::ECONNABORTED),
+        if let Some(err) = event_error(&e) {
+            return Err(err);
         }
     }
+}
+
+/// What an event other than the one waited for means: `None` to pass over it (a stale
+/// disconnect), else the error the wait ends with.
+fn event_error(e: &Ev) -> Option<c_int> {
+    Some(match e.kind {
+        EV_DISCONNECTED => return None,
+        EV_REJECTED => libc::ECONNREFUSED,
+        EV_UNREACHABLE => libc::ENETUNREACH,
+        1 | 3 => libc::EHOSTUNREACH,
+        _ if e.status < 0 => -e.status,
+        _ => libc::ECONNABORTED,
+    })
 }
 
 fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
@@ -1364,40 +1393,116 @@ fn free_conn(st: &mut St) {
     }
 }
 
-fn connect(st: &mut St, dst: *const sockaddr) -> Result<(), c_int> {
+/// Starts a connection to `dst`: address resolution asked for, the socket `Connecting`
+/// ([`advance_connect`] takes it on).
+fn start_connect(st: &mut St, dst: *const sockaddr) -> Result<(), c_int> {
     // SAFETY: the socket's id and the caller's address.
     unsafe {
         if rdma_resolve_addr(st.id, null_mut(), dst as *mut sockaddr, 2000) != 0 {
             return Err(errno_or(libc::EHOSTUNREACH));
         }
     }
-    wait_event(st.ch, EV_ADDR_RESOLVED)?;
-    // SAFETY: the socket's id.
-    if unsafe { rdma_resolve_route(st.id, 2000) } != 0 {
-        return Err(errno_or(libc::EHOSTUNREACH));
-    }
-    wait_event(st.ch, EV_ROUTE_RESOLVED)?;
-    create_ep(st)?;
-    let d = conn_data(st);
-    let mut p = rdma_conn_param {
-        private_data: d.as_ptr() as *const c_void,
-        private_data_len: CONN_DATA_LEN as u8,
-        responder_resources: 0,
-        initiator_depth: 0,
-        flow_control: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        srq: 0,
-        qp_num: 0,
-    };
-    // SAFETY: the id and a parameter block on the stack (the library copies private data).
-    if unsafe { rdma_connect(st.id, &mut p) } != 0 {
-        return Err(errno_or(libc::ECONNREFUSED));
-    }
-    let ev = wait_event(st.ch, EV_ESTABLISHED)?;
-    save_conn_data(st, &ev.pdata).ok_or(libc::EOPNOTSUPP)?;
-    set_connected(st);
+    st.phase = Phase::Connecting(Step::Addr);
+    st.connect_deadline = Some(Instant::now() + CM_TIMEOUT);
     Ok(())
+}
+
+/// Takes a connection being made as far as its CM events go: waiting for each (`block`, until
+/// the connection's deadline) or only taking those already there. `Ok(true)` once connected,
+/// `Ok(false)` while an event is still to come (only when not blocking); an error ends the
+/// attempt (the caller records it: [`connect_failed`]).
+fn advance_connect(st: &mut St, block: bool) -> Result<bool, c_int> {
+    loop {
+        let step = match st.phase {
+            Phase::Connecting(step) => step,
+            Phase::Connected => return Ok(true),
+            _ => return Err(libc::ENOTCONN),
+        };
+        let limit = st.connect_deadline.unwrap_or_else(far);
+        let ev = match next_event(st.ch, block.then_some(limit)) {
+            Ok(ev) => ev,
+            Err(libc::EAGAIN) if !block => {
+                return if Instant::now() >= limit {
+                    Err(libc::ETIMEDOUT)
+                } else {
+                    Ok(false)
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        let want = match step {
+            Step::Addr => EV_ADDR_RESOLVED,
+            Step::Route => EV_ROUTE_RESOLVED,
+            Step::Established => EV_ESTABLISHED,
+        };
+        if ev.kind != want {
+            match event_error(&ev) {
+                None => continue,
+                Some(e) => return Err(e),
+            }
+        }
+        match step {
+            Step::Addr => {
+                // SAFETY: the socket's id.
+                if unsafe { rdma_resolve_route(st.id, 2000) } != 0 {
+                    return Err(errno_or(libc::EHOSTUNREACH));
+                }
+                st.phase = Phase::Connecting(Step::Route);
+            }
+            Step::Route => {
+                create_ep(st)?;
+                let d = conn_data(st);
+                let mut p = rdma_conn_param {
+                    private_data: d.as_ptr() as *const c_void,
+                    private_data_len: CONN_DATA_LEN as u8,
+                    responder_resources: 0,
+                    initiator_depth: 0,
+                    flow_control: 1,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
+                    srq: 0,
+                    qp_num: 0,
+                };
+                // SAFETY: the id and a parameter block on the stack (the library copies
+                // private data).
+                if unsafe { rdma_connect(st.id, &mut p) } != 0 {
+                    return Err(errno_or(libc::ECONNREFUSED));
+                }
+                st.phase = Phase::Connecting(Step::Established);
+            }
+            Step::Established => {
+                save_conn_data(st, &ev.pdata).ok_or(libc::EOPNOTSUPP)?;
+                set_connected(st);
+                st.connect_deadline = None;
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// A connection attempt that failed with `e`: its verbs objects freed, the socket in error
+/// with `e` for `SO_ERROR`.
+fn connect_failed(st: &mut St, e: c_int) {
+    free_conn(st);
+    st.phase = Phase::Error;
+    st.err = e;
+    st.connect_deadline = None;
+}
+
+/// For a data call on a socket whose connection is being made: goes on with it (waiting unless
+/// `nonblock`); `EAGAIN` while it is not made yet, the attempt's error when it failed.
+fn finish_connecting(st: &mut St, nonblock: bool) -> Result<(), c_int> {
+    if !matches!(st.phase, Phase::Connecting(_)) {
+        return Ok(());
+    }
+    match advance_connect(st, !nonblock) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(libc::EAGAIN),
+        Err(e) => {
+            connect_failed(st, e);
+            Err(e)
+        }
+    }
 }
 
 /// Accepts one request taken off the listener's channel: a new socket.
@@ -1624,7 +1729,9 @@ fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
 }
 
-/// librdmacm's `rconnect`. Completes before it returns, also on a non-blocking socket.
+/// librdmacm's `rconnect`. On a non-blocking socket it returns `EINPROGRESS` until the
+/// connection is made (as rdma-core's: again from a later `rconnect` while it is being made);
+/// `rpoll` reports `POLLOUT` once it is, and `SO_ERROR` the error if it failed.
 #[export_name = "ferroce_rconnect"]
 pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if let Some(d) = dgram::lookup(s) {
@@ -1640,17 +1747,37 @@ pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, len: socklen_
         return fail(libc::EFAULT);
     }
     let mut g = lock(&rs.st);
-    match g.phase {
-        Phase::Init | Phase::Bound => {}
+    let phase = g.phase;
+    match phase {
+        Phase::Init | Phase::Bound => {
+            if let Err(e) = start_connect(&mut g, addr) {
+                connect_failed(&mut g, e);
+                return fail(e);
+            }
+        }
+        Phase::Connecting(_) => {}
+        Phase::Connected if std::mem::take(&mut g.connect_unreported) => return 0,
         Phase::Connected => return fail(libc::EISCONN),
+        // A connection that failed after `EINPROGRESS`: its error, once (as TCP's).
+        Phase::Error if g.conn.is_none() && g.err != 0 && g.connect_unreported => {
+            g.connect_unreported = false;
+            return fail(std::mem::take(&mut g.err));
+        }
         _ => return fail(libc::EINVAL),
     }
-    match connect(&mut g, addr) {
-        Ok(()) => 0,
+    let block = !g.nonblock;
+    match advance_connect(&mut g, block) {
+        Ok(true) => {
+            g.connect_unreported = false;
+            0
+        }
+        Ok(false) => {
+            g.connect_unreported = true;
+            fail(libc::EINPROGRESS)
+        }
         Err(e) => {
-            free_conn(&mut g);
-            g.phase = Phase::Error;
-            g.err = e;
+            connect_failed(&mut g, e);
+            g.connect_unreported = false;
             fail(e)
         }
     }
@@ -1718,13 +1845,16 @@ fn recv_impl(s: c_int, out: &mut [u8], flags: c_int) -> isize {
         return fail(libc::EBADF);
     };
     let mut g = lock(&rs.st);
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    if let Err(e) = finish_connecting(&mut g, nonblock) {
+        return fail(e);
+    }
     if g.conn.is_none() {
         return fail(libc::ENOTCONN);
     }
     if out.is_empty() {
         return 0;
     }
-    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
     let mut done = 0usize;
     loop {
         if g.rmsg.is_empty() {
@@ -1876,10 +2006,13 @@ fn send_impl(s: c_int, data: &[u8], flags: c_int) -> isize {
         return fail(libc::EBADF);
     };
     let mut g = lock(&rs.st);
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    if let Err(e) = finish_connecting(&mut g, nonblock) {
+        return fail(e);
+    }
     if g.conn.is_none() {
         return fail(libc::ENOTCONN);
     }
-    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
     let (g2, r) = send_iomaps(&rs, g, nonblock);
     g = g2;
     if let Err(e) = r {
@@ -2231,7 +2364,12 @@ pub extern "C" fn rshutdown(s: c_int, how: c_int) -> c_int {
         return fail(libc::EINVAL);
     }
     let g = lock(&rs.st);
-    if g.conn.is_none() {
+    if g.conn.is_none()
+        || !matches!(
+            g.phase,
+            Phase::Connected | Phase::Disconnected | Phase::Error
+        )
+    {
         return fail(libc::ENOTCONN);
     }
     let _g = shutdown_locked(&rs, g, how);
@@ -2652,10 +2790,13 @@ pub unsafe extern "C" fn riowrite(
     // SAFETY: the caller's buffer of `count` bytes.
     let data = unsafe { slice(buf, count) };
     let mut g = lock(&rs.st);
+    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    if let Err(e) = finish_connecting(&mut g, nonblock) {
+        return fail::<isize>(e) as usize;
+    }
     if g.conn.is_none() {
         return fail::<isize>(libc::ENOTCONN) as usize;
     }
-    let nonblock = g.nonblock || flags & libc::MSG_DONTWAIT != 0;
     let (g2, r) = send_iomaps(&rs, g, nonblock);
     g = g2;
     if let Err(e) = r {
@@ -2719,6 +2860,18 @@ mod dgram;
 /// The events of one rsocket now (progress made, never waits); also what to wait on.
 fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
     let mut g = lock(&rs.st);
+    if let Phase::Connecting(_) = g.phase {
+        match advance_connect(&mut g, false) {
+            Ok(true) => {}
+            // Waits on the CM channel for the next event.
+            Ok(false) => return (0, g.cm_fd().into_iter().collect()),
+            // Failed: POLLOUT and POLLERR, as a TCP socket's failed connect gives.
+            Err(e) => {
+                connect_failed(&mut g, e);
+                return (libc::POLLERR | (events & libc::POLLOUT), vec![]);
+            }
+        }
+    }
     match g.phase {
         Phase::Listening => {
             // SAFETY: the listener's channel.

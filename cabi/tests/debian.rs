@@ -1946,7 +1946,9 @@ fn rsocket_c_pair(t: &str, name: &str, server_wants: &[&str], client_wants: &[&s
 /// The rsocket calls a TCP program makes (examples/c/rsocket_echo.c): messages of 1 byte to
 /// 200 KiB echoed and checked, `MSG_PEEK`, `rpoll` on an rsocket with an ordinary pipe,
 /// `rgetpeername`, a half-close read as EOF by the peer, the peer's close read as EOF, EBADF
-/// after `rclose`, and a `SOCK_SEQPACKET` rsocket refused with EOPNOTSUPP.
+/// after `rclose`, and a `SOCK_SEQPACKET` rsocket refused with EOPNOTSUPP; the client's
+/// connects are non-blocking (`EINPROGRESS`, `EAGAIN` from a read meanwhile, `POLLOUT` once
+/// made; one to a port nobody listens on `POLLERR` with `SO_ERROR` `ECONNREFUSED`).
 #[test]
 fn rsockets_in_a_c_program_both_ends() {
     rsocket_c_pair(
@@ -1959,6 +1961,8 @@ fn rsockets_in_a_c_program_both_ends() {
             "ok",
         ],
         &[
+            "non-blocking connect to a closed port: EINPROGRESS, then POLLERR, ECONNREFUSED",
+            "non-blocking connect: EINPROGRESS, then POLLOUT",
             "connected to 127.0.0.1:7471",
             "echoed 1644069 bytes",
             "EOF from the server",

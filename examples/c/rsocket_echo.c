@@ -9,10 +9,14 @@
  * bytes; rpoll on an rsocket together with an ordinary pipe (only the rsocket is readable);
  * rgetpeername; rshutdown(SHUT_WR) reaching the server as EOF (rrecv returns 0) while the
  * client can still read; the server's rclose reaching the client as EOF; calls on a closed
- * descriptor failing with EBADF, and a SOCK_SEQPACKET rsocket refused. Prints "ok" at the end.
+ * descriptor failing with EBADF, and a SOCK_SEQPACKET rsocket refused. The client connects
+ * non-blocking, as an event loop does: rconnect returns EINPROGRESS, a read meanwhile EAGAIN,
+ * rpoll reports POLLOUT once connected and SO_ERROR is 0 (and a connect to a port nobody
+ * listens on reports POLLERR with SO_ERROR ECONNREFUSED). Prints "ok" at the end.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <rdma/rsocket.h>
 #include <stdio.h>
@@ -124,6 +128,35 @@ static int server(void)
 	return 0;
 }
 
+/* A non-blocking rconnect: EINPROGRESS, then rpoll for POLLOUT; returns SO_ERROR. */
+static int connect_nonblocking(int s, const struct sockaddr_in *a, short *revents)
+{
+	int err = -1;
+	socklen_t len = sizeof(err);
+	unsigned char c;
+
+	if (rfcntl(s, F_SETFL, O_NONBLOCK))
+		die("rfcntl");
+	if (rconnect(s, (const struct sockaddr *)a, sizeof(*a)) != -1 || errno != EINPROGRESS) {
+		fprintf(stderr, "a non-blocking rconnect: not EINPROGRESS (%s)\n", strerror(errno));
+		exit(1);
+	}
+	/* Nothing can have arrived: EAGAIN whether the connection is made yet or not. */
+	if (rrecv(s, &c, 1, 0) != -1 || errno != EAGAIN) {
+		fprintf(stderr, "rrecv while connecting: not EAGAIN (%s)\n", strerror(errno));
+		exit(1);
+	}
+	struct pollfd f = { .fd = s, .events = POLLOUT };
+	if (rpoll(&f, 1, 10000) != 1) {
+		fprintf(stderr, "rpoll while connecting: nothing in 10 s\n");
+		exit(1);
+	}
+	*revents = f.revents;
+	if (rgetsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len))
+		die("rgetsockopt SO_ERROR");
+	return err;
+}
+
 static int client(const char *host)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
@@ -140,11 +173,42 @@ static int client(const char *host)
 		return 1;
 	}
 	inet_pton(AF_INET, host, &a.sin_addr);
+
+	/* Nobody listens on the next port: the server's side rejects the request. */
+	struct sockaddr_in none = a;
+	short ev = 0;
+	none.sin_port = htons(PORT + 1);
 	s = rsocket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0)
 		die("rsocket");
+	int err = connect_nonblocking(s, &none, &ev);
+	if (err != ECONNREFUSED || !(ev & POLLERR)) {
+		fprintf(stderr, "refused connect: SO_ERROR %d (%s), revents %#x\n", err,
+			strerror(err), ev);
+		return 1;
+	}
+	socklen_t len = sizeof(err);
+	if (rgetsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
+		fprintf(stderr, "SO_ERROR read twice: %d\n", err);
+		return 1;
+	}
+	rclose(s);
+	printf("non-blocking connect to a closed port: EINPROGRESS, then POLLERR, ECONNREFUSED\n");
+
+	s = rsocket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0)
+		die("rsocket");
+	err = connect_nonblocking(s, &a, &ev);
+	if (err || !(ev & POLLOUT) || (ev & (POLLERR | POLLHUP))) {
+		fprintf(stderr, "connect: SO_ERROR %d (%s), revents %#x\n", err, strerror(err), ev);
+		return 1;
+	}
+	/* The connection made, rconnect reports it (rdma-core's and TCP's answer). */
 	if (rconnect(s, (struct sockaddr *)&a, sizeof(a)))
-		die("rconnect");
+		die("rconnect after POLLOUT");
+	if (rfcntl(s, F_SETFL, 0))
+		die("rfcntl");
+	printf("non-blocking connect: EINPROGRESS, then POLLOUT\n");
 	if (rgetpeername(s, (struct sockaddr *)&peer, &plen) || peer.sin_port != htons(PORT))
 		die("rgetpeername");
 	printf("connected to %s:%d\n", inet_ntoa(peer.sin_addr), ntohs(peer.sin_port));
