@@ -28,9 +28,10 @@
 //! # Limits of this implementation
 //! Datagram rsockets (`SOCK_DGRAM`) are in [`dgram`]. For stream sockets, a non-blocking
 //! `rconnect` returns `EINPROGRESS` and the connection is made from the socket's later calls
-//! (`rpoll`, `rconnect`, data calls), as rdma-core's; accepting completes inside `raccept`;
-//! a listener accepts a request when the program calls `raccept` (or `rpoll` finds it), not
-//! from a service thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
+//! (`rpoll`, `rconnect`, data calls), as rdma-core's; a non-blocking listener's `raccept`
+//! hands out the socket once it has sent the REP, the RTU taken from the socket's later calls
+//! (a blocking one's waits for it); a listener accepts a request when the program calls
+//! `raccept` (or `rpoll` finds it), not from a service thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
 //! calls, blocked ones included, not from a service thread ([`St::keepalive`]).
 //!
 //! # Descriptors
@@ -177,6 +178,8 @@ enum Step {
     Route,
     /// `RDMA_CM_EVENT_ESTABLISHED` (the REQ is out)
     Established,
+    /// `RDMA_CM_EVENT_ESTABLISHED` on an accepted socket (the REP is out, the RTU to come)
+    Accepted,
 }
 
 /// A buffer registered with the device: the engine (another thread) writes into it, so it
@@ -1433,7 +1436,7 @@ fn advance_connect(st: &mut St, block: bool) -> Result<bool, c_int> {
         let want = match step {
             Step::Addr => EV_ADDR_RESOLVED,
             Step::Route => EV_ROUTE_RESOLVED,
-            Step::Established => EV_ESTABLISHED,
+            Step::Established | Step::Accepted => EV_ESTABLISHED,
         };
         if ev.kind != want {
             match event_error(&ev) {
@@ -1470,8 +1473,10 @@ fn advance_connect(st: &mut St, block: bool) -> Result<bool, c_int> {
                 }
                 st.phase = Phase::Connecting(Step::Established);
             }
-            Step::Established => {
-                save_conn_data(st, &ev.pdata).ok_or(libc::EOPNOTSUPP)?;
+            Step::Established | Step::Accepted => {
+                if step == Step::Established {
+                    save_conn_data(st, &ev.pdata).ok_or(libc::EOPNOTSUPP)?;
+                }
                 set_connected(st);
                 st.connect_deadline = None;
                 return Ok(true);
@@ -1561,7 +1566,12 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
         let e = errno_or(libc::ECONNABORTED);
         return Err(undo(&mut st, e));
     }
-    if let Err(e) = wait_event(st.ch, EV_ESTABLISHED) {
+    // A blocking listener's socket is handed out connected. A non-blocking one's at once, its
+    // RTU taken from its later calls as a connecting socket's ESTABLISHED is: a peer that
+    // never sends one does not hold up the program's accept loop (for CM_TIMEOUT).
+    st.phase = Phase::Connecting(Step::Accepted);
+    st.connect_deadline = Some(Instant::now() + CM_TIMEOUT);
+    if let Err(e) = advance_connect(&mut st, !parent.nonblock) {
         free_conn(&mut st);
         // SAFETY: as above (the connection failed; no reject after an accept).
         unsafe {
@@ -1570,7 +1580,6 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
         }
         return Err(e);
     }
-    set_connected(&mut st);
     insert(st)
 }
 

@@ -2211,7 +2211,10 @@ fn rsocket_keepalive_ends_a_read_from_a_killed_peer() {
 /// disconnects it. A fourth writes "hello" and disconnects with a DREQ only (no rsocket
 /// disconnect message, as when the peer's process dies): the server's blocking `rrecv`
 /// returns "hello", then the end of the stream (before 2026-12-06 it waited forever: the
-/// DREQ went unread).
+/// DREQ went unread). A fifth withholds its RTU until the server says it accepted: the
+/// server's non-blocking `raccept` hands the socket out before the connection is established
+/// (before, it waited for the RTU, so both sides waited until the server's 20 s gave up), and
+/// the socket reads the end of the stream once the peer establishes and leaves.
 #[test]
 fn rsockets_refuse_peers_that_break_the_protocol() {
     rsocket_c_pair(
@@ -2222,6 +2225,8 @@ fn rsockets_refuse_peers_that_break_the_protocol() {
             "rrecv: EPROTO",
             "accepted the fourth peer",
             "rrecv: hello, then the end of the stream",
+            "accepted the fifth peer before its RTU",
+            "rrecv: the fifth peer's end of the stream",
             "ok",
         ],
         &[
@@ -2230,6 +2235,8 @@ fn rsockets_refuse_peers_that_break_the_protocol() {
             "claimed 16 MiB",
             "disconnected by the server",
             "fourth peer: wrote hello, disconnected without the rsocket message",
+            "fifth peer: REP received, RTU withheld",
+            "fifth peer: accepted before its RTU, then established and left",
             "ok",
         ],
     );

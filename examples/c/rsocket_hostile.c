@@ -13,22 +13,44 @@
  *        without the rsocket disconnect message (a DREQ only: what the kernel sends for a
  *        process that died)                                 -> the server's blocking rrecv
  *        returns "hello", then 0 (the end of the stream), not waiting forever
+ *     5. a peer that withholds its RTU (an id without a QP: the CM sends it only at
+ *        rdma_establish) until the server says it accepted -> the server's non-blocking
+ *        raccept hands the socket out before the connection is established (it used to
+ *        wait for the RTU, up to 20 s, holding up an event loop's accept); once the peer
+ *        establishes and disconnects, the socket reads the end of the stream
  * The server's blocking raccept must pass over the two bad requests and return the third.
- * Both print "ok" at the end.
+ * The server tells the client it accepted the fifth peer over an abstract unix socket (the
+ * test's network namespace is its own). Both print "ok" at the end.
  */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define PORT 7472
+
+/* The abstract unix address the client waits on for the server's word. */
+static socklen_t word_addr(struct sockaddr_un *u)
+{
+	static const char name[] = "\0rsocket_hostile-fifth";
+
+	memset(u, 0, sizeof(*u));
+	u->sun_family = AF_UNIX;
+	memcpy(u->sun_path, name, sizeof(name) - 1);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + sizeof(name) - 1);
+}
 
 static void die(const char *what)
 {
@@ -82,6 +104,41 @@ static int server(void)
 	}
 	alarm(0);
 	printf("rrecv: hello, then the end of the stream\n");
+	rclose(s);
+
+	/* The fifth peer sends no RTU until told: a non-blocking accept does not wait for it. */
+	if (rfcntl(l, F_SETFL, O_NONBLOCK))
+		die("rfcntl");
+	for (;;) {
+		struct pollfd f = { .fd = l, .events = POLLIN };
+		if (rpoll(&f, 1, 20000) != 1) {
+			fprintf(stderr, "no fifth request in 20 s\n");
+			return 1;
+		}
+		s = raccept(l, NULL, NULL);
+		if (s >= 0)
+			break;
+		if (errno != EAGAIN)
+			die("raccept (non-blocking)");
+	}
+	printf("accepted the fifth peer before its RTU\n");
+	struct sockaddr_un u;
+	socklen_t ul = word_addr(&u);
+	int w = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (w < 0 || sendto(w, "accepted", 8, 0, (struct sockaddr *)&u, ul) != 8)
+		die("telling the client");
+	close(w);
+	if (rfcntl(s, F_SETFL, 0))
+		die("rfcntl");
+	alarm(20);
+	k = rrecv(s, buf, sizeof(buf), 0);
+	if (k != 0) {
+		fprintf(stderr, "rrecv from the fifth peer: %zd (%s), not 0\n", k,
+			k < 0 ? strerror(errno) : "data");
+		return 1;
+	}
+	alarm(0);
+	printf("rrecv: the fifth peer's end of the stream\n");
 	rclose(s);
 	rclose(l);
 	printf("ok\n");
@@ -324,6 +381,51 @@ static int client(const char *host)
 		die("rdma_disconnect");
 	printf("fourth peer: wrote hello, disconnected without the rsocket message\n");
 	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_DISCONNECTED));
+	drop(id, pd, cq);
+
+	/* Fifth: no QP, so the CM sends the RTU only at rdma_establish; the connection data is
+	 * well-formed (the server never writes before we establish and leave). */
+	struct sockaddr_un u;
+	socklen_t ul = word_addr(&u);
+	int w = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (w < 0 || bind(w, (struct sockaddr *)&u, ul))
+		die("the unix socket for the server's word");
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
+	inet_pton(AF_INET, host, &a.sin_addr);
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
+	    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+		die("resolve");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(id, 2000))
+		die("rdma_resolve_route");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	struct conn_data c5 = {
+		.version = 1, .credits = htobe16(16),
+		.sgl_addr = htobe64(0x10000), .sgl_key = htobe32(0x1234), .sgl_len = htobe32(2),
+		.buf_addr = htobe64(0x20000), .buf_key = htobe32(0x5678), .buf_len = htobe32(2048),
+	};
+	struct rdma_conn_param p = {
+		.private_data = &c5, .private_data_len = sizeof(c5), .flow_control = 1,
+		.retry_count = 7, .rnr_retry_count = 7, .qp_num = 0x4242,
+	};
+	if (rdma_connect(id, &p))
+		die("rdma_connect");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_CONNECT_RESPONSE));
+	printf("fifth peer: REP received, RTU withheld\n");
+	struct pollfd f = { .fd = w, .events = POLLIN };
+	char word[16];
+	if (poll(&f, 1, 25000) != 1 || recv(w, word, sizeof(word), 0) != 8) {
+		fprintf(stderr, "no word from the server that it accepted the fifth peer\n");
+		return 1;
+	}
+	close(w);
+	if (rdma_establish(id))
+		die("rdma_establish");
+	if (rdma_disconnect(id))
+		die("rdma_disconnect");
+	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_destroy_id(id);
+	printf("fifth peer: accepted before its RTU, then established and left\n");
 	printf("ok\n");
 	return 0;
 }
