@@ -175,13 +175,11 @@ struct conn_data {
 
 /* Connects with `len` bytes of `cd` as private data; returns the id (QP made) once the
  * outcome is known: `*established` 1 and the REP's data in `rep`, or 0 when rejected. */
-static struct rdma_cm_id *connect_with(const char *host, const void *cd, int len,
-				       struct ibv_pd **pd, struct ibv_cq **cq,
-				       int *established, struct conn_data *rep)
+/* A new id with its address and route to the server resolved (its device known). */
+static struct rdma_cm_id *resolved(const char *host)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
 	struct rdma_cm_id *id;
-	struct rdma_cm_event *e;
 
 	inet_pton(AF_INET, host, &a.sin_addr);
 	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
@@ -192,6 +190,16 @@ static struct rdma_cm_id *connect_with(const char *host, const void *cd, int len
 	if (rdma_resolve_route(id, 2000))
 		die("rdma_resolve_route");
 	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	return id;
+}
+
+static struct rdma_cm_id *connect_with(const char *host, const void *cd, int len,
+				       struct ibv_pd **pd, struct ibv_cq **cq,
+				       int *established, struct conn_data *rep)
+{
+	struct rdma_cm_id *id = resolved(host);
+	struct rdma_cm_event *e;
+
 	*pd = ibv_alloc_pd(id->verbs);
 	*cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
 	if (!*pd || !*cq)
@@ -246,23 +254,14 @@ static struct rdma_cm_id *connect_good(const char *host, struct ibv_pd **pdp,
 				       struct ibv_cq **cqp, struct conn_data *rep)
 {
 	static uint8_t sgl[32], ring[4096];
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
 	struct rdma_cm_event *e;
-	struct rdma_cm_id *id;
 	struct conn_data cd;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 
 	/* The buffers need a PD before the connection data names their keys: the id resolves
 	 * the device first, as connect_with does. */
-	inet_pton(AF_INET, host, &a.sin_addr);
-	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
-	    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
-		die("resolve");
-	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
-	if (rdma_resolve_route(id, 2000))
-		die("rdma_resolve_route");
-	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	struct rdma_cm_id *id = resolved(host);
 	pd = ibv_alloc_pd(id->verbs);
 	cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
 	struct ibv_mr *ms = ibv_reg_mr(pd, sgl, sizeof(sgl),
@@ -390,15 +389,7 @@ static int client(const char *host)
 	int w = socket(AF_UNIX, SOCK_DGRAM, 0);
 	if (w < 0 || bind(w, (struct sockaddr *)&u, ul))
 		die("the unix socket for the server's word");
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
-	inet_pton(AF_INET, host, &a.sin_addr);
-	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
-	    rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
-		die("resolve");
-	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ADDR_RESOLVED));
-	if (rdma_resolve_route(id, 2000))
-		die("rdma_resolve_route");
-	rdma_ack_cm_event(wait_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	id = resolved(host);
 	struct conn_data c5 = {
 		.version = 1, .credits = htobe16(16),
 		.sgl_addr = htobe64(0x10000), .sgl_key = htobe32(0x1234), .sgl_len = htobe32(2),
