@@ -18,6 +18,12 @@
 //! `ibv_query_gid_ex` `ENODATA`, `ibv_devinfo -v` skips them, and an address vector naming one
 //! is refused (`EINVAL`). `FERROCE_ADDR` with a raw backend serves that one address the same
 //! way.
+//!
+//! On `lo` the UDP backend also takes any IPv4 loopback address in `FERROCE_ADDR`, configured
+//! or not (Linux delivers all of 127.0.0.0/8 locally, so the socket binds and sends from it):
+//! two programs on one host, each on its own address, with no root to add one. Such an
+//! address is shown in the table where Linux would put it once added: after the interface's
+//! IPv4 addresses ([`shown_table`]).
 
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev::{self, Netdev};
@@ -50,6 +56,14 @@ pub(crate) enum DeviceError {
     /// No interface has an address (and `FERROCE_DEV` is not set).
     #[error("no network interface with an address")]
     NoInterface,
+    /// The UDP port of the device's address is taken by another RoCE endpoint.
+    #[error(
+        "UDP port 4791 on {addr} is in use by another RoCE endpoint on this host (a ferroce program or rdma_rxe): give this program an address of its own with FERROCE_ADDR (`ferroce run --addr`; on lo any 127.x.y.z will do)"
+    )]
+    AddrInUse {
+        /// The address.
+        addr: IpAddr,
+    },
     /// The chosen interface has no address.
     #[error("interface {0} has no address")]
     NoAddress(String),
@@ -109,6 +123,7 @@ impl DeviceError {
             | DeviceError::BadAckDelay(_)
             | DeviceError::BadInlineSpin(_) => libc::EINVAL,
             DeviceError::NoInterface | DeviceError::NoAddress(_) => libc::ENODEV,
+            DeviceError::AddrInUse { .. } => libc::EADDRINUSE,
             DeviceError::Interface { source, .. }
             | DeviceError::Backend { source, .. }
             | DeviceError::Start(source) => source.raw_os_error().unwrap_or(libc::ENODEV),
@@ -118,6 +133,37 @@ impl DeviceError {
             },
         }
     }
+}
+
+/// Whether `ip`, not an address of the interface, may still be the UDP backend's own: an IPv4
+/// loopback address on the loopback interface (one with an IPv4 loopback address), which Linux
+/// delivers locally whether configured or not.
+fn loopback_extra(backend: BackendKind, interface: &[IpAddr], ip: IpAddr) -> bool {
+    let v4_loopback = |a: &IpAddr| a.is_ipv4() && a.is_loopback();
+    backend == BackendKind::Udp && v4_loopback(&ip) && interface.iter().any(v4_loopback)
+}
+
+/// The GID table applications see: the interface's addresses in Linux's order, those the
+/// device does not serve (`served`) empty; `extra`, an address the device serves that the
+/// interface does not have ([`loopback_extra`]), where Linux would list it once added: after
+/// the last IPv4 address.
+fn shown_table(
+    interface: &[IpAddr],
+    served: &[IpAddr],
+    extra: Option<IpAddr>,
+) -> Vec<Option<IpAddr>> {
+    let mut t: Vec<Option<IpAddr>> = interface
+        .iter()
+        .map(|g| served.contains(g).then_some(*g))
+        .collect();
+    if let Some(ip) = extra {
+        let at = interface
+            .iter()
+            .rposition(|g| g.is_ipv4())
+            .map_or(interface.len(), |i| i + 1);
+        t.insert(at, Some(ip));
+    }
+    t
 }
 
 /// The port the device has, from the environment.
@@ -166,7 +212,7 @@ impl Port {
             match std::env::var("FERROCE_ADDR").ok().filter(|s| !s.is_empty()) {
                 Some(a) => {
                     let ip: IpAddr = a.parse().map_err(|_| DeviceError::AddrNotIp(a))?;
-                    if !netdev.gids.contains(&ip) {
+                    if !netdev.gids.contains(&ip) && !loopback_extra(backend, &netdev.gids, ip) {
                         return Err(DeviceError::AddrNotOnInterface {
                             addr: ip,
                             interface: netdev.name.clone(),
@@ -189,11 +235,8 @@ impl Port {
             (_, None) => netdev.gids.clone(),
         };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
-        let table = netdev
-            .gids
-            .iter()
-            .map(|g| gids.contains(g).then_some(*g))
-            .collect();
+        let extra = only.filter(|ip| !netdev.gids.contains(ip));
+        let table = shown_table(&netdev.gids, &gids, extra);
         Ok(Port {
             netdev,
             backend,
@@ -277,10 +320,15 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     let port = Port::from_env()?;
     let local = port.gids[0];
     let pkt = open_waiting(|| backend::open_with(port.backend, &port.netdev, local, true))
-        .map_err(|source| DeviceError::Backend {
-            backend: port.backend.name(),
-            interface: port.netdev.name.clone(),
-            source,
+        .map_err(|source| {
+            if port.backend == BackendKind::Udp && source.kind() == std::io::ErrorKind::AddrInUse {
+                return DeviceError::AddrInUse { addr: local };
+            }
+            DeviceError::Backend {
+                backend: port.backend.name(),
+                interface: port.netdev.name.clone(),
+                source,
+            }
         })?;
     let mut cfg = DeviceConfig::new(port.netdev.mac, local);
     cfg.gids = port.gids.clone();
@@ -412,6 +460,46 @@ fn ack_delay(v: Option<&str>) -> Result<Option<ferroce::time::Duration>, DeviceE
 mod tests {
     use super::*;
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_unconfigured_loopback_address_is_shown_after_the_ipv4_entries() {
+        // lo as Linux numbers it: 127.0.0.1, then ::1.
+        let lo = [ip("127.0.0.1"), ip("::1")];
+        assert_eq!(
+            shown_table(&lo, &[ip("127.0.0.9")], Some(ip("127.0.0.9"))),
+            vec![None, Some(ip("127.0.0.9")), None]
+        );
+        // what `ip addr add 127.0.0.2/8 dev lo` gives, for comparison: the same index
+        let lo2 = [ip("127.0.0.1"), ip("127.0.0.2"), ip("::1")];
+        assert_eq!(
+            shown_table(&lo2, &[ip("127.0.0.2")], None),
+            vec![None, Some(ip("127.0.0.2")), None]
+        );
+        // the interface's own address, served: no extra entry
+        assert_eq!(
+            shown_table(&lo, &[ip("127.0.0.1")], None),
+            vec![Some(ip("127.0.0.1")), None]
+        );
+    }
+
+    #[test]
+    fn only_the_udp_backend_on_loopback_takes_an_unconfigured_loopback_address() {
+        let lo = [ip("127.0.0.1"), ip("::1")];
+        let eth = [ip("fe80::1"), ip("10.0.0.2")];
+        assert!(loopback_extra(BackendKind::Udp, &lo, ip("127.0.0.9")));
+        assert!(loopback_extra(BackendKind::Udp, &lo, ip("127.255.0.1")));
+        // raw backends serve the interface's frames: only its own addresses
+        assert!(!loopback_extra(BackendKind::Packet, &lo, ip("127.0.0.9")));
+        assert!(!loopback_extra(BackendKind::Xdp, &lo, ip("127.0.0.9")));
+        // not a loopback address, or not the loopback interface
+        assert!(!loopback_extra(BackendKind::Udp, &lo, ip("10.0.0.9")));
+        assert!(!loopback_extra(BackendKind::Udp, &lo, ip("::2")));
+        assert!(!loopback_extra(BackendKind::Udp, &eth, ip("127.0.0.9")));
+    }
+
     #[test]
     fn inline_spin_from_the_environment() {
         assert_eq!(inline_spin(None).unwrap(), None);
@@ -456,6 +544,16 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "FERROCE_POLL=fast: expected inline, busy or adaptive"
+        );
+        let e = DeviceError::AddrInUse {
+            addr: "127.0.0.1".parse().unwrap(),
+        };
+        assert_eq!(e.errno(), libc::EADDRINUSE);
+        assert!(
+            e.to_string()
+                .starts_with("UDP port 4791 on 127.0.0.1 is in use")
+                && e.to_string().contains("FERROCE_ADDR"),
+            "{e}"
         );
         let e = DeviceError::AddrNotOnInterface {
             addr: "10.0.0.9".parse().unwrap(),

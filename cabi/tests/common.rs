@@ -81,9 +81,16 @@ pub fn can_unshare(test: &str) -> bool {
 /// Run `script` with sh in a new user and network namespace whose loopback has 127.0.0.1 and
 /// 127.0.0.2, with $LIB the library's directory and $F the ferroce binary. Returns its output.
 pub fn in_netns(script: &str) -> Output {
-    let full = format!(
-        "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99\nexport FERROCE_DEV=lo\n{script}"
-    );
+    in_netns_lo(
+        "ip link set lo up && ip addr add 127.0.0.2/8 dev lo || exit 99",
+        script,
+    )
+}
+
+/// [`in_netns`] with `setup` instead of its loopback setup (`lo` brought up by it, with only
+/// the addresses it gives).
+pub fn in_netns_lo(setup: &str, script: &str) -> Output {
+    let full = format!("{setup}\nexport FERROCE_DEV=lo\n{script}");
     Command::new("unshare")
         .args(["-rn", "sh", "-c", &full])
         .env("LIB", lib_dir())

@@ -1842,6 +1842,67 @@ fn rstream_and_riostream_both_ends_on_ferroces_rsockets() {
     }
 }
 
+/// Two programs on one host with no second address and no root: on `lo` the UDP backend takes
+/// any 127.x.y.z in `FERROCE_ADDR` (Linux delivers all of 127.0.0.0/8 locally). While
+/// `ib_write_bw`'s server holds 127.0.0.1, a second program on the same address is refused
+/// with a message that names `FERROCE_ADDR`; `ibv_devinfo -v` on 127.0.0.9 (never added to
+/// `lo`) lists it at GID index 1, where Linux would put it once added; `ib_write_bw -x 1`
+/// from there reaches the server, and so does `rping` over RDMA-CM.
+#[test]
+fn two_programs_on_one_host_without_a_second_address() {
+    let t = "two_programs_on_one_host_without_a_second_address";
+    if !ready(t, &["ib_write_bw", "ibv_devinfo", "rping"]) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB\n\
+        d=$(mktemp -d)\n\
+        ip -4 addr show dev lo | grep -c inet | sed 's/^/ipv4 addresses on lo: /'\n\
+        timeout 30 ib_write_bw -d ferroce_lo -x 0 -n 200 > $d/server 2>&1 &\n\
+        s=$!\n\
+        i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
+        echo '--- same address'; timeout 30 ib_write_bw -d ferroce_lo -x 0 -n 200 127.0.0.1 2>&1 \
+          | grep 'ferroce libibverbs'\n\
+        echo '--- devinfo'; FERROCE_ADDR=127.0.0.9 timeout 30 ibv_devinfo -v | grep 'GID\\['\n\
+        echo '--- client'; FERROCE_ADDR=127.0.0.9 timeout 30 ib_write_bw -d ferroce_lo -x 1 -n 200 \
+          127.0.0.1 2>&1; echo \"client=$?\"\n\
+        wait $s; echo \"server=$?\"; echo '--- server'; cat $d/server\n\
+        timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
+        s=$!; sleep 1\n\
+        echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
+        echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
+    let out = in_netns_lo("ip link set lo up || exit 99", script);
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the namespace's lo has 127.0.0.1 alone
+    assert!(o.contains("ipv4 addresses on lo: 1"), "{o}");
+    let same = o.split("--- same address").nth(1).unwrap_or("");
+    assert!(
+        same.lines().nth(1).is_some_and(|l| l.contains("is in use")
+            && l.contains("FERROCE_ADDR")
+            && l.contains("127.0.0.1")),
+        "{o}"
+    );
+    let gids = o.split("--- devinfo").nth(1).unwrap_or("");
+    assert!(
+        gids.lines()
+            .any(|l| l.contains("GID[  1]:") && l.contains("::ffff:127.0.0.9")),
+        "{o}"
+    );
+    for want in ["client=0", "server=0", "rping client=0", "rping server=0"] {
+        assert!(o.lines().any(|l| l == want), "{want}:\n{o}");
+    }
+    let section = |from: &str, to: &str| {
+        let rest = o.split(from).nth(1).unwrap_or("");
+        rest.split(to).next().unwrap_or("").to_string()
+    };
+    result_line("the client", &section("--- client", "client="), "200");
+    result_line("the server", &section("--- server", "--- rping"), "200");
+    assert_eq!(o.matches("ping data: rdma-ping-").count(), 3, "{o}");
+}
+
 /// rdmacm-utils' `rcopy` (a file copy over rsockets: the client maps the file and sends it,
 /// the server writes what it receives): four files of 1 byte to 24 MiB + 3 bytes of random
 /// data copied one after another to one server, each compared byte for byte with its source.

@@ -16,7 +16,8 @@ use std::process::Command;
 pub struct RunOptions {
     /// The interface (`eth0` or `ferroce_eth0`).
     pub dev: Option<String>,
-    /// The one address of the interface to use.
+    /// The one address of the interface to use (on `lo` with the UDP backend, any IPv4
+    /// loopback address).
     pub addr: Option<IpAddr>,
     /// `udp`, `packet` or `xdp`.
     pub backend: Option<String>,

@@ -104,7 +104,7 @@ enum Cmd {
         #[arg(short = 'd', long = "ib-dev")]
         dev: Option<String>,
         /// Use only this address of the interface (two programs on one host bind two
-        /// addresses).
+        /// addresses; on lo with the UDP backend any 127.x.y.z, added to lo or not).
         #[arg(long)]
         addr: Option<std::net::IpAddr>,
         /// Packet backend.
