@@ -40,6 +40,8 @@ pub mod entry_fuzz;
 mod ex;
 pub mod rdmacm;
 mod rsocket;
+/// The datagram rsocket fuzz harness (`cabi/src/rsocket/dgram/fuzz.rs`).
+pub use rsocket::dgram_fuzz as rsocket_dgram_fuzz;
 /// The rsocket fuzz harness (`cabi/src/rsocket/fuzz.rs`).
 pub use rsocket::fuzz as rsocket_fuzz;
 mod stubs;

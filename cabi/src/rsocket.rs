@@ -2863,6 +2863,7 @@ pub unsafe extern "C" fn riowrite(
 pub mod fuzz;
 
 mod dgram;
+pub use dgram::fuzz as dgram_fuzz;
 
 // ---- polling ----------------------------------------------------------------------------------------
 

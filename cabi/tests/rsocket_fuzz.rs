@@ -99,3 +99,41 @@ fn replay_a_kept_input() {
     let p = std::env::var_os("RSOCKET_RX_REPLAY").unwrap();
     ferroce_cabi::rsocket_fuzz::run(&std::fs::read(p).expect("RSOCKET_RX_REPLAY"));
 }
+
+/// The datagram rsocket harness (`ferroce_cabi::rsocket_dgram_fuzz`: a hostile peer's
+/// side-channel datagrams and UD messages against a real datagram rsocket) on a seeded batch
+/// (`RSOCKET_DGRAM_RUNS=N` runs more; coverage-guided: `tools/fuzz rsocket_dgram`).
+#[test]
+fn a_hostile_datagram_peer_gets_nothing_past_the_checks() {
+    if !reexec("a_hostile_datagram_peer_gets_nothing_past_the_checks") {
+        return;
+    }
+    let runs: u64 = std::env::var("RSOCKET_DGRAM_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let mut rng = SplitMix64::new(0xd6_7a3);
+    let mut total = ferroce_cabi::rsocket_dgram_fuzz::Stats::default();
+    for _ in 0..runs {
+        let len = 8 + (rng.next_u64() % 300) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        match std::panic::catch_unwind(|| ferroce_cabi::rsocket_dgram_fuzz::run_stats(&data)) {
+            Ok(s) => total.add(&s),
+            Err(_) => {
+                let p = std::env::temp_dir().join("rsocket_dgram-failure.bin");
+                let _ = std::fs::write(&p, &data);
+                panic!("input kept in {}", p.display());
+            }
+        }
+    }
+    ferroce_cabi::rsocket_dgram_fuzz::close();
+    eprintln!("{total:?}");
+    // The batch reaches delivery both ways, reads that truncate and peek, and the socket's
+    // sends back over both ways.
+    assert!(
+        total.delivered_side > 0 && total.delivered_ud > 0,
+        "{total:?}"
+    );
+    assert!(total.truncated > 0 && total.peeked > 0, "{total:?}");
+    assert!(total.sent_back_side + total.sent_back_ud > 0, "{total:?}");
+}

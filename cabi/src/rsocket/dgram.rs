@@ -42,6 +42,9 @@
 //! trusting as UDP: a datagram with a forged source can point our messages for that source
 //! at another QP of the same address.
 
+#[doc(hidden)]
+pub mod fuzz;
+
 use super::{
     arm_cq, copy_addr, drain_channel, errno_or, fail, poll_cq_into, post_recv_on, post_send_on,
     slice, slice_mut, Buf, RECV_FLAG, SNDLOWAT,
