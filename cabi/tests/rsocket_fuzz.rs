@@ -137,3 +137,15 @@ fn a_hostile_datagram_peer_gets_nothing_past_the_checks() {
     assert!(total.truncated > 0 && total.peeked > 0, "{total:?}");
     assert!(total.sent_back_side + total.sent_back_ud > 0, "{total:?}");
 }
+
+/// `RSOCKET_DGRAM_REPLAY=FILE`: run one kept input of the datagram harness.
+#[test]
+fn replay_a_kept_datagram_input() {
+    if std::env::var_os("RSOCKET_DGRAM_REPLAY").is_none() || !reexec("replay_a_kept_datagram_input")
+    {
+        return;
+    }
+    let p = std::env::var_os("RSOCKET_DGRAM_REPLAY").unwrap();
+    ferroce_cabi::rsocket_dgram_fuzz::run(&std::fs::read(p).expect("RSOCKET_DGRAM_REPLAY"));
+    ferroce_cabi::rsocket_dgram_fuzz::close();
+}
