@@ -58,6 +58,18 @@ static void die(const char *what)
 	exit(1);
 }
 
+/* A blocking rrecv on `s` reads the end of the stream (0), else says what it got. */
+static int at_eof(int s, const char *what)
+{
+	char c;
+	ssize_t k = rrecv(s, &c, 1, 0);
+
+	if (k != 0)
+		fprintf(stderr, "rrecv %s: %zd (%s), not 0\n", what, k,
+			k < 0 ? strerror(errno) : "data");
+	return k == 0;
+}
+
 static int server(void)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(PORT) };
@@ -96,12 +108,8 @@ static int server(void)
 		fprintf(stderr, "rrecv from the fourth peer: %zd\n", k);
 		return 1;
 	}
-	k = rrecv(s, buf, sizeof(buf), 0);
-	if (k != 0) {
-		fprintf(stderr, "rrecv after the fourth peer's DREQ: %zd (%s), not 0\n", k,
-			k < 0 ? strerror(errno) : "data");
+	if (!at_eof(s, "after the fourth peer's DREQ"))
 		return 1;
-	}
 	alarm(0);
 	printf("rrecv: hello, then the end of the stream\n");
 	rclose(s);
@@ -131,12 +139,8 @@ static int server(void)
 	if (rfcntl(s, F_SETFL, 0))
 		die("rfcntl");
 	alarm(20);
-	k = rrecv(s, buf, sizeof(buf), 0);
-	if (k != 0) {
-		fprintf(stderr, "rrecv from the fifth peer: %zd (%s), not 0\n", k,
-			k < 0 ? strerror(errno) : "data");
+	if (!at_eof(s, "from the fifth peer"))
 		return 1;
-	}
 	alarm(0);
 	printf("rrecv: the fifth peer's end of the stream\n");
 	rclose(s);

@@ -355,6 +355,28 @@ impl Qp {
         Ok(q)
     }
 
+    /// An address handle from this QP's address to `ip` (NULL when the device refuses it).
+    fn ah_to(&self, ip: IpAddr) -> *mut ibv_ah {
+        let mut a = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: gid_of(ip) },
+                flow_label: 0,
+                sgid_index: gid_index(self.local.ip()),
+                hop_limit: 64,
+                traffic_class: 0,
+            },
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: 1,
+            // SAFETY: the QP's bound id.
+            port_num: unsafe { (*self.id).port_num }.max(1),
+        };
+        // SAFETY: the QP's PD; attributes a local.
+        unsafe { ibv_create_ah(self.pd, &mut a) }
+    }
+
     fn post_recv(&self, slot: u32) -> Result<(), c_int> {
         let rb = self.rbuf.as_ref().ok_or(libc::EINVAL)?;
         let mut sge = ibv_sge {
@@ -592,25 +614,7 @@ impl Dg {
         if !d.ah.is_null() && d.qpn == qpn && d.ip == qp_ip {
             return;
         }
-        let q = &self.qps[d.qp];
-        let mut a = ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: ibv_gid { raw: gid_of(qp_ip) },
-                flow_label: 0,
-                sgid_index: gid_index(q.local.ip()),
-                hop_limit: 64,
-                traffic_class: 0,
-            },
-            dlid: 0,
-            sl: 0,
-            src_path_bits: 0,
-            static_rate: 0,
-            is_global: 1,
-            // SAFETY: the QP's bound id.
-            port_num: unsafe { (*q.id).port_num }.max(1),
-        };
-        // SAFETY: the QP's PD; attributes a local.
-        let ah = unsafe { ibv_create_ah(q.pd, &mut a) };
+        let ah = self.qps[d.qp].ah_to(qp_ip);
         if ah.is_null() {
             return;
         }

@@ -168,26 +168,7 @@ fn env() -> Env {
     let udp = udp_socket(PEER_UDP_PORT);
     let mut inline = 64;
     let peer = Qp::create(lo(PEER_QP_PORT), 64, 64, &mut inline).expect("the peer's UD QP");
-    let mut a = ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid {
-                raw: gid_of(Ipv4Addr::LOCALHOST.into()),
-            },
-            flow_label: 0,
-            sgid_index: gid_index(peer.local.ip()),
-            hop_limit: 64,
-            traffic_class: 0,
-        },
-        dlid: 0,
-        sl: 0,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        // SAFETY: the peer's bound id.
-        port_num: unsafe { (*peer.id).port_num }.max(1),
-    };
-    // SAFETY: the peer's PD; attributes a local.
-    let ah = unsafe { ibv_create_ah(peer.pd, &mut a) };
+    let ah = peer.ah_to(Ipv4Addr::LOCALHOST.into());
     assert!(!ah.is_null(), "the peer's address handle");
     // Learn the socket's QPN: a well-formed data message on the side channel is answered
     // with a control message carrying it (and points the socket at the peer's QP).
