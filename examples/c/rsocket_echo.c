@@ -141,8 +141,9 @@ static int connect_nonblocking(int s, const struct sockaddr_in *a, short *revent
 		fprintf(stderr, "a non-blocking rconnect: not EINPROGRESS (%s)\n", strerror(errno));
 		exit(1);
 	}
-	/* Nothing can have arrived: EAGAIN whether the connection is made yet or not. */
-	if (rrecv(s, &c, 1, 0) != -1 || errno != EAGAIN) {
+	/* Nothing can have arrived: EAGAIN whether the connection is made yet or not (or, to a
+	 * closed port, the refusal if it came already). */
+	if (rrecv(s, &c, 1, 0) != -1 || (errno != EAGAIN && errno != ECONNREFUSED)) {
 		fprintf(stderr, "rrecv while connecting: not EAGAIN (%s)\n", strerror(errno));
 		exit(1);
 	}
