@@ -568,12 +568,18 @@ fn act(e: &mut Env, st: &mut Stats, inp: &mut Input<'_>) {
                 "rsendto returned {n} for {} bytes",
                 p.len()
             );
+            e.how
+                .insert(e.seq, "by the socket to the peer's UDP address".into());
+            // A side-channel header that named the socket's own QPN (the side channel is as
+            // trusting as UDP) sends it back to the socket itself, from its own address.
+            e.sent.insert(e.seq, (lo(SOCK_PORT), p.clone()));
             // It arrives on one of the two ways.
             let until = Instant::now() + Duration::from_millis(20);
             loop {
                 if let Some(d) = udp_recv(e.udp) {
                     if let Some((OP_DATA, _, hl, _)) = parse_udp_header(&d, true) {
                         if seq_of(&d[hl..]) == Some(e.seq) {
+                            e.sent.remove(&e.seq);
                             assert_eq!(
                                 &d[hl..],
                                 &p[..],
@@ -587,7 +593,11 @@ fn act(e: &mut Env, st: &mut Stats, inp: &mut Input<'_>) {
                 }
                 let before = st.sent_back_ud;
                 reap_peer(e, st, Some(&p));
-                if st.sent_back_ud > before || Instant::now() >= until {
+                if st.sent_back_ud > before {
+                    e.sent.remove(&e.seq);
+                    return;
+                }
+                if Instant::now() >= until {
                     return;
                 }
                 // The socket's sends go out from its own calls.
