@@ -31,8 +31,9 @@
 //! (`rpoll`, `rconnect`, data calls), as rdma-core's; a non-blocking listener's `raccept`
 //! hands out the socket once it has sent the REP, the RTU taken from the socket's later calls
 //! (a blocking one's waits for it); a listener accepts a request when the program calls
-//! `raccept` (or `rpoll` finds it), not from a service thread; keepalives (`SO_KEEPALIVE`, every `TCP_KEEPIDLE`) are sent from the socket's own
-//! calls, blocked ones included, not from a service thread ([`St::keepalive`]).
+//! `raccept` (or `rpoll` finds it), not from a service thread; keepalives (`SO_KEEPALIVE`,
+//! every `TCP_KEEPIDLE`) are sent from the socket's own calls, blocked ones included, not
+//! from a service thread ([`St::keepalive`]).
 //!
 //! # Descriptors
 //! An rsocket's number is an eventfd of its own (a real descriptor, so it never collides with
