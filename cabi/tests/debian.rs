@@ -1866,8 +1866,9 @@ fn two_programs_on_one_host_without_a_second_address() {
         echo '--- client'; FERROCE_ADDR=127.0.0.9 timeout 30 ib_write_bw -d ferroce_lo -x 1 -n 200 \
           127.0.0.1 2>&1; echo \"client=$?\"\n\
         wait $s; echo \"server=$?\"; echo '--- server'; cat $d/server\n\
-        timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
-        s=$!; sleep 1\n\
+        FERROCE_LISTENING=$d/listening timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
+        s=$!\n\
+        i=0; while [ $i -lt 400 ] && ! [ -e $d/listening ]; do sleep 0.05; i=$((i+1)); done\n\
         echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
         echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
     let out = in_netns_lo("ip link set lo up || exit 99", script);
