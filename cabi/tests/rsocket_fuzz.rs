@@ -138,6 +138,25 @@ fn a_hostile_datagram_peer_gets_nothing_past_the_checks() {
     assert!(total.sent_back_side + total.sent_back_ud > 0, "{total:?}");
 }
 
+/// The datagram harness's kept inputs (`fuzz/regressions/rsocket_dgram/`): each once found
+/// the harness wrong, and stays as a check of its model.
+#[test]
+fn datagram_inputs_kept_from_the_fuzzer_pass() {
+    if !reexec("datagram_inputs_kept_from_the_fuzzer_pass") {
+        return;
+    }
+    let dir = common::repo().join("fuzz/regressions/rsocket_dgram");
+    let mut n = 0;
+    for f in std::fs::read_dir(&dir).expect("fuzz/regressions/rsocket_dgram") {
+        let p = f.unwrap().path();
+        eprintln!("{}", p.display());
+        ferroce_cabi::rsocket_dgram_fuzz::run(&std::fs::read(&p).unwrap());
+        n += 1;
+    }
+    ferroce_cabi::rsocket_dgram_fuzz::close();
+    assert!(n > 0, "no kept inputs in {}", dir.display());
+}
+
 /// `RSOCKET_DGRAM_REPLAY=FILE`: run one kept input of the datagram harness.
 #[test]
 fn replay_a_kept_datagram_input() {

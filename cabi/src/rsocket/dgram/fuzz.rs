@@ -477,7 +477,11 @@ fn act(e: &mut Env, st: &mut Stats, inp: &mut Input<'_>) {
                 inp.u16()
             };
             let (qpn, qkey) = match inp.u8() % 8 {
-                0 => (inp.u32() & 0xff_ffff, RDMA_UDP_QKEY),
+                // any QPN but the peer's own (it would read its own message back)
+                0 => match inp.u32() & 0xff_ffff {
+                    q if q == e.peer.qpn => (0xff_fff0, RDMA_UDP_QKEY),
+                    q => (q, RDMA_UDP_QKEY),
+                },
                 1 => (e.sock_qpn, inp.u32()),
                 _ => (e.sock_qpn, RDMA_UDP_QKEY),
             };
