@@ -1414,8 +1414,17 @@ fn start_connect(st: &mut St, dst: *const sockaddr) -> Result<(), c_int> {
 /// Takes a connection being made as far as its CM events go: waiting for each (`block`, until
 /// the connection's deadline) or only taking those already there. `Ok(true)` once connected,
 /// `Ok(false)` while an event is still to come (only when not blocking); an error ends the
-/// attempt (the caller records it: [`connect_failed`]).
+/// attempt, recorded in the socket ([`connect_failed`]).
 fn advance_connect(st: &mut St, block: bool) -> Result<bool, c_int> {
+    let r = connect_steps(st, block);
+    if let Err(e) = r {
+        connect_failed(st, e);
+    }
+    r
+}
+
+/// [`advance_connect`] without recording a failure.
+fn connect_steps(st: &mut St, block: bool) -> Result<bool, c_int> {
     loop {
         let step = match st.phase {
             Phase::Connecting(step) => step,
@@ -1501,13 +1510,9 @@ fn finish_connecting(st: &mut St, nonblock: bool) -> Result<(), c_int> {
     if !matches!(st.phase, Phase::Connecting(_)) {
         return Ok(());
     }
-    match advance_connect(st, !nonblock) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(libc::EAGAIN),
-        Err(e) => {
-            connect_failed(st, e);
-            Err(e)
-        }
+    match advance_connect(st, !nonblock)? {
+        true => Ok(()),
+        false => Err(libc::EAGAIN),
     }
 }
 
@@ -1573,8 +1578,8 @@ fn accept_one(parent: &St, ev: Ev) -> Result<Arc<Rs>, c_int> {
     st.phase = Phase::Connecting(Step::Accepted);
     st.connect_deadline = Some(Instant::now() + CM_TIMEOUT);
     if let Err(e) = advance_connect(&mut st, !parent.nonblock) {
-        free_conn(&mut st);
-        // SAFETY: as above (the connection failed; no reject after an accept).
+        // SAFETY: as above (the connection failed and its verbs objects are freed; no reject
+        // after an accept).
         unsafe {
             rdma_destroy_id(st.id);
             rdma_destroy_event_channel(st.ch);
@@ -1786,7 +1791,6 @@ pub unsafe extern "C" fn rconnect(s: c_int, addr: *const sockaddr, len: socklen_
             fail(libc::EINPROGRESS)
         }
         Err(e) => {
-            connect_failed(&mut g, e);
             g.connect_unreported = false;
             fail(e)
         }
@@ -2877,10 +2881,7 @@ fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
             // Waits on the CM channel for the next event.
             Ok(false) => return (0, g.cm_fd().into_iter().collect()),
             // Failed: POLLOUT and POLLERR, as a TCP socket's failed connect gives.
-            Err(e) => {
-                connect_failed(&mut g, e);
-                return (libc::POLLERR | (events & libc::POLLOUT), vec![]);
-            }
+            Err(_) => return (libc::POLLERR | (events & libc::POLLOUT), vec![]),
         }
     }
     match g.phase {
