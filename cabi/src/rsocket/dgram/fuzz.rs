@@ -31,6 +31,7 @@ use super::*;
 use crate::entry_fuzz::Input;
 use std::cell::RefCell;
 use std::collections::HashMap as Map;
+use std::net::UdpSocket;
 
 /// The socket under test, the peer's UDP socket and the peer's UD QP.
 const SOCK_PORT: u16 = 7492;
@@ -50,7 +51,7 @@ fn lo(port: u16) -> SocketAddr {
 struct Env {
     sock: c_int,
     sock_qpn: u32,
-    udp: c_int,
+    udp: UdpSocket,
     peer: Qp,
     /// The peer's address handle to 127.0.0.1.
     ah: *mut ibv_ah,
@@ -93,52 +94,12 @@ impl Stats {
     }
 }
 
-fn udp_socket(port: u16) -> c_int {
-    // SAFETY: a new socket of the harness's own.
-    let u = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK, 0) };
-    assert!(u >= 0, "socket: {}", std::io::Error::last_os_error());
-    // SAFETY: zeroed storage is valid; written by to_sockaddr.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let l = to_sockaddr(&mut ss, lo(port));
-    // SAFETY: our socket; a local address.
-    let r = unsafe { libc::bind(u, &ss as *const _ as *const sockaddr, l) };
-    assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
-    u
-}
-
-fn udp_send(u: c_int, to: SocketAddr, b: &[u8]) {
-    // SAFETY: zeroed storage is valid; written by to_sockaddr.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let l = to_sockaddr(&mut ss, to);
-    // SAFETY: our socket; the bytes and the address are locals.
-    unsafe {
-        libc::sendto(
-            u,
-            b.as_ptr() as *const c_void,
-            b.len(),
-            libc::MSG_DONTWAIT,
-            &ss as *const _ as *const sockaddr,
-            l,
-        )
-    };
-}
-
 /// One datagram waiting on the peer's UDP socket, if any.
-fn udp_recv(u: c_int) -> Option<Vec<u8>> {
+fn udp_recv(u: &UdpSocket) -> Option<Vec<u8>> {
     let mut b = vec![0u8; 4096];
-    // SAFETY: our socket; a buffer of its length.
-    let n = unsafe {
-        libc::recv(
-            u,
-            b.as_mut_ptr() as *mut c_void,
-            b.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    (n >= 0).then(|| {
-        b.truncate(n as usize);
-        b
-    })
+    let n = u.recv(&mut b).ok()?;
+    b.truncate(n);
+    Some(b)
 }
 
 fn env() -> Env {
@@ -165,7 +126,9 @@ fn env() -> Env {
         rfcntl(sock, libc::F_SETFL, libc::O_NONBLOCK as libc::c_long),
         0
     );
-    let udp = udp_socket(PEER_UDP_PORT);
+    let udp = UdpSocket::bind(lo(PEER_UDP_PORT)).expect("the peer's UDP socket");
+    udp.set_nonblocking(true)
+        .expect("a non-blocking UDP socket");
     let mut inline = 64;
     let peer = Qp::create(lo(PEER_QP_PORT), 64, 64, &mut inline).expect("the peer's UD QP");
     let ah = peer.ah_to(Ipv4Addr::LOCALHOST.into());
@@ -174,7 +137,7 @@ fn env() -> Env {
     // with a control message carrying it (and points the socket at the peer's QP).
     let mut m = udp_header(OP_DATA, peer.qpn, &Ipv4Addr::LOCALHOST.into());
     m.extend_from_slice(b"hello");
-    udp_send(udp, lo(SOCK_PORT), &m);
+    let _ = udp.send_to(&m, lo(SOCK_PORT));
     let mut e = Env {
         sock,
         sock_qpn: 0,
@@ -190,7 +153,7 @@ fn env() -> Env {
     while e.sock_qpn == 0 && Instant::now() < until {
         // The socket reads its side channel from its own calls.
         let _ = recv(&e, &mut b, 0);
-        while let Some(d) = udp_recv(e.udp) {
+        while let Some(d) = udp_recv(&e.udp) {
             if let Some((OP_CTRL, qpn, _, _)) = parse_udp_header(&d, true) {
                 e.sock_qpn = qpn;
             }
@@ -413,7 +376,7 @@ pub fn run_stats(data: &[u8]) -> Stats {
             e.sent.retain(|&k, _| k >= keep);
             e.how.retain(|&k, _| k >= keep);
         }
-        while udp_recv(e.udp).is_some() {}
+        while udp_recv(&e.udp).is_some() {}
         st
     })
 }
@@ -464,7 +427,7 @@ fn act(e: &mut Env, st: &mut Stats, inp: &mut Input<'_>) {
                 format!("on the side channel, kind {kind}, header {h:02x?}"),
             );
             h.extend_from_slice(&p);
-            udp_send(e.udp, lo(SOCK_PORT), &h);
+            let _ = e.udp.send_to(&h, lo(SOCK_PORT));
             st.side_sent += 1;
         }
         // A UD message from the peer's QP.
@@ -580,7 +543,7 @@ fn act(e: &mut Env, st: &mut Stats, inp: &mut Input<'_>) {
             // It arrives on one of the two ways.
             let until = Instant::now() + Duration::from_millis(20);
             loop {
-                if let Some(d) = udp_recv(e.udp) {
+                if let Some(d) = udp_recv(&e.udp) {
                     if let Some((OP_DATA, _, hl, _)) = parse_udp_header(&d, true) {
                         if seq_of(&d[hl..]) == Some(e.seq) {
                             e.sent.remove(&e.seq);
