@@ -5,7 +5,10 @@
 //! an address, else `lo`; `FERROCE_ADDR` one of its addresses to use alone (two processes on
 //! one host then bind two addresses of the same interface). `FERROCE_BACKEND` picks the packet backend (`udp`, the default and
 //! the one that needs no privilege; `packet`; `xdp`), `FERROCE_PCAP` a capture file. The NIC
-//! starts with the first `ibv_open_device` and stops when the last context closes.
+//! starts with the first object made on the device (a PD, a CQ, or the first RDMA-CM call), not
+//! when it opens, so a program that only queries the device opens it whatever the packet backend
+//! needs (`ibv_devinfo` while another program holds the address's UDP port); it stops when the
+//! last context closes.
 //!
 //! GID table: every address of the interface at the index Linux gives it on a RoCE v2 port
 //! (see `ferroce::io::netdev`: IPv6 link-local first, then IPv4, then the other IPv6), so a
@@ -32,7 +35,7 @@ use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::{DeviceConfig, Mtu};
 use ferroce::wire::MacAddr;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 /// The prefix of the device's name (`ferroce_eth0`), as ferroce's own tools name it.
@@ -301,36 +304,34 @@ impl Port {
     }
 }
 
-/// What every open context of the process shares: the port and the running NIC.
+/// What every open context of the process shares: the port and its NIC, which starts with
+/// the first object made on it ([`Shared::nic`]), not when the device opens: a program that
+/// only queries the device (`ibv_devinfo` while a server holds the address's UDP port, or a
+/// raw backend without the privilege it needs) opens it as it would a kernel device's.
 pub(crate) struct Shared {
     pub port: Port,
-    pub nic: Arc<Nic>,
+    /// The engine's configuration (`ibv_query_device` answers from its limits).
+    cfg: DeviceConfig,
+    opts: NicOptions,
+    bg_spin: Option<Duration>,
+    /// The NIC, once started; `start` serialises starting it.
+    nic: OnceLock<Arc<Nic>>,
+    start: Mutex<()>,
     /// Every open context, with the asynchronous events routed to it.
     pub contexts: Arc<crate::verbs::Contexts>,
 }
 
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
 
-/// The running NIC, started now if no context holds it.
+/// The process's device, set up now (not started: [`Shared::nic`]) if no context holds it.
+/// Every setting is checked here, so that a bad one fails `ibv_open_device`.
 pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = g.as_ref().and_then(Weak::upgrade) {
         return Ok(s);
     }
     let port = Port::from_env()?;
-    let local = port.gids[0];
-    let pkt = open_waiting(|| backend::open_with(port.backend, &port.netdev, local, true))
-        .map_err(|source| {
-            if port.backend == BackendKind::Udp && source.kind() == std::io::ErrorKind::AddrInUse {
-                return DeviceError::AddrInUse { addr: local };
-            }
-            DeviceError::Backend {
-                backend: port.backend.name(),
-                interface: port.netdev.name.clone(),
-                source,
-            }
-        })?;
-    let mut cfg = DeviceConfig::new(port.netdev.mac, local);
+    let mut cfg = DeviceConfig::new(port.netdev.mac, port.gids[0]);
     cfg.gids = port.gids.clone();
     cfg.port_mtu = port.mtu;
     // FERROCE_POLL: how the engine runs (inline, the default: in the application's own verbs
@@ -348,41 +349,97 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     // FERROCE_INLINE_SPIN_US: how long the inline engine's background thread drives on after
     // work before it sleeps (Nic::set_background_spin; 0: sleep at once).
     let bg_spin = inline_spin(std::env::var("FERROCE_INLINE_SPIN_US").ok().as_deref())?;
-    let opts = NicOptions { poll, batch: 64 };
-    let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
-        Some(p) => {
-            let pcap_err = |source: CaptureError| DeviceError::Pcap {
-                path: p.to_string_lossy().into_owned(),
-                source,
-            };
-            let f = std::fs::File::create(&p).map_err(|e| pcap_err(e.into()))?;
-            // Unbuffered: an application that exits without closing the device loses no frame.
-            let tap = ferroce::io::PcapTap::new(pkt, f).map_err(pcap_err)?;
-            Nic::start(cfg, tap, opts)
-        }
-        None => Nic::start(cfg, pkt, opts),
-    }
-    .map_err(DeviceError::Start)?;
-    if let Some(d) = bg_spin {
-        nic.set_background_spin(d);
-    }
-    let contexts: Arc<crate::verbs::Contexts> = Arc::default();
-    let ctxs = contexts.clone();
-    nic.set_async_sink(Some(Arc::new(move |e| {
-        crate::verbs::route_async_event(&ctxs, e)
-    })));
     let s = Arc::new(Shared {
         port,
-        nic: Arc::new(nic),
-        contexts,
+        cfg,
+        opts: NicOptions { poll, batch: 64 },
+        bg_spin,
+        nic: OnceLock::new(),
+        start: Mutex::new(()),
+        contexts: Arc::default(),
     });
     *g = Some(Arc::downgrade(&s));
-    static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: atexit(3) with a function that lives as long as the process.
-    AT_EXIT.call_once(|| unsafe {
-        libc::atexit(release_acks_at_exit);
-    });
     Ok(s)
+}
+
+impl Shared {
+    /// The device's limits (`ibv_query_device`), whether or not the NIC runs.
+    pub fn limits(&self) -> ferroce::verbs::DeviceAttr {
+        self.cfg.limits()
+    }
+
+    /// The NIC if it runs.
+    pub fn started(&self) -> Option<&Arc<Nic>> {
+        self.nic.get()
+    }
+
+    /// The running NIC, started now if it is not yet (the packet backend opens here: the UDP
+    /// backend binds its address's port). A failure is printed once per call as
+    /// `ferroce libibverbs: ...` and given as its errno; the next call tries again.
+    pub fn nic(&self) -> Result<&Arc<Nic>, libc::c_int> {
+        if let Some(n) = self.nic.get() {
+            return Ok(n);
+        }
+        let _g = self.start.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = self.nic.get() {
+            return Ok(n);
+        }
+        match self.start_nic() {
+            Ok(n) => Ok(self.nic.get_or_init(|| n)),
+            Err(e) => {
+                crate::verbs::warn(&e.to_string());
+                Err(e.errno())
+            }
+        }
+    }
+
+    fn start_nic(&self) -> Result<Arc<Nic>, DeviceError> {
+        let port = &self.port;
+        let local = port.gids[0];
+        let pkt = open_waiting(|| backend::open_with(port.backend, &port.netdev, local, true))
+            .map_err(|source| {
+                if port.backend == BackendKind::Udp
+                    && source.kind() == std::io::ErrorKind::AddrInUse
+                {
+                    return DeviceError::AddrInUse { addr: local };
+                }
+                DeviceError::Backend {
+                    backend: port.backend.name(),
+                    interface: port.netdev.name.clone(),
+                    source,
+                }
+            })?;
+        let cfg = self.cfg.clone();
+        let opts = self.opts;
+        let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
+            Some(p) => {
+                let pcap_err = |source: CaptureError| DeviceError::Pcap {
+                    path: p.to_string_lossy().into_owned(),
+                    source,
+                };
+                let f = std::fs::File::create(&p).map_err(|e| pcap_err(e.into()))?;
+                // Unbuffered: an application that exits without closing the device loses no
+                // frame.
+                let tap = ferroce::io::PcapTap::new(pkt, f).map_err(pcap_err)?;
+                Nic::start(cfg, tap, opts)
+            }
+            None => Nic::start(cfg, pkt, opts),
+        }
+        .map_err(DeviceError::Start)?;
+        if let Some(d) = self.bg_spin {
+            nic.set_background_spin(d);
+        }
+        let ctxs = self.contexts.clone();
+        nic.set_async_sink(Some(Arc::new(move |e| {
+            crate::verbs::route_async_event(&ctxs, e)
+        })));
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        // SAFETY: atexit(3) with a function that lives as long as the process.
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(release_acks_at_exit);
+        });
+        Ok(Arc::new(nic))
+    }
 }
 
 /// At exit with the device open (perftest and most programs never close it): the ACKs the
@@ -396,8 +453,8 @@ extern "C" fn release_acks_at_exit() {
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(Weak::upgrade);
-    if let Some(s) = s {
-        s.nic.release_held_acks(Duration::from_millis(50));
+    if let Some(n) = s.as_ref().and_then(|s| s.started()) {
+        n.release_held_acks(Duration::from_millis(50));
     }
 }
 

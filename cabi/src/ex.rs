@@ -64,7 +64,8 @@ fn epoch() -> &'static (std::time::Instant, u64) {
 /// Take up to a batch of completions from the engine into the session, stamped now.
 fn take(s: &Shared, w: &CqW, p: &mut ExPoll) -> Result<(), ()> {
     let before = p.wcs.len();
-    s.nic
+    s.nic()
+        .map_err(|_| ())?
         .poll_cq(w.cq, &mut p.wcs, POLL_BATCH)
         .map_err(|_| ())?;
     if p.wcs.len() > before {
@@ -404,7 +405,8 @@ impl Bounce {
         // is freed.
         let mem = unsafe { AppMemory::new(p, buf.len()) }?;
         let mr = s
-            .nic
+            .nic()
+            .ok()?
             .reg_mr_app(pd, mem, p as u64, AccessFlags::LOCAL_WRITE)
             .ok()?;
         Some(Bounce {
@@ -418,7 +420,9 @@ impl Bounce {
 
     /// Deregister (before the region is dropped).
     pub(crate) fn release(self, s: &Shared) {
-        let _ = s.nic.dereg_mr(&self.mr);
+        if let Ok(n) = s.nic() {
+            let _ = n.dereg_mr(&self.mr);
+        }
         drop(self.buf);
     }
 
@@ -508,7 +512,7 @@ pub(crate) unsafe fn submit(
         x.flags.insert(SendFlags::INLINE);
         bounced = true;
     }
-    s.nic.post_send(w.qpn, x).map_err(|e| errno_of(&e))?;
+    s.nic()?.post_send(w.qpn, x).map_err(|e| errno_of(&e))?;
     if bounced {
         if let Some(b) = tx.bounce.as_mut() {
             b.posted += 1;

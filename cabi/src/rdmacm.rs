@@ -123,7 +123,7 @@ fn cm() -> Result<&'static Cm, c_int> {
             local: Some(port.gids[0]),
         };
         let svc = CmService::start(
-            sh.nic.clone(),
+            sh.nic()?.clone(),
             CmConfig::new(ca_guid_of(port.netdev.mac)),
             Box::new(resolver),
         )
@@ -482,7 +482,8 @@ impl IdW {
         // the id still names it: only a QP that still exists is touched.
         verbs::with_live_qp(self.c.qp, |w| {
             // SAFETY: its context is this library's.
-            if let Ok((st, _)) = unsafe { verbs::sh(w.c.context) }.nic.query_qp(w.qpn) {
+            let nic = unsafe { verbs::sh(w.c.context) }.nic();
+            if let Ok((st, _)) = nic.and_then(|n| n.query_qp(w.qpn).map_err(|_| EINVAL)) {
                 w.c.state = st.to_ibv() as c_int;
             }
         });

@@ -46,8 +46,19 @@ pub(crate) fn errno_of(e: &VerbsError) -> c_int {
     }
 }
 
-fn warn(what: &str) {
+pub(crate) fn warn(what: &str) {
     eprintln!("ferroce libibverbs: {what}");
+}
+
+/// The running NIC of a `Shared` (started now if need be: [`Shared::nic`]), or return from the
+/// function with `$ret` applied to the errno.
+macro_rules! nic_or {
+    ($s:expr, $ret:expr) => {
+        match $s.nic() {
+            Ok(n) => n,
+            Err(e) => return $ret(e),
+        }
+    };
 }
 
 // ---- objects: a Box of a wrapper whose first field is the C structure ----------------------
@@ -471,7 +482,7 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_devic
     }
     // SAFETY: caller's context and out struct.
     let (s, a) = unsafe { (sh(c), &mut *a) };
-    let l = s.nic.query_device();
+    let l = s.limits();
     // SAFETY: plain C data.
     *a = unsafe { std::mem::zeroed() };
     copy_str(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
@@ -775,7 +786,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
         return fail(EINVAL);
     }
     // SAFETY: caller's context.
-    let pd = match unsafe { sh(c) }.nic.alloc_pd() {
+    let nic = nic_or!(unsafe { sh(c) }, fail);
+    let pd = match nic.alloc_pd() {
         Ok(pd) => pd,
         Err(e) => return fail(errno_of(&e)),
     };
@@ -797,7 +809,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: a PD from ibv_alloc_pd; freed below only if the NIC let it go.
     let w = unsafe { &*(pd as *mut PdW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    if let Err(e) = unsafe { sh(w.c.context) }.nic.dealloc_pd(w.pd) {
+    let nic = nic_or!(unsafe { sh(w.c.context) }, |e| e);
+    if let Err(e) = nic.dealloc_pd(w.pd) {
         // EBUSY while its MRs, QPs, SRQs or AHs exist, as on any provider.
         return errno_of(&e);
     }
@@ -827,7 +840,7 @@ unsafe fn reg(
     let Some(mem) = (unsafe { AppMemory::new(addr as *mut u8, len) }) else {
         return fail(EINVAL);
     };
-    match s.nic.reg_mr_app(p.pd, mem, iova, acc) {
+    match nic_or!(s, fail).reg_mr_app(p.pd, mem, iova, acc) {
         Ok(mr) => {
             let w = Box::new(MrW {
                 c: ibv_mr {
@@ -943,10 +956,16 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let fresh = unsafe { Box::from_raw(fresh as *mut MrW) };
     // SAFETY: the region's context is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    if let Err(e) = s.nic.dereg_mr(&w.mr) {
+    let nic = match s.nic() {
+        Ok(n) => n,
+        Err(e) => {
+            set_errno(e);
+            return ERR_CMD;
+        }
+    };
+    if let Err(e) = nic.dereg_mr(&w.mr) {
         // The old registration stays (a memory window bound to it, say): the new one goes.
-        // SAFETY: the new region's context is the same device's.
-        let _ = unsafe { sh(fresh.c.context) }.nic.dereg_mr(&fresh.mr);
+        let _ = nic.dereg_mr(&fresh.mr);
         set_errno(errno_of(&e));
         return ERR_CMD;
     }
@@ -965,7 +984,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     let w = unsafe { Box::from_raw(mr as *mut MrW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    match s.nic.dereg_mr(&w.mr) {
+    match nic_or!(s, |e| e).dereg_mr(&w.mr) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }
@@ -1034,7 +1053,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     }
     // SAFETY: caller's context.
     let s = unsafe { sh(c) };
-    let cq = match s.nic.create_cq(cqe as usize) {
+    let nic = nic_or!(s, fail);
+    let cq = match nic.create_cq(cqe as usize) {
         Ok(q) => q,
         Err(e) => return fail(errno_of(&e)),
     };
@@ -1069,7 +1089,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             // notification holds the channel.
             unsafe { libc::write(inner.fd, &one as *const u64 as *const c_void, 8) };
         });
-        let _ = s.nic.set_cq_notify(cq, Some(notify));
+        let _ = nic.set_cq_notify(cq, Some(notify));
     }
     p
 }
@@ -1113,7 +1133,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             );
         }
         // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-        if let Err(e) = unsafe { sh(w.c.context) }.nic.destroy_cq(w.cq) {
+        let nic = nic_or!(unsafe { sh(w.c.context) }, |e| e);
+        if let Err(e) = nic.destroy_cq(w.cq) {
             // EBUSY while a QP completes into it: bound to its channel again.
             if let (Some(ch), Some((i, e))) = (ch, pos) {
                 let mut l = ch.inner.cqs.lock().unwrap_or_else(|e| e.into_inner());
@@ -1200,7 +1221,11 @@ unsafe fn get_cq_event_loop(
         set_errno(libc::EINTR);
         true
     };
-    let inline = s.nic.drives_inline();
+    let nic = nic_or!(s, |e| {
+        set_errno(e);
+        -1
+    });
+    let inline = nic.drives_inline();
     let mut idle_readable = false;
     loop {
         let cqs = w.cqs.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1242,7 +1267,7 @@ unsafe fn get_cq_event_loop(
             Duration::from_secs(1)
         };
         for &(cq, p) in &cqs {
-            if let Ok(true) = s.nic.get_cq_event(cq, slice) {
+            if let Ok(true) = nic.get_cq_event(cq, slice) {
                 // The descriptor counts notifications: take this one off it (a read of the
                 // whole count), and make it readable again if others wait.
                 let mut v = 0u64;
@@ -1251,7 +1276,7 @@ unsafe fn get_cq_event_loop(
                 let _ = unsafe { libc::read(w.fd, &mut v as *mut u64 as *mut c_void, 8) };
                 let more: u64 = cqs
                     .iter()
-                    .map(|&(q, _)| s.nic.cq_events_pending(q).unwrap_or(0))
+                    .map(|&(q, _)| nic.cq_events_pending(q).unwrap_or(0))
                     .sum();
                 if more > 0 {
                     let one = 1u64;
@@ -1287,7 +1312,7 @@ unsafe fn get_cq_event_loop(
         }
         if inline && cqs.len() > 1 {
             let handles: Vec<Cq> = cqs.iter().map(|&(cq, _)| cq).collect();
-            let _ = s.nic.wait_cq_events(&handles, Duration::from_secs(1));
+            let _ = nic.wait_cq_events(&handles, Duration::from_secs(1));
             if interrupted() {
                 return -1;
             }
@@ -1340,7 +1365,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited: c_int) -> c_int {
         NotifyMode::NextCompletion
     };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    match unsafe { sh(w.c.context) }.nic.req_notify_cq(w.cq, mode) {
+    match nic_or!(unsafe { sh(w.c.context) }, |e| e).req_notify_cq(w.cq, mode) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }
@@ -1390,11 +1415,11 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     // SAFETY: a CQ from ibv_create_cq.
     let w = unsafe { &*(cq as *mut CqW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    let s = unsafe { sh(w.c.context) };
+    let nic = nic_or!(unsafe { sh(w.c.context) }, |e: c_int| -e);
     WCS.with(|v| {
         let mut v = v.borrow_mut();
         v.clear();
-        match s.nic.poll_cq(w.cq, &mut v, n as usize) {
+        match nic.poll_cq(w.cq, &mut v, n as usize) {
             Ok(k) => {
                 for (i, x) in v.iter().take(k).enumerate() {
                     // SAFETY: the caller's array of `n` >= k entries.
@@ -1419,7 +1444,8 @@ pub(crate) unsafe fn wait_cq_for(cq: *mut ibv_cq, timeout: Duration) -> bool {
     let w = unsafe { &*(cq as *mut CqW) };
     // SAFETY: as above; its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    s.nic.wait_cq(w.cq, timeout).unwrap_or(false)
+    s.nic()
+        .is_ok_and(|n| n.wait_cq(w.cq, timeout).unwrap_or(false))
 }
 
 // ---- shared receive queues ----------------------------------------------------------------------
@@ -1441,12 +1467,13 @@ pub unsafe extern "C" fn ibv_create_srq(
         max_sge: init.attr.max_sge,
         srq_limit: init.attr.srq_limit,
     };
-    let srq = match s.nic.create_srq(p.pd, attr) {
+    let nic = nic_or!(s, fail);
+    let srq = match nic.create_srq(p.pd, attr) {
         Ok(q) => q,
         Err(e) => return fail(errno_of(&e)),
     };
     let mut max_sge = attr.max_sge;
-    if let Ok(a) = s.nic.query_srq(srq) {
+    if let Ok(a) = nic.query_srq(srq) {
         init.attr.max_wr = a.max_wr;
         init.attr.max_sge = a.max_sge;
         max_sge = a.max_sge;
@@ -1481,10 +1508,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         max_sge: a.max_sge,
         srq_limit: a.srq_limit,
     };
-    match s
-        .nic
-        .modify_srq(w.srq, &at, SrqAttrMask::from_bits_truncate(mask as u32))
-    {
+    match nic_or!(s, |e| e).modify_srq(w.srq, &at, SrqAttrMask::from_bits_truncate(mask as u32)) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }
@@ -1498,7 +1522,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     // SAFETY: as ibv_modify_srq.
     let w = unsafe { &*(srq as *mut SrqW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    match unsafe { sh(w.c.context) }.nic.query_srq(w.srq) {
+    match nic_or!(unsafe { sh(w.c.context) }, |e| e).query_srq(w.srq) {
         Ok(a) => {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe {
@@ -1522,7 +1546,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: an SRQ from ibv_create_srq.
     let w = unsafe { &*(srq as *mut SrqW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    match unsafe { sh(w.c.context) }.nic.destroy_srq(w.srq) {
+    match nic_or!(unsafe { sh(w.c.context) }, |e| e).destroy_srq(w.srq) {
         Ok(()) => {
             objects(|o| o.srqs.remove(&w.srq.number()));
             // SAFETY: not used after this.
@@ -1629,7 +1653,7 @@ unsafe extern "C" fn post_srq_recv(
     unsafe {
         post_list(wr, bad, |r| {
             let x = recv_wr(r, w.max_sge)?;
-            s.nic.post_srq_recv(w.srq, x).map_err(|e| errno_of(&e))
+            s.nic()?.post_srq_recv(w.srq, x).map_err(|e| errno_of(&e))
         })
     }
 }
@@ -1696,14 +1720,15 @@ pub unsafe extern "C" fn ibv_create_qp(
     if let Some(q) = srq {
         qi = qi.with_srq(q);
     }
-    let qpn = match s.nic.create_qp(qi) {
+    let nic = nic_or!(s, fail);
+    let qpn = match nic.create_qp(qi) {
         Ok(q) => q,
         Err(e) => return fail(errno_of(&e)),
     };
     // What was granted goes back to the caller, as every provider writes it (inline data is
     // granted at least the room of the send SGEs: `granted_inline` in src/verbs/device.rs);
     // with an SRQ the receive fields are left as they were, as rxe leaves them.
-    let cap = match s.nic.qp_cap(qpn) {
+    let cap = match nic.qp_cap(qpn) {
         Ok(g) => QpCap {
             max_inline_data: g.max_inline_data,
             ..cap
@@ -1758,7 +1783,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: a QP from ibv_create_qp.
     let w = unsafe { &*(qp as *mut QpW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    match unsafe { sh(w.c.context) }.nic.destroy_qp(w.qpn) {
+    match nic_or!(unsafe { sh(w.c.context) }, |e| e).destroy_qp(w.qpn) {
         Ok(()) => {
             objects(|o| o.qps.remove(&w.qpn.get()));
             for cq in [w.c.send_cq, w.c.recv_cq] {
@@ -1880,9 +1905,10 @@ pub unsafe extern "C" fn ibv_modify_qp(
         max_recv_sge: a.cap.max_recv_sge,
         max_inline_data: a.cap.max_inline_data,
     };
-    match s.nic.modify_qp(w.qpn, &at, m) {
+    let nic = nic_or!(s, |e| e);
+    match nic.modify_qp(w.qpn, &at, m) {
         Ok(()) => {
-            if let Ok((st, _)) = s.nic.query_qp(w.qpn) {
+            if let Ok((st, _)) = nic.query_qp(w.qpn) {
                 w.c.state = st.to_ibv() as c_int;
             }
             0
@@ -1910,7 +1936,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     let w = unsafe { &mut *(qp as *mut QpW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    let (st, q) = match s.nic.query_qp(w.qpn) {
+    let (st, q) = match nic_or!(s, |e| e).query_qp(w.qpn) {
         Ok(x) => x,
         Err(e) => return errno_of(&e),
     };
@@ -2073,7 +2099,7 @@ unsafe extern "C" fn post_recv(
     unsafe {
         post_list(wr, bad, |r| {
             let x = recv_wr(r, w.max_recv_sge)?;
-            s.nic.post_recv(w.qpn, x).map_err(|e| errno_of(&e))
+            s.nic()?.post_recv(w.qpn, x).map_err(|e| errno_of(&e))
         })
     }
 }
@@ -2093,7 +2119,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         Ok(av) => av,
         Err(e) => return fail(e),
     };
-    match s.nic.create_ah(p.pd, &av) {
+    match nic_or!(s, fail).create_ah(p.pd, &av) {
         Ok(ah) => Box::into_raw(Box::new(AhW {
             c: ibv_ah {
                 context: p.c.context,
@@ -2122,7 +2148,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     let (s, w) = unsafe { (sh(c), &*wc) };
     // SAFETY: the caller's buffer, valid for that length (libibverbs' contract).
     let g = unsafe { std::slice::from_raw_parts(grh, 40) };
-    match s.nic.init_ah_from_wc(&rust_wc(w), g) {
+    match nic_or!(s, |e| e).init_ah_from_wc(&rust_wc(w), g) {
         Ok(av) => {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe { *attr = c_av(s, &av) };
@@ -2189,7 +2215,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: an AH from ibv_create_ah.
     let w = unsafe { &*(ah as *mut AhW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
-    match unsafe { sh(w.c.context) }.nic.destroy_ah(w.ah) {
+    match nic_or!(unsafe { sh(w.c.context) }, |e| e).destroy_ah(w.ah) {
         Ok(()) => {
             // SAFETY: allocated here with Box::into_raw; the caller gives the object up (libibverbs' contract), nothing uses it after.
             drop(unsafe { Box::from_raw(ah as *mut AhW) });
@@ -2219,7 +2245,7 @@ unsafe fn mcast(
     let (w, raw) = unsafe { (&*(qp as *mut QpW), (*gid).raw) };
     // SAFETY: as above; its context is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    match op(&s.nic, w.qpn, ferroce::verbs::ip_of_gid(raw)) {
+    match op(nic_or!(s, |e| e), w.qpn, ferroce::verbs::ip_of_gid(raw)) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }
@@ -2271,7 +2297,9 @@ pub unsafe extern "C" fn ibv_get_async_event(
     loop {
         // The inline engine finds events in the program's calls (an engine thread finds them
         // on its own).
-        s.nic.progress();
+        if let Some(n) = s.started() {
+            n.progress();
+        }
         let next = lock_ctxs(&s.contexts)
             .get_mut(&(c as usize))
             .and_then(CtxEvents::pop);

@@ -1843,11 +1843,12 @@ fn rstream_and_riostream_both_ends_on_ferroces_rsockets() {
 }
 
 /// Two programs on one host with no second address and no root: on `lo` the UDP backend takes
-/// any 127.x.y.z in `FERROCE_ADDR` (Linux delivers all of 127.0.0.0/8 locally). While
-/// `ib_write_bw`'s server holds 127.0.0.1, a second program on the same address is refused
-/// with a message that names `FERROCE_ADDR`; `ibv_devinfo -v` on 127.0.0.9 (never added to
-/// `lo`) lists it at GID index 1, where Linux would put it once added; `ib_write_bw -x 1`
-/// from there reaches the server, and so does `rping` over RDMA-CM.
+/// any 127.x.y.z in `FERROCE_ADDR` (Linux delivers all of 127.0.0.0/8 locally).
+/// `ibv_devinfo -v` on 127.0.0.9 (never added to `lo`) lists it at GID index 1, where Linux
+/// would put it once added; `ib_write_bw -x 1` from there reaches a server on 127.0.0.1, and
+/// so does `rping` over RDMA-CM. While rping's server holds 127.0.0.1, a second program that
+/// makes objects on the same address is refused at its first with a message that names
+/// `FERROCE_ADDR`, and one that only queries the device (`ibv_devinfo -v`) is not.
 #[test]
 fn two_programs_on_one_host_without_a_second_address() {
     let t = "two_programs_on_one_host_without_a_second_address";
@@ -1860,8 +1861,6 @@ fn two_programs_on_one_host_without_a_second_address() {
         timeout 30 ib_write_bw -d ferroce_lo -x 0 -n 200 > $d/server 2>&1 &\n\
         s=$!\n\
         i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
-        echo '--- same address'; timeout 30 ib_write_bw -d ferroce_lo -x 0 -n 200 127.0.0.1 2>&1 \
-          | grep 'ferroce libibverbs'\n\
         echo '--- devinfo'; FERROCE_ADDR=127.0.0.9 timeout 30 ibv_devinfo -v | grep 'GID\\['\n\
         echo '--- client'; FERROCE_ADDR=127.0.0.9 timeout 30 ib_write_bw -d ferroce_lo -x 1 -n 200 \
           127.0.0.1 2>&1; echo \"client=$?\"\n\
@@ -1869,6 +1868,11 @@ fn two_programs_on_one_host_without_a_second_address() {
         FERROCE_LISTENING=$d/listening timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
         s=$!\n\
         i=0; while [ $i -lt 400 ] && ! [ -e $d/listening ]; do sleep 0.05; i=$((i+1)); done\n\
+        echo '--- same address'; timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 \
+          2>&1 | grep -v '^ferroce libibverbs' | sed 's/^/pingpong: /'; \
+          timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 2>&1 \
+          | grep 'ferroce libibverbs'\n\
+        echo '--- query on the held address'; timeout 30 ibv_devinfo -v 2>&1; echo \"query=$?\"\n\
         echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
         echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
     let out = in_netns_lo("ip link set lo up || exit 99", script);
@@ -1879,13 +1883,37 @@ fn two_programs_on_one_host_without_a_second_address() {
     );
     // the namespace's lo has 127.0.0.1 alone
     assert!(o.contains("ipv4 addresses on lo: 1"), "{o}");
+    // rping's server holds 127.0.0.1 here: a second program making objects on it is refused
+    // at its first (ibv_rc_pingpong: "Couldn't allocate PD") with a message naming
+    // FERROCE_ADDR ...
     let same = o.split("--- same address").nth(1).unwrap_or("");
     assert!(
-        same.lines().nth(1).is_some_and(|l| l.contains("is in use")
+        same.lines().any(|l| l == "pingpong: Couldn't allocate PD"),
+        "{o}"
+    );
+    assert!(
+        same.lines().any(|l| l.starts_with("ferroce libibverbs: ")
+            && l.contains("is in use")
             && l.contains("FERROCE_ADDR")
             && l.contains("127.0.0.1")),
         "{o}"
     );
+    // ... while a program that only queries the device opens it, as it would a kernel
+    // device's: ibv_devinfo on the held address lists it and exits 0.
+    let query = o
+        .split("--- query on the held address")
+        .nth(1)
+        .unwrap_or("");
+    let query = query.split("--- rping").next().unwrap_or("");
+    assert!(query.lines().any(|l| l == "query=0"), "{o}");
+    assert!(
+        query
+            .lines()
+            .any(|l| l.contains("GID[  0]:") && l.contains("::ffff:127.0.0.1")),
+        "{o}"
+    );
+    assert!(query.lines().any(|l| l.contains("PORT_ACTIVE")), "{o}");
+    assert!(!query.contains("ferroce libibverbs"), "{o}");
     let gids = o.split("--- devinfo").nth(1).unwrap_or("");
     assert!(
         gids.lines()
