@@ -35,6 +35,7 @@ use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::{DeviceConfig, Mtu};
 use ferroce::wire::MacAddr;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -319,6 +320,8 @@ pub(crate) struct Shared {
     start: Mutex<()>,
     /// Every open context, with the asynchronous events routed to it.
     pub contexts: Arc<crate::verbs::Contexts>,
+    /// Whether the port was active when last looked at (the link watcher's).
+    link_active: AtomicBool,
 }
 
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
@@ -350,6 +353,7 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     // work before it sleeps (Nic::set_background_spin; 0: sleep at once).
     let bg_spin = inline_spin(std::env::var("FERROCE_INLINE_SPIN_US").ok().as_deref())?;
     let s = Arc::new(Shared {
+        link_active: AtomicBool::new(link_active(&port)),
         port,
         cfg,
         opts: NicOptions { poll, batch: 64 },
@@ -359,7 +363,72 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         contexts: Arc::default(),
     });
     *g = Some(Arc::downgrade(&s));
+    // One watcher per process, started with the first device and ended when none is open
+    // (both decided under SHARED's lock, so a device opened as it ends starts the next).
+    if !LINK_WATCHER.swap(true, Ordering::SeqCst)
+        && std::thread::Builder::new()
+            .name("ferroce-link".into())
+            .spawn(watch_link)
+            .is_err()
+    {
+        // No thread: the port has no events (its state is still read fresh by every
+        // ibv_query_port).
+        LINK_WATCHER.store(false, Ordering::SeqCst);
+    }
     Ok(s)
+}
+
+/// Whether the link watcher ([`watch_link`]) runs.
+static LINK_WATCHER: AtomicBool = AtomicBool::new(false);
+
+/// How often the link watcher looks whether a device is still open when no link changes.
+const LINK_WATCH_TICK: Duration = Duration::from_millis(500);
+
+/// Whether the port of `port` is active now (its interface up with its link).
+fn link_active(port: &Port) -> bool {
+    netdev::link_state(&port.netdev.name).is_ok_and(|l| l.active())
+}
+
+/// The device's port events, as the kernel raises them for rxe: `IBV_EVENT_PORT_ERR` on every
+/// open context when the interface goes down or loses its link, `IBV_EVENT_PORT_ACTIVE` when it
+/// comes back. Runs until no device is open (it holds the device only while it looks).
+fn watch_link() {
+    let mut watch = netdev::LinkWatch::new().ok();
+    loop {
+        let changed = match watch.as_mut() {
+            Some(w) => w.wait(LINK_WATCH_TICK).unwrap_or_else(|_| {
+                // The socket failed: look at the state on every tick from now on.
+                watch = None;
+                true
+            }),
+            None => {
+                std::thread::sleep(LINK_WATCH_TICK);
+                true
+            }
+        };
+        let s = {
+            let g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_ref().and_then(Weak::upgrade) {
+                Some(s) => s,
+                None => {
+                    LINK_WATCHER.store(false, Ordering::SeqCst);
+                    return;
+                }
+            }
+        };
+        if !changed {
+            continue;
+        }
+        let now = link_active(&s.port);
+        if s.link_active.swap(now, Ordering::SeqCst) != now {
+            let e = if now {
+                ferroce::ib::AsyncEvent::PortActive(1)
+            } else {
+                ferroce::ib::AsyncEvent::PortErr(1)
+            };
+            crate::verbs::broadcast_async_event(&s.contexts, e);
+        }
+    }
 }
 
 impl Shared {

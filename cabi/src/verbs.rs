@@ -188,6 +188,8 @@ impl Objects {
                 let srq = p as *mut ibv_srq;
                 (ibv_async_element { srq }, c)
             }),
+            // The device's own events go to every context ([`broadcast_async_event`]).
+            E::PortActive(_) | E::PortErr(_) => None,
         }
     }
 }
@@ -285,6 +287,13 @@ pub(crate) fn route_async_event(ctxs: &Contexts, e: AsyncEvent) {
         return;
     };
     if let Some(c) = lock_ctxs(ctxs).get_mut(&owner) {
+        c.push(e);
+    }
+}
+
+/// A device event (the port's): queued on every open context, as the kernel does.
+pub(crate) fn broadcast_async_event(ctxs: &Contexts, e: AsyncEvent) {
+    for c in lock_ctxs(ctxs).values_mut() {
         c.push(e);
     }
 }
@@ -522,7 +531,11 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_devic
 fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     // SAFETY: plain C data.
     *a = unsafe { std::mem::zeroed() };
-    a.state = 4; // IBV_PORT_ACTIVE
+    // The interface's state, as rxe reports it: ACTIVE and LinkUp while it is up with its
+    // link; else DOWN, and Polling (up without link) or Disabled (down).
+    let link = ferroce::io::netdev::link_state(&s.port.netdev.name).ok();
+    let active = link.is_some_and(|l| l.active());
+    a.state = if active { 4 } else { 1 }; // IBV_PORT_ACTIVE, IBV_PORT_DOWN
     a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
     a.active_mtu = s.port.mtu.to_ibv() as c_int;
     a.gid_tbl_len = s.port.table.len() as c_int;
@@ -533,7 +546,11 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
     a.active_speed = 32; // EDR
-    a.phys_state = 5; // LinkUp
+    a.phys_state = match link {
+        _ if active => 5,     // LinkUp
+        Some(l) if l.up => 2, // Polling
+        _ => 3,               // Disabled
+    };
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }
 
@@ -2317,7 +2334,13 @@ pub unsafe extern "C" fn ibv_get_async_event(
             unsafe { libc::poll(&mut p, 1, 1) };
             continue;
         };
-        if let Some((element, _)) = objects(|o| o.find(e)) {
+        let element = match e {
+            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) => Some(ibv_async_element {
+                port_num: c_int::from(p),
+            }),
+            _ => objects(|o| o.find(e)).map(|(element, _)| element),
+        };
+        if let Some(element) = element {
             // SAFETY: the caller's out structure, valid for writes (libibverbs' contract).
             unsafe {
                 *ev = ibv_async_event {

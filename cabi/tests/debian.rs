@@ -2396,3 +2396,86 @@ fn iperf3_over_rdma_cores_socket_preload_on_ferroces_rsockets() {
         );
     }
 }
+
+/// The port follows its interface as rxe's does (`rxe_query_port`, checked against rxe in the
+/// `tools/rxe-peer` guest: `ip link set eth0 down` there gave PORT_DOWN/DISABLED and
+/// `ibv_asyncwatch` one `IBV_EVENT_PORT_ERR (10), port 1`, and back up PORT_ACTIVE/LINK_UP and
+/// one `IBV_EVENT_PORT_ACTIVE (9), port 1`): on a veth whose peer goes down (no carrier)
+/// `ibv_devinfo -v` shows PORT_DOWN and POLLING, with the interface itself down DISABLED,
+/// and Debian's `ibv_asyncwatch` gets one PORT_ERR when the port leaves the active state and
+/// one PORT_ACTIVE when it comes back, on a context that holds no object (the device opened
+/// only to watch).
+#[test]
+fn port_state_and_events_follow_the_interface() {
+    let t = "port_state_and_events_follow_the_interface";
+    if !ready(t, &["ibv_devinfo", "ibv_asyncwatch", "stdbuf"]) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB FERROCE_DEV=va\n\
+        ip link add va type veth peer name vb && ip addr add 10.9.0.1/24 dev va \
+          && ip link set va up && ip link set vb up || exit 99\n\
+        i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
+        st() { echo \"--- $1\"; ibv_devinfo -v | grep -E '^[[:space:]]*(state|phys_state):'; }\n\
+        st start\n\
+        A=$(mktemp); timeout 20 stdbuf -oL ibv_asyncwatch > $A 2>&1 & a=$!\n\
+        i=0; while [ $i -lt 100 ] && ! grep -q 'async event FD' $A; do sleep 0.05; i=$((i+1)); done\n\
+        ip link set vb down; sleep 0.3; st 'peer down'\n\
+        ip link set va down; sleep 0.3; st 'both down'\n\
+        ip link set va up; ip link set vb up\n\
+        i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
+        i=0; while [ $i -lt 100 ] && ! grep -q PORT_ACTIVE $A; do sleep 0.05; i=$((i+1)); done\n\
+        st 'up again'\n\
+        kill $a; wait $a; echo '--- asyncwatch'; cat $A; rm -f $A";
+    let out = in_netns_lo("ip link set lo up || exit 99", script);
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let section = |name: &str| -> Vec<String> {
+        o.split(&format!("--- {name}\n"))
+            .nth(1)
+            .unwrap_or("")
+            .split("--- ")
+            .next()
+            .unwrap_or("")
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    let want =
+        |state: &str, phys: &str| vec![format!("state: {state}"), format!("phys_state: {phys}")];
+    assert_eq!(
+        section("start"),
+        want("PORT_ACTIVE (4)", "LINK_UP (5)"),
+        "{o}"
+    );
+    assert_eq!(
+        section("peer down"),
+        want("PORT_DOWN (1)", "POLLING (2)"),
+        "{o}"
+    );
+    assert_eq!(
+        section("both down"),
+        want("PORT_DOWN (1)", "DISABLED (3)"),
+        "{o}"
+    );
+    assert_eq!(
+        section("up again"),
+        want("PORT_ACTIVE (4)", "LINK_UP (5)"),
+        "{o}"
+    );
+    let events: Vec<String> = section("asyncwatch")
+        .into_iter()
+        .filter(|l| l.starts_with("event_type"))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "event_type IBV_EVENT_PORT_ERR (10), port 1",
+            "event_type IBV_EVENT_PORT_ACTIVE (9), port 1"
+        ],
+        "{o}"
+    );
+}

@@ -33,6 +33,12 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ entered ERR; it will take no
     /// more receive WQEs from the SRQ.
     QpLastWqeReached(QpNumber),
+    /// `IBV_EVENT_PORT_ACTIVE`: the port (by number) became active: its interface is up and
+    /// has its link again.
+    PortActive(u8),
+    /// `IBV_EVENT_PORT_ERR`: the port (by number) left the active state: its interface went
+    /// down or lost its link.
+    PortErr(u8),
 }
 
 impl AsyncEvent {
@@ -45,6 +51,8 @@ impl AsyncEvent {
             AsyncEvent::QpAccessErr(_) => 3,
             AsyncEvent::SrqLimitReached(_) => 15,
             AsyncEvent::QpLastWqeReached(_) => 16,
+            AsyncEvent::PortActive(_) => 9,
+            AsyncEvent::PortErr(_) => 10,
         }
     }
 
@@ -57,6 +65,8 @@ impl AsyncEvent {
             AsyncEvent::QpAccessErr(_) => "IBV_EVENT_QP_ACCESS_ERR",
             AsyncEvent::SrqLimitReached(_) => "IBV_EVENT_SRQ_LIMIT_REACHED",
             AsyncEvent::QpLastWqeReached(_) => "IBV_EVENT_QP_LAST_WQE_REACHED",
+            AsyncEvent::PortActive(_) => "IBV_EVENT_PORT_ACTIVE",
+            AsyncEvent::PortErr(_) => "IBV_EVENT_PORT_ERR",
         }
     }
 
@@ -69,6 +79,8 @@ impl AsyncEvent {
             AsyncEvent::QpAccessErr(_) => "local access violation work queue error",
             AsyncEvent::SrqLimitReached(_) => "SRQ limit reached",
             AsyncEvent::QpLastWqeReached(_) => "last WQE reached",
+            AsyncEvent::PortActive(_) => "port active",
+            AsyncEvent::PortErr(_) => "port error",
         }
     }
 
@@ -90,6 +102,7 @@ impl fmt::Display for AsyncEvent {
         match *self {
             AsyncEvent::CqErr(cq) => write!(f, " (CQ {})", cq.index()),
             AsyncEvent::SrqLimitReached(s) => write!(f, " (SRQ {})", s.number()),
+            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) => write!(f, " (port {p})"),
             e => match e.qp() {
                 Some(q) => write!(f, " (QP {q})"),
                 None => Ok(()),
@@ -170,6 +183,8 @@ mod tests {
             ),
             (AsyncEvent::SrqLimitReached(Srq(1)), 15, "SRQ limit reached"),
             (AsyncEvent::QpLastWqeReached(q), 16, "last WQE reached"),
+            (AsyncEvent::PortActive(1), 9, "port active"),
+            (AsyncEvent::PortErr(1), 10, "port error"),
         ];
         for (e, n, s) in cases {
             assert_eq!(e.event_type(), n, "{e}");

@@ -68,6 +68,79 @@ pub fn netdev(name: &str) -> io::Result<Netdev> {
     })
 }
 
+/// An interface's state as a RoCE port reports it (rxe's rule): the port is active while the
+/// interface is up (`IFF_UP`) and running (`IFF_RUNNING`: its link is up), down otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkState {
+    /// Administratively up (`ip link set X up`).
+    pub up: bool,
+    /// Up with its link (carrier).
+    pub running: bool,
+}
+
+impl LinkState {
+    /// Whether the port is active.
+    pub fn active(self) -> bool {
+        self.up && self.running
+    }
+}
+
+/// The state of the interface `name`, in the calling thread's network namespace.
+pub fn link_state(name: &str) -> io::Result<LinkState> {
+    pnet_datalink::interfaces()
+        .into_iter()
+        .find(|i| i.name == name)
+        .map(|i| LinkState {
+            up: i.is_up(),
+            running: i.is_running(),
+        })
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no interface named {name:?}"),
+            )
+        })
+}
+
+/// Wakes on changes of interfaces' links: an rtnetlink socket in the link group (`RTMGRP_LINK`)
+/// of the calling thread's network namespace. It only says that something changed; the state
+/// itself is read with [`link_state`].
+pub struct LinkWatch {
+    sock: netlink_sys::Socket,
+}
+
+impl LinkWatch {
+    /// Subscribe to link changes.
+    pub fn new() -> io::Result<LinkWatch> {
+        const RTMGRP_LINK: u32 = 1;
+        let mut sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
+        sock.bind(&netlink_sys::SocketAddr::new(0, RTMGRP_LINK))?;
+        sock.set_non_blocking(true)?;
+        Ok(LinkWatch { sock })
+    }
+
+    /// Wait up to `timeout` for a link change; `true` if one (or more) came, whose messages are
+    /// then read and dropped. A socket that overflowed (`ENOBUFS`: changes were lost) counts as
+    /// a change.
+    pub fn wait(&mut self, timeout: Duration) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let fd = self.sock.as_raw_fd();
+        if !super::sys::event::poll_readable(&[fd], Some(timeout))? {
+            return Ok(false);
+        }
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match self.sock.recv(&mut &mut buf[..], 0) {
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Every interface with its GID table.
 pub fn netdevs() -> Vec<Netdev> {
     pnet_datalink::interfaces()
