@@ -576,7 +576,7 @@ fn devinfo_port_state_follows_the_interface() {
         (
             &no_carrier,
             "PORT_DOWN (1)",
-            "DISABLED (3)",
+            "POLLING (2)", // rxe_query_port: up without its link
             "up, no carrier)",
         ),
         (&both_up, "PORT_ACTIVE (4)", "LINK_UP (5)", "up)"),

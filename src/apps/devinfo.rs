@@ -37,8 +37,10 @@ pub fn hca_id(ifname: &str) -> String {
 /// The logical port state, as `ibv_devinfo` prints it (`enum ibv_port_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PortState {
-    /// The interface is down or has no carrier: `PORT_DOWN (1)`.
+    /// The interface is down: `PORT_DOWN (1)`, physically `DISABLED (3)`.
     Down,
+    /// The interface is up without a carrier: `PORT_DOWN (1)`, physically `POLLING (2)`.
+    NoLink,
     /// Up with a carrier: `PORT_ACTIVE (4)`.
     Active,
 }
@@ -51,25 +53,27 @@ impl PortState {
     pub fn from_if_flags(flags: u32) -> PortState {
         let up = flags & libc::IFF_UP as u32 != 0;
         let running = flags & libc::IFF_RUNNING as u32 != 0;
-        if up && running {
-            PortState::Active
-        } else {
-            PortState::Down
+        match (up, running) {
+            (true, true) => PortState::Active,
+            (true, false) => PortState::NoLink,
+            _ => PortState::Down,
         }
     }
 
     /// `ibv_port_state_str` and the number: `PORT_ACTIVE (4)`.
     pub fn as_ibv(self) -> &'static str {
         match self {
-            PortState::Down => "PORT_DOWN (1)",
+            PortState::Down | PortState::NoLink => "PORT_DOWN (1)",
             PortState::Active => "PORT_ACTIVE (4)",
         }
     }
 
-    /// The physical state shown by `-v`: `LINK_UP (5)` or `DISABLED (3)`.
+    /// The physical state shown by `-v`, as rxe's `rxe_query_port` gives it: `LINK_UP (5)`
+    /// when active, else `POLLING (2)` while the interface is up, `DISABLED (3)` when down.
     pub fn phys_state(self) -> &'static str {
         match self {
             PortState::Down => "DISABLED (3)",
+            PortState::NoLink => "POLLING (2)",
             PortState::Active => "LINK_UP (5)",
         }
     }
@@ -407,7 +411,15 @@ mod tests {
             let line = "\t\t\tstate:\t\t\tPORT_DOWN (1)";
             assert!(rxe_down.lines().any(|r| r == line));
             assert!(ours.lines().any(|r| r == line), "{flags:#x}: {ours}");
-            assert!(ours.contains("phys_state:\t\tDISABLED (3)"), "{ours}");
+            // rxe_query_port: POLLING while the interface is up without its link, DISABLED
+            // when it is down (rxe in the tools/rxe-peer guest, `ip link set eth0 down`:
+            // DISABLED (3)).
+            let phys = if flags & libc::IFF_UP as u32 != 0 {
+                "phys_state:\t\tPOLLING (2)"
+            } else {
+                "phys_state:\t\tDISABLED (3)"
+            };
+            assert!(ours.contains(phys), "{flags:#x}: {ours}");
         }
         assert_eq!(PortState::from_if_flags(UP), PortState::Active);
     }
