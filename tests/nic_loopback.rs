@@ -470,3 +470,91 @@ fn wait_on_any_of_several_cqs_inline() {
 fn wait_on_any_of_several_cqs_busy() {
     wait_on_any_of_several_cqs(PollMode::Busy);
 }
+
+/// A QP moved to RESET leaves no completion behind in its CQ (its flushes from the error
+/// state, already in the queue `poll_cq` reads or still in the device's ring), while another
+/// QP's on the same CQ stay, in order; the reset QP then completes what it is given anew. As
+/// rdma-core's mlx4/mlx5 providers clean a reset QP out of its CQs, and as rdma-core's
+/// `tests/test_mr.py` relies on when it restates QPs after an error (RESET → RTS, then traffic
+/// whose first completion must be its own). Before: the stale flushes were polled first.
+#[test]
+fn a_reset_qps_old_completions_are_never_polled() {
+    for poll in [PollMode::Inline, PollMode::Busy] {
+        let (la, _lb) = Loopback::pair(16, 9000).unwrap();
+        let a = nic(1, la, poll);
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(64).unwrap();
+        let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+        let cap = common::qp_cap(8, 1, 16);
+        let x = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+        let y = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+        let to = |q: ferroce::wire::QpNumber, qp_state: QpState| {
+            let mask = if qp_state == QpState::Init {
+                QpAttrMask::STATE
+                    | QpAttrMask::PKEY_INDEX
+                    | QpAttrMask::PORT
+                    | QpAttrMask::ACCESS_FLAGS
+            } else {
+                QpAttrMask::STATE
+            };
+            let attr = QpAttr {
+                qp_state,
+                port_num: 1,
+                qp_access_flags: ALL,
+                ..Default::default()
+            };
+            a.modify_qp(q, &attr, mask).unwrap();
+        };
+        let recv = |q: ferroce::wire::QpNumber, wr_id: u64| {
+            a.post_recv(
+                q,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
+                },
+            )
+            .unwrap();
+        };
+        let drain = |want: usize| {
+            let mut got = Vec::new();
+            let mut quiet = 0;
+            while quiet < 200 || got.len() < want && quiet < 200_000 {
+                let mut v = Vec::new();
+                a.progress();
+                if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
+                    quiet += 1;
+                    std::thread::yield_now();
+                } else {
+                    quiet = 0;
+                }
+                got.extend(v.iter().map(|w| (w.wr_id, w.status)));
+            }
+            got
+        };
+        to(x, QpState::Init);
+        to(y, QpState::Init);
+        recv(x, 1);
+        recv(y, 10);
+        to(x, QpState::Err);
+        to(y, QpState::Err);
+        for _ in 0..50 {
+            a.progress();
+            std::thread::yield_now();
+        }
+        recv(x, 2);
+        recv(y, 11);
+        to(x, QpState::Reset);
+        let flushed = ferroce::verbs::WcStatus::WrFlushErr;
+        assert_eq!(
+            drain(2),
+            vec![(10, flushed), (11, flushed)],
+            "{poll:?}: the reset QP's flushes were polled, or the other QP's lost"
+        );
+        // Restated, the QP completes its new work (its own flush in ERR again: no stale one
+        // before it).
+        to(x, QpState::Init);
+        recv(x, 3);
+        to(x, QpState::Err);
+        assert_eq!(drain(1), vec![(3, flushed)], "{poll:?}");
+    }
+}

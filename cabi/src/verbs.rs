@@ -962,15 +962,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     } else {
         w.mr.access().bits() as c_int
     };
-    // SAFETY: the PD is the caller's (libibverbs' contract) or the region's own; the memory
-    // is the caller's new range or the range the region already had, with ibv_reg_mr's
-    // promise (see `reg`).
-    let fresh = unsafe { reg(new_pd, new_addr, new_len, iova, new_access) };
-    if fresh.is_null() {
-        return ERR_CMD;
-    }
-    // SAFETY: `reg` returned a box of this library.
-    let fresh = unsafe { Box::from_raw(fresh as *mut MrW) };
+    // SAFETY: a PD from ibv_alloc_pd (the caller's, libibverbs' contract, or the region's own).
+    let p = unsafe { &*(new_pd as *mut PdW) };
     // SAFETY: the region's context is the one set at creation.
     let s = unsafe { sh(w.c.context) };
     let nic = match s.nic() {
@@ -980,16 +973,31 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             return ERR_CMD;
         }
     };
-    if let Err(e) = nic.dereg_mr(&w.mr) {
-        // The old registration stays (a memory window bound to it, say): the new one goes.
-        let _ = nic.dereg_mr(&fresh.mr);
-        set_errno(errno_of(&e));
-        return ERR_CMD;
+    let acc = AccessFlags::from_bits_truncate(new_access as u32 & 0xf);
+    // SAFETY: the caller's new range or the range the region already had, with ibv_reg_mr's
+    // promise (see `reg`).
+    let Some(mem) = (unsafe { AppMemory::new(new_addr as *mut u8, new_len) }) else {
+        set_errno(EINVAL);
+        return ERR_INPUT;
+    };
+    // The keys stay while the PD does (Device::rereg_mr_app); a refused call leaves the region
+    // as it was.
+    match nic.rereg_mr_app(&w.mr, p.pd, mem, iova, acc) {
+        Ok(region) => {
+            w.c.pd = new_pd;
+            w.c.addr = new_addr;
+            w.c.length = new_len;
+            // New keys when the PD changed (Device::rereg_mr_app).
+            w.c.lkey = region.lkey().0;
+            w.c.rkey = region.rkey().0;
+            w.mr = region;
+            0
+        }
+        Err(e) => {
+            set_errno(errno_of(&e));
+            ERR_CMD
+        }
     }
-    let MrW { c, mr: region } = *fresh;
-    w.c = c;
-    w.mr = region;
-    0
 }
 
 #[no_mangle]
@@ -1063,9 +1071,15 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     if c.is_null() || cqe <= 0 {
+        return fail(EINVAL);
+    }
+    // A completion vector the device does not have (it has `num_comp_vectors`, 1) is EINVAL,
+    // as the kernel's create_cq checks it (rdma-core's tests/test_cq.py asks for one past).
+    // SAFETY: caller's context.
+    if comp_vector < 0 || comp_vector >= unsafe { (*c).num_comp_vectors } {
         return fail(EINVAL);
     }
     // SAFETY: caller's context.

@@ -364,13 +364,17 @@ fn two_contexts_in_one_process() {
 
 /// ibv_destroy_cq gives the engine's CQ back (examples/c/cq_limit.c): exactly max_cq CQs,
 /// EBUSY for a CQ a QP completes into, one destroyed at the limit makes room for exactly one,
-/// and after every CQ is destroyed max_cq again.
+/// and after every CQ is destroyed max_cq again; a depth past max_cqe and a completion vector
+/// the device does not have are EINVAL (the kernel's checks; rdma-core's tests/test_cq.py).
 #[test]
 fn destroy_cq_frees_the_engines_cq_at_the_max_cq_boundary() {
     run_verbs_example(
         "destroy_cq_frees_the_engines_cq_at_the_max_cq_boundary",
         "cq_limit",
         &[
+            "CQ of max_cqe + 1 entries: NULL Invalid argument",
+            "CQ on completion vector num_comp_vectors (1): NULL Invalid argument",
+            "CQ on completion vector -1: NULL Invalid argument",
             "max_cq 65536: 65536 CQs created, the next refused: Cannot allocate memory",
             "destroy_cq of a CQ a QP completes into: Device or resource busy, the CQ still polls",
             "at the limit: destroyed one, created one again (it polls), the next refused",
@@ -829,6 +833,9 @@ fn the_extended_verbs_and_inline_data_in_a_c_program() {
             "inline data from unregistered memory, overwritten after the post: as posted",
             "ibv_query_device_ex: hca_core_clock 1000000 kHz",
             "completion timestamps: 5 in order, within the clock's readings",
+            "QP with IBV_QP_EX_WITH_ATOMIC_WRITE: NULL Operation not supported",
+            "QP with empty creation flags and TSO header: made",
+            "QP with IBV_QP_CREATE_SCATTER_FCS: NULL Operation not supported",
             "ok",
         ],
     );
@@ -900,7 +907,11 @@ fn rdmacm_utils_examples_both_ends() {
 
 /// examples/c/rereg_mr.c: the libibverbs calls of rdma-core 44 no other example makes.
 /// `ibv_rereg_mr` gives a region remote write (a WRITE then lands) and moves its translation
-/// (a WRITE lands in the new buffer, one to the old address gets a remote access error);
+/// (a WRITE lands in the new buffer, one to the old address gets a remote access error); a
+/// change of rights keeps the keys and a change of PD gives new ones (what rdma-core's own
+/// `tests/test_mr.py` expects of a provider: it keeps using the R_Key it had); a receive posted
+/// before its region lost local write fails when reached (local protection error; its sender:
+/// remote operation error, the responses `test_mr.py` expects after a PD change);
 /// the arguments libibverbs refuses itself fail with `IBV_REREG_MR_ERR_INPUT`; the GID table
 /// in one call equals the entries one by one; fork needs no preparation; dma-buf memory and
 /// imported objects are refused with `EOPNOTSUPP`.
@@ -934,6 +945,9 @@ fn rereg_mr_and_the_other_calls_of_rdma_core_44() {
             "rereg translation: addr moved, length 4096",
             "WRITE to the new range: success, data identical, old buffer untouched",
             "WRITE to the old range: remote access error",
+            "keys after rereg CHANGE_ACCESS: kept",
+            "keys after rereg CHANGE_PD: changed",
+            "receive after its region lost local write: local protection error; its sender: remote operation error",
             "equal to the",
             "ibv_is_fork_initialized: 2",
             "ibv_reg_dmabuf_mr: NULL Operation not supported",

@@ -59,6 +59,19 @@ int main(void)
 	if (!pd)
 		fail("ibv_alloc_pd", errno);
 
+	/* A depth past max_cqe and a completion vector the device does not have are EINVAL, as
+	 * the kernel checks them (rdma-core's tests/test_cq.py asks for one past each). */
+	errno = 0;
+	struct ibv_cq *bad = ibv_create_cq(ctx, attr.max_cqe + 1, NULL, NULL, 0);
+	printf("CQ of max_cqe + 1 entries: %s %s\n", bad ? "made" : "NULL", strerror(errno));
+	errno = 0;
+	bad = ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors);
+	printf("CQ on completion vector num_comp_vectors (%d): %s %s\n", ctx->num_comp_vectors,
+	       bad ? "made" : "NULL", strerror(errno));
+	errno = 0;
+	bad = ibv_create_cq(ctx, 16, NULL, NULL, -1);
+	printf("CQ on completion vector -1: %s %s\n", bad ? "made" : "NULL", strerror(errno));
+
 	/* room for one more than the limit: the last must be refused */
 	struct ibv_cq **cqs = calloc((size_t)max + 1, sizeof(*cqs));
 	if (!cqs)

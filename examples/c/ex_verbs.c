@@ -132,6 +132,30 @@ int main(void)
 		.pd = pd,
 		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND,
 	};
+	/* An operation the device does not carry (atomic write) is refused when the QP is made,
+	 * not at each ibv_wr_complete (rdma-core's tests/test_qpex.py skips on that EOPNOTSUPP);
+	 * the creation-flags and TSO-header bits with nothing in them are taken, as the kernel
+	 * takes them. */
+	struct ibv_qp_init_attr_ex ask = ia;
+	ask.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+	errno = 0;
+	struct ibv_qp *q = ibv_create_qp_ex(ctx, &ask);
+	printf("QP with IBV_QP_EX_WITH_ATOMIC_WRITE: %s %s\n", q ? "made" : "NULL", strerror(errno));
+	if (q)
+		ibv_destroy_qp(q);
+	ask = ia;
+	ask.comp_mask |= IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
+	q = ibv_create_qp_ex(ctx, &ask);
+	printf("QP with empty creation flags and TSO header: %s\n", q ? "made" : strerror(errno));
+	if (q)
+		ibv_destroy_qp(q);
+	ask.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	errno = 0;
+	q = ibv_create_qp_ex(ctx, &ask);
+	printf("QP with IBV_QP_CREATE_SCATTER_FCS: %s %s\n", q ? "made" : "NULL", strerror(errno));
+	if (q)
+		ibv_destroy_qp(q);
+
 	struct ibv_qp *a = ibv_create_qp_ex(ctx, &ia), *b = ibv_create_qp_ex(ctx, &ia);
 	if (!a || !b)
 		fail("ibv_create_qp_ex", errno);

@@ -140,6 +140,53 @@ int main(int argc, char **argv)
 	st = write_to(a, cq, smr, src, 64, old, mr->rkey);
 	printf("WRITE to the old range: %s\n", ibv_wc_status_str(st));
 
+	/* Keys across a rereg (what rdma-core's tests/test_mr.py takes for granted): a change of
+	 * rights keeps them (an R_Key a peer holds stays valid), a change of PD gives new ones. */
+	uint32_t lk = mr->lkey, rk = mr->rkey;
+	if (ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))
+		fail("ibv_rereg_mr CHANGE_ACCESS", errno);
+	printf("keys after rereg CHANGE_ACCESS: %s\n",
+	       mr->lkey == lk && mr->rkey == rk ? "kept" : "changed");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	if (!pd2 || ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0))
+		fail("ibv_rereg_mr CHANGE_PD", errno);
+	printf("keys after rereg CHANGE_PD: %s\n",
+	       mr->lkey == lk || mr->rkey == rk ? "kept" : "changed");
+	if (ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0))
+		fail("ibv_rereg_mr CHANGE_PD back", errno);
+
+	/* A receive posted while its region had local write, reached after a rereg took it away:
+	 * protection is checked when the WQE is processed (IBTA), so the receive completes with a
+	 * local protection error and its sender learns of it (remote operation error). */
+	struct ibv_qp *c = ibv_create_qp(pd, &ia), *d = ibv_create_qp(pd, &ia);
+	if (!c || !d)
+		fail("ibv_create_qp", errno);
+	if ((step = rc_to_rts(c, d->qp_num, &gid, acc, 100, &e)) ||
+	    (step = rc_to_rts(d, c->qp_num, &gid, acc, 100, &e)))
+		fail(step, e);
+	struct ibv_sge rsge = { .addr = (uintptr_t)mr->addr, .length = 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	if (ibv_post_recv(d, &rwr, &rbad))
+		fail("ibv_post_recv", errno);
+	if (ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, 0))
+		fail("ibv_rereg_mr CHANGE_ACCESS to none", errno);
+	struct ibv_sge ssge = { .addr = (uintptr_t)src, .length = 64, .lkey = smr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ssge, .num_sge = 1,
+				   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *sbad;
+	if (ibv_post_send(c, &swr, &sbad))
+		fail("ibv_post_send", errno);
+	enum ibv_wc_status rst = IBV_WC_SUCCESS, sst = IBV_WC_SUCCESS;
+	for (int i = 0; i < 2; i++) {
+		struct ibv_wc wc = poll_one_or_exit(cq, "rereg_mr");
+		if (wc.qp_num == d->qp_num)
+			rst = wc.status;
+		else
+			sst = wc.status;
+	}
+	printf("receive after its region lost local write: %s; its sender: %s\n",
+	       ibv_wc_status_str(rst), ibv_wc_status_str(sst));
+
 	/* The GID table in one call agrees with the entries one by one. */
 	struct ibv_port_attr port;
 	if (ibv_query_port(ctx, 1, &port))
@@ -172,9 +219,12 @@ int main(int argc, char **argv)
 
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
+	ibv_destroy_qp(c);
+	ibv_destroy_qp(d);
 	if (ibv_dereg_mr(mr) || ibv_dereg_mr(smr))
 		fail("ibv_dereg_mr", errno);
 	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd2);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(list);

@@ -674,6 +674,18 @@ impl Nic {
         self.with_device(|d| d.reg_mr_app(pd, mem, iova, access))
     }
 
+    /// `ibv_rereg_mr` keeping the keys (see [`Device::rereg_mr_app`]).
+    pub fn rereg_mr_app(
+        &self,
+        mr: &MemoryRegion,
+        pd: Pd,
+        mem: crate::verbs::AppMemory,
+        iova: u64,
+        access: crate::verbs::AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        self.with_device(|d| d.rereg_mr_app(mr, pd, mem, iova, access))
+    }
+
     /// `ibv_dereg_mr` (see [`Device::dereg_mr`]).
     pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         self.with_device(|d| d.dereg_mr(mr))
@@ -852,9 +864,26 @@ impl Nic {
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
         let mut d = lock(&self.inner.dev);
+        ring_doorbells(&self.inner, &mut d);
         let r = d.modify_qp(qpn, attr, mask);
         self.refresh_state(qpn, &d);
         self.refilter(&d);
+        // To RESET: its completions already handed to the CQs' shadows go too (the device
+        // purged its own rings; see Device::modify_qp), under the device lock as in
+        // destroy_qp.
+        if r.is_ok() && mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            let cqs = [d.send_cq_of(qpn), d.recv_cq_of(qpn)];
+            let shadows = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+            for (i, cq) in cqs.iter().enumerate() {
+                let Some(cq) = *cq else { continue };
+                if i == 1 && cqs[0] == Some(cq) {
+                    continue;
+                }
+                if let Some(c) = shadows.get(cq.0 as usize) {
+                    purge_shadow(c, qpn);
+                }
+            }
+        }
         r
     }
 
