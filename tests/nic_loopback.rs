@@ -558,3 +558,93 @@ fn a_reset_qps_old_completions_are_never_polled() {
         assert_eq!(drain(1), vec![(3, flushed)], "{poll:?}");
     }
 }
+
+/// `ibv_resize_cq`: a CQ grows and shrinks, never below the completions it holds (those in the
+/// device's ring and those already handed to the queue `poll_cq` reads), never to 0 or past
+/// `max_cqe` (each refusal leaves it as it was), and after growing it takes completions up to
+/// its new depth. rdma-core's tests/test_cq.py `test_resize_cq` asks the same of a provider
+/// (rxe's `rxe_cq_chk_attr` refuses a depth below the CQ's count).
+#[test]
+fn a_cq_resizes_but_never_below_what_it_holds() {
+    for poll in [PollMode::Inline, PollMode::Busy] {
+        let (la, _lb) = Loopback::pair(16, 9000).unwrap();
+        let a = nic(1, la, poll);
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(4).unwrap();
+        let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+        let x = ferroce::runtime::create_rc_qp(&a, pd, cq, common::qp_cap(8, 1, 16)).unwrap();
+        let attr = |qp_state| QpAttr {
+            qp_state,
+            port_num: 1,
+            qp_access_flags: ALL,
+            ..Default::default()
+        };
+        a.modify_qp(
+            x,
+            &attr(QpState::Init),
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        let recv = |wr_id| {
+            a.post_recv(
+                x,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
+                },
+            )
+            .unwrap();
+        };
+        for wr_id in 0..3 {
+            recv(wr_id);
+        }
+        let max_cqe = a.query_device().max_cqe as usize;
+        assert!(a.resize_cq(cq, 0).is_err(), "{poll:?}: depth 0");
+        assert!(
+            a.resize_cq(cq, max_cqe + 1).is_err(),
+            "{poll:?}: past max_cqe"
+        );
+        assert!(a.resize_cq(cq, 1).is_ok(), "{poll:?}: empty, shrunk to 1");
+        a.resize_cq(cq, 3).unwrap();
+        // Three flushes (the QP in ERR) fill it.
+        a.modify_qp(x, &attr(QpState::Err), QpAttrMask::STATE)
+            .unwrap();
+        for _ in 0..200 {
+            a.progress();
+            std::thread::yield_now();
+        }
+        assert!(
+            a.resize_cq(cq, 2).is_err(),
+            "{poll:?}: shrunk below the 3 completions it holds"
+        );
+        a.resize_cq(cq, 8).unwrap();
+        // Grown, it takes three more (receives posted in ERR are flushed at once): six held,
+        // past its first depth.
+        for wr_id in 3..6 {
+            recv(wr_id);
+        }
+        for _ in 0..200 {
+            a.progress();
+            std::thread::yield_now();
+        }
+        let mut got = Vec::new();
+        let mut quiet = 0;
+        while got.len() < 6 && quiet < 200_000 {
+            let mut v = Vec::new();
+            a.progress();
+            if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
+                quiet += 1;
+                std::thread::yield_now();
+            }
+            got.extend(v.iter().map(|w| w.wr_id));
+        }
+        assert_eq!(
+            got,
+            (0..6).collect::<Vec<_>>(),
+            "{poll:?}: every receive completed, in order"
+        );
+    }
+}

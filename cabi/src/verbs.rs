@@ -1190,9 +1190,24 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     0
 }
 
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (`cq->cqe` says so);
+/// EINVAL below one, above `max_cqe` or below what it holds, the CQ unchanged.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    EOPNOTSUPP
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    if cq.is_null() || cqe <= 0 {
+        return EINVAL;
+    }
+    // SAFETY: a CQ from ibv_create_cq that the caller still holds (libibverbs' contract).
+    let w = unsafe { &mut *(cq as *mut CqW) };
+    // SAFETY: its context pointer is the one set at creation.
+    let nic = nic_or!(unsafe { sh(w.c.context) }, |e| e);
+    match nic.resize_cq(w.cq, cqe as usize) {
+        Ok(()) => {
+            w.c.cqe = cqe;
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
 }
 
 /// `ibv_get_cq_event`: block until a CQ bound to the channel fires an armed notification.

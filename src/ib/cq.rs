@@ -55,6 +55,11 @@ impl CqRing {
         self.overrun
     }
 
+    /// A new depth (`ibv_resize_cq`; the caller has checked it holds what is queued).
+    pub(crate) fn set_depth(&mut self, depth: usize) {
+        self.depth = depth;
+    }
+
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> bool {
         if self.ring.len() >= self.depth {
             self.overrun = true;

@@ -321,7 +321,8 @@ pub type AsyncSink = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
 struct CqShadow {
     q: SegQueue<WorkCompletion>,
     len: AtomicUsize,
-    depth: usize,
+    /// The CQ's depth (`ibv_resize_cq` changes it).
+    depth: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
     /// Threads sleeping (or about to) on `cv`: the engine signals it only when there is one,
@@ -379,7 +380,7 @@ impl CqShadow {
         Arc::new(CqShadow {
             q: SegQueue::new(),
             len: AtomicUsize::new(0),
-            depth,
+            depth: AtomicUsize::new(depth),
             lock: Mutex::new(()),
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -705,6 +706,18 @@ impl Nic {
         }
         cqs[i] = CqShadow::new(depth);
         Ok(cq)
+    }
+
+    /// `ibv_resize_cq` (see [`Device::resize_cq`]): the CQ holds `depth` completions from now
+    /// on; refused (`BadCap`, EINVAL) below one, above `max_cqe`, or below what it holds now.
+    pub fn resize_cq(&self, cq: Cq, depth: usize) -> Result<(), VerbsError> {
+        let mut dev = lock(&self.inner.dev);
+        let cqs = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+        let c = cqs.get(cq.0 as usize).ok_or(VerbsError::NoSuchCq)?;
+        // Under the device lock: the engine moves no completion to the shadow meanwhile.
+        dev.resize_cq(cq, depth, c.len.load(Ordering::Acquire))?;
+        c.depth.store(depth, Ordering::Release);
+        Ok(())
     }
 
     /// `ibv_destroy_cq` (see [`Device::destroy_cq`]); its completions not yet polled go
@@ -1875,7 +1888,10 @@ fn engine_step(
                 let Some(c) = cqs.get(cq.0 as usize) else {
                     continue;
                 };
-                let room = c.depth.saturating_sub(c.len.load(Ordering::Acquire));
+                let room = c
+                    .depth
+                    .load(Ordering::Acquire)
+                    .saturating_sub(c.len.load(Ordering::Acquire));
                 tmp.clear();
                 let _ = dev.poll_cq(cq, &mut tmp, room);
                 if tmp.is_empty() {

@@ -759,6 +759,24 @@ impl Device {
         }
     }
 
+    /// `ibv_resize_cq`: the CQ holds `depth` completions from now on (those it holds stay).
+    /// Refused (`BadCap`, EINVAL, the CQ unchanged) for a depth of 0 or above `max_cqe`, and
+    /// for one below the completions it holds (`held` more are held above the device, by the
+    /// runtime), as rxe refuses to shrink a CQ below its contents.
+    pub fn resize_cq(&mut self, cq: Cq, depth: usize, held: usize) -> Result<(), VerbsError> {
+        if depth == 0 || depth > self.cfg.max_cqe as usize {
+            return Err(VerbsError::BadCap("CQ depth"));
+        }
+        let ring = self.cq_mut(cq)?;
+        if ring.len() + held > depth {
+            return Err(VerbsError::BadCap(
+                "CQ depth below the completions it holds",
+            ));
+        }
+        ring.set_depth(depth);
+        Ok(())
+    }
+
     /// `ibv_destroy_cq`: refused (`Busy`, EBUSY) while a QP completes into it; completions
     /// still in it are dropped with it.
     pub fn destroy_cq(&mut self, cq: Cq) -> Result<(), VerbsError> {
