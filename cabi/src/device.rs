@@ -364,7 +364,14 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     });
     *g = Some(Arc::downgrade(&s));
     // One watcher per process, started with the first device and ended when none is open
-    // (both decided under SHARED's lock, so a device opened as it ends starts the next).
+    // (both decided under SHARED's lock, so a device opened as it ends starts the next). A
+    // child of fork(2) has none of its parent's threads: it starts its own.
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: pthread_atfork(3) with a child handler that lives as long as the process and
+    // only stores to an atomic (async-signal-safe, as a handler run after fork must be).
+    AT_FORK.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(link_watcher_gone));
+    });
     if !LINK_WATCHER.swap(true, Ordering::SeqCst)
         && std::thread::Builder::new()
             .name("ferroce-link".into())
@@ -380,6 +387,11 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
 
 /// Whether the link watcher ([`watch_link`]) runs.
 static LINK_WATCHER: AtomicBool = AtomicBool::new(false);
+
+/// In a child of fork(2): the parent's link watcher is not there.
+extern "C" fn link_watcher_gone() {
+    LINK_WATCHER.store(false, Ordering::SeqCst);
+}
 
 /// How often the link watcher looks whether a device is still open when no link changes.
 const LINK_WATCH_TICK: Duration = Duration::from_millis(500);

@@ -2493,3 +2493,43 @@ fn port_state_and_events_follow_the_interface() {
         "{o}"
     );
 }
+
+/// examples/c/port_events_fork.c: a child of fork(2) whose parent had opened and closed the
+/// device just before gets its port events too (the link watcher is a thread, and a child has
+/// none of its parent's; it used to believe the parent's still ran and got no event).
+#[test]
+fn a_forked_child_gets_port_events() {
+    let t = "a_forked_child_gets_port_events";
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "port_events_fork",
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    ) else {
+        return;
+    };
+    let script = format!(
+        "ip link add va type veth peer name vb && ip addr add 10.9.0.1/24 dev va \
+           && ip link set va up && ip link set vb up || exit 99\n\
+         i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
+         O=$(mktemp); timeout 30 $F run -d va -- {} > $O 2>&1 & p=$!\n\
+         i=0; while [ $i -lt 200 ] && ! grep -q 'child ready' $O; do sleep 0.05; i=$((i+1)); done\n\
+         ip link set vb down\n\
+         wait $p; echo \"rc=$?\"; cat $O; rm -f $O",
+        exe.display()
+    );
+    let out = in_netns_lo("ip link set lo up || exit 99", &script);
+    let o = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(o.lines().any(|l| l == "rc=0"), "{o}");
+    assert!(
+        o.lines()
+            .any(|l| l == "child event: IBV_EVENT_PORT_ERR, port 1"),
+        "{o}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
