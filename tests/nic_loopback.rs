@@ -5,7 +5,7 @@ use common::{nic_rc_pair, nic_rc_pair_with, ALL};
 use ferroce::io::Loopback;
 use ferroce::runtime::{Nic, NicOptions, PollMode};
 use ferroce::verbs::*;
-use ferroce::wire::MacAddr;
+use ferroce::wire::{MacAddr, QpNumber};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -334,6 +334,86 @@ fn a_destroyed_srqs_pending_receive_never_reaches_its_successor() {
     );
 }
 
+/// Two RC QPs on one CQ of depth 64, with a 4 KiB region, on a device of its own.
+fn two_qps_one_cq(poll: PollMode) -> (Nic, Cq, MemoryRegion, QpNumber, QpNumber) {
+    let (la, _lb) = Loopback::pair(16, 9000).unwrap();
+    let a = nic(1, la, poll);
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(64).unwrap();
+    let mr = a.reg_mr(pd, 4096, ALL).unwrap();
+    let cap = common::qp_cap(8, 1, 16);
+    let x = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+    let y = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
+    (a, cq, mr, x, y)
+}
+
+/// [`two_qps_one_cq`] with both QPs in ERR and two receives each flushed: x's 1 and y's 10
+/// already handed to the queue `poll_cq` reads (none polled), x's 2 and y's 11 posted after.
+fn two_qps_flushing(poll: PollMode) -> (Nic, Cq, MemoryRegion, QpNumber, QpNumber) {
+    let (a, cq, mr, x, y) = two_qps_one_cq(poll);
+    move_qp(&a, x, QpState::Init);
+    move_qp(&a, y, QpState::Init);
+    recv64(&a, &mr, x, 1);
+    recv64(&a, &mr, y, 10);
+    move_qp(&a, x, QpState::Err);
+    move_qp(&a, y, QpState::Err);
+    for _ in 0..50 {
+        a.progress();
+        std::thread::yield_now();
+    }
+    recv64(&a, &mr, x, 2);
+    recv64(&a, &mr, y, 11);
+    (a, cq, mr, x, y)
+}
+
+/// Move QP `q` to `qp_state` (INIT with its port, P_Key index and rights).
+fn move_qp(a: &Nic, q: QpNumber, qp_state: QpState) {
+    let mask = if qp_state == QpState::Init {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+    } else {
+        QpAttrMask::STATE
+    };
+    let attr = QpAttr {
+        qp_state,
+        port_num: 1,
+        qp_access_flags: ALL,
+        ..Default::default()
+    };
+    a.modify_qp(q, &attr, mask).unwrap();
+}
+
+/// Post a 64-byte receive at the start of `mr` to QP `q`.
+fn recv64(a: &Nic, mr: &MemoryRegion, q: QpNumber, wr_id: u64) {
+    a.post_recv(
+        q,
+        RecvWr {
+            wr_id,
+            sg_list: vec![common::sge(mr, 0, 64)].into(),
+        },
+    )
+    .unwrap();
+}
+
+/// Poll `cq` until the engine has nothing left to deliver (counted rounds, no clock) and at
+/// least `want` completions came (or a bound of rounds passed): their work request IDs and
+/// statuses.
+fn drain_cq(a: &Nic, cq: Cq, want: usize) -> Vec<(u64, WcStatus)> {
+    let mut got = Vec::new();
+    let mut quiet = 0;
+    while quiet < 200 || got.len() < want && quiet < 200_000 {
+        let mut v = Vec::new();
+        a.progress();
+        if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
+            quiet += 1;
+            std::thread::yield_now();
+        } else {
+            quiet = 0;
+        }
+        got.extend(v.iter().map(|w| (w.wr_id, w.status)));
+    }
+    got
+}
+
 /// No completion of a destroyed QP is ever polled: not one already in the queue `poll_cq`
 /// reads, not one the device's ring still holds, not the flush of a receive still in the
 /// doorbell when the QP is destroyed (applied to the QP in the error state first), while the
@@ -343,73 +423,10 @@ fn a_destroyed_srqs_pending_receive_never_reaches_its_successor() {
 #[test]
 fn a_destroyed_qps_completions_are_never_polled() {
     for poll in [PollMode::Inline, PollMode::Busy] {
-        let (la, _lb) = Loopback::pair(16, 9000).unwrap();
-        let a = nic(1, la, poll);
-        let pd = a.alloc_pd().unwrap();
-        let cq = a.create_cq(64).unwrap();
-        let mr = a.reg_mr(pd, 4096, ALL).unwrap();
-        let cap = common::qp_cap(8, 1, 16);
-        let x = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
-        let y = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
-        let to = |q: ferroce::wire::QpNumber, qp_state: QpState| {
-            let mask = if qp_state == QpState::Init {
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS
-            } else {
-                QpAttrMask::STATE
-            };
-            let attr = QpAttr {
-                qp_state,
-                port_num: 1,
-                qp_access_flags: ALL,
-                ..Default::default()
-            };
-            a.modify_qp(q, &attr, mask).unwrap();
-        };
-        let recv = |q: ferroce::wire::QpNumber, wr_id: u64| {
-            a.post_recv(
-                q,
-                RecvWr {
-                    wr_id,
-                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
-                },
-            )
-            .unwrap();
-        };
-        let mut got = Vec::new();
-        let drain = |got: &mut Vec<u64>| {
-            // Until the engine has nothing left to deliver (counted rounds, no clock).
-            let mut quiet = 0;
-            while quiet < 200 || got.len() < 2 && quiet < 200_000 {
-                let mut v = Vec::new();
-                a.progress();
-                if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
-                    quiet += 1;
-                    std::thread::yield_now();
-                } else {
-                    quiet = 0;
-                }
-                got.extend(v.iter().map(|w| w.wr_id));
-            }
-        };
-        to(x, QpState::Init);
-        to(y, QpState::Init);
-        recv(x, 1);
-        recv(y, 10);
-        to(x, QpState::Err);
-        to(y, QpState::Err);
-        // x's first flush and y's first delivered to the queue poll_cq reads (not polled).
-        for _ in 0..50 {
-            a.progress();
-            std::thread::yield_now();
-        }
-        recv(x, 2);
-        recv(y, 11);
-        recv(x, 3);
+        let (a, cq, mr, x, y) = two_qps_flushing(poll);
+        recv64(&a, &mr, x, 3);
         a.destroy_qp(x).unwrap();
-        drain(&mut got);
+        let got: Vec<u64> = drain_cq(&a, cq, 2).into_iter().map(|(id, _)| id).collect();
         assert_eq!(
             got,
             vec![10, 11],
@@ -480,82 +497,20 @@ fn wait_on_any_of_several_cqs_busy() {
 #[test]
 fn a_reset_qps_old_completions_are_never_polled() {
     for poll in [PollMode::Inline, PollMode::Busy] {
-        let (la, _lb) = Loopback::pair(16, 9000).unwrap();
-        let a = nic(1, la, poll);
-        let pd = a.alloc_pd().unwrap();
-        let cq = a.create_cq(64).unwrap();
-        let mr = a.reg_mr(pd, 4096, ALL).unwrap();
-        let cap = common::qp_cap(8, 1, 16);
-        let x = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
-        let y = ferroce::runtime::create_rc_qp(&a, pd, cq, cap).unwrap();
-        let to = |q: ferroce::wire::QpNumber, qp_state: QpState| {
-            let mask = if qp_state == QpState::Init {
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS
-            } else {
-                QpAttrMask::STATE
-            };
-            let attr = QpAttr {
-                qp_state,
-                port_num: 1,
-                qp_access_flags: ALL,
-                ..Default::default()
-            };
-            a.modify_qp(q, &attr, mask).unwrap();
-        };
-        let recv = |q: ferroce::wire::QpNumber, wr_id: u64| {
-            a.post_recv(
-                q,
-                RecvWr {
-                    wr_id,
-                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
-                },
-            )
-            .unwrap();
-        };
-        let drain = |want: usize| {
-            let mut got = Vec::new();
-            let mut quiet = 0;
-            while quiet < 200 || got.len() < want && quiet < 200_000 {
-                let mut v = Vec::new();
-                a.progress();
-                if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
-                    quiet += 1;
-                    std::thread::yield_now();
-                } else {
-                    quiet = 0;
-                }
-                got.extend(v.iter().map(|w| (w.wr_id, w.status)));
-            }
-            got
-        };
-        to(x, QpState::Init);
-        to(y, QpState::Init);
-        recv(x, 1);
-        recv(y, 10);
-        to(x, QpState::Err);
-        to(y, QpState::Err);
-        for _ in 0..50 {
-            a.progress();
-            std::thread::yield_now();
-        }
-        recv(x, 2);
-        recv(y, 11);
-        to(x, QpState::Reset);
-        let flushed = ferroce::verbs::WcStatus::WrFlushErr;
+        let (a, cq, mr, x, _y) = two_qps_flushing(poll);
+        move_qp(&a, x, QpState::Reset);
+        let flushed = WcStatus::WrFlushErr;
         assert_eq!(
-            drain(2),
+            drain_cq(&a, cq, 2),
             vec![(10, flushed), (11, flushed)],
             "{poll:?}: the reset QP's flushes were polled, or the other QP's lost"
         );
         // Restated, the QP completes its new work (its own flush in ERR again: no stale one
         // before it).
-        to(x, QpState::Init);
-        recv(x, 3);
-        to(x, QpState::Err);
-        assert_eq!(drain(1), vec![(3, flushed)], "{poll:?}");
+        move_qp(&a, x, QpState::Init);
+        recv64(&a, &mr, x, 3);
+        move_qp(&a, x, QpState::Err);
+        assert_eq!(drain_cq(&a, cq, 1), vec![(3, flushed)], "{poll:?}");
     }
 }
 
@@ -573,33 +528,9 @@ fn a_cq_resizes_but_never_below_what_it_holds() {
         let cq = a.create_cq(4).unwrap();
         let mr = a.reg_mr(pd, 4096, ALL).unwrap();
         let x = ferroce::runtime::create_rc_qp(&a, pd, cq, common::qp_cap(8, 1, 16)).unwrap();
-        let attr = |qp_state| QpAttr {
-            qp_state,
-            port_num: 1,
-            qp_access_flags: ALL,
-            ..Default::default()
-        };
-        a.modify_qp(
-            x,
-            &attr(QpState::Init),
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
-        let recv = |wr_id| {
-            a.post_recv(
-                x,
-                RecvWr {
-                    wr_id,
-                    sg_list: vec![common::sge(&mr, 0, 64)].into(),
-                },
-            )
-            .unwrap();
-        };
+        move_qp(&a, x, QpState::Init);
         for wr_id in 0..3 {
-            recv(wr_id);
+            recv64(&a, &mr, x, wr_id);
         }
         let max_cqe = a.query_device().max_cqe as usize;
         assert!(a.resize_cq(cq, 0).is_err(), "{poll:?}: depth 0");
@@ -610,8 +541,7 @@ fn a_cq_resizes_but_never_below_what_it_holds() {
         assert!(a.resize_cq(cq, 1).is_ok(), "{poll:?}: empty, shrunk to 1");
         a.resize_cq(cq, 3).unwrap();
         // Three flushes (the QP in ERR) fill it.
-        a.modify_qp(x, &attr(QpState::Err), QpAttrMask::STATE)
-            .unwrap();
+        move_qp(&a, x, QpState::Err);
         for _ in 0..200 {
             a.progress();
             std::thread::yield_now();
@@ -624,23 +554,9 @@ fn a_cq_resizes_but_never_below_what_it_holds() {
         // Grown, it takes three more (receives posted in ERR are flushed at once): six held,
         // past its first depth.
         for wr_id in 3..6 {
-            recv(wr_id);
+            recv64(&a, &mr, x, wr_id);
         }
-        for _ in 0..200 {
-            a.progress();
-            std::thread::yield_now();
-        }
-        let mut got = Vec::new();
-        let mut quiet = 0;
-        while got.len() < 6 && quiet < 200_000 {
-            let mut v = Vec::new();
-            a.progress();
-            if a.poll_cq(cq, &mut v, 16).unwrap() == 0 {
-                quiet += 1;
-                std::thread::yield_now();
-            }
-            got.extend(v.iter().map(|w| w.wr_id));
-        }
+        let got: Vec<u64> = drain_cq(&a, cq, 6).into_iter().map(|(id, _)| id).collect();
         assert_eq!(
             got,
             (0..6).collect::<Vec<_>>(),

@@ -784,17 +784,7 @@ impl Nic {
             dev.destroy_qp(qpn)?;
             self.refilter(&dev);
             // Under the device lock: the engine adds no completion meanwhile.
-            let shadows = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
-            for (i, cq) in cqs.iter().enumerate() {
-                let Some(cq) = *cq else { continue };
-                if i == 1 && cqs[0] == Some(cq) {
-                    continue;
-                }
-                if let Some(c) = shadows.get(cq.0 as usize) {
-                    purge_shadow(c, qpn);
-                }
-            }
-            drop(shadows);
+            purge_shadows(&self.inner, cqs, qpn);
             g != dev.mcast_groups().len()
         };
         self.inner
@@ -885,17 +875,7 @@ impl Nic {
         // purged its own rings; see Device::modify_qp), under the device lock as in
         // destroy_qp.
         if r.is_ok() && mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
-            let cqs = [d.send_cq_of(qpn), d.recv_cq_of(qpn)];
-            let shadows = self.inner.cqs.read().unwrap_or_else(|e| e.into_inner());
-            for (i, cq) in cqs.iter().enumerate() {
-                let Some(cq) = *cq else { continue };
-                if i == 1 && cqs[0] == Some(cq) {
-                    continue;
-                }
-                if let Some(c) = shadows.get(cq.0 as usize) {
-                    purge_shadow(c, qpn);
-                }
-            }
+            purge_shadows(&self.inner, [d.send_cq_of(qpn), d.recv_cq_of(qpn)], qpn);
         }
         r
     }
@@ -1948,6 +1928,21 @@ fn engine_step(
 
 /// Remove QP `qpn`'s completions from the queue `poll_cq` reads, the others kept in order.
 /// Called with the device lock held (the engine adds nothing meanwhile).
+/// [`purge_shadow`] of the QP's send and receive CQs (once when they are one). The caller
+/// holds the device lock, so the engine adds no completion meanwhile.
+fn purge_shadows(inner: &Inner, cqs: [Option<Cq>; 2], qpn: QpNumber) {
+    let shadows = inner.cqs.read().unwrap_or_else(|e| e.into_inner());
+    for (i, cq) in cqs.iter().enumerate() {
+        let Some(cq) = *cq else { continue };
+        if i == 1 && cqs[0] == Some(cq) {
+            continue;
+        }
+        if let Some(c) = shadows.get(cq.0 as usize) {
+            purge_shadow(c, qpn);
+        }
+    }
+}
+
 fn purge_shadow(c: &CqShadow, qpn: QpNumber) {
     let _take = lock(&c.take);
     let mut kept = Vec::new();
