@@ -533,8 +533,8 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     *a = unsafe { std::mem::zeroed() };
     // The interface's state, as rxe reports it: ACTIVE and LinkUp while it is up with its
     // link; else DOWN, and Polling (up without link) or Disabled (down).
-    let link = ferroce::io::netdev::link_state(&s.port.netdev.name).ok();
-    let active = link.is_some_and(|l| l.active());
+    let link = ferroce::io::netdev::port_link(&s.port.netdev.name);
+    let active = link.active();
     a.state = if active { 4 } else { 1 }; // IBV_PORT_ACTIVE, IBV_PORT_DOWN
     a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
     a.active_mtu = s.port.mtu.to_ibv() as c_int;
@@ -546,10 +546,12 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
     a.active_speed = 32; // EDR
-    a.phys_state = match link {
-        _ if active => 5,     // LinkUp
-        Some(l) if l.up => 2, // Polling
-        _ => 3,               // Disabled
+    a.phys_state = if active {
+        5 // LinkUp
+    } else if link.up {
+        2 // Polling
+    } else {
+        3 // Disabled
     };
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }

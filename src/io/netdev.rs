@@ -102,6 +102,19 @@ pub fn link_state(name: &str) -> io::Result<LinkState> {
         })
 }
 
+/// [`link_state`] for a RoCE port: an interface that is gone is down; one whose state cannot
+/// be read (the interface list failed, the interface still exists) counts as up, so that a
+/// failed lookup never takes a working port down.
+pub fn port_link(name: &str) -> LinkState {
+    link_state(name).unwrap_or_else(|_| {
+        let exists = super::sys::if_nametoindex(name).is_ok();
+        LinkState {
+            up: exists,
+            running: exists,
+        }
+    })
+}
+
 /// Wakes on changes of interfaces' links: an rtnetlink socket in the link group (`RTMGRP_LINK`)
 /// of the calling thread's network namespace. It only says that something changed; the state
 /// itself is read with [`link_state`].
@@ -227,6 +240,20 @@ pub fn resolve(dst: IpAddr, dev: Option<&str>, timeout: Duration) -> Option<MacA
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_on_an_interface_that_is_gone_is_down() {
+        let l = port_link("ferroce-none0");
+        assert!(!l.active() && !l.up, "{l:?}");
+        assert!(link_state("ferroce-none0").is_err());
+        // lo is listed (up or not) and answers from its flags, as the interface list says.
+        let lo = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "lo")
+            .unwrap();
+        let l = port_link("lo");
+        assert_eq!((l.up, l.running), (lo.is_up(), lo.is_running()));
+    }
 
     #[test]
     fn gid_table_order_matches_linux() {
