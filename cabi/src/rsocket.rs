@@ -2880,8 +2880,13 @@ fn rs_revents(rs: &Rs, events: i16) -> (i16, Vec<c_int>) {
             Ok(true) => {}
             // Waits on the CM channel for the next event.
             Ok(false) => return (0, g.cm_fd().into_iter().collect()),
-            // Failed: POLLOUT and POLLERR, as a TCP socket's failed connect gives.
-            Err(_) => return (libc::POLLERR | (events & libc::POLLOUT), vec![]),
+            // Failed: POLLOUT and POLLERR, as a TCP socket's failed connect gives, and errno
+            // says why (ECONNREFUSED for a REJ), as rdma-core's rpoll leaves it when the
+            // connection fails inside the call (riostream prints "rpoll: Connection refused").
+            Err(e) => {
+                set_errno(e);
+                return (libc::POLLERR | (events & libc::POLLOUT), vec![]);
+            }
         }
     }
     match g.phase {

@@ -129,7 +129,8 @@ static int server(void)
 }
 
 /* A non-blocking rconnect: EINPROGRESS, then rpoll for POLLOUT; returns SO_ERROR. */
-static int connect_nonblocking(int s, const struct sockaddr_in *a, short *revents)
+static int connect_nonblocking(int s, const struct sockaddr_in *a, short *revents,
+			       int *poll_errno)
 {
 	int err = -1;
 	socklen_t len = sizeof(err);
@@ -147,11 +148,16 @@ static int connect_nonblocking(int s, const struct sockaddr_in *a, short *revent
 		fprintf(stderr, "rrecv while connecting: not EAGAIN (%s)\n", strerror(errno));
 		exit(1);
 	}
+	int seen = errno == ECONNREFUSED;
 	struct pollfd f = { .fd = s, .events = POLLOUT };
+	errno = 0;
 	if (rpoll(&f, 1, 10000) != 1) {
 		fprintf(stderr, "rpoll while connecting: nothing in 10 s\n");
 		exit(1);
 	}
+	/* A connection that fails inside rpoll leaves errno saying why, as rdma-core's rpoll
+	 * does (riostream's "rpoll: Connection refused"); -1 when rrecv saw it first. */
+	*poll_errno = seen ? -1 : errno;
 	*revents = f.revents;
 	if (rgetsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len))
 		die("rgetsockopt SO_ERROR");
@@ -182,10 +188,11 @@ static int client(const char *host)
 	s = rsocket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0)
 		die("rsocket");
-	int err = connect_nonblocking(s, &none, &ev);
-	if (err != ECONNREFUSED || !(ev & POLLERR)) {
-		fprintf(stderr, "refused connect: SO_ERROR %d (%s), revents %#x\n", err,
-			strerror(err), ev);
+	int perr;
+	int err = connect_nonblocking(s, &none, &ev, &perr);
+	if (err != ECONNREFUSED || !(ev & POLLERR) || (perr != -1 && perr != ECONNREFUSED)) {
+		fprintf(stderr, "refused connect: SO_ERROR %d (%s), revents %#x, errno after rpoll %d\n",
+			err, strerror(err), ev, perr);
 		return 1;
 	}
 	socklen_t len = sizeof(err);
@@ -199,7 +206,7 @@ static int client(const char *host)
 	s = rsocket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0)
 		die("rsocket");
-	err = connect_nonblocking(s, &a, &ev);
+	err = connect_nonblocking(s, &a, &ev, &perr);
 	if (err || !(ev & POLLOUT) || (ev & (POLLERR | POLLHUP))) {
 		fprintf(stderr, "connect: SO_ERROR %d (%s), revents %#x\n", err, strerror(err), ev);
 		return 1;
