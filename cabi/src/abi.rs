@@ -1383,6 +1383,23 @@ pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
 
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// `IBV_QP_INIT_ATTR_CREATE_FLAGS`.
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+/// `IBV_QP_INIT_ATTR_MAX_TSO_HEADER`.
+pub const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 1 << 3;
+/// The `enum ibv_qp_create_send_ops_flags` the work request builder carries: WRITE, WRITE with
+/// immediate, SEND, SEND with immediate, READ, compare-and-swap, fetch-and-add (`1 << 0` to
+/// `1 << 6`) and SEND with invalidate (`1 << 9`).
+pub const SEND_OPS_CARRIED: [(&str, u64); 8] = [
+    ("IBV_QP_EX_WITH_RDMA_WRITE", 1),
+    ("IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM", 1 << 1),
+    ("IBV_QP_EX_WITH_SEND", 1 << 2),
+    ("IBV_QP_EX_WITH_SEND_WITH_IMM", 1 << 3),
+    ("IBV_QP_EX_WITH_RDMA_READ", 1 << 4),
+    ("IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP", 1 << 5),
+    ("IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD", 1 << 6),
+    ("IBV_QP_EX_WITH_SEND_WITH_INV", 1 << 9),
+];
 /// `IBV_WC_STANDARD_FLAGS`: the completion fields every CQ has (byte length, immediate, QP
 /// number, source QP, SLID, SL, DLID path bits).
 pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
@@ -1535,6 +1552,17 @@ pub fn ex_layout_facts() -> Vec<(&'static str, usize)> {
         "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
         IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as usize,
     ));
+    v.push((
+        "IBV_QP_INIT_ATTR_CREATE_FLAGS",
+        IBV_QP_INIT_ATTR_CREATE_FLAGS as usize,
+    ));
+    v.push((
+        "IBV_QP_INIT_ATTR_MAX_TSO_HEADER",
+        IBV_QP_INIT_ATTR_MAX_TSO_HEADER as usize,
+    ));
+    for (n, f) in SEND_OPS_CARRIED {
+        v.push((n, f as usize));
+    }
     v.push(("IBV_WC_STANDARD_FLAGS", IBV_WC_STANDARD_FLAGS as usize));
     v
 }

@@ -398,7 +398,7 @@ const LINK_WATCH_TICK: Duration = Duration::from_millis(500);
 
 /// Whether the port of `port` is active now (its interface up with its link).
 fn link_active(port: &Port) -> bool {
-    netdev::port_link(&port.netdev.name).active()
+    netdev::port_link(&port.netdev.name) == netdev::PortState::Active
 }
 
 /// The device's port events, as the kernel raises them for rxe: `IBV_EVENT_PORT_ERR` on every

@@ -360,28 +360,25 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
-    // IBV_QP_INIT_ATTR_CREATE_FLAGS (1 << 2) and IBV_QP_INIT_ATTR_MAX_TSO_HEADER (1 << 3) are
-    // taken when they ask for nothing (no creation flag, no TSO header), as the kernel takes
-    // them; with a flag or a header they are refused below.
-    const CREATE_FLAGS: u32 = 1 << 2;
-    const MAX_TSO_HEADER: u32 = 1 << 3;
-    let known =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | CREATE_FLAGS | MAX_TSO_HEADER;
+    // The creation-flags and TSO-header bits are taken when they ask for nothing (no creation
+    // flag, no TSO header), as the kernel takes them; with a flag or a header they are refused.
+    let known = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS
+        | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
     if a.comp_mask & !known != 0
         || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0
-        || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags != 0)
-        || (a.comp_mask & MAX_TSO_HEADER != 0 && a.max_tso_header != 0)
+        || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        || (a.comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER != 0 && a.max_tso_header != 0)
     {
         set_errno(EOPNOTSUPP);
         return null_mut();
     }
-    // The work request builder's operations (enum ibv_qp_create_send_ops_flags): WRITE, WRITE
-    // with immediate, SEND, SEND with immediate, READ, compare-and-swap, fetch-and-add and SEND
-    // with invalidate. A QP asking for another (local invalidate, memory window bind, TSO,
-    // flush, atomic write) is refused here, as rdma-core's providers refuse it, rather than
-    // failing each such request at `ibv_wr_complete`.
-    const SEND_OPS: u64 = 0x7f | 1 << 9;
-    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SEND_OPS != 0 {
+    // A QP asking for an operation the work request builder does not carry (local invalidate,
+    // memory window bind, TSO, flush, atomic write) is refused here, as rdma-core's providers
+    // refuse it, rather than failing each such request at `ibv_wr_complete`.
+    let carried = SEND_OPS_CARRIED.iter().fold(0, |m, &(_, f)| m | f);
+    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !carried != 0 {
         set_errno(EOPNOTSUPP);
         return null_mut();
     }

@@ -534,8 +534,7 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     // The interface's state, as rxe reports it: ACTIVE and LinkUp while it is up with its
     // link; else DOWN, and Polling (up without link) or Disabled (down).
     let link = ferroce::io::netdev::port_link(&s.port.netdev.name);
-    let active = link.active();
-    a.state = if active { 4 } else { 1 }; // IBV_PORT_ACTIVE, IBV_PORT_DOWN
+    a.state = link.ibv_state().into();
     a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
     a.active_mtu = s.port.mtu.to_ibv() as c_int;
     a.gid_tbl_len = s.port.table.len() as c_int;
@@ -546,13 +545,7 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
     a.active_speed = 32; // EDR
-    a.phys_state = if active {
-        5 // LinkUp
-    } else if link.up {
-        2 // Polling
-    } else {
-        3 // Disabled
-    };
+    a.phys_state = link.ibv_phys_state();
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }
 
@@ -838,6 +831,12 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     0
 }
 
+/// A region's rights from `ibv_access_flags`: the optional and MW/zero-based/on-demand bits
+/// have no meaning here; the four rights do.
+fn mr_access(access: c_int) -> AccessFlags {
+    AccessFlags::from_bits_truncate(access as u32 & 0xf)
+}
+
 unsafe fn reg(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -852,8 +851,7 @@ unsafe fn reg(
     let p = unsafe { &*(pd as *mut PdW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
-    // The optional and MW/zero-based/on-demand bits have no meaning here; the four rights do.
-    let acc = AccessFlags::from_bits_truncate(access as u32 & 0xf);
+    let acc = mr_access(access);
     // SAFETY: ibv_reg_mr's contract: `len` bytes at `addr` are the caller's, readable and
     // writable (with local write) until ibv_dereg_mr returns — the promise AppMemory::new asks.
     let Some(mem) = (unsafe { AppMemory::new(addr as *mut u8, len) }) else {
@@ -968,14 +966,11 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let p = unsafe { &*(new_pd as *mut PdW) };
     // SAFETY: the region's context is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    let nic = match s.nic() {
-        Ok(n) => n,
-        Err(e) => {
-            set_errno(e);
-            return ERR_CMD;
-        }
-    };
-    let acc = AccessFlags::from_bits_truncate(new_access as u32 & 0xf);
+    let nic = nic_or!(s, |e| {
+        set_errno(e);
+        ERR_CMD
+    });
+    let acc = mr_access(new_access);
     // SAFETY: the caller's new range or the range the region already had, with ibv_reg_mr's
     // promise (see `reg`).
     let Some(mem) = (unsafe { AppMemory::new(new_addr as *mut u8, new_len) }) else {

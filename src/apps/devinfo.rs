@@ -34,58 +34,8 @@ pub fn hca_id(ifname: &str) -> String {
     format!("{HCA_PREFIX}{ifname}")
 }
 
-/// The logical port state, as `ibv_devinfo` prints it (`enum ibv_port_state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PortState {
-    /// The interface is down: `PORT_DOWN (1)`, physically `DISABLED (3)`.
-    Down,
-    /// The interface is up without a carrier: `PORT_DOWN (1)`, physically `POLLING (2)`.
-    NoLink,
-    /// Up with a carrier: `PORT_ACTIVE (4)`.
-    Active,
-}
-
-impl PortState {
-    /// From the interface's kernel flags (`IFF_*`): active when it is administratively up
-    /// (`IFF_UP`) and operationally running (`IFF_RUNNING`: carrier and operstate up, or
-    /// unknown as on loopback), as Linux's RoCE drivers (rxe: `netif_running` and
-    /// `netif_carrier_ok`) report their ports.
-    pub fn from_if_flags(flags: u32) -> PortState {
-        let up = flags & libc::IFF_UP as u32 != 0;
-        let running = flags & libc::IFF_RUNNING as u32 != 0;
-        match (up, running) {
-            (true, true) => PortState::Active,
-            (true, false) => PortState::NoLink,
-            _ => PortState::Down,
-        }
-    }
-
-    /// `ibv_port_state_str` and the number: `PORT_ACTIVE (4)`.
-    pub fn as_ibv(self) -> &'static str {
-        match self {
-            PortState::Down | PortState::NoLink => "PORT_DOWN (1)",
-            PortState::Active => "PORT_ACTIVE (4)",
-        }
-    }
-
-    /// The physical state shown by `-v`, as rxe's `rxe_query_port` gives it: `LINK_UP (5)`
-    /// when active, else `POLLING (2)` while the interface is up, `DISABLED (3)` when down.
-    pub fn phys_state(self) -> &'static str {
-        match self {
-            PortState::Down => "DISABLED (3)",
-            PortState::NoLink => "POLLING (2)",
-            PortState::Active => "LINK_UP (5)",
-        }
-    }
-}
-
-/// The kernel flags (`IFF_*`) of interface `name` in this thread's network namespace.
-fn if_flags(name: &str) -> Option<u32> {
-    pnet_datalink::interfaces()
-        .into_iter()
-        .find(|i| i.name == name)
-        .map(|i| i.flags)
-}
+/// The logical and physical port state `ibv_devinfo` prints, from the interface's flags.
+pub use crate::io::netdev::PortState;
 
 /// The interface's state in words, for the `netdev:` line.
 fn link_words(flags: u32) -> &'static str {
@@ -285,7 +235,7 @@ pub fn run(o: &DevinfoOptions, out: &mut dyn Write) -> Result<(), DevinfoError> 
         return w(out, &s);
     }
     for d in devs {
-        let flags = if_flags(&d.name).unwrap_or(0);
+        let flags = netdev::if_flags(&d.name).unwrap_or(0);
         let mut s = device_block(&d, PortState::from_if_flags(flags), flags, o.verbose);
         s.push_str(&crate::apps::tool::live_counter_lines(&d.name));
         s.push('\n');

@@ -68,49 +68,97 @@ pub fn netdev(name: &str) -> io::Result<Netdev> {
     })
 }
 
-/// An interface's state as a RoCE port reports it (rxe's rule): the port is active while the
-/// interface is up (`IFF_UP`) and running (`IFF_RUNNING`: its link is up), down otherwise.
+/// A RoCE port's state as its interface gives it (rxe's rule, `rxe_query_port`): active while
+/// the interface is up (`IFF_UP`) and running (`IFF_RUNNING`: its link is up); down otherwise,
+/// physically polling while the interface is up and disabled when it is down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinkState {
-    /// Administratively up (`ip link set X up`).
-    pub up: bool,
-    /// Up with its link (carrier).
-    pub running: bool,
+pub enum PortState {
+    /// The interface is down: `PORT_DOWN (1)`, physically `DISABLED (3)`.
+    Down,
+    /// The interface is up without a carrier: `PORT_DOWN (1)`, physically `POLLING (2)`.
+    NoLink,
+    /// Up with a carrier: `PORT_ACTIVE (4)`, physically `LINK_UP (5)`.
+    Active,
 }
 
-impl LinkState {
-    /// Whether the port is active.
-    pub fn active(self) -> bool {
-        self.up && self.running
+impl PortState {
+    /// From the interface's kernel flags (`IFF_*`): active when it is administratively up
+    /// (`IFF_UP`) and operationally running (`IFF_RUNNING`: carrier and operstate up, or
+    /// unknown as on loopback), as Linux's RoCE drivers (rxe: `netif_running` and
+    /// `netif_carrier_ok`) report their ports.
+    pub fn from_if_flags(flags: u32) -> PortState {
+        let up = flags & libc::IFF_UP as u32 != 0;
+        let running = flags & libc::IFF_RUNNING as u32 != 0;
+        match (up, running) {
+            (true, true) => PortState::Active,
+            (true, false) => PortState::NoLink,
+            _ => PortState::Down,
+        }
+    }
+
+    /// `enum ibv_port_state`: `IBV_PORT_ACTIVE` (4) or `IBV_PORT_DOWN` (1).
+    pub fn ibv_state(self) -> u8 {
+        match self {
+            PortState::Down | PortState::NoLink => 1,
+            PortState::Active => 4,
+        }
+    }
+
+    /// `ibv_port_attr.phys_state`: LinkUp (5), Polling (2) or Disabled (3).
+    pub fn ibv_phys_state(self) -> u8 {
+        match self {
+            PortState::Down => 3,
+            PortState::NoLink => 2,
+            PortState::Active => 5,
+        }
+    }
+
+    /// `ibv_port_state_str` and the number, as `ibv_devinfo` prints them: `PORT_ACTIVE (4)`.
+    pub fn as_ibv(self) -> &'static str {
+        match self {
+            PortState::Down | PortState::NoLink => "PORT_DOWN (1)",
+            PortState::Active => "PORT_ACTIVE (4)",
+        }
+    }
+
+    /// The physical state as `ibv_devinfo -v` prints it: `LINK_UP (5)`, `POLLING (2)` or
+    /// `DISABLED (3)`.
+    pub fn phys_state(self) -> &'static str {
+        match self {
+            PortState::Down => "DISABLED (3)",
+            PortState::NoLink => "POLLING (2)",
+            PortState::Active => "LINK_UP (5)",
+        }
     }
 }
 
-/// The state of the interface `name`, in the calling thread's network namespace.
-pub fn link_state(name: &str) -> io::Result<LinkState> {
+/// The kernel flags (`IFF_*`) of interface `name` in this thread's network namespace.
+pub fn if_flags(name: &str) -> Option<u32> {
     pnet_datalink::interfaces()
         .into_iter()
         .find(|i| i.name == name)
-        .map(|i| LinkState {
-            up: i.is_up(),
-            running: i.is_running(),
-        })
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no interface named {name:?}"),
-            )
-        })
+        .map(|i| i.flags)
+}
+
+/// The port state of interface `name`, in the calling thread's network namespace.
+pub fn link_state(name: &str) -> io::Result<PortState> {
+    if_flags(name).map(PortState::from_if_flags).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface named {name:?}"),
+        )
+    })
 }
 
 /// [`link_state`] for a RoCE port: an interface that is gone is down; one whose state cannot
-/// be read (the interface list failed, the interface still exists) counts as up, so that a
+/// be read (the interface list failed, the interface still exists) counts as active, so that a
 /// failed lookup never takes a working port down.
-pub fn port_link(name: &str) -> LinkState {
+pub fn port_link(name: &str) -> PortState {
     link_state(name).unwrap_or_else(|_| {
-        let exists = super::sys::if_nametoindex(name).is_ok();
-        LinkState {
-            up: exists,
-            running: exists,
+        if super::sys::if_nametoindex(name).is_ok() {
+            PortState::Active
+        } else {
+            PortState::Down
         }
     })
 }
@@ -243,16 +291,19 @@ mod tests {
 
     #[test]
     fn a_port_on_an_interface_that_is_gone_is_down() {
-        let l = port_link("ferroce-none0");
-        assert!(!l.active() && !l.up, "{l:?}");
+        assert_eq!(port_link("ferroce-none0"), PortState::Down);
         assert!(link_state("ferroce-none0").is_err());
         // lo is listed (up or not) and answers from its flags, as the interface list says.
         let lo = pnet_datalink::interfaces()
             .into_iter()
             .find(|i| i.name == "lo")
             .unwrap();
-        let l = port_link("lo");
-        assert_eq!((l.up, l.running), (lo.is_up(), lo.is_running()));
+        let want = match (lo.is_up(), lo.is_running()) {
+            (true, true) => PortState::Active,
+            (true, false) => PortState::NoLink,
+            _ => PortState::Down,
+        };
+        assert_eq!(port_link("lo"), want);
     }
 
     #[test]

@@ -1926,8 +1926,6 @@ fn engine_step(
     (work, next_timer, more)
 }
 
-/// Remove QP `qpn`'s completions from the queue `poll_cq` reads, the others kept in order.
-/// Called with the device lock held (the engine adds nothing meanwhile).
 /// [`purge_shadow`] of the QP's send and receive CQs (once when they are one). The caller
 /// holds the device lock, so the engine adds no completion meanwhile.
 fn purge_shadows(inner: &Inner, cqs: [Option<Cq>; 2], qpn: QpNumber) {
@@ -1943,6 +1941,8 @@ fn purge_shadows(inner: &Inner, cqs: [Option<Cq>; 2], qpn: QpNumber) {
     }
 }
 
+/// Remove QP `qpn`'s completions from the queue `poll_cq` reads, the others kept in order.
+/// Called with the device lock held (the engine adds nothing meanwhile).
 fn purge_shadow(c: &CqShadow, qpn: QpNumber) {
     let _take = lock(&c.take);
     let mut kept = Vec::new();

@@ -616,12 +616,7 @@ impl Device {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
-        if iova.checked_add(mem.len() as u64).is_none() {
-            return Err(VerbsError::BadCap("iova + length overflows"));
-        }
-        if mem.len() as u64 > self.cfg.max_mr_size {
-            return Err(VerbsError::BadCap("MR longer than max_mr_size"));
-        }
+        self.app_range_checks(&mem, iova)?;
         let (lkey, rkey) = self.mr_keys(pd, access)?;
         let mr = Arc::new(MrShared::new_app(
             LKey(lkey),
@@ -657,29 +652,29 @@ impl Device {
         {
             return Err(VerbsError::NoSuchMr);
         }
+        self.app_range_checks(&mem, iova)?;
+        self.access_checks(pd, access)?;
+        self.dereg_mr(mr)?;
+        let (lkey, rkey) = if pd == mr.0.pd {
+            (mr.lkey(), mr.rkey())
+        } else {
+            let (l, r) = self.key_pair();
+            (LKey(l), RKey(r))
+        };
+        let new = Arc::new(MrShared::new_app(lkey, rkey, pd, access, iova, mem));
+        self.mrs.insert(new.clone());
+        Ok(MemoryRegion(new))
+    }
+
+    /// The checks of application memory registered from `iova`.
+    fn app_range_checks(&self, mem: &AppMemory, iova: u64) -> Result<(), VerbsError> {
         if iova.checked_add(mem.len() as u64).is_none() {
             return Err(VerbsError::BadCap("iova + length overflows"));
         }
         if mem.len() as u64 > self.cfg.max_mr_size {
             return Err(VerbsError::BadCap("MR longer than max_mr_size"));
         }
-        self.access_checks(pd, access)?;
-        self.dereg_mr(mr)?;
-        let (lkey, rkey) = if pd == mr.0.pd {
-            (mr.lkey(), mr.rkey())
-        } else {
-            let l = self.new_key();
-            let r = loop {
-                let k = self.new_key();
-                if k != l {
-                    break k;
-                }
-            };
-            (LKey(l), RKey(r))
-        };
-        let new = Arc::new(MrShared::new_app(lkey, rkey, pd, access, iova, mem));
-        self.mrs.insert(new.clone());
-        Ok(MemoryRegion(new))
+        Ok(())
     }
 
     /// The checks of a registration's PD and rights.
@@ -709,6 +704,11 @@ impl Device {
     /// The checks every registration makes, and a fresh pair of distinct keys.
     fn mr_keys(&mut self, pd: Pd, access: AccessFlags) -> Result<(u32, u32), VerbsError> {
         self.mr_checks(pd, access)?;
+        Ok(self.key_pair())
+    }
+
+    /// A fresh L_Key and a fresh R_Key, distinct.
+    fn key_pair(&mut self) -> (u32, u32) {
         let lkey = self.new_key();
         let rkey = loop {
             let k = self.new_key();
@@ -716,7 +716,7 @@ impl Device {
                 break k;
             }
         };
-        Ok((lkey, rkey))
+        (lkey, rkey)
     }
 
     /// Deregister: the keys stop working at once. Memory the region owns lives while handles
@@ -1031,11 +1031,7 @@ impl Device {
             .qps
             .remove(&qpn.get())
             .ok_or(VerbsError::NoSuchQp(qpn))?;
-        for cq in [slot.qp.send_cq(), slot.qp.recv_cq()] {
-            if let Some(Some(ring)) = self.cqs.get_mut(cq.0 as usize) {
-                ring.purge_qp(qpn);
-            }
-        }
+        self.purge_cqs(qpn, [slot.qp.send_cq(), slot.qp.recv_cq()]);
         // A destroyed QP leaves its multicast groups (as the kernel detaches it).
         self.mcast.retain(|_, q| {
             q.retain(|&n| n != qpn.get());
@@ -1218,13 +1214,18 @@ impl Device {
         // program that restates a QP after an error then polls only what it posts anew
         // (rdma-core's tests/test_mr.py restates QPs so).
         if next == QpState::Reset {
-            for cq in cqs {
-                if let Some(Some(ring)) = self.cqs.get_mut(cq.0 as usize) {
-                    ring.purge_qp(qpn);
-                }
-            }
+            self.purge_cqs(qpn, cqs);
         }
         Ok(())
+    }
+
+    /// Remove QP `qpn`'s completions from its send and receive CQs' rings.
+    fn purge_cqs(&mut self, qpn: QpNumber, cqs: [Cq; 2]) {
+        for cq in cqs {
+            if let Some(Some(ring)) = self.cqs.get_mut(cq.0 as usize) {
+                ring.purge_qp(qpn);
+            }
+        }
     }
 
     // ---- work requests -----------------------------------------------------------------
