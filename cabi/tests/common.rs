@@ -33,6 +33,15 @@ pub fn which(p: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A finished program's output, then its errors, as text.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// tools/build-cabi, once per test binary: the directory holding libibverbs.so.1.
 pub fn lib_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -186,11 +195,7 @@ pub fn reexec_in_netns(test: &str, child: &str) -> bool {
         .env(child, "1")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(out.status.success(), "{test} in its namespace:\n{text}");
     assert!(
         text.contains("1 passed"),

@@ -1890,11 +1890,7 @@ fn two_programs_on_one_host_without_a_second_address() {
         echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
         echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
     let out = in_netns_lo("ip link set lo up || exit 99", script);
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let o = output_text(&out);
     // the namespace's lo has 127.0.0.1 alone
     assert!(o.contains("ipv4 addresses on lo: 1"), "{o}");
     // rping's server holds 127.0.0.1 here: a second program making objects on it is refused
@@ -2109,11 +2105,7 @@ fn datagram_rsockets_in_a_c_program_both_ends() {
          echo '--- server'; cat $S",
         p = pcap.display()
     ));
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = output_text(&o);
     for want in [
         "side channel: control answer, QPN 0x",
         "echoed 13 sizes, 1 to 2040 bytes",
@@ -2222,11 +2214,7 @@ fn udpong_runs(
             .collect::<Vec<_>>()
             .join("\n")
     ));
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = output_text(&o);
     assert_eq!(o.matches("client=0").count(), runs.len(), "{t}\n{o}");
     let results: Vec<&str> = o.lines().filter(|l| l.starts_with("custom ")).collect();
     assert_eq!(results.len(), runs.len(), "{t}\n{o}");
@@ -2411,6 +2399,19 @@ fn iperf3_over_rdma_cores_socket_preload_on_ferroces_rsockets() {
     }
 }
 
+/// Runs `script` in a network namespace of its own with a veth pair, va (10.9.0.1/24) and vb,
+/// both up and va's link up, and a shell function `lower_up` that waits (bounded) until va has
+/// its link again. Its output, then its errors.
+fn with_veth_pair(script: &str) -> String {
+    let setup = "ip link set lo up || exit 99\n\
+        ip link add va type veth peer name vb && ip addr add 10.9.0.1/24 dev va \
+          && ip link set va up && ip link set vb up || exit 99\n\
+        lower_up() { i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do \
+          sleep 0.05; i=$((i+1)); done; }\n\
+        lower_up";
+    output_text(&in_netns_lo(setup, script))
+}
+
 /// The port follows its interface as rxe's does (`rxe_query_port`, checked against rxe in the
 /// `tools/rxe-peer` guest: `ip link set eth0 down` there gave PORT_DOWN/DISABLED and
 /// `ibv_asyncwatch` one `IBV_EVENT_PORT_ERR (10), port 1`, and back up PORT_ACTIVE/LINK_UP and
@@ -2426,26 +2427,17 @@ fn port_state_and_events_follow_the_interface() {
         return;
     }
     let script = "export LD_LIBRARY_PATH=$LIB FERROCE_DEV=va\n\
-        ip link add va type veth peer name vb && ip addr add 10.9.0.1/24 dev va \
-          && ip link set va up && ip link set vb up || exit 99\n\
-        i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
         st() { echo \"--- $1\"; ibv_devinfo -v | grep -E '^[[:space:]]*(state|phys_state):'; }\n\
         st start\n\
         A=$(mktemp); timeout 20 stdbuf -oL ibv_asyncwatch > $A 2>&1 & a=$!\n\
         i=0; while [ $i -lt 100 ] && ! grep -q 'async event FD' $A; do sleep 0.05; i=$((i+1)); done\n\
         ip link set vb down; sleep 0.3; st 'peer down'\n\
         ip link set va down; sleep 0.3; st 'both down'\n\
-        ip link set va up; ip link set vb up\n\
-        i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
+        ip link set va up; ip link set vb up; lower_up\n\
         i=0; while [ $i -lt 100 ] && ! grep -q PORT_ACTIVE $A; do sleep 0.05; i=$((i+1)); done\n\
         st 'up again'\n\
         kill $a; wait $a; echo '--- asyncwatch'; cat $A; rm -f $A";
-    let out = in_netns_lo("ip link set lo up || exit 99", script);
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let o = with_veth_pair(script);
     let section = |name: &str| -> Vec<String> {
         o.split(&format!("--- {name}\n"))
             .nth(1)
@@ -2510,21 +2502,13 @@ fn a_forked_child_gets_port_events() {
         return;
     };
     let script = format!(
-        "ip link add va type veth peer name vb && ip addr add 10.9.0.1/24 dev va \
-           && ip link set va up && ip link set vb up || exit 99\n\
-         i=0; while [ $i -lt 100 ] && ! ip link show va | grep -q LOWER_UP; do sleep 0.05; i=$((i+1)); done\n\
-         O=$(mktemp); timeout 30 $F run -d va -- {} > $O 2>&1 & p=$!\n\
+        "O=$(mktemp); timeout 30 $F run -d va -- {} > $O 2>&1 & p=$!\n\
          i=0; while [ $i -lt 200 ] && ! grep -q 'child ready' $O; do sleep 0.05; i=$((i+1)); done\n\
          ip link set vb down\n\
          wait $p; echo \"rc=$?\"; cat $O; rm -f $O",
         exe.display()
     );
-    let out = in_netns_lo("ip link set lo up || exit 99", &script);
-    let o = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let o = with_veth_pair(&script);
     assert!(o.lines().any(|l| l == "rc=0"), "{o}");
     assert!(
         o.lines()
