@@ -543,8 +543,10 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.max_msg_sz = 0x8000_0000;
     a.pkey_tbl_len = 1;
     a.max_vl_num = 1;
-    a.active_width = 2; // 4X
-    a.active_speed = 32; // EDR
+    // From the interface's Ethernet speed, as rxe's (ib_get_eth_speed).
+    let rate = ferroce::io::netdev::port_rate(&s.port.netdev.name);
+    a.active_width = rate.width;
+    a.active_speed = rate.speed;
     a.phys_state = link.ibv_phys_state();
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }

@@ -2412,6 +2412,49 @@ fn with_veth_pair(script: &str) -> String {
     output_text(&in_netns_lo(setup, script))
 }
 
+/// The port's width and speed come from its interface's Ethernet speed as rxe's do (the table in
+/// `PortRate::for_ethernet`, read from rxe in the tools/rxe-peer guest at each speed): Debian's
+/// `ibv_devinfo -v` on a veth (10 Gb/s) shows 1X FDR10, on loopback (no speed) 1X SDR, and on a
+/// tap whose speed `ethtool -s` sets and then changes, the rate of each speed at once.
+#[test]
+fn port_rate_follows_the_interface_speed() {
+    let t = "port_rate_follows_the_interface_speed";
+    if !ready(t, &["ibv_devinfo", "ethtool"]) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB\n\
+        r() { echo \"--- $1\"; FERROCE_DEV=$2 ibv_devinfo -v | grep -E '^[[:space:]]*active_(width|speed):'; }\n\
+        ip tuntap add dev t0 mode tap && ip addr add 10.9.1.1/24 dev t0 && ip link set t0 up || exit 99\n\
+        r veth va; r lo lo\n\
+        for sp in 25000 40000 100000 20000; do\n\
+          ethtool -s t0 speed $sp duplex full autoneg off || exit 98; r $sp t0; done";
+    let o = with_veth_pair(script);
+    let rate = |name: &str| -> Vec<String> {
+        o.split(&format!("--- {name}\n"))
+            .nth(1)
+            .unwrap_or("")
+            .split("--- ")
+            .next()
+            .unwrap_or("")
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    let want = |w: &str, s: &str| vec![format!("active_width: {w}"), format!("active_speed: {s}")];
+    // rxe's answers (Debian 12, kernel 6.1) for 10, 1 (no speed), 25, 40, 100 and 20 Gb/s.
+    for (name, w, s) in [
+        ("veth", "1X (1)", "10.0 Gbps (8)"),
+        ("lo", "1X (1)", "2.5 Gbps (1)"),
+        ("25000", "1X (1)", "25.0 Gbps (32)"),
+        ("40000", "4X (2)", "10.0 Gbps (8)"),
+        ("100000", "4X (2)", "25.0 Gbps (32)"),
+        ("20000", "4X (2)", "5.0 Gbps (2)"),
+    ] {
+        assert_eq!(rate(name), want(w, s), "{name}: {o}");
+    }
+}
+
 /// The port follows its interface as rxe's does (`rxe_query_port`, checked against rxe in the
 /// `tools/rxe-peer` guest: `ip link set eth0 down` there gave PORT_DOWN/DISABLED and
 /// `ibv_asyncwatch` one `IBV_EVENT_PORT_ERR (10), port 1`, and back up PORT_ACTIVE/LINK_UP and

@@ -35,7 +35,7 @@ pub fn hca_id(ifname: &str) -> String {
 }
 
 /// The logical and physical port state `ibv_devinfo` prints, from the interface's flags.
-pub use crate::io::netdev::PortState;
+pub use crate::io::netdev::{PortRate, PortState};
 
 /// The interface's state in words, for the `netdev:` line.
 fn link_words(flags: u32) -> &'static str {
@@ -166,7 +166,13 @@ fn device_limits(s: &mut String, d: &Netdev) {
 
 /// The `ibv_devinfo` block of one device (without the live counters), ending with the port's
 /// fields, the GID table and the interface line.
-pub fn device_block(d: &Netdev, state: PortState, flags: u32, verbose: bool) -> String {
+pub fn device_block(
+    d: &Netdev,
+    state: PortState,
+    rate: PortRate,
+    flags: u32,
+    verbose: bool,
+) -> String {
     let mut s = String::new();
     let guid = node_guid(&d.mac);
     let _ = writeln!(s, "hca_id:\t{}", hca_id(&d.name));
@@ -199,6 +205,8 @@ pub fn device_block(d: &Netdev, state: PortState, flags: u32, verbose: bool) -> 
     port(&mut s, "link_layer", &"Ethernet");
     if verbose {
         port(&mut s, "gid_tbl_len", &d.gids.len());
+        port(&mut s, "active_width", &rate.width_str());
+        port(&mut s, "active_speed", &rate.speed_str());
         port(&mut s, "phys_state", &state.phys_state());
     }
     for (i, g) in d.gids.iter().enumerate() {
@@ -236,7 +244,8 @@ pub fn run(o: &DevinfoOptions, out: &mut dyn Write) -> Result<(), DevinfoError> 
     }
     for d in devs {
         let flags = netdev::if_flags(&d.name).unwrap_or(0);
-        let mut s = device_block(&d, PortState::from_if_flags(flags), flags, o.verbose);
+        let rate = netdev::port_rate(&d.name);
+        let mut s = device_block(&d, PortState::from_if_flags(flags), rate, flags, o.verbose);
         s.push_str(&crate::apps::tool::live_counter_lines(&d.name));
         s.push('\n');
         w(out, &s)?;
@@ -277,13 +286,15 @@ mod tests {
     }
 
     const UP: u32 = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+    /// The fixtures' rate: the guest's virtio NIC reports no speed.
+    const SDR_1X: PortRate = PortRate { width: 1, speed: 1 };
 
     #[test]
     fn same_fields_order_and_alignment_as_rxe() {
         // rxe's ibv_devinfo for a port on eth0 (MTU 1500, EUI-64 GUID of 52:54:00:77:00:0e).
         let rxe = include_str!("../../tests/fixtures/ibv_devinfo/rxe-active.txt");
         let (d, f) = dev(UP);
-        let ours = device_block(&d, PortState::from_if_flags(f), f, false);
+        let ours = device_block(&d, PortState::from_if_flags(f), SDR_1X, f, false);
         let n = shape(rxe).len();
         assert_eq!(shape(&ours)[..n], shape(rxe)[..], "{ours}");
         // The values that mean the same thing are the same.
@@ -305,12 +316,14 @@ mod tests {
     fn verbose_port_fields_and_gids_as_rxe_prints_them() {
         let rxe = include_str!("../../tests/fixtures/ibv_devinfo/rxe-verbose.txt");
         let (d, f) = dev(UP);
-        let ours = device_block(&d, PortState::Active, f, true);
+        let ours = device_block(&d, PortState::Active, SDR_1X, f, true);
         // GID lines in rxe's format (the GID as an IPv6 address), in the kernel's order.
         for l in [
             "\t\t\tGID[  0]:\t\tfe80::5054:ff:fe77:e, RoCE v2",
             "\t\t\tGID[  1]:\t\t::ffff:10.77.0.14, RoCE v2",
             "\t\t\tphys_state:\t\tLINK_UP (5)",
+            "\t\t\tactive_width:\t\t1X (1)",
+            "\t\t\tactive_speed:\t\t2.5 Gbps (1)",
         ] {
             assert!(rxe.lines().any(|r| r == l), "{l:?} not in the fixture");
             assert!(ours.lines().any(|r| r == l), "{l:?} not in\n{ours}");
@@ -357,7 +370,7 @@ mod tests {
             (libc::IFF_UP | libc::IFF_LOWER_UP) as u32,
         ] {
             let (d, f) = dev(flags);
-            let ours = device_block(&d, PortState::from_if_flags(f), f, true);
+            let ours = device_block(&d, PortState::from_if_flags(f), SDR_1X, f, true);
             let line = "\t\t\tstate:\t\t\tPORT_DOWN (1)";
             assert!(rxe_down.lines().any(|r| r == line));
             assert!(ours.lines().any(|r| r == line), "{flags:#x}: {ours}");

@@ -163,6 +163,71 @@ pub fn port_link(name: &str) -> PortState {
     })
 }
 
+/// A RoCE port's link width and speed, in libibverbs' encodings (`ibv_port_attr.active_width`,
+/// `.active_speed`), as rxe derives them from its interface's Ethernet speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRate {
+    /// `IBV_WIDTH_*`-style value: 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X.
+    pub width: u8,
+    /// `IBV_SPEED_*`-style value: 1 = SDR, 2 = DDR, 4 = QDR, 8 = FDR10, 16 = FDR, 32 = EDR.
+    pub speed: u8,
+}
+
+impl PortRate {
+    /// The rate Linux gives a RoCE port whose interface runs at `mbps` (Mb/s; `None`: the
+    /// driver reports no speed, counted as 1 Gb/s). The table is what Debian 12's kernel
+    /// (6.1) gives rxe, read with `ibv_devinfo -v` in the tools/rxe-peer guest whose virtio
+    /// NIC was told each speed (`FERROCE_RXE_NIC_OPTS=speed=N`; docs/cabi.md has the
+    /// measurements): up to 1 G 1X SDR, 10 G 1X FDR10, 20 G 4X DDR, 25 G 1X EDR, 40 G 4X FDR10,
+    /// above 4X EDR.
+    pub fn for_ethernet(mbps: Option<u32>) -> PortRate {
+        let (width, speed) = match mbps.unwrap_or(1_000) {
+            0..=1_000 => (1, 1),
+            1_001..=10_000 => (1, 8),
+            10_001..=20_000 => (2, 2),
+            20_001..=25_000 => (1, 32),
+            25_001..=40_000 => (2, 8),
+            _ => (2, 32),
+        };
+        PortRate { width, speed }
+    }
+
+    /// `ibv_devinfo`'s words for the width: "4X (2)".
+    pub fn width_str(self) -> String {
+        let w = match self.width {
+            1 => "1X",
+            2 => "4X",
+            4 => "8X",
+            8 => "12X",
+            16 => "2X",
+            _ => "invalid width",
+        };
+        format!("{w} ({})", self.width)
+    }
+
+    /// `ibv_devinfo`'s words for the speed: "25.0 Gbps (32)".
+    pub fn speed_str(self) -> String {
+        let s = match self.speed {
+            1 => "2.5 Gbps",
+            2 => "5.0 Gbps",
+            4 | 8 => "10.0 Gbps",
+            16 => "14.0 Gbps",
+            32 => "25.0 Gbps",
+            64 => "50.0 Gbps",
+            128 => "100.0 Gbps",
+            _ => "invalid speed",
+        };
+        format!("{s} ({})", self.speed)
+    }
+}
+
+/// The rate of the RoCE port on interface `name` now ([`PortRate::for_ethernet`] of the speed
+/// its driver reports, in the calling thread's network namespace). An interface whose speed
+/// cannot be read counts as one without a speed, as the kernel counts it.
+pub fn port_rate(name: &str) -> PortRate {
+    PortRate::for_ethernet(super::sys::if_speed(name).ok().flatten())
+}
+
 /// Wakes on changes of interfaces' links: an rtnetlink socket in the link group (`RTMGRP_LINK`)
 /// of the calling thread's network namespace. It only says that something changed; the state
 /// itself is read with [`link_state`].
@@ -304,6 +369,45 @@ mod tests {
             _ => PortState::Down,
         };
         assert_eq!(port_link("lo"), want);
+    }
+
+    /// Known answers: Debian 12's rxe (kernel 6.1.0-48-amd64) in the tools/rxe-peer guest,
+    /// `ibv_devinfo -v`'s active_width and active_speed with the guest's virtio NIC booted at
+    /// each speed (`FERROCE_RXE_NIC_OPTS=speed=N,duplex=full`; no `speed`: the NIC reports
+    /// SPEED_UNKNOWN, /sys/class/net/eth0/speed -1).
+    #[test]
+    fn port_rate_matches_rxe_for_each_speed() {
+        let rxe: [(Option<u32>, &str, &str); 13] = [
+            (None, "1X (1)", "2.5 Gbps (1)"),
+            (Some(100), "1X (1)", "2.5 Gbps (1)"),
+            (Some(1000), "1X (1)", "2.5 Gbps (1)"),
+            (Some(2500), "1X (1)", "10.0 Gbps (8)"),
+            (Some(10000), "1X (1)", "10.0 Gbps (8)"),
+            (Some(20000), "4X (2)", "5.0 Gbps (2)"),
+            (Some(25000), "1X (1)", "25.0 Gbps (32)"),
+            (Some(40000), "4X (2)", "10.0 Gbps (8)"),
+            (Some(50000), "4X (2)", "25.0 Gbps (32)"),
+            (Some(56000), "4X (2)", "25.0 Gbps (32)"),
+            (Some(100000), "4X (2)", "25.0 Gbps (32)"),
+            (Some(200000), "4X (2)", "25.0 Gbps (32)"),
+            (Some(400000), "4X (2)", "25.0 Gbps (32)"),
+        ];
+        for (mbps, w, s) in rxe {
+            let r = PortRate::for_ethernet(mbps);
+            assert_eq!(
+                (r.width_str().as_str(), r.speed_str().as_str()),
+                (w, s),
+                "{mbps:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loopback_has_no_speed() {
+        // lo has no link settings (ethtool shows no Speed): counted as 1 Gb/s, as rxe counts it.
+        assert_eq!(crate::io::sys::if_speed("lo").unwrap(), None);
+        assert_eq!(port_rate("lo"), PortRate { width: 1, speed: 1 });
+        assert!(crate::io::sys::if_speed("ferroce-none0").is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod sockutil;
 pub mod udp;
 pub mod xsk;
 
-pub use net::{enter_netns, if_mtu, if_nametoindex, netns_id, rx_queue_count};
+pub use net::{enter_netns, if_mtu, if_nametoindex, if_speed, netns_id, rx_queue_count};
 
 use std::io;
 

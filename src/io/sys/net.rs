@@ -95,6 +95,66 @@ pub fn rx_queue_count(name: &str) -> io::Result<u32> {
     Ok((ch.rx_count + ch.combined_count).max(1))
 }
 
+/// `struct ethtool_cmd` (linux/ethtool.h), the legacy settings ioctl's answer: the link speed
+/// in Mb/s is `speed | speed_hi << 16`.
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolCmd {
+    cmd: u32,
+    supported: u32,
+    advertising: u32,
+    speed: u16,
+    duplex: u8,
+    port: u8,
+    phy_address: u8,
+    transceiver: u8,
+    autoneg: u8,
+    mdio_support: u8,
+    maxtxpkt: u32,
+    maxrxpkt: u32,
+    speed_hi: u16,
+    eth_tp_mdix: u8,
+    eth_tp_mdix_ctrl: u8,
+    lp_advertising: u32,
+    reserved: [u32; 2],
+}
+
+const ETHTOOL_GSET: u32 = 0x1;
+
+/// The link speed of interface `name` in Mb/s as its driver reports it (`SIOCETHTOOL`/
+/// `ETHTOOL_GSET`, what `ethtool NAME` shows as "Speed"; no privilege needed): `Ok(None)` when
+/// the driver has no speed to give (no link settings at all, as loopback, or
+/// `SPEED_UNKNOWN`, as a virtio NIC not told one).
+pub fn if_speed(name: &str) -> io::Result<Option<u32>> {
+    if_nametoindex(name)?; // a clear NotFound first
+    let sock = ioctl_socket()?;
+    let mut cmd = EthtoolCmd {
+        cmd: ETHTOOL_GSET,
+        ..Default::default()
+    };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&mut cmd as *mut EthtoolCmd).cast();
+    // SAFETY: SIOCETHTOOL reads the command from, and writes the answer to, `cmd` (a
+    // `struct ethtool_cmd` of the kernel's layout), which lives until the call returns; `ifr`
+    // names the interface (NUL-terminated: the name is shorter than IFNAMSIZ and the rest of
+    // the array is zero).
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let mbps = u32::from(cmd.speed) | u32::from(cmd.speed_hi) << 16;
+    // SPEED_UNKNOWN is -1; 0 is no driver's speed either.
+    Ok(Some(mbps).filter(|&m| m != u32::MAX && m != 0))
+}
+
 /// The MTU of interface `name` in the calling thread's network namespace (`SIOCGIFMTU`).
 ///
 /// Not `/sys/class/net/NAME/mtu`: sysfs shows the namespace it was mounted in, not the
