@@ -27,6 +27,8 @@
 //! two programs on one host, each on its own address, with no root to add one. Such an
 //! address is shown in the table where Linux would put it once added: after the interface's
 //! IPv4 addresses ([`shown_table`]).
+//! Without `FERROCE_ADDR`, a second program on `lo` finds 127.0.0.1 held by the first when its
+//! NIC starts and serves a free 127.0.0.N in its place, at its index ([`loopback_stand_in`]).
 
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev::{self, Netdev};
@@ -170,10 +172,37 @@ fn shown_table(
     t
 }
 
-/// The port the device has, from the environment.
-pub(crate) struct Port {
-    pub netdev: Netdev,
-    pub backend: BackendKind,
+/// The addresses that may stand in for a held loopback address `held`, in the order they are
+/// tried: 127.0.0.2 … 127.0.0.254 (Linux delivers all of 127.0.0.0/8 locally, so a socket
+/// binds and sends from one without its being added).
+fn stand_ins(held: IpAddr) -> impl Iterator<Item = IpAddr> {
+    (2..=254u8)
+        .map(|n| IpAddr::from([127, 0, 0, n]))
+        .filter(move |ip| *ip != held)
+}
+
+/// Two programs on one host's loopback without `FERROCE_ADDR`, as on one rxe device: when
+/// `held`, the loopback address the device would serve, is held by another program, the device
+/// serves the first stand-in ([`stand_ins`]) that is free instead and shows it at `held`'s GID
+/// index, so that the GID index the program is given (`-g 0`, `-x 0`) means the address it
+/// serves. The programs exchange their GIDs (out of band, or in RDMA-CM's messages) and reach
+/// each other. `None` when `held` is free, or every stand-in is taken too. This is the preview
+/// before the NIC starts; starting it decides by binding ([`Port::settle_by`]).
+fn loopback_stand_in(held: IpAddr, is_free: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
+    if is_free(held) {
+        return None;
+    }
+    stand_ins(held).find(|ip| is_free(*ip))
+}
+
+/// Whether UDP port 4791 of `ip` is free now (binding it works).
+fn port_free(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, ferroce::wire::ROCE_V2_PORT)).is_ok()
+}
+
+/// The addresses a port serves and the GID table it shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Served {
     /// The addresses the device serves: the engine's GID table, indexed by the engine's
     /// `sgid_index`.
     pub gids: Vec<IpAddr>,
@@ -181,7 +210,32 @@ pub(crate) struct Port {
     /// serve is `None` (empty). Application indexes are translated to the engine's with
     /// [`Port::engine_index`] and back with [`Port::shown_index`].
     pub table: Vec<Option<IpAddr>>,
+}
+
+impl Served {
+    /// `interface`'s table with `held` served as `b` (a loopback stand-in) at its index.
+    fn standing_in(interface: &[IpAddr], held: IpAddr, b: IpAddr) -> Served {
+        Served {
+            gids: vec![b],
+            table: interface
+                .iter()
+                .map(|g| (*g == held).then_some(b))
+                .collect(),
+        }
+    }
+}
+
+/// The port the device has, from the environment.
+pub(crate) struct Port {
+    pub netdev: Netdev,
+    pub backend: BackendKind,
     pub mtu: Mtu,
+    /// What the port serves: set when the port is made, or, for a loopback address another
+    /// program may hold ([`Port::stand_in_for`]), when the NIC starts ([`Port::settle`]).
+    served: OnceLock<Served>,
+    /// The loopback address this port serves unless another program holds it by the time the
+    /// NIC starts (the UDP backend on lo without `FERROCE_ADDR`; [`loopback_stand_in`]).
+    stand_in_for: Option<IpAddr>,
 }
 
 impl Port {
@@ -238,43 +292,123 @@ impl Port {
             }
             (_, None) => netdev.gids.clone(),
         };
+        // On lo without FERROCE_ADDR, an address another program holds is stood in for by a
+        // free 127.0.0.N, decided when the NIC starts.
+        let stand_in_for = match (backend, only) {
+            (BackendKind::Udp, None) => Some(gids[0]).filter(|a| a.is_ipv4() && a.is_loopback()),
+            _ => None,
+        };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
         let table = shown_table(&netdev.gids, &gids, extra);
+        let served = OnceLock::new();
+        if stand_in_for.is_none() {
+            let _ = served.set(Served { gids, table });
+        }
         Ok(Port {
             netdev,
             backend,
-            gids,
-            table,
             mtu,
+            served,
+            stand_in_for,
         })
+    }
+
+    /// What the port serves now: once the NIC has started, what it serves; before, what it
+    /// would serve if it started now (a loopback address held by another program is shown
+    /// with its stand-in, [`loopback_stand_in`], without waiting for it to come free).
+    pub fn served(&self) -> std::borrow::Cow<'_, Served> {
+        match (self.served.get(), self.stand_in_for) {
+            (Some(s), _) => std::borrow::Cow::Borrowed(s),
+            // (A port without a stand-in is served from the start.)
+            (None, a) => {
+                let a = a.unwrap_or(self.netdev.gids[0]);
+                std::borrow::Cow::Owned(match loopback_stand_in(a, port_free) {
+                    Some(b) => Served::standing_in(&self.netdev.gids, a, b),
+                    None => self.plain(a),
+                })
+            }
+        }
+    }
+
+    /// Start serving: open the packet backend on the port's address with `open` and settle
+    /// what the port serves, for good. A loopback address another program holds (after
+    /// waiting up to [`ADDR_IN_USE_WAIT`] for it, [`open_waiting`]) is stood in for by the
+    /// first of [`stand_ins`] that `open` binds: the bind decides, so two programs starting at
+    /// once cannot both take one address. An error leaves the port unsettled (the next start
+    /// tries again).
+    pub fn settle_by<T>(
+        &self,
+        mut open: impl FnMut(IpAddr) -> std::io::Result<T>,
+    ) -> std::io::Result<(T, &Served)> {
+        if let Some(sv) = self.served.get() {
+            return Ok((open_waiting(|| open(sv.gids[0]))?, sv));
+        }
+        // (A port without a stand-in is served from the start.)
+        let a = self.stand_in_for.unwrap_or(self.netdev.gids[0]);
+        let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
+        let (t, sv) = match open_waiting(|| open(a)) {
+            Ok(t) => (t, self.plain(a)),
+            Err(e) if in_use(&e) => {
+                let mut found = None;
+                for b in stand_ins(a) {
+                    match open(b) {
+                        Ok(t) => {
+                            found = Some((t, Served::standing_in(&self.netdev.gids, a, b)));
+                            break;
+                        }
+                        Err(e) if in_use(&e) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                found.ok_or(e)?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((t, self.served.get_or_init(|| sv)))
+    }
+
+    /// What the port shows serving `a` itself.
+    fn plain(&self, a: IpAddr) -> Served {
+        Served {
+            gids: vec![a],
+            table: shown_table(&self.netdev.gids, &[a], None),
+        }
+    }
+
+    /// The engine's GID table ([`Served::gids`]).
+    pub fn gids(&self) -> Vec<IpAddr> {
+        self.served().gids.clone()
     }
 
     /// Entry `index` of the table applications see: `None` past its end, `Some(None)` for an
     /// empty entry.
     pub fn shown_gid(&self, index: usize) -> Option<Option<IpAddr>> {
-        self.table.get(index).copied()
+        self.served().table.get(index).copied()
     }
 
     /// The engine's index of the application's GID index (`None`: past the table's end or an
     /// empty entry).
     pub fn engine_index(&self, shown: u8) -> Option<u8> {
-        let ip = self.shown_gid(usize::from(shown))??;
-        self.gids.iter().position(|g| *g == ip).map(|i| i as u8)
+        let sv = self.served();
+        let ip = (*sv.table.get(usize::from(shown))?)?;
+        sv.gids.iter().position(|g| *g == ip).map(|i| i as u8)
     }
 
     /// The application's GID index of the engine's (0 if the engine's is unknown, which
     /// cannot happen: every served address is in the table).
     pub fn shown_index(&self, engine: u8) -> u8 {
-        self.gids
+        let sv = self.served();
+        sv.gids
             .get(usize::from(engine))
-            .and_then(|ip| self.shown_of(*ip))
-            .unwrap_or(0)
+            .and_then(|ip| sv.table.iter().position(|g| *g == Some(*ip)))
+            .map_or(0, |i| i as u8)
     }
 
     /// The application's GID index of a served address.
     pub fn shown_of(&self, ip: IpAddr) -> Option<u8> {
-        self.table
+        self.served()
+            .table
             .iter()
             .position(|g| *g == Some(ip))
             .map(|i| i as u8)
@@ -334,8 +468,8 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         return Ok(s);
     }
     let port = Port::from_env()?;
-    let mut cfg = DeviceConfig::new(port.netdev.mac, port.gids[0]);
-    cfg.gids = port.gids.clone();
+    // The GID table is set when the NIC starts ([`Port::settle`]).
+    let mut cfg = DeviceConfig::new(port.netdev.mac, port.gids()[0]);
     cfg.port_mtu = port.mtu;
     // FERROCE_POLL: how the engine runs (inline, the default: in the application's own verbs
     // calls with a background thread for the rest; busy: its own thread spinning; adaptive:
@@ -476,13 +610,15 @@ impl Shared {
 
     fn start_nic(&self) -> Result<Arc<Nic>, DeviceError> {
         let port = &self.port;
-        let local = port.gids[0];
-        let pkt = open_waiting(|| backend::open_with(port.backend, &port.netdev, local, true))
+        let (pkt, served) = port
+            .settle_by(|ip| backend::open_with(port.backend, &port.netdev, ip, true))
             .map_err(|source| {
                 if port.backend == BackendKind::Udp
                     && source.kind() == std::io::ErrorKind::AddrInUse
                 {
-                    return DeviceError::AddrInUse { addr: local };
+                    return DeviceError::AddrInUse {
+                        addr: port.gids()[0],
+                    };
                 }
                 DeviceError::Backend {
                     backend: port.backend.name(),
@@ -490,7 +626,8 @@ impl Shared {
                     source,
                 }
             })?;
-        let cfg = self.cfg.clone();
+        let mut cfg = self.cfg.clone();
+        cfg.gids = served.gids.clone();
         let opts = self.opts;
         let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
             Some(p) => {
@@ -620,6 +757,38 @@ mod tests {
         assert_eq!(
             shown_table(&lo, &[ip("127.0.0.1")], None),
             vec![Some(ip("127.0.0.1")), None]
+        );
+    }
+
+    #[test]
+    fn a_held_loopback_address_is_stood_in_for_by_the_first_free_one() {
+        let one = ip("127.0.0.1");
+        let free_but = |taken: &'static [&'static str]| {
+            move |a: IpAddr| !taken.contains(&a.to_string().as_str())
+        };
+        // free: no stand-in
+        assert_eq!(loopback_stand_in(one, free_but(&[])), None);
+        // held: the first free 127.0.0.N, N ≥ 2
+        assert_eq!(
+            loopback_stand_in(one, free_but(&["127.0.0.1", "127.0.0.2"])),
+            Some(ip("127.0.0.3"))
+        );
+        assert_eq!(
+            loopback_stand_in(one, free_but(&["127.0.0.1"])),
+            Some(ip("127.0.0.2"))
+        );
+        // every one taken: none (starting the NIC reports the address in use)
+        assert_eq!(loopback_stand_in(one, |_| false), None);
+        assert_eq!(stand_ins(one).count(), 253);
+        assert_eq!(stand_ins(ip("127.0.0.2")).next(), Some(ip("127.0.0.3")));
+        // shown at the held address's index
+        let lo = [one, ip("::1")];
+        assert_eq!(
+            Served::standing_in(&lo, one, ip("127.0.0.2")),
+            Served {
+                gids: vec![ip("127.0.0.2")],
+                table: vec![Some(ip("127.0.0.2")), None]
+            }
         );
     }
 

@@ -116,14 +116,17 @@ fn cm() -> Result<&'static Cm, c_int> {
         // SAFETY: a context just opened.
         let sh = unsafe { verbs::sh(ctx) };
         let port = &sh.port;
+        // The NIC first: it settles the addresses the port serves.
+        let nic = sh.nic()?.clone();
+        let gids = port.gids();
         let resolver = KernelResolver {
             ifname: port.netdev.name.clone(),
-            gids: port.gids.clone(),
+            gids: gids.clone(),
             udp: port.backend == BackendKind::Udp,
-            local: Some(port.gids[0]),
+            local: Some(gids[0]),
         };
         let svc = CmService::start(
-            sh.nic()?.clone(),
+            nic,
             CmConfig::new(ca_guid_of(port.netdev.mac)),
             Box::new(resolver),
         )
@@ -136,7 +139,7 @@ fn cm() -> Result<&'static Cm, c_int> {
         Ok(Cm {
             ctx: ctx as usize,
             svc,
-            local: port.gids[0],
+            local: gids[0],
         })
     })
     .as_ref()
@@ -972,7 +975,7 @@ fn served(ip: IpAddr) -> bool {
     let Ok(c) = cm() else { return false };
     // SAFETY: the CM's context, open for the process's lifetime.
     let port = &unsafe { verbs::sh(c.ctx as *mut ibv_context) }.port;
-    port.gids
+    port.gids()
         .iter()
         .any(|g| g.to_canonical() == ip.to_canonical())
 }

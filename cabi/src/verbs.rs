@@ -537,7 +537,7 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     a.state = link.ibv_state().into();
     a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
     a.active_mtu = s.port.mtu.to_ibv() as c_int;
-    a.gid_tbl_len = s.port.table.len() as c_int;
+    a.gid_tbl_len = s.port.served().table.len() as c_int;
     // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS
     a.port_cap_flags = (1 << 16) | (1 << 26);
     a.max_msg_sz = 0x8000_0000;
@@ -671,8 +671,10 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     // SAFETY: caller's context.
     let s = unsafe { sh(c) };
     let mut n = 0usize;
-    for index in 0..s.port.table.len() {
-        let Some(Some(g)) = gid_bytes(s, index as c_int) else {
+    // One look at the table (before the NIC starts, each look probes the address's port).
+    let table = s.port.served().table.clone();
+    for (index, entry) in table.iter().enumerate() {
+        let Some(g) = entry.map(ferroce::verbs::gid_of) else {
             continue;
         };
         // A size no array of `max_entries` entries can have (the product overflows) is

@@ -1882,11 +1882,13 @@ fn two_programs_on_one_host_without_a_second_address() {
         FERROCE_LISTENING=$d/listening timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
         s=$!\n\
         i=0; while [ $i -lt 400 ] && ! [ -e $d/listening ]; do sleep 0.05; i=$((i+1)); done\n\
-        echo '--- same address'; timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 \
+        echo '--- same address'; export FERROCE_ADDR=127.0.0.1\n\
+        timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 \
           2>&1 | grep -v '^ferroce libibverbs' | sed 's/^/pingpong: /'; \
           timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 2>&1 \
           | grep 'ferroce libibverbs'\n\
         echo '--- query on the held address'; timeout 30 ibv_devinfo -v 2>&1; echo \"query=$?\"\n\
+        unset FERROCE_ADDR\n\
         echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
         echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
     let out = in_netns_lo("ip link set lo up || exit 99", script);
@@ -1940,6 +1942,75 @@ fn two_programs_on_one_host_without_a_second_address() {
     result_line("the client", &section("--- client", "client="), "200");
     result_line("the server", &section("--- server", "--- rping"), "200");
     assert_eq!(o.matches("ping data: rdma-ping-").count(), 3, "{o}");
+}
+
+/// Two programs on one host's loopback with no address given, as two programs on one rxe
+/// device: the second finds 127.0.0.1's UDP port held by the first and serves 127.0.0.2 in its
+/// stead, shown at the same GID index, so the commands a user runs against rxe work unchanged:
+/// `ibv_rc_pingpong -g 0` both ends (the client's GID ::ffff:127.0.0.2, the server's
+/// ::ffff:127.0.0.1), `ib_write_bw -x 0` both ends, and `rping` over RDMA-CM; `ibv_devinfo -v`
+/// while the first holds 127.0.0.1 shows 127.0.0.2 at index 0.
+#[test]
+fn two_programs_on_loopback_without_setting_an_address() {
+    let t = "two_programs_on_loopback_without_setting_an_address";
+    if !ready(
+        t,
+        &["ibv_rc_pingpong", "ib_write_bw", "ibv_devinfo", "rping"],
+    ) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB\n\
+        d=$(mktemp -d)\n\
+        tcp() { i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done; }\n\
+        timeout 30 ibv_rc_pingpong -g 0 -n 100 > $d/pps 2>&1 & s=$!\n\
+        tcp\n\
+        echo '--- devinfo'; timeout 30 ibv_devinfo -v 2>&1 | grep -E 'GID\\[|ferroce'\n\
+        echo '--- pp client'; timeout 30 ibv_rc_pingpong -g 0 -n 100 127.0.0.1 2>&1; echo \"ppc=$?\"\n\
+        wait $s; echo \"pps=$?\"; echo '--- pp server'; cat $d/pps\n\
+        timeout 30 ib_write_bw -x 0 -n 200 > $d/bws 2>&1 & s=$!\n\
+        tcp\n\
+        echo '--- bw client'; timeout 30 ib_write_bw -x 0 -n 200 127.0.0.1 2>&1; echo \"bwc=$?\"\n\
+        wait $s; echo \"bws=$?\"; echo '--- bw server'; cat $d/bws\n\
+        FERROCE_LISTENING=$d/l timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rps 2>&1 & s=$!\n\
+        i=0; while [ $i -lt 400 ] && ! [ -e $d/l ]; do sleep 0.05; i=$((i+1)); done\n\
+        echo '--- rping'; timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; echo \"rpc=$?\"\n\
+        wait $s; echo \"rps=$?\"; cat $d/rps; rm -rf $d";
+    let out = in_netns_lo("ip link set lo up || exit 99", script);
+    let o = output_text(&out);
+    let section = |from: &str, to: &str| {
+        let rest = o.split(from).nth(1).unwrap_or("");
+        rest.split(to).next().unwrap_or("").to_string()
+    };
+    let devinfo = section("--- devinfo", "--- pp client");
+    assert!(
+        devinfo
+            .lines()
+            .any(|l| l.contains("GID[  0]:") && l.contains("::ffff:127.0.0.2")),
+        "{o}"
+    );
+    assert!(!devinfo.contains("127.0.0.1"), "{o}");
+    // the client serves 127.0.0.2, the server 127.0.0.1; each told the other its GID
+    let client = section("--- pp client", "ppc=");
+    assert!(
+        client
+            .lines()
+            .any(|l| l.contains("local address") && l.contains("GID ::ffff:127.0.0.2")),
+        "{o}"
+    );
+    assert!(
+        client
+            .lines()
+            .any(|l| l.contains("remote address") && l.contains("GID ::ffff:127.0.0.1")),
+        "{o}"
+    );
+    assert!(client.contains("100 iters in"), "{o}");
+    for want in ["ppc=0", "pps=0", "bwc=0", "bws=0", "rpc=0", "rps=0"] {
+        assert!(o.lines().any(|l| l == want), "{want}:\n{o}");
+    }
+    result_line("the client", &section("--- bw client", "bwc="), "200");
+    result_line("the server", &section("--- bw server", "--- rping"), "200");
+    assert_eq!(o.matches("ping data: rdma-ping-").count(), 3, "{o}");
+    assert!(!o.contains("ferroce libibverbs"), "{o}");
 }
 
 /// rdmacm-utils' `rcopy` (a file copy over rsockets: the client maps the file and sends it,
