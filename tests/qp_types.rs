@@ -958,3 +958,46 @@ fn ud_multicast_reaches_every_attached_qp_and_only_those() {
     p.b.destroy_qp(b2.qp).unwrap();
     assert!(p.b.mcast_groups().is_empty());
 }
+
+/// An address the device's interface gains (the drop-in library's GID table follows the
+/// interface): before `add_gid`, a datagram to it is not the device's (counted
+/// `address_drops`, as every frame to a foreign address); after, it is received, and the new
+/// entry keeps the next index without moving the others.
+#[test]
+fn an_address_added_to_the_device_is_served() {
+    let mut p = Pair::new(1, clean());
+    let a = ud_end(&mut p.a, 8192, None, None);
+    let b = ud_end(&mut p.b, 8192, None, None);
+    let extra: std::net::IpAddr = "10.0.0.99".parse().unwrap();
+    let first = p.b.gid(0);
+    let av = AddressVector {
+        dgid: gid_of(extra),
+        sgid_index: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
+        dmac: Some(p.b.config().mac.0),
+    };
+    let ah = p.a.create_ah(a.pd, &av).unwrap();
+    p.b.post_recv(b.qp, recv(1, &b.mr, 0, 40 + 100)).unwrap();
+    let drops = p.b.counters().0.address_drops;
+    p.a.post_send(a.qp, ud_send(1, &a.mr, 0, 100, ah, b.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    assert!(poll(&mut p.b, b.cq).is_empty());
+    assert_eq!(p.b.counters().0.address_drops, drops + 1);
+    assert_eq!(p.b.add_gid(extra), Some(1));
+    assert_eq!(
+        p.b.add_gid(extra),
+        Some(1),
+        "an address already served keeps its index"
+    );
+    assert_eq!((p.b.gid(0), p.b.gid(1)), (first, Some(gid_of(extra))));
+    p.a.post_send(a.qp, ud_send(2, &a.mr, 0, 100, ah, b.qp, QKEY))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(10)));
+    let w = poll(&mut p.b, b.cq);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].status, WcStatus::Success);
+    assert_eq!(p.b.counters().0.address_drops, drops + 1);
+}

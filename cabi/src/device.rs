@@ -204,24 +204,125 @@ fn port_free(ip: IpAddr) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Served {
     /// The addresses the device serves: the engine's GID table, indexed by the engine's
-    /// `sgid_index`.
+    /// `sgid_index`. Entries are only ever added, so an index keeps its meaning.
     pub gids: Vec<IpAddr>,
     /// The GID table applications see, in Linux's numbering: an entry the device does not
     /// serve is `None` (empty). Application indexes are translated to the engine's with
     /// [`Port::engine_index`] and back with [`Port::shown_index`].
     pub table: Vec<Option<IpAddr>>,
+    /// Every address of the port at the index Linux gives it, served or not (rxe's table on
+    /// the same interface); `None`: a deleted entry, which the next address added takes.
+    slots: Vec<Option<IpAddr>>,
+    /// An address shown that is not the interface's (a loopback address from `FERROCE_ADDR`,
+    /// or a stand-in): kept whatever the interface does.
+    pinned: Option<IpAddr>,
+    /// The interface's address a stand-in is shown in place of.
+    hidden: Option<IpAddr>,
+    /// The port's default GID, the link-local address derived from its MAC: the kernel keeps
+    /// it while the interface exists, whatever its IPv6 addresses do (rxe in the guest: after
+    /// `ip link set eth0 down` and `up`, which remove and re-add the link-local address, index
+    /// 0 held it throughout and only the removed global address raised an event).
+    default: Option<IpAddr>,
+    /// Every address of the interface is served (a raw backend without `FERROCE_ADDR`): one
+    /// the interface gains is served too.
+    serves_all: bool,
 }
 
 impl Served {
+    /// `interface`'s addresses in Linux's order, `gids` served, `extra` shown where Linux would
+    /// put it once added ([`shown_table`]).
+    fn new(
+        interface: &[IpAddr],
+        gids: Vec<IpAddr>,
+        extra: Option<IpAddr>,
+        serves_all: bool,
+    ) -> Served {
+        let mut sv = Served {
+            slots: shown_table(interface, interface, extra),
+            gids,
+            table: Vec::new(),
+            pinned: extra,
+            hidden: None,
+            default: None,
+            serves_all,
+        };
+        sv.mask();
+        sv
+    }
+
     /// `interface`'s table with `held` served as `b` (a loopback stand-in) at its index.
     fn standing_in(interface: &[IpAddr], held: IpAddr, b: IpAddr) -> Served {
-        Served {
-            gids: vec![b],
-            table: interface
+        let mut sv = Served {
+            slots: interface
                 .iter()
-                .map(|g| (*g == held).then_some(b))
+                .map(|g| Some(if *g == held { b } else { *g }))
                 .collect(),
+            gids: vec![b],
+            table: Vec::new(),
+            pinned: Some(b),
+            hidden: Some(held),
+            default: None,
+            serves_all: false,
+        };
+        sv.mask();
+        sv
+    }
+
+    /// Keep the default GID of an interface with MAC `mac` ([`Served::default`]).
+    fn keeping_default(mut self, mac: MacAddr) -> Served {
+        if mac != MacAddr::ZERO {
+            let m = mac.0;
+            let mut b = [0u8; 16];
+            b[0] = 0xfe;
+            b[1] = 0x80;
+            b[8..].copy_from_slice(&[m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+            self.default = Some(IpAddr::from(b));
         }
+        self
+    }
+
+    fn mask(&mut self) {
+        self.table = self
+            .slots
+            .iter()
+            .map(|s| s.filter(|ip| self.gids.contains(ip)))
+            .collect();
+    }
+
+    /// The interface's addresses are now `now`: the entries of those it lost are deleted and
+    /// those it gained take the first deleted entry, else a new one at the end, as the kernel
+    /// keeps a RoCE port's table (rxe in the tools/rxe-peer guest: an IPv4 address added went
+    /// to index 2, and after its removal an IPv6 one added took index 2 again; the others kept
+    /// theirs). Returns how many entries changed (one `IBV_EVENT_GID_CHANGE` each, as rxe
+    /// raises) and the addresses newly served, which the engine must serve too.
+    pub fn follow(&mut self, now: &[IpAddr]) -> (usize, Vec<IpAddr>) {
+        let mut changes = 0;
+        for slot in &mut self.slots {
+            if let Some(ip) = *slot {
+                if !now.contains(&ip) && Some(ip) != self.pinned && Some(ip) != self.default {
+                    *slot = None;
+                    changes += 1;
+                }
+            }
+        }
+        let mut added = Vec::new();
+        for ip in now {
+            if Some(*ip) == self.hidden || self.slots.contains(&Some(*ip)) {
+                continue;
+            }
+            match self.slots.iter().position(Option::is_none) {
+                Some(i) => self.slots[i] = Some(*ip),
+                None => self.slots.push(Some(*ip)),
+            }
+            changes += 1;
+            // At most 256 served addresses: the engine's `sgid_index` is a byte.
+            if self.serves_all && !self.gids.contains(ip) && self.gids.len() < 256 {
+                self.gids.push(*ip);
+                added.push(*ip);
+            }
+        }
+        self.mask();
+        (changes, added)
     }
 }
 
@@ -231,8 +332,9 @@ pub(crate) struct Port {
     pub backend: BackendKind,
     pub mtu: Mtu,
     /// What the port serves: set when the port is made, or, for a loopback address another
-    /// program may hold ([`Port::stand_in_for`]), when the NIC starts ([`Port::settle`]).
-    served: OnceLock<Served>,
+    /// program may hold ([`Port::stand_in_for`]), when the NIC starts ([`Port::settle_by`]);
+    /// then following the interface's addresses ([`Port::follow`]).
+    served: std::sync::RwLock<Option<Served>>,
     /// The loopback address this port serves unless another program holds it by the time the
     /// NIC starts (the UDP backend on lo without `FERROCE_ADDR`; [`loopback_stand_in`]).
     stand_in_for: Option<IpAddr>,
@@ -300,11 +402,10 @@ impl Port {
         };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
-        let table = shown_table(&netdev.gids, &gids, extra);
-        let served = OnceLock::new();
-        if stand_in_for.is_none() {
-            let _ = served.set(Served { gids, table });
-        }
+        let serves_all = backend != BackendKind::Udp && only.is_none();
+        let served = std::sync::RwLock::new(stand_in_for.is_none().then(|| {
+            Served::new(&netdev.gids, gids, extra, serves_all).keeping_default(netdev.mac)
+        }));
         Ok(Port {
             netdev,
             backend,
@@ -317,17 +418,20 @@ impl Port {
     /// What the port serves now: once the NIC has started, what it serves; before, what it
     /// would serve if it started now (a loopback address held by another program is shown
     /// with its stand-in, [`loopback_stand_in`], without waiting for it to come free).
-    pub fn served(&self) -> std::borrow::Cow<'_, Served> {
-        match (self.served.get(), self.stand_in_for) {
-            (Some(s), _) => std::borrow::Cow::Borrowed(s),
-            // (A port without a stand-in is served from the start.)
-            (None, a) => {
-                let a = a.unwrap_or(self.netdev.gids[0]);
-                std::borrow::Cow::Owned(match loopback_stand_in(a, port_free) {
-                    Some(b) => Served::standing_in(&self.netdev.gids, a, b),
-                    None => self.plain(a),
-                })
-            }
+    pub fn served(&self) -> Served {
+        if let Some(sv) = self
+            .served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            return sv.clone();
+        }
+        // (A port without a stand-in is served from the start.)
+        let a = self.stand_in_for.unwrap_or(self.netdev.gids[0]);
+        match loopback_stand_in(a, port_free) {
+            Some(b) => Served::standing_in(&self.netdev.gids, a, b),
+            None => self.plain(a),
         }
     }
 
@@ -340,8 +444,13 @@ impl Port {
     pub fn settle_by<T>(
         &self,
         mut open: impl FnMut(IpAddr) -> std::io::Result<T>,
-    ) -> std::io::Result<(T, &Served)> {
-        if let Some(sv) = self.served.get() {
+    ) -> std::io::Result<(T, Served)> {
+        if let Some(sv) = self
+            .served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
             return Ok((open_waiting(|| open(sv.gids[0]))?, sv));
         }
         // (A port without a stand-in is served from the start.)
@@ -365,15 +474,20 @@ impl Port {
             }
             Err(e) => return Err(e),
         };
-        Ok((t, self.served.get_or_init(|| sv)))
+        let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
+        Ok((t, g.get_or_insert(sv).clone()))
+    }
+
+    /// The interface's addresses are now `now` ([`Served::follow`]); `None` while the port is
+    /// not settled (a stand-in's port before its NIC starts: it shows the addresses it had).
+    pub fn follow(&self, now: &[IpAddr]) -> Option<(usize, Vec<IpAddr>)> {
+        let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
+        g.as_mut().map(|sv| sv.follow(now))
     }
 
     /// What the port shows serving `a` itself.
     fn plain(&self, a: IpAddr) -> Served {
-        Served {
-            gids: vec![a],
-            table: shown_table(&self.netdev.gids, &[a], None),
-        }
+        Served::new(&self.netdev.gids, vec![a], None, false).keeping_default(self.netdev.mac)
     }
 
     /// The engine's GID table ([`Served::gids`]).
@@ -574,6 +688,32 @@ fn watch_link() {
             };
             crate::verbs::broadcast_async_event(&s.contexts, e);
         }
+        follow_addresses(&s);
+    }
+}
+
+/// The GID table follows the interface's addresses ([`Served::follow`]), as a kernel RoCE
+/// port's does: an address gained is served at once where the device serves every address
+/// (the engine's table grows), and every entry added or deleted raises
+/// `IBV_EVENT_GID_CHANGE` on every open context, as rxe raises it.
+fn follow_addresses(s: &Shared) {
+    let Ok(d) = netdev::netdev(&s.port.netdev.name) else {
+        return; // gone: its port is down (above); its table stays as it was
+    };
+    // Under the start lock: a NIC starting now takes the table as it is after this.
+    let _g = s.start.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((changes, added)) = s.port.follow(&d.gids) else {
+        return;
+    };
+    if let Some(nic) = s.started() {
+        nic.with_device(|dev| {
+            for ip in added {
+                dev.add_gid(ip);
+            }
+        });
+    }
+    for _ in 0..changes {
+        crate::verbs::broadcast_async_event(&s.contexts, ferroce::ib::AsyncEvent::GidChange(1));
     }
 }
 
@@ -783,13 +923,65 @@ mod tests {
         assert_eq!(stand_ins(ip("127.0.0.2")).next(), Some(ip("127.0.0.3")));
         // shown at the held address's index
         let lo = [one, ip("::1")];
-        assert_eq!(
-            Served::standing_in(&lo, one, ip("127.0.0.2")),
-            Served {
-                gids: vec![ip("127.0.0.2")],
-                table: vec![Some(ip("127.0.0.2")), None]
-            }
-        );
+        let mut sv = Served::standing_in(&lo, one, ip("127.0.0.2"));
+        assert_eq!(sv.gids, vec![ip("127.0.0.2")]);
+        assert_eq!(sv.table, vec![Some(ip("127.0.0.2")), None]);
+        // the stand-in stays while lo keeps or loses its addresses; 127.0.0.1 is not re-added
+        assert_eq!(sv.follow(&lo), (0, vec![]));
+        assert_eq!(sv.follow(&[ip("::1")]), (0, vec![]));
+        assert_eq!(sv.table, vec![Some(ip("127.0.0.2")), None]);
+    }
+
+    /// The table keeps its indexes as a kernel RoCE port's does (rxe in the tools/rxe-peer
+    /// guest: an address added takes the first deleted entry, else the next index).
+    #[test]
+    fn the_table_follows_the_interface_as_rxes_does() {
+        let ll = ip("fe80::1");
+        let v4 = ip("10.77.0.31");
+        let iface = [ll, v4];
+        // a raw backend: every address served, the new ones too
+        let mut all = Served::new(&iface, iface.to_vec(), None, true);
+        assert_eq!(all.table, vec![Some(ll), Some(v4)]);
+        let extra = ip("10.77.0.99");
+        assert_eq!(all.follow(&[ll, v4, extra]), (1, vec![extra]));
+        assert_eq!(all.table, vec![Some(ll), Some(v4), Some(extra)]);
+        assert_eq!(all.follow(&iface), (1, vec![]));
+        assert_eq!(all.table, vec![Some(ll), Some(v4), None]);
+        let v6 = ip("fd77::99");
+        assert_eq!(all.follow(&[ll, v4, v6]), (1, vec![v6]));
+        assert_eq!(all.table, vec![Some(ll), Some(v4), Some(v6)]);
+        // engine indexes only ever grow: the deleted address keeps its own
+        assert_eq!(all.gids, vec![ll, v4, extra, v6]);
+        // a link-local address other than the default GID: gone and back, index 0 again (the
+        // first deleted entry)
+        assert_eq!(all.follow(&[v4, v6]), (1, vec![]));
+        assert_eq!(all.follow(&[ll, v4, v6]), (1, vec![]));
+        assert_eq!(all.table, vec![Some(ll), Some(v4), Some(v6)]);
+        // the default GID (the MAC's link-local address) stays when the link goes down and
+        // its IPv6 addresses with it: only the global one's entry changes, as on rxe
+        let mac = MacAddr([0x52, 0x54, 0x00, 0x77, 0x00, 0x1f]);
+        let dflt = ip("fe80::5054:ff:fe77:1f");
+        let mut port =
+            Served::new(&[dflt, v4, v6], vec![dflt, v4, v6], None, true).keeping_default(mac);
+        assert_eq!(port.follow(&[v4]), (1, vec![]));
+        assert_eq!(port.table, vec![Some(dflt), Some(v4), None]);
+        assert_eq!(port.follow(&[dflt, v4]), (0, vec![]));
+        // the UDP backend: one address served; the others' entries change but show empty
+        let mut one = Served::new(&iface, vec![v4], None, false);
+        assert_eq!(one.table, vec![None, Some(v4)]);
+        assert_eq!(one.follow(&[ll, v4, extra]), (1, vec![]));
+        assert_eq!(one.table, vec![None, Some(v4), None]);
+        assert_eq!(one.gids, vec![v4]);
+        // its own address removed: its entry deleted (an AV naming it is refused)
+        assert_eq!(one.follow(&[ll, extra]), (1, vec![]));
+        assert_eq!(one.table, vec![None, None, None]);
+        // a loopback address from FERROCE_ADDR that lo does not have stays
+        let lo = [ip("127.0.0.1"), ip("::1")];
+        let nine = ip("127.0.0.9");
+        let mut pinned = Served::new(&lo, vec![nine], Some(nine), false);
+        assert_eq!(pinned.table, vec![None, Some(nine), None]);
+        assert_eq!(pinned.follow(&lo), (0, vec![]));
+        assert_eq!(pinned.table, vec![None, Some(nine), None]);
     }
 
     #[test]

@@ -189,7 +189,7 @@ impl Objects {
                 (ibv_async_element { srq }, c)
             }),
             // The device's own events go to every context ([`broadcast_async_event`]).
-            E::PortActive(_) | E::PortErr(_) => None,
+            E::PortActive(_) | E::PortErr(_) | E::GidChange(_) => None,
         }
     }
 }
@@ -2365,9 +2365,11 @@ pub unsafe extern "C" fn ibv_get_async_event(
             continue;
         };
         let element = match e {
-            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) => Some(ibv_async_element {
-                port_num: c_int::from(p),
-            }),
+            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) | AsyncEvent::GidChange(p) => {
+                Some(ibv_async_element {
+                    port_num: c_int::from(p),
+                })
+            }
             _ => objects(|o| o.find(e)).map(|(element, _)| element),
         };
         if let Some(element) = element {

@@ -2483,6 +2483,78 @@ fn with_veth_pair(script: &str) -> String {
     output_text(&in_netns_lo(setup, script))
 }
 
+/// The GID table follows the interface's addresses as rxe's does (checked in the
+/// `tools/rxe-peer` guest, Debian's `ibv_devinfo -v` and `ibv_asyncwatch` on rxe0 over eth0 with
+/// its link-local and IPv4 addresses at 0 and 1: `ip addr add 10.77.0.99/24` gave
+/// `GID[2] ::ffff:10.77.0.99` and one `IBV_EVENT_GID_CHANGE (18), port 1`; its removal emptied
+/// index 2 with one more; `ip -6 addr add fd77::99/64` then took index 2 with one more, the
+/// others unmoved; `ip link set eth0 down` and `up` then raised one more, for the global
+/// address the kernel removed, with PORT_ERR and PORT_ACTIVE, the link-local default GID staying
+/// at index 0). The same steps on a veth with a device that serves every address
+/// (`FERROCE_BACKEND=packet`; only the table is looked at, no packet is sent): the same
+/// indexes and the same events, on a context that holds no object.
+#[test]
+fn the_gid_table_and_its_events_follow_the_interface_addresses() {
+    let t = "the_gid_table_and_its_events_follow_the_interface_addresses";
+    if !ready(t, &["ibv_devinfo", "ibv_asyncwatch", "stdbuf"]) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB FERROCE_DEV=va FERROCE_BACKEND=packet\n\
+        i=0; while [ $i -lt 100 ] && ! ip -6 addr show dev va scope link | grep -q fe80; do \
+          sleep 0.05; i=$((i+1)); done\n\
+        g() { echo \"--- $1\"; ibv_devinfo -v | grep 'GID\\['; }\n\
+        A=$(mktemp); timeout 20 stdbuf -oL ibv_asyncwatch > $A 2>&1 & a=$!\n\
+        i=0; while [ $i -lt 100 ] && ! grep -q 'async event FD' $A; do sleep 0.05; i=$((i+1)); done\n\
+        ev() { i=0; while [ $i -lt 100 ] && [ $(grep -c GID_CHANGE $A) -lt $1 ]; do sleep 0.05; i=$((i+1)); done; }\n\
+        g start\n\
+        ip addr add 10.9.0.99/24 dev va; ev 1; g added\n\
+        ip addr del 10.9.0.99/24 dev va; ev 2; g deleted\n\
+        ip -6 addr add fd77::99/64 dev va nodad; ev 3; g v6\n\
+        ip link set va down; ev 4; ip link set va up; lower_up\n\
+        i=0; while [ $i -lt 100 ] && ! grep -q PORT_ACTIVE $A; do sleep 0.05; i=$((i+1)); done\n\
+        i=0; while [ $i -lt 100 ] && ! ip -6 addr show dev va scope link | grep -q fe80; do \
+          sleep 0.05; i=$((i+1)); done\n\
+        g flap\n\
+        sleep 0.3; kill $a; wait $a; echo '--- asyncwatch'; cat $A; rm -f $A";
+    let o = with_veth_pair(script);
+    let section = |name: &str| -> Vec<String> {
+        o.split(&format!("--- {name}\n"))
+            .nth(1)
+            .unwrap_or("")
+            .split("--- ")
+            .next()
+            .unwrap_or("")
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    let start = section("start");
+    assert_eq!(start.len(), 2, "{o}");
+    assert!(start[0].starts_with("GID[ 0]: fe80::"), "{o}");
+    assert_eq!(start[1], "GID[ 1]: ::ffff:10.9.0.1, RoCE v2", "{o}");
+    let with = |extra: &str| {
+        let mut v = start.clone();
+        v.push(format!("GID[ 2]: {extra}, RoCE v2"));
+        v
+    };
+    assert_eq!(section("added"), with("::ffff:10.9.0.99"), "{o}");
+    assert_eq!(section("deleted"), start, "{o}");
+    assert_eq!(section("v6"), with("fd77::99"), "{o}");
+    // down and up: the global IPv6 address is gone; the link-local one, the default GID,
+    // stayed at index 0 throughout
+    assert_eq!(section("flap"), start, "{o}");
+    let events: Vec<String> = section("asyncwatch")
+        .into_iter()
+        .filter(|l| l.contains("event_type"))
+        .collect();
+    let count = |e: &str| events.iter().filter(|l| l.contains(e)).count();
+    assert_eq!(count("IBV_EVENT_GID_CHANGE (18), port 1"), 4, "{o}");
+    assert_eq!(count("IBV_EVENT_PORT_ERR (10), port 1"), 1, "{o}");
+    assert_eq!(count("IBV_EVENT_PORT_ACTIVE (9), port 1"), 1, "{o}");
+    assert_eq!(events.len(), 6, "{o}");
+}
+
 /// The port's width and speed come from its interface's Ethernet speed as rxe's do (the table in
 /// `PortRate::for_ethernet`, read from rxe in the tools/rxe-peer guest at each speed): Debian's
 /// `ibv_devinfo -v` on a veth (10 Gb/s) shows 1X FDR10, on loopback (no speed) 1X SDR, and on a

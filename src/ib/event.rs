@@ -39,6 +39,9 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_PORT_ERR`: the port (by number) left the active state: its interface went
     /// down or lost its link.
     PortErr(u8),
+    /// `IBV_EVENT_GID_CHANGE`: an entry of the port's (by number) GID table was added or
+    /// deleted: its interface gained or lost an address.
+    GidChange(u8),
 }
 
 impl AsyncEvent {
@@ -53,6 +56,7 @@ impl AsyncEvent {
             AsyncEvent::QpLastWqeReached(_) => 16,
             AsyncEvent::PortActive(_) => 9,
             AsyncEvent::PortErr(_) => 10,
+            AsyncEvent::GidChange(_) => 18,
         }
     }
 
@@ -67,6 +71,7 @@ impl AsyncEvent {
             AsyncEvent::QpLastWqeReached(_) => "IBV_EVENT_QP_LAST_WQE_REACHED",
             AsyncEvent::PortActive(_) => "IBV_EVENT_PORT_ACTIVE",
             AsyncEvent::PortErr(_) => "IBV_EVENT_PORT_ERR",
+            AsyncEvent::GidChange(_) => "IBV_EVENT_GID_CHANGE",
         }
     }
 
@@ -81,6 +86,7 @@ impl AsyncEvent {
             AsyncEvent::QpLastWqeReached(_) => "last WQE reached",
             AsyncEvent::PortActive(_) => "port active",
             AsyncEvent::PortErr(_) => "port error",
+            AsyncEvent::GidChange(_) => "GID table change",
         }
     }
 
@@ -102,7 +108,9 @@ impl fmt::Display for AsyncEvent {
         match *self {
             AsyncEvent::CqErr(cq) => write!(f, " (CQ {})", cq.index()),
             AsyncEvent::SrqLimitReached(s) => write!(f, " (SRQ {})", s.number()),
-            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) => write!(f, " (port {p})"),
+            AsyncEvent::PortActive(p) | AsyncEvent::PortErr(p) | AsyncEvent::GidChange(p) => {
+                write!(f, " (port {p})")
+            }
             e => match e.qp() {
                 Some(q) => write!(f, " (QP {q})"),
                 None => Ok(()),
@@ -185,6 +193,7 @@ mod tests {
             (AsyncEvent::QpLastWqeReached(q), 16, "last WQE reached"),
             (AsyncEvent::PortActive(1), 9, "port active"),
             (AsyncEvent::PortErr(1), 10, "port error"),
+            (AsyncEvent::GidChange(1), 18, "GID table change"),
         ];
         for (e, n, s) in cases {
             assert_eq!(e.event_type(), n, "{e}");

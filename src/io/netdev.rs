@@ -228,24 +228,30 @@ pub fn port_rate(name: &str) -> PortRate {
     PortRate::for_ethernet(super::sys::if_speed(name).ok().flatten())
 }
 
-/// Wakes on changes of interfaces' links: an rtnetlink socket in the link group (`RTMGRP_LINK`)
-/// of the calling thread's network namespace. It only says that something changed; the state
-/// itself is read with [`link_state`].
+/// Wakes on changes of interfaces' links and addresses: an rtnetlink socket in the link and
+/// address groups (`RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`) of the calling
+/// thread's network namespace. It only says that something changed; the state itself is read
+/// with [`link_state`] and [`netdev`].
 pub struct LinkWatch {
     sock: netlink_sys::Socket,
 }
 
 impl LinkWatch {
-    /// Subscribe to link changes.
+    /// Subscribe to link and address changes.
     pub fn new() -> io::Result<LinkWatch> {
-        const RTMGRP_LINK: u32 = 1;
+        const RTMGRP_LINK: u32 = 0x1;
+        const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+        const RTMGRP_IPV6_IFADDR: u32 = 0x100;
         let mut sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
-        sock.bind(&netlink_sys::SocketAddr::new(0, RTMGRP_LINK))?;
+        sock.bind(&netlink_sys::SocketAddr::new(
+            0,
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
+        ))?;
         sock.set_non_blocking(true)?;
         Ok(LinkWatch { sock })
     }
 
-    /// Wait up to `timeout` for a link change; `true` if one (or more) came, whose messages are
+    /// Wait up to `timeout` for a link or address change; `true` if one (or more) came, whose messages are
     /// then read and dropped. A socket that overflowed (`ENOBUFS`: changes were lost) counts as
     /// a change.
     pub fn wait(&mut self, timeout: Duration) -> io::Result<bool> {

@@ -517,6 +517,18 @@ impl Device {
         self.cfg.gids.get(index).map(|ip| gid_of(*ip))
     }
 
+    /// Serve `ip` too (its interface gained the address): its index in the GID table, appended
+    /// if it is not there (entries never move, so a QP's `sgid_index` keeps its meaning).
+    /// `None` when the table is full (256 entries: `sgid_index` is a byte).
+    pub fn add_gid(&mut self, ip: IpAddr) -> Option<u8> {
+        if let Some(i) = self.cfg.gids.iter().position(|g| *g == ip) {
+            return u8::try_from(i).ok();
+        }
+        let i = u8::try_from(self.cfg.gids.len()).ok()?;
+        self.cfg.gids.push(ip);
+        Some(i)
+    }
+
     // ---- protection domains and memory regions -------------------------------------------
 
     /// `ibv_alloc_pd`: a new protection domain (`NoResources("max_pd")` once `max_pd` live).
