@@ -103,6 +103,36 @@ struct Cm {
     local: IpAddr,
 }
 
+/// The kernel's resolution ([`KernelResolver`]) over the port's addresses as they are at each
+/// question: the GID table follows the interface's addresses.
+struct PortResolver {
+    sh: Arc<crate::device::Shared>,
+    /// The address the device runs with (the GID in use).
+    local: IpAddr,
+}
+
+impl PortResolver {
+    fn kernel(&self) -> KernelResolver {
+        let port = &self.sh.port;
+        KernelResolver {
+            ifname: port.netdev.name.clone(),
+            gids: port.gids(),
+            udp: port.backend == BackendKind::Udp,
+            local: Some(self.local),
+        }
+    }
+}
+
+impl ferroce::runtime::cm::Resolver for PortResolver {
+    fn local_addr(&self, src: Option<IpAddr>, dst: IpAddr) -> Result<IpAddr, i32> {
+        self.kernel().local_addr(src, dst)
+    }
+
+    fn neighbour(&self, local: IpAddr, dst: IpAddr) -> Result<ferroce::wire::MacAddr, i32> {
+        self.kernel().neighbour(local, dst)
+    }
+}
+
 static CM: OnceLock<Result<Cm, c_int>> = OnceLock::new();
 
 fn cm() -> Result<&'static Cm, c_int> {
@@ -114,26 +144,21 @@ fn cm() -> Result<&'static Cm, c_int> {
             return Err(ENODEV);
         }
         // SAFETY: a context just opened.
-        let sh = unsafe { verbs::sh(ctx) };
+        let sh = unsafe { verbs::sh_arc(ctx) };
         let port = &sh.port;
         // The NIC first: it settles the addresses the port serves.
         let nic = sh.nic()?.clone();
         let gids = port.gids();
-        let resolver = KernelResolver {
-            ifname: port.netdev.name.clone(),
-            gids: gids.clone(),
-            udp: port.backend == BackendKind::Udp,
-            local: Some(gids[0]),
+        let mac = port.netdev.mac;
+        let resolver = PortResolver {
+            sh: sh.clone(),
+            local: gids[0],
         };
-        let svc = CmService::start(
-            nic,
-            CmConfig::new(ca_guid_of(port.netdev.mac)),
-            Box::new(resolver),
-        )
-        .map_err(|e| {
-            eprintln!("ferroce librdmacm: {e}");
-            ENODEV
-        })?;
+        let svc = CmService::start(nic, CmConfig::new(ca_guid_of(mac)), Box::new(resolver))
+            .map_err(|e| {
+                eprintln!("ferroce librdmacm: {e}");
+                ENODEV
+            })?;
         // SAFETY: atexit(3) with a function that lives as long as the process.
         unsafe { libc::atexit(disconnect_at_exit) };
         Ok(Cm {

@@ -314,6 +314,15 @@ pub(crate) unsafe fn sh<'a>(c: *mut ibv_context) -> &'a Shared {
     unsafe { &ctx(c).sh }
 }
 
+/// The shared device of a context, held.
+///
+/// # Safety
+/// As for [`sh`].
+pub(crate) unsafe fn sh_arc(c: *mut ibv_context) -> Arc<Shared> {
+    // SAFETY: as for `ctx`.
+    unsafe { ctx(c).sh.clone() }
+}
+
 // ---- the device list -----------------------------------------------------------------------
 
 /// The device and its node GUID (network-order bytes, as `ibv_get_device_guid` returns them),
