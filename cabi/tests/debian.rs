@@ -75,6 +75,17 @@ fn build_cm_example(t: &str, name: &str) -> Option<(std::path::PathBuf, std::pat
     )
 }
 
+/// [`build_c_example`] for a program of examples/c/ that uses libibverbs alone.
+fn build_verbs_example(t: &str, name: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    build_c_example(
+        t,
+        name,
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs"],
+    )
+}
+
 /// `out` (the `who` side's output) holds each of `wants`; `all` is printed otherwise.
 fn assert_says(who: &str, out: &str, wants: &[&str], all: &str) {
     for want in wants {
@@ -85,13 +96,7 @@ fn assert_says(who: &str, out: &str, wants: &[&str], all: &str) {
 /// Build `examples/c/NAME.c` against libibverbs, run it under `ferroce run -d lo` in a
 /// namespace, and check that it succeeds and prints each of `wants`.
 fn run_verbs_example(t: &str, name: &str, wants: &[&str]) {
-    let Some((dir, exe)) = build_c_example(
-        t,
-        name,
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_verbs_example(t, name) else {
         return;
     };
     let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
@@ -307,13 +312,7 @@ fn rdma_core_example_against_ferroces_own_pingpong() {
 #[test]
 fn a_c_program_built_against_rdma_core_runs_under_ferroce_run() {
     let t = "a_c_program_built_against_rdma_core_runs_under_ferroce_run";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "loopback_write",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_verbs_example(t, "loopback_write") else {
         return;
     };
     let pcap = dir.join("run.pcap");
@@ -918,13 +917,7 @@ fn rdmacm_utils_examples_both_ends() {
 #[test]
 fn rereg_mr_and_the_other_calls_of_rdma_core_44() {
     let t = "rereg_mr_and_the_other_calls_of_rdma_core_44";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "rereg_mr",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_verbs_example(t, "rereg_mr") else {
         return;
     };
     let out = in_netns(&format!("timeout 30 $F run -d lo -- {}", exe.display()));
@@ -969,13 +962,7 @@ fn rate_conversions_answer_as_rdma_core() {
     if !have(real.exists(), t, "Debian's libibverbs.so.1 (libibverbs1)") {
         return;
     }
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "rereg_mr",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_verbs_example(t, "rereg_mr") else {
         return;
     };
     let run = |lib: Option<&std::path::Path>| {
@@ -2678,13 +2665,7 @@ fn port_state_and_events_follow_the_interface() {
 #[test]
 fn a_forked_child_gets_port_events() {
     let t = "a_forked_child_gets_port_events";
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "port_events_fork",
-        "/usr/include/infiniband/verbs.h",
-        "libibverbs-dev",
-        &["-libverbs"],
-    ) else {
+    let Some((dir, exe)) = build_verbs_example(t, "port_events_fork") else {
         return;
     };
     let script = format!(

@@ -104,7 +104,8 @@ enum Cmd {
         #[arg(short = 'd', long = "ib-dev")]
         dev: Option<String>,
         /// Use only this address of the interface (two programs on one host bind two
-        /// addresses; on lo with the UDP backend any 127.x.y.z, added to lo or not).
+        /// addresses; on lo with the UDP backend any 127.x.y.z, added to lo or not; without
+        /// it, a second program on lo takes a free 127.0.0.N by itself).
         #[arg(long)]
         addr: Option<std::net::IpAddr>,
         /// Packet backend.
