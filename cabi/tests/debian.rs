@@ -989,8 +989,12 @@ fn rate_conversions_answer_as_rdma_core() {
 /// wildcard and another loopback address: on no device; another interface's: `ENODEV`; a
 /// foreign one: `EADDRNOTAVAIL`) and `rdma_getaddrinfo` from hints alone, the behaviour
 /// libfabric's verbs provider builds on. The expected lines are what the same program printed
-/// on Debian 12's kernel RDMA-CM and librdmacm with rxe (tools/rxe-peer guest, 2026-12-06),
-/// except `ENODEV`, which that guest (no second interface) could not show.
+/// on Debian 12's kernel RDMA-CM and librdmacm with rxe (tools/rxe-peer guest, 2026-12-06).
+/// `ENODEV` was shown there later (2026-12-07) with Debian's `rping -s -a` on an address added
+/// to `lo`, which has no RDMA device: "rdma_bind_addr: No such device" (and "Cannot assign
+/// requested address" for 10.98.0.1 and fd99::1, on no interface); the same `rping` lines are
+/// asserted here (an IPv6 address on d0, so that glibc's getaddrinfo takes an IPv6 one, as
+/// the guest's had its link-local address).
 #[test]
 fn rdma_bind_addr_and_getaddrinfo_from_hints() {
     let t = "rdma_bind_addr_and_getaddrinfo_from_hints";
@@ -1000,8 +1004,13 @@ fn rdma_bind_addr_and_getaddrinfo_from_hints() {
     let o = in_netns(&format!(
         "ip link add d0 type veth peer name d1 && ip link set d0 up \
            && ip addr add 10.7.0.9/24 dev d0 || exit 98\n\
+         ip -6 addr add fd07::9/64 dev d0 nodad || exit 98\n\
          LD_LIBRARY_PATH=$LIB FERROCE_ADDR=127.0.0.1 timeout 30 {} 127.0.0.1 127.0.0.2 \
-           10.7.0.9 192.0.2.1 2>&1",
+           10.7.0.9 192.0.2.1 2>&1\n\
+         st=$?\n\
+         for a in 10.7.0.9 192.0.2.1 fd99::1; do LD_LIBRARY_PATH=$LIB FERROCE_ADDR=127.0.0.1 \
+           timeout 10 rping -s -a $a -C 1 2>&1 | sed \"s/^/rping $a: /\"; done\n\
+         exit $st",
         exe.display()
     ));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -1018,6 +1027,9 @@ fn rdma_bind_addr_and_getaddrinfo_from_hints() {
              hints', source the hints'",
             "rdma_getaddrinfo with nothing: Invalid argument",
             "ok",
+            "rping 10.7.0.9: rdma_bind_addr: No such device",
+            "rping 192.0.2.1: rdma_bind_addr: Cannot assign requested address",
+            "rping fd99::1: rdma_bind_addr: Cannot assign requested address",
         ],
         &out,
     );
