@@ -174,11 +174,12 @@ fn shown_table(
 
 /// The addresses that may stand in for a held loopback address `held`, in the order they are
 /// tried: 127.0.0.2 … 127.0.0.254 (Linux delivers all of 127.0.0.0/8 locally, so a socket
-/// binds and sends from one without its being added).
-fn stand_ins(held: IpAddr) -> impl Iterator<Item = IpAddr> {
+/// binds and sends from one without its being added), but none of `interface`'s own (shown
+/// at their own indexes: a stand-in among them would be shown twice).
+fn stand_ins(held: IpAddr, interface: &[IpAddr]) -> impl Iterator<Item = IpAddr> + '_ {
     (2..=254u8)
         .map(|n| IpAddr::from([127, 0, 0, n]))
-        .filter(move |ip| *ip != held)
+        .filter(move |ip| *ip != held && !interface.contains(ip))
 }
 
 /// Two programs on one host's loopback without `FERROCE_ADDR`, as on one rxe device: when
@@ -188,11 +189,15 @@ fn stand_ins(held: IpAddr) -> impl Iterator<Item = IpAddr> {
 /// serves. The programs exchange their GIDs (out of band, or in RDMA-CM's messages) and reach
 /// each other. `None` when `held` is free, or every stand-in is taken too. This is the preview
 /// before the NIC starts; starting it decides by binding ([`Port::settle_by`]).
-fn loopback_stand_in(held: IpAddr, is_free: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
+fn loopback_stand_in(
+    held: IpAddr,
+    interface: &[IpAddr],
+    is_free: impl Fn(IpAddr) -> bool,
+) -> Option<IpAddr> {
     if is_free(held) {
         return None;
     }
-    stand_ins(held).find(|ip| is_free(*ip))
+    stand_ins(held, interface).find(|ip| is_free(*ip))
 }
 
 /// Whether UDP port 4791 of `ip` is free now (binding it works).
@@ -429,7 +434,7 @@ impl Port {
         }
         // (A port without a stand-in is served from the start.)
         let a = self.stand_in_for.unwrap_or(self.netdev.gids[0]);
-        match loopback_stand_in(a, port_free) {
+        match loopback_stand_in(a, &self.netdev.gids, port_free) {
             Some(b) => Served::standing_in(&self.netdev.gids, a, b),
             None => self.plain(a),
         }
@@ -460,7 +465,7 @@ impl Port {
             Ok(t) => (t, self.plain(a)),
             Err(e) if in_use(&e) => {
                 let mut found = None;
-                for b in stand_ins(a) {
+                for b in stand_ins(a, &self.netdev.gids) {
                     match open(b) {
                         Ok(t) => {
                             found = Some((t, Served::standing_in(&self.netdev.gids, a, b)));
@@ -907,22 +912,31 @@ mod tests {
             move |a: IpAddr| !taken.contains(&a.to_string().as_str())
         };
         // free: no stand-in
-        assert_eq!(loopback_stand_in(one, free_but(&[])), None);
+        let lo = [one, ip("::1")];
+        assert_eq!(loopback_stand_in(one, &lo, free_but(&[])), None);
         // held: the first free 127.0.0.N, N ≥ 2
         assert_eq!(
-            loopback_stand_in(one, free_but(&["127.0.0.1", "127.0.0.2"])),
+            loopback_stand_in(one, &lo, free_but(&["127.0.0.1", "127.0.0.2"])),
             Some(ip("127.0.0.3"))
         );
         assert_eq!(
-            loopback_stand_in(one, free_but(&["127.0.0.1"])),
+            loopback_stand_in(one, &lo, free_but(&["127.0.0.1"])),
             Some(ip("127.0.0.2"))
         );
         // every one taken: none (starting the NIC reports the address in use)
-        assert_eq!(loopback_stand_in(one, |_| false), None);
-        assert_eq!(stand_ins(one).count(), 253);
-        assert_eq!(stand_ins(ip("127.0.0.2")).next(), Some(ip("127.0.0.3")));
+        assert_eq!(loopback_stand_in(one, &lo, |_| false), None);
+        assert_eq!(stand_ins(one, &lo).count(), 253);
+        assert_eq!(
+            stand_ins(ip("127.0.0.2"), &lo).next(),
+            Some(ip("127.0.0.3"))
+        );
+        // an address lo has is shown at its own index: never a stand-in
+        let lo2 = [one, ip("127.0.0.2"), ip("::1")];
+        assert_eq!(
+            loopback_stand_in(one, &lo2, free_but(&["127.0.0.1"])),
+            Some(ip("127.0.0.3"))
+        );
         // shown at the held address's index
-        let lo = [one, ip("::1")];
         let mut sv = Served::standing_in(&lo, one, ip("127.0.0.2"));
         assert_eq!(sv.gids, vec![ip("127.0.0.2")]);
         assert_eq!(sv.table, vec![Some(ip("127.0.0.2")), None]);
