@@ -2469,6 +2469,21 @@ fn iperf3_over_rdma_cores_socket_preload_on_ferroces_rsockets() {
     }
 }
 
+/// The lines of section `name` of a script's output (after its `--- NAME` line, up to the next
+/// `--- `), each with its whitespace runs made one space, blank lines left out.
+fn lines_of(o: &str, name: &str) -> Vec<String> {
+    o.split(&format!("--- {name}\n"))
+        .nth(1)
+        .unwrap_or("")
+        .split("--- ")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
 /// Runs `script` in a network namespace of its own with a veth pair, va (10.9.0.1/24) and vb,
 /// both up and va's link up, and a shell function `lower_up` that waits (bounded) until va has
 /// its link again. Its output, then its errors.
@@ -2516,18 +2531,7 @@ fn the_gid_table_and_its_events_follow_the_interface_addresses() {
         g flap\n\
         sleep 0.3; kill $a; wait $a; echo '--- asyncwatch'; cat $A; rm -f $A";
     let o = with_veth_pair(script);
-    let section = |name: &str| -> Vec<String> {
-        o.split(&format!("--- {name}\n"))
-            .nth(1)
-            .unwrap_or("")
-            .split("--- ")
-            .next()
-            .unwrap_or("")
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-            .filter(|l| !l.is_empty())
-            .collect()
-    };
+    let section = |name: &str| lines_of(&o, name);
     let start = section("start");
     assert_eq!(start.len(), 2, "{o}");
     assert!(start[0].starts_with("GID[ 0]: fe80::"), "{o}");
@@ -2571,18 +2575,7 @@ fn port_rate_follows_the_interface_speed() {
         for sp in 25000 40000 100000 20000; do\n\
           ethtool -s t0 speed $sp duplex full autoneg off || exit 98; r $sp t0; done";
     let o = with_veth_pair(script);
-    let rate = |name: &str| -> Vec<String> {
-        o.split(&format!("--- {name}\n"))
-            .nth(1)
-            .unwrap_or("")
-            .split("--- ")
-            .next()
-            .unwrap_or("")
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-            .filter(|l| !l.is_empty())
-            .collect()
-    };
+    let rate = |name: &str| lines_of(&o, name);
     let want = |w: &str, s: &str| vec![format!("active_width: {w}"), format!("active_speed: {s}")];
     // rxe's answers (Debian 12, kernel 6.1) for 10, 1 (no speed), 25, 40, 100 and 20 Gb/s.
     for (name, w, s) in [
@@ -2623,18 +2616,7 @@ fn port_state_and_events_follow_the_interface() {
         st 'up again'\n\
         kill $a; wait $a; echo '--- asyncwatch'; cat $A; rm -f $A";
     let o = with_veth_pair(script);
-    let section = |name: &str| -> Vec<String> {
-        o.split(&format!("--- {name}\n"))
-            .nth(1)
-            .unwrap_or("")
-            .split("--- ")
-            .next()
-            .unwrap_or("")
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-            .filter(|l| !l.is_empty())
-            .collect()
-    };
+    let section = |name: &str| lines_of(&o, name);
     let want =
         |state: &str, phys: &str| vec![format!("state: {state}"), format!("phys_state: {phys}")];
     assert_eq!(

@@ -69,30 +69,40 @@ const ETHTOOL_GCHANNELS: u32 = 0x3c;
 /// `numrxqueues`), a multi-queue NIC usually reports combined channels. Drivers without
 /// `get_channels` have one queue as far as AF_XDP is concerned; for them this returns 1.
 pub fn rx_queue_count(name: &str) -> io::Result<u32> {
-    if_nametoindex(name)?; // a clear NotFound first
-    let sock = ioctl_socket()?;
     let mut ch = EthtoolChannels {
         cmd: ETHTOOL_GCHANNELS,
         ..Default::default()
     };
+    // SAFETY: `EthtoolChannels` is `struct ethtool_channels` of the kernel's layout, with the
+    // command ETHTOOL_GCHANNELS that answers in it.
+    match unsafe { ethtool(name, &mut ch) } {
+        Ok(()) => Ok((ch.rx_count + ch.combined_count).max(1)),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(1),
+        Err(e) => Err(e),
+    }
+}
+
+/// `SIOCETHTOOL` on interface `name` with the command structure `data` (its first field the
+/// `ETHTOOL_*` command), which the kernel reads and answers in.
+///
+/// # Safety
+/// `T` is the kernel's structure for the command in it (`#[repr(C)]`, the same layout), big
+/// enough for everything that command writes.
+unsafe fn ethtool<T>(name: &str, data: &mut T) -> io::Result<()> {
+    if_nametoindex(name)?; // a clear NotFound first
+    let sock = ioctl_socket()?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
         *d = s as libc::c_char;
     }
-    ifr.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
-    // SAFETY: SIOCETHTOOL reads the command from, and writes the answer to, `ch`, which
-    // lives until the call returns; `ifr` names the interface (NUL-terminated: the name is
-    // shorter than IFNAMSIZ and the rest of the array is zero).
-    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
-    if r == -1 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EOPNOTSUPP) => Ok(1),
-            _ => Err(e),
-        };
-    }
-    Ok((ch.rx_count + ch.combined_count).max(1))
+    ifr.ifr_ifru.ifru_data = (data as *mut T).cast();
+    // SAFETY: SIOCETHTOOL reads the command from, and writes the answer to, `data` (the
+    // caller's promise: the command's structure), which lives until the call returns; `ifr`
+    // names the interface (NUL-terminated: the name is shorter than IFNAMSIZ, checked by
+    // if_nametoindex, and the rest of the array is zero).
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) })?;
+    Ok(())
 }
 
 /// `struct ethtool_cmd` (linux/ethtool.h), the legacy settings ioctl's answer: the link speed
@@ -126,29 +136,16 @@ const ETHTOOL_GSET: u32 = 0x1;
 /// the driver has no speed to give (no link settings at all, as loopback, or
 /// `SPEED_UNKNOWN`, as a virtio NIC not told one).
 pub fn if_speed(name: &str) -> io::Result<Option<u32>> {
-    if_nametoindex(name)?; // a clear NotFound first
-    let sock = ioctl_socket()?;
     let mut cmd = EthtoolCmd {
         cmd: ETHTOOL_GSET,
         ..Default::default()
     };
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = (&mut cmd as *mut EthtoolCmd).cast();
-    // SAFETY: SIOCETHTOOL reads the command from, and writes the answer to, `cmd` (a
-    // `struct ethtool_cmd` of the kernel's layout), which lives until the call returns; `ifr`
-    // names the interface (NUL-terminated: the name is shorter than IFNAMSIZ and the rest of
-    // the array is zero).
-    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
-    if r == -1 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EOPNOTSUPP) => Ok(None),
-            _ => Err(e),
-        };
+    // SAFETY: `EthtoolCmd` is `struct ethtool_cmd` of the kernel's layout, with the command
+    // ETHTOOL_GSET that answers in it.
+    match unsafe { ethtool(name, &mut cmd) } {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(None),
+        Err(e) => return Err(e),
     }
     let mbps = u32::from(cmd.speed) | u32::from(cmd.speed_hi) << 16;
     // SPEED_UNKNOWN is -1; 0 is no driver's speed either.
@@ -227,5 +224,18 @@ mod tests {
         let e = if_mtu("nosuch0").expect_err("no such interface");
         assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
         assert!(if_mtu("bad/name").is_err());
+    }
+
+    #[test]
+    fn ethtool_answers_for_loopback_and_a_missing_interface() {
+        // lo has neither channels nor link settings: one queue, no speed.
+        assert_eq!(rx_queue_count("lo").unwrap(), 1);
+        assert_eq!(if_speed("lo").unwrap(), None);
+        for e in [
+            rx_queue_count("nosuch0").unwrap_err(),
+            if_speed("nosuch0").unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        }
     }
 }
