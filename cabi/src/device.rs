@@ -276,11 +276,9 @@ impl Served {
     /// Keep the default GID of an interface with MAC `mac` ([`Served::default`]).
     fn keeping_default(mut self, mac: MacAddr) -> Served {
         if mac != MacAddr::ZERO {
-            let m = mac.0;
             let mut b = [0u8; 16];
-            b[0] = 0xfe;
-            b[1] = 0x80;
-            b[8..].copy_from_slice(&[m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+            b[..2].copy_from_slice(&[0xfe, 0x80]);
+            b[8..].copy_from_slice(&mac.eui64());
             self.default = Some(IpAddr::from(b));
         }
         self
@@ -541,8 +539,7 @@ impl Port {
     /// The node GUID, EUI-64 from the MAC as Linux derives it for RoCE devices (network order
     /// bytes).
     pub fn guid(&self) -> [u8; 8] {
-        let m = self.netdev.mac.0;
-        [m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+        self.netdev.mac.eui64()
     }
 
     /// The MAC of a peer's IP (zero for the UDP backend: the kernel builds the Ethernet
@@ -587,8 +584,9 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         return Ok(s);
     }
     let port = Port::from_env()?;
-    // The GID table is set when the NIC starts ([`Port::settle`]).
-    let mut cfg = DeviceConfig::new(port.netdev.mac, port.gids()[0]);
+    // The GID table is set when the NIC starts ([`Port::settle_by`]); until then the
+    // interface's first address holds its place (no port is probed for it here).
+    let mut cfg = DeviceConfig::new(port.netdev.mac, port.netdev.gids[0]);
     cfg.port_mtu = port.mtu;
     // FERROCE_POLL: how the engine runs (inline, the default: in the application's own verbs
     // calls with a background thread for the rest; busy: its own thread spinning; adaptive:

@@ -93,15 +93,10 @@ fn field(s: &mut String, indent: usize, column: usize, key: &str, value: impl st
 
 /// The EUI-64 node GUID of a MAC address, as Linux derives it, in ibv_devinfo's format.
 pub fn node_guid(m: &MacAddr) -> String {
-    let b = m.0;
+    let b = m.eui64();
     format!(
-        "{:02x}{:02x}:{:02x}ff:fe{:02x}:{:02x}{:02x}",
-        b[0] ^ 2,
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5]
+        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
     )
 }
 

@@ -499,8 +499,7 @@ impl Drop for CmService {
 
 /// The CA GUID of a RoCE port: the EUI-64 of its MAC (as Linux derives a node GUID).
 pub fn ca_guid_of(mac: MacAddr) -> u64 {
-    let m = mac.0;
-    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+    u64::from_be_bytes(mac.eui64())
 }
 
 fn post_recv_slot(nic: &Nic, qpn: QpNumber, mr: &MemoryRegion, i: usize) -> Result<(), VerbsError> {

@@ -42,6 +42,14 @@ impl MacAddr {
             _ => None,
         }
     }
+
+    /// The modified EUI-64 interface identifier of this MAC (RFC 4291 appendix A: the
+    /// universal/local bit flipped, ff:fe in the middle): Linux's node GUID of a RoCE device
+    /// and the low half of its link-local address.
+    pub const fn eui64(self) -> [u8; 8] {
+        let m = self.0;
+        [m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+    }
 }
 
 impl fmt::Debug for MacAddr {
@@ -175,6 +183,14 @@ impl EthernetRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eui64_of_a_mac() {
+        // rxe's node GUID for 52:54:00:77:00:1f in the tools/rxe-peer guest:
+        // `node_guid: 5054:00ff:fe77:001f`, link-local fe80::5054:ff:fe77:1f.
+        let m = MacAddr([0x52, 0x54, 0x00, 0x77, 0x00, 0x1f]);
+        assert_eq!(m.eui64(), [0x50, 0x54, 0x00, 0xff, 0xfe, 0x77, 0x00, 0x1f]);
+    }
 
     #[test]
     fn ip_multicast_macs() {
