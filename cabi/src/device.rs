@@ -284,6 +284,13 @@ impl Served {
         self
     }
 
+    /// Serve only the addresses of `held` (those the backend could open): the others'
+    /// entries show empty, as any address the device does not serve.
+    fn keep(&mut self, held: &[IpAddr]) {
+        self.gids.retain(|g| held.contains(g));
+        self.mask();
+    }
+
     fn mask(&mut self) {
         self.table = self
             .slots
@@ -385,15 +392,26 @@ impl Port {
                 }
                 None => None,
             };
+        // The UDP backend without FERROCE_ADDR: a socket per address of the interface, as a
+        // kernel RoCE device serves them all (the first IPv4 address first: most traffic
+        // leaves from it, and its socket takes the engine's frames without a copy), but for
+        // a loopback IPv4 address, which two programs on lo share ([`Port::stand_in_for`]).
         let gids = match (backend, only) {
             (_, Some(ip)) => vec![ip],
             (BackendKind::Udp, None) => {
-                let a = netdev
+                let a = *netdev
                     .gids
                     .iter()
                     .find(|a| a.is_ipv4())
                     .unwrap_or(&netdev.gids[0]);
-                vec![*a]
+                if a.is_ipv4() && a.is_loopback() {
+                    vec![a]
+                } else {
+                    std::iter::once(a)
+                        .chain(netdev.gids.iter().copied().filter(|g| *g != a))
+                        .take(256)
+                        .collect()
+                }
             }
             (_, None) => netdev.gids.clone(),
         };
@@ -444,28 +462,36 @@ impl Port {
     /// first of [`stand_ins`] that `open` binds: the bind decides, so two programs starting at
     /// once cannot both take one address. An error leaves the port unsettled (the next start
     /// tries again).
+    ///
+    /// `open` is given the addresses to serve, the first required, and returns what it opened
+    /// with the addresses it serves (a UDP socket per address: one that does not bind is
+    /// left out of the table, [`Served::keep`]).
     pub fn settle_by<T>(
         &self,
-        mut open: impl FnMut(IpAddr) -> std::io::Result<T>,
+        mut open: impl FnMut(&[IpAddr]) -> std::io::Result<(T, Vec<IpAddr>)>,
     ) -> std::io::Result<(T, Served)> {
-        if let Some(sv) = self
+        let settled = self
             .served
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
-            return Ok((open_waiting(|| open(sv.gids[0]))?, sv));
+            .clone();
+        if let Some(sv) = settled {
+            let (t, held) = open_waiting(|| open(&sv.gids))?;
+            let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
+            let sv = g.get_or_insert(sv);
+            sv.keep(&held);
+            return Ok((t, sv.clone()));
         }
         // (A port without a stand-in is served from the start.)
         let a = self.stand_in_for.unwrap_or(self.netdev.gids[0]);
         let in_use = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
-        let (t, sv) = match open_waiting(|| open(a)) {
-            Ok(t) => (t, self.plain(a)),
+        let (t, sv) = match open_waiting(|| open(&[a])) {
+            Ok((t, _)) => (t, self.plain(a)),
             Err(e) if in_use(&e) => {
                 let mut found = None;
                 for b in stand_ins(a, &self.netdev.gids) {
-                    match open(b) {
-                        Ok(t) => {
+                    match open(&[b]) {
+                        Ok((t, _)) => {
                             found = Some((t, Served::standing_in(&self.netdev.gids, a, b)));
                             break;
                         }
@@ -754,7 +780,7 @@ impl Shared {
     fn start_nic(&self) -> Result<Arc<Nic>, DeviceError> {
         let port = &self.port;
         let (pkt, served) = port
-            .settle_by(|ip| backend::open_with(port.backend, &port.netdev, ip, true))
+            .settle_by(|ips| backend::open_serving(port.backend, &port.netdev, ips, true))
             .map_err(|source| {
                 if port.backend == BackendKind::Udp
                     && source.kind() == std::io::ErrorKind::AddrInUse

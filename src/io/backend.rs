@@ -43,7 +43,6 @@ pub fn open_with(
     local: IpAddr,
     low_latency: bool,
 ) -> io::Result<Box<dyn PacketDevice>> {
-    let eth_mtu = dev.mtu.unwrap_or(1500) as usize;
     Ok(match kind {
         BackendKind::Xdp => Box::new(super::xdp::XdpDevice::open_all_queues(
             &dev.name,
@@ -57,25 +56,65 @@ pub fn open_with(
             Box::new(super::af_packet::AfPacketDevice::open(&c)?)
         }
         BackendKind::Udp => {
-            let mut c = super::udp::UdpConfig::new(local);
-            // A UDP datagram carries at most 65535 bytes of IP packet; loopback's MTU is 65536
-            // and RoCE frames are far smaller (path MTU 4096 at most).
-            c.mtu = eth_mtu.min(65535);
-            // `FERROCE_UDP_FILTER=1`: the kernel-side filter (see `udp_filter`; off by default).
-            c.filter = std::env::var("FERROCE_UDP_FILTER").is_ok_and(|v| v == "1");
-            let port = c.port;
-            Box::new(super::udp::UdpDevice::open(&c).map_err(|e| {
-                if e.kind() == io::ErrorKind::AddrInUse {
-                    io::Error::new(
-                        e.kind(),
-                        format!(
-                            "UDP port {port} on {local} is in use (by another RoCE endpoint on this host: a ferroce process or the kernel's rdma_rxe); one host runs one RoCE endpoint per address"
-                        ),
-                    )
-                } else {
-                    e
-                }
-            })?)
+            let c = udp_config(dev, local);
+            Box::new(super::udp::UdpDevice::open(&c).map_err(|e| in_use(e, &c))?)
         }
     })
+}
+
+/// The UDP backend's configuration for `local` on `dev`.
+fn udp_config(dev: &Netdev, local: IpAddr) -> super::udp::UdpConfig {
+    let mut c = super::udp::UdpConfig::new(local);
+    // A UDP datagram carries at most 65535 bytes of IP packet; loopback's MTU is 65536
+    // and RoCE frames are far smaller (path MTU 4096 at most).
+    c.mtu = (dev.mtu.unwrap_or(1500) as usize).min(65535);
+    // `FERROCE_UDP_FILTER=1`: the kernel-side filter (see `udp_filter`; off by default).
+    c.filter = std::env::var("FERROCE_UDP_FILTER").is_ok_and(|v| v == "1");
+    // A link-local address is the interface's own.
+    c.scope_id = dev.index;
+    c
+}
+
+/// `AddrInUse` said in a user's words.
+fn in_use(e: io::Error, c: &super::udp::UdpConfig) -> io::Error {
+    if e.kind() != io::ErrorKind::AddrInUse {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "UDP port {} on {} is in use (by another RoCE endpoint on this host: a ferroce process or the kernel's rdma_rxe); one host runs one RoCE endpoint per address",
+            c.port, c.local
+        ),
+    )
+}
+
+/// Open `kind` on `dev` to serve `locals` (the first must be served; see [`open_with`] for
+/// `low_latency`). A raw backend sees every address of the interface; the UDP backend binds
+/// a socket per address ([`super::udp_set::UdpSet`]), the first required, the others where
+/// they can be bound (one still tentative, or held by another program, is left out).
+/// Returns the device and the addresses it serves.
+pub fn open_serving(
+    kind: BackendKind,
+    dev: &Netdev,
+    locals: &[IpAddr],
+    low_latency: bool,
+) -> io::Result<(Box<dyn PacketDevice>, Vec<IpAddr>)> {
+    let Some(&first) = locals.first() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no address to serve",
+        ));
+    };
+    if kind != BackendKind::Udp || locals.len() == 1 {
+        return Ok((open_with(kind, dev, first, low_latency)?, locals.to_vec()));
+    }
+    let c = udp_config(dev, first);
+    let (set, held) =
+        super::udp_set::UdpSet::open_available(&c, locals).map_err(|e| in_use(e, &c))?;
+    // Only the first: a lone device (no epoll descriptor, no copies).
+    match set.into_single() {
+        Ok(d) => Ok((Box::new(d), held)),
+        Err(set) => Ok((Box::new(set), held)),
+    }
 }

@@ -24,6 +24,7 @@ pub mod route;
 mod sys;
 pub mod udp;
 pub mod udp_filter;
+pub mod udp_set;
 pub mod xdp;
 
 use std::io;
@@ -35,6 +36,7 @@ pub use fault::{FaultConfig, FaultInjector};
 pub use loopback::Loopback;
 pub use pcap::{PcapBudget, PcapTap};
 pub use udp::{UdpConfig, UdpDevice};
+pub use udp_set::UdpSet;
 pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy};
 
 pub use sys::signal::{stop_on_sigint_sigterm, stop_requested};
@@ -44,7 +46,7 @@ pub use sys::{enter_netns, if_nametoindex, netns_id};
 /// one `poll(2)` wrapper of the crate.
 pub mod event {
     pub use super::sys::event::{
-        interrupted, poll_readable, poll_readable_precise, watch_interrupts, EventFd,
+        interrupted, poll_readable, poll_readable_precise, watch_interrupts, EventFd, ReadySet,
     };
 }
 

@@ -122,6 +122,10 @@ pub struct UdpConfig {
     /// and a peer that batches frames for several QPs into one (ferroce does, with GSO) can
     /// have live QPs' frames dropped behind a first segment for a QP just destroyed.
     pub filter: bool,
+    /// The interface index an IPv6 link-local address belongs to (its scope): the bound
+    /// address's when it is link-local, and that of every link-local peer. 0: none (a
+    /// link-local address cannot then be bound).
+    pub scope_id: u32,
 }
 
 impl UdpConfig {
@@ -137,6 +141,7 @@ impl UdpConfig {
             gso: true,
             gro: true,
             filter: false,
+            scope_id: 0,
         }
     }
 }
@@ -252,6 +257,24 @@ pub struct UdpDevice {
     /// The socket's kernel drop count last read, and the drops counted so far
     /// (`IoStats::rx_kernel_drops`).
     kernel_drops: std::cell::Cell<(u32, u64)>,
+    /// [`UdpConfig::scope_id`]: given to link-local destinations.
+    scope_id: u32,
+}
+
+/// An IPv6 link-local unicast address (fe80::/10), or a multicast one of link-local scope.
+fn is_link_local(a: std::net::Ipv6Addr) -> bool {
+    (a.segments()[0] & 0xffc0) == 0xfe80 || (a.is_multicast() && a.segments()[0] & 0x000f == 2)
+}
+
+/// `dst`:`port` as a socket address, with `scope_id` when `dst` is link-local (the kernel
+/// refuses to send to one without its interface).
+fn destination(dst: IpAddr, port: u16, scope_id: u32) -> SocketAddr {
+    match dst {
+        IpAddr::V6(a) if is_link_local(a) => {
+            SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, scope_id))
+        }
+        a => SocketAddr::new(a, port),
+    }
 }
 
 impl Drop for UdpDevice {
@@ -288,7 +311,19 @@ impl UdpDevice {
                 ),
             ));
         }
-        let sock = std::net::UdpSocket::bind(SocketAddr::new(cfg.local, cfg.port))?;
+        let bind_to = match cfg.local {
+            IpAddr::V6(a) if is_link_local(a) => {
+                if cfg.scope_id == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{a} is link-local: the UDP backend needs its interface (scope)"),
+                    ));
+                }
+                SocketAddr::V6(std::net::SocketAddrV6::new(a, cfg.port, 0, cfg.scope_id))
+            }
+            a => SocketAddr::new(a, cfg.port),
+        };
+        let sock = std::net::UdpSocket::bind(bind_to)?;
         sock.set_nonblocking(true)?;
         let port = sock.local_addr()?.port();
         let fd = sock.as_fd();
@@ -362,6 +397,7 @@ impl UdpDevice {
             groups: Vec::new(),
             filter: cfg.filter,
             kernel_drops: std::cell::Cell::new((0, 0)),
+            scope_id: cfg.scope_id,
         })
     }
 
@@ -922,7 +958,7 @@ impl UdpDevice {
             let (s, e) = spans[gi];
             items[gi] = SendItem {
                 parts: &parts[s..e],
-                dst: SocketAddr::new(o.dst, o.dport),
+                dst: destination(o.dst, o.dport, self.scope_id),
                 tclass: Some(o.tclass),
                 segment: (b - a > 1).then(|| o.payload.len() as u16),
             };
@@ -1573,6 +1609,31 @@ mod tests {
         );
         assert_eq!((got, n), (1, 1), "only the IPv4 datagram is framed");
         assert_eq!(d.stats().rx_dropped, 3);
+    }
+
+    /// A link-local peer is reached through the device's interface (the kernel refuses a
+    /// link-local destination without one); other addresses carry no scope; a link-local
+    /// address is not bound without its interface.
+    #[test]
+    fn link_local_addresses_carry_the_interface() {
+        let ll: IpAddr = "fe80::5054:ff:fe12:3456".parse().unwrap();
+        match destination(ll, 4791, 7) {
+            SocketAddr::V6(a) => assert_eq!((a.scope_id(), a.port()), (7, 4791)),
+            a => panic!("{a}"),
+        }
+        let mcast: IpAddr = "ff02::1".parse().unwrap();
+        assert!(matches!(destination(mcast, 4791, 7), SocketAddr::V6(a) if a.scope_id() == 7));
+        for other in ["fd77::2", "ff0e::1", "10.0.0.1", "::ffff:10.0.0.1"] {
+            let ip: IpAddr = other.parse().unwrap();
+            assert_eq!(
+                destination(ip, 4791, 7),
+                SocketAddr::new(ip, 4791),
+                "{other}"
+            );
+        }
+        let e = UdpDevice::open(&UdpConfig::new(ll)).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("link-local"), "{e}");
     }
 
     #[test]

@@ -128,6 +128,45 @@ fn ppoll_readable<F: AsRawFd>(fds: &[F], timeout: Option<Duration>) -> io::Resul
     Ok(r > 0)
 }
 
+/// One descriptor that is readable while any of a set of descriptors is (an epoll(7)
+/// instance, level-triggered): how a device made of several sockets offers the one
+/// descriptor an engine sleeps on.
+#[derive(Debug)]
+pub struct ReadySet(OwnedFd);
+
+impl ReadySet {
+    /// A set watching `fds` for input. The descriptors must stay open while the set is used
+    /// (a closed one leaves the set by itself).
+    pub fn new(fds: &[RawFd]) -> io::Result<ReadySet> {
+        // SAFETY: epoll_create1 takes no pointers; a negative return is an error, otherwise
+        // we own the new descriptor.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` is a fresh descriptor nobody else owns.
+        let set = ReadySet(unsafe { OwnedFd::from_raw_fd(ep) });
+        for (i, &fd) in fds.iter().enumerate() {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: i as u64,
+            };
+            // SAFETY: `ev` is a live epoll_event the kernel only reads; `set.0` is our epoll
+            // descriptor; an invalid `fd` is reported as EBADF, no memory hazard.
+            let r = unsafe { libc::epoll_ctl(set.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(set)
+    }
+
+    /// The descriptor, readable while one of the set's is (for `poll`).
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
