@@ -41,7 +41,20 @@ pub struct UdpSet {
     foreign: u64,
     /// The device the next receive starts with.
     next_rx: usize,
+    /// Receives in a row that found nothing, per device ([`IDLE_AFTER`]).
+    idle: Vec<u32>,
+    /// Receive calls so far.
+    rounds: u32,
 }
+
+/// A device whose last this many receives found nothing is idle: it is asked only every
+/// [`IDLE_EVERY`]th receive, so that an address nobody talks to costs a busy engine one
+/// `recvmmsg` in that many rounds rather than one each (measured on a veth pair with
+/// Debian's `ib_send_lat`, asking it every round added about 1 µs of the 7–8).
+const IDLE_AFTER: u32 = 64;
+/// See [`IDLE_AFTER`]. A frame that comes to an idle address waits at most this many
+/// receives (the engine's sleep ends at once: the set's descriptor is readable).
+const IDLE_EVERY: u32 = 16;
 
 /// The source address of an Ethernet frame carrying IPv4 or IPv6 (`None`: neither, or too
 /// short), read from the header without checking it (the device that sends it checks).
@@ -109,6 +122,7 @@ impl UdpSet {
     fn of(devs: Vec<UdpDevice>) -> io::Result<UdpSet> {
         let fds: Vec<_> = devs.iter().filter_map(|d| d.poll_fd()).collect();
         let ready = ReadySet::new(&fds)?;
+        let idle = vec![0; devs.len()];
         Ok(UdpSet {
             locals: devs.iter().map(|d| d.local_addr().ip()).collect(),
             aside: devs.iter().map(|_| Vec::new()).collect(),
@@ -117,6 +131,8 @@ impl UdpSet {
             spare: Vec::new(),
             foreign: 0,
             next_rx: 0,
+            idle,
+            rounds: 0,
         })
     }
 
@@ -152,14 +168,23 @@ impl PacketDevice for UdpSet {
         let k = self.devs.len();
         let start = self.next_rx % k;
         self.next_rx = self.next_rx.wrapping_add(1);
+        self.rounds = self.rounds.wrapping_add(1);
+        let every = k == 1 || self.rounds % IDLE_EVERY == 0;
         let mut n = 0;
         let mut failed = None;
         for i in (0..k).map(|j| (start + j) % k) {
             if n >= max {
                 break;
             }
+            if self.idle[i] >= IDLE_AFTER && !every {
+                continue;
+            }
             match self.devs[i].recv_batch_checked(max - n, f) {
-                Ok(got) => n += got,
+                Ok(0) => self.idle[i] = self.idle[i].saturating_add(1),
+                Ok(got) => {
+                    n += got;
+                    self.idle[i] = 0;
+                }
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
@@ -475,5 +500,31 @@ mod tests {
         psns.sort_unstable();
         assert_eq!(psns, vec![0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]);
         assert_eq!(b.stats().rx_frames, 12);
+        // Both addresses idle now: a frame to either still comes within IDLE_EVERY receives.
+        for _ in 0..2 * IDLE_AFTER {
+            b.recv_batch(64, &mut |_| {}).unwrap();
+        }
+        for (src, dport) in [(v6, b6), (v4, b4)] {
+            let f = frame(src, src, dport, 7, 20);
+            let mut once = Some(f);
+            a.send_batch(8, &mut |buf| {
+                let f = once.take()?;
+                buf[..f.len()].copy_from_slice(&f);
+                Some(f.len())
+            })
+            .unwrap();
+            assert!(super::super::event::poll_readable(
+                &[b.poll_fd().unwrap()],
+                Some(Duration::from_secs(5))
+            )
+            .unwrap());
+            let mut calls = 0;
+            let mut got = 0;
+            while got == 0 && calls < IDLE_EVERY {
+                calls += 1;
+                got = b.recv_batch(64, &mut |_| {}).unwrap();
+            }
+            assert_eq!(got, 1, "{src}: nothing in {calls} receives");
+        }
     }
 }
