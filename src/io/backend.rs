@@ -115,6 +115,6 @@ pub fn open_serving(
     // Only the first: a lone device (no epoll descriptor, no copies).
     match set.into_single() {
         Ok(d) => Ok((Box::new(d), held)),
-        Err(set) => Ok((Box::new(set), held)),
+        Err(set) => Ok((set, held)),
     }
 }

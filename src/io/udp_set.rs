@@ -142,11 +142,11 @@ impl UdpSet {
     }
 
     /// The one device of a set of one address; the set itself otherwise.
-    pub fn into_single(mut self) -> Result<UdpDevice, UdpSet> {
+    pub fn into_single(mut self) -> Result<UdpDevice, Box<UdpSet>> {
         if self.devs.len() == 1 {
             return Ok(self.devs.remove(0));
         }
-        Err(self)
+        Err(Box::new(self))
     }
 
     /// The device of each address, in the set's order.
