@@ -248,6 +248,67 @@ fn without_the_filter_the_engine_drops_the_same() {
     case(2, false);
 }
 
+/// A device serving two addresses (`UdpSet`, a socket each: what the drop-in library opens on
+/// an interface with several) is filtered on both sockets: what no QP takes, sent to its
+/// second address, is dropped by the kernel there too, and UD datagrams to that address
+/// still reach the engine. (Before, a device of several sockets offered no filter at all.)
+#[test]
+fn the_filter_covers_every_socket_of_a_device_of_several_addresses() {
+    let (ib, ib2, ix) = (addr(3, 2), addr(3, 4), addr(3, 3));
+    let mut c = UdpConfig::new(IpAddr::V4(ib));
+    c.filter = true;
+    let locals = [IpAddr::V4(ib), IpAddr::V4(ib2)];
+    let dev = ferroce::io::UdpSet::open(&c, &locals).unwrap_or_else(|e| panic!("{locals:?}: {e}"));
+    let mut cfg = DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, 2]), IpAddr::V4(ib));
+    cfg.gids = locals.to_vec();
+    let poll = PollMode::Adaptive {
+        spins: 100,
+        max_sleep: Duration::from_micros(200),
+    };
+    let b = Nic::start(cfg, dev, NicOptions { poll, batch: 64 }).unwrap();
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(16).unwrap();
+    let ud = b
+        .create_qp(QpInitAttr::new(pd, cq, cq, common::qp_cap(4, 1, 0)).with_type(QpType::Ud))
+        .unwrap();
+    b.bring_up_ud(
+        ud,
+        &UdParams {
+            qkey: 0x1111,
+            local_psn: 0,
+        },
+    )
+    .unwrap();
+    let x = UdpSocket::bind((ix, 0)).unwrap();
+    let unknown = QpNumber::MASK - 7;
+    let hostile = vec![
+        bth(RC_WRITE_ONLY, 0xffff, 0, unknown, 16),  // no such QP
+        bth(RC_WRITE_ONLY, 0x8001, 0, ud.get(), 16), // another partition
+        bth(UD_SEND_ONLY, 0xffff, 1, ud.get(), 8),   // TVer 1
+        vec![0u8; 10],                               // shorter than a BTH and an ICRC
+    ];
+    let markers = vec![bth(UD_SEND_ONLY, 0xffff, 0, ud.get(), 8); 2];
+    for to in [ib, ib2] {
+        let s = probe(
+            &b,
+            &x,
+            SocketAddr::new(IpAddr::V4(to), 4791),
+            &hostile,
+            &markers,
+        );
+        assert_eq!(
+            s,
+            Seen {
+                rx_frames: 2,
+                icrc: 2,
+                kernel: 4,
+                ..Seen::default()
+            },
+            "to {to}: only the two UD datagrams reach the engine"
+        );
+    }
+}
+
 // ---- the filter never drops what the engine takes (no sockets: the interpreter) -----------
 
 mod superset {

@@ -57,46 +57,67 @@ pub enum Scope {
     },
 }
 
-/// A UDP device's socket, held to re-program its filter from any thread (the kernel
-/// replaces a socket's filter atomically: each datagram meets the old program or the new).
+/// A UDP device's sockets (one per address it serves), held to re-program their filter from
+/// any thread (the kernel replaces a socket's filter atomically: each datagram meets the old
+/// program or the new).
 #[derive(Debug)]
 pub struct SocketFilter {
-    sock: std::net::UdpSocket,
-    v6: bool,
+    /// Each socket with whether it is IPv6.
+    socks: Vec<(std::net::UdpSocket, bool)>,
     last: Option<Scope>,
 }
 
 impl SocketFilter {
     pub(crate) fn new(sock: std::net::UdpSocket, v6: bool) -> SocketFilter {
         SocketFilter {
-            sock,
-            v6,
+            socks: vec![(sock, v6)],
             last: None,
         }
     }
 
-    /// Let through what `scope` names (nothing is done when it is the scope already set).
+    /// One filter over the sockets of all of `parts` (a device of several sockets).
+    pub(crate) fn joined(parts: Vec<SocketFilter>) -> SocketFilter {
+        SocketFilter {
+            socks: parts.into_iter().flat_map(|p| p.socks).collect(),
+            last: None,
+        }
+    }
+
+    /// Let through what `scope` names (nothing is done when it is the scope already set), on
+    /// every socket, each with the program of its family. A socket that refuses it leaves
+    /// the others as they are now and the error is returned (the caller clears them all).
     pub fn set(&mut self, scope: Scope) -> io::Result<()> {
         if self.last.as_ref() == Some(&scope) {
             return Ok(());
         }
-        let prog = program(&scope, self.v6);
-        super::sys::sockutil::attach_filter(self.sock.as_fd(), &prog)?;
+        self.last = None;
+        for (sock, v6) in &self.socks {
+            let prog = program(&scope, *v6);
+            super::sys::sockutil::attach_filter(sock.as_fd(), &prog)?;
+        }
         self.last = Some(scope);
         Ok(())
     }
 
-    /// Take the program off the socket (`SO_DETACH_FILTER`): every datagram to the port is
-    /// queued again.
+    /// Take the program off every socket (`SO_DETACH_FILTER`): every datagram to the port is
+    /// queued again. (A socket with no program answers `ENOENT`: nothing to take off.)
     pub fn clear(&mut self) -> io::Result<()> {
-        super::sys::sockutil::set_int(
-            self.sock.as_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_DETACH_FILTER,
-            0,
-        )?;
+        let mut failed = None;
+        for (sock, _) in &self.socks {
+            let r = super::sys::sockutil::set_int(
+                sock.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_DETACH_FILTER,
+                0,
+            );
+            if let Err(e) = r {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    failed = failed.or(Some(e));
+                }
+            }
+        }
         self.last = None;
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 

@@ -297,12 +297,15 @@ impl PacketDevice for UdpSet {
         Some(self.ready.fd())
     }
 
-    /// The kernel-side filter guards one socket: offered only for a set of one address.
+    /// The kernel-side filter over every socket of the set (when each device offers one:
+    /// [`UdpConfig::filter`]).
     fn rx_filter(&self) -> Option<crate::io::udp_filter::SocketFilter> {
-        match self.devs.as_slice() {
-            [d] => d.rx_filter(),
-            _ => None,
-        }
+        let parts = self
+            .devs
+            .iter()
+            .map(|d| d.rx_filter())
+            .collect::<Option<Vec<_>>>()?;
+        Some(crate::io::udp_filter::SocketFilter::joined(parts))
     }
 
     fn rx_udp_checksum_synthesised(&self) -> bool {
