@@ -1112,8 +1112,8 @@ const VETH_TWO_ADDRESSES: &str = "\
 /// bytes checked (`-c`). libfabric looks for its devices among the host's interface addresses
 /// and skips `lo`, so the two programs run on the two addresses of a veth interface. For UD
 /// libfabric names its endpoint by the GID at `FI_VERBS_GID_IDX` (default 0: the IPv6
-/// link-local entry, which the UDP backend does not serve), so each side is given the index
-/// of its own address, read from `ibv_devinfo -v`. It needed what libfabric 1.17 imports
+/// link-local entry, which a device given one address with `FERROCE_ADDR` does not serve), so
+/// each side is given the index of its own address, read from `ibv_devinfo -v`. It needed what libfabric 1.17 imports
 /// (`ibv_is_fork_initialized`, `ibv_reg_dmabuf_mr`), `rdma_getaddrinfo` from the hints'
 /// addresses alone, an id bound to the loopback address left without a device (libfabric then
 /// advertises the device's own addresses, not 127.0.0.1), and 0xff depths in
@@ -1163,6 +1163,69 @@ fn libfabric_fi_pingpong_over_verbs_msg_rdm_and_dgram_both_ends() {
             .count();
         assert_eq!(rows, tables, "{size}\n{out}");
     }
+}
+
+/// libfabric's UD endpoints with its default GID index (`FI_VERBS_GID_IDX` unset: 0, the
+/// IPv6 link-local entry), as on rxe: two programs on the two ends of a veth pair, each
+/// device serving its interface's addresses, `fi_pingpong -e dgram` with every message
+/// checked, and the server's capture all UD SENDs between the two link-local addresses.
+/// Until the UDP backend served every address (2026-12-07) entry 0 was empty and libfabric
+/// refused the peer's name ("Invalid address") unless each side was given its IPv4 index.
+#[test]
+fn libfabric_ud_with_its_default_gid_index_over_link_local_addresses() {
+    let t = "libfabric_ud_with_its_default_gid_index_over_link_local_addresses";
+    if !ready(t, &["fi_pingpong", "tshark", "ss"]) {
+        return;
+    }
+    let o = in_netns(
+        "d=$(mktemp -d) && cd \"$d\" || exit 96
+ip link add va type veth peer name vb && ip link set va up && ip link set vb up || exit 99
+ip addr add 10.9.3.1/24 dev va && ip addr add 10.9.3.2/24 dev vb || exit 98
+i=0
+while ip -6 addr show | grep -q tentative || ! ip -6 addr show dev va scope link | grep -q fe80 \\
+    || ! ip -6 addr show dev vb scope link | grep -q fe80; do
+    i=$((i+1)); [ $i -gt 100 ] && exit 97; sleep 0.1
+done
+export LD_LIBRARY_PATH=$LIB
+unset FI_VERBS_GID_IDX
+FERROCE_PCAP=s.pcap FERROCE_DEV=va timeout 60 fi_pingpong -p verbs -e dgram -I 50 -c -B 47711 > s.log 2>&1 &
+s=$!
+i=0; while [ $i -lt 400 ] && ! ss -Hltn | grep -q ':47711 '; do sleep 0.05; i=$((i+1)); done
+FERROCE_DEV=vb timeout 60 fi_pingpong -p verbs -e dgram -I 50 -c -P 47711 10.9.3.1 2>&1
+echo \"client=$?\"
+wait $s; echo \"server=$?\"
+echo '--- va'; ip -6 addr show dev va scope link | awk '/inet6/ { sub(\"/.*\", \"\", $2); print $2 }'
+echo '--- vb'; ip -6 addr show dev vb scope link | awk '/inet6/ { sub(\"/.*\", \"\", $2); print $2 }'
+echo '--- capture'
+tshark -r s.pcap -T fields -e ip.src -e ipv6.src -e ipv6.dst -e infiniband.bth.opcode 2>/dev/null | sort -u
+cd / && rm -rf \"$d\"",
+    );
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let all = format!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{all}");
+    assert!(
+        out.contains("client=0") && out.contains("server=0"),
+        "{all}"
+    );
+    // every size up to the MTU sent and acknowledged 50 times
+    for size in ["64", "256", "1k"] {
+        assert!(
+            out.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 3 && f[0] == size && f[1] == "50" && f[2] == "=50"
+            }),
+            "{size}: {all}"
+        );
+    }
+    let (va, vb) = (lines_of(&out, "va"), lines_of(&out, "vb"));
+    assert_eq!((va.len(), vb.len()), (1, 1), "{all}");
+    // UD SEND only (opcode 100), no IPv4, both ways between the link-local addresses
+    let mut want = vec![
+        format!("{} {} 100", va[0], vb[0]),
+        format!("{} {} 100", vb[0], va[0]),
+    ];
+    want.sort();
+    assert_eq!(lines_of(&out, "capture"), want, "{all}");
 }
 
 /// Open MPI (Debian's openmpi-bin 4.1) over ferroce, through libfabric's verbs provider
