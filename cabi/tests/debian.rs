@@ -252,6 +252,57 @@ cd / && rm -rf \"$d\"",
     );
 }
 
+/// An address the interface still tests for duplicates when the device starts (IPv6's
+/// "tentative" state, a second or more after the interface comes up: a program started with
+/// its container meets it) is served all the same (bound with `IP_FREEBIND`), as rxe lists
+/// it: Debian's `ibv_rc_pingpong -g 0` server starts while its link-local address is
+/// tentative (duplicate address detection made to last 3 s), and once it is not, a client
+/// reaches it over the link-local addresses. Before, that address's socket was refused
+/// (`EADDRNOTAVAIL`), left out for the program's life, and the server's GID 0 was empty.
+#[test]
+fn a_tentative_address_is_served() {
+    let t = "a_tentative_address_is_served";
+    if !ready(t, &["ibv_rc_pingpong", "ss"]) {
+        return;
+    }
+    let out = in_netns(
+        "d=$(mktemp -d) && cd \"$d\" || exit 96
+ip link add va type veth peer name vb || exit 99
+echo 3 > /proc/sys/net/ipv6/conf/va/dad_transmits || exit 95
+ip addr add 10.9.4.1/24 dev va && ip addr add 10.9.4.2/24 dev vb || exit 98
+ip link set va up && ip link set vb up || exit 99
+i=0; while [ $i -lt 100 ] && ! ip -6 addr show dev va scope link | grep -q fe80; do sleep 0.02; i=$((i+1)); done
+export LD_LIBRARY_PATH=$LIB
+echo \"--- at start\"; ip -6 addr show dev va scope link | grep -c tentative
+FERROCE_DEV=va timeout 30 ibv_rc_pingpong -g 0 -n 100 > s.log 2>&1 &
+i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.02; i=$((i+1)); done
+echo \"--- listening\"; ip -6 addr show dev va scope link | grep -c tentative
+i=0; while [ $i -lt 200 ] && ip -6 addr show | grep -q tentative; do sleep 0.05; i=$((i+1)); done
+echo \"--- run\"
+FERROCE_DEV=vb timeout 30 ibv_rc_pingpong -g 0 -n 100 10.9.4.1 > c.log 2>&1
+c=$?; wait $!; echo \"server=$? client=$c\"; cat s.log c.log
+cd / && rm -rf \"$d\"",
+    );
+    let o = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{o}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    // the server made its objects (and bound its sockets) while the address was tentative
+    assert_eq!(lines_of(&o, "at start"), ["1"], "{all}");
+    assert_eq!(lines_of(&o, "listening"), ["1"], "{all}");
+    let run = lines_of(&o, "run");
+    assert_eq!(run[0], "server=0 client=0", "{all}");
+    assert_eq!(
+        run.iter().filter(|l| l.contains("100 iters in")).count(),
+        2,
+        "{all}"
+    );
+    assert!(
+        run.iter()
+            .all(|l| !l.contains(" GID ") || l.contains("GID fe80::")),
+        "{all}"
+    );
+}
+
 fn assert_pair(t: &str, (s, c, st): (String, String, String), iters: &str) {
     assert_eq!(
         st, "server=0 client=0",

@@ -92,7 +92,8 @@ fn in_use(e: io::Error, c: &super::udp::UdpConfig) -> io::Error {
 /// Open `kind` on `dev` to serve `locals` (the first must be served; see [`open_with`] for
 /// `low_latency`). A raw backend sees every address of the interface; the UDP backend binds
 /// a socket per address ([`super::udp_set::UdpSet`]), the first required, the others where
-/// they can be bound (one still tentative, or held by another program, is left out).
+/// they can be bound (one held by another program is left out; a tentative one is bound,
+/// `UdpConfig::freebind`).
 /// Returns the device and the addresses it serves.
 pub fn open_serving(
     kind: BackendKind,
@@ -109,7 +110,11 @@ pub fn open_serving(
     if kind != BackendKind::Udp || locals.len() == 1 {
         return Ok((open_with(kind, dev, first, low_latency)?, locals.to_vec()));
     }
-    let c = udp_config(dev, first);
+    let mut c = udp_config(dev, first);
+    // The interface's own addresses: one still tentative (an IPv6 address tests for
+    // duplicates for a second or two after it is added; a program started with its
+    // interface would otherwise never serve its link-local address) is bound all the same.
+    c.freebind = true;
     let (set, held) =
         super::udp_set::UdpSet::open_available(&c, locals).map_err(|e| in_use(e, &c))?;
     // Only the first: a lone device (no epoll descriptor, no copies).

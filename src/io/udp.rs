@@ -126,6 +126,10 @@ pub struct UdpConfig {
     /// address's when it is link-local, and that of every link-local peer. 0: none (a
     /// link-local address cannot then be bound).
     pub scope_id: u32,
+    /// Bind with `IP_FREEBIND`: an address the interface has but still tests for duplicates
+    /// (a tentative IPv6 address) is bound instead of refused (`EADDRNOTAVAIL`). Off: the
+    /// address must be usable now.
+    pub freebind: bool,
 }
 
 impl UdpConfig {
@@ -142,6 +146,7 @@ impl UdpConfig {
             gro: true,
             filter: false,
             scope_id: 0,
+            freebind: false,
         }
     }
 }
@@ -323,7 +328,11 @@ impl UdpDevice {
             }
             a => SocketAddr::new(a, cfg.port),
         };
-        let sock = std::net::UdpSocket::bind(bind_to)?;
+        let sock = if cfg.freebind {
+            sysudp::bind_free(bind_to)?
+        } else {
+            std::net::UdpSocket::bind(bind_to)?
+        };
         sock.set_nonblocking(true)?;
         let port = sock.local_addr()?.port();
         let fd = sock.as_fd();
