@@ -111,10 +111,8 @@ fn probe(b: &Nic, x: &UdpSocket, to: SocketAddr, hostile: &[Vec<u8>], markers: &
     }
 }
 
-fn case(net: u8, filter: bool) {
-    let (ia, ib, ix) = (addr(net, 1), addr(net, 2), addr(net, 3));
-    let (a, b) = (nic(ia, filter), nic(ib, filter));
-    let (ea, eb) = nic_rc_pair(&a, &b, common::qp_cap(16, 1, 0), 64, 1 << 16, Mtu::M1024);
+/// A UD QP on `b`, ready to receive (Q_Key 0x1111).
+fn ud_qp(b: &Nic) -> QpNumber {
     let pd = b.alloc_pd().unwrap();
     let cq = b.create_cq(16).unwrap();
     let ud = b
@@ -128,6 +126,14 @@ fn case(net: u8, filter: bool) {
         },
     )
     .unwrap();
+    ud
+}
+
+fn case(net: u8, filter: bool) {
+    let (ia, ib, ix) = (addr(net, 1), addr(net, 2), addr(net, 3));
+    let (a, b) = (nic(ia, filter), nic(ib, filter));
+    let (ea, eb) = nic_rc_pair(&a, &b, common::qp_cap(16, 1, 0), 64, 1 << 16, Mtu::M1024);
+    let ud = ud_qp(&b);
     let x = UdpSocket::bind((ix, 0)).unwrap();
     // The peer's own address, another port: what a forger with A's address sends.
     let xa = UdpSocket::bind((ia, 0)).unwrap();
@@ -266,19 +272,7 @@ fn the_filter_covers_every_socket_of_a_device_of_several_addresses() {
         max_sleep: Duration::from_micros(200),
     };
     let b = Nic::start(cfg, dev, NicOptions { poll, batch: 64 }).unwrap();
-    let pd = b.alloc_pd().unwrap();
-    let cq = b.create_cq(16).unwrap();
-    let ud = b
-        .create_qp(QpInitAttr::new(pd, cq, cq, common::qp_cap(4, 1, 0)).with_type(QpType::Ud))
-        .unwrap();
-    b.bring_up_ud(
-        ud,
-        &UdParams {
-            qkey: 0x1111,
-            local_psn: 0,
-        },
-    )
-    .unwrap();
+    let ud = ud_qp(&b);
     let x = UdpSocket::bind((ix, 0)).unwrap();
     let unknown = QpNumber::MASK - 7;
     let hostile = vec![

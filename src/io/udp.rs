@@ -1352,7 +1352,7 @@ impl PacketDevice for UdpDevice {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::wire::*;
     use std::net::Ipv6Addr;
@@ -1372,7 +1372,9 @@ mod tests {
         assert_eq!(next_rx_hint(1, 0, 1), 1);
     }
 
-    fn frame_with(
+    /// A RoCE SEND frame (IP headers of the family of `src`, UDP port 4791, a payload pattern
+    /// of `psn`), for this module's tests and `udp_set`'s.
+    pub(crate) fn frame_with(
         src: IpAddr,
         dst: IpAddr,
         ident: u16,
@@ -1678,7 +1680,7 @@ mod tests {
 
     /// Point frame `f` (built for `local`) at port `port` (the UDP header right after the IP
     /// header; the ICRC covers the port, so it is recomputed).
-    fn to_port(f: &mut [u8], local: IpAddr, port: u16) {
+    pub(crate) fn to_port(f: &mut [u8], local: IpAddr, port: u16) {
         let u = ETH + if local.is_ipv6() { IP6 } else { IP4 };
         f[u + 2..u + 4].copy_from_slice(&port.to_be_bytes());
         let n = f.len() - 4;

@@ -334,52 +334,11 @@ mod tests {
     use crate::wire::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
-    /// A RoCE SEND frame from `src` to `dst`:`dport` with `payload` bytes of a pattern of
-    /// `psn`.
+    /// A RoCE SEND frame from `src` to `dst`:`dport` with `payload` bytes of `psn`'s pattern.
     fn frame(src: IpAddr, dst: IpAddr, dport: u16, psn: u32, payload: usize) -> Vec<u8> {
-        let ip = match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(Ipv4Repr {
-                src: s,
-                dst: d,
-                dscp: 0,
-                ecn: Ecn::NotEct,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-            }),
-            (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(Ipv6Repr {
-                src: s,
-                dst: d,
-                dscp: 0,
-                ecn: Ecn::NotEct,
-                flow_label: 0,
-                hop_limit: 64,
-            }),
-            _ => unreachable!(),
-        };
-        let f = FrameRepr {
-            eth: Some(EthernetRepr {
-                dst: MacAddr([2; 6]),
-                src: MacAddr([4; 6]),
-                vlan: None,
-                ethertype: 0,
-            }),
-            ip,
-            udp: UdpRepr {
-                src_port: 0xc000,
-                dst_port: dport,
-                checksum: 0,
-            },
-            roce: RoceRepr::new(
-                BthRepr::new(Opcode::RC_SEND_ONLY, QpNumber::new(0x12), Psn::new(psn)),
-                ExtRepr::default(),
-                payload,
-            ),
-        };
-        let mut b = vec![0u8; f.buffer_len()];
-        let data: Vec<u8> = (0..payload).map(|i| (i as u8) ^ (psn as u8)).collect();
-        f.emit(&mut b, &data).unwrap();
-        b
+        let mut f = crate::io::udp::tests::frame_with(src, dst, 0, 0xc000, psn, payload);
+        crate::io::udp::tests::to_port(&mut f, src, dport);
+        f
     }
 
     fn set(locals: &[IpAddr]) -> Option<UdpSet> {
@@ -497,7 +456,7 @@ mod tests {
                 .payload
                 .iter()
                 .enumerate()
-                .all(|(i, b)| *b == (i as u8) ^ (psn as u8)));
+                .all(|(i, b)| *b == (i as u8) ^ (psn as u8).wrapping_mul(7)));
             psns.push(psn);
         }
         psns.sort_unstable();
