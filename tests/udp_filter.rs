@@ -303,6 +303,49 @@ fn the_filter_covers_every_socket_of_a_device_of_several_addresses() {
     }
 }
 
+/// An address the interface gains while the NIC runs (the drop-in library follows its
+/// interface's addresses) is served by the UDP backend's set: `Nic::serve_address` binds a
+/// socket for it and the GID table takes it at the next index, after which datagrams to it
+/// reach the engine (and are not address drops); asking again keeps the index. A NIC whose
+/// engine thread owns the packet device cannot (`Unsupported`).
+#[test]
+fn an_address_gained_while_running_gets_a_socket() {
+    let (ib, extra, ix) = (addr(4, 2), addr(4, 9), addr(4, 3));
+    let c = UdpConfig::new(IpAddr::V4(ib));
+    let dev = ferroce::io::UdpSet::open(&c, &[IpAddr::V4(ib)]).unwrap();
+    let cfg = DeviceConfig::new(MacAddr([2, 0, 0, 0, 0, 2]), IpAddr::V4(ib));
+    let opts = NicOptions {
+        poll: PollMode::Inline,
+        batch: 64,
+    };
+    let b = Nic::start(cfg, dev, opts).unwrap();
+    let ud = ud_qp(&b);
+    let x = UdpSocket::bind((ix, 0)).unwrap();
+    assert!(
+        UdpSocket::bind((extra, 4791)).is_ok(),
+        "{extra}:4791 is free before"
+    );
+    assert_eq!(b.serve_address(IpAddr::V4(extra)).unwrap(), 1);
+    assert_eq!(b.serve_address(IpAddr::V4(extra)).unwrap(), 1);
+    assert!(
+        UdpSocket::bind((extra, 4791)).is_err(),
+        "the NIC holds {extra}:4791"
+    );
+    let markers = vec![bth(UD_SEND_ONLY, 0xffff, 0, ud.get(), 8); 2];
+    let s = probe(
+        &b,
+        &x,
+        SocketAddr::new(IpAddr::V4(extra), 4791),
+        &[],
+        &markers,
+    );
+    assert_eq!((s.rx_frames, s.icrc, s.address), (2, 2, 0), "{s:?}");
+    // An engine thread of its own: not from the application's thread.
+    let a = nic(addr(4, 1), false);
+    let e = a.serve_address(IpAddr::V4(addr(4, 8))).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
+}
+
 // ---- the filter never drops what the engine takes (no sockets: the interpreter) -----------
 
 mod superset {

@@ -423,7 +423,9 @@ impl Port {
         };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
-        let serves_all = backend != BackendKind::Udp && only.is_none();
+        // Every address of the interface, and one it gains: a raw backend sees them all, the
+        // UDP backend's set binds a socket for a gained one (not on lo: one address there).
+        let serves_all = only.is_none() && stand_in_for.is_none();
         let served = std::sync::RwLock::new(stand_in_for.is_none().then(|| {
             Served::new(&netdev.gids, gids, extra, serves_all).keeping_default(netdev.mac)
         }));
@@ -512,6 +514,15 @@ impl Port {
     pub fn follow(&self, now: &[IpAddr]) -> Option<(usize, Vec<IpAddr>)> {
         let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
         g.as_mut().map(|sv| sv.follow(now))
+    }
+
+    /// Stop showing `ip` as served (an address gained that the backend could not serve).
+    pub fn unserve(&self, ip: IpAddr) {
+        let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(sv) = g.as_mut() {
+            let keep: Vec<IpAddr> = sv.gids.iter().copied().filter(|g| *g != ip).collect();
+            sv.keep(&keep);
+        }
     }
 
     /// What the port shows serving `a` itself.
@@ -735,11 +746,17 @@ fn follow_addresses(s: &Shared) {
         return;
     };
     if let Some(nic) = s.started() {
-        nic.with_device(|dev| {
-            for ip in added {
-                dev.add_gid(ip);
+        for ip in added {
+            if s.port.backend == BackendKind::Udp {
+                // A socket for it first; one that cannot be had leaves the entry empty.
+                if let Err(e) = nic.serve_address(ip) {
+                    crate::verbs::warn(&format!("{ip} not served: {e}"));
+                    s.port.unserve(ip);
+                }
+            } else {
+                nic.with_device(|dev| dev.add_gid(ip));
             }
-        });
+        }
     }
     for _ in 0..changes {
         crate::verbs::broadcast_async_event(&s.contexts, ferroce::ib::AsyncEvent::GidChange(1));

@@ -2730,6 +2730,47 @@ fn the_gid_table_and_its_events_follow_the_interface_addresses() {
     assert_eq!(events.len(), 6, "{o}");
 }
 
+/// An address the interface gains while a program runs is served from then on, as on a
+/// kernel RoCE device: Debian's `rping` server listening on the wildcard address, its NIC
+/// running (UDP backend, a socket per address), gets a socket for 10.9.0.99 once it is added
+/// to its interface, and a client on the other veth end pings it there. Before, the UDP
+/// backend served only the addresses bound at the NIC's start: the client's REQ to the new
+/// address met no socket.
+#[test]
+fn an_address_gained_while_a_server_runs_is_served() {
+    let t = "an_address_gained_while_a_server_runs_is_served";
+    if !ready(t, &["rping", "ss"]) {
+        return;
+    }
+    let script = "ip addr add 10.9.0.2/24 dev vb || exit 98\n\
+        export LD_LIBRARY_PATH=$LIB\n\
+        L=$(mktemp -u)\n\
+        FERROCE_LISTENING=$L FERROCE_DEV=va timeout 30 rping -s -a 0.0.0.0 -C 3 -v > $L.s 2>&1 &\n\
+        i=0; while [ $i -lt 200 ] && [ ! -s $L ]; do sleep 0.05; i=$((i+1)); done\n\
+        echo '--- before'; ss -Huan | awk '{print $4}' | grep '^10\\.' | sort\n\
+        ip addr add 10.9.0.99/24 dev va\n\
+        i=0; while [ $i -lt 200 ] && ! ss -Huan | grep -q '10.9.0.99:4791'; do sleep 0.05; i=$((i+1)); done\n\
+        echo '--- after'; ss -Huan | awk '{print $4}' | grep '^10\\.' | sort\n\
+        FERROCE_DEV=vb timeout 20 rping -c -a 10.9.0.99 -C 3 -v > $L.c 2>&1\n\
+        c=$?; wait $!; echo '--- result'; echo \"server=$? client=$c\"\n\
+        echo '--- server'; cat $L.s; echo '--- client'; cat $L.c; rm -f $L $L.s $L.c";
+    let o = with_veth_pair(script);
+    assert_eq!(lines_of(&o, "before"), ["10.9.0.1:4791"], "{o}");
+    assert_eq!(
+        lines_of(&o, "after"),
+        ["10.9.0.1:4791", "10.9.0.99:4791"],
+        "{o}"
+    );
+    assert_eq!(lines_of(&o, "result"), ["server=0 client=0"], "{o}");
+    for side in ["server", "client"] {
+        let pings = lines_of(&o, side)
+            .iter()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 3, "{side}: {o}");
+    }
+}
+
 /// The port's width and speed come from its interface's Ethernet speed as rxe's do (the table in
 /// `PortRate::for_ethernet`, read from rxe in the tools/rxe-peer guest at each speed): Debian's
 /// `ibv_devinfo -v` on a veth (10 Gb/s) shows 1X FDR10, on loopback (no speed) 1X SDR, and on a

@@ -187,6 +187,17 @@ pub trait PacketDevice: Send {
             "this packet device does not join multicast groups",
         ))
     }
+
+    /// Serve `local` too, from now on (an address the interface gained): frames from it
+    /// leave, and frames to it arrive. Only a device that binds per address needs it (the
+    /// UDP backend's [`UdpSet`]); the others see every address already or cannot.
+    fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {
+        let _ = local;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this packet device cannot add an address",
+        ))
+    }
 }
 
 impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
@@ -233,6 +244,9 @@ impl<D: PacketDevice + ?Sized> PacketDevice for Box<D> {
     }
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         (**self).join_group(group, join)
+    }
+    fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {
+        (**self).serve_address(local)
     }
 }
 

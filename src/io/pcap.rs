@@ -221,6 +221,9 @@ impl<D: PacketDevice, W: Write + Send> PacketDevice for PcapTap<D, W> {
     fn join_group(&mut self, group: std::net::IpAddr, join: bool) -> io::Result<()> {
         self.inner.join_group(group, join)
     }
+    fn serve_address(&mut self, local: std::net::IpAddr) -> io::Result<()> {
+        self.inner.serve_address(local)
+    }
     fn medium(&self) -> Medium {
         self.inner.medium()
     }

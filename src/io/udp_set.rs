@@ -29,6 +29,9 @@ use std::time::Duration;
 
 /// One packet device over several UDP sockets, one per local address (module docs).
 pub struct UdpSet {
+    /// The configuration each device was opened with (but for its address): an address
+    /// served later ([`PacketDevice::serve_address`]) opens with it too.
+    cfg: UdpConfig,
     devs: Vec<UdpDevice>,
     locals: Vec<IpAddr>,
     ready: ReadySet,
@@ -86,7 +89,7 @@ impl UdpSet {
                 UdpDevice::open(&c)
             })
             .collect::<io::Result<Vec<_>>>()?;
-        UdpSet::of(devs)
+        UdpSet::of(cfg, devs)
     }
 
     /// Open the first address's device (an error if it cannot be), then as many of the others
@@ -114,16 +117,17 @@ impl UdpSet {
                 }
             }
         }
-        let set = UdpSet::of(devs)?;
+        let set = UdpSet::of(cfg, devs)?;
         let held = set.locals.clone();
         Ok((set, held))
     }
 
-    fn of(devs: Vec<UdpDevice>) -> io::Result<UdpSet> {
+    fn of(cfg: &UdpConfig, devs: Vec<UdpDevice>) -> io::Result<UdpSet> {
         let fds: Vec<_> = devs.iter().filter_map(|d| d.poll_fd()).collect();
         let ready = ReadySet::new(&fds)?;
         let idle = vec![0; devs.len()];
         Ok(UdpSet {
+            cfg: cfg.clone(),
             locals: devs.iter().map(|d| d.local_addr().ip()).collect(),
             aside: devs.iter().map(|_| Vec::new()).collect(),
             devs,
@@ -310,6 +314,29 @@ impl PacketDevice for UdpSet {
 
     fn rx_udp_checksum_synthesised(&self) -> bool {
         true
+    }
+
+    /// A socket for `local` joins the set (none is needed for an address it holds). The
+    /// socket is bound as the others (with `IP_FREEBIND` where they are: an address just
+    /// added is tentative for a while if it is IPv6). It is not under the kernel-side filter
+    /// (the runtime programs the sockets it was given at start).
+    fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {
+        if self.locals.contains(&local) {
+            return Ok(());
+        }
+        let mut c = self.cfg.clone();
+        c.local = local;
+        c.filter = false;
+        let d = UdpDevice::open(&c)?;
+        if let Some(fd) = d.poll_fd() {
+            self.ready.add(fd)?;
+        }
+        tracing::info!(%local, "UDP device set serves another address");
+        self.devs.push(d);
+        self.locals.push(local);
+        self.aside.push(Vec::new());
+        self.idle.push(0);
+        Ok(())
     }
 
     /// Joined through the first device of the group's address family.

@@ -639,6 +639,27 @@ impl Nic {
         r
     }
 
+    /// Serve `local` too, from now on (an address the interface gained): the packet device
+    /// opens what it needs for it ([`PacketDevice::serve_address`]; the UDP backend's set, a
+    /// socket), then the device's GID table takes it ([`Device::add_gid`]). Returns its GID
+    /// index. Only where the application's threads drive the engine ([`PollMode::Inline`]):
+    /// an engine thread of its own holds the packet device (`Unsupported`).
+    pub fn serve_address(&self, local: std::net::IpAddr) -> std::io::Result<u8> {
+        let Some(m) = &self.inner.inline else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "an engine thread of its own holds the packet device",
+            ));
+        };
+        lock(m).pkt.serve_address(local)?;
+        self.with_device(|d| d.add_gid(local)).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "the GID table is full (256 entries)",
+            )
+        })
+    }
+
     /// `ibv_query_device` (see [`Device::query_device`]).
     pub fn query_device(&self) -> crate::verbs::DeviceAttr {
         self.with_device(|d| d.query_device())

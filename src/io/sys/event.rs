@@ -146,19 +146,25 @@ impl ReadySet {
         }
         // SAFETY: `ep` is a fresh descriptor nobody else owns.
         let set = ReadySet(unsafe { OwnedFd::from_raw_fd(ep) });
-        for (i, &fd) in fds.iter().enumerate() {
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: i as u64,
-            };
-            // SAFETY: `ev` is a live epoll_event the kernel only reads; `set.0` is our epoll
-            // descriptor; an invalid `fd` is reported as EBADF, no memory hazard.
-            let r = unsafe { libc::epoll_ctl(set.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
+        for &fd in fds {
+            set.add(fd)?;
         }
         Ok(set)
+    }
+
+    /// Watch `fd` too (it must stay open while the set is used).
+    pub fn add(&self, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a live epoll_event the kernel only reads; `self.0` is our epoll
+        // descriptor; an invalid `fd` is reported as EBADF, no memory hazard.
+        let r = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The descriptor, readable while one of the set's is (for `poll`).
