@@ -392,34 +392,30 @@ impl Port {
                 }
                 None => None,
             };
-        // The UDP backend without FERROCE_ADDR: a socket per address of the interface, as a
-        // kernel RoCE device serves them all (the first IPv4 address first: most traffic
-        // leaves from it, and its socket takes the engine's frames without a copy), but for
-        // a loopback IPv4 address, which two programs on lo share ([`Port::stand_in_for`]).
-        let gids = match (backend, only) {
-            (_, Some(ip)) => vec![ip],
-            (BackendKind::Udp, None) => {
-                let a = *netdev
-                    .gids
-                    .iter()
-                    .find(|a| a.is_ipv4())
-                    .unwrap_or(&netdev.gids[0]);
-                if a.is_ipv4() && a.is_loopback() {
-                    vec![a]
-                } else {
-                    std::iter::once(a)
-                        .chain(netdev.gids.iter().copied().filter(|g| *g != a))
-                        .take(256)
-                        .collect()
-                }
-            }
-            (_, None) => netdev.gids.clone(),
-        };
+        // The UDP backend's first address: the first IPv4 one (most traffic leaves from it,
+        // and its socket takes the engine's frames without a copy).
+        let udp_first = *netdev
+            .gids
+            .iter()
+            .find(|a| a.is_ipv4())
+            .unwrap_or(&netdev.gids[0]);
         // On lo without FERROCE_ADDR, an address another program holds is stood in for by a
         // free 127.0.0.N, decided when the NIC starts.
         let stand_in_for = match (backend, only) {
-            (BackendKind::Udp, None) => Some(gids[0]).filter(|a| a.is_ipv4() && a.is_loopback()),
+            (BackendKind::Udp, None) => Some(udp_first).filter(|a| a.is_ipv4() && a.is_loopback()),
             _ => None,
+        };
+        // The UDP backend without FERROCE_ADDR: a socket per address of the interface, as a
+        // kernel RoCE device serves them all, but for a loopback IPv4 address, which two
+        // programs on lo share (its stand-in).
+        let gids = match (backend, only) {
+            (_, Some(ip)) => vec![ip],
+            (BackendKind::Udp, None) if stand_in_for.is_some() => vec![udp_first],
+            (BackendKind::Udp, None) => std::iter::once(udp_first)
+                .chain(netdev.gids.iter().copied().filter(|g| *g != udp_first))
+                .take(256)
+                .collect(),
+            (_, None) => netdev.gids.clone(),
         };
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
@@ -520,8 +516,8 @@ impl Port {
     pub fn unserve(&self, ip: IpAddr) {
         let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
         if let Some(sv) = g.as_mut() {
-            let keep: Vec<IpAddr> = sv.gids.iter().copied().filter(|g| *g != ip).collect();
-            sv.keep(&keep);
+            sv.gids.retain(|g| *g != ip);
+            sv.mask();
         }
     }
 

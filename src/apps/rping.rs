@@ -837,12 +837,8 @@ pub fn run(a: &RpingArgs, out: &mut (dyn Write + Send), err: &mut (dyn Write + S
 /// (an IPv6 GID table starts with the link-local address, which the peer's routes do not
 /// reach back to), else any of that family, else the first.
 fn default_local(gids: &[IpAddr], want_v6: bool) -> Option<IpAddr> {
-    let link_local = |ip: &IpAddr| match ip {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
-    };
     gids.iter()
-        .find(|g| g.is_ipv6() == want_v6 && !link_local(g))
+        .find(|g| g.is_ipv6() == want_v6 && !crate::io::netdev::is_link_local(**g))
         .or_else(|| gids.iter().find(|g| g.is_ipv6() == want_v6))
         .or(gids.first())
         .copied()

@@ -28,19 +28,28 @@ pub struct Netdev {
     pub gids: Vec<IpAddr>,
 }
 
-fn is_link_local(a: &Ipv6Addr) -> bool {
+/// An IPv6 link-local unicast address (fe80::/10).
+pub fn is_link_local_v6(a: &Ipv6Addr) -> bool {
     (a.segments()[0] & 0xffc0) == 0xfe80
+}
+
+/// A link-local unicast address of either family (169.254.0.0/16, fe80::/10).
+pub fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => is_link_local_v6(&a),
+    }
 }
 
 /// Order addresses as Linux's RoCE GID table does.
 pub fn gid_order(addrs: &[IpAddr]) -> Vec<IpAddr> {
     let ll = addrs
         .iter()
-        .filter(|a| matches!(a, IpAddr::V6(v) if is_link_local(v)));
+        .filter(|a| matches!(a, IpAddr::V6(v) if is_link_local_v6(v)));
     let v4 = addrs.iter().filter(|a| a.is_ipv4());
     let v6 = addrs
         .iter()
-        .filter(|a| matches!(a, IpAddr::V6(v) if !is_link_local(v)));
+        .filter(|a| matches!(a, IpAddr::V6(v) if !is_link_local_v6(v)));
     ll.chain(v4).chain(v6).copied().collect()
 }
 

@@ -268,11 +268,11 @@ pub struct UdpDevice {
 
 /// An IPv6 link-local unicast address (fe80::/10), or a multicast one of link-local scope.
 fn is_link_local(a: std::net::Ipv6Addr) -> bool {
-    (a.segments()[0] & 0xffc0) == 0xfe80 || (a.is_multicast() && a.segments()[0] & 0x000f == 2)
+    super::netdev::is_link_local_v6(&a) || (a.is_multicast() && a.segments()[0] & 0x000f == 2)
 }
 
 /// `dst`:`port` as a socket address, with `scope_id` when `dst` is link-local (the kernel
-/// refuses to send to one without its interface).
+/// refuses to send to, or bind, one without its interface).
 fn destination(dst: IpAddr, port: u16, scope_id: u32) -> SocketAddr {
     match dst {
         IpAddr::V6(a) if is_link_local(a) => {
@@ -316,18 +316,15 @@ impl UdpDevice {
                 ),
             ));
         }
-        let bind_to = match cfg.local {
-            IpAddr::V6(a) if is_link_local(a) => {
-                if cfg.scope_id == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("{a} is link-local: the UDP backend needs its interface (scope)"),
-                    ));
-                }
-                SocketAddr::V6(std::net::SocketAddrV6::new(a, cfg.port, 0, cfg.scope_id))
+        if let IpAddr::V6(a) = cfg.local {
+            if is_link_local(a) && cfg.scope_id == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{a} is link-local: the UDP backend needs its interface (scope)"),
+                ));
             }
-            a => SocketAddr::new(a, cfg.port),
-        };
+        }
+        let bind_to = destination(cfg.local, cfg.port, cfg.scope_id);
         let sock = if cfg.freebind {
             sysudp::bind_free(bind_to)?
         } else {

@@ -76,6 +76,14 @@ fn source_of(frame: &[u8]) -> Option<IpAddr> {
     }
 }
 
+/// A device with `cfg` but bound to `local`.
+fn open_at(cfg: &UdpConfig, local: IpAddr) -> io::Result<UdpDevice> {
+    UdpDevice::open(&UdpConfig {
+        local,
+        ..cfg.clone()
+    })
+}
+
 impl UdpSet {
     /// Open one device per address of `locals` (the first is the one most traffic is expected
     /// from: its frames are not copied), each with `cfg` but for its address. Every address
@@ -83,19 +91,15 @@ impl UdpSet {
     pub fn open(cfg: &UdpConfig, locals: &[IpAddr]) -> io::Result<UdpSet> {
         let devs = locals
             .iter()
-            .map(|a| {
-                let mut c = cfg.clone();
-                c.local = *a;
-                UdpDevice::open(&c)
-            })
+            .map(|a| open_at(cfg, *a))
             .collect::<io::Result<Vec<_>>>()?;
         UdpSet::of(cfg, devs)
     }
 
     /// Open the first address's device (an error if it cannot be), then as many of the others
-    /// as open: an address still tentative (duplicate address detection), taken by another
-    /// program or gone is left out and logged. Returns the set and the addresses it holds,
-    /// in the order given.
+    /// as open: an address taken by another program or gone (or, without
+    /// [`UdpConfig::freebind`], still tentative) is left out and logged. Returns the set and
+    /// the addresses it holds, in the order given.
     pub fn open_available(cfg: &UdpConfig, locals: &[IpAddr]) -> io::Result<(UdpSet, Vec<IpAddr>)> {
         let Some((first, rest)) = locals.split_first() else {
             return Err(io::Error::new(
@@ -103,14 +107,9 @@ impl UdpSet {
                 "a UDP device set needs at least one address",
             ));
         };
-        let open = |a: IpAddr| {
-            let mut c = cfg.clone();
-            c.local = a;
-            UdpDevice::open(&c)
-        };
-        let mut devs = vec![open(*first)?];
+        let mut devs = vec![open_at(cfg, *first)?];
         for a in rest {
-            match open(*a) {
+            match open_at(cfg, *a) {
                 Ok(d) => devs.push(d),
                 Err(e) => {
                     tracing::warn!(addr = %a, error = %e, "address not served: its UDP socket did not open")
@@ -324,10 +323,13 @@ impl PacketDevice for UdpSet {
         if self.locals.contains(&local) {
             return Ok(());
         }
-        let mut c = self.cfg.clone();
-        c.local = local;
-        c.filter = false;
-        let d = UdpDevice::open(&c)?;
+        let d = open_at(
+            &UdpConfig {
+                filter: false,
+                ..self.cfg.clone()
+            },
+            local,
+        )?;
         if let Some(fd) = d.poll_fd() {
             self.ready.add(fd)?;
         }

@@ -132,7 +132,7 @@ impl Resolver for KernelResolver {
             _ => self
                 .gids
                 .iter()
-                .find(|g| g.is_ipv4() == dst.is_ipv4() && !is_link_local(**g))
+                .find(|g| g.is_ipv4() == dst.is_ipv4() && !crate::io::netdev::is_link_local(**g))
                 .copied()
                 .ok_or(errno::EADDRNOTAVAIL),
         }
@@ -143,13 +143,6 @@ impl Resolver for KernelResolver {
         }
         crate::io::netdev::resolve(dst, Some(&self.ifname), Duration::from_secs(2))
             .ok_or(errno::EHOSTUNREACH)
-    }
-}
-
-fn is_link_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
 
