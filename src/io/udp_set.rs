@@ -122,6 +122,12 @@ impl UdpSet {
     }
 
     fn of(cfg: &UdpConfig, devs: Vec<UdpDevice>) -> io::Result<UdpSet> {
+        if devs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a UDP device set needs at least one address",
+            ));
+        }
         let fds: Vec<_> = devs.iter().filter_map(|d| d.poll_fd()).collect();
         let ready = ReadySet::new(&fds)?;
         let idle = vec![0; devs.len()];
@@ -379,6 +385,18 @@ mod tests {
                 eprintln!("no {locals:?} on loopback here ({e}); skipping");
                 None
             }
+        }
+    }
+
+    /// A set of no address is refused (its send and receive paths index its first device).
+    #[test]
+    fn a_set_of_no_address_is_refused() {
+        let c = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        for e in [
+            UdpSet::open(&c, &[]).err(),
+            UdpSet::open_available(&c, &[]).err(),
+        ] {
+            assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
         }
     }
 
