@@ -405,3 +405,45 @@ fn a_nic_reuses_a_destroyed_cq_and_the_new_one_works() {
     a.destroy_qp(x.qp).unwrap();
     a.destroy_cq(x.cq).unwrap();
 }
+
+/// A device with a block of QPNs (what a program sharing its address and port gets,
+/// `ferroce::io::share`): every QPN in the block, `query_device` reports the block's room as
+/// `max_qp`, the next QP past it is refused, and a destroyed QP's number is handed out again.
+#[test]
+fn a_block_of_qpns_numbers_every_qp_and_bounds_max_qp() {
+    let mut d = small(|c| {
+        c.qpn_block = Some(0xa5);
+        c.max_qp_wr = 1;
+        c.max_sge = 1;
+    });
+    assert_eq!(
+        d.query_device().max_qp,
+        ferroce::verbs::limits::QPN_BLOCK_QPS
+    );
+    assert_eq!(ferroce::verbs::limits::QPN_BLOCK_QPS, 0xffff - 0x10);
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(4).unwrap();
+    let init = || QpInitAttr::new(pd, cq, cq, qp_cap(1, 1, 0)).with_type(QpType::Ud);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..ferroce::verbs::limits::QPN_BLOCK_QPS {
+        let q = d.create_qp(init()).unwrap().get();
+        assert!((0xa5_0011..=0xa5_ffff).contains(&q), "{q:#x}");
+        assert!(seen.insert(q));
+    }
+    assert!(matches!(
+        d.create_qp(init()),
+        Err(VerbsError::NoResources(_))
+    ));
+    d.destroy_qp(ferroce::wire::QpNumber::new(0xa5_1234))
+        .unwrap();
+    assert_eq!(d.create_qp(init()).unwrap().get(), 0xa5_1234);
+    // Without a block: the first QPN as ever, and the whole 24-bit space's room.
+    let mut e = small(|_| {});
+    assert_eq!(e.query_device().max_qp, e.config().max_qp);
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(4).unwrap();
+    let q = e
+        .create_qp(QpInitAttr::new(pd, cq, cq, qp_cap(1, 1, 0)))
+        .unwrap();
+    assert_eq!(q.get(), 0x11);
+}

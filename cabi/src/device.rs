@@ -93,6 +93,9 @@ pub(crate) enum DeviceError {
     /// `FERROCE_ACK_DELAY_US` is not a number of microseconds up to 1,000,000.
     #[error("FERROCE_ACK_DELAY_US={0}: expected 0 to 1000000 (microseconds)")]
     BadAckDelay(String),
+    /// `FERROCE_SHARE` is not 0 or 1.
+    #[error("FERROCE_SHARE={0}: expected 0 or 1")]
+    BadShare(String),
     /// The packet backend did not open.
     #[error("{backend} backend on {interface}: {source}")]
     Backend {
@@ -127,6 +130,7 @@ impl DeviceError {
             | DeviceError::AddrNotOnInterface { .. }
             | DeviceError::BadPoll(_)
             | DeviceError::BadAckDelay(_)
+            | DeviceError::BadShare(_)
             | DeviceError::BadInlineSpin(_) => libc::EINVAL,
             DeviceError::NoInterface | DeviceError::NoAddress(_) => libc::ENODEV,
             DeviceError::AddrInUse { .. } => libc::EADDRINUSE,
@@ -348,6 +352,10 @@ pub(crate) struct Port {
     /// The loopback address this port serves unless another program holds it by the time the
     /// NIC starts (the UDP backend on lo without `FERROCE_ADDR`; [`loopback_stand_in`]).
     stand_in_for: Option<IpAddr>,
+    /// The UDP backend shares its addresses' port with other programs of this user
+    /// ([`ferroce::io::share`]; `FERROCE_SHARE`, on by default, but for a port with a
+    /// loopback stand-in, which gives a second program an address of its own instead).
+    pub share: bool,
 }
 
 impl Port {
@@ -417,6 +425,12 @@ impl Port {
                 .collect(),
             (_, None) => netdev.gids.clone(),
         };
+        let share = match std::env::var("FERROCE_SHARE").ok().as_deref() {
+            None | Some("") | Some("1") => true,
+            Some("0") => false,
+            Some(o) => return Err(DeviceError::BadShare(o.to_string())),
+        } && backend == BackendKind::Udp
+            && stand_in_for.is_none();
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
         // Every address of the interface, and one it gains: a raw backend sees them all, the
@@ -431,6 +445,7 @@ impl Port {
             mtu,
             served,
             stand_in_for,
+            share,
         })
     }
 
@@ -636,6 +651,11 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     // FERROCE_INLINE_SPIN_US: how long the inline engine's background thread drives on after
     // work before it sleeps (Nic::set_background_spin; 0: sleep at once).
     let bg_spin = inline_spin(std::env::var("FERROCE_INLINE_SPIN_US").ok().as_deref())?;
+    // A port that shares its address numbers its QPs in a block (which one is decided when
+    // the NIC starts: its slot), and reports the block's room as max_qp from the start.
+    if port.share {
+        cfg.qpn_block = Some(0);
+    }
     let s = Arc::new(Shared {
         link_active: AtomicBool::new(link_active(&port)),
         port,
@@ -792,8 +812,32 @@ impl Shared {
 
     fn start_nic(&self) -> Result<Arc<Nic>, DeviceError> {
         let port = &self.port;
+        // Sharing the port: a slot first (it decides the QPNs), then sockets that let others
+        // of this user bind the port too.
+        let slot = port
+            .share
+            .then(|| {
+                ferroce::io::share::Slot::take()
+                    .map_err(|e| crate::verbs::warn(&format!("not sharing the UDP port: {e}")))
+                    .ok()
+            })
+            .flatten();
+        let reuse = slot.is_some();
         let (pkt, served) = port
-            .settle_by(|ips| backend::open_serving(port.backend, &port.netdev, ips, true))
+            .settle_by(|ips| {
+                if reuse {
+                    // A program still exiting may hold the port (qperf's server forks one per
+                    // test): wait for it as a program that does not share does
+                    // ([`open_waiting`]), then share with whoever holds it.
+                    let until = std::time::Instant::now() + ADDR_IN_USE_WAIT;
+                    while !backend::udp_port_free(&port.netdev, ips[0], ferroce::wire::ROCE_V2_PORT)
+                        && std::time::Instant::now() < until
+                    {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                backend::open_serving(port.backend, &port.netdev, ips, true, reuse)
+            })
             .map_err(|source| {
                 if port.backend == BackendKind::Udp
                     && source.kind() == std::io::ErrorKind::AddrInUse
@@ -810,6 +854,24 @@ impl Shared {
             })?;
         let mut cfg = self.cfg.clone();
         cfg.gids = served.gids.clone();
+        let pkt: Box<dyn ferroce::io::PacketDevice> = match slot {
+            Some(slot) => {
+                cfg.qpn_block = Some(slot.number());
+                Box::new(
+                    ferroce::io::share::Shared::new(pkt, slot).map_err(|source| {
+                        DeviceError::Backend {
+                            backend: port.backend.name(),
+                            interface: port.netdev.name.clone(),
+                            source,
+                        }
+                    })?,
+                )
+            }
+            None => {
+                cfg.qpn_block = None;
+                pkt
+            }
+        };
         let opts = self.opts;
         let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
             Some(p) => {

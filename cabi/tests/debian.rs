@@ -2891,3 +2891,81 @@ fn a_forked_child_gets_port_events() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Several programs on one address, as several programs on one kernel RoCE device: with the
+/// UDP backend each binds the address's port 4791 with `SO_REUSEPORT` and a slot of its own
+/// (`ferroce::io::share`: its QPNs in its slot's block), and frames the kernel hands to the
+/// wrong program's socket are passed on to the right one. Debian's `ibv_rc_pingpong` server on
+/// the veth's 10.9.0.1 holds the address throughout; an `ib_write_bw` server and its client on
+/// the same address run a 2-second test meanwhile (three programs on 10.9.0.1, three sockets
+/// on its port); then an `ibv_rc_pingpong` client from the other end's 10.9.0.2 reaches the
+/// first server. Both pairs complete, and the three programs' QPNs are in three blocks. With
+/// `FERROCE_SHARE=0` a program on the held address is refused as before (one RoCE endpoint per
+/// address). Before, the second program on an address was refused at its first object
+/// (`EADDRINUSE`).
+#[test]
+fn several_programs_share_one_address_as_on_one_kernel_device() {
+    let t = "several_programs_share_one_address_as_on_one_kernel_device";
+    if !ready(t, &["ibv_rc_pingpong", "ib_write_bw", "ss"]) {
+        return;
+    }
+    let script = "ip addr add 10.9.0.2/24 dev vb || exit 98\n\
+        export LD_LIBRARY_PATH=$LIB\n\
+        L=$(mktemp -u)\n\
+        tcp() { i=0; while [ $i -lt 200 ] && ! ss -Hltn | grep -q \":$1 \"; do sleep 0.05; i=$((i+1)); done; }\n\
+        n() { ss -Huan | grep -c '10\\.9\\.0\\.1:4791'; }\n\
+        FERROCE_DEV=va timeout 60 ibv_rc_pingpong -g 1 -p 18515 -n 500 > $L.ps 2>&1 & ps=$!\n\
+        tcp 18515\n\
+        FERROCE_SHARE=0 FERROCE_DEV=va timeout 20 ibv_rc_pingpong -g 1 -p 18517 -n 5 > $L.x 2>&1; x=$?\n\
+        FERROCE_DEV=va timeout 60 ib_write_bw -x 1 -p 18516 -D 2 > $L.bs 2>&1 & bs=$!\n\
+        tcp 18516\n\
+        FERROCE_DEV=va timeout 60 ib_write_bw -x 1 -p 18516 -D 2 10.9.0.1 > $L.bc 2>&1 & bc=$!\n\
+        i=0; while [ $i -lt 200 ] && [ $(n) -lt 3 ]; do sleep 0.02; i=$((i+1)); done\n\
+        echo '--- sockets'; n\n\
+        wait $bs; c=$?; wait $bc; d=$?\n\
+        FERROCE_DEV=vb timeout 60 ibv_rc_pingpong -g 1 -p 18515 -n 500 10.9.0.1 > $L.pc 2>&1; b=$?\n\
+        wait $ps; a=$?\n\
+        echo '--- result'; echo \"$a $b $c $d $x\"\n\
+        echo '--- refused'; cat $L.x\n\
+        for f in ps pc bs bc; do echo \"--- $f\"; cat $L.$f; done; rm -f $L.*";
+    let o = with_veth_pair(script);
+    assert_eq!(lines_of(&o, "sockets"), ["3"], "{o}");
+    let r = lines_of(&o, "result");
+    assert!(r.len() == 1 && r[0].starts_with("0 0 0 0 "), "{o}");
+    assert_ne!(r[0], "0 0 0 0 0", "the unshared program ran: {o}");
+    assert!(
+        lines_of(&o, "refused")
+            .iter()
+            .any(|l| l.contains("UDP port 4791 on 10.9.0.1 is in use")),
+        "{o}"
+    );
+    for side in ["ps", "pc"] {
+        assert!(
+            lines_of(&o, side)
+                .iter()
+                .any(|l| l.contains("500 iters in")),
+            "{side}: {o}"
+        );
+    }
+    for side in ["bs", "bc"] {
+        assert!(
+            lines_of(&o, side).iter().any(|l| l.starts_with("65536 ")),
+            "{side}: {o}"
+        );
+    }
+    // The QPN of each of the three programs on 10.9.0.1 (its "local address" line): one
+    // block each.
+    let qpn = |side: &str| -> Option<u32> {
+        lines_of(&o, side).iter().find_map(|l| {
+            let l = l.strip_prefix("local address:")?;
+            let at = l.find("QPN ")? + 4;
+            let v = l[at..].split([',', ' ']).next()?;
+            u32::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+        })
+    };
+    let blocks: std::collections::BTreeSet<u32> = ["ps", "bs", "bc"]
+        .iter()
+        .map(|s| qpn(s).unwrap_or_else(|| panic!("no QPN of {s}: {o}")) >> 16)
+        .collect();
+    assert_eq!(blocks.len(), 3, "{o}");
+}

@@ -62,6 +62,18 @@ pub fn open_with(
     })
 }
 
+/// Whether UDP port `port` of `local` on `dev` is free: no socket, shared or not, holds it
+/// (a plain bind succeeds; the socket is closed again at once).
+pub fn udp_port_free(dev: &Netdev, local: IpAddr, port: u16) -> bool {
+    let at = match local {
+        IpAddr::V6(a) if super::netdev::is_link_local_v6(&a) => {
+            std::net::SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, dev.index))
+        }
+        a => std::net::SocketAddr::new(a, port),
+    };
+    std::net::UdpSocket::bind(at).map_or_else(|e| e.kind() != io::ErrorKind::AddrInUse, |_| true)
+}
+
 /// The UDP backend's configuration for `local` on `dev`.
 fn udp_config(dev: &Netdev, local: IpAddr) -> super::udp::UdpConfig {
     let mut c = super::udp::UdpConfig::new(local);
@@ -94,12 +106,16 @@ fn in_use(e: io::Error, c: &super::udp::UdpConfig) -> io::Error {
 /// a socket per address ([`super::udp_set::UdpSet`]), the first required, the others where
 /// they can be bound (one held by another program is left out; a tentative one is bound,
 /// `UdpConfig::freebind`).
+/// With `reuse_port`, the UDP backend's sockets bind with `SO_REUSEPORT`
+/// ([`super::udp::UdpConfig::reuse_port`]: shared with other devices of this user, see
+/// [`super::share`]).
 /// Returns the device and the addresses it serves.
 pub fn open_serving(
     kind: BackendKind,
     dev: &Netdev,
     locals: &[IpAddr],
     low_latency: bool,
+    reuse_port: bool,
 ) -> io::Result<(Box<dyn PacketDevice>, Vec<IpAddr>)> {
     let Some(&first) = locals.first() else {
         return Err(io::Error::new(
@@ -107,10 +123,11 @@ pub fn open_serving(
             "no address to serve",
         ));
     };
-    if kind != BackendKind::Udp || locals.len() == 1 {
+    if kind != BackendKind::Udp || (locals.len() == 1 && !reuse_port) {
         return Ok((open_with(kind, dev, first, low_latency)?, locals.to_vec()));
     }
     let mut c = udp_config(dev, first);
+    c.reuse_port = reuse_port;
     // The interface's own addresses: one still tentative (an IPv6 address tests for
     // duplicates for a second or two after it is added; a program started with its
     // interface would otherwise never serve its link-local address) is bound all the same.

@@ -21,6 +21,7 @@ pub mod loopback;
 pub mod netdev;
 pub mod pcap;
 pub mod route;
+pub mod share;
 mod sys;
 pub mod udp;
 pub mod udp_filter;

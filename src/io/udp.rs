@@ -130,6 +130,11 @@ pub struct UdpConfig {
     /// (a tentative IPv6 address) is bound instead of refused (`EADDRNOTAVAIL`). Off: the
     /// address must be usable now.
     pub freebind: bool,
+    /// Bind with `SO_REUSEPORT`: other devices of this user may bind the same address and
+    /// port (each must set it, this one too), and the kernel hands each datagram to one of
+    /// them; [`crate::io::share`] forwards what reached the wrong one. Off: the address and
+    /// port are this device's alone (`EADDRINUSE` while another socket holds them).
+    pub reuse_port: bool,
 }
 
 impl UdpConfig {
@@ -147,6 +152,7 @@ impl UdpConfig {
             filter: false,
             scope_id: 0,
             freebind: false,
+            reuse_port: false,
         }
     }
 }
@@ -325,8 +331,8 @@ impl UdpDevice {
             }
         }
         let bind_to = destination(cfg.local, cfg.port, cfg.scope_id);
-        let sock = if cfg.freebind {
-            sysudp::bind_free(bind_to)?
+        let sock = if cfg.freebind || cfg.reuse_port {
+            sysudp::bind_opts(bind_to, cfg.freebind, cfg.reuse_port)?
         } else {
             std::net::UdpSocket::bind(bind_to)?
         };

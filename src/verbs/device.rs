@@ -111,6 +111,11 @@ pub struct DeviceConfig {
     /// conformance tester's own tests can show each check fails (`ferroce conform --serve
     /// --break NAME`). Never set on a device that talks to anything but a tester.
     pub deviations: crate::rc::deviations::Deviations,
+    /// The block of QPNs this device hands out: `Some(b)` keeps every QPN in
+    /// `b << 16 | 0x11 ..= b << 16 | 0xffff`, [`super::limits::QPN_BLOCK_QPS`] at most (for several devices that share one address and port,
+    /// [`crate::io::share`]: the block says which device a frame is for); `None` (default):
+    /// any 24-bit QPN.
+    pub qpn_block: Option<u8>,
 }
 
 impl DeviceConfig {
@@ -144,6 +149,7 @@ impl DeviceConfig {
             selective_repeat: false,
             accept_zero_dst_mac: false,
             deviations: crate::rc::deviations::Deviations::default(),
+            qpn_block: None,
         }
     }
     /// Use a fixed seed (reproducible keys).
@@ -879,13 +885,34 @@ impl Device {
     /// ```
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<QpNumber, VerbsError> {
         self.check_qp_init(&init)?;
-        let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) || qpn < 0x11 {
-            qpn = (qpn + 1) & QpNumber::MASK;
+        let (lo, hi) = self.qpn_range();
+        let mut qpn = self.next_qpn.clamp(lo, hi);
+        // At most one lap of the range (a full block has no free number).
+        for _ in lo..=hi {
+            if !self.qps.contains_key(&qpn) {
+                self.next_qpn = if qpn == hi { lo } else { qpn + 1 };
+                self.insert_qp(qpn, init, false);
+                return Ok(QpNumber::new(qpn));
+            }
+            qpn = if qpn == hi { lo } else { qpn + 1 };
         }
-        self.next_qpn = (qpn + 1) & QpNumber::MASK;
-        self.insert_qp(qpn, init, false);
-        Ok(QpNumber::new(qpn))
+        Err(VerbsError::NoResources(
+            "max_qp (the device's block of QPNs is full)",
+        ))
+    }
+
+    /// The QPNs `create_qp` hands out, `lo..=hi`: the 24-bit space above the special QPs
+    /// (0 and 1; up to 0x10 kept free), or the configured block ([`DeviceConfig::qpn_block`])
+    /// but its lowest 0x11 numbers (every block then holds as many QPs,
+    /// [`super::limits::QPN_BLOCK_QPS`]).
+    pub fn qpn_range(&self) -> (u32, u32) {
+        match self.cfg.qpn_block {
+            None => (0x11, QpNumber::MASK),
+            Some(b) => {
+                let base = u32::from(b) << 16;
+                (base | 0x11, base | 0xffff)
+            }
+        }
     }
 
     /// Changes so far that may have changed [`Self::receive_scope`] (a QP created, modified
@@ -904,14 +931,11 @@ impl Device {
     pub fn receive_scope(&self, exact_max: usize) -> ReceiveScope {
         if self.qps.len() > exact_max {
             // QPNs only increase until they wrap: after a wrap, any QPN may be live.
+            let (lo, hi) = self.qpn_range();
             let wrapped = self.next_qpn <= self.max_qpn;
             return ReceiveScope::Range {
-                lo: 0x11,
-                hi: if wrapped {
-                    QpNumber::MASK
-                } else {
-                    self.max_qpn
-                },
+                lo,
+                hi: if wrapped { hi } else { self.max_qpn },
             };
         }
         let mut v: Vec<(QpNumber, Option<IpAddr>)> = self

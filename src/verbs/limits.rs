@@ -61,6 +61,10 @@ pub const DEVICE_CAP_NAMES: [(u32, &str); 3] = [
     (1 << 14, "N_NOTIFY_CQ"),
 ];
 
+/// The QPs of a device with a block of QPNs ([`DeviceConfig::qpn_block`]) at most: its
+/// 65,536 numbers but the lowest 0x11 (kept free as below the first block's first QPN).
+pub const QPN_BLOCK_QPS: u32 = 0x1_0000 - 0x11;
+
 impl DeviceConfig {
     /// The limits a device made with this configuration enforces (what
     /// [`Device::query_device`] reports).
@@ -68,7 +72,11 @@ impl DeviceConfig {
         let c = self;
         DeviceAttr {
             max_mr_size: c.max_mr_size,
-            max_qp: c.max_qp,
+            // A block of QPNs holds 0xffff - 0x10 numbers ([`DeviceConfig::qpn_block`]).
+            max_qp: match c.qpn_block {
+                Some(_) => c.max_qp.min(QPN_BLOCK_QPS),
+                None => c.max_qp,
+            },
             max_qp_wr: c.max_qp_wr,
             max_sge: c.max_sge,
             max_sge_rd: c.max_sge,

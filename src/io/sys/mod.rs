@@ -8,6 +8,7 @@
 //! - [`net`]: interface names and indices, queue counts (ethtool), network namespaces.
 //! - [`event`]: eventfd and poll, for sleeping engine threads.
 //! - [`signal`]: SIGINT/SIGTERM as a flag (clean exit of long-running tools).
+//! - [`unix`]: abstract-named Unix datagram sockets with their senders' credentials.
 //!
 //! Every raw file descriptor is held in a [`std::os::fd::OwnedFd`] (or a newtype around one),
 //! so that it is closed exactly once, on drop.
@@ -20,6 +21,7 @@ pub mod packet;
 pub mod signal;
 pub mod sockutil;
 pub mod udp;
+pub mod unix;
 pub mod xsk;
 
 pub use net::{enter_netns, if_mtu, if_nametoindex, if_speed, netns_id, rx_queue_count};

@@ -410,24 +410,36 @@ pub fn parse_control(ctrl: &[u8]) -> RecvInfo {
 /// several sockets (of this and other processes) can bind the same multicast group and port,
 /// each receiving a copy of every datagram sent to it.
 pub fn bind_shared(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    bind_with(addr, libc::SOL_SOCKET, libc::SO_REUSEADDR)
+    bind_with(addr, &[(libc::SOL_SOCKET, libc::SO_REUSEADDR)])
 }
 
-/// A non-blocking UDP socket bound to `addr` with `IP_FREEBIND` set before the bind: an
-/// address the interface has but still tests for duplicates (an IPv6 address is "tentative"
-/// for a second or two after it is added, and a plain bind is refused with `EADDRNOTAVAIL`)
-/// is bound all the same. (Measured on a veth: bound and sent from while tentative, the peer
-/// received every datagram; the kernel delivers to the address once the test is done.)
-pub fn bind_free(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    bind_with(addr, libc::IPPROTO_IP, libc::IP_FREEBIND)
+/// A non-blocking UDP socket bound to `addr`, with `IP_FREEBIND` when `free`: an address the
+/// interface has but still tests for duplicates (an IPv6 address is "tentative" for a second
+/// or two after it is added, and a plain bind is refused with `EADDRNOTAVAIL`) is bound all
+/// the same (measured on a veth: bound and sent from while tentative, the peer received every
+/// datagram; the kernel delivers to the address once the test is done); and `SO_REUSEPORT` when `reuse_port`: sockets of one effective user that all
+/// set it may bind one address and port together, and the kernel hands each datagram to one
+/// of them (by a hash of its addresses and ports).
+pub fn bind_opts(
+    addr: SocketAddr,
+    free: bool,
+    reuse_port: bool,
+) -> io::Result<std::net::UdpSocket> {
+    let mut opts = Vec::with_capacity(2);
+    if free {
+        opts.push((libc::IPPROTO_IP, libc::IP_FREEBIND));
+    }
+    if reuse_port {
+        opts.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
+    }
+    bind_with(addr, &opts)
 }
 
-/// A non-blocking UDP socket bound to `addr` with the boolean option `level`/`name` set before
-/// the bind.
+/// A non-blocking UDP socket bound to `addr` with each boolean option `(level, name)` of
+/// `opts` set before the bind.
 fn bind_with(
     addr: SocketAddr,
-    level: libc::c_int,
-    name: libc::c_int,
+    opts: &[(libc::c_int, libc::c_int)],
 ) -> io::Result<std::net::UdpSocket> {
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
     let family = if addr.is_ipv6() {
@@ -445,7 +457,9 @@ fn bind_with(
     })?;
     // SAFETY: `fd` is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    super::sockutil::set_int(fd.as_fd(), level, name, 1)?;
+    for &(level, name) in opts {
+        super::sockutil::set_int(fd.as_fd(), level, name, 1)?;
+    }
     let (ss, len) = std_to_sockaddr(&addr);
     // SAFETY: bind(2) reads `len` bytes of the local `ss`, which std_to_sockaddr filled.
     super::cvt(unsafe {

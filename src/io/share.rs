@@ -1,0 +1,534 @@
+//! Several devices on one address and UDP port, as several programs use one kernel RoCE
+//! device: each program's UDP socket binds the address and port 4791 with `SO_REUSEPORT`
+//! ([`super::udp::UdpConfig::reuse_port`]), and the kernel hands each datagram to one of the
+//! sockets by a hash of its addresses and ports — not by the QP it is for. So each device
+//! takes a **slot** ([`Slot::take`]): a number 0–255, unique among the devices of this user
+//! in this network namespace, held as an abstract Unix datagram socket named after it (gone
+//! with the process, however it ends). The device hands out QPNs of its slot's block only
+//! ([`crate::verbs::DeviceConfig::qpn_block`]: slot *s* numbers its QPs from `s << 16 | 0x11`
+//! to `s << 16 | 0xffff`), and [`Shared`], around its packet device, reads the destination QPN of every
+//! frame received: a frame of another slot's block goes to that slot's socket, with the
+//! headers the UDP device synthesised (and whether its ICRC was verified); what other slots
+//! send here is handed up as if received. Frames to QP1 (the CM's MADs) belong to slot 0's
+//! block and go to slot 0's device; multicast (QPN 0xffffff) stays (each device's group
+//! socket receives its own copy).
+//!
+//! A frame for a block whose slot nobody holds is handed up here (the engine drops it as an
+//! unknown QP, as before). Frames of one receive batch for one slot travel as one datagram
+//! (the kernel queues ten datagrams per Unix socket by default, `net.unix.max_dgram_qlen`);
+//! a full queue drops the batch, counted ([`ShareStats::forward_dropped`]), as a full socket
+//! buffer would. A datagram is taken only from a sender of this user (the kernel attaches
+//! the sender's credentials): anyone in the namespace can send to an abstract name, but
+//! `SO_REUSEPORT` already ties the sharing devices to one user.
+
+use super::event::ReadySet;
+use super::sys::unix as sysunix;
+use super::{IcrcCheck, IoStats, Medium, PacketDevice};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+/// Slots per user and network namespace (the top 8 bits of a 24-bit QPN).
+pub const SLOTS: usize = 256;
+/// Socket buffers of a slot's socket (where the system allows).
+const SOCKET_BUF: usize = 4 << 20;
+/// A forwarded datagram holds frames of up to this many bytes in all (each frame at most a
+/// UDP datagram's payload plus the synthesised headers).
+const BATCH_BYTES: usize = 64 << 10;
+/// The largest frame forwarded: headers (14 + 40 + 8) and a UDP payload of 65,507 bytes.
+const MAX_FRAME: usize = 14 + 40 + 8 + 65_507;
+/// Each frame in a forwarded datagram: its length (2 bytes, big-endian), whether its ICRC was
+/// verified (1 byte), the frame.
+const RECORD_HEAD: usize = 3;
+/// How long a slot that refused a datagram (nobody holds it) is not tried again.
+const DEAD_FOR: Duration = Duration::from_millis(100);
+
+fn slot_name(uid: u32, n: u8) -> Vec<u8> {
+    format!("ferroce-share/{uid}/{n}").into_bytes()
+}
+
+/// A slot: its number and its socket, held for as long as this lives.
+#[derive(Debug)]
+pub struct Slot {
+    n: u8,
+    uid: u32,
+    sock: UnixDatagram,
+}
+
+impl Slot {
+    /// Take the lowest free slot of this user in this network namespace (`AddrInUse` when
+    /// all [`SLOTS`] are taken).
+    pub fn take() -> io::Result<Slot> {
+        let uid = sysunix::euid();
+        for n in 0..=u8::MAX {
+            match sysunix::bind_abstract(&slot_name(uid, n), SOCKET_BUF) {
+                Ok(sock) => return Ok(Slot { n, uid, sock }),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("all {SLOTS} slots for devices sharing an address are taken"),
+        ))
+    }
+
+    /// The slot's number: the block of QPNs its device hands out.
+    pub fn number(&self) -> u8 {
+        self.n
+    }
+}
+
+/// What the sharing did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShareStats {
+    /// Frames received here for another slot's QPs and sent on to it.
+    pub forwarded: u64,
+    /// Frames for another slot dropped because its queue was full.
+    pub forward_dropped: u64,
+    /// Frames another slot sent here, handed up.
+    pub received: u64,
+    /// Frames for a slot nobody holds, handed up here.
+    pub unowned: u64,
+    /// Datagrams refused: from another user, without credentials, cut short or malformed.
+    pub refused: u64,
+}
+
+/// The slot whose block QPN-addressed `frame` (Ethernet, IPv4 or IPv6, UDP, BTH: what the UDP
+/// device hands up) is for; `None` for a multicast frame or one too short to say.
+fn block_of(frame: &[u8]) -> Option<u8> {
+    let ip = match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        0x0800 => usize::from(frame.get(14)? & 0x0f) * 4,
+        0x86dd => 40,
+        _ => return None,
+    };
+    let bth = 14 + ip + 8;
+    let q = frame.get(bth + 5..bth + 8)?;
+    let qpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+    (qpn > 1 && qpn != 0x00ff_ffff).then_some((qpn >> 16) as u8)
+}
+
+/// A packet device shared with the devices of other slots (see the module documentation).
+pub struct Shared<D> {
+    inner: D,
+    slot: Slot,
+    ready: ReadySet,
+    stats: ShareStats,
+    /// Frames waiting to go to each other slot, as one datagram per slot.
+    out: Vec<(u8, Vec<u8>)>,
+    /// Slots that refused (nobody holds them), until when.
+    dead: Vec<(u8, Instant)>,
+    /// The datagram last received from another slot, and how much of it is handed up.
+    rx: Vec<u8>,
+    rx_len: usize,
+    rx_pos: usize,
+}
+
+impl<D: PacketDevice> Shared<D> {
+    /// Share `inner` (whose socket was bound with `SO_REUSEPORT`) as `slot`.
+    pub fn new(inner: D, slot: Slot) -> io::Result<Shared<D>> {
+        let Some(fd) = inner.poll_fd() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a shared device needs a packet device with a descriptor to wait on",
+            ));
+        };
+        let ready = ReadySet::new(&[fd, slot.sock.as_fd().as_raw_fd()])?;
+        tracing::info!(slot = slot.n, device = %inner.describe(), "sharing the address and port");
+        Ok(Shared {
+            inner,
+            slot,
+            ready,
+            stats: ShareStats::default(),
+            out: Vec::new(),
+            dead: Vec::new(),
+            rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
+            rx_len: 0,
+            rx_pos: 0,
+        })
+    }
+
+    /// The slot's number.
+    pub fn slot(&self) -> u8 {
+        self.slot.n
+    }
+
+    /// What the sharing did so far.
+    pub fn share_stats(&self) -> ShareStats {
+        self.stats
+    }
+
+    /// The device shared.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Hand up what is left of the datagram last received from another slot, then receive
+    /// more, until `max` frames were handed up (`*n` counts them).
+    fn receive_forwarded(
+        &mut self,
+        max: usize,
+        n: &mut usize,
+        f: &mut dyn FnMut(&[u8], IcrcCheck),
+    ) -> io::Result<()> {
+        loop {
+            while self.rx_pos < self.rx_len {
+                if *n >= max {
+                    return Ok(());
+                }
+                let r = &self.rx[self.rx_pos..self.rx_len];
+                let len = match r {
+                    [a, b, _, ..] => usize::from(u16::from_be_bytes([*a, *b])),
+                    _ => 0,
+                };
+                if len == 0 || r.len() < RECORD_HEAD + len {
+                    // Malformed: the rest of the datagram is dropped.
+                    self.stats.refused += 1;
+                    self.rx_pos = self.rx_len;
+                    break;
+                }
+                let check = if r[2] == 1 {
+                    IcrcCheck::Good
+                } else {
+                    IcrcCheck::Unchecked
+                };
+                f(&r[RECORD_HEAD..RECORD_HEAD + len], check);
+                self.stats.received += 1;
+                *n += 1;
+                self.rx_pos += RECORD_HEAD + len;
+            }
+            if *n >= max {
+                return Ok(());
+            }
+            let Some(got) = sysunix::recv_with_uid(&self.slot.sock, &mut self.rx)? else {
+                return Ok(());
+            };
+            if got.truncated || got.uid != Some(self.slot.uid) {
+                self.stats.refused += 1;
+                continue;
+            }
+            self.rx_len = got.len;
+            self.rx_pos = 0;
+        }
+    }
+
+    /// Send the frames waiting for slot `to`; those a slot nobody holds refused are handed
+    /// up here.
+    fn flush_one(
+        slot: &Slot,
+        stats: &mut ShareStats,
+        dead: &mut Vec<(u8, Instant)>,
+        to: u8,
+        batch: &mut Vec<u8>,
+        f: &mut dyn FnMut(&[u8], IcrcCheck),
+    ) {
+        if batch.is_empty() {
+            return;
+        }
+        let frames = count_records(batch);
+        match sysunix::send_abstract(&slot.sock, &slot_name(slot.uid, to), batch) {
+            Ok(()) => stats.forwarded += frames,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                dead.push((to, Instant::now() + DEAD_FOR));
+                for_each_record(batch, |fr, check| {
+                    stats.unowned += 1;
+                    f(fr, check)
+                });
+            }
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    tracing::debug!(to, error = %e, "a forwarded batch was not sent");
+                }
+                stats.forward_dropped += frames;
+            }
+        }
+        batch.clear();
+    }
+}
+
+fn for_each_record(batch: &[u8], mut f: impl FnMut(&[u8], IcrcCheck)) {
+    let mut r = batch;
+    while r.len() >= RECORD_HEAD {
+        let len = usize::from(u16::from_be_bytes([r[0], r[1]]));
+        let Some(fr) = r.get(RECORD_HEAD..RECORD_HEAD + len) else {
+            return;
+        };
+        let check = if r[2] == 1 {
+            IcrcCheck::Good
+        } else {
+            IcrcCheck::Unchecked
+        };
+        f(fr, check);
+        r = &r[RECORD_HEAD + len..];
+    }
+}
+
+fn count_records(batch: &[u8]) -> u64 {
+    let mut n = 0;
+    for_each_record(batch, |_, _| n += 1);
+    n
+}
+
+impl<D: PacketDevice> PacketDevice for Shared<D> {
+    fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.recv_batch_checked(max, &mut |fr, _| f(fr))
+    }
+
+    fn recv_batch_checked(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], IcrcCheck),
+    ) -> io::Result<usize> {
+        let mut n = 0;
+        self.receive_forwarded(max, &mut n, f)?;
+        if n >= max {
+            return Ok(n);
+        }
+        let own = self.slot.n;
+        let now = Instant::now();
+        self.dead.retain(|&(_, until)| until > now);
+        let Shared {
+            inner,
+            slot,
+            stats,
+            out,
+            dead,
+            ..
+        } = self;
+        let mut handled = 0;
+        let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
+            handled += 1;
+            let to = match block_of(fr) {
+                Some(b) if b != own && !dead.iter().any(|&(d, _)| d == b) => b,
+                Some(b) if b != own => {
+                    stats.unowned += 1;
+                    return f(fr, check);
+                }
+                _ => return f(fr, check),
+            };
+            let Ok(len) = u16::try_from(fr.len()) else {
+                stats.forward_dropped += 1;
+                return;
+            };
+            let k = match out.iter().position(|(s, _)| *s == to) {
+                Some(k) => k,
+                None => {
+                    out.push((to, Vec::with_capacity(BATCH_BYTES + MAX_FRAME)));
+                    out.len() - 1
+                }
+            };
+            let batch = &mut out[k].1;
+            batch.extend_from_slice(&len.to_be_bytes());
+            batch.push(u8::from(check == IcrcCheck::Good));
+            batch.extend_from_slice(fr);
+            if batch.len() >= BATCH_BYTES {
+                Self::flush_one(slot, stats, dead, to, batch, f);
+            }
+        })?;
+        debug_assert_eq!(got, handled);
+        for (to, batch) in out.iter_mut() {
+            Self::flush_one(slot, stats, dead, *to, batch, f);
+        }
+        Ok(n + got)
+    }
+
+    fn send_batch(
+        &mut self,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> io::Result<usize> {
+        self.inner.send_batch(max, fill)
+    }
+
+    fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        super::event::poll_readable(&[self.ready.fd()], timeout).map(drop)
+    }
+
+    fn frame_capacity(&self) -> usize {
+        self.inner.frame_capacity()
+    }
+
+    fn medium(&self) -> Medium {
+        self.inner.medium()
+    }
+
+    fn stats(&self) -> IoStats {
+        let mut s = self.inner.stats();
+        s.rx_dropped += self.stats.forward_dropped + self.stats.refused;
+        s
+    }
+
+    fn describe(&self) -> String {
+        format!("{} shared as slot {}", self.inner.describe(), self.slot.n)
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.ready.fd())
+    }
+
+    /// None: a kernel filter built from this device's QPs would drop the frames of the other
+    /// slots' QPs that the kernel hands to this socket.
+    fn rx_filter(&self) -> Option<super::udp_filter::SocketFilter> {
+        None
+    }
+
+    fn rx_udp_checksum_synthesised(&self) -> bool {
+        self.inner.rx_udp_checksum_synthesised()
+    }
+
+    fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        self.inner.join_group(group, join)
+    }
+
+    fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {
+        self.inner.serve_address(local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::udp::tests::{frame_with, to_port};
+    use crate::io::udp::{UdpConfig, UdpDevice};
+    use std::net::Ipv4Addr;
+
+    const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn device(port: u16, reuse_port: bool) -> UdpDevice {
+        let mut c = UdpConfig::new(LO);
+        c.port = port;
+        c.reuse_port = reuse_port;
+        UdpDevice::open(&c).unwrap()
+    }
+
+    /// A SEND frame to QPN `qpn` at `LO`:`port`, its payload telling `psn` apart.
+    fn frame_to(qpn: u32, psn: u32, port: u16) -> Vec<u8> {
+        let mut f = frame_with(LO, LO, 0, 4791, psn, 64);
+        let bth = 14 + 20 + 8;
+        f[bth + 5..bth + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        to_port(&mut f, LO, port);
+        f
+    }
+
+    fn qpn_psn(fr: &[u8]) -> (u32, u32) {
+        let b = &fr[14 + 20 + 8..];
+        (
+            u32::from_be_bytes([0, b[5], b[6], b[7]]),
+            u32::from_be_bytes([0, b[9], b[10], b[11]]),
+        )
+    }
+
+    fn send(d: &mut UdpDevice, frames: &[Vec<u8>]) {
+        let mut k = 0;
+        while k < frames.len() {
+            d.send_batch(64, &mut |buf| {
+                let f = frames.get(k)?;
+                buf[..f.len()].copy_from_slice(f);
+                k += 1;
+                Some(f.len())
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn each_frame_reaches_the_device_whose_block_its_qpn_names() {
+        let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
+        // A block nobody holds: a slot taken and let go.
+        let gone = Slot::take().unwrap().number();
+        let (na, nb) = (sa.number(), sb.number());
+        assert_ne!(na, nb);
+        let da = device(0, true);
+        let port = da.local_addr().port();
+        let db = device(port, true);
+        // Without SO_REUSEPORT the port is refused while the sharing devices hold it.
+        let mut plain = UdpConfig::new(LO);
+        plain.port = port;
+        assert_eq!(
+            UdpDevice::open(&plain).err().map(|e| e.kind()),
+            Some(io::ErrorKind::AddrInUse)
+        );
+        let mut a = Shared::new(da, sa).unwrap();
+        let mut b = Shared::new(db, sb).unwrap();
+        let mut peer = device(0, false);
+        let mut frames = Vec::new();
+        for i in 0..30u32 {
+            let block = [na, nb, gone][i as usize % 3];
+            frames.push(frame_to((u32::from(block) << 16) | (0x20 + i), i, port));
+        }
+        send(&mut peer, &frames);
+        type Got = Vec<(u32, u32, Vec<u8>, IcrcCheck)>;
+        let mut got: [Got; 2] = [Vec::new(), Vec::new()];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got[0].len() + got[1].len() < frames.len() && Instant::now() < deadline {
+            for (k, d) in [&mut a, &mut b].into_iter().enumerate() {
+                d.wait_readable(Some(Duration::from_millis(20))).unwrap();
+                d.recv_batch_checked(64, &mut |fr, c| {
+                    let (q, p) = qpn_psn(fr);
+                    got[k].push((q, p, fr.to_vec(), c));
+                })
+                .unwrap();
+            }
+        }
+        assert_eq!(got[0].len() + got[1].len(), frames.len());
+        for (k, own) in [(0, na), (1, nb)] {
+            for (q, p, fr, c) in &got[k] {
+                let block = (q >> 16) as u8;
+                assert!(block == own || block == gone, "slot {own} got QPN {q:#x}");
+                // BTH and payload byte for byte what the peer sent, and the ICRC (which the
+                // peer's device rewrote for the headers the kernel wrote) verified.
+                let sent = &frames[*p as usize];
+                let t = 14 + 20 + 8;
+                assert_eq!(fr[t..fr.len() - 4], sent[t..sent.len() - 4], "frame {p}");
+                assert_eq!(*c, IcrcCheck::Good, "frame {p}");
+            }
+            let mine = got[k].iter().filter(|g| (g.0 >> 16) as u8 == own).count();
+            assert_eq!(mine, 10, "slot {own}");
+        }
+        // The kernel hashed the peer's one flow to one of the two sockets: that one sent the
+        // other's frames on, and kept those of the block nobody holds.
+        let (sa, sb) = (a.share_stats(), b.share_stats());
+        assert_eq!(sa.forwarded + sb.forwarded, 10, "{sa:?} {sb:?}");
+        assert_eq!(sa.received + sb.received, 10, "{sa:?} {sb:?}");
+        assert_eq!(sa.unowned + sb.unowned, 10, "{sa:?} {sb:?}");
+        assert_eq!(sa.forward_dropped + sb.forward_dropped, 0);
+    }
+
+    #[test]
+    fn a_malformed_datagram_from_another_slot_is_refused() {
+        let s = Slot::take().unwrap();
+        let name = slot_name(s.uid, s.number());
+        let mut a = Shared::new(device(0, true), s).unwrap();
+        let junk = UnixDatagram::unbound().unwrap();
+        // A record longer than the datagram, then a record of length 0.
+        sysunix::send_abstract(&junk, &name, &[0, 200, 1, 9, 9]).unwrap();
+        sysunix::send_abstract(&junk, &name, &[0, 0, 0]).unwrap();
+        let mut n = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a.share_stats().refused < 2 && Instant::now() < deadline {
+            a.wait_readable(Some(Duration::from_millis(20))).unwrap();
+            a.recv_batch(64, &mut |_| n += 1).unwrap();
+        }
+        assert_eq!((a.share_stats().refused, n), (2, 0));
+    }
+
+    #[test]
+    fn block_of_reads_the_destination_qpn_of_either_family() {
+        let f = frame_to(0x03_0042, 1, 4791);
+        assert_eq!(block_of(&f), Some(3));
+        assert_eq!(block_of(&frame_to(0x11, 1, 4791)), Some(0));
+        // QP1 (every device has its own): stays.
+        assert_eq!(block_of(&frame_to(1, 1, 4791)), None);
+        // Multicast stays.
+        assert_eq!(block_of(&frame_to(0xff_ffff, 1, 4791)), None);
+        let v6: IpAddr = "::1".parse().unwrap();
+        let g = frame_with(v6, v6, 0, 4791, 1, 8);
+        assert_eq!(block_of(&g), Some(0), "QPN 0x123");
+        for n in 0..f.len() {
+            let _ = block_of(&f[..n]);
+        }
+        assert_eq!(block_of(&f[..14 + 20 + 8 + 7]), None);
+    }
+}
