@@ -824,20 +824,7 @@ impl Shared {
             .flatten();
         let reuse = slot.is_some();
         let (pkt, served) = port
-            .settle_by(|ips| {
-                if reuse {
-                    // A program still exiting may hold the port (qperf's server forks one per
-                    // test): wait for it as a program that does not share does
-                    // ([`open_waiting`]), then share with whoever holds it.
-                    let until = std::time::Instant::now() + ADDR_IN_USE_WAIT;
-                    while !backend::udp_port_free(&port.netdev, ips[0], ferroce::wire::ROCE_V2_PORT)
-                        && std::time::Instant::now() < until
-                    {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-                backend::open_serving(port.backend, &port.netdev, ips, true, reuse)
-            })
+            .settle_by(|ips| backend::open_serving(port.backend, &port.netdev, ips, true, reuse))
             .map_err(|source| {
                 if port.backend == BackendKind::Udp
                     && source.kind() == std::io::ErrorKind::AddrInUse

@@ -2969,3 +2969,58 @@ fn several_programs_share_one_address_as_on_one_kernel_device() {
         .collect();
     assert_eq!(blocks.len(), 3, "{o}");
 }
+
+/// RDMA-CM programs on one shared address, as on one kernel RoCE device: a CM message to QP1
+/// (each program has its own) goes to the program it is for — a REQ to the one that listens
+/// on its service, a reply to the one whose communication ID it names
+/// (`ferroce::io::share`). Debian's `rping`: a server on 10.9.0.1:7001 and its client on
+/// the same address, a server on the wildcard address's port 7002 and its client from the
+/// other end's 10.9.0.2, all at once; a second server on 10.9.0.1:7001 is refused at
+/// `rdma_listen` (`EADDRINUSE`, as a second bind of one port), and a client to a port nobody
+/// listens on is rejected (REJ reason 8, invalid service ID) — not left to time out. Before
+/// the CM messages were routed, the REP and the RTU reached whichever program the kernel's
+/// hash chose.
+#[test]
+fn rdma_cm_programs_share_one_address() {
+    let t = "rdma_cm_programs_share_one_address";
+    if !ready(t, &["rping", "ss"]) {
+        return;
+    }
+    let script = "ip addr add 10.9.0.2/24 dev vb || exit 98\n\
+        export LD_LIBRARY_PATH=$LIB FERROCE_DEV=va\n\
+        L=$(mktemp -u)\n\
+        up() { i=0; while [ $i -lt 200 ] && [ ! -s $1 ]; do sleep 0.05; i=$((i+1)); done; }\n\
+        FERROCE_LISTENING=$L.l1 timeout 30 rping -s -a 10.9.0.1 -p 7001 -C 5 -v > $L.s1 2>&1 & s1=$!\n\
+        FERROCE_LISTENING=$L.l2 timeout 30 rping -s -a 0.0.0.0 -p 7002 -C 5 -v > $L.s2 2>&1 & s2=$!\n\
+        up $L.l1; up $L.l2\n\
+        timeout 20 rping -s -a 10.9.0.1 -p 7001 -C 1 > $L.dup 2>&1; dup=$?\n\
+        timeout 20 rping -c -a 10.9.0.1 -p 7009 -C 1 -v > $L.none 2>&1; none=$?\n\
+        timeout 30 rping -c -a 10.9.0.1 -p 7001 -C 5 -v > $L.c1 2>&1 & c1=$!\n\
+        FERROCE_DEV=vb timeout 30 rping -c -a 10.9.0.1 -p 7002 -C 5 -v > $L.c2 2>&1; c2=$?\n\
+        wait $c1; c1=$?; wait $s1; s1=$?; wait $s2; s2=$?\n\
+        echo '--- result'; echo \"$s1 $c1 $s2 $c2 $dup $none\"\n\
+        for f in s1 c1 s2 c2 dup none; do echo \"--- $f\"; cat $L.$f; done; rm -f $L.*";
+    let o = with_veth_pair(script);
+    let r = lines_of(&o, "result");
+    assert!(r.len() == 1 && r[0].starts_with("0 0 0 0 "), "{o}");
+    assert_ne!(r[0], "0 0 0 0 0 0", "{o}");
+    for side in ["s1", "c1", "s2", "c2"] {
+        let pings = lines_of(&o, side)
+            .iter()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 5, "{side}: {o}");
+    }
+    assert!(
+        lines_of(&o, "dup")
+            .iter()
+            .any(|l| l.contains("rdma_listen") && l.contains("Address already in use")),
+        "{o}"
+    );
+    assert!(
+        lines_of(&o, "none")
+            .iter()
+            .any(|l| l.contains("RDMA_CM_EVENT_REJECTED, error 8")),
+        "{o}"
+    );
+}

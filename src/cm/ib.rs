@@ -209,6 +209,16 @@ fn copy_private<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
     Ok(a)
 }
 
+/// A fresh non-zero ID that `taken` does not hold, with `block` as its top byte if given
+/// ([`CmConfig::id_block`]).
+fn fresh_id(keys: &mut KeyGen, block: Option<u8>, mut taken: impl FnMut(u32) -> bool) -> u32 {
+    let Some(b) = block else {
+        return keys.fresh_u32(taken);
+    };
+    let with = |k: u32| (u32::from(b) << 24) | (k & 0x00ff_ffff);
+    with(keys.fresh_u32(|k| with(k) == 0 || taken(with(k))))
+}
+
 impl Cm {
     /// A CM with no connections and no listeners.
     pub fn new(cfg: CmConfig) -> Self {
@@ -476,7 +486,9 @@ impl Cm {
             return Err(CmError::TooManyConnections(self.cfg.max_connections));
         }
         let conns = &self.conns;
-        let id = self.keys.fresh_u32(|k| conns.contains_key(&k));
+        let id = fresh_id(&mut self.keys, self.cfg.id_block, |k| {
+            conns.contains_key(&k)
+        });
         let tid = self.keys.next_u64();
         let mut path = p.path;
         if path.local_ack_timeout == 0 {
@@ -791,7 +803,7 @@ impl Cm {
         }
         let pd = copy_private(private_data)?;
         let out = &self.sidr_out;
-        let id = self.keys.fresh_u32(|k| out.contains_key(&k));
+        let id = fresh_id(&mut self.keys, self.cfg.id_block, |k| out.contains_key(&k));
         let req = SidrReqRepr {
             request_id: id,
             pkey: dest.pkey,
@@ -915,7 +927,9 @@ impl Cm {
             return;
         }
         let conns = &self.conns;
-        let id = self.keys.fresh_u32(|k| conns.contains_key(&k));
+        let id = fresh_id(&mut self.keys, self.cfg.id_block, |k| {
+            conns.contains_key(&k)
+        });
         let peer_timeout = req.local_cm_response_timeout;
         let conn = Conn {
             role: Role::Passive,

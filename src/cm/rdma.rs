@@ -437,6 +437,14 @@ impl RdmaCm {
         self.ids.get(&id.0).and_then(|i| i.src)
     }
 
+    /// The address an id is bound to and the service ID it listens on (or would, once
+    /// `rdma_listen`): its port in its port space.
+    pub fn service_of(&self, id: RdmaId) -> Option<(SocketAddr, u64)> {
+        let i = self.ids.get(&id.0)?;
+        let src = i.src?;
+        Some((src, service_id::of(i.ps, src.port())))
+    }
+
     /// An id's peer address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self, id: RdmaId) -> Option<SocketAddr> {
         self.ids.get(&id.0).and_then(|i| i.dst)

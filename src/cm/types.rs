@@ -550,6 +550,10 @@ pub struct CmConfig {
     /// `rdma_listen` (perftest -R). Other peers are answered at once (REJ Invalid Service
     /// ID), as by Linux. Zero: always at once.
     pub listen_grace: Duration,
+    /// `Some(b)`: every Local Communication ID and SIDR Request ID this CM makes has `b` as
+    /// its top byte, so that a device sharing its address and port with others can tell,
+    /// from the ID a reply names, whose it is ([`crate::io::share`]). `None` (default): any.
+    pub id_block: Option<u8>,
 }
 
 impl CmConfig {
@@ -569,6 +573,7 @@ impl CmConfig {
             max_events: 65_536,
             seed: None,
             listen_grace: Duration::from_secs(2),
+            id_block: None,
         }
     }
     /// With a fixed seed.

@@ -81,6 +81,75 @@ impl Slot {
     }
 }
 
+/// An address as a name part: IPv4 (an IPv4-mapped IPv6 address as its IPv4 one), IPv6, or
+/// `*` for any.
+fn addr_part(ip: Option<IpAddr>) -> String {
+    match ip.map(|ip| ip.to_canonical()) {
+        None => "*".into(),
+        Some(a) if a.is_unspecified() => "*".into(),
+        Some(a) => a.to_string(),
+    }
+}
+
+fn service_name(uid: u32, ip: Option<IpAddr>, sid: u64, slot: Option<u8>) -> Vec<u8> {
+    let mut n = format!("ferroce-share/{uid}/svc/{}/{sid:016x}", addr_part(ip));
+    if let Some(s) = slot {
+        n.push_str(&format!("/{s}"));
+    }
+    n.into_bytes()
+}
+
+/// A CM service this device listens on, claimed among the devices sharing its port: a REQ or
+/// SIDR_REQ for it that the kernel hands to another device's socket is passed on to this one.
+/// Two names, held while this lives: the claim (`…/svc/ADDR/SID`, one device's at a time:
+/// a second claim is refused with `AddrInUse`, as a second bind of one port is) and the
+/// claimant's (`…/svc/ADDR/SID/SLOT`), which a device holding the request finds by trying
+/// each slot. Nothing is ever read from either (a try leaves an empty datagram, at most the
+/// queue's ten).
+#[derive(Debug)]
+pub struct ServiceClaim {
+    _claim: UnixDatagram,
+    _slot: UnixDatagram,
+}
+
+impl ServiceClaim {
+    /// Claim service `sid` at `ip` (`None` or an unspecified address: any) for the device of
+    /// `slot`.
+    pub fn take(slot: u8, ip: Option<IpAddr>, sid: u64) -> io::Result<ServiceClaim> {
+        let uid = sysunix::euid();
+        let claim = sysunix::bind_abstract(&service_name(uid, ip, sid, None), 0)?;
+        let mine = sysunix::bind_abstract(&service_name(uid, ip, sid, Some(slot)), 0)?;
+        Ok(ServiceClaim {
+            _claim: claim,
+            _slot: mine,
+        })
+    }
+}
+
+/// Whether some socket has the abstract `name` (an empty datagram is sent to find out).
+fn is_bound(sock: &UnixDatagram, name: &[u8]) -> bool {
+    match sysunix::send_abstract(sock, name, &[]) {
+        Ok(()) => true,
+        Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+    }
+}
+
+/// The slot of the device that claims service `sid` at `dst` (or at any address), if one
+/// does; `own` is tried first.
+fn claimant(slot: &Slot, dst: IpAddr, sid: u64) -> Option<u8> {
+    let uid = slot.uid;
+    for ip in [Some(dst), None] {
+        if !is_bound(&slot.sock, &service_name(uid, ip, sid, None)) {
+            continue;
+        }
+        let own = slot.n;
+        return std::iter::once(own)
+            .chain((0..=u8::MAX).filter(|&n| n != own))
+            .find(|&n| is_bound(&slot.sock, &service_name(uid, ip, sid, Some(n))));
+    }
+    None
+}
+
 /// What the sharing did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShareStats {
@@ -96,18 +165,98 @@ pub struct ShareStats {
     pub refused: u64,
 }
 
-/// The slot whose block QPN-addressed `frame` (Ethernet, IPv4 or IPv6, UDP, BTH: what the UDP
-/// device hands up) is for; `None` for a multicast frame or one too short to say.
+/// Where a received frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// Handed up here.
+    Here,
+    /// To the device of this slot (if anyone holds it).
+    Slot(u8),
+    /// A CM request (REQ, SIDR_REQ) for this service ID at this destination address: to the
+    /// device that claims it ([`ServiceClaim`]).
+    Service(IpAddr, u64),
+}
+
+/// The destination address and the BTH's offset of `frame` (Ethernet, IPv4 or IPv6, UDP,
+/// BTH: what the UDP device hands up).
+fn ip_and_bth(frame: &[u8]) -> Option<(IpAddr, usize)> {
+    match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        0x0800 => {
+            let d: [u8; 4] = frame.get(30..34)?.try_into().ok()?;
+            let ihl = usize::from(frame.get(14)? & 0x0f) * 4;
+            Some((IpAddr::from(d), 14 + ihl + 8))
+        }
+        0x86dd => {
+            let d: [u8; 16] = frame.get(38..54)?.try_into().ok()?;
+            Some((IpAddr::from(d), 14 + 40 + 8))
+        }
+        _ => None,
+    }
+}
+
+/// The slot whose block QPN-addressed `frame` is for; `None` for QP1, multicast, or a frame
+/// too short to say.
+#[cfg(test)]
 fn block_of(frame: &[u8]) -> Option<u8> {
-    let ip = match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
-        0x0800 => usize::from(frame.get(14)? & 0x0f) * 4,
-        0x86dd => 40,
-        _ => return None,
+    match route(frame) {
+        Route::Slot(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// Where `frame` goes. By its destination QPN's block; multicast (each device's group socket
+/// has its own copy) and anything too short to say stay here. A MAD to QP1 — every device
+/// has its own — goes by what the CM message names (IBTA §12.6): a REQ or SIDR_REQ by its
+/// service ID (offset 32 of the MAD), to the device that claims it; a message with a
+/// Remote Communication ID (MRA, REJ, REP, RTU, DREQ, DREP, LAP, APR: offset 28), which is
+/// the receiver's own Local Communication ID, and a SIDR_REP's Request ID (offset 24), the
+/// requester's own, by the ID's top byte (the CM's block of IDs,
+/// [`crate::cm::CmConfig::id_block`]); any other MAD stays.
+fn route(frame: &[u8]) -> Route {
+    let Some((dst, bth)) = ip_and_bth(frame) else {
+        return Route::Here;
     };
-    let bth = 14 + ip + 8;
-    let q = frame.get(bth + 5..bth + 8)?;
+    let Some(q) = frame.get(bth + 5..bth + 8) else {
+        return Route::Here;
+    };
     let qpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
-    (qpn > 1 && qpn != 0x00ff_ffff).then_some((qpn >> 16) as u8)
+    match qpn {
+        0x00ff_ffff | 0 => Route::Here,
+        1 => cm_route(dst, frame.get(bth..).unwrap_or(&[])),
+        q => Route::Slot((q >> 16) as u8),
+    }
+}
+
+/// [`route`] for a frame to QP1, from its BTH on.
+fn cm_route(dst: IpAddr, t: &[u8]) -> Route {
+    // BTH (12) and DETH (8) of a UD SEND_ONLY, then the MAD.
+    if t.first() != Some(&0x64) {
+        return Route::Here;
+    }
+    let mad = t.get(20..).unwrap_or(&[]);
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(mad.get(at..at + 4)?.try_into().ok()?))
+    };
+    // Management class 7: communication management.
+    if mad.get(1) != Some(&0x07) {
+        return Route::Here;
+    }
+    let Some(attr) = mad.get(16..18).map(|a| u16::from_be_bytes([a[0], a[1]])) else {
+        return Route::Here;
+    };
+    let by_id = |id: Option<u32>| id.map_or(Route::Here, |id| Route::Slot((id >> 24) as u8));
+    match attr {
+        // REQ, SIDR_REQ.
+        0x0010 | 0x0017 => match mad.get(32..40) {
+            Some(sid) => Route::Service(dst, u64::from_be_bytes(sid.try_into().unwrap_or([0; 8]))),
+            None => Route::Here,
+        },
+        // MRA, REJ, REP, RTU, DREQ, DREP, LAP, APR.
+        0x0011..=0x0016 | 0x0019 | 0x001a => by_id(word(28)),
+        // SIDR_REP.
+        0x0018 => by_id(word(24)),
+        _ => Route::Here,
+    }
 }
 
 /// A packet device shared with the devices of other slots (see the module documentation).
@@ -300,13 +449,19 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
         let mut handled = 0;
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
             handled += 1;
-            let to = match block_of(fr) {
-                Some(b) if b != own && !dead.iter().any(|&(d, _)| d == b) => b,
-                Some(b) if b != own => {
+            let to = match route(fr) {
+                Route::Here => return f(fr, check),
+                Route::Slot(b) if b == own => return f(fr, check),
+                Route::Service(dst, sid) => match claimant(slot, dst, sid) {
+                    Some(b) if b != own => b,
+                    // Claimed here, or by nobody (the CM here rejects it).
+                    _ => return f(fr, check),
+                },
+                Route::Slot(b) if !dead.iter().any(|&(d, _)| d == b) => b,
+                Route::Slot(_) => {
                     stats.unowned += 1;
                     return f(fr, check);
                 }
-                _ => return f(fr, check),
             };
             let Ok(len) = u16::try_from(fr.len()) else {
                 stats.forward_dropped += 1;
@@ -512,6 +667,100 @@ mod tests {
             a.recv_batch(64, &mut |_| n += 1).unwrap();
         }
         assert_eq!((a.share_stats().refused, n), (2, 0));
+    }
+
+    /// A MAD to QP1 at `LO` (UD SEND_ONLY, DETH, 256 bytes of MAD): management class
+    /// `class`, attribute `attr`, `word24` at MAD offset 24, `word28` at 28, `sid` at 32.
+    fn mad(class: u8, attr: u16, word24: u32, word28: u32, sid: u64) -> Vec<u8> {
+        let mut f = frame_with(LO, LO, 0, 4791, 1, 8 + 256);
+        let bth = 14 + 20 + 8;
+        f[bth] = 0x64;
+        f[bth + 5..bth + 8].copy_from_slice(&[0, 0, 1]);
+        let m = bth + 12 + 8;
+        f[m] = 1;
+        f[m + 1] = class;
+        f[m + 16..m + 18].copy_from_slice(&attr.to_be_bytes());
+        f[m + 24..m + 28].copy_from_slice(&word24.to_be_bytes());
+        f[m + 28..m + 32].copy_from_slice(&word28.to_be_bytes());
+        f[m + 32..m + 40].copy_from_slice(&sid.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_cm_message_goes_by_its_service_or_the_id_it_names() {
+        let sid = 0x0000_0000_0106_1c06;
+        // REQ and SIDR_REQ: by service ID, at the frame's destination.
+        assert_eq!(
+            route(&mad(7, 0x10, 0x0300_0001, 0, sid)),
+            Route::Service(LO, sid)
+        );
+        assert_eq!(
+            route(&mad(7, 0x17, 0x0300_0001, 0, sid)),
+            Route::Service(LO, sid)
+        );
+        // REP, RTU, REJ, MRA, DREQ, DREP, LAP, APR: by the Remote Communication ID's block.
+        for attr in [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x19, 0x1a] {
+            assert_eq!(
+                route(&mad(7, attr, 0x0900_0001, 0x05ab_cdef, 0)),
+                Route::Slot(5),
+                "{attr:#x}"
+            );
+        }
+        // SIDR_REP: by its Request ID's.
+        assert_eq!(
+            route(&mad(7, 0x18, 0x07ab_cdef, 0x0500_0000, 0)),
+            Route::Slot(7)
+        );
+        // ClassPortInfo, another class, a MAD cut short: here.
+        assert_eq!(
+            route(&mad(7, 0x01, 0x0700_0000, 0x0700_0000, 0)),
+            Route::Here
+        );
+        assert_eq!(
+            route(&mad(4, 0x13, 0x0700_0000, 0x0700_0000, 0)),
+            Route::Here
+        );
+        let f = mad(7, 0x13, 0, 0x0500_0000, 0);
+        let m = 14 + 20 + 8 + 20;
+        assert_eq!(route(&f[..m + 30]), Route::Here);
+        for n in 0..f.len() {
+            let _ = route(&f[..n]);
+        }
+        // Not a UD SEND_ONLY to QP1: here.
+        let mut g = mad(7, 0x13, 0, 0x0500_0000, 0);
+        g[14 + 20 + 8] = 0x04;
+        assert_eq!(route(&g), Route::Here);
+    }
+
+    #[test]
+    fn a_service_is_claimed_once_and_found_by_its_claimants_slot() {
+        let s = Slot::take().unwrap();
+        let sid = 0x0106_0000 | u64::from(std::process::id() & 0xffff);
+        let mine = ServiceClaim::take(s.number(), Some(LO), sid).unwrap();
+        assert_eq!(
+            ServiceClaim::take(s.number(), Some(LO), sid)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::AddrInUse
+        );
+        // The IPv4-mapped form names the same address.
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert_eq!(
+            ServiceClaim::take(7, Some(mapped), sid).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
+        assert_eq!(claimant(&s, LO, sid), Some(s.number()));
+        assert_eq!(claimant(&s, LO, sid + 1), None);
+        // Another slot's claim at any address (a wildcard listener): found for any address.
+        let other = s.number().wrapping_add(100);
+        let any = ServiceClaim::take(other, None, sid + 1).unwrap();
+        assert_eq!(
+            claimant(&s, "10.1.2.3".parse().unwrap(), sid + 1),
+            Some(other)
+        );
+        drop((mine, any));
+        assert_eq!(claimant(&s, LO, sid), None);
+        assert_eq!(claimant(&s, LO, sid + 1), None);
     }
 
     #[test]

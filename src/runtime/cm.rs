@@ -42,6 +42,7 @@ use super::Nic;
 use crate::cm::rdma::{self as rdma, RdmaCm, RdmaCmError, Request};
 use crate::cm::{CmConfig, MadAddr, QpParams, Transmit};
 use crate::io::event::EventFd;
+use crate::io::share::ServiceClaim;
 use crate::keys::KeyGen;
 use crate::time::Instant;
 use crate::verbs::{
@@ -283,6 +284,11 @@ struct State {
     /// because the table was full while sends were on their way.
     ah_evictions: u64,
     ah_evictions_deferred: u64,
+    /// The device's slot when it shares its address and port with other programs' devices
+    /// (its block of QPNs, [`crate::verbs::DeviceConfig::qpn_block`]): each listening id
+    /// then claims its service among them ([`ServiceClaim`]), held here until it is destroyed.
+    share_slot: Option<u8>,
+    claims: HashMap<RdmaId, ServiceClaim>,
 }
 
 struct Shared {
@@ -297,6 +303,10 @@ struct Shared {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// How long `rdma_listen` on a device that shares its port waits for a service another
+/// program claims to come free ([`CmId::listen`]).
+pub const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The connection manager of one [`Nic`]: QP1 and its driver thread.
 pub struct CmService {
@@ -357,6 +367,11 @@ impl CmService {
             post_recv_slot(&nic, qpn, &recv, i)?;
         }
         let port_mtu = nic.with_device(|d| d.config().port_mtu);
+        // A device numbering its QPs in a block shares its port (`crate::io::share`): its
+        // communication IDs carry the same block, so that replies find it.
+        let share_slot = nic.with_device(|d| d.config().qpn_block);
+        let mut cfg = cfg;
+        cfg.id_block = cfg.id_block.or(share_slot);
         let seed = cfg.seed;
         let shared = Arc::new(Shared {
             st: Mutex::new(State {
@@ -378,6 +393,8 @@ impl CmService {
                 mads_out: 0,
                 mads_unsent: 0,
                 ah_evictions: 0,
+                share_slot,
+                claims: HashMap::new(),
                 ah_evictions_deferred: 0,
             }),
             nic,
@@ -1311,8 +1328,46 @@ impl CmId {
 
     /// `rdma_listen`: CONNECT_REQUEST events with new ids follow; at most `backlog` wait for
     /// accept or reject (more are rejected).
+    ///
+    /// On a device that shares its address and port with other programs', the service is
+    /// claimed among them first: one that another program listens on at the same address
+    /// is refused (`AddrInUse`), as a second bind of one port is, once it has stayed
+    /// claimed for [`CLAIM_WAIT`] (the program before this one may still be exiting: qperf's
+    /// server forks a process per test, each listening on the same port).
     pub fn listen(&self, backlog: usize) -> Result<(), CmApiError> {
-        self.call(|st, _, _| Ok(st.cm.listen(self.id, backlog)?))
+        let service = {
+            let st = lock(&self.sh.st);
+            st.share_slot.zip(st.cm.service_of(self.id))
+        };
+        // Claimed outside the lock (the wait must not hold up the CM's thread).
+        let claim = match service {
+            Some((slot, (addr, sid))) => {
+                let until = std::time::Instant::now() + CLAIM_WAIT;
+                loop {
+                    match ServiceClaim::take(slot, Some(addr.ip()), sid) {
+                        Ok(c) => break Some(c),
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::AddrInUse
+                                && std::time::Instant::now() < until =>
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                            return Err(CmApiError::Cm(RdmaCmError::AddrInUse(addr)))
+                        }
+                        Err(e) => return Err(CmApiError::Io(e)),
+                    }
+                }
+            }
+            None => None,
+        };
+        self.call(|st, _, _| {
+            st.cm.listen(self.id, backlog)?;
+            if let Some(c) = claim {
+                st.claims.insert(self.id, c);
+            }
+            Ok(())
+        })
     }
 
     /// `rdma_accept` a CONNECT_REQUEST's id: with a QP, it goes to RTR and RTS from the
@@ -1362,6 +1417,7 @@ impl CmId {
     /// is gone. Its QP, if still there, is destroyed too.
     pub fn destroy(self) -> Result<(), CmApiError> {
         self.call(|st, sh, now| {
+            st.claims.remove(&self.id);
             if let Some(i) = st.ids.remove(&self.id) {
                 if let Some(qpn) = i.qp {
                     let _ = sh.nic.destroy_qp(qpn);

@@ -764,3 +764,32 @@ fn a_sidr_reply_after_unlisten_is_answered_not_a_panic() {
         e => panic!("{e:?}"),
     }
 }
+
+/// A CM with a block of IDs (a device sharing its port, `crate::io::share`) makes every
+/// Local Communication ID and SIDR Request ID with the block as its top byte, each fresh;
+/// block 0 never makes ID 0; without a block the IDs spread over all 32 bits.
+#[test]
+fn ids_of_a_block_carry_it_in_their_top_byte() {
+    let mut keys = KeyGen::new(Some(3));
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..2000 {
+        let id = fresh_id(&mut keys, Some(0xab), |k| seen.contains(&k));
+        assert_eq!(id >> 24, 0xab);
+        assert!(seen.insert(id));
+    }
+    for _ in 0..2000 {
+        assert_ne!(fresh_id(&mut keys, Some(0), |_| false), 0);
+    }
+    let tops: std::collections::HashSet<u32> = (0..2000)
+        .map(|_| fresh_id(&mut keys, None, |_| false) >> 24)
+        .collect();
+    assert!(tops.len() > 200, "{}", tops.len());
+    // Through the CM: a REQ's Local Communication ID.
+    let mut cfg = CmConfig::new(1);
+    cfg.id_block = Some(0x42);
+    let mut p = pair();
+    p.a = Cm::new(cfg.with_seed(9));
+    let cp = ConnectParams::rc(1, p.addr_b, p.addr_a.gid, QpNumber::new(3), Psn::new(0));
+    let id = p.a.connect(Instant::ZERO, &cp).unwrap();
+    assert_eq!(id.0 >> 24, 0x42);
+}
