@@ -845,7 +845,7 @@ impl Shared {
             Some(slot) => {
                 cfg.qpn_block = Some(slot.number());
                 Box::new(
-                    ferroce::io::share::Shared::new(pkt, slot).map_err(|source| {
+                    ferroce::io::share::Shared::new(pkt, slot, &served.gids).map_err(|source| {
                         DeviceError::Backend {
                             backend: port.backend.name(),
                             interface: port.netdev.name.clone(),

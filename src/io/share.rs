@@ -157,6 +157,9 @@ pub struct ShareStats {
     pub forwarded: u64,
     /// Frames for another slot dropped because its queue was full.
     pub forward_dropped: u64,
+    /// Frames this device sent to another slot's device on one of its own addresses straight
+    /// through that slot's socket (not through the kernel's UDP path).
+    pub sent_direct: u64,
     /// Frames another slot sent here, handed up.
     pub received: u64,
     /// Frames for a slot nobody holds, handed up here.
@@ -259,16 +262,186 @@ fn cm_route(dst: IpAddr, t: &[u8]) -> Route {
     }
 }
 
+/// Full batches waiting for room in one receiver's queue, at most (beyond, a batch is dropped
+/// and counted, as a full socket buffer drops).
+const PENDING_MAX: usize = 4 << 20;
+
+/// A batch of frames for one slot, and what its frames are (for the counts).
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// Frames received here and passed on.
+    forwarded: u64,
+    /// Frames this device sent.
+    direct: u64,
+}
+
+impl Batch {
+    fn frames(&self) -> u64 {
+        self.forwarded + self.direct
+    }
+}
+
+/// The device of another slot this one sends to: a socket connected to its slot's socket
+/// (writable while the receiver's queue has room), the batch being filled, and full batches
+/// waiting for room, oldest first.
+struct Peer {
+    to: u8,
+    sock: UnixDatagram,
+    filling: Batch,
+    pending: std::collections::VecDeque<Batch>,
+    pending_bytes: usize,
+    /// Whether the set the engine sleeps on watches `sock` for room.
+    watched: bool,
+}
+
+/// Counts gathered while batches are queued and sent, added to [`ShareStats`] by
+/// [`Peers::flush`].
+#[derive(Clone, Copy, Debug, Default)]
+struct StatsDelta {
+    forwarded: u64,
+    direct: u64,
+    dropped: u64,
+}
+
+/// The other slots' devices this one sends to.
+struct Peers {
+    uid: u32,
+    list: Vec<Peer>,
+    /// Slots nobody held when last tried, until when.
+    dead: Vec<(u8, Instant)>,
+    /// Counts of batches queued or dropped since the last flush.
+    delta: StatsDelta,
+}
+
+impl Peers {
+    fn is_dead(&self, b: u8) -> bool {
+        self.dead.iter().any(|&(d, _)| d == b)
+    }
+
+    /// Add `frame` to the batch for slot `to` (`direct`: this device sent it; else it was
+    /// received here and is passed on). `false` when nobody holds the slot.
+    fn push(&mut self, to: u8, frame: &[u8], check: IcrcCheck, direct: bool) -> bool {
+        let Ok(len) = u16::try_from(frame.len()) else {
+            return false;
+        };
+        let k = match self.list.iter().position(|p| p.to == to) {
+            Some(k) => k,
+            None => match sysunix::connect_abstract(&slot_name(self.uid, to), SOCKET_BUF) {
+                Ok(sock) => {
+                    self.list.push(Peer {
+                        to,
+                        sock,
+                        filling: Batch::default(),
+                        pending: Default::default(),
+                        pending_bytes: 0,
+                        watched: false,
+                    });
+                    self.list.len() - 1
+                }
+                Err(_) => {
+                    self.dead.push((to, Instant::now() + DEAD_FOR));
+                    return false;
+                }
+            },
+        };
+        let b = &mut self.list[k].filling;
+        if b.bytes.capacity() == 0 {
+            b.bytes.reserve(BATCH_BYTES + MAX_FRAME);
+        }
+        b.bytes.extend_from_slice(&len.to_be_bytes());
+        b.bytes.push(u8::from(check == IcrcCheck::Good));
+        b.bytes.extend_from_slice(frame);
+        if direct {
+            b.direct += 1;
+        } else {
+            b.forwarded += 1;
+        }
+        if b.bytes.len() >= BATCH_BYTES {
+            let full = std::mem::take(b);
+            Self::queue(&mut self.list[k], full, &mut self.delta);
+        }
+        true
+    }
+
+    /// Queue `b` behind `p`'s pending batches (dropped, counted, beyond [`PENDING_MAX`]).
+    fn queue(p: &mut Peer, b: Batch, d: &mut StatsDelta) {
+        if p.pending_bytes + b.bytes.len() > PENDING_MAX {
+            d.dropped += b.frames();
+            return;
+        }
+        p.pending_bytes += b.bytes.len();
+        p.pending.push_back(b);
+    }
+
+    /// Send what can be sent: every batch being filled goes behind its peer's pending ones,
+    /// and each peer's are sent oldest first until its receiver's queue is full (the set
+    /// `ready` then watches for room, so the engine wakes to send the rest). A peer whose
+    /// slot nobody holds any more is forgotten with what it held (dropped, counted).
+    fn flush(&mut self, ready: &ReadySet, stats: &mut ShareStats) {
+        let mut d = std::mem::take(&mut self.delta);
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for (i, p) in self.list.iter_mut().enumerate() {
+            if !p.filling.bytes.is_empty() {
+                let b = std::mem::take(&mut p.filling);
+                Self::queue(p, b, &mut d);
+            }
+            while let Some(b) = p.pending.front() {
+                match p.sock.send(&b.bytes) {
+                    Ok(_) => {
+                        d.forwarded += b.forwarded;
+                        d.direct += b.direct;
+                        p.pending_bytes -= b.bytes.len();
+                        let mut b = p.pending.pop_front().unwrap_or_default();
+                        if p.filling.bytes.capacity() == 0 {
+                            // Keep one buffer for the next batch.
+                            b.bytes.clear();
+                            p.filling.bytes = b.bytes;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        if e.kind() != io::ErrorKind::ConnectionRefused {
+                            tracing::debug!(to = p.to, error = %e, "a batch for another slot was not sent");
+                        }
+                        d.dropped += p.pending.iter().map(Batch::frames).sum::<u64>();
+                        p.pending.clear();
+                        p.pending_bytes = 0;
+                        gone.push(i);
+                        break;
+                    }
+                }
+            }
+            let want = !p.pending.is_empty();
+            if want != p.watched
+                && ready
+                    .watch_writable(p.sock.as_fd().as_raw_fd(), want)
+                    .is_ok()
+            {
+                p.watched = want;
+            }
+        }
+        for &i in gone.iter().rev() {
+            let p = self.list.swap_remove(i);
+            self.dead.push((p.to, now + DEAD_FOR));
+        }
+        stats.forwarded += d.forwarded;
+        stats.sent_direct += d.direct;
+        stats.forward_dropped += d.dropped;
+    }
+}
+
 /// A packet device shared with the devices of other slots (see the module documentation).
 pub struct Shared<D> {
     inner: D,
     slot: Slot,
+    /// The addresses the device serves (canonical): a frame to one of them for another slot
+    /// goes straight to that slot's socket.
+    locals: Vec<IpAddr>,
     ready: ReadySet,
     stats: ShareStats,
-    /// Frames waiting to go to each other slot, as one datagram per slot.
-    out: Vec<(u8, Vec<u8>)>,
-    /// Slots that refused (nobody holds them), until when.
-    dead: Vec<(u8, Instant)>,
+    peers: Peers,
     /// The datagram last received from another slot, and how much of it is handed up.
     rx: Vec<u8>,
     rx_len: usize,
@@ -276,8 +449,9 @@ pub struct Shared<D> {
 }
 
 impl<D: PacketDevice> Shared<D> {
-    /// Share `inner` (whose socket was bound with `SO_REUSEPORT`) as `slot`.
-    pub fn new(inner: D, slot: Slot) -> io::Result<Shared<D>> {
+    /// Share `inner` (whose sockets were bound with `SO_REUSEPORT`, one on each of `locals`)
+    /// as `slot`.
+    pub fn new(inner: D, slot: Slot, locals: &[IpAddr]) -> io::Result<Shared<D>> {
         let Some(fd) = inner.poll_fd() else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -288,11 +462,16 @@ impl<D: PacketDevice> Shared<D> {
         tracing::info!(slot = slot.n, device = %inner.describe(), "sharing the address and port");
         Ok(Shared {
             inner,
+            peers: Peers {
+                uid: slot.uid,
+                list: Vec::new(),
+                dead: Vec::new(),
+                delta: StatsDelta::default(),
+            },
             slot,
+            locals: locals.iter().map(|a| a.to_canonical()).collect(),
             ready,
             stats: ShareStats::default(),
-            out: Vec::new(),
-            dead: Vec::new(),
             rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
             rx_len: 0,
             rx_pos: 0,
@@ -363,61 +542,11 @@ impl<D: PacketDevice> Shared<D> {
         }
     }
 
-    /// Send the frames waiting for slot `to`; those a slot nobody holds refused are handed
-    /// up here.
-    fn flush_one(
-        slot: &Slot,
-        stats: &mut ShareStats,
-        dead: &mut Vec<(u8, Instant)>,
-        to: u8,
-        batch: &mut Vec<u8>,
-        f: &mut dyn FnMut(&[u8], IcrcCheck),
-    ) {
-        if batch.is_empty() {
-            return;
-        }
-        let frames = count_records(batch);
-        match sysunix::send_abstract(&slot.sock, &slot_name(slot.uid, to), batch) {
-            Ok(()) => stats.forwarded += frames,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                dead.push((to, Instant::now() + DEAD_FOR));
-                for_each_record(batch, |fr, check| {
-                    stats.unowned += 1;
-                    f(fr, check)
-                });
-            }
-            Err(e) => {
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    tracing::debug!(to, error = %e, "a forwarded batch was not sent");
-                }
-                stats.forward_dropped += frames;
-            }
-        }
-        batch.clear();
+    /// Slots found dead long enough ago are tried again.
+    fn forget_the_dead(&mut self) {
+        let now = Instant::now();
+        self.peers.dead.retain(|&(_, until)| until > now);
     }
-}
-
-fn for_each_record(batch: &[u8], mut f: impl FnMut(&[u8], IcrcCheck)) {
-    let mut r = batch;
-    while r.len() >= RECORD_HEAD {
-        let len = usize::from(u16::from_be_bytes([r[0], r[1]]));
-        let Some(fr) = r.get(RECORD_HEAD..RECORD_HEAD + len) else {
-            return;
-        };
-        let check = if r[2] == 1 {
-            IcrcCheck::Good
-        } else {
-            IcrcCheck::Unchecked
-        };
-        f(fr, check);
-        r = &r[RECORD_HEAD + len..];
-    }
-}
-
-fn count_records(batch: &[u8]) -> u64 {
-    let mut n = 0;
-    for_each_record(batch, |_, _| n += 1);
-    n
 }
 
 impl<D: PacketDevice> PacketDevice for Shared<D> {
@@ -432,69 +561,90 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
     ) -> io::Result<usize> {
         let mut n = 0;
         self.receive_forwarded(max, &mut n, f)?;
+        self.forget_the_dead();
+        self.peers.flush(&self.ready, &mut self.stats);
         if n >= max {
             return Ok(n);
         }
         let own = self.slot.n;
-        let now = Instant::now();
-        self.dead.retain(|&(_, until)| until > now);
         let Shared {
             inner,
             slot,
             stats,
-            out,
-            dead,
+            peers,
             ..
         } = self;
-        let mut handled = 0;
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
-            handled += 1;
             let to = match route(fr) {
-                Route::Here => return f(fr, check),
-                Route::Slot(b) if b == own => return f(fr, check),
+                Route::Slot(b) if b != own && !peers.is_dead(b) => b,
                 Route::Service(dst, sid) => match claimant(slot, dst, sid) {
                     Some(b) if b != own => b,
                     // Claimed here, or by nobody (the CM here rejects it).
                     _ => return f(fr, check),
                 },
-                Route::Slot(b) if !dead.iter().any(|&(d, _)| d == b) => b,
-                Route::Slot(_) => {
+                Route::Slot(b) if b != own => {
                     stats.unowned += 1;
                     return f(fr, check);
                 }
+                _ => return f(fr, check),
             };
-            let Ok(len) = u16::try_from(fr.len()) else {
-                stats.forward_dropped += 1;
-                return;
-            };
-            let k = match out.iter().position(|(s, _)| *s == to) {
-                Some(k) => k,
-                None => {
-                    out.push((to, Vec::with_capacity(BATCH_BYTES + MAX_FRAME)));
-                    out.len() - 1
-                }
-            };
-            let batch = &mut out[k].1;
-            batch.extend_from_slice(&len.to_be_bytes());
-            batch.push(u8::from(check == IcrcCheck::Good));
-            batch.extend_from_slice(fr);
-            if batch.len() >= BATCH_BYTES {
-                Self::flush_one(slot, stats, dead, to, batch, f);
+            if !peers.push(to, fr, check, false) {
+                stats.unowned += 1;
+                f(fr, check);
             }
         })?;
-        debug_assert_eq!(got, handled);
-        for (to, batch) in out.iter_mut() {
-            Self::flush_one(slot, stats, dead, *to, batch, f);
-        }
+        self.peers.flush(&self.ready, &mut self.stats);
         Ok(n + got)
     }
 
+    /// A frame to one of the device's own addresses for another slot's QP (or a service
+    /// another slot claims) goes straight to that slot's socket, as the engine wrote it (its
+    /// ICRC covers its own headers; the destination MAC zeroed, as a UDP device's frames
+    /// come): no trip through the kernel's UDP path, and no hop from whichever socket the
+    /// kernel's hash would have picked. A frame for a slot nobody holds is dropped (no QP
+    /// takes it), counted in [`ShareStats::unowned`]. Everything else goes to the device.
     fn send_batch(
         &mut self,
         max: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> io::Result<usize> {
-        self.inner.send_batch(max, fill)
+        self.forget_the_dead();
+        let Shared {
+            inner,
+            slot,
+            locals,
+            stats,
+            peers,
+            ..
+        } = self;
+        let own = slot.n;
+        let mut direct = 0;
+        let mut handed = 0;
+        let sent = inner.send_batch(max, &mut |buf| loop {
+            if handed + direct >= max {
+                return None;
+            }
+            let len = fill(buf)?;
+            let to = ip_and_bth(&buf[..len])
+                .filter(|(dst, _)| locals.contains(&dst.to_canonical()))
+                .and_then(|(dst, _)| match route(&buf[..len]) {
+                    Route::Slot(b) => Some(b),
+                    Route::Service(_, sid) => claimant(slot, dst, sid),
+                    Route::Here => None,
+                })
+                .filter(|&b| b != own && !peers.is_dead(b));
+            let Some(to) = to else {
+                handed += 1;
+                return Some(len);
+            };
+            direct += 1;
+            buf[..6].fill(0);
+            if !peers.push(to, &buf[..len], IcrcCheck::Unchecked, true) {
+                stats.unowned += 1;
+            }
+        })?;
+        self.peers.flush(&self.ready, &mut self.stats);
+        Ok(sent + direct)
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -538,7 +688,12 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
     }
 
     fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {
-        self.inner.serve_address(local)
+        self.inner.serve_address(local)?;
+        let a = local.to_canonical();
+        if !self.locals.contains(&a) {
+            self.locals.push(a);
+        }
+        Ok(())
     }
 }
 
@@ -605,8 +760,8 @@ mod tests {
             UdpDevice::open(&plain).err().map(|e| e.kind()),
             Some(io::ErrorKind::AddrInUse)
         );
-        let mut a = Shared::new(da, sa).unwrap();
-        let mut b = Shared::new(db, sb).unwrap();
+        let mut a = Shared::new(da, sa, &[LO]).unwrap();
+        let mut b = Shared::new(db, sb, &[LO]).unwrap();
         let mut peer = device(0, false);
         let mut frames = Vec::new();
         for i in 0..30u32 {
@@ -655,7 +810,7 @@ mod tests {
     fn a_malformed_datagram_from_another_slot_is_refused() {
         let s = Slot::take().unwrap();
         let name = slot_name(s.uid, s.number());
-        let mut a = Shared::new(device(0, true), s).unwrap();
+        let mut a = Shared::new(device(0, true), s, &[LO]).unwrap();
         let junk = UnixDatagram::unbound().unwrap();
         // A record longer than the datagram, then a record of length 0.
         sysunix::send_abstract(&junk, &name, &[0, 200, 1, 9, 9]).unwrap();

@@ -167,6 +167,27 @@ impl ReadySet {
         Ok(())
     }
 
+    /// Watch `fd` for room to write (`on`), or stop (`!on`): the set is then readable while
+    /// `fd` is writable, too. `fd` must not be in the set for input.
+    pub fn watch_writable(&self, fd: RawFd, on: bool) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLOUT as u32,
+            u64: fd as u64,
+        };
+        let op = if on {
+            libc::EPOLL_CTL_ADD
+        } else {
+            libc::EPOLL_CTL_DEL
+        };
+        // SAFETY: as in `add`: `ev` is a live epoll_event the kernel only reads (ignored for
+        // EPOLL_CTL_DEL), `self.0` our epoll descriptor.
+        let r = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// The descriptor, readable while one of the set's is (for `poll`).
     pub fn fd(&self) -> RawFd {
         self.0.as_raw_fd()

@@ -39,6 +39,21 @@ pub fn send_abstract(sock: &UnixDatagram, name: &[u8], data: &[u8]) -> io::Resul
     Ok(())
 }
 
+/// A non-blocking datagram socket connected to the abstract `name` (`ECONNREFUSED`: nobody
+/// has it), with a send buffer of `buf` bytes where the system allows. Connected, it can be
+/// polled for room in the receiver's queue (`POLLOUT`).
+pub fn connect_abstract(name: &[u8], buf: usize) -> io::Result<UnixDatagram> {
+    let sock = UnixDatagram::unbound()?;
+    sock.connect_addr(&SocketAddr::from_abstract_name(name)?)?;
+    sock.set_nonblocking(true)?;
+    let n = libc::c_int::try_from(buf).unwrap_or(libc::c_int::MAX);
+    let fd = sock.as_fd();
+    if super::sockutil::set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, n).is_err() {
+        let _ = super::sockutil::set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, n);
+    }
+    Ok(sock)
+}
+
 /// The effective user ID of this process.
 pub fn euid() -> u32 {
     // SAFETY: geteuid(2) takes nothing and cannot fail.
