@@ -79,6 +79,11 @@ impl Slot {
     pub fn number(&self) -> u8 {
         self.n
     }
+
+    /// The abstract name of the slot's socket (other slots' devices send to it).
+    pub fn name(&self) -> Vec<u8> {
+        slot_name(self.uid, self.n)
+    }
 }
 
 /// An address as a name part: IPv4 (an IPv4-mapped IPv6 address as its IPv4 one), IPv6, or
