@@ -13,22 +13,27 @@
 //! GID table: every address of the interface at the index Linux gives it on a RoCE v2 port
 //! (see `ferroce::io::netdev`: IPv6 link-local first, then IPv4, then the other IPv6), so a
 //! GID index means what it means on rxe on the same interface (`-x 1` / `-g 1` is the IPv4
-//! address of an interface with a link-local one). The raw backends serve every entry. The
-//! UDP backend serves one: the address its socket binds (`FERROCE_ADDR`, else the interface's
-//! first IPv4 address, else its first address), since a socket sends from one address only;
-//! the other entries are **empty**, as deleted entries of a real device's table are:
-//! `ibv_query_gid` gives the zero GID (rdma-core's behaviour for an empty entry),
-//! `ibv_query_gid_ex` `ENODATA`, `ibv_devinfo -v` skips them, and an address vector naming one
-//! is refused (`EINVAL`). `FERROCE_ADDR` with a raw backend serves that one address the same
-//! way.
+//! address of an interface with a link-local one). Every entry is served: the raw backends
+//! see every address, the UDP backend binds a socket per address (`ferroce::io::udp_set`; a
+//! socket sends from one address only). An entry not served (`FERROCE_ADDR` serves that one
+//! address alone; an address another program holds without sharing) is **empty**, as deleted
+//! entries of a real device's table are: `ibv_query_gid` gives the zero GID (rdma-core's
+//! behaviour for an empty entry), `ibv_query_gid_ex` `ENODATA`, `ibv_devinfo -v` skips them,
+//! and an address vector naming one is refused (`EINVAL`).
+//!
+//! The UDP backend shares each address's port with the other programs of this user
+//! (`ferroce::io::share`: each program's QPNs and CM IDs in a block of its own, frames passed
+//! to the program they are for), as several programs share one kernel RoCE device;
+//! `FERROCE_SHARE=0` keeps the port to this program alone.
 //!
 //! On `lo` the UDP backend also takes any IPv4 loopback address in `FERROCE_ADDR`, configured
 //! or not (Linux delivers all of 127.0.0.0/8 locally, so the socket binds and sends from it):
 //! two programs on one host, each on its own address, with no root to add one. Such an
 //! address is shown in the table where Linux would put it once added: after the interface's
 //! IPv4 addresses ([`shown_table`]).
-//! Without `FERROCE_ADDR`, a second program on `lo` finds 127.0.0.1 held by the first when its
-//! NIC starts and serves a free 127.0.0.N in its place, at its index ([`loopback_stand_in`]).
+//! Not sharing (`FERROCE_SHARE=0`) and without `FERROCE_ADDR`, a second program on `lo` finds
+//! 127.0.0.1 held by the first when its NIC starts and serves a free 127.0.0.N in its place,
+//! at its index ([`loopback_stand_in`]).
 
 use ferroce::io::backend::{self, BackendKind};
 use ferroce::io::netdev::{self, Netdev};
@@ -353,8 +358,8 @@ pub(crate) struct Port {
     /// NIC starts (the UDP backend on lo without `FERROCE_ADDR`; [`loopback_stand_in`]).
     stand_in_for: Option<IpAddr>,
     /// The UDP backend shares its addresses' port with other programs of this user
-    /// ([`ferroce::io::share`]; `FERROCE_SHARE`, on by default, but for a port with a
-    /// loopback stand-in, which gives a second program an address of its own instead).
+    /// ([`ferroce::io::share`]; `FERROCE_SHARE`, on by default; off, a second program on lo
+    /// gets a loopback stand-in of its own instead).
     pub share: bool,
 }
 
@@ -407,15 +412,24 @@ impl Port {
             .iter()
             .find(|a| a.is_ipv4())
             .unwrap_or(&netdev.gids[0]);
-        // On lo without FERROCE_ADDR, an address another program holds is stood in for by a
-        // free 127.0.0.N, decided when the NIC starts.
+        // FERROCE_SHARE: the UDP backend shares its addresses' port with other programs of
+        // this user (io::share; on by default).
+        let share_env = match std::env::var("FERROCE_SHARE").ok().as_deref() {
+            None | Some("") | Some("1") => true,
+            Some("0") => false,
+            Some(o) => return Err(DeviceError::BadShare(o.to_string())),
+        };
+        // Not sharing, on lo without FERROCE_ADDR: an address another program holds is stood
+        // in for by a free 127.0.0.N, decided when the NIC starts.
         let stand_in_for = match (backend, only) {
-            (BackendKind::Udp, None) => Some(udp_first).filter(|a| a.is_ipv4() && a.is_loopback()),
+            (BackendKind::Udp, None) if !share_env => {
+                Some(udp_first).filter(|a| a.is_ipv4() && a.is_loopback())
+            }
             _ => None,
         };
         // The UDP backend without FERROCE_ADDR: a socket per address of the interface, as a
-        // kernel RoCE device serves them all, but for a loopback IPv4 address, which two
-        // programs on lo share (its stand-in).
+        // kernel RoCE device serves them all, but for a loopback IPv4 address with a stand-in
+        // (not sharing: a second program on lo serves a 127.0.0.N of its own).
         let gids = match (backend, only) {
             (_, Some(ip)) => vec![ip],
             (BackendKind::Udp, None) if stand_in_for.is_some() => vec![udp_first],
@@ -425,12 +439,7 @@ impl Port {
                 .collect(),
             (_, None) => netdev.gids.clone(),
         };
-        let share = match std::env::var("FERROCE_SHARE").ok().as_deref() {
-            None | Some("") | Some("1") => true,
-            Some("0") => false,
-            Some(o) => return Err(DeviceError::BadShare(o.to_string())),
-        } && backend == BackendKind::Udp
-            && stand_in_for.is_none();
+        let share = share_env && backend == BackendKind::Udp;
         let mtu = netdev::ib_mtu_for(netdev.mtu.unwrap_or(1500));
         let extra = only.filter(|ip| !netdev.gids.contains(ip));
         // Every address of the interface, and one it gains: a raw backend sees them all, the

@@ -2032,8 +2032,9 @@ fn rstream_and_riostream_both_ends_on_ferroces_rsockets() {
 /// `ibv_devinfo -v` on 127.0.0.9 (never added to `lo`) lists it at GID index 1, where Linux
 /// would put it once added; `ib_write_bw -x 1` from there reaches a server on 127.0.0.1, and
 /// so does `rping` over RDMA-CM. While rping's server holds 127.0.0.1, a second program that
-/// makes objects on the same address is refused at its first with a message that names
-/// `FERROCE_ADDR`, and one that only queries the device (`ibv_devinfo -v`) is not.
+/// does not share the port (`FERROCE_SHARE=0`) and makes objects on the same address is
+/// refused at its first with a message that names `FERROCE_ADDR`, and one that only queries
+/// the device (`ibv_devinfo -v`) is not.
 #[test]
 fn two_programs_on_one_host_without_a_second_address() {
     let t = "two_programs_on_one_host_without_a_second_address";
@@ -2053,13 +2054,13 @@ fn two_programs_on_one_host_without_a_second_address() {
         FERROCE_LISTENING=$d/listening timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rping 2>&1 &\n\
         s=$!\n\
         i=0; while [ $i -lt 400 ] && ! [ -e $d/listening ]; do sleep 0.05; i=$((i+1)); done\n\
-        echo '--- same address'; export FERROCE_ADDR=127.0.0.1\n\
+        echo '--- same address'; export FERROCE_ADDR=127.0.0.1 FERROCE_SHARE=0\n\
         timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 \
           2>&1 | grep -v '^ferroce libibverbs' | sed 's/^/pingpong: /'; \
           timeout 30 ibv_rc_pingpong -d ferroce_lo -g 0 -p 18999 127.0.0.1 2>&1 \
           | grep 'ferroce libibverbs'\n\
         echo '--- query on the held address'; timeout 30 ibv_devinfo -v 2>&1; echo \"query=$?\"\n\
-        unset FERROCE_ADDR\n\
+        unset FERROCE_ADDR FERROCE_SHARE\n\
         echo '--- rping'; FERROCE_ADDR=127.0.0.9 timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; \
         echo \"rping client=$?\"; wait $s; echo \"rping server=$?\"; rm -rf $d";
     let out = in_netns_lo("ip link set lo up || exit 99", script);
@@ -2116,11 +2117,14 @@ fn two_programs_on_one_host_without_a_second_address() {
 }
 
 /// Two programs on one host's loopback with no address given, as two programs on one rxe
-/// device: the second finds 127.0.0.1's UDP port held by the first and serves 127.0.0.2 in its
-/// stead, shown at the same GID index, so the commands a user runs against rxe work unchanged:
-/// `ibv_rc_pingpong -g 0` both ends (the client's GID ::ffff:127.0.0.2, the server's
-/// ::ffff:127.0.0.1), `ib_write_bw -x 0` both ends, and `rping` over RDMA-CM; `ibv_devinfo -v`
-/// while the first holds 127.0.0.1 shows 127.0.0.2 at index 0.
+/// device. Sharing (the default, `ferroce::io::share`): both serve 127.0.0.1, each with its
+/// own QPN block, so the commands a user runs against rxe work unchanged and a client
+/// connecting to 127.0.0.1 reaches whichever program listens: `ibv_rc_pingpong -g 0` both ends
+/// (both GIDs ::ffff:127.0.0.1), `ib_write_bw -x 0` both ends, and `rping` over RDMA-CM;
+/// `ibv_devinfo -v` while the first holds 127.0.0.1 shows it at index 0. Not sharing
+/// (`FERROCE_SHARE=0`): the second finds 127.0.0.1's UDP port held by the first and serves
+/// 127.0.0.2 in its stead, shown at the same GID index (the client's GID ::ffff:127.0.0.2),
+/// and the same commands work.
 #[test]
 fn two_programs_on_loopback_without_setting_an_address() {
     let t = "two_programs_on_loopback_without_setting_an_address";
@@ -2130,58 +2134,63 @@ fn two_programs_on_loopback_without_setting_an_address() {
     ) {
         return;
     }
-    let script = "export LD_LIBRARY_PATH=$LIB\n\
-        d=$(mktemp -d)\n\
-        tcp() { i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done; }\n\
-        timeout 30 ibv_rc_pingpong -g 0 -n 100 > $d/pps 2>&1 & s=$!\n\
-        tcp\n\
-        echo '--- devinfo'; timeout 30 ibv_devinfo -v 2>&1 | grep -E 'GID\\[|ferroce'\n\
-        echo '--- pp client'; timeout 30 ibv_rc_pingpong -g 0 -n 100 127.0.0.1 2>&1; echo \"ppc=$?\"\n\
-        wait $s; echo \"pps=$?\"; echo '--- pp server'; cat $d/pps\n\
-        timeout 30 ib_write_bw -x 0 -n 200 > $d/bws 2>&1 & s=$!\n\
-        tcp\n\
-        echo '--- bw client'; timeout 30 ib_write_bw -x 0 -n 200 127.0.0.1 2>&1; echo \"bwc=$?\"\n\
-        wait $s; echo \"bws=$?\"; echo '--- bw server'; cat $d/bws\n\
-        FERROCE_LISTENING=$d/l timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rps 2>&1 & s=$!\n\
-        i=0; while [ $i -lt 400 ] && ! [ -e $d/l ]; do sleep 0.05; i=$((i+1)); done\n\
-        echo '--- rping'; timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; echo \"rpc=$?\"\n\
-        wait $s; echo \"rps=$?\"; cat $d/rps; rm -rf $d";
-    let out = in_netns_lo("ip link set lo up || exit 99", script);
-    let o = output_text(&out);
-    let section = |from: &str, to: &str| {
-        let rest = o.split(from).nth(1).unwrap_or("");
-        rest.split(to).next().unwrap_or("").to_string()
-    };
-    let devinfo = section("--- devinfo", "--- pp client");
-    assert!(
-        devinfo
-            .lines()
-            .any(|l| l.contains("GID[  0]:") && l.contains("::ffff:127.0.0.2")),
-        "{o}"
-    );
-    assert!(!devinfo.contains("127.0.0.1"), "{o}");
-    // the client serves 127.0.0.2, the server 127.0.0.1; each told the other its GID
-    let client = section("--- pp client", "ppc=");
-    assert!(
-        client
-            .lines()
-            .any(|l| l.contains("local address") && l.contains("GID ::ffff:127.0.0.2")),
-        "{o}"
-    );
-    assert!(
-        client
-            .lines()
-            .any(|l| l.contains("remote address") && l.contains("GID ::ffff:127.0.0.1")),
-        "{o}"
-    );
-    assert!(client.contains("100 iters in"), "{o}");
-    for want in ["ppc=0", "pps=0", "bwc=0", "bws=0", "rpc=0", "rps=0"] {
-        assert!(o.lines().any(|l| l == want), "{want}:\n{o}");
+    for (share, second) in [("1", "127.0.0.1"), ("0", "127.0.0.2")] {
+        let script = format!(
+            "export LD_LIBRARY_PATH=$LIB FERROCE_SHARE={share}\n\
+            d=$(mktemp -d)\n\
+            tcp() {{ i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done; }}\n\
+            timeout 30 ibv_rc_pingpong -g 0 -n 100 > $d/pps 2>&1 & s=$!\n\
+            tcp\n\
+            echo '--- devinfo'; timeout 30 ibv_devinfo -v 2>&1 | grep -E 'GID\\[|ferroce'\n\
+            echo '--- pp client'; timeout 30 ibv_rc_pingpong -g 0 -n 100 127.0.0.1 2>&1; echo \"ppc=$?\"\n\
+            wait $s; echo \"pps=$?\"; echo '--- pp server'; cat $d/pps\n\
+            timeout 30 ib_write_bw -x 0 -n 200 > $d/bws 2>&1 & s=$!\n\
+            tcp\n\
+            echo '--- bw client'; timeout 30 ib_write_bw -x 0 -n 200 127.0.0.1 2>&1; echo \"bwc=$?\"\n\
+            wait $s; echo \"bws=$?\"; echo '--- bw server'; cat $d/bws\n\
+            FERROCE_LISTENING=$d/l timeout 30 rping -s -a 127.0.0.1 -C 3 > $d/rps 2>&1 & s=$!\n\
+            i=0; while [ $i -lt 400 ] && ! [ -e $d/l ]; do sleep 0.05; i=$((i+1)); done\n\
+            echo '--- rping'; timeout 30 rping -c -a 127.0.0.1 -C 3 -v 2>&1; echo \"rpc=$?\"\n\
+            wait $s; echo \"rps=$?\"; cat $d/rps; rm -rf $d"
+        );
+        let out = in_netns_lo("ip link set lo up || exit 99", &script);
+        let o = format!("FERROCE_SHARE={share}\n{}", output_text(&out));
+        let section = |from: &str, to: &str| {
+            let rest = o.split(from).nth(1).unwrap_or("");
+            rest.split(to).next().unwrap_or("").to_string()
+        };
+        let devinfo = section("--- devinfo", "--- pp client");
+        assert!(
+            devinfo
+                .lines()
+                .any(|l| l.contains("GID[  0]:") && l.contains(&format!("::ffff:{second}"))),
+            "{o}"
+        );
+        if share == "0" {
+            assert!(!devinfo.contains("127.0.0.1"), "{o}");
+        }
+        // each told the other its GID: the client's is the address it serves
+        let client = section("--- pp client", "ppc=");
+        assert!(
+            client.lines().any(|l| l.contains("local address")
+                && l.contains(&format!("GID ::ffff:{second}"))),
+            "{o}"
+        );
+        assert!(
+            client
+                .lines()
+                .any(|l| l.contains("remote address") && l.contains("GID ::ffff:127.0.0.1")),
+            "{o}"
+        );
+        assert!(client.contains("100 iters in"), "{o}");
+        for want in ["ppc=0", "pps=0", "bwc=0", "bws=0", "rpc=0", "rps=0"] {
+            assert!(o.lines().any(|l| l == want), "{want}:\n{o}");
+        }
+        result_line("the client", &section("--- bw client", "bwc="), "200");
+        result_line("the server", &section("--- bw server", "--- rping"), "200");
+        assert_eq!(o.matches("ping data: rdma-ping-").count(), 3, "{o}");
+        assert!(!o.contains("ferroce libibverbs"), "{o}");
     }
-    result_line("the client", &section("--- bw client", "bwc="), "200");
-    result_line("the server", &section("--- bw server", "--- rping"), "200");
-    assert_eq!(o.matches("ping data: rdma-ping-").count(), 3, "{o}");
-    assert!(!o.contains("ferroce libibverbs"), "{o}");
 }
 
 /// rdmacm-utils' `rcopy` (a file copy over rsockets: the client maps the file and sends it,
