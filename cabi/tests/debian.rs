@@ -3033,3 +3033,38 @@ fn rdma_cm_programs_share_one_address() {
         "{o}"
     );
 }
+
+/// Three Debian `rping` clients at once, all on one shared address (127.0.0.2), against
+/// ferroce's own persistent server (`ferroce rping -s -P` on 127.0.0.1): every client
+/// completes its pings. The three present one CA GUID (the interface's MAC) to the server's
+/// CM; sharing numbers each program's QPs in a block of its own, so their (CA GUID, QPN) pairs
+/// differ. Before, each program's first QP was 0x11 and the server's CM took the second and
+/// third REQs for stale connections of the first (REJ reason 10: seen in 3 of 3 runs with
+/// `FERROCE_SHARE=0` and an address each).
+#[test]
+fn three_rping_clients_on_one_address_reach_one_server() {
+    let t = "three_rping_clients_on_one_address_reach_one_server";
+    if !ready(t, &["rping", "ss"]) {
+        return;
+    }
+    let script = "export FERROCE_DEV=lo\n\
+        L=$(mktemp -u)\n\
+        env -u LD_LIBRARY_PATH timeout 60 $F rping --ib-dev lo --backend udp -s -P -v \
+          -a 127.0.0.1 > $L.s 2>&1 & S=$!\n\
+        i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Huan)\" ]; do sleep 0.05; i=$((i+1)); done\n\
+        for k in 1 2 3; do LD_LIBRARY_PATH=$LIB FERROCE_ADDR=127.0.0.2 timeout 30 \
+          rping -c -v -C 20 -a 127.0.0.1 > $L.c$k 2>&1 & eval C$k=\\$!; done\n\
+        wait $C1; r1=$?; wait $C2; r2=$?; wait $C3; r3=$?\n\
+        kill $S; wait $S\n\
+        echo '--- result'; echo \"$r1 $r2 $r3\"\n\
+        for k in 1 2 3; do echo \"--- c$k\"; cat $L.c$k; done; rm -f $L.*";
+    let o = output_text(&in_netns(script));
+    assert_eq!(lines_of(&o, "result"), ["0 0 0"], "{o}");
+    for k in 1..=3 {
+        let pings = lines_of(&o, &format!("c{k}"))
+            .iter()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count();
+        assert_eq!(pings, 20, "client {k}: {o}");
+    }
+}
