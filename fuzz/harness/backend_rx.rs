@@ -32,6 +32,10 @@ use ferroce::wire::icrc;
 use ferroce::wire::ip::internet_checksum;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+#[path = "input.rs"]
+mod input;
+use input::Input;
+
 /// What one input did (the stable test asserts the batch reaches every path).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
@@ -46,40 +50,9 @@ pub struct Stats {
     pub ring_errors: u64,
 }
 
-/// Bytes of the input, read front to back; zeros once it is used up.
-struct Input<'a> {
-    d: &'a [u8],
-}
-
-impl Input<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.d.split_first() {
-            Some((&b, r)) => {
-                self.d = r;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let take = n.min(self.d.len());
-        let mut v = self.d[..take].to_vec();
-        self.d = &self.d[take..];
-        // Past the input: a pattern, so lengths stay what the input asked for.
-        v.extend((take..n).map(|i| (i * 7 + 3) as u8));
-        v
-    }
-    fn empty(&self) -> bool {
-        self.d.is_empty()
-    }
-}
-
 pub fn run(data: &[u8]) -> Stats {
     let mut st = Stats::default();
-    let mut inp = Input { d: data };
+    let mut inp = Input::new(data);
     let mode = inp.u8();
     match mode % 4 {
         0 | 1 => udp_case(&mut inp, mode % 2 == 1, false, &mut st),

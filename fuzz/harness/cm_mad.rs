@@ -23,6 +23,10 @@ use ferroce::wire::mad::{Gid, MAD_LEN};
 use ferroce::wire::{Psn, QpNumber};
 use std::collections::VecDeque;
 
+#[path = "input.rs"]
+mod input;
+use input::Input;
+
 /// What one input did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
@@ -31,25 +35,6 @@ pub struct Stats {
     pub delivered: usize,
     pub established: u64,
     pub rejected_or_timed_out: usize,
-}
-
-struct Input<'a> {
-    d: &'a [u8],
-}
-
-impl Input<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.d.split_first() {
-            Some((&b, r)) => {
-                self.d = r;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
 }
 
 const MAX_CONN: usize = 16;
@@ -243,7 +228,7 @@ impl World {
 }
 
 pub fn run(data: &[u8]) -> Stats {
-    let mut inp = Input { d: data };
+    let mut inp = Input::new(data);
     let seed = u64::from(inp.u8());
     let mut w = World {
         now: Instant::ZERO,
@@ -262,7 +247,7 @@ pub fn run(data: &[u8]) -> Stats {
     };
     let listen = w.b.listen(0x42, 4).expect("listen");
     let mut listening = true;
-    while !inp.d.is_empty() && w.st.actions < 300 {
+    while !inp.empty() && w.st.actions < 300 {
         w.st.actions += 1;
         let op = inp.u8();
         match op % 12 {

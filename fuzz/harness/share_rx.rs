@@ -23,6 +23,10 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
+#[path = "input.rs"]
+mod input;
+use input::Input;
+
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// What one input did (the stable test asserts the batch reaches every path).
@@ -77,32 +81,6 @@ fn rig() -> Rig {
         port,
         udp: UdpSocket::bind((LO, 0)).unwrap(),
         unix: UnixDatagram::unbound().unwrap(),
-    }
-}
-
-/// Bytes of the input, read front to back; zeros once it is used up.
-struct Input<'a> {
-    d: &'a [u8],
-}
-
-impl Input<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.d.split_first() {
-            Some((&b, r)) => {
-                self.d = r;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let take = n.min(self.d.len());
-        let v = self.d[..take].to_vec();
-        self.d = &self.d[take..];
-        v
-    }
-    fn empty(&self) -> bool {
-        self.d.is_empty()
     }
 }
 
@@ -170,7 +148,7 @@ pub fn run(data: &[u8]) -> Stats {
 
 fn one(r: &mut Rig, data: &[u8]) -> Stats {
     let mut st = Stats::default();
-    let mut inp = Input { d: data };
+    let mut inp = Input::new(data);
     let before = stats_sum(r);
     let mut n = 0;
     while !inp.empty() && n < 16 {
@@ -212,7 +190,6 @@ fn one(r: &mut Rig, data: &[u8]) -> Stats {
                 let mut want = Vec::new();
                 for i in 0..(op >> 2) % 5 + 1 {
                     let f = inp.bytes(len % 300 + 1);
-                    let f = if f.is_empty() { vec![i] } else { f };
                     let c = u8::from(i % 2 == 0);
                     batch.extend_from_slice(&(f.len() as u16).to_be_bytes());
                     batch.push(c);
