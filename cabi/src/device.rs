@@ -414,11 +414,7 @@ impl Port {
             .unwrap_or(&netdev.gids[0]);
         // FERROCE_SHARE: the UDP backend shares its addresses' port with other programs of
         // this user (io::share; on by default).
-        let share_env = match std::env::var("FERROCE_SHARE").ok().as_deref() {
-            None | Some("") | Some("1") => true,
-            Some("0") => false,
-            Some(o) => return Err(DeviceError::BadShare(o.to_string())),
-        };
+        let share_env = share_setting(std::env::var("FERROCE_SHARE").ok().as_deref())?;
         // Not sharing, on lo without FERROCE_ADDR: an address another program holds is stood
         // in for by a free 127.0.0.N, decided when the NIC starts.
         let stand_in_for = match (backend, only) {
@@ -952,6 +948,15 @@ fn open_waiting<T>(mut open: impl FnMut() -> std::io::Result<T>) -> std::io::Res
     }
 }
 
+/// `FERROCE_SHARE`: unset, empty or `1` shares the UDP port (the default), `0` does not.
+fn share_setting(v: Option<&str>) -> Result<bool, DeviceError> {
+    match v {
+        None | Some("") | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(o) => Err(DeviceError::BadShare(o.to_string())),
+    }
+}
+
 /// `FERROCE_INLINE_SPIN_US`: unset or empty is the runtime's default (None), else that many
 /// microseconds (0: the background thread sleeps after every round).
 fn inline_spin(v: Option<&str>) -> Result<Option<std::time::Duration>, DeviceError> {
@@ -1142,6 +1147,26 @@ mod tests {
             let e = ack_delay(Some(bad)).unwrap_err();
             assert_eq!(e.errno(), libc::EINVAL);
             assert!(e.to_string().starts_with("FERROCE_ACK_DELAY_US="), "{e}");
+        }
+    }
+
+    #[test]
+    fn share_from_the_environment() {
+        for (v, want) in [
+            (None, true),
+            (Some(""), true),
+            (Some("1"), true),
+            (Some("0"), false),
+        ] {
+            assert_eq!(share_setting(v).unwrap(), want, "{v:?}");
+        }
+        for bad in ["yes", "2", " 1"] {
+            let e = share_setting(Some(bad)).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL);
+            assert_eq!(
+                e.to_string(),
+                format!("FERROCE_SHARE={bad}: expected 0 or 1")
+            );
         }
     }
 
