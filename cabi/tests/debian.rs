@@ -3068,3 +3068,71 @@ fn three_rping_clients_on_one_address_reach_one_server() {
         assert_eq!(pings, 20, "client {k}: {o}");
     }
 }
+
+/// A program sharing an address that is killed takes nothing down with it: on a veth's
+/// 10.9.0.1, an `ib_write_bw` pair runs a 3-second test while an `ibv_rc_pingpong` server on
+/// the same address (the first program: slot 0) is killed with SIGKILL; the pair finishes,
+/// and a new pingpong pair on the address (one of them taking the dead program's slot) then
+/// runs to the end.
+#[test]
+fn a_killed_program_leaves_the_others_on_its_address_running() {
+    let t = "a_killed_program_leaves_the_others_on_its_address_running";
+    if !ready(t, &["ibv_rc_pingpong", "ib_write_bw", "ss"]) {
+        return;
+    }
+    let script = "export LD_LIBRARY_PATH=$LIB FERROCE_DEV=va\n\
+        L=$(mktemp -u)\n\
+        tcp() { i=0; while [ $i -lt 200 ] && ! ss -Hltn | grep -q \":$1 \"; do sleep 0.05; i=$((i+1)); done; }\n\
+        n() { ss -Huan | grep -c '10\\.9\\.0\\.1:4791'; }\n\
+        ibv_rc_pingpong -g 1 -p 18515 > $L.victim 2>&1 & v=$!\n\
+        tcp 18515\n\
+        timeout 60 ib_write_bw -x 1 -p 18516 -D 3 > $L.bs 2>&1 & bs=$!\n\
+        tcp 18516\n\
+        timeout 60 ib_write_bw -x 1 -p 18516 -D 3 10.9.0.1 > $L.bc 2>&1 & bc=$!\n\
+        i=0; while [ $i -lt 200 ] && [ $(n) -lt 3 ]; do sleep 0.02; i=$((i+1)); done\n\
+        echo '--- before'; n\n\
+        sleep 1; kill -9 $v; wait $v\n\
+        echo '--- after'; n\n\
+        wait $bs; c=$?; wait $bc; d=$?\n\
+        timeout 30 ibv_rc_pingpong -g 1 -p 18517 -n 300 > $L.ps 2>&1 & ps=$!\n\
+        tcp 18517\n\
+        timeout 30 ibv_rc_pingpong -g 1 -p 18517 -n 300 10.9.0.1 > $L.pc 2>&1; b=$?\n\
+        wait $ps; a=$?\n\
+        echo '--- result'; echo \"$c $d $a $b\"\n\
+        for f in bs bc ps pc; do echo \"--- $f\"; cat $L.$f; done; rm -f $L.*";
+    let o = with_veth_pair(script);
+    assert_eq!(lines_of(&o, "before"), ["3"], "{o}");
+    assert_eq!(lines_of(&o, "after"), ["2"], "{o}");
+    assert_eq!(lines_of(&o, "result"), ["0 0 0 0"], "{o}");
+    for side in ["bs", "bc"] {
+        assert!(
+            lines_of(&o, side).iter().any(|l| l.starts_with("65536 ")),
+            "{side}: {o}"
+        );
+    }
+    for side in ["ps", "pc"] {
+        assert!(
+            lines_of(&o, side)
+                .iter()
+                .any(|l| l.contains("300 iters in")),
+            "{side}: {o}"
+        );
+    }
+    // One of the new pair took the killed program's slot: its QPNs are block 0's again.
+    let local_qpn = |side: &str| -> Option<u32> {
+        lines_of(&o, side).iter().find_map(|l| {
+            let l = l.strip_prefix("local address:")?;
+            let at = l.find("QPN ")? + 4;
+            u32::from_str_radix(
+                l[at..].split([',', ' ']).next()?.trim_start_matches("0x"),
+                16,
+            )
+            .ok()
+        })
+    };
+    let blocks: Vec<u32> = ["ps", "pc"]
+        .iter()
+        .map(|s| local_qpn(s).unwrap_or_else(|| panic!("no QPN of {s}: {o}")) >> 16)
+        .collect();
+    assert!(blocks.contains(&0), "{blocks:?}: {o}");
+}
