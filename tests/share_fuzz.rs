@@ -50,3 +50,20 @@ fn regressions_found_by_the_fuzzer_stay_fixed() {
         }
     }
 }
+
+/// A CM request to QP1 for a service nobody claims: held by the device the kernel gave it to,
+/// then handed up there once (the harness waits for it).
+#[test]
+fn a_cm_request_for_an_unclaimed_service_comes_out_once() {
+    // op 0 (a UDP datagram), its QPN left as the input says; length 4 * 20 + 0 = 80 bytes:
+    // BTH (UD SEND_ONLY to QP1), DETH, then the MAD's first 60 bytes (class 7, REQ).
+    let mut p = vec![0u8; 80];
+    p[0] = 0x64;
+    p[7] = 1;
+    p[20 + 1] = 7;
+    p[20 + 17] = 0x10;
+    let mut data = vec![0x0c, 20];
+    data.extend_from_slice(&p);
+    let s = harness::run(&data);
+    assert_eq!(s.udp_datagrams, 1);
+}

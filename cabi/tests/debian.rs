@@ -2985,7 +2985,7 @@ fn several_programs_share_one_address_as_on_one_kernel_device() {
 /// (`ferroce::io::share`). Debian's `rping`: a server on 10.9.0.1:7001 and its client on
 /// the same address, a server on the wildcard address's port 7002 and its client from the
 /// other end's 10.9.0.2, all at once; a second server on 10.9.0.1:7001 is refused at
-/// `rdma_listen` (`EADDRINUSE`, as a second bind of one port), and a client to a port nobody
+/// `rdma_bind_addr` (`EADDRINUSE`, as by the kernel), and a client to a port nobody
 /// listens on is rejected (REJ reason 8, invalid service ID) — not left to time out. Before
 /// the CM messages were routed, the REP and the RTU reached whichever program the kernel's
 /// hash chose.
@@ -3023,7 +3023,7 @@ fn rdma_cm_programs_share_one_address() {
     assert!(
         lines_of(&o, "dup")
             .iter()
-            .any(|l| l.contains("rdma_listen") && l.contains("Address already in use")),
+            .any(|l| l.contains("rdma_bind_addr") && l.contains("Address already in use")),
         "{o}"
     );
     assert!(
@@ -3135,4 +3135,51 @@ fn a_killed_program_leaves_the_others_on_its_address_running() {
         .map(|s| local_qpn(s).unwrap_or_else(|| panic!("no QPN of {s}: {o}")) >> 16)
         .collect();
     assert!(blocks.contains(&0), "{blocks:?}: {o}");
+}
+
+/// perftest `-R` with its server on an address another program shares: the client connects
+/// its test QP right after the exchange, perhaps before the server listens for it again. The
+/// server claims its port at `rdma_bind_addr` and listens again only after; a REQ that comes
+/// before its claim is held by whichever program the kernel's hash gave it to until the
+/// claimant appears (`ferroce::io::share`), then reaches the server's CM. An idle
+/// `ibv_rc_pingpong` server holds 10.9.0.1 first; `ib_write_bw -R` server and client run four
+/// times, the client from 10.9.0.2, .3, .4 and .5 (four flows: the kernel's hash sends some of
+/// them to the idle program's socket). Every run completes with two REQs on the client's
+/// capture (`FERROCE_PCAP`, counted by tshark).
+#[test]
+fn perftest_rdma_cm_server_on_a_shared_address() {
+    let t = "perftest_rdma_cm_server_on_a_shared_address";
+    if !ready(t, &["ibv_rc_pingpong", "ib_write_bw", "ss", "tshark"]) {
+        return;
+    }
+    let script = "for k in 2 3 4 5; do ip addr add 10.9.0.$k/24 dev vb || exit 98; done\n\
+        export LD_LIBRARY_PATH=$LIB\n\
+        L=$(mktemp -u)\n\
+        tcp() { i=0; while [ $i -lt 200 ] && ! ss -Hltn | grep -q \":$1 \"; do sleep 0.05; i=$((i+1)); done; }\n\
+        FERROCE_DEV=va timeout 120 ibv_rc_pingpong -g 1 -p 18600 > $L.idle 2>&1 & idle=$!\n\
+        tcp 18600\n\
+        echo '--- runs'\n\
+        for k in 2 3 4 5; do\n\
+          FERROCE_LISTENING=$L.l$k FERROCE_DEV=va timeout 30 ib_write_bw -R -x 1 -n 500 > $L.s$k 2>&1 & s=$!\n\
+          i=0; while [ $i -lt 200 ] && [ ! -s $L.l$k ]; do sleep 0.05; i=$((i+1)); done\n\
+          FERROCE_PCAP=$L.p$k FERROCE_DEV=vb FERROCE_ADDR=10.9.0.$k timeout 30 ib_write_bw -R -x 1 -n 500 10.9.0.1 > $L.c$k 2>&1; c=$?\n\
+          wait $s; echo \"$k $? $c $(awk '$1 == 65536 {print $2}' $L.c$k) reqs $(tshark -r $L.p$k -Y 'infiniband.mad.attributeid == 0x0010' 2>/dev/null | wc -l)\"\n\
+        done\n\
+        kill $idle; wait $idle\n\
+        for k in 2 3 4 5; do echo \"--- c$k\"; tail -5 $L.c$k; echo \"--- s$k\"; tail -5 $L.s$k; done; rm -f $L.*";
+    let o = with_veth_pair(script);
+    // Each run: both ends exit 0, 500 iterations, and the client sent two REQs (the exchange's
+    // connection and the test QP's), none again: before the REQs were held for their claimant,
+    // one that reached the idle program was dropped there (it runs no CM) and sent again
+    // after the CM's response timeout (6.4 s runs against 1.25 s).
+    assert_eq!(
+        lines_of(&o, "runs"),
+        [
+            "2 0 0 500 reqs 2",
+            "3 0 0 500 reqs 2",
+            "4 0 0 500 reqs 2",
+            "5 0 0 500 reqs 2"
+        ],
+        "{o}"
+    );
 }

@@ -17,10 +17,10 @@
 use ferroce::io::share::{ShareStats, Shared, Slot};
 use ferroce::io::udp::{UdpConfig, UdpDevice};
 use ferroce::io::{IcrcCheck, PacketDevice};
-use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[path = "input.rs"]
@@ -52,9 +52,9 @@ struct Rig {
     unix: UnixDatagram,
 }
 
-thread_local! {
-    static RIG: RefCell<Option<Rig>> = const { RefCell::new(None) };
-}
+/// One rig per process (its devices' slots are the process's only ones, so a frame for any
+/// other block goes to a slot nobody holds), its inputs one at a time.
+static RIG: Mutex<Option<Rig>> = Mutex::new(None);
 
 fn rig() -> Rig {
     let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
@@ -89,9 +89,15 @@ type Got = (usize, Vec<u8>, IcrcCheck);
 
 /// Receive at both devices until `want` frames came or nothing more comes.
 fn drain(r: &mut Rig, want: usize) -> Vec<Got> {
+    drain_for(r, want, None)
+}
+
+/// [`drain`], or until `want` frames came or `until` passed when given (a CM request for a
+/// service nobody claims is held half a second before it is handed up).
+fn drain_for(r: &mut Rig, want: usize, until: Option<std::time::Instant>) -> Vec<Got> {
     let mut got = Vec::new();
     let mut idle = 0;
-    while idle < 3 {
+    while idle < 3 || until.is_some_and(|u| got.len() < want && std::time::Instant::now() < u) {
         let before = got.len();
         for (k, d) in [&mut r.a, &mut r.b].into_iter().enumerate() {
             if got.len() < want {
@@ -139,11 +145,9 @@ fn stats_sum(r: &Rig) -> ShareStats {
 }
 
 pub fn run(data: &[u8]) -> Stats {
-    RIG.with(|cell| {
-        let mut g = cell.borrow_mut();
-        let r = g.get_or_insert_with(rig);
-        one(r, data)
-    })
+    let mut g = RIG.lock().unwrap_or_else(|e| e.into_inner());
+    let r = g.get_or_insert_with(rig);
+    one(r, data)
 }
 
 fn one(r: &mut Rig, data: &[u8]) -> Stats {
@@ -168,8 +172,15 @@ fn one(r: &mut Rig, data: &[u8]) -> Stats {
                     _ => {}
                 }
                 let qpn = u32::from_be_bytes([0, p[5], p[6], p[7]]);
+                // A REQ or SIDR_REQ to QP1 (UD SEND_ONLY, CM class): held for its claimant.
+                let m = 12 + 8;
+                let cm_req = p[0] == 0x64
+                    && qpn == 1
+                    && p.get(m + 1) == Some(&7)
+                    && matches!(p.get(m + 16..m + 18), Some([0, 0x10] | [0, 0x17]));
                 r.udp.send_to(&p, (LO, r.port)).unwrap();
-                let got = drain(r, 1);
+                let until = cm_req.then(|| std::time::Instant::now() + Duration::from_secs(2));
+                let got = drain_for(r, 1, until);
                 assert_eq!(got.len(), 1, "datagram {p:02x?}: {} frames", got.len());
                 let (k, fr, _) = &got[0];
                 assert_eq!(&fr[fr.len() - p.len()..], &p[..], "the datagram's bytes");

@@ -445,6 +445,13 @@ impl RdmaCm {
         Some((src, service_id::of(i.ps, src.port())))
     }
 
+    /// The service ID an id would listen on at `port` (its port space's), `None` for an id
+    /// that is not there.
+    pub fn service_for(&self, id: RdmaId, port: u16) -> Option<u64> {
+        let i = self.ids.get(&id.0)?;
+        Some(service_id::of(i.ps, port))
+    }
+
     /// An id's peer address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self, id: RdmaId) -> Option<SocketAddr> {
         self.ids.get(&id.0).and_then(|i| i.dst)

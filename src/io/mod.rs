@@ -48,6 +48,7 @@ pub use sys::{enter_netns, if_nametoindex, netns_id};
 pub mod event {
     pub use super::sys::event::{
         interrupted, poll_readable, poll_readable_precise, watch_interrupts, EventFd, ReadySet,
+        TimerFd,
     };
 }
 

@@ -13,6 +13,10 @@
 //! block and go to slot 0's device; multicast (QPN 0xffffff) stays (each device's group
 //! socket receives its own copy).
 //!
+//! A REQ or SIDR_REQ for a service nobody has claimed yet is held up to half a second for the
+//! program about to claim it (it binds its port and listens just after its peer connects:
+//! perftest `-R`), then handed up here, whose CM answers it.
+//!
 //! A frame for a block whose slot nobody holds is handed up here (the engine drops it as an
 //! unknown QP, as before). Frames of one receive batch for one slot travel as one datagram
 //! (the kernel queues ten datagrams per Unix socket by default, `net.unix.max_dgram_qlen`);
@@ -44,6 +48,12 @@ const MAX_FRAME: usize = 14 + 40 + 8 + 65_507;
 const RECORD_HEAD: usize = 3;
 /// How long a slot that refused a datagram (nobody holds it) is not tried again.
 const DEAD_FOR: Duration = Duration::from_millis(100);
+/// How long a REQ or SIDR_REQ for a service nobody claims yet is held for its claimant (a
+/// program binds its port and listens just after its peer connects: perftest `-R`), and how
+/// often it is looked for meanwhile; at most this many held at once.
+const HOLD_FOR: Duration = Duration::from_millis(500);
+const HOLD_CHECK: Duration = Duration::from_millis(5);
+const MAX_HELD: usize = 16;
 
 fn slot_name(uid: u32, n: u8) -> Vec<u8> {
     format!("ferroce-share/{uid}/{n}").into_bytes()
@@ -437,6 +447,15 @@ impl Peers {
     }
 }
 
+/// A CM request held for the device that will claim its service.
+struct Held {
+    until: Instant,
+    frame: Vec<u8>,
+    check: IcrcCheck,
+    dst: IpAddr,
+    sid: u64,
+}
+
 /// A packet device shared with the devices of other slots (see the module documentation).
 pub struct Shared<D> {
     inner: D,
@@ -447,6 +466,10 @@ pub struct Shared<D> {
     ready: ReadySet,
     stats: ShareStats,
     peers: Peers,
+    /// CM requests for services nobody claimed yet, oldest first, and the timer that wakes
+    /// the engine to look for their claimants.
+    held: std::collections::VecDeque<Held>,
+    timer: super::event::TimerFd,
     /// The datagram last received from another slot, and how much of it is handed up.
     rx: Vec<u8>,
     rx_len: usize,
@@ -463,7 +486,8 @@ impl<D: PacketDevice> Shared<D> {
                 "a shared device needs a packet device with a descriptor to wait on",
             ));
         };
-        let ready = ReadySet::new(&[fd, slot.sock.as_fd().as_raw_fd()])?;
+        let timer = super::event::TimerFd::new()?;
+        let ready = ReadySet::new(&[fd, slot.sock.as_fd().as_raw_fd(), timer.fd()])?;
         tracing::info!(slot = slot.n, device = %inner.describe(), "sharing the address and port");
         Ok(Shared {
             inner,
@@ -477,6 +501,8 @@ impl<D: PacketDevice> Shared<D> {
             locals: locals.iter().map(|a| a.to_canonical()).collect(),
             ready,
             stats: ShareStats::default(),
+            held: Default::default(),
+            timer,
             rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
             rx_len: 0,
             rx_pos: 0,
@@ -547,6 +573,48 @@ impl<D: PacketDevice> Shared<D> {
         }
     }
 
+    /// Hand on the held CM requests whose service is claimed now (or hand them up here if
+    /// this device claims it, or once held for [`HOLD_FOR`]: the CM here answers), at most
+    /// `max` handed up (`*n` counts them); the timer wakes the engine again while some wait.
+    fn release_held(&mut self, max: usize, n: &mut usize, f: &mut dyn FnMut(&[u8], IcrcCheck)) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let own = self.slot.n;
+        let mut keep = std::collections::VecDeque::new();
+        while let Some(h) = self.held.pop_front() {
+            let to = claimant(&self.slot, h.dst, h.sid);
+            let here = match to {
+                Some(b) if b != own => !self.peers.push(b, &h.frame, h.check, false),
+                Some(_) => true,
+                None if now >= h.until => true,
+                None => {
+                    keep.push_back(h);
+                    continue;
+                }
+            };
+            if here {
+                if *n >= max {
+                    keep.push_back(h);
+                    continue;
+                }
+                f(&h.frame, h.check);
+                *n += 1;
+            }
+        }
+        self.held = keep;
+        if self.held.is_empty() {
+            self.timer.disarm();
+        } else if self.timer.arm(HOLD_CHECK).is_err() {
+            // No timer: hand them up now rather than hold them unwatched.
+            while let Some(h) = self.held.pop_front() {
+                f(&h.frame, h.check);
+                *n += 1;
+            }
+        }
+    }
+
     /// Slots found dead long enough ago are tried again.
     fn forget_the_dead(&mut self) {
         let now = Instant::now();
@@ -567,6 +635,7 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
         let mut n = 0;
         self.receive_forwarded(max, &mut n, f)?;
         self.forget_the_dead();
+        self.release_held(max, &mut n, f);
         self.peers.flush(&self.ready, &mut self.stats);
         if n >= max {
             return Ok(n);
@@ -577,6 +646,8 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
             slot,
             stats,
             peers,
+            held,
+            timer,
             ..
         } = self;
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
@@ -584,8 +655,21 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
                 Route::Slot(b) if b != own && !peers.is_dead(b) => b,
                 Route::Service(dst, sid) => match claimant(slot, dst, sid) {
                     Some(b) if b != own => b,
-                    // Claimed here, or by nobody (the CM here rejects it).
-                    _ => return f(fr, check),
+                    // Claimed here.
+                    Some(_) => return f(fr, check),
+                    // By nobody yet: held for a while for the program about to claim it
+                    // (then, or once held long enough, the CM there or here answers).
+                    None if held.len() < MAX_HELD && timer.arm(HOLD_CHECK).is_ok() => {
+                        held.push_back(Held {
+                            until: Instant::now() + HOLD_FOR,
+                            frame: fr.to_vec(),
+                            check,
+                            dst,
+                            sid,
+                        });
+                        return;
+                    }
+                    None => return f(fr, check),
                 },
                 Route::Slot(b) if b != own => {
                     stats.unowned += 1;
@@ -890,6 +974,48 @@ mod tests {
         let mut g = mad(7, 0x13, 0, 0x0500_0000, 0);
         g[14 + 20 + 8] = 0x04;
         assert_eq!(route(&g), Route::Here);
+    }
+
+    /// A REQ for a service nobody claims yet is held (not handed up) until a device claims
+    /// it, then handed to that device, whichever socket the kernel gave it to; one for a
+    /// service never claimed is handed up where it was held once [`HOLD_FOR`] has passed.
+    #[test]
+    fn a_req_before_its_claim_waits_for_the_claimant() {
+        let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
+        let nb = sb.number();
+        let da = device(0, true);
+        let port = da.local_addr().port();
+        let db = device(port, true);
+        let mut a = Shared::new(da, sa, &[LO]).unwrap();
+        let mut b = Shared::new(db, sb, &[LO]).unwrap();
+        let mut peer = device(0, false);
+        let sid = 0x0106_0000 | u64::from(port);
+        let req = |sid: u64| {
+            let mut f = mad(7, 0x10, 0x0900_0001, 0, sid);
+            to_port(&mut f, LO, port);
+            f
+        };
+        let drain = |a: &mut Shared<UdpDevice>, b: &mut Shared<UdpDevice>, for_: Duration| {
+            let mut got = Vec::new();
+            let until = Instant::now() + for_;
+            while Instant::now() < until {
+                for (k, d) in [&mut *a, &mut *b].into_iter().enumerate() {
+                    d.wait_readable(Some(Duration::from_millis(2))).unwrap();
+                    d.recv_batch(64, &mut |fr| got.push((k, fr.len()))).unwrap();
+                }
+            }
+            got
+        };
+        send(&mut peer, &[req(sid)]);
+        assert!(drain(&mut a, &mut b, Duration::from_millis(100)).is_empty());
+        let claim = ServiceClaim::take(nb, Some(LO), sid).unwrap();
+        let got = drain(&mut a, &mut b, Duration::from_millis(100));
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [1], "{got:?}");
+        drop(claim);
+        // Never claimed: handed up where it was held, once.
+        send(&mut peer, &[req(sid + 1)]);
+        assert!(drain(&mut a, &mut b, HOLD_FOR / 2).is_empty());
+        assert_eq!(drain(&mut a, &mut b, HOLD_FOR).len(), 1);
     }
 
     #[test]

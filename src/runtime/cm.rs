@@ -1142,8 +1142,53 @@ impl CmId {
     }
 
     /// `rdma_bind_addr` (port 0: an ephemeral port; the unspecified address: every address).
+    ///
+    /// On a device that shares its address and port with other programs', a port given
+    /// (not 0) is claimed among them first ([`CmId::claim_service`]): one another program has
+    /// bound at the same address is refused (`AddrInUse`), as by the kernel, and a REQ for
+    /// it that comes before `rdma_listen` reaches this program, whose CM holds it for its
+    /// listener (perftest `-R` connects right after its exchange).
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmApiError> {
-        self.call(|st, _, _| Ok(st.cm.bind_addr(self.id, addr)?))
+        let slot = lock(&self.sh.st).share_slot;
+        let claim = match slot.filter(|_| addr.port() != 0) {
+            Some(slot) => {
+                let sid = self.call(|st, _, _| Ok(st.cm.service_for(self.id, addr.port())))?;
+                match sid {
+                    Some(sid) => Some(Self::claim_service(slot, addr, sid)?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        self.call(|st, _, _| {
+            st.cm.bind_addr(self.id, addr)?;
+            if let Some(c) = claim {
+                st.claims.insert(self.id, c);
+            }
+            Ok(())
+        })
+    }
+
+    /// Claim service `sid` at `addr` among the programs sharing the port, waiting up to
+    /// [`CLAIM_WAIT`] while another program holds it (it may still be exiting: qperf's server
+    /// forks a process per test, each on the same port).
+    fn claim_service(slot: u8, addr: SocketAddr, sid: u64) -> Result<ServiceClaim, CmApiError> {
+        let until = std::time::Instant::now() + CLAIM_WAIT;
+        loop {
+            match ServiceClaim::take(slot, Some(addr.ip()), sid) {
+                Ok(c) => return Ok(c),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    return Err(CmApiError::Cm(RdmaCmError::AddrInUse(addr)))
+                }
+                Err(e) => return Err(CmApiError::Io(e)),
+            }
+        }
     }
 
     /// `rdma_resolve_addr`: ADDR_RESOLVED (or ADDR_ERROR) follows. A source with a port
@@ -1329,36 +1374,21 @@ impl CmId {
     /// `rdma_listen`: CONNECT_REQUEST events with new ids follow; at most `backlog` wait for
     /// accept or reject (more are rejected).
     ///
-    /// On a device that shares its address and port with other programs', the service is
-    /// claimed among them first: one that another program listens on at the same address
-    /// is refused (`AddrInUse`), as a second bind of one port is, once it has stayed
-    /// claimed for [`CLAIM_WAIT`] (the program before this one may still be exiting: qperf's
-    /// server forks a process per test, each listening on the same port).
+    /// On a device that shares its address and port with other programs', the service of an
+    /// id not claimed at its bind (bound to port 0: an ephemeral port) is claimed among them
+    /// first ([`CmId::bind_addr`]).
     pub fn listen(&self, backlog: usize) -> Result<(), CmApiError> {
         let service = {
             let st = lock(&self.sh.st);
-            st.share_slot.zip(st.cm.service_of(self.id))
+            if st.claims.contains_key(&self.id) {
+                None
+            } else {
+                st.share_slot.zip(st.cm.service_of(self.id))
+            }
         };
         // Claimed outside the lock (the wait must not hold up the CM's thread).
         let claim = match service {
-            Some((slot, (addr, sid))) => {
-                let until = std::time::Instant::now() + CLAIM_WAIT;
-                loop {
-                    match ServiceClaim::take(slot, Some(addr.ip()), sid) {
-                        Ok(c) => break Some(c),
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::AddrInUse
-                                && std::time::Instant::now() < until =>
-                        {
-                            std::thread::sleep(std::time::Duration::from_millis(10));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                            return Err(CmApiError::Cm(RdmaCmError::AddrInUse(addr)))
-                        }
-                        Err(e) => return Err(CmApiError::Io(e)),
-                    }
-                }
-            }
+            Some((slot, (addr, sid))) => Some(Self::claim_service(slot, addr, sid)?),
             None => None,
         };
         self.call(|st, _, _| {

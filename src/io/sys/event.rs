@@ -43,6 +43,84 @@ impl EventFd {
     }
 }
 
+/// A non-blocking one-shot timer (timerfd, monotonic clock): readable once it fires, until
+/// [`TimerFd::disarm`] or the next [`TimerFd::arm`].
+#[derive(Debug)]
+pub struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    /// A new timer, not armed.
+    pub fn new() -> io::Result<TimerFd> {
+        // SAFETY: timerfd_create takes no pointers; a negative return is an error, otherwise
+        // we own the new descriptor.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(TimerFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fire once after `after` (at least 1 ns), replacing any earlier arming, and read away a
+    /// firing not yet read.
+    pub fn arm(&self, after: Duration) -> io::Result<()> {
+        self.disarm_read();
+        let after = after.max(Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: libc::c_long::from(after.subsec_nanos() as i32),
+            },
+        };
+        // SAFETY: `spec` is a live itimerspec the kernel only reads; no old value asked for.
+        let r =
+            unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Stop the timer and read away a firing not yet read (the descriptor is then not
+    /// readable).
+    pub fn disarm(&self) {
+        let zero = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+        };
+        // SAFETY: as in `arm`; a zero value disarms.
+        let _ =
+            unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &zero, std::ptr::null_mut()) };
+        self.disarm_read();
+    }
+
+    fn disarm_read(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live u64; EAGAIN when it has not fired is fine.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// The descriptor, readable once the timer fired (for `poll` or a [`ReadySet`]).
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 thread_local! {
     /// This thread's interrupt watch: 0 off, 1 armed, 2 a wait was interrupted since arming.
     static INTERRUPT_WATCH: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
@@ -197,6 +275,20 @@ impl ReadySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timer_wakes_a_poller_once_armed() {
+        let t = TimerFd::new().unwrap();
+        assert!(!poll_readable(&[t.fd()], Some(Duration::from_millis(5))).unwrap());
+        t.arm(Duration::from_millis(1)).unwrap();
+        assert!(poll_readable(&[t.fd()], Some(Duration::from_secs(5))).unwrap());
+        t.disarm();
+        assert!(!poll_readable(&[t.fd()], Some(Duration::ZERO)).unwrap());
+        // Armed far ahead, then disarmed: never readable.
+        t.arm(Duration::from_secs(60)).unwrap();
+        t.disarm();
+        assert!(!poll_readable(&[t.fd()], Some(Duration::from_millis(5))).unwrap());
+    }
 
     #[test]
     fn signal_wakes_a_poller() {
