@@ -73,8 +73,13 @@ fn rig() -> Rig {
     let port = da.local_addr().port();
     let db = dev(port);
     Rig {
-        a: Shared::new(da, sa, &[LO]).unwrap(),
-        b: Shared::new(db, sb, &[LO]).unwrap(),
+        // CM requests nobody claims are held 100 µs, not half a second (the path is the same).
+        a: Shared::new(da, sa, &[LO])
+            .unwrap()
+            .with_hold(Duration::from_micros(100)),
+        b: Shared::new(db, sb, &[LO])
+            .unwrap()
+            .with_hold(Duration::from_micros(100)),
         na,
         nb,
         a_name,

@@ -470,6 +470,8 @@ pub struct Shared<D> {
     /// the engine to look for their claimants.
     held: std::collections::VecDeque<Held>,
     timer: super::event::TimerFd,
+    /// How long a request is held ([`HOLD_FOR`] unless [`Shared::with_hold`] says).
+    hold_for: Duration,
     /// The datagram last received from another slot, and how much of it is handed up.
     rx: Vec<u8>,
     rx_len: usize,
@@ -503,10 +505,19 @@ impl<D: PacketDevice> Shared<D> {
             stats: ShareStats::default(),
             held: Default::default(),
             timer,
+            hold_for: HOLD_FOR,
             rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
             rx_len: 0,
             rx_pos: 0,
         })
+    }
+
+    /// Hold a CM request for a service nobody claims for `d` instead of [`HOLD_FOR`] (its
+    /// claimant is looked for every 5 ms meanwhile, or every `d` if shorter).
+    #[must_use]
+    pub fn with_hold(mut self, d: Duration) -> Self {
+        self.hold_for = d;
+        self
     }
 
     /// The slot's number.
@@ -606,7 +617,7 @@ impl<D: PacketDevice> Shared<D> {
         self.held = keep;
         if self.held.is_empty() {
             self.timer.disarm();
-        } else if self.timer.arm(HOLD_CHECK).is_err() {
+        } else if self.timer.arm(HOLD_CHECK.min(self.hold_for)).is_err() {
             // No timer: hand them up now rather than hold them unwatched.
             while let Some(h) = self.held.pop_front() {
                 f(&h.frame, h.check);
@@ -648,8 +659,10 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
             peers,
             held,
             timer,
+            hold_for,
             ..
         } = self;
+        let (hold_for, look_every) = (*hold_for, HOLD_CHECK.min(*hold_for));
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
             let to = match route(fr) {
                 Route::Slot(b) if b != own && !peers.is_dead(b) => b,
@@ -659,9 +672,9 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
                     Some(_) => return f(fr, check),
                     // By nobody yet: held for a while for the program about to claim it
                     // (then, or once held long enough, the CM there or here answers).
-                    None if held.len() < MAX_HELD && timer.arm(HOLD_CHECK).is_ok() => {
+                    None if held.len() < MAX_HELD && timer.arm(look_every).is_ok() => {
                         held.push_back(Held {
-                            until: Instant::now() + HOLD_FOR,
+                            until: Instant::now() + hold_for,
                             frame: fr.to_vec(),
                             check,
                             dst,
