@@ -231,14 +231,9 @@ fn block_of(frame: &[u8]) -> Option<u8> {
 /// requester's own, by the ID's top byte (the CM's block of IDs,
 /// [`crate::cm::CmConfig::id_block`]); any other MAD stays.
 fn route(frame: &[u8]) -> Route {
-    match ip_and_bth(frame) {
-        Some((dst, bth)) => route_at(frame, dst, bth),
-        None => Route::Here,
-    }
-}
-
-/// [`route`] for a frame whose destination and BTH offset are known.
-fn route_at(frame: &[u8], dst: IpAddr, bth: usize) -> Route {
+    let Some((dst, bth)) = ip_and_bth(frame) else {
+        return Route::Here;
+    };
     let Some(q) = frame.get(bth + 5..bth + 8) else {
         return Route::Here;
     };
@@ -477,8 +472,6 @@ pub struct Shared<D> {
     timer: super::event::TimerFd,
     /// How long a request is held ([`HOLD_FOR`] unless [`Shared::with_hold`] says).
     hold_for: Duration,
-    /// When the held requests' claimants are looked for next (not at every receive).
-    next_look: Instant,
     /// The datagram last received from another slot, and how much of it is handed up.
     rx: Vec<u8>,
     rx_len: usize,
@@ -513,7 +506,6 @@ impl<D: PacketDevice> Shared<D> {
             held: Default::default(),
             timer,
             hold_for: HOLD_FOR,
-            next_look: Instant::now(),
             rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
             rx_len: 0,
             rx_pos: 0,
@@ -600,11 +592,6 @@ impl<D: PacketDevice> Shared<D> {
             return;
         }
         let now = Instant::now();
-        if now < self.next_look {
-            return;
-        }
-        let look_every = HOLD_CHECK.min(self.hold_for);
-        self.next_look = now + look_every;
         let own = self.slot.n;
         let mut keep = std::collections::VecDeque::new();
         while let Some(h) = self.held.pop_front() {
@@ -630,7 +617,7 @@ impl<D: PacketDevice> Shared<D> {
         self.held = keep;
         if self.held.is_empty() {
             self.timer.disarm();
-        } else if self.timer.arm(look_every).is_err() {
+        } else if self.timer.arm(HOLD_CHECK.min(self.hold_for)).is_err() {
             // No timer: hand them up now rather than hold them unwatched.
             while let Some(h) = self.held.pop_front() {
                 f(&h.frame, h.check);
@@ -742,7 +729,7 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
             let len = fill(buf)?;
             let to = ip_and_bth(&buf[..len])
                 .filter(|(dst, _)| locals.contains(&dst.to_canonical()))
-                .and_then(|(dst, bth)| match route_at(&buf[..len], dst, bth) {
+                .and_then(|(dst, _)| match route(&buf[..len]) {
                     Route::Slot(b) => Some(b),
                     Route::Service(_, sid) => claimant(slot, dst, sid),
                     Route::Here => None,
