@@ -46,6 +46,8 @@ pub type CreateQpExFn =
 pub type QueryDeviceExFn =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+/// `verbs_context.advise_mr` (the inline `ibv_advise_mr`).
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
@@ -84,9 +86,10 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `create_wq` (23 entries), all NULL: the inline wrappers then
+    pub advise_mr: Option<AdviseMrFn>,
+    /// `alloc_null_mr` … `create_wq` (22 entries), all NULL: the inline wrappers then
     /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
-    pub _ex1: [usize; 23],
+    pub _ex1: [usize; 22],
     pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
@@ -1343,8 +1346,7 @@ pub struct ibv_qp_ex {
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    /// `struct ibv_odp_caps`.
-    pub odp_caps: [u64; 3],
+    pub odp_caps: ibv_odp_caps,
     pub completion_timestamp_mask: u64,
     pub hca_core_clock: u64,
     pub device_cap_flags_ex: u64,
@@ -1366,6 +1368,34 @@ pub struct ibv_device_attr_ex {
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
+
+/// `struct ibv_odp_caps` (its `per_transport_caps` members inline).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `IBV_ACCESS_ON_DEMAND` (`enum ibv_access_flags`).
+pub const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+/// `IBV_ODP_SUPPORT` and `IBV_ODP_SUPPORT_IMPLICIT` (`enum ibv_odp_general_caps`).
+pub const IBV_ODP_SUPPORT: u64 = 1;
+pub const IBV_ODP_SUPPORT_IMPLICIT: u64 = 2;
+/// `enum ibv_odp_transport_cap_bits`.
+pub const IBV_ODP_SUPPORT_SEND: u32 = 1;
+pub const IBV_ODP_SUPPORT_RECV: u32 = 2;
+pub const IBV_ODP_SUPPORT_WRITE: u32 = 4;
+pub const IBV_ODP_SUPPORT_READ: u32 = 8;
+pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 16;
+pub const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 32;
+/// `enum ibv_advise_mr_advice` and `IBV_ADVISE_MR_FLAG_FLUSH`.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
 
 /// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
 #[repr(C)]
@@ -1517,6 +1547,58 @@ pub fn ex_layout_facts() -> Vec<(&'static str, usize)> {
         }
     );
     for (n, o) in [
+        (
+            "offsetof(struct verbs_context, advise_mr)",
+            offset_of!(verbs_context, advise_mr),
+        ),
+        ("sizeof(struct ibv_odp_caps)", size_of::<ibv_odp_caps>()),
+        (
+            "offsetof(struct ibv_odp_caps, general_caps)",
+            offset_of!(ibv_odp_caps, general_caps),
+        ),
+        (
+            "offsetof(struct ibv_odp_caps, per_transport_caps.rc_odp_caps)",
+            offset_of!(ibv_odp_caps, rc_odp_caps),
+        ),
+        (
+            "offsetof(struct ibv_odp_caps, per_transport_caps.uc_odp_caps)",
+            offset_of!(ibv_odp_caps, uc_odp_caps),
+        ),
+        (
+            "offsetof(struct ibv_odp_caps, per_transport_caps.ud_odp_caps)",
+            offset_of!(ibv_odp_caps, ud_odp_caps),
+        ),
+        ("IBV_ACCESS_ON_DEMAND", IBV_ACCESS_ON_DEMAND as usize),
+        ("IBV_ODP_SUPPORT", IBV_ODP_SUPPORT as usize),
+        (
+            "IBV_ODP_SUPPORT_IMPLICIT",
+            IBV_ODP_SUPPORT_IMPLICIT as usize,
+        ),
+        ("IBV_ODP_SUPPORT_SEND", IBV_ODP_SUPPORT_SEND as usize),
+        ("IBV_ODP_SUPPORT_RECV", IBV_ODP_SUPPORT_RECV as usize),
+        ("IBV_ODP_SUPPORT_WRITE", IBV_ODP_SUPPORT_WRITE as usize),
+        ("IBV_ODP_SUPPORT_READ", IBV_ODP_SUPPORT_READ as usize),
+        ("IBV_ODP_SUPPORT_ATOMIC", IBV_ODP_SUPPORT_ATOMIC as usize),
+        (
+            "IBV_ODP_SUPPORT_SRQ_RECV",
+            IBV_ODP_SUPPORT_SRQ_RECV as usize,
+        ),
+        (
+            "IBV_ADVISE_MR_ADVICE_PREFETCH",
+            IBV_ADVISE_MR_ADVICE_PREFETCH as usize,
+        ),
+        (
+            "IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE",
+            IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE as usize,
+        ),
+        (
+            "IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT",
+            IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT as usize,
+        ),
+        (
+            "IBV_ADVISE_MR_FLAG_FLUSH",
+            IBV_ADVISE_MR_FLAG_FLUSH as usize,
+        ),
         (
             "offsetof(struct verbs_context, query_rt_values)",
             offset_of!(verbs_context, query_rt_values),

@@ -312,6 +312,16 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     }
     a.completion_timestamp_mask = u64::MAX;
     a.hca_core_clock = 1_000_000;
+    // On-demand paging: every region can be (ferroce reaches each page when it is accessed:
+    // `ferroce::ib::OnDemandMemory`), implicit ones too, for every operation each transport
+    // carries. XRC is not offered, so neither are its caps.
+    let both = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.odp_caps = ibv_odp_caps {
+        general_caps: IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT,
+        rc_odp_caps: both | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC,
+        uc_odp_caps: both | IBV_ODP_SUPPORT_WRITE,
+        ud_odp_caps: both,
+    };
     a.phys_port_cnt_ex = 1;
     let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's structure holds `size` >= n bytes (libibverbs' contract); `a`

@@ -11,12 +11,13 @@ use crate::device::{self, Shared};
 use ferroce::verbs::AsyncEvent;
 use ferroce::verbs::LKey;
 use ferroce::verbs::{
-    AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, Pd, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge,
-    Srq, SrqAttr, SrqAttrMask, UdDest, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, OnDemandMemory,
+    Pd, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+    SgList, Sge, Srq, SrqAttr, SrqAttrMask, UdDest, UserMemory, VerbsError, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use ferroce::wire::{QpNumber, RKey};
-use libc::{c_char, c_int, c_void, EINVAL, ENOMEM, EOPNOTSUPP};
+use libc::{c_char, c_int, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
 use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
 use std::ptr::null_mut;
@@ -443,6 +444,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.create_cq_ex = Some(crate::ex::create_cq_ex);
     v.query_device_ex = Some(crate::ex::query_device_ex);
     v.query_rt_values = Some(crate::ex::query_rt_values);
+    v.advise_mr = Some(advise_mr);
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;
@@ -850,6 +852,27 @@ fn mr_access(access: c_int) -> AccessFlags {
     AccessFlags::from_bits_truncate(access as u32 & 0xf)
 }
 
+/// The memory `ibv_reg_mr` registers: `len` bytes at `addr`, pinned, or with
+/// `IBV_ACCESS_ON_DEMAND` on demand (`addr` NULL and `len` `SIZE_MAX`: the whole address
+/// space, an implicit region). `None` for a range the library refuses (EINVAL).
+///
+/// # Safety
+/// ibv_reg_mr's contract: `len` bytes at `addr` are the caller's, readable and writable (with
+/// local write) until ibv_dereg_mr returns — the promise `AppMemory::new` asks; on demand,
+/// only that the library may read and write what is mapped there meanwhile (what
+/// `OnDemandMemory::new` asks: a C program's memory, no Rust reference into it).
+unsafe fn user_memory(addr: *mut c_void, len: usize, access: c_int) -> Option<UserMemory> {
+    if access & IBV_ACCESS_ON_DEMAND != 0 {
+        if addr.is_null() && len != usize::MAX {
+            return None;
+        }
+        // SAFETY: the caller's promise (above).
+        return unsafe { OnDemandMemory::new(addr as u64, len as u64) }.map(UserMemory::from);
+    }
+    // SAFETY: the caller's promise (above).
+    unsafe { AppMemory::new(addr as *mut u8, len) }.map(UserMemory::from)
+}
+
 unsafe fn reg(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -865,9 +888,8 @@ unsafe fn reg(
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(p.c.context) };
     let acc = mr_access(access);
-    // SAFETY: ibv_reg_mr's contract: `len` bytes at `addr` are the caller's, readable and
-    // writable (with local write) until ibv_dereg_mr returns — the promise AppMemory::new asks.
-    let Some(mem) = (unsafe { AppMemory::new(addr as *mut u8, len) }) else {
+    // SAFETY: as `user_memory` asks: ibv_reg_mr's contract (see there).
+    let Some(mem) = (unsafe { user_memory(addr, len, access) }) else {
         return fail(EINVAL);
     };
     match nic_or!(s, fail).reg_mr_app(p.pd, mem, iova, acc) {
@@ -972,6 +994,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     };
     let new_access = if flags & CHANGE_ACCESS != 0 {
         access
+    } else if w.mr.is_on_demand() {
+        w.mr.access().bits() as c_int | IBV_ACCESS_ON_DEMAND
     } else {
         w.mr.access().bits() as c_int
     };
@@ -985,8 +1009,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     });
     let acc = mr_access(new_access);
     // SAFETY: the caller's new range or the range the region already had, with ibv_reg_mr's
-    // promise (see `reg`).
-    let Some(mem) = (unsafe { AppMemory::new(new_addr as *mut u8, new_len) }) else {
+    // promise (see `user_memory`).
+    let Some(mem) = (unsafe { user_memory(new_addr, new_len, new_access) }) else {
         set_errno(EINVAL);
         return ERR_INPUT;
     };
@@ -1008,6 +1032,58 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             ERR_CMD
         }
     }
+}
+
+/// `verbs_context.advise_mr` (the inline `ibv_advise_mr`): a prefetch hint for regions
+/// registered on demand. ferroce finds each page when it is accessed (see
+/// `ferroce::ib::OnDemandMemory`), so there is nothing to prefetch; the call checks what the
+/// kernel checks for mlx5 and returns 0: the advice and flags known (else EOPNOTSUPP), at least
+/// one entry (EINVAL), each entry's L_Key an on-demand region of this PD (ENOENT), writable
+/// for `PREFETCH_WRITE` (ENOENT), the range inside it (EINVAL). Errors are returned, as
+/// libibverbs' providers return them.
+unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: c_int,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    if !(IBV_ADVISE_MR_ADVICE_PREFETCH..=IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT).contains(&advice)
+        || flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0
+    {
+        return EOPNOTSUPP;
+    }
+    if pd.is_null() || sg_list.is_null() || num_sge == 0 {
+        return EINVAL;
+    }
+    // SAFETY: a PD from ibv_alloc_pd.
+    let p = unsafe { &*(pd as *mut PdW) };
+    // SAFETY: an object this library handed out (libibverbs' contract).
+    let s = unsafe { sh(p.c.context) };
+    let nic = nic_or!(s, |e| e);
+    // SAFETY: `num_sge` entries at `sg_list` (the caller's contract).
+    let sges = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    for e in sges {
+        let Some(mr) = nic.mr_by_lkey(LKey(e.lkey)) else {
+            return ENOENT;
+        };
+        if mr.pd() != p.pd
+            || !mr.is_on_demand()
+            || (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE
+                && !mr.access().contains(AccessFlags::LOCAL_WRITE))
+        {
+            return ENOENT;
+        }
+        let inside = e
+            .addr
+            .checked_sub(mr.addr())
+            .and_then(|o| o.checked_add(u64::from(e.length)))
+            .is_some_and(|end| end <= mr.len() as u64);
+        if !inside {
+            return EINVAL;
+        }
+    }
+    0
 }
 
 #[no_mangle]

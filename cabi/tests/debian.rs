@@ -399,6 +399,75 @@ fn perftest_both_ends() {
     }
 }
 
+/// On-demand paging (`IBV_ACCESS_ON_DEMAND`) as Debian's perftest uses it (`--odp`: it asks
+/// `ibv_query_device_ex` for the ODP capabilities of the transport and the verb, refuses to run
+/// without them, and registers its buffers on demand): WRITE, READ and SEND bandwidth, SEND
+/// over UD, and the three latency tests, both ends on the library.
+#[test]
+fn perftest_with_on_demand_paging_both_ends() {
+    let t = "perftest_with_on_demand_paging_both_ends";
+    let progs = [
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_send_lat",
+        "ib_write_lat",
+        "ib_read_lat",
+    ];
+    if !ready(t, &progs) {
+        return;
+    }
+    for (p, extra) in [
+        ("ib_write_bw", "-n 300"),
+        ("ib_read_bw", "-n 300"),
+        ("ib_send_bw", "-n 300"),
+        ("ib_send_bw", "-n 300 -c UD"),
+        ("ib_send_lat", "-n 300"),
+        ("ib_write_lat", "-n 300"),
+        ("ib_read_lat", "-n 300"),
+    ] {
+        let cmd = format!("{p} -d ferroce_lo -x $G --odp {extra}");
+        let (s, c, st) = pair(&cmd, &cmd);
+        assert_eq!(
+            st, "server=0 client=0",
+            "{cmd}\n--- server\n{s}\n--- client\n{c}"
+        );
+        assert!(
+            c.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some("300")),
+            "{cmd}: no result line with 300 iterations:\n{c}"
+        );
+    }
+}
+
+/// examples/c/odp.c: regions registered on demand and the implicit region (the whole address
+/// space): pages missing at registration, mapped after it, or unmapped, as an RNIC with ODP
+/// meets them (remote and local access errors, never a crash); `ibv_advise_mr`; the
+/// capabilities `ibv_query_device_ex` reports.
+#[test]
+fn on_demand_paging_regions_follow_the_programs_mappings() {
+    run_verbs_example(
+        "on_demand_paging_regions_follow_the_programs_mappings",
+        "odp",
+        &[
+            "odp caps: general 0x3 rc 0x3f uc 0x27 ud 0x23",
+            "reg_mr ON_DEMAND over an unmapped page: registered",
+            "WRITE to the mapped part: success, data identical",
+            "WRITE to the unmapped page: remote access error",
+            "WRITE to the page mapped after registration: success, data identical",
+            "ibv_advise_mr: on demand 0, pinned No such file or directory",
+            "reg_mr implicit: registered",
+            "WRITE through the implicit region into memory malloc'ed after it: success, data identical",
+            "READ through the implicit region: success, data identical",
+            "WRITE from a stack buffer by the implicit L_Key: success, data identical",
+            "ATOMIC fetch-and-add through the implicit region: success, old 40, now 42",
+            "WRITE gathered from an unmapped address: local protection error",
+            "reg_mr ON_DEMAND at NULL for 4096 bytes: Invalid argument",
+            "ok",
+        ],
+    );
+}
+
 #[test]
 fn rdma_core_example_against_ferroces_own_pingpong() {
     let t = "rdma_core_example_against_ferroces_own_pingpong";

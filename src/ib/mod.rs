@@ -37,7 +37,7 @@ pub(crate) mod wqe;
 pub mod wr;
 
 pub use ah::{ah_attr_from_wc, Ah, AhFromWcError};
-pub use appmem::AppMemory;
+pub use appmem::{AppMemory, OnDemandMemory, UserMemory};
 pub use attr::{
     AccessFlags, AddressVector, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };

@@ -20,13 +20,15 @@
 //! scatter/gather entries and remote keys name bytes by that address, as in libibverbs.
 //!
 //! **Application memory.** A region may instead sit on memory the application owns
-//! ([`AppMemory`], `Device::reg_mr_app`: what `ibv_reg_mr(pd, addr, len, access)` registers).
+//! ([`AppMemory`](crate::ib::AppMemory), `Device::reg_mr_app`: what
+//! `ibv_reg_mr(pd, addr, len, access)` registers; or, registered on demand,
+//! [`OnDemandMemory`](crate::ib::OnDemandMemory), reached through system calls page by page).
 //! The engine then reads and writes those bytes directly, with no copy, under the same lock;
 //! the `unsafe` this needs and its safety argument are in [`super::appmem`], the only such
 //! module of the library. Its address is the one the application gives (the buffer's own, or
 //! an I/O virtual address). Deregistration releases it: every later access fails.
 
-use super::appmem::{AppMemory, Memory};
+use super::appmem::{Memory, UserMemory};
 use super::attr::AccessFlags;
 use super::wc::WcStatus;
 use super::wr::Sge;
@@ -46,7 +48,8 @@ pub struct Pd(pub(crate) u32);
 /// Errors of MR access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MrError {
-    /// The region's memory is gone: application memory ([`AppMemory`]) after deregistration.
+    /// The region's memory is gone: application memory
+    /// ([`AppMemory`](crate::ib::AppMemory)) after deregistration; or, on demand, not there.
     #[error("the region was deregistered and its application memory released")]
     Gone,
     /// The range is not inside the region.
@@ -114,7 +117,7 @@ impl MrShared {
         pd: Pd,
         access: AccessFlags,
         va: u64,
-        mem: AppMemory,
+        mem: UserMemory,
     ) -> Self {
         MrShared {
             lkey,
@@ -122,8 +125,10 @@ impl MrShared {
             pd,
             access,
             va,
-            len: mem.len(),
-            mem: RwLock::new(Memory::App(mem)),
+            // An implicit on-demand region's u64::MAX bytes (usize is 64 bits on every target
+            // ferroce builds for: see `io::sys`).
+            len: usize::try_from(mem.len()).unwrap_or(usize::MAX),
+            mem: RwLock::new(Memory::from(mem)),
             rkey_valid: AtomicBool::new(true),
         }
     }
@@ -140,33 +145,29 @@ impl MrShared {
     /// Copy `dst.len()` bytes at offset `off` out of the region; false if the range is outside
     /// it or its memory is gone.
     pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) -> bool {
-        let g = self.lock_read();
-        match g
-            .get()
-            .and_then(|b| b.get(off..off.checked_add(dst.len())?))
-        {
-            Some(src) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
+        self.lock_read().read_at(off, dst)
     }
 
     /// Copy `src` into the region at offset `off`; false if the range is outside it or its
     /// memory is gone.
     pub(crate) fn write_at(&self, off: usize, src: &[u8]) -> bool {
-        let mut g = self.lock_write();
-        match g
-            .get_mut()
-            .and_then(|b| b.get_mut(off..off.checked_add(src.len())?))
-        {
-            Some(dst) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
+        self.lock_write().write_at(off, src)
+    }
+
+    /// Whether the `len` bytes at offset `off` are there to read (on demand: every page mapped
+    /// now; otherwise: the memory is not gone).
+    pub(crate) fn present(&self, off: usize, len: usize) -> bool {
+        self.lock_read().present(off, len)
+    }
+
+    /// Replace the 8 bytes at offset `off` by `f` of them under the write lock (an ATOMIC):
+    /// their old value, or `None` if they are outside the region, gone or not there.
+    pub(crate) fn update8_at(
+        &self,
+        off: usize,
+        f: impl FnOnce([u8; 8]) -> [u8; 8],
+    ) -> Option<[u8; 8]> {
+        self.lock_write().update8_at(off, f)
     }
 
     /// Run `f` on the bytes under the write lock (an ATOMIC); `None` if the memory is gone.
@@ -200,6 +201,11 @@ impl MrShared {
     /// Whether the region is over the application's memory (still registered).
     pub(crate) fn is_app(&self) -> bool {
         self.lock_read().is_app()
+    }
+
+    /// Whether the region is registered on demand (and still registered).
+    pub(crate) fn is_on_demand(&self) -> bool {
+        self.lock_read().is_on_demand()
     }
 
     /// A copy of the bytes `[from, to)` (test helper).
@@ -326,9 +332,18 @@ impl MemoryRegion {
         self.0.view_mut(f)
     }
 
-    /// Whether the region is over the application's own memory ([`AppMemory`]).
+    /// Whether the region is over the application's own memory
+    /// ([`AppMemory`](crate::ib::AppMemory) or [`super::appmem::OnDemandMemory`]).
     pub fn is_app_memory(&self) -> bool {
         self.0.is_app()
+    }
+
+    /// Whether the region is registered on demand ([`super::appmem::OnDemandMemory`]): its
+    /// bytes are reached through system calls, never as a slice, so [`Self::with_bytes`]
+    /// shows none of them (read them with [`Self::read`], or through the application's own
+    /// pointer).
+    pub fn is_on_demand(&self) -> bool {
+        self.0.is_on_demand()
     }
 }
 

@@ -913,10 +913,15 @@ impl Qp {
                 ..
             } => {
                 let k = *sent;
-                // The region deregistered or invalidated since the request was accepted:
-                // none of its bytes leave any more; the requester gets a Remote Access
-                // Error NAK at the PSN it waits for (9.7.5.2.4) in place of the rest.
-                if mr.as_ref().is_some_and(|m| !m.rkey_valid()) {
+                let start = k * mtu;
+                let plen = (*len - start.min(*len)).min(mtu);
+                // The region deregistered or invalidated since the request was accepted, or
+                // (registered on demand) a page of this packet's bytes not mapped now: none
+                // of its bytes leave any more; the requester gets a Remote Access Error NAK
+                // at the PSN it waits for (9.7.5.2.4) in place of the rest.
+                if mr.as_ref().is_some_and(|m| {
+                    !m.rkey_valid() || !m.present(*mr_off + start as usize, plen as usize)
+                }) {
                     let psn = first_psn.add(k);
                     self.resp.resp_q.pop_front();
                     self.counters.mr_gone += 1;
@@ -935,8 +940,6 @@ impl Qp {
                         payload: PayloadSrc::None,
                     });
                 }
-                let start = k * mtu;
-                let plen = (*len - start.min(*len)).min(mtu);
                 let first = k == 0;
                 let last = k + 1 == *npkts;
                 let opcode = match (first, last) {
@@ -976,10 +979,7 @@ impl Qp {
 /// An ATOMIC on the 8 bytes at `off` of `mr`, under the region's write lock, in host byte
 /// order as rxe does: the original value (`None` if the region's memory is gone).
 fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> Option<u64> {
-    mr.update(|m| {
-        let cell = m.get_mut(off..off.checked_add(8)?)?;
-        let mut cur = [0u8; 8];
-        cur.copy_from_slice(cell);
+    mr.update8_at(off, |cur| {
         let orig = u64::from_ne_bytes(cur);
         let new = if op == Opcode::RC_CMP_SWAP {
             if orig == a.compare {
@@ -990,10 +990,9 @@ fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> Opti
         } else {
             orig.wrapping_add(a.swap_add)
         };
-        cell.copy_from_slice(&new.to_ne_bytes());
-        Some(orig)
+        new.to_ne_bytes()
     })
-    .flatten()
+    .map(u64::from_ne_bytes)
 }
 
 /// A SEND packet's bytes into receive WQE `rwqe` at offset `off` (`first`: the message's

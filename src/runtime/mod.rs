@@ -689,7 +689,7 @@ impl Nic {
     pub fn reg_mr_app(
         &self,
         pd: Pd,
-        mem: crate::verbs::AppMemory,
+        mem: impl Into<crate::verbs::UserMemory>,
         iova: u64,
         access: crate::verbs::AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
@@ -701,7 +701,7 @@ impl Nic {
         &self,
         mr: &MemoryRegion,
         pd: Pd,
-        mem: crate::verbs::AppMemory,
+        mem: impl Into<crate::verbs::UserMemory>,
         iova: u64,
         access: crate::verbs::AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
@@ -711,6 +711,11 @@ impl Nic {
     /// `ibv_dereg_mr` (see [`Device::dereg_mr`]).
     pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         self.with_device(|d| d.dereg_mr(mr))
+    }
+
+    /// The registered region with local key `lkey`, if any (see [`Device::mr_by_lkey`]).
+    pub fn mr_by_lkey(&self, lkey: crate::ib::mr::LKey) -> Option<MemoryRegion> {
+        self.with_device(|d| d.mr_by_lkey(lkey))
     }
 
     /// `ibv_create_cq`, with its lock-free completion queue.

@@ -7,7 +7,7 @@ use super::engine::{Scheduler, Slot};
 use super::frame::Framer;
 use super::qps::TransportQp;
 use crate::ib::ah::{ah_attr_from_wc, Ah, AhEntry, AhFromWcError};
-use crate::ib::appmem::AppMemory;
+use crate::ib::appmem::UserMemory;
 use crate::ib::attr::check_modify_qp;
 use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
@@ -623,17 +623,20 @@ impl Device {
     }
 
     /// `ibv_reg_mr` on the application's own memory: the engine reads and writes `mem`
-    /// directly, no copy (see [`AppMemory`]). Scatter/gather entries and the peer's requests
-    /// name its bytes from `iova` (`ibv_reg_mr` passes the buffer's own address,
-    /// `ibv_reg_mr_iova2` any other). The memory is the caller's again once
-    /// [`dereg_mr`](Self::dereg_mr) returns.
+    /// directly, no copy (see [`AppMemory`](crate::ib::AppMemory)), or, registered on demand
+    /// ([`crate::ib::OnDemandMemory`], `IBV_ACCESS_ON_DEMAND`), whatever is mapped there at
+    /// each access. Scatter/gather entries and the peer's requests name its bytes from `iova`
+    /// (`ibv_reg_mr` passes the buffer's own address, `ibv_reg_mr_iova2` any other; an
+    /// implicit on-demand region, the whole address space, only `0`). The memory is the
+    /// caller's again once [`dereg_mr`](Self::dereg_mr) returns.
     pub fn reg_mr_app(
         &mut self,
         pd: Pd,
-        mem: AppMemory,
+        mem: impl Into<UserMemory>,
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
+        let mem = mem.into();
         self.app_range_checks(&mem, iova)?;
         let (lkey, rkey) = self.mr_keys(pd, access)?;
         let mr = Arc::new(MrShared::new_app(
@@ -658,10 +661,11 @@ impl Device {
         &mut self,
         mr: &MemoryRegion,
         pd: Pd,
-        mem: AppMemory,
+        mem: impl Into<UserMemory>,
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
+        let mem = mem.into();
         // Every check first: a refused reregistration leaves the region as it was.
         if !self
             .mrs
@@ -684,12 +688,28 @@ impl Device {
         Ok(MemoryRegion(new))
     }
 
+    /// The registered region with local key `lkey`, if any (a handle on it: `ibv_advise_mr`
+    /// looks its scatter/gather entries up this way).
+    pub fn mr_by_lkey(&self, lkey: LKey) -> Option<MemoryRegion> {
+        self.mrs.lkey_ref(lkey).cloned().map(MemoryRegion)
+    }
+
     /// The checks of application memory registered from `iova`.
-    fn app_range_checks(&self, mem: &AppMemory, iova: u64) -> Result<(), VerbsError> {
-        if iova.checked_add(mem.len() as u64).is_none() {
+    fn app_range_checks(&self, mem: &UserMemory, iova: u64) -> Result<(), VerbsError> {
+        // An implicit on-demand region names every address by itself (as mlx5's does).
+        if mem.is_implicit() {
+            return if iova == 0 {
+                Ok(())
+            } else {
+                Err(VerbsError::BadCap(
+                    "an implicit on-demand region's iova is 0",
+                ))
+            };
+        }
+        if iova.checked_add(mem.len()).is_none() {
             return Err(VerbsError::BadCap("iova + length overflows"));
         }
-        if mem.len() as u64 > self.cfg.max_mr_size {
+        if mem.len() > self.cfg.max_mr_size {
             return Err(VerbsError::BadCap("MR longer than max_mr_size"));
         }
         Ok(())

@@ -27,7 +27,7 @@ pub mod limits;
 mod qps;
 
 pub use crate::ib::ah::{Ah, AhFromWcError};
-pub use crate::ib::appmem::AppMemory;
+pub use crate::ib::appmem::{AppMemory, OnDemandMemory, UserMemory};
 pub use crate::ib::attr::{
     AccessFlags, AddressVector, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
 };
