@@ -861,16 +861,66 @@ fn mr_access(access: c_int) -> AccessFlags {
 /// local write) until ibv_dereg_mr returns — the promise `AppMemory::new` asks; on demand,
 /// only that the library may read and write what is mapped there meanwhile (what
 /// `OnDemandMemory::new` asks: a C program's memory, no Rust reference into it).
-unsafe fn user_memory(addr: *mut c_void, len: usize, access: c_int) -> Option<UserMemory> {
+///
+/// A pinned range must be mapped, readable, and writable when `access` lets anything write
+/// it, as the kernel's `ib_umem_get` pins it for a provider: otherwise `EFAULT` (not a later
+/// fault in the engine). The range is looked up in `/proc/self/maps` at the call; a program
+/// that unmaps it while it is registered breaks ibv_reg_mr's contract (on an RNIC the pages
+/// stay pinned; here the engine would fault), which nothing here can catch.
+unsafe fn user_memory(addr: *mut c_void, len: usize, access: c_int) -> Result<UserMemory, c_int> {
     if access & IBV_ACCESS_ON_DEMAND != 0 {
         if addr.is_null() && len != usize::MAX {
-            return None;
+            return Err(EINVAL);
         }
         // SAFETY: the caller's promise (above).
-        return unsafe { OnDemandMemory::new(addr as u64, len as u64) }.map(UserMemory::from);
+        return unsafe { OnDemandMemory::new(addr as u64, len as u64) }
+            .map(UserMemory::from)
+            .ok_or(EINVAL);
     }
     // SAFETY: the caller's promise (above).
-    unsafe { AppMemory::new(addr as *mut u8, len) }.map(UserMemory::from)
+    let mem = unsafe { AppMemory::new(addr as *mut u8, len) }.ok_or(EINVAL)?;
+    // What makes a region writable for the kernel's pinning (ib_access_writable).
+    const WRITABLE: c_int = 1 | 2 | 8 | 16; // LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    if len > 0 && !mapped(&maps, addr as u64, len as u64, access & WRITABLE != 0) {
+        return Err(libc::EFAULT);
+    }
+    Ok(UserMemory::from(mem))
+}
+
+/// Whether `/proc/<pid>/maps` text `maps` covers `[addr, addr + len)` with mappings that are
+/// readable, and writable if `write` (adjacent mappings may split the range; a gap, a
+/// `PROT_NONE` guard or a read-only part fails it).
+fn mapped(maps: &str, addr: u64, len: u64, write: bool) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut at = addr;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if hi <= at {
+            continue;
+        }
+        // The lines are in address order: the next one must begin where the range stands.
+        let p = perms.as_bytes();
+        if lo > at || p.first() != Some(&b'r') || (write && p.get(1) != Some(&b'w')) {
+            return false;
+        }
+        at = hi;
+        if at >= end {
+            return true;
+        }
+    }
+    false
 }
 
 unsafe fn reg(
@@ -889,8 +939,9 @@ unsafe fn reg(
     let s = unsafe { sh(p.c.context) };
     let acc = mr_access(access);
     // SAFETY: as `user_memory` asks: ibv_reg_mr's contract (see there).
-    let Some(mem) = (unsafe { user_memory(addr, len, access) }) else {
-        return fail(EINVAL);
+    let mem = match unsafe { user_memory(addr, len, access) } {
+        Ok(m) => m,
+        Err(e) => return fail(e),
     };
     match nic_or!(s, fail).reg_mr_app(p.pd, mem, iova, acc) {
         Ok(mr) => {
@@ -1010,9 +1061,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let acc = mr_access(new_access);
     // SAFETY: the caller's new range or the range the region already had, with ibv_reg_mr's
     // promise (see `user_memory`).
-    let Some(mem) = (unsafe { user_memory(new_addr, new_len, new_access) }) else {
-        set_errno(EINVAL);
-        return ERR_INPUT;
+    // A range the kernel could not pin fails as its command would (EFAULT).
+    let mem = match unsafe { user_memory(new_addr, new_len, new_access) } {
+        Ok(m) => m,
+        Err(e) => {
+            set_errno(e);
+            return if e == EINVAL { ERR_INPUT } else { ERR_CMD };
+        }
     };
     // The keys stay while the PD does (Device::rereg_mr_app); a refused call leaves the region
     // as it was.
@@ -2557,4 +2612,42 @@ pub extern "C" fn ibv_event_type_str(e: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mapped;
+
+    const MAPS: &str = "\
+00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/prog
+00651000-00652000 rw-p 00051000 08:02 173521      /usr/bin/prog
+00652000-00655000 rw-p 00000000 00:00 0           [heap]
+7f0000000000-7f0000001000 ---p 00000000 00:00 0
+7f0000001000-7f0000003000 r--p 00000000 00:00 0
+7f0000003000-7f0000004000 rw-s 00000000 00:05 42  /dev/zero (deleted)
+";
+
+    #[test]
+    fn a_pinned_range_must_be_mapped_readable_and_writable_when_written() {
+        // Inside one mapping, and across two adjacent writable ones.
+        assert!(mapped(MAPS, 0x651010, 0x100, true));
+        assert!(mapped(MAPS, 0x651ff0, 0x20, true));
+        assert!(mapped(MAPS, 0x651000, 0x4000, true));
+        // Past the heap's end, before the first mapping, in the gap between two.
+        assert!(!mapped(MAPS, 0x654ff0, 0x20, false));
+        assert!(!mapped(MAPS, 0x3ff000, 0x10, false));
+        assert!(!mapped(MAPS, 0x452000, 0x10, false));
+        assert!(!mapped(MAPS, 0x451ff0, 0x20, false));
+        // Read-only: for reading only; a PROT_NONE guard never; a shared mapping like another.
+        assert!(mapped(MAPS, 0x400000, 0x1000, false));
+        assert!(!mapped(MAPS, 0x400000, 0x1000, true));
+        assert!(mapped(MAPS, 0x7f0000001000, 0x2000, false));
+        assert!(!mapped(MAPS, 0x7f0000002ff0, 0x20, true));
+        assert!(!mapped(MAPS, 0x7f0000000ff0, 0x20, false));
+        assert!(mapped(MAPS, 0x7f0000003000, 0x1000, true));
+        // Wrapping, or running off the last mapping.
+        assert!(!mapped(MAPS, u64::MAX - 4, 8, false));
+        assert!(!mapped(MAPS, 0x7f0000003ff0, 0x20, false));
+        assert!(!mapped("", 0x1000, 1, false));
+    }
 }

@@ -440,6 +440,31 @@ fn perftest_with_on_demand_paging_both_ends() {
     }
 }
 
+/// examples/c/reg_mr_checks.c: memory `ibv_reg_mr` cannot pin is refused with `EFAULT`, as
+/// the kernel's pinning refuses it on any rdma-core provider, instead of being registered and
+/// faulting the engine at the first access: a range with a hole, read-only memory with a
+/// write right, `PROT_NONE`; a range over two adjacent writable mappings is accepted, and
+/// `ibv_rereg_mr` onto a hole fails with `IBV_REREG_MR_ERR_CMD`, the region unchanged.
+#[test]
+fn reg_mr_refuses_memory_it_cannot_pin() {
+    run_verbs_example(
+        "reg_mr_refuses_memory_it_cannot_pin",
+        "reg_mr_checks",
+        &[
+            "a range with an unmapped page: Bad address",
+            "the same on demand: registered",
+            "its first page alone: registered",
+            "read-only memory, no write rights: registered",
+            "read-only memory with local write: Bad address",
+            "read-only memory with remote write: Bad address",
+            "PROT_NONE memory: Bad address",
+            "two adjacent writable mappings: registered",
+            "rereg onto an unmapped page: -4 Bad address, region unchanged",
+            "ok",
+        ],
+    );
+}
+
 /// examples/c/odp.c: regions registered on demand and the implicit region (the whole address
 /// space): pages missing at registration, mapped after it, or unmapped, as an RNIC with ODP
 /// meets them (remote and local access errors, never a crash); `ibv_advise_mr`; the
