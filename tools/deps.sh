@@ -16,7 +16,7 @@ Groups:
                                               (tools/testbed, tools/baseline)
   bench  sockperf iperf3                      (tools/bench-testbed's C baselines)
   rdma   ibverbs-utils perftest rdmacm-utils qperf libfabric-bin openmpi-bin
-         libopenmpi-dev libibverbs-dev librdmacm-dev valgrind
+         libopenmpi-dev libibverbs-dev librdmacm-dev valgrind ucx-utils
                                               (Debian's RDMA programs and headers, run on
                                               ferroce's libibverbs.so.1: cabi/tests; valgrind
                                               checks C programs' memory use on the library)
@@ -33,7 +33,7 @@ declare -A GROUP_PKGS=(
     [net]="iproute2 nftables iperf3 tcpdump ethtool iputils-ping netcat-openbsd"
     [bench]="sockperf iperf3"
     [vm]="qemu-system-x86 busybox-static cpio kmod binutils xz-utils zstd xxd tcpdump ethtool"
-    [rdma]="ibverbs-utils perftest rdmacm-utils qperf libfabric-bin openmpi-bin libopenmpi-dev libibverbs-dev librdmacm-dev binutils valgrind"
+    [rdma]="ibverbs-utils perftest rdmacm-utils qperf libfabric-bin openmpi-bin libopenmpi-dev libibverbs-dev librdmacm-dev binutils valgrind ucx-utils"
 )
 ALL_GROUPS=(wire net bench vm rdma)
 

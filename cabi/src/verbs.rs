@@ -2009,7 +2009,9 @@ fn av_of(s: &Shared, a: &ibv_ah_attr) -> Result<AddressVector, c_int> {
         sgid_index,
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
-        flow_label: a.grh.flow_label,
+        // The flow label's 20 bits: the kernel passes the caller's 32-bit field on and the
+        // providers keep its low 20 bits (UCX passes 0xffffffff when it leaves it unset).
+        flow_label: a.grh.flow_label & 0xf_ffff,
         dmac: Some(dmac.0),
     })
 }

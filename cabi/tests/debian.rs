@@ -1446,6 +1446,130 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// UCX (Debian's libucx0 and ucx-utils 1.13) and Open MPI over it, on ferroce. UCX takes a
+/// verbs device only if `/dev/infiniband/<dev_name>` is a character device the program may
+/// open (`uverbs_ferroce` here; a kernel driver makes it, ferroce has none), so the test gives
+/// it one in a mount namespace of its own: a private `/dev` with the real `/dev/null` bound at
+/// `/dev/infiniband/uverbs_ferroce` (an unprivileged user namespace is enough; on a host, one
+/// `ln -s /dev/null /dev/infiniband/uverbs_ferroce` as root does the same). `ferroce run` turns
+/// off the destination-GID check of UCX's UD transport, which without the kernel's sysfs GID
+/// type takes RoCE v2's GRH for RoCE v1's and drops every datagram.
+///
+/// - `ucx_info -d` lists `rc_verbs` and `ud_verbs` on `ferroce_lo:1`;
+/// - `ucx_perftest` at the transport level between 127.0.0.1 and 127.0.0.2 (real RoCE on `lo`):
+///   RDMA WRITE 64 KiB (`put_bw`, zero-copy), READ 64 KiB (`get`), fetch-and-add, compare-and-swap,
+///   active messages over RC (SEND, copied) and over UD;
+/// - Open MPI's default point-to-point layer, UCX (`--mca pml ucx`, transports forced to
+///   `rc_verbs,ud_verbs,self`: no shared memory or TCP to fall back on), runs
+///   examples/c/mpi_ring.c between two ranks on two addresses of a veth interface, every byte
+///   checked, then an allreduce; each rank's capture passes tools/check-captures.
+#[test]
+fn ucx_and_open_mpi_over_ucx_on_ferroce() {
+    let t = "ucx_and_open_mpi_over_ucx_on_ferroce";
+    if !ready(t, &["ucx_info", "ucx_perftest", "mpirun", "ibv_devinfo"]) {
+        return;
+    }
+    let Some((dir, exe)) = build_c_example(
+        t,
+        "mpi_ring",
+        "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h",
+        "libopenmpi-dev",
+        &[
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include",
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include/openmpi",
+            "-L/usr/lib/x86_64-linux-gnu/openmpi/lib",
+            "-lmpi",
+        ],
+    ) else {
+        return;
+    };
+    let wrap = dir.join("rank.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh\n\
+             r=$OMPI_COMM_WORLD_RANK\n\
+             if [ $r = 0 ]; then g=$G1; else g=$G2; fi\n\
+             export FERROCE_ADDR=10.7.0.$((r + 1)) UCX_IB_GID_INDEX=$g FERROCE_PCAP={dir}/rank$r.pcap\n\
+             exec {exe}\n",
+            dir = dir.display(),
+            exe = exe.display()
+        ),
+    )
+    .unwrap();
+    let d = dir.display();
+    let script = format!(
+        "set -e\n\
+         o=$(mktemp -d)\n\
+         mount --rbind /dev $o\n\
+         mount -t tmpfs tmpfs /dev\n\
+         for f in null zero random urandom full tty; do touch /dev/$f; mount --bind $o/$f /dev/$f; done\n\
+         mkdir /dev/shm /dev/pts /dev/infiniband\n\
+         mount --bind $o/shm /dev/shm\n\
+         touch /dev/infiniband/uverbs_ferroce\n\
+         mount --bind $o/null /dev/infiniband/uverbs_ferroce\n\
+         ip link set lo up && ip addr add 127.0.0.2/8 dev lo\n\
+         set +e\n\
+         FERROCE_DEV=lo $F run -- ucx_info -d | grep -E 'Transport: (rc|ud)_verbs|Device: ferroce' | sort -u | sed 's/^/info: /'\n\
+         for x in 'rc_verbs put_bw -D zcopy -s 65536' 'rc_verbs get -D zcopy -s 65536' 'rc_verbs fadd' \
+                  'rc_verbs cswap' 'rc_verbs am_bw -D bcopy -s 2048' 'ud_verbs am_lat'; do\n\
+           set -- $x; tl=$1; shift\n\
+           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.1 timeout 60 $F run -- ucx_perftest -d ferroce_lo:1 -x $tl > {d}/s.out 2>&1 &\n\
+           i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
+           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.2 UCX_IB_GID_INDEX=1 timeout 60 $F run -- \
+             ucx_perftest 127.0.0.1 -d ferroce_lo:1 -x $tl -n 500 -t \"$@\" > {d}/c.out 2>&1; cs=$?\n\
+           wait $!; echo \"perftest $x: server=$? client=$cs $(grep -c '^Final:' {d}/c.out)\"\n\
+           [ $cs = 0 ] || cat {d}/s.out {d}/c.out\n\
+         done\n\
+         ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
+           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
+         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
+         gid() {{ FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }}\n\
+         export G1=$(gid 10.7.0.1) G2=$(gid 10.7.0.2)\n\
+         timeout 120 $F run -- mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
+           -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=ferroce_d0:1 sh {w} 2>&1\n\
+         echo \"mpirun=$?\"\n",
+        w = wrap.display()
+    );
+    let o = std::process::Command::new("unshare")
+        .args(["-rmn", "sh", "-c", &script])
+        .env("LIB", lib_dir())
+        .env("F", ferroce_bin())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let all = format!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    for want in [
+        "info: #      Transport: rc_verbs",
+        "info: #      Transport: ud_verbs",
+        "info: #         Device: ferroce_lo:1",
+    ] {
+        assert!(out.contains(want), "no {want:?}:\n{all}");
+    }
+    let runs: Vec<&str> = out.lines().filter(|l| l.starts_with("perftest ")).collect();
+    assert_eq!(runs.len(), 6, "{all}");
+    for l in runs {
+        assert!(l.ends_with("server=0 client=0 1"), "{l}\n{all}");
+    }
+    assert!(out.contains("mpirun=0"), "{all}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} of 2: ring ok, allreduce 3")),
+            "{all}"
+        );
+        let pcap = dir.join(format!("rank{r}.pcap"));
+        // 1 MiB each way: over a thousand RoCE frames in each capture.
+        assert!(
+            std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0) > 1_000_000,
+            "{}: no RoCE traffic captured\n{all}",
+            pcap.display()
+        );
+        check_capture(&pcap);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Debian's `qperf` (package qperf), its RC tests over RDMA-CM (`-cm1`; without it qperf
 /// addresses the peer by LID, which RoCE has not: its QPs fail RTR there, on rxe too). Its
 /// server forks a process per test and ends each test from `SIGALRM`, which must interrupt

@@ -3,8 +3,9 @@
 //! The command runs with ferroce's `libibverbs.so.1` (the `cabi/` crate, built by
 //! tools/build-cabi) first on `LD_LIBRARY_PATH`, and the device it shows chosen by the
 //! environment that library reads (`FERROCE_DEV`, `FERROCE_ADDR`, `FERROCE_BACKEND`,
-//! `FERROCE_PCAP`, `FERROCE_POLL`; see `cabi/src/device.rs`). Nothing else changes: no kernel
-//! module, no RDMA device, and with the UDP backend (the default) no privilege.
+//! `FERROCE_PCAP`, `FERROCE_POLL`; see `cabi/src/device.rs`), and UCX's UD destination-GID
+//! check off unless set (see [`command`]). Nothing else changes: no kernel module, no RDMA
+//! device, and with the UDP backend (the default) no privilege.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -74,6 +75,9 @@ pub fn lib_dir(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
         })
 }
 
+/// UCX's switch for the destination-GID check of its UD transports (see [`command`]).
+pub const UCX_DGID_CHECK: &str = "UCX_UD_VERBS_ETH_DGID_CHECK";
+
 /// The command, with its environment, ready to run.
 pub fn command(o: &RunOptions) -> Result<Command, RunError> {
     let (prog, args) = o.command.split_first().ok_or(RunError::NoCommand)?;
@@ -95,6 +99,14 @@ pub fn command(o: &RunOptions) -> Result<Command, RunError> {
     set("FERROCE_BACKEND", o.backend.clone().map(Into::into));
     set("FERROCE_PCAP", o.pcap.clone().map(Into::into));
     set("FERROCE_POLL", o.poll.clone().map(Into::into));
+    // UCX's UD transport (its connection set-up for every other transport) drops a datagram
+    // whose receive buffer's GRH does not hold its own GID where it expects it; it learns
+    // where from the kernel's sysfs GID type ("RoCE v2": the IPv4 destination in the last 4
+    // bytes), which a device without a kernel driver has not, so it takes RoCE v1's layout
+    // and drops every RoCE v2 datagram. Its check off, unless the caller chose.
+    if std::env::var_os(UCX_DGID_CHECK).is_none() {
+        c.env(UCX_DGID_CHECK, "n");
+    }
     Ok(c)
 }
 
@@ -107,5 +119,57 @@ pub fn exec(o: &RunOptions) -> RunError {
             RunError::Exec(o.command[0].to_string_lossy().into_owned(), e)
         }
         Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library first on the path, the options as the library's variables, and UCX's
+    /// destination-GID check off unless this process's environment already chose.
+    #[test]
+    fn the_command_gets_the_library_and_the_environment() {
+        let dir = std::env::temp_dir().join(format!("ferroce-run-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libibverbs.so.1"), b"").unwrap();
+        let o = RunOptions {
+            dev: Some("lo".into()),
+            addr: Some("127.0.0.2".parse().unwrap()),
+            lib_dir: Some(dir.clone()),
+            command: vec!["prog".into(), "arg".into()],
+            ..Default::default()
+        };
+        let c = command(&o).unwrap();
+        let env: Vec<(String, Option<String>)> = c
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        let get = |k: &str| {
+            env.iter()
+                .find(|(n, _)| n == k)
+                .and_then(|(_, v)| v.clone())
+        };
+        assert!(get("LD_LIBRARY_PATH")
+            .unwrap()
+            .starts_with(dir.to_str().unwrap()));
+        assert_eq!(get("FERROCE_DEV").as_deref(), Some("lo"));
+        assert_eq!(get("FERROCE_ADDR").as_deref(), Some("127.0.0.2"));
+        assert_eq!(get("FERROCE_BACKEND"), None);
+        match std::env::var_os(UCX_DGID_CHECK) {
+            None => assert_eq!(get(UCX_DGID_CHECK).as_deref(), Some("n")),
+            Some(_) => assert_eq!(get(UCX_DGID_CHECK), None, "the caller's choice stays"),
+        }
+        assert_eq!(c.get_program(), "prog");
+        assert!(matches!(
+            command(&RunOptions::default()),
+            Err(RunError::NoCommand)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
