@@ -1446,14 +1446,75 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `ferroce run --dev-node` as an unprivileged user (this test drops to `nobody` when it runs
+/// as root): the program sees `/dev/infiniband/uverbs_ferroce` as a character device it can
+/// open, every entry of the real `/dev` still there and usable (`/dev/null` opened with
+/// `O_CREAT`, as a shell's `>` does), its own user id; the host's `/dev` is unchanged.
+#[test]
+fn ferroce_run_dev_node_needs_no_privilege() {
+    let t = "ferroce_run_dev_node_needs_no_privilege";
+    if !can_unshare(t) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let (prog, pre): (&str, &[&str]) = if root {
+        (
+            "setpriv",
+            &["--reuid=65534", "--regid=65534", "--clear-groups"],
+        )
+    } else {
+        ("env", &[])
+    };
+    let host_has = std::path::Path::new("/dev/infiniband/uverbs_ferroce").exists();
+    let host_count = std::fs::read_dir("/dev").unwrap().count();
+    let o = std::process::Command::new(prog)
+        .args(pre)
+        .arg(ferroce_bin())
+        .args(["run", "--dev-node", "--", "sh", "-c"])
+        .arg(
+            "test -c /dev/infiniband/uverbs_ferroce && test -r /dev/infiniband/uverbs_ferroce \
+             && test -w /dev/infiniband/uverbs_ferroce && echo node-ok; \
+             echo x > /dev/null && echo null-ok; test -e /dev/zero && echo zero-ok; \
+             echo uid=$(id -u); ls /dev | wc -l",
+        )
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let all = format!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{all}");
+    for want in ["node-ok", "null-ok", "zero-ok"] {
+        assert!(out.contains(want), "no {want}:\n{all}");
+    }
+    let uid = if root {
+        65534
+    } else {
+        unsafe { libc::geteuid() }
+    };
+    assert!(out.contains(&format!("uid={uid}")), "{all}");
+    // The private /dev: the host's entries, plus /dev/infiniband if the host has none.
+    let n: usize = out.lines().last().unwrap().trim().parse().unwrap();
+    let extra = usize::from(!std::path::Path::new("/dev/infiniband").exists());
+    assert!(
+        n >= host_count + extra - 2 && n <= host_count + extra + 2,
+        "{n} vs {host_count}\n{all}"
+    );
+    assert_eq!(
+        std::path::Path::new("/dev/infiniband/uverbs_ferroce").exists(),
+        host_has,
+        "the host's /dev changed"
+    );
+}
+
 /// UCX (Debian's libucx0 and ucx-utils 1.13) and Open MPI over it, on ferroce. UCX takes a
 /// verbs device only if `/dev/infiniband/<dev_name>` is a character device the program may
-/// open (`uverbs_ferroce` here; a kernel driver makes it, ferroce has none), so the test gives
-/// it one in a mount namespace of its own: a private `/dev` with the real `/dev/null` bound at
-/// `/dev/infiniband/uverbs_ferroce` (an unprivileged user namespace is enough; on a host, one
-/// `ln -s /dev/null /dev/infiniband/uverbs_ferroce` as root does the same). `ferroce run` turns
-/// off the destination-GID check of UCX's UD transport, which without the kernel's sysfs GID
-/// type takes RoCE v2's GRH for RoCE v1's and drops every datagram.
+/// open (`uverbs_ferroce` here; a kernel driver makes it, ferroce has none): `ferroce run
+/// --dev-node` gives the program one in a mount namespace of its own (a private `/dev`, the
+/// real `/dev/null` bound at `/dev/infiniband/uverbs_ferroce`; this test runs in an
+/// unprivileged user namespace). `ferroce run` also turns off the destination-GID check of
+/// UCX's UD transport, which without the kernel's sysfs GID type takes RoCE v2's GRH for
+/// RoCE v1's and drops every datagram.
 ///
 /// - `ucx_info -d` lists `rc_verbs` and `ud_verbs` on `ferroce_lo:1`;
 /// - `ucx_perftest` at the transport level between 127.0.0.1 and 127.0.0.2 (real RoCE on `lo`):
@@ -1499,24 +1560,14 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
     .unwrap();
     let d = dir.display();
     let script = format!(
-        "set -e\n\
-         o=$(mktemp -d)\n\
-         mount --rbind /dev $o\n\
-         mount -t tmpfs tmpfs /dev\n\
-         for f in null zero random urandom full tty; do touch /dev/$f; mount --bind $o/$f /dev/$f; done\n\
-         mkdir /dev/shm /dev/pts /dev/infiniband\n\
-         mount --bind $o/shm /dev/shm\n\
-         touch /dev/infiniband/uverbs_ferroce\n\
-         mount --bind $o/null /dev/infiniband/uverbs_ferroce\n\
-         ip link set lo up && ip addr add 127.0.0.2/8 dev lo\n\
-         set +e\n\
-         FERROCE_DEV=lo $F run -- ucx_info -d | grep -E 'Transport: (rc|ud)_verbs|Device: ferroce' | sort -u | sed 's/^/info: /'\n\
+        "[ -e /dev/infiniband/uverbs_ferroce ] && echo 'the host has the node already'\n\
+         FERROCE_DEV=lo $F run --dev-node -- ucx_info -d | grep -E 'Transport: (rc|ud)_verbs|Device: ferroce' | sort -u | sed 's/^/info: /'\n\
          for x in 'rc_verbs put_bw -D zcopy -s 65536' 'rc_verbs get -D zcopy -s 65536' 'rc_verbs fadd' \
                   'rc_verbs cswap' 'rc_verbs am_bw -D bcopy -s 2048' 'ud_verbs am_lat'; do\n\
            set -- $x; tl=$1; shift\n\
-           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.1 timeout 60 $F run -- ucx_perftest -d ferroce_lo:1 -x $tl > {d}/s.out 2>&1 &\n\
+           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.1 timeout 60 $F run --dev-node -- ucx_perftest -d ferroce_lo:1 -x $tl > {d}/s.out 2>&1 &\n\
            i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
-           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.2 UCX_IB_GID_INDEX=1 timeout 60 $F run -- \
+           FERROCE_DEV=lo FERROCE_ADDR=127.0.0.2 UCX_IB_GID_INDEX=1 timeout 60 $F run --dev-node -- \
              ucx_perftest 127.0.0.1 -d ferroce_lo:1 -x $tl -n 500 -t \"$@\" > {d}/c.out 2>&1; cs=$?\n\
            wait $!; echo \"perftest $x: server=$? client=$cs $(grep -c '^Final:' {d}/c.out)\"\n\
            [ $cs = 0 ] || cat {d}/s.out {d}/c.out\n\
@@ -1526,18 +1577,12 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
          export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
          gid() {{ FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }}\n\
          export G1=$(gid 10.7.0.1) G2=$(gid 10.7.0.2)\n\
-         timeout 120 $F run -- mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
+         timeout 120 $F run --dev-node -- mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
            -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=ferroce_d0:1 sh {w} 2>&1\n\
          echo \"mpirun=$?\"\n",
         w = wrap.display()
     );
-    let o = std::process::Command::new("unshare")
-        .args(["-rmn", "sh", "-c", &script])
-        .env("LIB", lib_dir())
-        .env("F", ferroce_bin())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let o = in_netns(&script);
     let out = String::from_utf8_lossy(&o.stdout);
     let all = format!("{out}{}", String::from_utf8_lossy(&o.stderr));
     for want in [

@@ -28,6 +28,9 @@ pub struct RunOptions {
     pub poll: Option<String>,
     /// The directory holding ferroce's libibverbs.so.1.
     pub lib_dir: Option<PathBuf>,
+    /// Give the command `/dev/infiniband/uverbs_ferroce` (a character device UCX insists on)
+    /// in a private mount namespace when the host has none (see [`crate::io::private_dev_node`]).
+    pub dev_node: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -44,6 +47,9 @@ pub enum RunError {
     /// exec failed.
     #[error("{0}: {1}")]
     Exec(String, std::io::Error),
+    /// The private `/dev` could not be made.
+    #[error("--dev-node: {0} (user namespaces may be disabled here; as root, `mkdir -p /dev/infiniband && ln -s /dev/null /dev/infiniband/{VERBS_DEV_NAME}` does the same for every program)")]
+    DevNode(std::io::Error),
 }
 
 /// Where ferroce's libibverbs.so.1 is: `--lib-dir`, else `FERROCE_LIB_DIR`, else `cabi/` next
@@ -110,9 +116,19 @@ pub fn command(o: &RunOptions) -> Result<Command, RunError> {
     Ok(c)
 }
 
+/// The `dev_name` of ferroce's device, as `cabi/src/verbs.rs` sets it (UCX looks for
+/// `/dev/infiniband/<dev_name>`).
+pub const VERBS_DEV_NAME: &str = "uverbs_ferroce";
+
 /// Replace this process with the command (returns only on failure).
 pub fn exec(o: &RunOptions) -> RunError {
     use std::os::unix::process::CommandExt;
+    let node = crate::io::verbs_node(VERBS_DEV_NAME);
+    if o.dev_node && !Path::new("/dev").join(&node).exists() {
+        if let Err(e) = crate::io::private_dev_node(&node) {
+            return RunError::DevNode(e);
+        }
+    }
     match command(o) {
         Ok(mut c) => {
             let e = c.exec();

@@ -122,6 +122,11 @@ enum Cmd {
         /// or $FERROCE_LIB_DIR).
         #[arg(long)]
         lib_dir: Option<PathBuf>,
+        /// Give the program the device node UCX (and Open MPI's default pml ucx) insists on,
+        /// /dev/infiniband/uverbs_ferroce, when the host has none: a private /dev in a mount
+        /// namespace of its own (and a user namespace when not root), /dev/null bound there.
+        #[arg(long)]
+        dev_node: bool,
         /// The program and its arguments (after `--`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -970,6 +975,7 @@ fn main() -> ExitCode {
             pcap,
             poll,
             lib_dir,
+            dev_node,
             command,
         } => {
             use ferroce::apps::run;
@@ -980,6 +986,7 @@ fn main() -> ExitCode {
                 pcap,
                 poll,
                 lib_dir,
+                dev_node,
                 command,
             };
             let e = run::exec(&o);

@@ -9,6 +9,8 @@
 //! - [`event`]: eventfd and poll, for sleeping engine threads.
 //! - [`signal`]: SIGINT/SIGTERM as a flag (clean exit of long-running tools).
 //! - [`unix`]: abstract-named Unix datagram sockets with their senders' credentials.
+//! - [`ns`]: a private `/dev` with a device node (user and mount namespaces), for
+//!   `ferroce run --dev-node`.
 //!
 //! Every raw file descriptor is held in a [`std::os::fd::OwnedFd`] (or a newtype around one),
 //! so that it is closed exactly once, on drop.
@@ -17,6 +19,7 @@
 pub mod bpf;
 pub mod net;
 pub mod netlink;
+pub mod ns;
 pub mod packet;
 pub mod signal;
 pub mod sockutil;
