@@ -1490,6 +1490,7 @@ fn ferroce_run_dev_node_needs_no_privilege() {
     let uid = if root {
         65534
     } else {
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() }
     };
     assert!(out.contains(&format!("uid={uid}")), "{all}");
