@@ -74,6 +74,9 @@ pub(crate) struct MrShared {
     pub(crate) va: u64,
     pub(crate) len: usize,
     mem: RwLock<Memory>,
+    /// Registered on demand (fixed at registration: a READ response's pages are looked for
+    /// only then).
+    on_demand: bool,
     /// Cleared by SEND with invalidate and by deregistration: the rkey no longer works.
     pub(crate) rkey_valid: AtomicBool,
 }
@@ -105,6 +108,7 @@ impl MrShared {
             va,
             len,
             mem: RwLock::new(Memory::Owned(vec![0u8; len].into_boxed_slice())),
+            on_demand: false,
             rkey_valid: AtomicBool::new(true),
         }
     }
@@ -128,6 +132,7 @@ impl MrShared {
             // An implicit on-demand region's u64::MAX bytes (usize is 64 bits on every target
             // ferroce builds for: see `io::sys`).
             len: usize::try_from(mem.len()).unwrap_or(usize::MAX),
+            on_demand: matches!(mem, UserMemory::OnDemand(_)),
             mem: RwLock::new(Memory::from(mem)),
             rkey_valid: AtomicBool::new(true),
         }
@@ -155,9 +160,10 @@ impl MrShared {
     }
 
     /// Whether the `len` bytes at offset `off` are there to read (on demand: every page mapped
-    /// now; otherwise: the memory is not gone).
+    /// now, and the memory not gone; pinned or owned memory: always).
     pub(crate) fn present(&self, off: usize, len: usize) -> bool {
-        self.lock_read().present(off, len)
+        // Pinned memory is there until deregistration, which the R_Key check catches.
+        !self.on_demand || self.lock_read().present(off, len)
     }
 
     /// Replace the 8 bytes at offset `off` by `f` of them under the write lock (an ATOMIC):
