@@ -1373,6 +1373,23 @@ cd / && rm -rf \"$d\"",
     assert_eq!(lines_of(&out, "capture"), want, "{all}");
 }
 
+/// examples/c/mpi_ring.c built with Open MPI's headers and library (libopenmpi-dev), as
+/// [`build_c_example`].
+fn build_mpi_ring(t: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    build_c_example(
+        t,
+        "mpi_ring",
+        "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h",
+        "libopenmpi-dev",
+        &[
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include",
+            "-I/usr/lib/x86_64-linux-gnu/openmpi/include/openmpi",
+            "-L/usr/lib/x86_64-linux-gnu/openmpi/lib",
+            "-lmpi",
+        ],
+    )
+}
+
 /// Open MPI (Debian's openmpi-bin 4.1) over ferroce, through libfabric's verbs provider
 /// (`--mca pml cm --mca mtl ofi`, provider `verbs;ofi_rxm`): examples/c/mpi_ring.c, two
 /// ranks on the two addresses of a veth interface, sends 1 B to 1 MiB around the ring, every
@@ -1386,18 +1403,7 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
     if !ready(t, &["mpirun", "ibv_devinfo"]) {
         return;
     }
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "mpi_ring",
-        "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h",
-        "libopenmpi-dev",
-        &[
-            "-I/usr/lib/x86_64-linux-gnu/openmpi/include",
-            "-I/usr/lib/x86_64-linux-gnu/openmpi/include/openmpi",
-            "-L/usr/lib/x86_64-linux-gnu/openmpi/lib",
-            "-lmpi",
-        ],
-    ) else {
+    let Some((dir, exe)) = build_mpi_ring(t) else {
         return;
     };
     let wrap = dir.join("rank.sh");
@@ -1531,18 +1537,7 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
     if !ready(t, &["ucx_info", "ucx_perftest", "mpirun", "ibv_devinfo"]) {
         return;
     }
-    let Some((dir, exe)) = build_c_example(
-        t,
-        "mpi_ring",
-        "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h",
-        "libopenmpi-dev",
-        &[
-            "-I/usr/lib/x86_64-linux-gnu/openmpi/include",
-            "-I/usr/lib/x86_64-linux-gnu/openmpi/include/openmpi",
-            "-L/usr/lib/x86_64-linux-gnu/openmpi/lib",
-            "-lmpi",
-        ],
-    ) else {
+    let Some((dir, exe)) = build_mpi_ring(t) else {
         return;
     };
     let wrap = dir.join("rank.sh");

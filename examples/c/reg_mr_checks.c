@@ -23,6 +23,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "rc_connect.h"
+
 static void fail(const char *what, int e)
 {
 	fprintf(stderr, "reg_mr_checks: %s: %s\n", what, strerror(e));
@@ -59,13 +61,12 @@ static char *map(size_t len, int prot)
 
 int main(void)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	if (!list || num < 1)
-		fail("no device", ENODEV);
-	struct ibv_context *ctx = ibv_open_device(list[0]);
+	struct ibv_device **list;
+	union ibv_gid gid;
+	const char *step;
+	struct ibv_context *ctx = open_first_device(&list, &gid, &step);
 	if (!ctx)
-		fail("ibv_open_device", errno);
+		fail(step, errno);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	if (!pd)
 		fail("ibv_alloc_pd", errno);

@@ -474,6 +474,35 @@ mod tests {
         assert_eq!(m.get().unwrap()[..2], [9, 1]);
     }
 
+    /// A device at 10.0.0.`i` with a PD, a CQ and an RC QP (16 WRs, one SGE each way).
+    fn test_device(
+        i: u8,
+    ) -> (
+        crate::verbs::Device,
+        crate::verbs::Pd,
+        crate::verbs::Cq,
+        crate::wire::QpNumber,
+    ) {
+        use crate::verbs::*;
+        let cfg = DeviceConfig::new(
+            crate::wire::MacAddr([2, 0, 0, 0, 0, i]),
+            std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, i)),
+        )
+        .with_seed(u64::from(i));
+        let mut dev = Device::new(cfg);
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64).unwrap();
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
+        (dev, pd, cq, qp)
+    }
+
     /// Two devices over a perfect in-test link, each with a region on a buffer of the test's
     /// own: a WRITE from one buffer lands in the other buffer itself (no copy to fetch it
     /// from), a READ brings bytes back, and after `dereg_mr` the engine touches the memory no
@@ -483,27 +512,7 @@ mod tests {
     fn devices_use_the_callers_buffers_in_place_until_dereg() {
         use crate::time::Instant;
         use crate::verbs::*;
-        use crate::wire::MacAddr;
-        use std::net::{IpAddr, Ipv4Addr};
-        let mk = |i: u8| {
-            let cfg = DeviceConfig::new(
-                MacAddr([2, 0, 0, 0, 0, i]),
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
-            )
-            .with_seed(u64::from(i));
-            let mut dev = Device::new(cfg);
-            let pd = dev.alloc_pd().unwrap();
-            let cq = dev.create_cq(64).unwrap();
-            let cap = QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            };
-            let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
-            (dev, pd, cq, qp)
-        };
+        let mk = test_device;
         let (mut a, pa, cqa, qa) = mk(1);
         let (mut b, pb, _, qb) = mk(2);
         let p = RcParams {
@@ -769,27 +778,7 @@ mod tests {
         {
             use crate::time::Instant;
             use crate::verbs::*;
-            use crate::wire::MacAddr;
-            use std::net::{IpAddr, Ipv4Addr};
-            let mk = |i: u8| {
-                let cfg = DeviceConfig::new(
-                    MacAddr([2, 0, 0, 0, 0, i]),
-                    IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)),
-                )
-                .with_seed(u64::from(i));
-                let mut dev = Device::new(cfg);
-                let pd = dev.alloc_pd().unwrap();
-                let cq = dev.create_cq(64).unwrap();
-                let cap = QpCap {
-                    max_send_wr: 16,
-                    max_recv_wr: 16,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                };
-                let qp = dev.create_qp(QpInitAttr::new(pd, cq, cq, cap)).unwrap();
-                (dev, pd, cq, qp)
-            };
+            let mk = test_device;
             let (mut a, pa, cqa, qa) = mk(1);
             let (mut b, pb, _, qb) = mk(2);
             let p = RcParams::default();
