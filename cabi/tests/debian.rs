@@ -1373,6 +1373,51 @@ cd / && rm -rf \"$d\"",
     assert_eq!(lines_of(&out, "capture"), want, "{all}");
 }
 
+/// `DIR/rank.sh`, what mpirun starts for each rank: rank r takes the address 10.7.0.(r+1)
+/// (VETH_TWO_ADDRESSES), names its GID entry ($G1, $G2) in `gid_var` (the MPI transport's
+/// own variable), captures into `DIR/rankR.pcap`, and executes `exe`.
+fn mpi_rank_script(
+    dir: &std::path::Path,
+    exe: &std::path::Path,
+    gid_var: &str,
+) -> std::path::PathBuf {
+    let wrap = dir.join("rank.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh\n\
+             r=$OMPI_COMM_WORLD_RANK\n\
+             if [ $r = 0 ]; then g=$G1; else g=$G2; fi\n\
+             export FERROCE_ADDR=10.7.0.$((r + 1)) FERROCE_PCAP={dir}/rank$r.pcap {gid_var}=$g\n\
+             exec {exe}\n",
+            dir = dir.display(),
+            exe = exe.display()
+        ),
+    )
+    .unwrap();
+    wrap
+}
+
+/// Both ranks of examples/c/mpi_ring.c said the ring and the allreduce were right, and each
+/// rank's capture (`DIR/rankN.pcap`) holds its RoCE traffic (1 MiB each way: over a thousand
+/// frames) and passes tools/check-captures; then the directory goes.
+fn mpi_ranks_ok(out: &str, dir: &std::path::Path, all: &str) {
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} of 2: ring ok, allreduce 3")),
+            "{all}"
+        );
+        let pcap = dir.join(format!("rank{r}.pcap"));
+        assert!(
+            std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0) > 1_000_000,
+            "{}: no RoCE traffic captured\n{all}",
+            pcap.display()
+        );
+        check_capture(&pcap);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// examples/c/mpi_ring.c built with Open MPI's headers and library (libopenmpi-dev), as
 /// [`build_c_example`].
 fn build_mpi_ring(t: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
@@ -1406,21 +1451,7 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
     let Some((dir, exe)) = build_mpi_ring(t) else {
         return;
     };
-    let wrap = dir.join("rank.sh");
-    std::fs::write(
-        &wrap,
-        format!(
-            "#!/bin/sh\n\
-             r=$OMPI_COMM_WORLD_RANK\n\
-             a=10.7.0.$((r + 1))\n\
-             if [ $r = 0 ]; then g=$G1; else g=$G2; fi\n\
-             export FERROCE_ADDR=$a FERROCE_PCAP={dir}/rank$r.pcap FI_VERBS_GID_IDX=$g\n\
-             exec {exe}\n",
-            dir = dir.display(),
-            exe = exe.display()
-        ),
-    )
-    .unwrap();
+    let wrap = mpi_rank_script(&dir, &exe, "FI_VERBS_GID_IDX");
     let o = in_netns(&format!(
         "{VETH_TWO_ADDRESSES}\
          timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml cm \
@@ -1435,21 +1466,7 @@ fn open_mpi_over_libfabric_verbs_on_ferroce() {
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for r in 0..2 {
-        assert!(
-            out.contains(&format!("rank {r} of 2: ring ok, allreduce 3")),
-            "{out}"
-        );
-        let pcap = dir.join(format!("rank{r}.pcap"));
-        // 1 MiB each way at a 1 KiB MTU: over a thousand RoCE frames in each capture.
-        assert!(
-            std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0) > 1_000_000,
-            "{}: no RoCE traffic captured",
-            pcap.display()
-        );
-        check_capture(&pcap);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    mpi_ranks_ok(&out, &dir, &out);
 }
 
 /// `ferroce run --dev-node` as an unprivileged user (this test drops to `nobody` when it runs
@@ -1540,20 +1557,7 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
     let Some((dir, exe)) = build_mpi_ring(t) else {
         return;
     };
-    let wrap = dir.join("rank.sh");
-    std::fs::write(
-        &wrap,
-        format!(
-            "#!/bin/sh\n\
-             r=$OMPI_COMM_WORLD_RANK\n\
-             if [ $r = 0 ]; then g=$G1; else g=$G2; fi\n\
-             export FERROCE_ADDR=10.7.0.$((r + 1)) UCX_IB_GID_INDEX=$g FERROCE_PCAP={dir}/rank$r.pcap\n\
-             exec {exe}\n",
-            dir = dir.display(),
-            exe = exe.display()
-        ),
-    )
-    .unwrap();
+    let wrap = mpi_rank_script(&dir, &exe, "UCX_IB_GID_INDEX");
     let d = dir.display();
     let script = format!(
         "[ -e /dev/infiniband/uverbs_ferroce ] && echo 'the host has the node already'\n\
@@ -1594,21 +1598,7 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
         assert!(l.ends_with("server=0 client=0 1"), "{l}\n{all}");
     }
     assert!(out.contains("mpirun=0"), "{all}");
-    for r in 0..2 {
-        assert!(
-            out.contains(&format!("rank {r} of 2: ring ok, allreduce 3")),
-            "{all}"
-        );
-        let pcap = dir.join(format!("rank{r}.pcap"));
-        // 1 MiB each way: over a thousand RoCE frames in each capture.
-        assert!(
-            std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0) > 1_000_000,
-            "{}: no RoCE traffic captured\n{all}",
-            pcap.display()
-        );
-        check_capture(&pcap);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    mpi_ranks_ok(&out, &dir, &all);
 }
 
 /// Debian's `qperf` (package qperf), its RC tests over RDMA-CM (`-cm1`; without it qperf

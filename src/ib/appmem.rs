@@ -172,28 +172,70 @@ impl OnDemandMemory {
     /// Copy the bytes at offset `off` into `dst`; false if any of them is outside the range or
     /// not readable (a missing page).
     fn read(&self, off: usize, dst: &mut [u8]) -> bool {
-        let Some(addr) = self.at(off, dst.len()) else {
+        let n = dst.len();
+        // SAFETY: `dst` is `n` bytes this function holds exclusively, for the kernel to write.
+        unsafe { self.copy(off, dst.as_mut_ptr(), n, libc::process_vm_readv) }
+    }
+
+    /// Copy `src` into the range at offset `off`; false if any byte is outside the range or
+    /// not writable (a missing or read-only page); bytes before such a page may be written.
+    fn write(&self, off: usize, src: &[u8]) -> bool {
+        // SAFETY: `src` is `src.len()` readable bytes; process_vm_writev only reads the local
+        // buffer (its iovec is not const in C).
+        unsafe {
+            self.copy(
+                off,
+                src.as_ptr().cast_mut(),
+                src.len(),
+                libc::process_vm_writev,
+            )
+        }
+    }
+
+    /// `len` bytes between the local buffer at `buf` and the range at `off`, by `op`
+    /// (`process_vm_readv`: into the buffer; `process_vm_writev`: out of it), in chunks of at
+    /// most [`ODP_CHUNK`]; false if any chunk is not copied whole.
+    ///
+    /// # Safety
+    /// `buf` is valid for `len` bytes: for writes with `process_vm_readv`, for reads with
+    /// `process_vm_writev`, and nothing else accesses them meanwhile.
+    unsafe fn copy(
+        &self,
+        off: usize,
+        buf: *mut u8,
+        len: usize,
+        op: unsafe extern "C" fn(
+            libc::pid_t,
+            *const libc::iovec,
+            libc::c_ulong,
+            *const libc::iovec,
+            libc::c_ulong,
+            libc::c_ulong,
+        ) -> isize,
+    ) -> bool {
+        let Some(addr) = self.at(off, len) else {
             return false;
         };
-        dst.chunks_mut(ODP_CHUNK).enumerate().all(|(i, d)| {
-            let at = addr + (i * ODP_CHUNK) as u64;
-            // SAFETY: the local iovec is `d`, a slice this function holds exclusively; the
-            // remote one is an address of this very process, which the kernel reads through
-            // its page tables with the mapping's protections (EFAULT where a page is missing:
-            // no access is made through a pointer here). The range's contract (`new`) lets
-            // ferroce read what is mapped there.
-            let n = unsafe {
+        (0..len).step_by(ODP_CHUNK).all(|done| {
+            let n = (len - done).min(ODP_CHUNK);
+            // SAFETY: the local iovec is `n` bytes of the caller's buffer (valid as this
+            // function's contract says), `done + n <= len`; the remote one is an address of this very process,
+            // which the kernel reads or writes through its page tables with the mapping's
+            // protections (EFAULT where a page is missing or, for a write, read-only: no
+            // access is made through a pointer here). The range's contract (`new`) lets
+            // ferroce read and write what is mapped there, and no Rust reference covers it.
+            let got = unsafe {
                 let local = libc::iovec {
-                    iov_base: d.as_mut_ptr().cast(),
-                    iov_len: d.len(),
+                    iov_base: buf.add(done).cast(),
+                    iov_len: n,
                 };
                 let remote = libc::iovec {
-                    iov_base: at as usize as *mut libc::c_void,
-                    iov_len: d.len(),
+                    iov_base: (addr + done as u64) as usize as *mut libc::c_void,
+                    iov_len: n,
                 };
-                libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0)
+                op(libc::getpid(), &local, 1, &remote, 1, 0)
             };
-            n == d.len() as isize
+            got == n as isize
         })
     }
 
@@ -243,34 +285,6 @@ impl OnDemandMemory {
                 return false;
             }
         }
-    }
-
-    /// Copy `src` into the range at offset `off`; false if any byte is outside the range or
-    /// not writable (a missing or read-only page); bytes before such a page may be written.
-    fn write(&self, off: usize, src: &[u8]) -> bool {
-        let Some(addr) = self.at(off, src.len()) else {
-            return false;
-        };
-        src.chunks(ODP_CHUNK).enumerate().all(|(i, d)| {
-            let at = addr + (i * ODP_CHUNK) as u64;
-            // SAFETY: the local iovec is only read from (`d`, borrowed shared); the remote one
-            // is an address of this process, written by the kernel through its page tables
-            // with the mapping's protections (EFAULT where a page is missing or read-only).
-            // The range's contract (`new`) lets ferroce write what is mapped there, and no
-            // Rust reference covers it.
-            let n = unsafe {
-                let local = libc::iovec {
-                    iov_base: d.as_ptr() as *mut libc::c_void,
-                    iov_len: d.len(),
-                };
-                let remote = libc::iovec {
-                    iov_base: at as usize as *mut libc::c_void,
-                    iov_len: d.len(),
-                };
-                libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0)
-            };
-            n == d.len() as isize
-        })
     }
 }
 
