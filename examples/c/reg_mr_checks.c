@@ -1,12 +1,14 @@
 /*
- * reg_mr_checks.c — what ibv_reg_mr does with memory it cannot pin, as the kernel's pinning
- * (ib_umem_get) answers it on any rdma-core provider: EFAULT, not a region the device faults
- * on later.
+ * reg_mr_checks.c — what ibv_reg_mr does with memory it cannot pin: EFAULT, not a region the
+ * device faults on later. The kernel's pinning (ib_umem_get) answers the same for every
+ * rdma-core provider (checked on Linux rxe, kernel 6.1) except for PROT_NONE memory without a
+ * write right, which it pins anyway (FOLL_FORCE) and ferroce, reading through the mapping,
+ * refuses.
  *
  *   - a range with an unmapped page in it: EFAULT (registered on demand instead: accepted);
  *   - a read-only mapping: accepted without write rights, EFAULT with local write or remote
  *     write;
- *   - a PROT_NONE mapping: EFAULT;
+ *   - a PROT_NONE mapping: EFAULT (the kernel registers it when no right writes it);
  *   - a range over two adjacent mappings (private and shared), both writable: accepted;
  *   - ibv_rereg_mr moving a region onto an unmapped range: IBV_REREG_MR_ERR_CMD with EFAULT,
  *     the region unchanged.
