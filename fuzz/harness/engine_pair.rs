@@ -21,6 +21,9 @@
 //!   completes one more SEND (with success or an error: forged in-window packets can
 //!   desynchronise a connection, which RoCE v2 cannot prevent, but never hang it).
 //!
+//! B's data region is registered on demand (`OnDemandMemory`: every access a system call),
+//! A's is memory the device owns.
+//!
 //! Shared by `fuzz/fuzz_targets/engine_pair.rs` (cargo-fuzz) and `tests/engine_fuzz.rs`
 //! (the corpus regressions and a seeded random run on stable).
 
@@ -107,7 +110,16 @@ fn side(i: u8, seed: u64) -> Side {
     let lw = AccessFlags::LOCAL_WRITE;
     let all =
         lw | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    let rw = region(&mut dev, pd, all, 0x11);
+    // B's data region is registered on demand (its bytes reached through process_vm_*), A's
+    // is the device's own: both memory paths under the same actions.
+    let rw = if i == 2 {
+        let mem = OnDemandMemory::allocate(REGION, 0x11);
+        let iova = mem.addr();
+        dev.reg_mr_app(pd, mem, iova, all)
+            .expect("reg_mr on demand")
+    } else {
+        region(&mut dev, pd, all, 0x11)
+    };
     let recv = region(&mut dev, pd, lw, 0x22);
     let ro = region(&mut dev, pd, AccessFlags::REMOTE_READ, 0x33);
     let local = region(&mut dev, pd, lw, 0x44);

@@ -119,6 +119,25 @@ impl AppMemory {
 pub struct OnDemandMemory {
     addr: u64,
     len: u64,
+    /// A buffer this value allocated itself ([`OnDemandMemory::allocate`]), freed on drop;
+    /// `false` for the application's memory.
+    owned: bool,
+}
+
+impl Drop for OnDemandMemory {
+    fn drop(&mut self) {
+        if self.owned {
+            let raw = std::ptr::slice_from_raw_parts_mut(
+                self.addr as usize as *mut u8,
+                self.len as usize,
+            );
+            // SAFETY: `allocate` made this pointer and length with `Box::into_raw` of a boxed
+            // slice and nothing else frees it; the bytes were reached only through
+            // process_vm_* (no reference into them exists), and this runs once, when the
+            // region lets the memory go.
+            drop(unsafe { Box::from_raw(raw) });
+        }
+    }
 }
 
 impl std::fmt::Debug for OnDemandMemory {
@@ -145,7 +164,27 @@ impl OnDemandMemory {
         if len == 0 || addr.checked_add(len - 1).is_none() {
             return None;
         }
-        Some(OnDemandMemory { addr, len })
+        Some(OnDemandMemory {
+            addr,
+            len,
+            owned: false,
+        })
+    }
+
+    /// `len` bytes (at least 1) of memory allocated for the region and filled with `fill`,
+    /// reached like the application's (through `process_vm_*`) and freed when the region
+    /// lets it go: no promise needed (tests and fuzzing of the on-demand path).
+    pub fn allocate(len: usize, fill: u8) -> OnDemandMemory {
+        let b = vec![fill; len.max(1)].into_boxed_slice();
+        let len = b.len() as u64;
+        // From here on the bytes are reached only through this value (process_vm_* and the
+        // final `Box::from_raw` in `drop`).
+        let addr = Box::into_raw(b) as *mut u8 as usize as u64;
+        OnDemandMemory {
+            addr,
+            len,
+            owned: true,
+        }
     }
 
     /// The first address of the range.
@@ -764,6 +803,30 @@ mod tests {
             assert!(!m.read_at(0, &mut out));
             unmap(base, len);
         }
+    }
+
+    /// Memory an on-demand region allocates for itself: filled, read and written through the
+    /// region like the application's, gone (and freed) at deregistration.
+    #[test]
+    #[cfg_attr(miri, ignore = "process_vm_readv is not supported under miri")]
+    fn allocated_on_demand_memory_is_the_regions_until_dereg() {
+        let (mut dev, pd, _, _) = test_device(1);
+        let mem = OnDemandMemory::allocate(10_000, 0x5a);
+        let (addr, len) = (mem.addr(), mem.len());
+        assert_eq!(len, 10_000);
+        let all = crate::verbs::AccessFlags::LOCAL_WRITE | crate::verbs::AccessFlags::REMOTE_WRITE;
+        let mr = dev.reg_mr_app(pd, mem, addr, all).unwrap();
+        assert!(mr.is_on_demand());
+        let mut b = [0u8; 4];
+        mr.read(9_996, &mut b).unwrap();
+        assert_eq!(b, [0x5a; 4]);
+        mr.write(100, b"odp!").unwrap();
+        mr.read(100, &mut b).unwrap();
+        assert_eq!(&b, b"odp!");
+        assert!(mr.read(9_998, &mut b).is_err());
+        dev.dereg_mr(&mr).unwrap();
+        assert!(!mr.is_on_demand() && mr.read(0, &mut b).is_err());
+        assert_eq!(OnDemandMemory::allocate(0, 1).len(), 1);
     }
 
     #[test]
