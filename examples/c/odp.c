@@ -5,14 +5,15 @@
  * other, move bytes between a plain region and on-demand ones:
  *
  *   - ibv_query_device_ex reports ODP (general and implicit) and the operations per transport;
- *   - a region registered on demand over a range with an unmapped page is accepted (a pinned
- *     registration needs every page); a WRITE into its mapped part lands; a WRITE into the hole
+ *   - a region registered on demand over a range with a hole (a page no memory backs, nothing
+ *     may access) is accepted (a pinned registration needs every page); a WRITE into its
+ *     mapped part lands; a WRITE into the hole
  *     completes with IBV_WC_REM_ACCESS_ERR and nothing crashes; once the page is mapped (after
  *     registration) a WRITE lands there;
  *   - the implicit region: memory malloc'ed after it was registered takes a WRITE and gives a
  *     READ back, named by its own address with the implicit region's R_Key; its L_Key serves
  *     as the local side of a WRITE from a stack buffer; an ATOMIC fetch-and-add works on it;
- *   - a WRITE gathered through the implicit L_Key from an unmapped address completes with
+ *   - a WRITE gathered through the implicit L_Key from a hole completes with
  *     IBV_WC_LOC_PROT_ERR;
  *   - ibv_advise_mr prefetches an on-demand range (0) and refuses a pinned region (ENOENT);
  *   - bad registrations are refused: on demand with addr NULL and any length but SIZE_MAX.
@@ -156,13 +157,15 @@ int main(void)
 	int all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 		  IBV_ACCESS_REMOTE_ATOMIC;
 
-	/* On demand over four pages, the second unmapped. */
+	/* On demand over four pages, the second a hole. */
 	char *dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (dst == MAP_FAILED)
 		fail("mmap", errno);
+	/* The hole: a fresh PROT_NONE mapping, which no page backs and nothing may read or write,
+	 * as unmapped memory, but which no allocation of the library's threads can take over. */
 	char *hole = dst + page;
-	if (munmap(hole, page))
-		fail("munmap", errno);
+	if (mmap(hole, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != hole)
+		fail("mmap PROT_NONE", errno);
 	struct ibv_mr *omr = ibv_reg_mr(pd, dst, n, all | IBV_ACCESS_ON_DEMAND);
 	printf("reg_mr ON_DEMAND over an unmapped page: %s\n", omr ? "registered" : strerror(errno));
 	check(omr != NULL, "on-demand registration over a hole");
@@ -240,9 +243,9 @@ int main(void)
 	free_pair(p);
 
 	/* A local gather from an unmapped address through the implicit L_Key. */
-	char *gone = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (gone == MAP_FAILED || munmap(gone, page))
-		fail("mmap/munmap", errno);
+	char *gone = mmap(NULL, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (gone == MAP_FAILED)
+		fail("mmap PROT_NONE", errno);
 	p = new_pair();
 	st = run(p, IBV_WR_RDMA_WRITE, gone, 64, imr->lkey, (uintptr_t)late, imr->rkey, 0);
 	printf("WRITE gathered from an unmapped address: %s\n", ibv_wc_status_str(st));

@@ -701,9 +701,9 @@ mod tests {
         (p as u64, page)
     }
 
-    /// Unmap `len` bytes at `at` (memory of a [`map`] of this test, no reference into it).
+    /// Give back `len` bytes at `at` (memory of a [`map`] of this test, no reference into it).
     #[cfg(not(miri))]
-    fn unmap(at: u64, len: usize) {
+    fn release(at: u64, len: usize) {
         // SAFETY: the range is part of a mapping this test made and holds no reference into.
         assert_eq!(
             unsafe { libc::munmap(at as usize as *mut libc::c_void, len) },
@@ -711,21 +711,36 @@ mod tests {
         );
     }
 
-    /// Map a fresh zeroed page (or pages) at `at` again, read-write.
+    /// Replace `len` bytes at `at` (a range of a [`map`] of this test) by a fresh mapping with
+    /// `prot`.
     #[cfg(not(miri))]
-    fn remap(at: u64, len: usize) {
-        // SAFETY: MAP_FIXED over a range this test unmapped itself (no other user of it).
+    fn map_at(at: u64, len: usize, prot: libc::c_int) {
+        // SAFETY: MAP_FIXED over a range this test mapped itself and holds no reference into.
         let p = unsafe {
             libc::mmap(
                 at as usize as *mut libc::c_void,
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
             )
         };
         assert_eq!(p as u64, at);
+    }
+
+    /// Make `len` bytes at `at` a hole: no page to read or write, as unmapped memory, but kept
+    /// reserved (a fresh `PROT_NONE` mapping) so that no other test's mapping, running in
+    /// another thread of this process, can take the range meanwhile.
+    #[cfg(not(miri))]
+    fn unmap(at: u64, len: usize) {
+        map_at(at, len, libc::PROT_NONE);
+    }
+
+    /// Map a fresh zeroed page (or pages) at `at` again, read-write.
+    #[cfg(not(miri))]
+    fn remap(at: u64, len: usize) {
+        map_at(at, len, libc::PROT_READ | libc::PROT_WRITE);
     }
 
     /// Read `n` bytes of this test's own mapping at `at`.
@@ -801,7 +816,7 @@ mod tests {
             assert_eq!(peek(base + (len - page) as u64, 2), b"dd");
             m = Memory::Gone;
             assert!(!m.read_at(0, &mut out));
-            unmap(base, len);
+            release(base, len);
         }
     }
 
@@ -831,6 +846,10 @@ mod tests {
 
     #[test]
     fn on_demand_ranges_are_checked() {
+        // Memory a region allocates is freed on drop (under miri: exactly once, no leak).
+        let a = OnDemandMemory::allocate(64, 1);
+        assert_eq!((a.len(), a.is_empty()), (64, false));
+        assert!(!UserMemory::from(a).is_implicit());
         // SAFETY: nothing is accessed.
         unsafe {
             assert!(OnDemandMemory::new(0x1000, 0).is_none());
@@ -973,7 +992,7 @@ mod tests {
                 WcStatus::RemAccessErr
             );
             b.dereg_mr(&mb).unwrap();
-            unmap(base, 4 * page);
+            release(base, 4 * page);
 
             // An implicit region: iova 0 only; it names a fresh mapping by its address.
             let (c, pc, _, _) = mk(3);
@@ -987,6 +1006,7 @@ mod tests {
             assert_eq!(peek(fresh + 5, 8), b"implicit");
             unmap(fresh, page);
             assert_eq!(mi.read(fresh as usize, &mut [0u8; 4]), Err(MrError::Gone));
+            release(fresh, page);
         }
     }
 }
