@@ -49,9 +49,11 @@ const RECORD_HEAD: usize = 3;
 /// How long a slot that refused a datagram (nobody holds it) is not tried again.
 const DEAD_FOR: Duration = Duration::from_millis(100);
 /// How long a REQ or SIDR_REQ for a service nobody claims yet is held for its claimant (a
-/// program binds its port and listens just after its peer connects: perftest `-R`), and how
-/// often it is looked for meanwhile; at most this many held at once.
-const HOLD_FOR: Duration = Duration::from_millis(500);
+/// program binds its port and listens just after its peer connects: perftest `-R`; on a loaded
+/// 2-core machine that took more than 0.5 s, the hold before 2026-12-07), and how often it is
+/// looked for meanwhile; at most this many held at once. The same 2 s as the CM's own listen
+/// grace, well inside a client's REQ response timeout.
+const HOLD_FOR: Duration = Duration::from_secs(2);
 const HOLD_CHECK: Duration = Duration::from_millis(5);
 const MAX_HELD: usize = 16;
 
