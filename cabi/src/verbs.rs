@@ -354,10 +354,12 @@ pub(crate) fn the_device() -> Option<*mut ibv_device> {
                 d.node_type = 1; // IBV_NODE_CA
                 d.transport_type = 0; // IBV_TRANSPORT_IB (RoCE devices report IB)
                 copy_str(&mut d.name, &p.name());
-                copy_str(&mut d.dev_name, "uverbs_ferroce");
+                // The name `ferroce run --dev-node` makes a node for (UCX looks for it).
+                let uverbs = ferroce::io::VERBS_DEV_NAME;
+                copy_str(&mut d.dev_name, uverbs);
                 copy_str(
                     &mut d.dev_path,
-                    "/sys/class/infiniband_verbs/uverbs_ferroce",
+                    &format!("/sys/class/infiniband_verbs/{uverbs}"),
                 );
                 copy_str(
                     &mut d.ibdev_path,
@@ -881,9 +883,11 @@ unsafe fn user_memory(addr: *mut c_void, len: usize, access: c_int) -> Result<Us
     let mem = unsafe { AppMemory::new(addr as *mut u8, len) }.ok_or(EINVAL)?;
     // What makes a region writable for the kernel's pinning (ib_access_writable).
     const WRITABLE: c_int = 1 | 2 | 8 | 16; // LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    if len > 0 && !mapped(&maps, addr as u64, len as u64, access & WRITABLE != 0) {
-        return Err(libc::EFAULT);
+    if len > 0 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        if !mapped(&maps, addr as u64, len as u64, access & WRITABLE != 0) {
+            return Err(libc::EFAULT);
+        }
     }
     Ok(UserMemory::from(mem))
 }
@@ -1129,12 +1133,7 @@ unsafe extern "C" fn advise_mr(
         {
             return ENOENT;
         }
-        let inside = e
-            .addr
-            .checked_sub(mr.addr())
-            .and_then(|o| o.checked_add(u64::from(e.length)))
-            .is_some_and(|end| end <= mr.len() as u64);
-        if !inside {
+        if mr.offset_of(e.addr, u64::from(e.length)).is_none() {
             return EINVAL;
         }
     }

@@ -1572,11 +1572,7 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
            wait $!; echo \"perftest $x: server=$? client=$cs $(grep -c '^Final:' {d}/c.out)\"\n\
            [ $cs = 0 ] || cat {d}/s.out {d}/c.out\n\
          done\n\
-         ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up \
-           && ip addr add 10.7.0.1/24 dev d0 && ip addr add 10.7.0.2/24 dev d0 || exit 98\n\
-         export LD_LIBRARY_PATH=$LIB FERROCE_DEV=d0\n\
-         gid() {{ FERROCE_ADDR=$1 ibv_devinfo -v | sed -n \"s/.*GID\\[ *\\([0-9]*\\)\\]:.*:$1,.*/\\1/p\"; }}\n\
-         export G1=$(gid 10.7.0.1) G2=$(gid 10.7.0.2)\n\
+         {VETH_TWO_ADDRESSES}\
          timeout 120 $F run --dev-node -- mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
            -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_NET_DEVICES=ferroce_d0:1 sh {w} 2>&1\n\
          echo \"mpirun=$?\"\n",

@@ -48,7 +48,7 @@ pub enum RunError {
     #[error("{0}: {1}")]
     Exec(String, std::io::Error),
     /// The private `/dev` could not be made.
-    #[error("--dev-node: {0} (user namespaces may be disabled here; as root, `mkdir -p /dev/infiniband && ln -s /dev/null /dev/infiniband/{VERBS_DEV_NAME}` does the same for every program)")]
+    #[error("--dev-node: {0} (user namespaces may be disabled here; as root, `mkdir -p /dev/infiniband && ln -s /dev/null /dev/infiniband/{name}` does the same for every program)", name = crate::io::VERBS_DEV_NAME)]
     DevNode(std::io::Error),
 }
 
@@ -116,14 +116,10 @@ pub fn command(o: &RunOptions) -> Result<Command, RunError> {
     Ok(c)
 }
 
-/// The `dev_name` of ferroce's device, as `cabi/src/verbs.rs` sets it (UCX looks for
-/// `/dev/infiniband/<dev_name>`).
-pub const VERBS_DEV_NAME: &str = "uverbs_ferroce";
-
 /// Replace this process with the command (returns only on failure).
 pub fn exec(o: &RunOptions) -> RunError {
     use std::os::unix::process::CommandExt;
-    let node = crate::io::verbs_node(VERBS_DEV_NAME);
+    let node = crate::io::verbs_node();
     if o.dev_node && !Path::new("/dev").join(&node).exists() {
         if let Err(e) = crate::io::private_dev_node(&node) {
             return RunError::DevNode(e);

@@ -258,11 +258,12 @@ impl OnDemandMemory {
         (0..len).step_by(ODP_CHUNK).all(|done| {
             let n = (len - done).min(ODP_CHUNK);
             // SAFETY: the local iovec is `n` bytes of the caller's buffer (valid as this
-            // function's contract says), `done + n <= len`; the remote one is an address of this very process,
-            // which the kernel reads or writes through its page tables with the mapping's
-            // protections (EFAULT where a page is missing or, for a write, read-only: no
-            // access is made through a pointer here). The range's contract (`new`) lets
-            // ferroce read and write what is mapped there, and no Rust reference covers it.
+            // function's contract says), `done + n <= len`; the remote one is an address of
+            // this very process, which the kernel reads or writes through its page tables
+            // with the mapping's protections (EFAULT where a page is missing or, for a write,
+            // read-only: no access is made through a pointer here). The range's contract
+            // (`new`) lets ferroce read and write what is mapped there, and no Rust reference
+            // covers it.
             let got = unsafe {
                 let local = libc::iovec {
                     iov_base: buf.add(done).cast(),

@@ -338,6 +338,12 @@ impl MemoryRegion {
         self.0.view_mut(f)
     }
 
+    /// The offset in the region of the `len` bytes at address `addr`, if they lie inside it
+    /// (the check every scatter/gather entry and remote request is put to).
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<usize> {
+        self.0.offset_of(addr, len)
+    }
+
     /// Whether the region is over the application's own memory
     /// ([`AppMemory`](crate::ib::AppMemory) or [`super::appmem::OnDemandMemory`]).
     pub fn is_app_memory(&self) -> bool {

@@ -40,7 +40,7 @@ pub use udp::{UdpConfig, UdpDevice};
 pub use udp_set::UdpSet;
 pub use xdp::{AttachMethod, XdpDevice, XdpMode, XdpOptions, XdpProgram, ZeroCopy};
 
-pub use sys::ns::{private_dev_node, verbs_node};
+pub use sys::ns::{private_dev_node, verbs_node, VERBS_DEV_NAME};
 pub use sys::signal::{stop_on_sigint_sigterm, stop_requested};
 pub use sys::{enter_netns, if_nametoindex, netns_id};
 

@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::cvt;
-use std::ffi::{CString, OsStr};
+use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -57,11 +57,10 @@ fn mount(
 pub fn private_dev_node(rel: &Path) -> io::Result<()> {
     let dev = Path::new("/dev");
     let node = dev.join(rel);
-    let parent = node
+    let rel_parent = rel
         .parent()
-        .filter(|p| p.starts_with(dev) && *p != dev)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a node under /dev/DIR/"))?
-        .to_path_buf();
+        .filter(|p| !p.as_os_str().is_empty() && rel.is_relative())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a node under /dev/DIR/"))?;
     // SAFETY: getuid/getgid cannot fail and have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let flags = if uid == 0 {
@@ -87,7 +86,7 @@ pub fn private_dev_node(rel: &Path) -> io::Result<()> {
     let old = std::env::temp_dir().join(format!("ferroce-dev-{}", std::process::id()));
     std::fs::create_dir_all(&old)?;
     mount(Some(dev), &old, None, libc::MS_BIND | libc::MS_REC)?;
-    let r = build(dev, &old, &parent, &node);
+    let r = build(dev, &old, rel_parent, &node);
     // SAFETY: umount2 on a path string that outlives the call; MNT_DETACH only.
     unsafe { libc::umount2(cstr(&old)?.as_ptr(), libc::MNT_DETACH) };
     let _ = std::fs::remove_dir(&old);
@@ -119,17 +118,17 @@ fn cover(dir: &Path, orig: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn build(dev: &Path, old: &Path, parent: &Path, node: &Path) -> io::Result<()> {
+/// Build the private `/dev` (the real one reachable at `old`) with `node`, whose directory is
+/// `rel_parent` under `/dev`.
+fn build(dev: &Path, old: &Path, rel_parent: &Path, node: &Path) -> io::Result<()> {
     // The node's directory exists in the real /dev (a host with other RDMA devices): cover
     // only it. Otherwise cover /dev and make the directory in the new tmpfs.
-    let rel_parent = parent
-        .strip_prefix(dev)
-        .unwrap_or(Path::new(OsStr::new("")));
-    if old.join(rel_parent).is_dir() {
-        cover(parent, &old.join(rel_parent))?;
+    let (parent, orig) = (dev.join(rel_parent), old.join(rel_parent));
+    if orig.is_dir() {
+        cover(&parent, &orig)?;
     } else {
         cover(dev, old)?;
-        std::fs::create_dir_all(parent)?;
+        std::fs::create_dir_all(&parent)?;
     }
     if !node.exists() {
         std::fs::File::create(node)?;
@@ -137,7 +136,11 @@ fn build(dev: &Path, old: &Path, parent: &Path, node: &Path) -> io::Result<()> {
     mount(Some(&old.join("null")), node, None, libc::MS_BIND)
 }
 
-/// Where [`private_dev_node`] makes a node for the verbs device `dev_name`.
-pub fn verbs_node(dev_name: &str) -> PathBuf {
-    Path::new("infiniband").join(dev_name)
+/// The `dev_name` of ferroce's verbs device (what the C library reports in `struct
+/// ibv_device`; UCX looks for `/dev/infiniband/<dev_name>`).
+pub const VERBS_DEV_NAME: &str = "uverbs_ferroce";
+
+/// Where [`private_dev_node`] makes the node of ferroce's verbs device, under `/dev`.
+pub fn verbs_node() -> PathBuf {
+    Path::new("infiniband").join(VERBS_DEV_NAME)
 }
