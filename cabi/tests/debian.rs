@@ -1542,7 +1542,7 @@ fn ferroce_run_dev_node_needs_no_privilege() {
 ///
 /// - `ucx_info -d` lists `rc_verbs` and `ud_verbs` on `ferroce_lo:1`;
 /// - `ucx_perftest` at the transport level between 127.0.0.1 and 127.0.0.2 (real RoCE on `lo`):
-///   RDMA WRITE 64 KiB (`put_bw`, zero-copy), READ 64 KiB (`get`), fetch-and-add, compare-and-swap,
+///   RDMA WRITE 64 KiB (`put_bw`, zero-copy, 32 outstanding), READ 64 KiB (`get`), fetch-and-add, compare-and-swap,
 ///   active messages over RC (SEND, copied) and over UD;
 /// - Open MPI's default point-to-point layer, UCX (`--mca pml ucx`, transports forced to
 ///   `rc_verbs,ud_verbs,self`: no shared memory or TCP to fall back on), runs
@@ -1562,7 +1562,7 @@ fn ucx_and_open_mpi_over_ucx_on_ferroce() {
     let script = format!(
         "[ -e /dev/infiniband/uverbs_ferroce ] && echo 'the host has the node already'\n\
          FERROCE_DEV=lo $F run --dev-node -- ucx_info -d | grep -E 'Transport: (rc|ud)_verbs|Device: ferroce' | sort -u | sed 's/^/info: /'\n\
-         for x in 'rc_verbs put_bw -D zcopy -s 65536' 'rc_verbs get -D zcopy -s 65536' 'rc_verbs fadd' \
+         for x in 'rc_verbs put_bw -D zcopy -s 65536 -O 32' 'rc_verbs get -D zcopy -s 65536' 'rc_verbs fadd' \
                   'rc_verbs cswap' 'rc_verbs am_bw -D bcopy -s 2048' 'ud_verbs am_lat'; do\n\
            set -- $x; tl=$1; shift\n\
            FERROCE_DEV=lo FERROCE_ADDR=127.0.0.1 timeout 60 $F run --dev-node -- ucx_perftest -d ferroce_lo:1 -x $tl > {d}/s.out 2>&1 &\n\
