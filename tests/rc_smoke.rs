@@ -3,7 +3,7 @@
 mod common;
 use ferroce::time::{Duration, Instant};
 use ferroce::verbs::*;
-use ferroce::wire::{MacAddr, Psn, QpNumber};
+use ferroce::wire::{MacAddr, Psn, QpNumber, RKey};
 use std::net::{IpAddr, Ipv4Addr};
 
 struct Side {
@@ -1142,4 +1142,337 @@ fn a_full_response_queue_refuses_requests_instead_of_dropping_their_answers() {
         u64::from_le_bytes(v) == 1 || u64::from_be_bytes(v) == 1,
         "{v:?}"
     );
+}
+
+// ---- memory windows (IBTA Vol. 1 §10.6.7.2) --------------------------------------------------
+
+/// Post a bind of `mw` on `s`'s QP to `len` bytes of `mr` from offset `off` with `access`,
+/// with the window's next R_Key (what `ibv_inc_rkey` gives): that key.
+fn bind(
+    s: &mut Side,
+    mw: &MemoryWindow,
+    mr: &MemoryRegion,
+    off: u64,
+    len: u64,
+    access: AccessFlags,
+) -> RKey {
+    let rkey = mw.next_rkey();
+    let info = MwBindInfo {
+        mr: Some(mr.lkey()),
+        addr: mr.addr() + off,
+        length: len,
+        access,
+        zero_based: false,
+    };
+    let op = SendOp::BindMw {
+        mw: mw.index(),
+        kind: mw.kind(),
+        rkey,
+        info,
+    };
+    s.dev
+        .post_send(s.qp, SendWr::new(0xb1, op, SgList::new()))
+        .unwrap();
+    rkey
+}
+
+/// An RDMA operation of `len` bytes at `addr` with `rkey`, from or into `local`.
+fn rdma(s: &mut Side, id: u64, op: SendOp, local: &MemoryRegion, len: usize) {
+    s.dev
+        .post_send(s.qp, SendWr::new(id, op, vec![common::sge(local, 0, len)]))
+        .unwrap();
+}
+
+/// A region on `b` with local write and the right to bind windows, no remote right of its own.
+fn window_pair() -> (Side, Side, MemoryRegion, MemoryRegion) {
+    let (mut a, mut b) = (side(1), side(2));
+    connect(&mut a, &mut b, Mtu::M1024);
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let ma = a.dev.reg_mr(a.pd, 1 << 16, all).unwrap();
+    let mb = b
+        .dev
+        .reg_mr(
+            b.pd,
+            1 << 16,
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+        .unwrap();
+    (a, b, ma, mb)
+}
+
+/// A type 2 window bound by a work request lends a peer exactly its bytes and rights: a WRITE
+/// and a READ through it land at the window's place in the region (whose own R_Key grants
+/// nothing), the bind completing `BindMw` first.
+#[test]
+fn a_type2_window_lends_its_range_of_a_region_that_grants_nothing_itself() {
+    let (mut a, mut b, ma, mb) = window_pair();
+    let mw = b.dev.alloc_mw(b.pd, MwType::Type2).unwrap();
+    let rw = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let key = bind(&mut b, &mw, &mb, 1024, 4096, rw);
+    let mut now = Instant::from_nanos(1_000_000);
+    drive(&mut a, &mut b, &mut now);
+    let wc = poll(&mut b);
+    assert_eq!(
+        (wc.len(), wc[0].opcode, wc[0].status),
+        (1, WcOpcode::BindMw, WcStatus::Success)
+    );
+    assert!(mw.is_bound() && mw.rkey() == key);
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
+    ma.write(0, &data).unwrap();
+    let at = mb.addr() + 1024 + 1000;
+    rdma(
+        &mut a,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: at,
+            rkey: key,
+        },
+        &ma,
+        3000,
+    );
+    drive(&mut a, &mut b, &mut now);
+    let mut got = vec![0; 3000];
+    mb.read(2024, &mut got).unwrap();
+    assert_eq!(got, data, "the WRITE through the window");
+    mb.write(1024, b"window head").unwrap();
+    let read = SendOp::RdmaRead {
+        remote_addr: mb.addr() + 1024,
+        rkey: key,
+    };
+    a.dev
+        .post_send(a.qp, SendWr::new(2, read, vec![common::sge(&ma, 8192, 11)]))
+        .unwrap();
+    drive(&mut a, &mut b, &mut now);
+    let wc = poll(&mut a);
+    assert!(wc.iter().all(|w| w.status == WcStatus::Success), "{wc:?}");
+    let mut head = [0u8; 11];
+    ma.read(8192, &mut head).unwrap();
+    assert_eq!(&head, b"window head");
+}
+
+/// One byte past the window is a remote access error (NAK, the requester's QP in error), as
+/// is a right the window does not grant: its rights, not the region's, count.
+#[test]
+fn a_window_refuses_bytes_outside_it_and_rights_it_does_not_grant() {
+    for (off, op_write, rights) in [
+        (4096 - 8, true, AccessFlags::REMOTE_WRITE),
+        (0, false, AccessFlags::REMOTE_WRITE),
+        (0, true, AccessFlags::REMOTE_READ),
+    ] {
+        let (mut a, mut b, ma, mb) = window_pair();
+        let mw = b.dev.alloc_mw(b.pd, MwType::Type2).unwrap();
+        let key = bind(&mut b, &mw, &mb, 0, 4096, rights);
+        let mut now = Instant::from_nanos(1_000_000);
+        drive(&mut a, &mut b, &mut now);
+        let remote_addr = mb.addr() + off;
+        let op = if op_write {
+            SendOp::RdmaWrite {
+                remote_addr,
+                rkey: key,
+            }
+        } else {
+            SendOp::RdmaRead {
+                remote_addr,
+                rkey: key,
+            }
+        };
+        rdma(&mut a, 1, op, &ma, 16);
+        drive(&mut a, &mut b, &mut now);
+        assert_eq!(
+            poll(&mut a)[0].status,
+            WcStatus::RemAccessErr,
+            "{off} {op_write} {rights:?}"
+        );
+    }
+}
+
+/// A type 2 window's key works only on the QP it was bound through (type 2B); a type 1
+/// window's on every QP of its PD.
+#[test]
+fn a_type2_window_works_only_on_the_qp_it_was_bound_through() {
+    for kind in [MwType::Type2, MwType::Type1] {
+        let (mut a, mut b, ma, mb) = window_pair();
+        let mw = b.dev.alloc_mw(b.pd, kind).unwrap();
+        // Bound through the first pair's QP; then a second pair, and a WRITE over it.
+        let key = bind(&mut b, &mw, &mb, 0, 4096, AccessFlags::REMOTE_WRITE);
+        let mut now = Instant::from_nanos(1_000_000);
+        drive(&mut a, &mut b, &mut now);
+        assert!(mw.is_bound());
+        let cap = common::qp_cap(16, 1, 0);
+        a.qp = a
+            .dev
+            .create_qp(QpInitAttr::new(a.pd, a.cq, a.cq, cap))
+            .unwrap();
+        b.qp = b
+            .dev
+            .create_qp(QpInitAttr::new(b.pd, b.cq, b.cq, cap))
+            .unwrap();
+        connect(&mut a, &mut b, Mtu::M1024);
+        poll(&mut a);
+        rdma(
+            &mut a,
+            7,
+            SendOp::RdmaWrite {
+                remote_addr: mb.addr(),
+                rkey: key,
+            },
+            &ma,
+            16,
+        );
+        drive(&mut a, &mut b, &mut now);
+        let want = match kind {
+            MwType::Type2 => WcStatus::RemAccessErr,
+            MwType::Type1 => WcStatus::Success,
+        };
+        assert_eq!(poll(&mut a)[0].status, want, "{kind:?}");
+    }
+}
+
+/// A type 2 window is freed by a local invalidate and by a peer's SEND with invalidate, and
+/// binds again from the free state, never while bound; its old key stops working.
+#[test]
+fn local_and_remote_invalidation_free_a_type2_window_for_a_new_bind() {
+    let (mut a, mut b, ma, mb) = window_pair();
+    let mw = b.dev.alloc_mw(b.pd, MwType::Type2).unwrap();
+    let first = bind(&mut b, &mw, &mb, 0, 4096, AccessFlags::REMOTE_WRITE);
+    let mut now = Instant::from_nanos(1_000_000);
+    drive(&mut a, &mut b, &mut now);
+    b.dev
+        .post_send(
+            b.qp,
+            SendWr::new(3, SendOp::LocalInv { rkey: first }, SgList::new()),
+        )
+        .unwrap();
+    drive(&mut a, &mut b, &mut now);
+    let wc = poll(&mut b);
+    assert_eq!(
+        wc.last().map(|w| (w.opcode, w.status)),
+        Some((WcOpcode::LocalInv, WcStatus::Success))
+    );
+    assert!(!mw.is_bound());
+    let second = bind(&mut b, &mw, &mb, 0, 4096, AccessFlags::REMOTE_WRITE);
+    drive(&mut a, &mut b, &mut now);
+    assert!(mw.is_bound() && second != first && second.0 >> 8 == first.0 >> 8);
+    // The peer invalidates it with its SEND.
+    post_recv(&mut b, &mb, 9);
+    let inv = SendOp::SendWithInv {
+        invalidate_rkey: second,
+    };
+    rdma(&mut a, 4, inv, &ma, 8);
+    drive(&mut a, &mut b, &mut now);
+    let wc = poll(&mut b);
+    let recv = wc
+        .iter()
+        .find(|w| w.opcode == WcOpcode::Recv)
+        .expect("the SEND arrived");
+    assert_eq!(recv.invalidated_rkey, Some(second));
+    assert!(!mw.is_bound());
+    rdma(
+        &mut a,
+        5,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr(),
+            rkey: second,
+        },
+        &ma,
+        8,
+    );
+    drive(&mut a, &mut b, &mut now);
+    assert_eq!(poll(&mut a).last().unwrap().status, WcStatus::RemAccessErr);
+}
+
+/// A bind that breaks a rule completes `MwBindErr` (the QP then in error) and leaves the
+/// window as it was: a region without `MW_BIND`, a range past the region, a key of another
+/// index, a second bind of a bound type 2 window.
+#[test]
+fn a_bind_that_breaks_a_rule_completes_mw_bind_err_and_changes_nothing() {
+    for case in 0..4 {
+        let (mut a, mut b, _ma, mb) = window_pair();
+        let mw = b.dev.alloc_mw(b.pd, MwType::Type2).unwrap();
+        let mut now = Instant::from_nanos(1_000_000);
+        let before = mw.rkey();
+        let plain = b.dev.reg_mr(b.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let (mr, len, rkey) = match case {
+            0 => (&plain, 64, mw.next_rkey()),
+            1 => (&mb, (1 << 16) + 1, mw.next_rkey()),
+            2 => (&mb, 64, RKey(mw.rkey().0 ^ 0x100)),
+            _ => {
+                bind(&mut b, &mw, &mb, 0, 64, AccessFlags::REMOTE_WRITE);
+                drive(&mut a, &mut b, &mut now);
+                poll(&mut b);
+                (&mb, 64, RKey(mw.next_rkey().0))
+            }
+        };
+        let bound = mw.is_bound();
+        let info = MwBindInfo {
+            mr: Some(mr.lkey()),
+            addr: mr.addr(),
+            length: len,
+            access: AccessFlags::REMOTE_WRITE,
+            zero_based: false,
+        };
+        let op = SendOp::BindMw {
+            mw: mw.index(),
+            kind: mw.kind(),
+            rkey,
+            info,
+        };
+        b.dev
+            .post_send(b.qp, SendWr::new(8, op, SgList::new()))
+            .unwrap();
+        drive(&mut a, &mut b, &mut now);
+        let wc = poll(&mut b);
+        assert_eq!(
+            (wc[0].status, wc[0].wr_id),
+            (WcStatus::MwBindErr, 8),
+            "case {case}"
+        );
+        assert_eq!(b.dev.query_qp(b.qp).unwrap().0, QpState::Err, "case {case}");
+        assert_eq!(mw.is_bound(), bound, "case {case}");
+        if case < 3 {
+            assert_eq!(mw.rkey(), before, "case {case}");
+        }
+    }
+}
+
+/// A bind takes effect in send-queue order: posted behind a READ, it completes after it.
+/// A window dies with its region: deregistration ends it.
+#[test]
+fn a_bind_completes_in_order_and_a_window_dies_with_its_region() {
+    let (mut a, mut b, ma, mb) = window_pair();
+    let mw = b.dev.alloc_mw(b.pd, MwType::Type1).unwrap();
+    let mb_read = b
+        .dev
+        .reg_mr(b.pd, 1 << 16, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let read = SendOp::RdmaRead {
+        remote_addr: ma.addr(),
+        rkey: ma.rkey(),
+    };
+    rdma(&mut b, 1, read, &mb_read, 32768);
+    let key = bind(&mut b, &mw, &mb, 0, 4096, AccessFlags::REMOTE_WRITE);
+    let mut now = Instant::from_nanos(1_000_000);
+    drive(&mut a, &mut b, &mut now);
+    let order: Vec<_> = poll(&mut b).iter().map(|w| (w.opcode, w.status)).collect();
+    assert_eq!(
+        order,
+        [
+            (WcOpcode::RdmaRead, WcStatus::Success),
+            (WcOpcode::BindMw, WcStatus::Success)
+        ]
+    );
+    b.dev.dereg_mr(&mb).unwrap();
+    assert!(!mw.is_bound());
+    rdma(
+        &mut a,
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: mb.addr(),
+            rkey: key,
+        },
+        &ma,
+        8,
+    );
+    drive(&mut a, &mut b, &mut now);
+    assert_eq!(poll(&mut a)[0].status, WcStatus::RemAccessErr);
 }

@@ -55,8 +55,12 @@ pub type QueryPortFn =
 /// `ibv_post_srq_recv`, `ibv_post_send` and `ibv_post_recv` call through the named ones.
 #[repr(C)]
 pub struct ibv_context_ops {
-    /// `_compat_query_device` … `_compat_create_cq` (11 entries).
-    pub _compat1: [usize; 11],
+    /// `_compat_query_device` … `_compat_dereg_mr` (7 entries).
+    pub _compat1: [usize; 7],
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
+    pub _compat_create_cq: usize,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyFn>,
     /// `_compat_cq_event` … `_compat_destroy_srq` (7 entries).
@@ -379,8 +383,60 @@ pub struct ibv_send_wr {
     pub wr: wr_union,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// `bind_mw` / `tso` (48 bytes, 8-aligned).
-    pub _bind_mw_tso: [u64; 6],
+    /// `bind_mw` (a union with `tso`, both 48 bytes).
+    pub bind_mw: ibv_send_wr_bind_mw,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `type` (`enum ibv_mw_type`).
+    pub mw_type: c_int,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`'s request).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+impl ibv_send_wr_bind_mw {
+    /// All zero (a request of another opcode).
+    pub const NONE: ibv_send_wr_bind_mw = ibv_send_wr_bind_mw {
+        mw: std::ptr::null_mut(),
+        rkey: 0,
+        bind_info: ibv_mw_bind_info {
+            mr: std::ptr::null_mut(),
+            addr: 0,
+            length: 0,
+            mw_access_flags: 0,
+        },
+    };
 }
 
 #[repr(C)]
@@ -682,7 +738,25 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
             opcode,
             send_flags,
             imm_data,
-            wr
+            wr,
+            bind_mw
+        },
+        ibv_mw {
+            context,
+            pd,
+            rkey,
+            handle
+        },
+        ibv_mw_bind_info {
+            mr,
+            addr,
+            length,
+            mw_access_flags
+        },
+        ibv_mw_bind {
+            wr_id,
+            send_flags,
+            bind_info
         },
         ibv_recv_wr {
             wr_id,
@@ -741,6 +815,32 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         },
     );
     // Fields inside the ops table and the work request's union, by their C names.
+    v.push((
+        "offsetof(struct ibv_context, ops.alloc_mw)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, alloc_mw),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.bind_mw)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, bind_mw),
+    ));
+    v.push((
+        "offsetof(struct ibv_context, ops.dealloc_mw)",
+        offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, dealloc_mw),
+    ));
+    v.push(("offsetof(struct ibv_mw, type)", offset_of!(ibv_mw, mw_type)));
+    let b = offset_of!(ibv_send_wr, bind_mw);
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.mw)",
+        b + offset_of!(ibv_send_wr_bind_mw, mw),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.rkey)",
+        b + offset_of!(ibv_send_wr_bind_mw, rkey),
+    ));
+    v.push((
+        "offsetof(struct ibv_send_wr, bind_mw.bind_info)",
+        b + offset_of!(ibv_send_wr_bind_mw, bind_info),
+    ));
     v.push((
         "offsetof(struct ibv_context, ops.poll_cq)",
         offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, poll_cq),
@@ -802,6 +902,7 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         ("IBV_WC_LOC_QP_OP_ERR", WcStatus::LocQpOpErr),
         ("IBV_WC_LOC_PROT_ERR", WcStatus::LocProtErr),
         ("IBV_WC_WR_FLUSH_ERR", WcStatus::WrFlushErr),
+        ("IBV_WC_MW_BIND_ERR", WcStatus::MwBindErr),
         ("IBV_WC_BAD_RESP_ERR", WcStatus::BadRespErr),
         ("IBV_WC_LOC_ACCESS_ERR", WcStatus::LocAccessErr),
         ("IBV_WC_REM_INV_REQ_ERR", WcStatus::RemInvReqErr),
@@ -820,6 +921,8 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         ("IBV_WC_RDMA_READ", WcOpcode::RdmaRead),
         ("IBV_WC_COMP_SWAP", WcOpcode::CompSwap),
         ("IBV_WC_FETCH_ADD", WcOpcode::FetchAdd),
+        ("IBV_WC_BIND_MW", WcOpcode::BindMw),
+        ("IBV_WC_LOCAL_INV", WcOpcode::LocalInv),
         ("IBV_WC_RECV", WcOpcode::Recv),
         ("IBV_WC_RECV_RDMA_WITH_IMM", WcOpcode::RecvRdmaWithImm),
     ] {
@@ -1312,7 +1415,8 @@ pub struct ibv_qp_ex_tail {
     pub wr_flags: c_uint,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(QpExPtr, u32, u64, u64)>,
-    pub wr_bind_mw: Option<unsafe extern "C" fn(QpExPtr, *mut c_void, u32, *const c_void)>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(QpExPtr, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
     pub wr_local_inv: Option<unsafe extern "C" fn(QpExPtr, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(QpExPtr, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(QpExPtr, u32, u64)>,
@@ -1420,7 +1524,7 @@ pub const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 1 << 3;
 /// The `enum ibv_qp_create_send_ops_flags` the work request builder carries: WRITE, WRITE with
 /// immediate, SEND, SEND with immediate, READ, compare-and-swap, fetch-and-add (`1 << 0` to
 /// `1 << 6`) and SEND with invalidate (`1 << 9`).
-pub const SEND_OPS_CARRIED: [(&str, u64); 8] = [
+pub const SEND_OPS_CARRIED: [(&str, u64); 10] = [
     ("IBV_QP_EX_WITH_RDMA_WRITE", 1),
     ("IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM", 1 << 1),
     ("IBV_QP_EX_WITH_SEND", 1 << 2),
@@ -1428,6 +1532,8 @@ pub const SEND_OPS_CARRIED: [(&str, u64); 8] = [
     ("IBV_QP_EX_WITH_RDMA_READ", 1 << 4),
     ("IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP", 1 << 5),
     ("IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD", 1 << 6),
+    ("IBV_QP_EX_WITH_LOCAL_INV", 1 << 7),
+    ("IBV_QP_EX_WITH_BIND_MW", 1 << 8),
     ("IBV_QP_EX_WITH_SEND_WITH_INV", 1 << 9),
 ];
 /// `IBV_WC_STANDARD_FLAGS`: the completion fields every CQ has (byte length, immediate, QP

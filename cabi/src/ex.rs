@@ -594,10 +594,19 @@ unsafe fn last(qp: QpExPtr, f: impl FnOnce(&mut SendWr, &mut Option<Vec<(u64, us
 /// `qp` is a QP of this library.
 unsafe fn refuse(qp: QpExPtr) {
     // SAFETY: the caller's promise.
+    unsafe { refuse_with(qp, EOPNOTSUPP) }
+}
+
+/// Mark the session failed with `e` (`ibv_wr_complete` returns it).
+///
+/// # Safety
+/// `qp` is a QP of this library.
+unsafe fn refuse_with(qp: QpExPtr, e: c_int) {
+    // SAFETY: the caller's promise.
     let w = unsafe { qpw(qp) };
     let mut tx = lock(&w.tx);
     if tx.err == 0 {
-        tx.err = EOPNOTSUPP;
+        tx.err = e;
     }
 }
 
@@ -728,13 +737,24 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: QpExPtr, rkey: u32, addr: u64, add:
         )
     }
 }
-unsafe extern "C" fn wr_local_inv(qp: QpExPtr, _rkey: u32) {
+unsafe extern "C" fn wr_local_inv(qp: QpExPtr, rkey: u32) {
     // SAFETY: forwarded.
-    unsafe { refuse(qp) }
+    unsafe { begin(qp, SendOp::LocalInv { rkey: RKey(rkey) }) }
 }
-unsafe extern "C" fn wr_bind_mw(qp: QpExPtr, _mw: *mut c_void, _rkey: u32, _b: *const c_void) {
-    // SAFETY: forwarded.
-    unsafe { refuse(qp) }
+unsafe extern "C" fn wr_bind_mw(
+    qp: QpExPtr,
+    mw: *mut crate::abi::ibv_mw,
+    rkey: u32,
+    b: *const crate::abi::ibv_mw_bind_info,
+) {
+    // SAFETY: a window of this library and the caller's bind information (or NULL), as
+    // libibverbs' contract has them.
+    match unsafe { crate::verbs::bind_op(mw, rkey, b.as_ref()) } {
+        // SAFETY: forwarded.
+        Some(op) => unsafe { begin(qp, op) },
+        // SAFETY: forwarded.
+        None => unsafe { refuse_with(qp, EINVAL) },
+    }
 }
 unsafe extern "C" fn wr_send_tso(qp: QpExPtr, _hdr: *mut c_void, _sz: u16, _mss: u16) {
     // SAFETY: forwarded.

@@ -11,13 +11,13 @@ use crate::device::{self, Shared};
 use ferroce::verbs::AsyncEvent;
 use ferroce::verbs::LKey;
 use ferroce::verbs::{
-    AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, Mtu, NotifyMode, OnDemandMemory,
-    Pd, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
-    SgList, Sge, Srq, SrqAttr, SrqAttrMask, UdDest, UserMemory, VerbsError, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, MemoryWindow, Mtu, MwBindInfo,
+    MwType, NotifyMode, OnDemandMemory, Pd, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, Srq, SrqAttr, SrqAttrMask, UdDest, UserMemory,
+    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use ferroce::wire::{QpNumber, RKey};
-use libc::{c_char, c_int, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
+use libc::{c_char, c_int, c_uint, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
 use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
 use std::ptr::null_mut;
@@ -450,6 +450,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;
+    v.context.ops.alloc_mw = Some(alloc_mw);
+    v.context.ops.bind_mw = Some(bind_mw);
+    v.context.ops.dealloc_mw = Some(dealloc_mw);
     v.context.ops.poll_cq = Some(poll_cq);
     v.context.ops.req_notify_cq = Some(req_notify_cq);
     v.context.ops.post_send = Some(post_send);
@@ -526,6 +529,7 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, a: *mut ibv_devic
     a.max_cq = int(l.max_cq);
     a.max_cqe = int(l.max_cqe);
     a.max_mr = int(l.max_mr);
+    a.max_mw = int(l.max_mw);
     a.max_pd = int(l.max_pd);
     a.max_qp_rd_atom = int(l.max_qp_rd_atom);
     a.max_res_rd_atom = l.max_res_rd_atom.min(c_int::MAX as u64) as c_int;
@@ -848,10 +852,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     0
 }
 
-/// A region's rights from `ibv_access_flags`: the optional and MW/zero-based/on-demand bits
-/// have no meaning here; the four rights do.
+/// A region's rights from `ibv_access_flags`: the four rights and `IBV_ACCESS_MW_BIND`; the
+/// optional, zero-based and on-demand bits are not rights.
 fn mr_access(access: c_int) -> AccessFlags {
-    AccessFlags::from_bits_truncate(access as u32 & 0xf)
+    AccessFlags::from_bits_truncate(access as u32 & 0x1f)
 }
 
 /// The memory `ibv_reg_mr` registers: `len` bytes at `addr`, pinned, or with
@@ -1151,6 +1155,126 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     let s = unsafe { sh(w.c.context) };
     match nic_or!(s, |e| e).dereg_mr(&w.mr) {
         Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+// ---- memory windows ---------------------------------------------------------------------------
+
+/// A memory window: `struct ibv_mw`, then ferroce's handle.
+#[repr(C)]
+struct MwW {
+    c: ibv_mw,
+    mw: MemoryWindow,
+}
+
+/// `IBV_ACCESS_ZERO_BASED`.
+const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
+
+/// `ops.alloc_mw` (the inline `ibv_alloc_mw`): a window of type 1 or 2 (another: EINVAL).
+unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, t: c_int) -> *mut ibv_mw {
+    let Some(kind) = u32::try_from(t).ok().and_then(MwType::from_ibv) else {
+        return fail(EINVAL);
+    };
+    // SAFETY: a PD of this library or NULL (libibverbs' contract).
+    let Some(p) = (unsafe { (pd as *mut PdW).as_ref() }) else {
+        return fail(EINVAL);
+    };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    let nic = nic_or!(unsafe { sh(p.c.context) }, fail);
+    match nic.alloc_mw(p.pd, kind) {
+        Ok(mw) => {
+            let c = ibv_mw {
+                context: p.c.context,
+                pd,
+                rkey: mw.rkey().0,
+                handle: mw.index(),
+                mw_type: t,
+            };
+            Box::into_raw(Box::new(MwW { c, mw })) as *mut ibv_mw
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `ops.dealloc_mw` (`ibv_dealloc_mw`): its key stops working at once.
+unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    if mw.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a window from ibv_alloc_mw, not used after this (libibverbs' contract).
+    let w = unsafe { Box::from_raw(mw as *mut MwW) };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    let s = unsafe { sh(w.c.context) };
+    match nic_or!(s, |e| e).dealloc_mw(&w.mw) {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// The bind request `IBV_WR_BIND_MW` (and `ibv_wr_bind_mw`) names: window `mw`, its new
+/// `rkey`, and what it is bound to; `None` for a NULL window or bind information.
+///
+/// # Safety
+/// `mw` is a window of this library or NULL; `b`'s region, if not NULL, one of this library's.
+pub(crate) unsafe fn bind_op(
+    mw: *mut ibv_mw,
+    rkey: u32,
+    b: Option<&ibv_mw_bind_info>,
+) -> Option<SendOp> {
+    // SAFETY: the caller's promise.
+    let m = unsafe { (mw as *mut MwW).as_ref() }?;
+    Some(SendOp::BindMw {
+        mw: m.mw.index(),
+        kind: m.mw.kind(),
+        rkey: RKey(rkey),
+        // SAFETY: the caller's promise.
+        info: unsafe { bind_info(b?) },
+    })
+}
+
+/// `struct ibv_mw_bind_info` as the engine takes it: the region by its local key (none for
+/// a NULL region), the remote rights (local write is the region's own), zero-based or not.
+///
+/// # Safety
+/// `b.mr` is a region of this library or NULL.
+unsafe fn bind_info(b: &ibv_mw_bind_info) -> MwBindInfo {
+    // SAFETY: the caller's promise.
+    let mr = unsafe { (b.mr as *mut MrW).as_ref() }.map(|m| m.mr.lkey());
+    MwBindInfo {
+        mr,
+        addr: b.addr,
+        length: b.length,
+        access: AccessFlags::from_bits_truncate(b.mw_access_flags)
+            & (AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC),
+        zero_based: b.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0,
+    }
+}
+
+/// `ops.bind_mw` (the inline `ibv_bind_mw`, type 1 windows): posts the bind on `qp` with the
+/// window's next R_Key (`ibv_inc_rkey`), which `mw->rkey` holds once posted, as rdma-core's
+/// providers do; the bind takes effect, and completes, in the send queue's order.
+unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, b: *mut ibv_mw_bind) -> c_int {
+    if qp.is_null() || mw.is_null() || b.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP and a window of this library and the caller's request (libibverbs' contract).
+    let (q, m, b) = unsafe { (&*(qp as *mut QpW), &mut *(mw as *mut MwW), &*b) };
+    let k = m.c.rkey;
+    let rkey = (k & !0xff) | (k.wrapping_add(1) & 0xff);
+    // SAFETY: the request's region is the caller's (one of this library's, or NULL).
+    let Some(op) = (unsafe { bind_op(mw, rkey, Some(&b.bind_info)) }) else {
+        return EINVAL;
+    };
+    let wr = SendWr::new(b.wr_id, op, SgList::new())
+        .with_flags(SendFlags::from_bits_truncate(b.send_flags & 0xf));
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    let s = unsafe { sh(q.c.context) };
+    match nic_or!(s, |e| e).post_send(q.qpn, wr) {
+        Ok(()) => {
+            m.c.rkey = rkey;
+            0
+        }
         Err(e) => errno_of(&e),
     }
 }
@@ -2223,6 +2347,15 @@ fn send_op(r: &ibv_send_wr) -> Result<SendOp, c_int> {
             rkey: RKey(atomic.rkey),
             add: atomic.compare_add,
         },
+        7 => SendOp::LocalInv {
+            rkey: RKey(r.imm_data),
+        },
+        8 => {
+            let b = r.bind_mw;
+            // SAFETY: the request's window and region are this library's (or NULL), as
+            // libibverbs' contract has them.
+            unsafe { bind_op(b.mw, b.rkey, Some(&b.bind_info)) }.ok_or(EINVAL)?
+        }
         9 => SendOp::SendWithInv {
             invalidate_rkey: RKey(r.imm_data),
         },
@@ -2244,8 +2377,14 @@ unsafe extern "C" fn post_send(
     let s = unsafe { sh(w.c.context) };
     let post = |r: &ibv_send_wr| -> Result<(), c_int> {
         let op = send_op(r)?;
-        // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs' contract).
-        let sg_list = unsafe { sges(r.sg_list, r.num_sge, w.max_send_sge) }?;
+        // A bind or local invalidate has no data: its list is not read.
+        let sg_list = if op.is_local() {
+            SgList::new()
+        } else {
+            // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs'
+            // contract).
+            unsafe { sges(r.sg_list, r.num_sge, w.max_send_sge) }?
+        };
         let mut x = SendWr::new(r.wr_id, op, sg_list)
             .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
         if w.qp_type == QpType::Ud {

@@ -465,6 +465,44 @@ fn reg_mr_refuses_memory_it_cannot_pin() {
     );
 }
 
+/// examples/c/mw.c: memory windows as libibverbs offers them — type 1 bound with
+/// `ibv_bind_mw`, type 2 with `IBV_WR_BIND_MW`, over a region that grants no remote right
+/// itself; WRITE and READ through a window land at its place in the region; one byte past it,
+/// the region's own key, an unbound or invalidated window (`IBV_WR_LOCAL_INV`, a peer's SEND
+/// with invalidate, `ibv_dealloc_mw`) are remote access errors; bad binds complete
+/// `IBV_WC_MW_BIND_ERR`. The same program on rxe in the guest prints the same lines but two
+/// (docs/cabi.md: rxe bounds a window's accesses by its region, and leaves `IBV_WC_WITH_INV`
+/// clear).
+#[test]
+fn memory_windows_bound_used_and_invalidated_as_on_rdma_core() {
+    run_verbs_example(
+        "memory_windows_bound_used_and_invalidated_as_on_rdma_core",
+        "mw",
+        &[
+            "caps: MEM_WINDOW 1 MEM_WINDOW_TYPE_2B 1, max_mw > 0",
+            "type 1 bind: success, opcode BIND_MW, key ibv_inc_rkey of the last",
+            "WRITE through the type 1 window: success, data identical",
+            "READ through the type 1 window: success, data identical",
+            "WRITE one byte past the window: remote access error",
+            "WRITE with the region's own R_Key: remote access error",
+            "type 1 unbound: bind success, WRITE remote access error",
+            "ibv_bind_mw of a type 2 window: Invalid argument",
+            "type 2 bind: success, opcode BIND_MW",
+            "WRITE through the type 2 window: success, data identical",
+            "LOCAL_INV: success, opcode LOCAL_INV",
+            "WRITE after LOCAL_INV: remote access error",
+            "type 2 bound again: success; a second bind while bound: memory management operation error",
+            "SEND with invalidate: receive success, WITH_INV 1, key the window's",
+            "WRITE after the peer invalidated it: remote access error",
+            "ibv_dealloc_pd with windows: Device or resource busy",
+            "ibv_dealloc_mw of a bound window: 0, WRITE after it: remote access error",
+            "bind to a region without MW_BIND: memory management operation error",
+            "ibv_alloc_mw of type 3: Invalid argument",
+            "ok",
+        ],
+    );
+}
+
 /// examples/c/odp.c: regions registered on demand and the implicit region (the whole address
 /// space): pages missing at registration, mapped after it, or unmapped, as an RNIC with ODP
 /// meets them (remote and local access errors, never a crash); `ibv_advise_mr`; the

@@ -138,10 +138,11 @@ fn device_limits(s: &mut String, d: &Netdev) {
     dev(s, "max_qp_init_rd_atom", &l.max_qp_init_rd_atom);
     dev(s, "max_ee_init_rd_atom", &0);
     dev(s, "atomic_cap", &"ATOMIC_HCA (1)");
+    for k in ["max_ee", "max_rdd"] {
+        dev(s, k, &0);
+    }
+    dev(s, "max_mw", &l.max_mw);
     for k in [
-        "max_ee",
-        "max_rdd",
-        "max_mw",
         "max_raw_ipv6_qp",
         "max_raw_ethy_qp",
         "max_mcast_grp",

@@ -282,7 +282,7 @@ impl fmt::Display for QpAttrMask {
 }
 
 bitflags! {
-    /// Remote/local access rights of a QP or memory region: the first four bits of
+    /// Remote/local access rights of a QP or memory region: the first five bits of
     /// `enum ibv_access_flags`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct AccessFlags: u32 {
@@ -294,6 +294,8 @@ bitflags! {
         const REMOTE_READ = 1 << 2;
         /// `IBV_ACCESS_REMOTE_ATOMIC`: incoming atomics.
         const REMOTE_ATOMIC = 1 << 3;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region.
+        const MW_BIND = 1 << 4;
     }
 }
 

@@ -18,6 +18,8 @@ pub enum WcStatus {
     LocProtErr,
     /// The QP moved to the error state before this request was processed.
     WrFlushErr,
+    /// A memory window bind failed (the window, region, rights or range; IBTA 10.6.7.2).
+    MwBindErr,
     /// Unexpected response opcode, length or sequence.
     BadRespErr,
     /// Local access error (e.g. an invalidate of an rkey that cannot be invalidated).
@@ -48,6 +50,7 @@ impl WcStatus {
             WcStatus::LocQpOpErr => 2,
             WcStatus::LocProtErr => 4,
             WcStatus::WrFlushErr => 5,
+            WcStatus::MwBindErr => 6,
             WcStatus::BadRespErr => 7,
             WcStatus::LocAccessErr => 8,
             WcStatus::RemInvReqErr => 9,
@@ -68,6 +71,7 @@ impl WcStatus {
             WcStatus::LocQpOpErr => "local QP operation error",
             WcStatus::LocProtErr => "local protection error",
             WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
             WcStatus::BadRespErr => "bad response error",
             WcStatus::LocAccessErr => "local access error",
             WcStatus::RemInvReqErr => "remote invalid request error",
@@ -100,6 +104,10 @@ pub enum WcOpcode {
     CompSwap,
     /// A fetch-and-add completed.
     FetchAdd,
+    /// A memory window bind completed.
+    BindMw,
+    /// A local invalidate completed.
+    LocalInv,
     /// A SEND was received.
     Recv,
     /// An RDMA WRITE with immediate was received.
@@ -115,6 +123,8 @@ impl WcOpcode {
             WcOpcode::RdmaRead => 2,
             WcOpcode::CompSwap => 3,
             WcOpcode::FetchAdd => 4,
+            WcOpcode::BindMw => 5,
+            WcOpcode::LocalInv => 6,
             WcOpcode::Recv => 128,
             WcOpcode::RecvRdmaWithImm => 129,
         }

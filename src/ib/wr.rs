@@ -1,7 +1,7 @@
 //! Work requests, shaped like `struct ibv_send_wr` / `ibv_recv_wr`.
 
 use super::ah::Ah;
-use super::mr::LKey;
+use super::mr::{LKey, MwBindInfo, MwType};
 use super::wc::WcOpcode;
 use crate::wire::{QpNumber, RKey};
 use bitflags::bitflags;
@@ -91,6 +91,25 @@ pub enum SendOp {
         /// What is added (modulo 2^64).
         add: u64,
     },
+    /// Bind a memory window (`IBV_WR_BIND_MW`, and the request `ibv_bind_mw` posts for a
+    /// type 1 window): executed in send-queue order, once every request before it has
+    /// completed; no packet. A failure completes `MwBindErr` and moves the QP to the error
+    /// state.
+    BindMw {
+        /// The window, by the index of its R_Keys (`rkey >> 8`).
+        mw: u32,
+        /// Its type (a type 2 window is bound only by a work request).
+        kind: MwType,
+        /// The R_Key the window has once bound (its index the window's).
+        rkey: RKey,
+        /// What it is bound to.
+        info: MwBindInfo,
+    },
+    /// Invalidate a type 2 memory window's R_Key (`IBV_WR_LOCAL_INV`), in send-queue order.
+    LocalInv {
+        /// The R_Key.
+        rkey: RKey,
+    },
 }
 
 impl SendOp {
@@ -108,6 +127,10 @@ impl SendOp {
     /// READ and ATOMIC: the requester waits for response data, limited by max_rd_atomic.
     pub fn is_rd_atomic(&self) -> bool {
         self.is_read() || self.is_atomic()
+    }
+    /// A memory operation of the local device (bind, local invalidate): no packet.
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
     }
     /// A SEND of any kind.
     pub fn is_send(&self) -> bool {
@@ -133,13 +156,16 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 }
 
 impl SendOp {
     /// Whether a QP of type `t` carries this operation: RC all of them; UC SEND and RDMA WRITE
-    /// (with immediate; no invalidate, READ or atomics); UD SEND and SEND with immediate
+    /// (with immediate; no invalidate, READ, atomics or memory window operations: not yet
+    /// on UC here, which IBTA allows); UD SEND and SEND with immediate
     /// (IBTA Vol. 1 §3.6.1, the operations of each service; `ibv_post_send` refuses the others
     /// with EINVAL).
     pub fn allowed_on(&self, t: super::attr::QpType) -> bool {

@@ -44,6 +44,8 @@ pub(crate) fn next_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
         (SendOp::RdmaRead { .. }, _, _) => O::RC_READ_REQUEST,
         (SendOp::AtomicCmpSwp { .. }, _, _) => O::RC_CMP_SWAP,
         (SendOp::AtomicFetchAdd { .. }, _, _) => O::RC_FETCH_ADD,
+        // Never asked: a bind or local invalidate sends no packet (`Qp::execute_local`).
+        (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _, _) => O::RC_SEND_ONLY,
     }
 }
 
@@ -74,6 +76,9 @@ pub(crate) enum Wait {
     Drained,
     /// A WQE with a local error waits until everything before it has completed.
     LocalError,
+    /// A memory window bind or local invalidate waits until everything before it has
+    /// completed.
+    LocalOp,
     /// A fenced WQE waits for the READs and ATOMICs before it.
     Fence,
     /// max_rd_atomic READs and ATOMICs are outstanding.
@@ -144,6 +149,15 @@ impl Qp {
                 Err(Wait::LocalError)
             };
         }
+        if w.wqe.op.is_local() {
+            // Executed once everything before it has completed: its effect is in send-queue
+            // order for the requests around it and the peer alike.
+            return if self.req.una == self.req.next_psn {
+                Ok(())
+            } else {
+                Err(Wait::LocalOp)
+            };
+        }
         if w.wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
             return Err(Wait::Fence);
         }
@@ -169,6 +183,21 @@ impl Qp {
         } else {
             Err(Wait::Window)
         }
+    }
+
+    /// Execute a memory window bind or a local invalidate (IBTA Vol. 1 §10.6.7.2, §10.6.7.3):
+    /// its completion status.
+    fn execute_local(&mut self, ctx: &Ctx<'_>, op: SendOp) -> WcStatus {
+        let r = match op {
+            SendOp::BindMw { mw, rkey, info, .. } => match ctx.mrs.window(mw) {
+                Some(w) => w.bind(ctx.mrs, self.pd, self.num, rkey, &info),
+                None => Err(WcStatus::MwBindErr),
+            },
+            SendOp::LocalInv { rkey } => ctx.mrs.local_invalidate(self.pd, rkey),
+            _ => Err(WcStatus::LocQpOpErr),
+        };
+        tracing::debug!(qpn = %self.num, ?op, ?r, "requester: local operation");
+        r.err().unwrap_or(WcStatus::Success)
     }
 
     /// Point the send pointer at the start (or resume point) of WQE `idx`.
@@ -240,6 +269,24 @@ impl Qp {
                     self.req.sr_resend = Some(p.add(1));
                 }
                 return Some(d);
+            }
+            if !self.requester_ready() {
+                return None;
+            }
+        }
+        // Binds and local invalidates at the head, everything before them complete
+        // (request_gate): executed here, one after the other, then the next request.
+        while let Some(op) = self
+            .sq
+            .get(self.req.send_idx)
+            .filter(|h| !h.assigned && h.wqe.local_err.is_none() && h.wqe.op.is_local())
+            .map(|h| h.wqe.op)
+        {
+            let status = self.execute_local(ctx, op);
+            self.complete_send_head(ctx, status);
+            if status != WcStatus::Success {
+                self.enter_error(ctx);
+                return None;
             }
             if !self.requester_ready() {
                 return None;

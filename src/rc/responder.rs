@@ -435,10 +435,13 @@ impl Qp {
         } else {
             return Ok(None);
         };
-        let mr = ctx
-            .mrs
-            .by_rkey(rkey)
-            .filter(|mr| mr.rkey_valid() && mr.pd == self.pd && mr.access.contains(need));
+        let mr = ctx.mrs.by_rkey(rkey).filter(|mr| {
+            mr.rkey_valid()
+                    && mr.pd == self.pd
+                    && mr.access.contains(need)
+                    // A type 2 memory window: only on the QP it was bound through.
+                    && mr.bound_qp.is_none_or(|q| q == self.num)
+        });
         match mr.and_then(|mr| mr.offset_of(va, len).map(|off| (mr, off))) {
             Some((mr, off)) => Ok(Some(Target { mr: Some(mr), off })),
             // Deliberate deviation: an R_Key naming no region names no memory either.
@@ -493,7 +496,7 @@ impl Qp {
             let Some(rwqe) = self.take_recv(ctx) else {
                 return Err(Stop::NotReady);
             };
-            return match land_send(ctx, self.pd, r, &rwqe, 0, first, last, payload) {
+            return match land_send(ctx, self.pd, self.num, r, &rwqe, 0, first, last, payload) {
                 Ok(inv) => {
                     self.finish_send(ctx, r, &rwqe, payload.len() as u64, inv);
                     Ok(())
@@ -514,7 +517,7 @@ impl Qp {
         let Some(InMsg::Send { rwqe, off }) = &mut self.resp.in_msg else {
             return Err(Stop::Fatal(Step::Execute, INVALID));
         };
-        let inv = land_send(ctx, self.pd, r, rwqe, *off, first, last, payload)?;
+        let inv = land_send(ctx, self.pd, self.num, r, rwqe, *off, first, last, payload)?;
         *off += payload.len() as u64;
         if !last {
             self.acknowledge(r, false);
@@ -1003,6 +1006,7 @@ fn apply_atomic(op: Opcode, a: AtomicEthRepr, mr: &MrShared, off: usize) -> Opti
 fn land_send(
     ctx: &Ctx<'_>,
     pd: crate::ib::mr::Pd,
+    qpn: crate::wire::QpNumber,
     r: &RoceRepr,
     rwqe: &crate::ib::wqe::RecvWqe,
     off: u64,
@@ -1036,10 +1040,16 @@ fn land_send(
     // SEND with invalidate (IBTA 10.6.7.2.1): the named MR's R_Key stops working. Only a key
     // the peer may use at all: a region of this QP's PD that grants a remote right (a
     // local-only region is not remotely invalidatable, as on rdma-core's providers; issue 17
-    // finding 4).
+    // finding 4), or a type 2 memory window bound through this QP (which is then free; a
+    // type 1 window cannot be invalidated by a peer, §10.6.7.2).
     let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     match ctx.mrs.by_rkey(rkey) {
-        Some(mr) if mr.pd == pd && mr.access.intersects(remote) => {
+        Some(mr)
+            if mr.pd == pd
+                && mr.access.intersects(remote)
+                && mr.window != Some(crate::ib::mr::MwType::Type1)
+                && mr.bound_qp.is_none_or(|q| q == qpn) =>
+        {
             mr.invalidate_rkey();
             Ok(Some(rkey))
         }

@@ -713,6 +713,20 @@ impl Nic {
         self.with_device(|d| d.dereg_mr(mr))
     }
 
+    /// `ibv_alloc_mw` (see [`Device::alloc_mw`]).
+    pub fn alloc_mw(
+        &self,
+        pd: Pd,
+        kind: crate::verbs::MwType,
+    ) -> Result<crate::verbs::MemoryWindow, VerbsError> {
+        self.with_device(|d| d.alloc_mw(pd, kind))
+    }
+
+    /// `ibv_dealloc_mw` (see [`Device::dealloc_mw`]).
+    pub fn dealloc_mw(&self, mw: &crate::verbs::MemoryWindow) -> Result<(), VerbsError> {
+        self.with_device(|d| d.dealloc_mw(mw))
+    }
+
     /// The registered region with local key `lkey`, if any (see [`Device::mr_by_lkey`]).
     pub fn mr_by_lkey(&self, lkey: crate::ib::mr::LKey) -> Option<MemoryRegion> {
         self.with_device(|d| d.mr_by_lkey(lkey))

@@ -548,6 +548,7 @@ impl Qp {
                 m.rkey_valid()
                     && m.pd == self.q.init.pd
                     && m.access.contains(AccessFlags::REMOTE_WRITE)
+                    && m.bound_qp.is_none_or(|q| q == self.q.num)
             });
             let Some((mr, off)) =
                 mr.and_then(|m| m.offset_of(va, u64::from(dma_len)).map(|o| (m, o)))

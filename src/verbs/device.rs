@@ -12,7 +12,7 @@ use crate::ib::attr::check_modify_qp;
 use crate::ib::counters::{DeviceCounters, QpCounters};
 use crate::ib::cq::{Cq, CqRing, NotifyMode};
 use crate::ib::event::{AsyncEvent, EventQueue};
-use crate::ib::mr::{LKey, MemoryRegion, MrShared, MrTable, Pd};
+use crate::ib::mr::{LKey, MemoryRegion, MemoryWindow, MrShared, MrTable, MwShared, MwType, Pd};
 use crate::ib::path::{gid_of, AvError, Path};
 use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable};
 use crate::ib::tx::PostError;
@@ -63,6 +63,8 @@ pub struct DeviceConfig {
     pub max_pd: u32,
     /// Most memory regions (`max_mr`).
     pub max_mr: u32,
+    /// Most memory windows (`max_mw`).
+    pub max_mw: u32,
     /// Longest memory region in bytes (`max_mr_size`).
     pub max_mr_size: u64,
     /// Most shared receive queues (`max_srq`).
@@ -134,6 +136,7 @@ impl DeviceConfig {
             max_cq: 1 << 16,
             max_pd: 1 << 16,
             max_mr: 1 << 20,
+            max_mw: 1 << 16,
             // The user half of an x86-64 or AArch64 address space (47 bits).
             max_mr_size: 1 << 47,
             max_srq: 1 << 16,
@@ -244,6 +247,9 @@ pub enum VerbsError {
     /// No such memory region (EINVAL).
     #[error("no such memory region")]
     NoSuchMr,
+    /// No such memory window (EINVAL).
+    #[error("no such memory window")]
+    NoSuchMw,
     /// The QP's state does not accept this verb (EINVAL).
     #[error("QP is in state {0}, which does not accept this")]
     InvalidState(QpState),
@@ -560,7 +566,9 @@ impl Device {
             .position(|&p| p == pd.0)
             .ok_or(VerbsError::NoSuchPd)?;
         if self.mrs.any_of_pd(pd) {
-            return Err(VerbsError::Busy("memory regions of the PD are registered"));
+            return Err(VerbsError::Busy(
+                "memory regions or windows of the PD exist",
+            ));
         }
         if self.qps.values().any(|s| s.qp.pd() == pd) {
             return Err(VerbsError::Busy("QPs of the PD exist"));
@@ -765,6 +773,52 @@ impl Device {
         m.invalidate_rkey();
         m.release_app_memory();
         Ok(())
+    }
+
+    // ---- memory windows ----------------------------------------------------------------
+
+    /// `ibv_alloc_mw`: a memory window of type `kind` in `pd`, bound to nothing. Its R_Key's
+    /// upper 24 bits (its index) are its own for its life: no region's key and no other
+    /// window's shares them, so every tag a bind gives it names it alone. Bind it with a
+    /// [`SendOp::BindMw`](crate::verbs::SendOp::BindMw) request (see [`MwType`] for the rules of each type); at most
+    /// `max_mw` live (`NoResources("max_mw")`).
+    ///
+    /// ```
+    /// # use ferroce::verbs::*;
+    /// # let mut dev = Device::new(DeviceConfig::new(
+    /// #     ferroce::wire::MacAddr([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap()));
+    /// let pd = dev.alloc_pd()?;
+    /// let mw = dev.alloc_mw(pd, MwType::Type2)?;
+    /// assert!(!mw.is_bound());
+    /// assert_eq!(mw.next_rkey().0 >> 8, mw.rkey().0 >> 8);
+    /// assert!(dev.dealloc_pd(pd).is_err()); // the window holds the PD
+    /// dev.dealloc_mw(&mw)?;
+    /// dev.dealloc_pd(pd)?;
+    /// # Ok::<(), VerbsError>(())
+    /// ```
+    pub fn alloc_mw(&mut self, pd: Pd, kind: MwType) -> Result<MemoryWindow, VerbsError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(VerbsError::NoSuchPd);
+        }
+        if self.mrs.windows_len() >= self.cfg.max_mw as usize {
+            return Err(VerbsError::NoResources("max_mw"));
+        }
+        let mrs = &self.mrs;
+        let k = self.keys.mr_key(|k| mrs.index_taken(k >> 8));
+        let w = Arc::new(MwShared::new(pd, kind, RKey(k)));
+        self.mrs.insert_window(w.clone());
+        Ok(MemoryWindow(w))
+    }
+
+    /// `ibv_dealloc_mw`: the window's key stops working at once.
+    pub fn dealloc_mw(&mut self, mw: &MemoryWindow) -> Result<(), VerbsError> {
+        match self.mrs.window(mw.index()) {
+            Some(w) if Arc::ptr_eq(w, &mw.0) => {
+                self.mrs.remove_window(mw.index());
+                Ok(())
+            }
+            _ => Err(VerbsError::NoSuchMw),
+        }
     }
 
     // ---- completion queues -------------------------------------------------------------

@@ -50,15 +50,20 @@ pub struct DeviceAttr {
     /// Longest message (`MessageTooLong` at `post_send`): 2^31 bytes.
     pub max_msg_sz: u64,
     /// `device_cap_flags`, libibverbs' `IBV_DEVICE_*` bits of what the device does:
-    /// RC_RNR_NAK_GEN (1 << 12), SRQ_RESIZE (1 << 13), N_NOTIFY_CQ (1 << 14).
+    /// RC_RNR_NAK_GEN (1 << 12), SRQ_RESIZE (1 << 13), N_NOTIFY_CQ (1 << 14), MEM_WINDOW
+    /// (1 << 17), MEM_WINDOW_TYPE_2B (1 << 24).
     pub device_cap_flags: u32,
+    /// Most memory windows.
+    pub max_mw: u32,
 }
 
 /// The names `ibv_devinfo -v` prints for the bits of [`DeviceAttr::device_cap_flags`].
-pub const DEVICE_CAP_NAMES: [(u32, &str); 3] = [
+pub const DEVICE_CAP_NAMES: [(u32, &str); 5] = [
     (1 << 12, "RC_RNR_NAK_GEN"),
     (1 << 13, "SRQ_RESIZE"),
     (1 << 14, "N_NOTIFY_CQ"),
+    (1 << 17, "MEM_WINDOW"),
+    (1 << 24, "MEM_WINDOW_TYPE_2B"),
 ];
 
 /// The QPs of a device with a block of QPNs ([`DeviceConfig::qpn_block`]) at most: its
@@ -95,6 +100,7 @@ impl DeviceConfig {
             max_inline: c.max_inline,
             max_msg_sz: MAX_MSG,
             device_cap_flags: DEVICE_CAP_NAMES.iter().map(|f| f.0).sum(),
+            max_mw: c.max_mw,
         }
     }
 }

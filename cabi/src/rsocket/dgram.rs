@@ -729,7 +729,7 @@ impl Dg {
                 },
             },
             remote_srqn: 0,
-            _bind_mw_tso: [0; 6],
+            bind_mw: crate::abi::ibv_send_wr_bind_mw::NONE,
         };
         // SAFETY: the live QP; the request and its SGE are valid for the call.
         if let Err(e) = unsafe { post_send_on(q.qp, &mut wr) } {

@@ -297,7 +297,7 @@ fn ud_send(e: &mut Env, qpn: u32, qkey: u32, b: &[u8]) -> bool {
             },
         },
         remote_srqn: 0,
-        _bind_mw_tso: [0; 6],
+        bind_mw: crate::abi::ibv_send_wr_bind_mw::NONE,
     };
     // SAFETY: the peer's live QP; the request and its SGE are valid for the call.
     if unsafe { post_send_on(q.qp, &mut wr) }.is_err() {
