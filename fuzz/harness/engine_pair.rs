@@ -22,7 +22,10 @@
 //!   desynchronise a connection, which RoCE v2 cannot prevent, but never hang it).
 //!
 //! B's data region is registered on demand (`OnDemandMemory`: every access a system call),
-//! A's is memory the device owns.
+//! A's is memory the device owns. Each side also lends a window of a region that grants no
+//! remote right itself (A a type 2 memory window, B a type 1), bound at the start and bound
+//! again or invalidated by the input; peers aim at the window with its current key, and no
+//! byte of that region outside the window ever changes.
 //!
 //! Shared by `fuzz/fuzz_targets/engine_pair.rs` (cargo-fuzz) and `tests/engine_fuzz.rs`
 //! (the corpus regressions and a seeded random run on stable).
@@ -80,6 +83,11 @@ struct Side {
     local: MemoryRegion,
     /// Another PD's region with every right: this QP may not touch it.
     other: MemoryRegion,
+    /// Local write and MW_BIND only: a peer reaches it only through `mw`, bound to
+    /// `[WIN_AT, WIN_AT + WIN_LEN)` of it; its bytes outside that range never change.
+    win_mr: MemoryRegion,
+    mw: MemoryWindow,
+    win_img: Vec<u8>,
     /// Regions deregistered, with their bytes at that moment.
     frozen: Vec<(MemoryRegion, Vec<u8>)>,
     images: [Vec<u8>; 3],
@@ -125,6 +133,10 @@ fn side(i: u8, seed: u64) -> Side {
     let local = region(&mut dev, pd, lw, 0x44);
     let other = region(&mut dev, other_pd, all, 0x55);
     let images = [ro.to_vec(), local.to_vec(), other.to_vec()];
+    let win_mr = region(&mut dev, pd, lw | AccessFlags::MW_BIND, 0x66);
+    let kind = if i == 1 { MwType::Type2 } else { MwType::Type1 };
+    let mw = dev.alloc_mw(pd, kind).expect("alloc_mw");
+    let win_img = win_mr.to_vec();
     Side {
         dev,
         qp,
@@ -136,6 +148,9 @@ fn side(i: u8, seed: u64) -> Side {
         ro,
         local,
         other,
+        win_mr,
+        mw,
+        win_img,
         frozen: Vec::new(),
         images,
         sends: BTreeSet::new(),
@@ -175,14 +190,62 @@ fn connect(a: &mut Side, b: &mut Side, max_rd: u8) {
 /// An (rkey, address) aimed by the input at one of the peer's regions (mostly the one it
 /// may use, inside it), or anywhere.
 fn remote_target(peer: &Side, inp: &mut Input) -> (RKey, u64) {
-    target_in(inp, |k| match k {
-        0..=10 => Some(&peer.rw),
+    let (rkey, addr) = target_in(inp, |k| match k {
+        0..=9 => Some(&peer.rw),
+        10 => Some(&peer.win_mr),
         11 => Some(&peer.ro),
         12 => Some(&peer.local),
         13 => Some(&peer.other),
         14 => Some(&peer.recv),
         _ => None,
-    })
+    });
+    // The window region is aimed at through the window's current key.
+    if rkey == peer.win_mr.rkey() {
+        (peer.mw.rkey(), addr)
+    } else {
+        (rkey, addr)
+    }
+}
+
+/// Where in `win_mr` the window lies.
+const WIN_AT: u64 = 1024;
+const WIN_LEN: u64 = REGION as u64 / 4;
+
+/// Bind the window again (its next key, or a wild one) or invalidate it locally.
+fn window_op(s: &mut Side, inp: &mut Input) {
+    let k = inp.u8();
+    let rkey = match k % 4 {
+        0 => RKey(inp.u32()),
+        _ => s.mw.next_rkey(),
+    };
+    let op = if k & 0x10 != 0 {
+        SendOp::LocalInv {
+            rkey: if k & 0x20 != 0 { s.mw.rkey() } else { rkey },
+        }
+    } else {
+        let all = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        SendOp::BindMw {
+            mw: s.mw.index(),
+            kind: s.mw.kind(),
+            rkey,
+            info: MwBindInfo {
+                mr: Some(s.win_mr.lkey()),
+                addr: s.win_mr.addr() + WIN_AT,
+                length: if k & 0x40 != 0 { 0 } else { WIN_LEN },
+                access: AccessFlags::from_bits_truncate(u32::from(k >> 5)) & all,
+                zero_based: false,
+            },
+        }
+    };
+    let id = SEND_ID | s.next;
+    s.next += 1;
+    let r = s.dev.post_send(s.qp, SendWr::new(id, op, Vec::new()));
+    if trace() {
+        eprintln!("  window {op:?} -> {r:?}");
+    }
+    if r.is_ok() {
+        s.sends.insert(id);
+    }
 }
 
 /// A scatter/gather entry: mostly inside the data or receive region, sometimes naming a
@@ -460,6 +523,12 @@ fn check_n(s: &mut Side, who: &str) -> (u64, u64) {
             "{who}: a deregistered region was written: {mr:?}"
         );
     }
+    let (w0, w1) = (WIN_AT as usize, (WIN_AT + WIN_LEN) as usize);
+    assert!(
+        s.win_mr
+            .with_bytes(|b| b[..w0] == s.win_img[..w0] && b[w1..] == s.win_img[w1..]),
+        "{who}: bytes outside the memory window were written"
+    );
     check_device(s, who);
     n
 }
@@ -522,6 +591,28 @@ pub fn run_stats(data: &[u8]) -> Stats {
     let mut b = side(2, seed ^ 0xb);
     connect(&mut a, &mut b, max_rd);
     let mut link = Link::new();
+    for s in [&mut a, &mut b] {
+        let all = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        let op = SendOp::BindMw {
+            mw: s.mw.index(),
+            kind: s.mw.kind(),
+            rkey: s.mw.next_rkey(),
+            info: MwBindInfo {
+                mr: Some(s.win_mr.lkey()),
+                addr: s.win_mr.addr() + WIN_AT,
+                length: WIN_LEN,
+                access: all,
+                zero_based: false,
+            },
+        };
+        let id = SEND_ID | s.next;
+        s.next += 1;
+        s.dev
+            .post_send(s.qp, SendWr::new(id, op, Vec::new()))
+            .expect("a QP in RTS takes a bind");
+        s.sends.insert(id);
+    }
+    link.pull(&mut a, &mut b);
     let mut actions = 0u64;
     while !inp.done() && actions < 512 {
         actions += 1;
@@ -568,7 +659,10 @@ pub fn run_stats(data: &[u8]) -> Stats {
                 link.advance(&mut a, &mut b, Duration::from_micros(us));
             }
             9 => {
-                if inp.u8() % 4 == 0 {
+                let c = inp.u8() % 4;
+                if c == 1 {
+                    window_op(x, &mut inp);
+                } else if c == 0 {
                     // deregister the data region (once), then it must never change again
                     let x = if on_a { &mut a } else { &mut b };
                     if x.frozen.is_empty() && x.dev.dereg_mr(&x.rw).is_ok() {
