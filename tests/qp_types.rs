@@ -1001,3 +1001,88 @@ fn an_address_added_to_the_device_is_served() {
     assert_eq!(w[0].status, WcStatus::Success);
     assert_eq!(p.b.counters().0.address_drops, drops + 1);
 }
+
+/// Memory windows on UC (IBTA Vol. 1 §10.6.7.2 lets UC QPs bind them): a type 2 window bound
+/// through B's UC QP takes A's WRITE into exactly its bytes of a region that grants nothing
+/// itself; a WRITE past it, and one after a local invalidate, are dropped (UC has no NAK) and
+/// write nothing; the bind and the invalidate complete in queue order.
+#[test]
+fn uc_writes_through_a_memory_window_and_not_past_it_or_after_invalidation() {
+    let (mut p, a, b) = uc_pair(9, clean());
+    let wmr =
+        p.b.reg_mr(
+            b.pd,
+            1 << 16,
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        )
+        .unwrap();
+    let mw = p.b.alloc_mw(b.pd, MwType::Type2).unwrap();
+    let key = mw.next_rkey();
+    let info = MwBindInfo {
+        mr: Some(wmr.lkey()),
+        addr: wmr.addr() + 4096,
+        length: 4096,
+        access: AccessFlags::REMOTE_WRITE,
+        zero_based: false,
+    };
+    let bind = SendOp::BindMw {
+        mw: mw.index(),
+        kind: mw.kind(),
+        rkey: key,
+        info,
+    };
+    p.b.post_send(b.qp, SendWr::new(20, bind, SgList::new()))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    let wb = poll(&mut p.b, b.cq);
+    assert_eq!(
+        wb.iter()
+            .map(|w| (w.wr_id, w.opcode, w.status))
+            .collect::<Vec<_>>(),
+        [(20, WcOpcode::BindMw, WcStatus::Success)]
+    );
+    let data = pattern(3000, 9);
+    a.mr.write(0, &data).unwrap();
+    let write = |at: u64, rkey| SendOp::RdmaWrite {
+        remote_addr: wmr.addr() + at,
+        rkey,
+    };
+    p.a.post_send(
+        a.qp,
+        SendWr::new(1, write(5000, key), vec![sge(&a.mr, 0, 3000)]),
+    )
+    .unwrap();
+    // 2 bytes past the window's end.
+    p.a.post_send(
+        a.qp,
+        SendWr::new(2, write(8190, key), vec![sge(&a.mr, 0, 4)]),
+    )
+    .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    let mut got = vec![0u8; 3000];
+    wmr.read(5000, &mut got).unwrap();
+    assert_eq!(got, data, "the WRITE through the window");
+    let mut edge = [0u8; 4];
+    wmr.read(8190, &mut edge).unwrap();
+    assert_eq!(edge, [0; 4], "a WRITE past the window wrote");
+    let inv = SendOp::LocalInv { rkey: key };
+    p.b.post_send(b.qp, SendWr::new(21, inv, SgList::new()))
+        .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    assert_eq!(
+        poll(&mut p.b, b.cq).last().map(|w| (w.opcode, w.status)),
+        Some((WcOpcode::LocalInv, WcStatus::Success))
+    );
+    p.a.post_send(
+        a.qp,
+        SendWr::new(3, write(4096, key), vec![sge(&a.mr, 0, 16)]),
+    )
+    .unwrap();
+    assert!(p.drive_for(Duration::from_millis(5)));
+    let mut head = [0u8; 16];
+    wmr.read(4096, &mut head).unwrap();
+    assert_eq!(head, [0; 16], "a WRITE after the invalidation wrote");
+    assert!(poll(&mut p.a, a.cq)
+        .iter()
+        .all(|w| w.status == WcStatus::Success));
+}

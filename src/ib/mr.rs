@@ -599,6 +599,27 @@ impl MwShared {
     }
 }
 
+/// Execute a memory window bind or a local invalidate posted on QP `qpn` of protection
+/// domain `pd` (IBTA Vol. 1 §10.6.7.2, §10.6.7.3): its completion status.
+pub(crate) fn execute_local(
+    mrs: &MrTable,
+    pd: Pd,
+    qpn: QpNumber,
+    op: super::wr::SendOp,
+) -> WcStatus {
+    use super::wr::SendOp;
+    let r = match op {
+        SendOp::BindMw { mw, rkey, info, .. } => match mrs.window(mw) {
+            Some(w) => w.bind(mrs, pd, qpn, rkey, &info),
+            None => Err(WcStatus::MwBindErr),
+        },
+        SendOp::LocalInv { rkey } => mrs.local_invalidate(pd, rkey),
+        _ => Err(WcStatus::LocQpOpErr),
+    };
+    tracing::debug!(%qpn, ?op, ?r, "memory window operation");
+    r.err().unwrap_or(WcStatus::Success)
+}
+
 /// The application's handle on a memory window (`struct ibv_mw`): see [`MwType`].
 #[derive(Clone, Debug)]
 pub struct MemoryWindow(pub(crate) Arc<MwShared>);

@@ -164,8 +164,8 @@ impl SendOp {
 
 impl SendOp {
     /// Whether a QP of type `t` carries this operation: RC all of them; UC SEND and RDMA WRITE
-    /// (with immediate; no invalidate, READ, atomics or memory window operations: not yet
-    /// on UC here, which IBTA allows); UD SEND and SEND with immediate
+    /// (with immediate; no invalidate, READ or atomics) and the memory window operations;
+    /// UD SEND and SEND with immediate
     /// (IBTA Vol. 1 §3.6.1, the operations of each service; `ibv_post_send` refuses the others
     /// with EINVAL).
     pub fn allowed_on(&self, t: super::attr::QpType) -> bool {
@@ -178,6 +178,8 @@ impl SendOp {
                     | SendOp::SendWithImm { .. }
                     | SendOp::RdmaWrite { .. }
                     | SendOp::RdmaWriteWithImm { .. }
+                    | SendOp::BindMw { .. }
+                    | SendOp::LocalInv { .. }
             ),
             QpType::Ud => matches!(self, SendOp::Send | SendOp::SendWithImm { .. }),
         }

@@ -188,16 +188,7 @@ impl Qp {
     /// Execute a memory window bind or a local invalidate (IBTA Vol. 1 §10.6.7.2, §10.6.7.3):
     /// its completion status.
     fn execute_local(&mut self, ctx: &Ctx<'_>, op: SendOp) -> WcStatus {
-        let r = match op {
-            SendOp::BindMw { mw, rkey, info, .. } => match ctx.mrs.window(mw) {
-                Some(w) => w.bind(ctx.mrs, self.pd, self.num, rkey, &info),
-                None => Err(WcStatus::MwBindErr),
-            },
-            SendOp::LocalInv { rkey } => ctx.mrs.local_invalidate(self.pd, rkey),
-            _ => Err(WcStatus::LocQpOpErr),
-        };
-        tracing::debug!(qpn = %self.num, ?op, ?r, "requester: local operation");
-        r.err().unwrap_or(WcStatus::Success)
+        crate::ib::mr::execute_local(ctx.mrs, self.pd, self.num, op)
     }
 
     /// Point the send pointer at the start (or resume point) of WQE `idx`.

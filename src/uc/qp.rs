@@ -662,6 +662,23 @@ impl Qp {
     /// The next packet of the oldest request; `None` if that request fails instead (its error
     /// completion made, the QP in SQE).
     pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>) -> Option<TxDesc> {
+        // Memory window binds and local invalidates at the head: executed in queue order
+        // (everything before them has left: UC completes a request when its last packet
+        // goes), no packet.
+        while let Some(op) = self
+            .q
+            .sq
+            .front()
+            .filter(|w| w.local_err.is_none() && w.op.is_local() && self.send_off == 0)
+            .map(|w| w.op)
+        {
+            let status = crate::ib::mr::execute_local(ctx.mrs, self.q.init.pd, self.q.num, op);
+            if status != WcStatus::Success {
+                self.send_error(ctx, status);
+                return None;
+            }
+            self.complete_send_head(ctx, status);
+        }
         let w = self.q.sq.front()?;
         if let Some(status) = w.local_err {
             self.send_error(ctx, status);
