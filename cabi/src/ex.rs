@@ -310,6 +310,9 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     if r != 0 {
         return r;
     }
+    // The extended flags start with the 32 of `device_cap_flags` (as the kernel reports them
+    // for rxe and every provider).
+    a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
     a.completion_timestamp_mask = u64::MAX;
     a.hca_core_clock = 1_000_000;
     // On-demand paging: every region can be (ferroce reaches each page when it is accessed:
