@@ -91,9 +91,18 @@ pub struct ibv_context {
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     pub advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` … `create_wq` (22 entries), all NULL: the inline wrappers then
-    /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
-    pub _ex1: [usize; 22],
+    /// `alloc_null_mr` … `modify_qp_rate_limit` (12 entries), all NULL: the inline
+    /// wrappers then return EOPNOTSUPP or take their legacy path, as on a provider without
+    /// them.
+    pub _ex1: [usize; 12],
+    pub alloc_parent_domain: Option<
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
+    >,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+    pub alloc_td:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
+    /// `modify_cq` … `create_wq` (7 entries), all NULL.
+    pub _ex1b: [usize; 7],
     pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub _priv: usize,
@@ -387,6 +396,35 @@ pub struct ibv_send_wr {
     pub bind_mw: ibv_send_wr_bind_mw,
 }
 
+/// `struct ibv_td` (a thread domain).
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+/// A parent domain's allocator (`ibv_parent_domain_init_attr.alloc`).
+pub type PdAllocFn =
+    unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// A parent domain's release (`ibv_parent_domain_init_attr.free`).
+pub type PdFreeFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAllocFn>,
+    pub free: Option<PdFreeFn>,
+    pub pd_context: *mut c_void,
+}
+
 /// `struct ibv_mw`.
 #[repr(C)]
 pub struct ibv_mw {
@@ -552,8 +590,22 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         },
         verbs_context {
             query_port,
+            alloc_parent_domain,
+            dealloc_td,
+            alloc_td,
+            query_rt_values,
             sz,
             context
+        },
+        ibv_td { context },
+        ibv_td_init_attr { comp_mask },
+        ibv_parent_domain_init_attr {
+            pd,
+            td,
+            comp_mask,
+            alloc,
+            free,
+            pd_context
         },
         ibv_device_attr {
             fw_ver,

@@ -273,8 +273,14 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     let offered = IBV_WC_STANDARD_FLAGS
         | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
         | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
-    if a.wc_flags & !offered != 0 || a.comp_mask & !1 != 0 {
+    if a.wc_flags & !offered != 0 || a.comp_mask & !3 != 0 {
         set_errno(EOPNOTSUPP);
+        return null_mut();
+    }
+    // IBV_CQ_INIT_ATTR_MASK_PD: a parent domain (its allocators are not needed: see
+    // `alloc_parent_domain`); anything else is refused, as mlx5 refuses it.
+    if a.comp_mask & 2 != 0 && !crate::verbs::is_parent_domain(a.parent_domain) {
+        set_errno(EINVAL);
         return null_mut();
     }
     // SAFETY: forwarded (the same checks and objects as ibv_create_cq).

@@ -21,7 +21,7 @@ use libc::{c_char, c_int, c_uint, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
 use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
 use std::ptr::null_mut;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -74,7 +74,32 @@ pub(crate) struct Ctx {
 #[repr(C)]
 struct PdW {
     c: ibv_pd,
+    /// The protection domain (a parent domain's is the one it was made on).
     pd: Pd,
+    /// A parent domain: what it was made with.
+    parent: Option<Parent>,
+    /// What must go first (EBUSY until then): of a PD, the parent domains made on it; of a
+    /// parent domain, the QPs and SRQs made on it.
+    children: AtomicUsize,
+}
+
+/// What a parent domain holds (`struct ibv_parent_domain_init_attr`): the PD it was made on,
+/// its thread domain, the allocators and their context. The allocators are kept, not called:
+/// no object of this library has memory the device reaches except the application's own
+/// regions, so there is nothing a provider would take from them.
+struct Parent {
+    base: *mut PdW,
+    td: *mut TdW,
+    _alloc: Option<PdAllocFn>,
+    _free: Option<PdFreeFn>,
+    _pd_context: *mut c_void,
+}
+
+/// A thread domain: `struct ibv_td`, and the parent domains that name it.
+#[repr(C)]
+struct TdW {
+    c: ibv_td,
+    refs: AtomicUsize,
 }
 
 #[repr(C)]
@@ -447,6 +472,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.query_device_ex = Some(crate::ex::query_device_ex);
     v.query_rt_values = Some(crate::ex::query_rt_values);
     v.advise_mr = Some(advise_mr);
+    v.alloc_parent_domain = Some(alloc_parent_domain);
+    v.alloc_td = Some(alloc_td);
+    v.dealloc_td = Some(dealloc_td);
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;
@@ -830,8 +858,112 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
             handle: 0,
         },
         pd,
+        parent: None,
+        children: AtomicUsize::new(0),
     });
     Box::into_raw(w) as *mut ibv_pd
+}
+
+/// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`, `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`.
+const PARENT_DOMAIN_MASK: u32 = 0b11;
+
+/// `verbs_context.alloc_td` (the inline `ibv_alloc_td`): a thread domain. ferroce serializes
+/// each QP's posts itself, so a QP of a parent domain with a thread domain behaves as any.
+unsafe extern "C" fn alloc_td(c: *mut ibv_context, a: *mut ibv_td_init_attr) -> *mut ibv_td {
+    // SAFETY: the caller's attributes (libibverbs' contract).
+    if c.is_null() || a.is_null() || unsafe { (*a).comp_mask } != 0 {
+        return fail(EINVAL);
+    }
+    let w = Box::new(TdW {
+        c: ibv_td { context: c },
+        refs: AtomicUsize::new(0),
+    });
+    Box::into_raw(w) as *mut ibv_td
+}
+
+/// `verbs_context.dealloc_td` (`ibv_dealloc_td`): EBUSY while a parent domain names it.
+unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    // SAFETY: a thread domain of this library or NULL (libibverbs' contract).
+    let Some(w) = (unsafe { (td as *mut TdW).as_ref() }) else {
+        return EINVAL;
+    };
+    if w.refs.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: from alloc_td, not used after this (the caller's contract).
+    drop(unsafe { Box::from_raw(td as *mut TdW) });
+    0
+}
+
+/// `verbs_context.alloc_parent_domain` (the inline `ibv_alloc_parent_domain`): a PD object
+/// that stands for `attr.pd` wherever a PD is taken (regions, QPs, SRQs, address handles,
+/// windows, `ibv_create_cq_ex`'s `parent_domain`), with a thread domain and allocators.
+/// `attr.pd` must be a PD of this context (not a parent domain), `td` one of its thread
+/// domains or NULL, `comp_mask` the allocators' and context's bits only: else EINVAL.
+unsafe extern "C" fn alloc_parent_domain(
+    c: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    // SAFETY: the caller's attributes (libibverbs' contract).
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return fail(EINVAL);
+    };
+    // SAFETY: a PD and a thread domain of this library, or NULL (libibverbs' contract).
+    let (base, td) = unsafe { ((a.pd as *mut PdW).as_ref(), (a.td as *mut TdW).as_ref()) };
+    let Some(base) = base.filter(|b| b.parent.is_none() && b.c.context == c) else {
+        return fail(EINVAL);
+    };
+    if a.comp_mask & !PARENT_DOMAIN_MASK != 0 || td.is_some_and(|t| t.c.context != c) {
+        return fail(EINVAL);
+    }
+    let allocators = a.comp_mask & 1 != 0;
+    if allocators && (a.alloc.is_none() || a.free.is_none()) {
+        return fail(EINVAL);
+    }
+    base.children.fetch_add(1, Ordering::AcqRel);
+    if let Some(t) = td {
+        t.refs.fetch_add(1, Ordering::AcqRel);
+    }
+    let w = Box::new(PdW {
+        c: ibv_pd {
+            context: c,
+            handle: base.c.handle,
+        },
+        pd: base.pd,
+        parent: Some(Parent {
+            base: a.pd as *mut PdW,
+            td: a.td as *mut TdW,
+            _alloc: if allocators { a.alloc } else { None },
+            _free: if allocators { a.free } else { None },
+            _pd_context: if a.comp_mask & 2 != 0 {
+                a.pd_context
+            } else {
+                null_mut()
+            },
+        }),
+        children: AtomicUsize::new(0),
+    });
+    Box::into_raw(w) as *mut ibv_pd
+}
+
+/// A QP or SRQ made on a parent domain holds it: `ibv_dealloc_pd` of the parent domain is
+/// EBUSY until they are destroyed, as on mlx5 (`up`: made; else destroyed). Nothing for a PD.
+fn hold_pd(pd: *mut ibv_pd, up: bool) {
+    // SAFETY: a PD of this library or NULL (libibverbs' contract), alive while objects made
+    // on it are.
+    if let Some(w) = unsafe { (pd as *mut PdW).as_ref() }.filter(|w| w.parent.is_some()) {
+        if up {
+            w.children.fetch_add(1, Ordering::AcqRel);
+        } else {
+            w.children.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Whether `pd` is a parent domain of this library.
+pub(crate) fn is_parent_domain(pd: *mut ibv_pd) -> bool {
+    // SAFETY: a PD of this library or NULL (libibverbs' contract).
+    unsafe { (pd as *mut PdW).as_ref() }.is_some_and(|w| w.parent.is_some())
 }
 
 #[no_mangle]
@@ -841,6 +973,27 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     }
     // SAFETY: a PD from ibv_alloc_pd; freed below only if the NIC let it go.
     let w = unsafe { &*(pd as *mut PdW) };
+    if let Some(p) = &w.parent {
+        // A parent domain: EBUSY while QPs or SRQs made on it exist; the PD it stands for
+        // stays.
+        if w.children.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: the PD and thread domain it was made with outlive it (EBUSY above them).
+        unsafe {
+            (*p.base).children.fetch_sub(1, Ordering::AcqRel);
+            if let Some(t) = p.td.as_ref() {
+                t.refs.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        // SAFETY: from alloc_parent_domain, not used after this (the caller's contract).
+        drop(unsafe { Box::from_raw(pd as *mut PdW) });
+        return 0;
+    }
+    if w.children.load(Ordering::Acquire) > 0 {
+        // Parent domains made on it.
+        return libc::EBUSY;
+    }
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let nic = nic_or!(unsafe { sh(w.c.context) }, |e| e);
     if let Err(e) = nic.dealloc_pd(w.pd) {
@@ -1795,6 +1948,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     c.pd = pd;
     c.handle = srq.number();
     let owner = c.context as usize;
+    hold_pd(c.pd, true);
     let p = Box::into_raw(Box::new(SrqW { c, srq, max_sge })) as *mut ibv_srq;
     objects(|o| o.srqs.insert(srq.number(), (p as usize, owner)));
     p
@@ -1859,6 +2013,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     match nic_or!(unsafe { sh(w.c.context) }, |e| e).destroy_srq(w.srq) {
         Ok(()) => {
             objects(|o| o.srqs.remove(&w.srq.number()));
+            hold_pd(w.c.pd, false);
             // SAFETY: not used after this.
             drop(unsafe { Box::from_raw(srq as *mut SrqW) });
             0
@@ -2082,6 +2237,8 @@ pub unsafe extern "C" fn ibv_create_qp(
         tx: Mutex::new(tx),
     })) as *mut ibv_qp;
     objects(|o| o.qps.insert(qpn.get(), (p as usize, owner)));
+    // SAFETY: the QP just made.
+    hold_pd(unsafe { (*p).pd }, true);
     p
 }
 
@@ -2096,6 +2253,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     match nic_or!(unsafe { sh(w.c.context) }, |e| e).destroy_qp(w.qpn) {
         Ok(()) => {
             objects(|o| o.qps.remove(&w.qpn.get()));
+            hold_pd(w.c.pd, false);
             for cq in [w.c.send_cq, w.c.recv_cq] {
                 if !cq.is_null() {
                     // SAFETY: the QP's CQs, from ibv_create_cq, alive while the QP was (a CQ

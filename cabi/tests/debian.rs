@@ -503,6 +503,35 @@ fn memory_windows_bound_used_and_invalidated_as_on_rdma_core() {
     );
 }
 
+/// examples/c/parent_domain.c: thread domains and parent domains — a parent domain stands
+/// for its PD for regions, an extended CQ (`IBV_CQ_INIT_ATTR_MASK_PD`) and QPs, a WRITE
+/// between two of its QPs lands; bad attributes are refused; teardown in mlx5's order (the
+/// parent domain before its PD and thread domain, its QPs before it: EBUSY otherwise).
+#[test]
+fn parent_and_thread_domains_stand_for_their_pd_and_keep_mlx5s_order() {
+    run_verbs_example(
+        "parent_and_thread_domains_stand_for_their_pd_and_keep_mlx5s_order",
+        "parent_domain",
+        &[
+            "ibv_alloc_td: made",
+            "ibv_alloc_parent_domain: made",
+            "a parent domain of a parent domain: Invalid argument",
+            "unknown comp_mask bits: Invalid argument",
+            "allocators without a function: Invalid argument",
+            "ibv_create_cq_ex with a plain PD as parent_domain: Invalid argument",
+            "ibv_create_cq_ex with the parent domain: made",
+            "ibv_reg_mr on the parent domain: made",
+            "ibv_create_qp on the parent domain: made",
+            "WRITE between QPs of the parent domain: success, data identical",
+            "ibv_dealloc_pd of the parent domain with QPs on it: Device or resource busy",
+            "ibv_dealloc_pd of the PD under a parent domain: Device or resource busy",
+            "ibv_dealloc_td named by a parent domain: Device or resource busy",
+            "then: parent domain 0, thread domain 0, PD 0",
+            "ok",
+        ],
+    );
+}
+
 /// examples/c/odp.c: regions registered on demand and the implicit region (the whole address
 /// space): pages missing at registration, mapped after it, or unmapped, as an RNIC with ODP
 /// meets them (remote and local access errors, never a crash); `ibv_advise_mr`; the
