@@ -183,6 +183,7 @@ struct Made {
     cqs: Vec<*mut ibv_cq>,
     ahs: Vec<*mut ibv_ah>,
     mrs: Vec<*mut ibv_mr>,
+    mws: Vec<*mut ibv_mw>,
     next: u64,
     st: Stats,
 }
@@ -600,6 +601,20 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
                 },
             }
         };
+        // A bind request naming one of the input's windows (else its window is NULL).
+        if w.opcode == 8 && !m.mws.is_empty() && target & 0x20 != 0 {
+            let mw = m.mws[usize::from(inp.u8()) % m.mws.len()];
+            // SAFETY: a window of ours.
+            let cur = unsafe { (*mw).rkey };
+            w.bind_mw = ibv_send_wr_bind_mw {
+                mw,
+                rkey: match inp.u8() % 4 {
+                    0 => inp.u32(),
+                    _ => (cur & !0xff) | (cur.wrapping_add(1) & 0xff),
+                },
+                bind_info: bind_info(env, inp),
+            };
+        }
     }
     for i in 1..n {
         let next: *mut ibv_send_wr = &mut wrs[i];
@@ -905,6 +920,7 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
                 }
             }
         }
+        13 if act >> 4 >= 12 => mw_op(env, m, inp, qp),
         13 => {
             ah(env, m, inp);
         }
@@ -957,6 +973,84 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
                     _ => {}
                 }
             }
+        }
+    }
+}
+
+/// A memory window's bind information read from the input: one of the shared regions (the
+/// other PD's too) or NULL, an address inside it or anywhere, any length and rights.
+fn bind_info(env: &Env, inp: &mut Input) -> ibv_mw_bind_info {
+    let mr = match inp.u8() % 8 {
+        0..=4 => env.mr,
+        5 => env.mr_ro,
+        6 => env.mr_other,
+        _ => null_mut(),
+    };
+    // SAFETY: regions of ours, or NULL.
+    let base = unsafe { mr.as_ref() }.map_or(0, |r| r.addr as u64);
+    let k = inp.u8();
+    ibv_mw_bind_info {
+        mr,
+        addr: match k % 4 {
+            0 => inp.u64(),
+            _ => base + u64::from(inp.u16()) % (MR_END as u64 / 2),
+        },
+        length: match (k >> 2) % 4 {
+            0 => 0,
+            1 => inp.u64(),
+            _ => u64::from(inp.u16()),
+        },
+        mw_access_flags: match (k >> 4) % 4 {
+            0 => inp.u32(),
+            _ => u32::from(inp.u8() % 64),
+        },
+    }
+}
+
+/// A memory window call: `ibv_alloc_mw` of any type, `ibv_dealloc_mw`, or `ibv_bind_mw` (the
+/// context's `bind_mw`: any window, QP and bind information).
+fn mw_op(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
+    let k = inp.u8();
+    // SAFETY: the context's own operations, on objects of ours (each window deallocated once:
+    // taken out of the list first) and our bind request.
+    unsafe {
+        let ops = &(*env.ctx).ops;
+        match k % 4 {
+            0 | 1 => {
+                let t = match k >> 2 {
+                    0..=29 => c_int::from(1 + (k >> 2) % 2),
+                    _ => inp.int(),
+                };
+                let mw = (ops.alloc_mw.expect("alloc_mw"))(env.pd, t);
+                if !mw.is_null() {
+                    m.mws.push(mw);
+                }
+            }
+            2 if !m.mws.is_empty() => {
+                let mw = m.mws.remove(usize::from(k >> 2) % m.mws.len());
+                assert_eq!(
+                    (ops.dealloc_mw.expect("dealloc_mw"))(mw),
+                    0,
+                    "ibv_dealloc_mw"
+                );
+            }
+            _ if !m.mws.is_empty() && !qp.is_null() => {
+                let mw = m.mws[usize::from(k >> 2) % m.mws.len()];
+                let mut b = ibv_mw_bind {
+                    wr_id: wr_id(env, m, (*qp).qp_num),
+                    send_flags: match inp.u8() % 4 {
+                        0 => inp.u32(),
+                        _ => 2,
+                    },
+                    bind_info: bind_info(env, inp),
+                };
+                let rc = (ops.bind_mw.expect("bind_mw"))(qp, mw, &mut b);
+                assert!(rc >= 0, "bind_mw returned {rc}");
+                if rc != 0 {
+                    env.pending.remove(&b.wr_id);
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -1062,6 +1156,10 @@ fn teardown(env: &mut Env, m: &mut Made) {
         }
         for r in m.mrs.drain(..) {
             assert_eq!(ibv_dereg_mr(r), 0, "ibv_dereg_mr at the end");
+        }
+        for w in m.mws.drain(..) {
+            let dealloc = (*env.ctx).ops.dealloc_mw.expect("dealloc_mw");
+            assert_eq!(dealloc(w), 0, "ibv_dealloc_mw at the end");
         }
     }
     while poll(env, m, cq, 64) > 0 {}
