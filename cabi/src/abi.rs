@@ -91,10 +91,16 @@ pub struct ibv_context {
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     pub advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` … `modify_qp_rate_limit` (12 entries), all NULL: the inline
-    /// wrappers then return EOPNOTSUPP or take their legacy path, as on a provider without
-    /// them.
-    pub _ex1: [usize; 12],
+    /// `alloc_null_mr` … `destroy_counters` (5 entries), all NULL: the inline wrappers then
+    /// return EOPNOTSUPP or take their legacy path, as on a provider without them.
+    pub _ex1: [usize; 5],
+    pub reg_dm_mr:
+        Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr>,
+    pub alloc_dm:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm>,
+    pub free_dm: Option<unsafe extern "C" fn(*mut ibv_dm) -> c_int>,
+    /// `modify_flow_action_esp` … `modify_qp_rate_limit` (4 entries), all NULL.
+    pub _ex1a: [usize; 4],
     pub alloc_parent_domain: Option<
         unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
     >,
@@ -396,6 +402,24 @@ pub struct ibv_send_wr {
     pub bind_mw: ibv_send_wr_bind_mw,
 }
 
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct ibv_alloc_dm_attr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_dm` (device memory).
+#[repr(C)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
 /// `struct ibv_td` (a thread domain).
 #[repr(C)]
 pub struct ibv_td {
@@ -588,8 +612,23 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
             mutex,
             abi_compat
         },
+        ibv_alloc_dm_attr {
+            length,
+            log_align_req,
+            comp_mask
+        },
+        ibv_dm {
+            context,
+            memcpy_to_dm,
+            memcpy_from_dm,
+            comp_mask,
+            handle
+        },
         verbs_context {
             query_port,
+            reg_dm_mr,
+            alloc_dm,
+            free_dm,
             alloc_parent_domain,
             dealloc_td,
             alloc_td,

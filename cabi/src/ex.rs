@@ -332,6 +332,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         ud_odp_caps: both,
     };
     a.phys_port_cnt_ex = 1;
+    a.max_dm_size = crate::verbs::MAX_DM_SIZE as u64;
     let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's structure holds `size` >= n bytes (libibverbs' contract); `a`
     // holds n; they do not overlap (one is a local).

@@ -20,7 +20,7 @@ use ferroce::wire::{QpNumber, RKey};
 use libc::{c_char, c_int, c_uint, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
 use std::collections::{HashMap, VecDeque};
 use std::mem::offset_of;
-use std::ptr::null_mut;
+use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -106,6 +106,8 @@ struct TdW {
 struct MrW {
     c: ibv_mr,
     mr: MemoryRegion,
+    /// A region over device memory (`ibv_reg_dm_mr`): that memory, held until deregistration.
+    dm: *mut DmW,
 }
 
 /// A CQ: `struct ibv_cq_ex` (whose first part is `struct ibv_cq`), then ferroce's handle.
@@ -473,6 +475,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.query_rt_values = Some(crate::ex::query_rt_values);
     v.advise_mr = Some(advise_mr);
     v.alloc_parent_domain = Some(alloc_parent_domain);
+    v.alloc_dm = Some(alloc_dm);
+    v.free_dm = Some(free_dm);
+    v.reg_dm_mr = Some(reg_dm_mr);
     v.alloc_td = Some(alloc_td);
     v.dealloc_td = Some(dealloc_td);
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
@@ -486,7 +491,11 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.context.ops.post_send = Some(post_send);
     v.context.ops.post_recv = Some(post_recv);
     v.context.ops.post_srq_recv = Some(post_srq_recv);
-    v.context.cmd_fd = -1;
+    // The command descriptor: with no kernel driver there are no commands, but programs
+    // (rdma-core's tests among them) dup it to import the context elsewhere; /dev/null lets
+    // them, and ibv_import_device then says EOPNOTSUPP (-1 if even that cannot be opened).
+    // SAFETY: open(2) of a NUL-terminated path; closed by ibv_close_device.
+    v.context.cmd_fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     // SAFETY: eventfd(2); the descriptor is closed by ibv_close_device.
     // Blocking, as the kernel's; a program may set O_NONBLOCK (see ibv_get_async_event).
     v.context.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -523,6 +532,9 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
         let w = &*p;
         lock_ctxs(&w.sh.contexts).remove(&(c as usize));
         libc::close(w.v.context.async_fd);
+        if w.v.context.cmd_fd >= 0 {
+            libc::close(w.v.context.cmd_fd);
+        }
         drop(Box::from_raw(p));
     }
     0
@@ -1117,6 +1129,7 @@ unsafe fn reg(
                     rkey: mr.rkey().0,
                 },
                 mr,
+                dm: null_mut(),
             });
             Box::into_raw(w) as *mut ibv_mr
         }
@@ -1198,6 +1211,11 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     }
     // SAFETY: an MR from ibv_reg_mr that the caller still holds (libibverbs' contract).
     let w = unsafe { &mut *(mr as *mut MrW) };
+    if !w.dm.is_null() {
+        // A region over device memory is not re-registered (the kernel refuses it too).
+        set_errno(EINVAL);
+        return ERR_CMD;
+    }
     let new_pd = if flags & CHANGE_PD != 0 { pd } else { w.c.pd };
     let (new_addr, new_len, iova) = if flags & TRANSLATION != 0 {
         (addr, length, addr as u64)
@@ -1306,9 +1324,213 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     let w = unsafe { Box::from_raw(mr as *mut MrW) };
     // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
     let s = unsafe { sh(w.c.context) };
-    match nic_or!(s, |e| e).dereg_mr(&w.mr) {
+    let r = match nic_or!(s, |e| e).dereg_mr(&w.mr) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
+    };
+    // SAFETY: the device memory under the region outlives it (ibv_free_dm: EBUSY until here).
+    if let Some(d) = unsafe { w.dm.as_ref() } {
+        d.mrs.fetch_sub(1, Ordering::AcqRel);
+    }
+    r
+}
+
+// ---- device memory --------------------------------------------------------------------------
+
+/// The most device memory one allocation may have (`max_dm_size`), as an mlx5 NIC's on-chip
+/// memory (MEMIC) offers 128–256 KiB.
+pub(crate) const MAX_DM_SIZE: usize = 256 * 1024;
+
+/// Device memory: `struct ibv_dm`, then the memory. ferroce's "device" memory is memory the
+/// library allocates and owns, reached by the engine as any registered region's (there is no
+/// on-NIC memory to be faster than host memory), by the program only through
+/// `ibv_memcpy_to_dm`/`ibv_memcpy_from_dm`, as on a NIC.
+#[repr(C)]
+struct DmW {
+    c: ibv_dm,
+    mem: NonNull<u8>,
+    len: usize,
+    layout: std::alloc::Layout,
+    /// Regions registered over it (`ibv_free_dm` is EBUSY while there are any).
+    mrs: AtomicUsize,
+}
+
+/// `IBV_ACCESS_ZERO_BASED` and the rights a region over device memory may have (mlx5's).
+const DM_MR_ACCESS: c_uint = 1 | 2 | 4 | 8 | (1 << 5) | (1 << 20);
+
+/// Device memory accesses are 4-byte units (mlx5's, which rdma-core's tests assume).
+const DM_ALIGN: u64 = 4;
+
+/// `verbs_context.alloc_dm` (the inline `ibv_alloc_dm`): `length` bytes (1 ..= `max_dm_size`)
+/// aligned to `2^log_align_req` (at most 4096), zero; `comp_mask` 0. Else EINVAL.
+unsafe extern "C" fn alloc_dm(c: *mut ibv_context, attr: *mut ibv_alloc_dm_attr) -> *mut ibv_dm {
+    // SAFETY: the caller's attributes (libibverbs' contract).
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return fail(EINVAL);
+    };
+    if c.is_null()
+        || a.comp_mask != 0
+        || a.length == 0
+        || a.length > MAX_DM_SIZE
+        || a.log_align_req > 12
+    {
+        return fail(EINVAL);
+    }
+    let Ok(layout) = std::alloc::Layout::from_size_align(a.length, 1 << a.log_align_req.max(3))
+    else {
+        return fail(EINVAL);
+    };
+    // SAFETY: a layout of non-zero size.
+    let Some(mem) = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }) else {
+        return fail(ENOMEM);
+    };
+    let w = Box::new(DmW {
+        c: ibv_dm {
+            context: c,
+            memcpy_to_dm: Some(memcpy_to_dm),
+            memcpy_from_dm: Some(memcpy_from_dm),
+            comp_mask: 0,
+            handle: 0,
+        },
+        mem,
+        len: a.length,
+        layout,
+        mrs: AtomicUsize::new(0),
+    });
+    Box::into_raw(w) as *mut ibv_dm
+}
+
+/// `verbs_context.free_dm` (`ibv_free_dm`): EBUSY while regions are registered over it.
+unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
+    // SAFETY: device memory of this library or NULL (libibverbs' contract).
+    let Some(w) = (unsafe { (dm as *mut DmW).as_ref() }) else {
+        return EINVAL;
+    };
+    if w.mrs.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: from alloc_dm, not used after this (the caller's contract); no region is over
+    // the memory (just checked), so nothing reaches it any more.
+    unsafe {
+        let b = Box::from_raw(dm as *mut DmW);
+        std::alloc::dealloc(b.mem.as_ptr(), b.layout);
+    }
+    0
+}
+
+/// The bytes `[off, off + len)` of `w`, if they are whole 4-byte units inside it.
+fn dm_range(w: &DmW, off: u64, len: usize) -> Option<usize> {
+    let end = off.checked_add(len as u64)?;
+    (off % DM_ALIGN == 0 && len as u64 % DM_ALIGN == 0 && end <= w.len as u64)
+        .then_some(off as usize)
+}
+
+/// `ibv_dm.memcpy_to_dm` (`ibv_memcpy_to_dm`): EINVAL for a range outside the memory or not in
+/// 4-byte units.
+unsafe extern "C" fn memcpy_to_dm(
+    dm: *mut ibv_dm,
+    off: u64,
+    src: *const c_void,
+    len: usize,
+) -> c_int {
+    // SAFETY: device memory of this library or NULL (libibverbs' contract).
+    let Some(w) = (unsafe { (dm as *mut DmW).as_ref() }) else {
+        return EINVAL;
+    };
+    let Some(o) = dm_range(w, off, len) else {
+        return EINVAL;
+    };
+    if len > 0 {
+        if src.is_null() {
+            return EINVAL;
+        }
+        // SAFETY: `len` bytes of the caller's at `src` (libibverbs' contract) into the
+        // memory's `[o, o + len)` (checked above); distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, w.mem.as_ptr().add(o), len) };
+    }
+    0
+}
+
+/// `ibv_dm.memcpy_from_dm` (`ibv_memcpy_from_dm`): as [`memcpy_to_dm`], the other way.
+unsafe extern "C" fn memcpy_from_dm(
+    dst: *mut c_void,
+    dm: *mut ibv_dm,
+    off: u64,
+    len: usize,
+) -> c_int {
+    // SAFETY: device memory of this library or NULL (libibverbs' contract).
+    let Some(w) = (unsafe { (dm as *mut DmW).as_ref() }) else {
+        return EINVAL;
+    };
+    let Some(o) = dm_range(w, off, len) else {
+        return EINVAL;
+    };
+    if len > 0 {
+        if dst.is_null() {
+            return EINVAL;
+        }
+        // SAFETY: the memory's `[o, o + len)` (checked above) into `len` bytes of the
+        // caller's at `dst` (libibverbs' contract); distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(w.mem.as_ptr().add(o), dst as *mut u8, len) };
+    }
+    0
+}
+
+/// `verbs_context.reg_dm_mr` (the inline `ibv_reg_dm_mr`): a region over `length` bytes of
+/// device memory from `offset`, zero-based (`IBV_ACCESS_ZERO_BASED` is required: its first
+/// byte is address 0, as the kernel requires for every provider), with the rights asked.
+/// EINVAL for another bit, a range outside the memory, or no zero-based bit.
+unsafe extern "C" fn reg_dm_mr(
+    pd: *mut ibv_pd,
+    dm: *mut ibv_dm,
+    offset: u64,
+    length: usize,
+    access: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: a PD and device memory of this library, or NULL (libibverbs' contract).
+    let (Some(p), Some(d)) = (unsafe { (pd as *mut PdW).as_ref() }, unsafe {
+        (dm as *mut DmW).as_ref()
+    }) else {
+        return fail(EINVAL);
+    };
+    let zero_based = 1 << 5;
+    if access & !DM_MR_ACCESS != 0 || access & zero_based == 0 {
+        return fail(EINVAL);
+    }
+    if offset
+        .checked_add(length as u64)
+        .is_none_or(|e| e > d.len as u64)
+    {
+        return fail(EINVAL);
+    }
+    // SAFETY: `length` bytes of the device memory from `offset` (inside it: checked), which
+    // stays allocated until the region is deregistered (ibv_free_dm is EBUSY until then, and
+    // ibv_dereg_mr releases the region's hold on it only after the engine let go), and which
+    // no Rust reference ever covers (the memcpy calls use raw pointers).
+    let Some(mem) = (unsafe { AppMemory::new(d.mem.as_ptr().add(offset as usize), length) }) else {
+        return fail(EINVAL);
+    };
+    // SAFETY: an object this library handed out and the caller still holds (libibverbs' contract); its context pointer is the one set at creation.
+    let s = unsafe { sh(p.c.context) };
+    match nic_or!(s, fail).reg_mr_app(p.pd, UserMemory::from(mem), 0, mr_access(access as c_int)) {
+        Ok(mr) => {
+            d.mrs.fetch_add(1, Ordering::AcqRel);
+            let w = Box::new(MrW {
+                c: ibv_mr {
+                    context: p.c.context,
+                    pd,
+                    addr: null_mut(),
+                    length,
+                    handle: 0,
+                    lkey: mr.lkey().0,
+                    rkey: mr.rkey().0,
+                },
+                mr,
+                dm: dm as *mut DmW,
+            });
+            Box::into_raw(w) as *mut ibv_mr
+        }
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
