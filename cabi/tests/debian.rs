@@ -532,6 +532,36 @@ fn parent_and_thread_domains_stand_for_their_pd_and_keep_mlx5s_order() {
     );
 }
 
+/// examples/c/device_memory.c: device memory (memory the library owns) — allocation limits,
+/// copies in 4-byte units, a zero-based region over it that a peer's WRITE and READ and a
+/// local SEND reach by offset, `ibv_rereg_mr` refused, `ibv_free_dm` EBUSY under a region.
+#[test]
+fn device_memory_is_copied_in_units_and_reached_through_a_zero_based_region() {
+    run_verbs_example(
+        "device_memory_is_copied_in_units_and_reached_through_a_zero_based_region",
+        "device_memory",
+        &[
+            "max_dm_size: >= 4096",
+            "ibv_alloc_dm of 0 bytes: Invalid argument",
+            "ibv_alloc_dm past max_dm_size: Invalid argument",
+            "ibv_alloc_dm with an unknown comp_mask: Invalid argument",
+            "ibv_alloc_dm of 4096 bytes: made",
+            "copy in and out: 0 0, data identical",
+            "copy at offset 2: Invalid argument; of 6 bytes: Invalid argument; past the end: Invalid argument",
+            "ibv_reg_dm_mr without ZERO_BASED: Invalid argument",
+            "ibv_reg_dm_mr past the memory: Invalid argument",
+            "ibv_reg_dm_mr: made, address (nil)",
+            "WRITE into device memory at offset 1024: success, data identical",
+            "READ from device memory at offset 8: success, data identical",
+            "SEND from device memory: success, receive success, data identical",
+            "ibv_rereg_mr of it: -4",
+            "ibv_free_dm with a region over it: Device or resource busy",
+            "then ibv_free_dm: 0",
+            "ok",
+        ],
+    );
+}
+
 /// examples/c/odp.c: regions registered on demand and the implicit region (the whole address
 /// space): pages missing at registration, mapped after it, or unmapped, as an RNIC with ODP
 /// meets them (remote and local access errors, never a crash); `ibv_advise_mr`; the
