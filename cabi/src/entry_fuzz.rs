@@ -184,6 +184,7 @@ struct Made {
     ahs: Vec<*mut ibv_ah>,
     mrs: Vec<*mut ibv_mr>,
     mws: Vec<*mut ibv_mw>,
+    dms: Vec<*mut ibv_dm>,
     next: u64,
     st: Stats,
 }
@@ -921,6 +922,7 @@ fn call(env: &mut Env, m: &mut Made, inp: &mut Input) {
             }
         }
         13 if act >> 4 >= 12 => mw_op(env, m, inp, qp),
+        13 if act >> 4 >= 10 => dm_op(env, m, inp),
         13 => {
             ah(env, m, inp);
         }
@@ -1004,6 +1006,73 @@ fn bind_info(env: &Env, inp: &mut Input) -> ibv_mw_bind_info {
             0 => inp.u32(),
             _ => u32::from(inp.u8() % 64),
         },
+    }
+}
+
+/// A device memory call: `ibv_alloc_dm` of any length, alignment and mask, a copy in or out
+/// at any offset and length (from or into a buffer of that length), a region over any range
+/// of it with any rights (kept with the input's regions), or `ibv_free_dm` (EBUSY while a
+/// region is over it).
+fn dm_op(env: &mut Env, m: &mut Made, inp: &mut Input) {
+    let k = inp.u8();
+    // SAFETY: the context's own operations on objects of ours; the copies' host buffer holds
+    // the length they are given.
+    unsafe {
+        let v = &*((env.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *const verbs_context);
+        match k % 4 {
+            0 => {
+                let mut a = ibv_alloc_dm_attr {
+                    length: match inp.u8() % 4 {
+                        0 => inp.u64() as usize,
+                        _ => usize::from(inp.u16()),
+                    },
+                    log_align_req: u32::from(inp.u8() % 16),
+                    comp_mask: if inp.u8() % 8 == 0 { inp.u32() } else { 0 },
+                };
+                let dm = (v.alloc_dm.expect("alloc_dm"))(env.ctx, &mut a);
+                if !dm.is_null() {
+                    m.dms.push(dm);
+                }
+            }
+            1 if !m.dms.is_empty() => {
+                let dm = m.dms[usize::from(k >> 2) % m.dms.len()];
+                let off = u64::from(inp.u16());
+                let len = usize::from(inp.u16());
+                let mut host = vec![0x5au8; len];
+                let rc = if inp.u8() % 2 == 0 {
+                    ((*dm).memcpy_to_dm.expect("memcpy_to_dm"))(dm, off, host.as_ptr().cast(), len)
+                } else {
+                    let f = (*dm).memcpy_from_dm.expect("memcpy_from_dm");
+                    f(host.as_mut_ptr().cast(), dm, off, len)
+                };
+                assert!(
+                    rc == 0 || rc == EINVAL,
+                    "a device memory copy returned {rc}"
+                );
+            }
+            2 if !m.dms.is_empty() => {
+                let dm = m.dms[usize::from(k >> 2) % m.dms.len()];
+                let access = match inp.u8() % 4 {
+                    0 => inp.u32(),
+                    _ => u32::from(inp.u8() % 16) | (1 << 5),
+                };
+                let (off, len) = (u64::from(inp.u16()), usize::from(inp.u16()));
+                let mr = (v.reg_dm_mr.expect("reg_dm_mr"))(env.pd, dm, off, len, access);
+                if !mr.is_null() {
+                    m.mrs.push(mr);
+                }
+            }
+            3 if !m.dms.is_empty() => {
+                let i = usize::from(k >> 2) % m.dms.len();
+                let rc = (v.free_dm.expect("free_dm"))(m.dms[i]);
+                assert!(rc == 0 || rc == libc::EBUSY, "ibv_free_dm returned {rc}");
+                if rc == 0 {
+                    m.dms.remove(i);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -1160,6 +1229,15 @@ fn teardown(env: &mut Env, m: &mut Made) {
         for w in m.mws.drain(..) {
             let dealloc = (*env.ctx).ops.dealloc_mw.expect("dealloc_mw");
             assert_eq!(dealloc(w), 0, "ibv_dealloc_mw at the end");
+        }
+        let v = &*((env.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
+            as *const verbs_context);
+        for d in m.dms.drain(..) {
+            assert_eq!(
+                (v.free_dm.expect("free_dm"))(d),
+                0,
+                "ibv_free_dm at the end"
+            );
         }
     }
     while poll(env, m, cq, 64) > 0 {}
