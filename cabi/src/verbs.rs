@@ -1445,7 +1445,10 @@ unsafe extern "C" fn memcpy_to_dm(
             return EINVAL;
         }
         // SAFETY: `len` bytes of the caller's at `src` (libibverbs' contract) into the
-        // memory's `[o, o + len)` (checked above); distinct allocations.
+        // memory's `[o, o + len)` (checked above); distinct allocations. A region over these
+        // bytes may be written by the engine meanwhile: that is the program's own access to
+        // registered memory under DMA (point 4 of `ferroce::ib::appmem`'s safety argument),
+        // through raw pointers only, as the engine's.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, w.mem.as_ptr().add(o), len) };
     }
     0
@@ -1470,7 +1473,8 @@ unsafe extern "C" fn memcpy_from_dm(
             return EINVAL;
         }
         // SAFETY: the memory's `[o, o + len)` (checked above) into `len` bytes of the
-        // caller's at `dst` (libibverbs' contract); distinct allocations.
+        // caller's at `dst` (libibverbs' contract); distinct allocations; see memcpy_to_dm
+        // on the engine's concurrent access.
         unsafe { std::ptr::copy_nonoverlapping(w.mem.as_ptr().add(o), dst as *mut u8, len) };
     }
     0
