@@ -3175,3 +3175,81 @@ mod tests {
         assert!(!mapped("", 0x1000, 1, false));
     }
 }
+
+#[cfg(test)]
+mod dm_tests {
+    use super::*;
+
+    /// Device memory's copies and lifetime without a device (no call here reaches the NIC;
+    /// the context pointer is only stored): the bounds and 4-byte units every copy is held
+    /// to, and freeing (also under miri: `cargo +nightly miri test -p ferroce-cabi --lib
+    /// dm_tests`).
+    #[test]
+    fn device_memory_copies_stay_inside_it_in_four_byte_units() {
+        let ctx = NonNull::<ibv_context>::dangling().as_ptr();
+        let mut a = ibv_alloc_dm_attr {
+            length: 64,
+            log_align_req: 6,
+            comp_mask: 0,
+        };
+        // SAFETY: the attributes are ours; the context is never dereferenced by alloc_dm.
+        let dm = unsafe { alloc_dm(ctx, &mut a) };
+        assert!(!dm.is_null());
+        // SAFETY: device memory just made (aligned as asked).
+        assert_eq!(unsafe { (*(dm as *mut DmW)).mem.as_ptr() } as usize % 64, 0);
+        let src: Vec<u8> = (0..64u8).collect();
+        let mut dst = vec![0u8; 64];
+        // SAFETY: our buffers hold the lengths given; `dm` is ours until free_dm.
+        unsafe {
+            assert_eq!(memcpy_to_dm(dm, 8, src.as_ptr().cast(), 16), 0);
+            assert_eq!(memcpy_from_dm(dst.as_mut_ptr().cast(), dm, 8, 16), 0);
+            assert_eq!(&dst[..16], &src[..16]);
+            // Untouched bytes are zero.
+            assert_eq!(memcpy_from_dm(dst.as_mut_ptr().cast(), dm, 0, 8), 0);
+            assert_eq!(&dst[..8], &[0; 8]);
+            for (off, len) in [(2, 4), (0, 6), (60, 8), (64, 4), (u64::MAX - 3, 4)] {
+                assert_eq!(
+                    memcpy_to_dm(dm, off, src.as_ptr().cast(), len),
+                    EINVAL,
+                    "{off} {len}"
+                );
+                assert_eq!(
+                    memcpy_from_dm(dst.as_mut_ptr().cast(), dm, off, len),
+                    EINVAL
+                );
+            }
+            assert_eq!(memcpy_to_dm(dm, 60, src.as_ptr().cast(), 4), 0);
+            // A region over it holds it.
+            (*(dm as *mut DmW)).mrs.fetch_add(1, Ordering::AcqRel);
+            assert_eq!(free_dm(dm), libc::EBUSY);
+            (*(dm as *mut DmW)).mrs.fetch_sub(1, Ordering::AcqRel);
+            assert_eq!(free_dm(dm), 0);
+        }
+        for bad in [
+            ibv_alloc_dm_attr {
+                length: 0,
+                log_align_req: 0,
+                comp_mask: 0,
+            },
+            ibv_alloc_dm_attr {
+                length: MAX_DM_SIZE + 1,
+                log_align_req: 0,
+                comp_mask: 0,
+            },
+            ibv_alloc_dm_attr {
+                length: 64,
+                log_align_req: 13,
+                comp_mask: 0,
+            },
+            ibv_alloc_dm_attr {
+                length: 64,
+                log_align_req: 0,
+                comp_mask: 1,
+            },
+        ] {
+            let mut b = bad;
+            // SAFETY: as above.
+            assert!(unsafe { alloc_dm(ctx, &mut b) }.is_null());
+        }
+    }
+}
