@@ -27,24 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rc_connect.h"
-
 #define PROG "device_memory"
+#include "rc_connect.h"
 #define DM_LEN 4096
-
-static int fail(const char *what, int e)
-{
-	fprintf(stderr, PROG ": %s: %s\n", what, strerror(e));
-	exit(1);
-}
-
-static void check(int ok, const char *what)
-{
-	if (!ok) {
-		fprintf(stderr, PROG ": check failed: %s\n", what);
-		exit(1);
-	}
-}
 
 static const char *err_of(void *p)
 {

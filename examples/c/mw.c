@@ -30,29 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rc_connect.h"
-
 #define PROG "mw"
+#include "rc_connect.h"
 #define LEN 65536
 
-static int fail(const char *what, int e)
-{
-	fprintf(stderr, PROG ": %s: %s\n", what, strerror(e));
-	exit(1);
-}
-
-static void check(int ok, const char *what)
-{
-	if (!ok) {
-		fprintf(stderr, PROG ": check failed: %s\n", what);
-		exit(1);
-	}
-}
-
-struct pair {
-	struct ibv_cq *cq;
-	struct ibv_qp *a, *b;
-};
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -61,44 +42,13 @@ static char *src, *buf;
 static struct ibv_mr *smr, *bmr;
 
 /* A fresh pair of connected RC QPs (a failed operation leaves its QPs in the error state). */
-static struct pair new_pair(void)
+static struct rc_pair new_pair(void)
 {
-	struct pair p;
-	p.cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	if (!p.cq)
-		fail("ibv_create_cq", errno);
-	struct ibv_qp_init_attr qa;
-	memset(&qa, 0, sizeof(qa));
-	qa.send_cq = p.cq;
-	qa.recv_cq = p.cq;
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = 8;
-	qa.cap.max_recv_wr = 8;
-	qa.cap.max_send_sge = 1;
-	qa.cap.max_recv_sge = 1;
-	p.a = ibv_create_qp(pd, &qa);
-	p.b = ibv_create_qp(pd, &qa);
-	if (!p.a || !p.b)
-		fail("ibv_create_qp", errno);
-	int e;
-	int acc = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	const char *step = rc_to_rts(p.a, p.b->qp_num, &gid, acc, 7, &e);
-	if (!step)
-		step = rc_to_rts(p.b, p.a->qp_num, &gid, acc, 7, &e);
-	if (step)
-		fail(step, e);
-	return p;
-}
-
-static void free_pair(struct pair p)
-{
-	ibv_destroy_qp(p.a);
-	ibv_destroy_qp(p.b);
-	ibv_destroy_cq(p.cq);
+	return rc_pair_new(ctx, pd, &gid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, PROG);
 }
 
 /* One signaled `op` of `len` bytes of src from QP a at `raddr` with `rkey`: its status. */
-static enum ibv_wc_status rdma(struct pair p, enum ibv_wr_opcode op, uint32_t len,
+static enum ibv_wc_status rdma(struct rc_pair p, enum ibv_wr_opcode op, uint32_t len,
 			       uint64_t raddr, uint32_t rkey)
 {
 	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = len, .lkey = smr->lkey};
@@ -119,7 +69,7 @@ static enum ibv_wc_status rdma(struct pair p, enum ibv_wr_opcode op, uint32_t le
 
 /* Post a type 2 bind of `mw` on QP b with key `rkey` over `len` bytes of `mr` at `addr`:
  * its completion. */
-static struct ibv_wc bind2(struct pair p, struct ibv_mw *mw, uint32_t rkey, struct ibv_mr *mr,
+static struct ibv_wc bind2(struct rc_pair p, struct ibv_mw *mw, uint32_t rkey, struct ibv_mr *mr,
 			   void *addr, uint64_t len)
 {
 	struct ibv_send_wr wr, *bad;
@@ -146,7 +96,7 @@ static struct ibv_wc bind2(struct pair p, struct ibv_mw *mw, uint32_t rkey, stru
 }
 
 /* Type 1: ibv_bind_mw on QP b over `len` bytes of region `mr` at `addr` (0 bytes: unbind). */
-static struct ibv_wc bind1(struct pair p, struct ibv_mw *mw, struct ibv_mr *mr, void *addr,
+static struct ibv_wc bind1(struct rc_pair p, struct ibv_mw *mw, struct ibv_mr *mr, void *addr,
 			   uint64_t len)
 {
 	struct ibv_mw_bind mb;
@@ -203,7 +153,7 @@ int main(void)
 	struct ibv_mw *w1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
 	if (!w1)
 		fail("ibv_alloc_mw type 1", errno);
-	struct pair p = new_pair();
+	struct rc_pair p = new_pair();
 	uint32_t before = w1->rkey;
 	struct ibv_wc wc = bind1(p, w1, bmr, buf + 4096, 4096);
 	printf("type 1 bind: %s, opcode %s, key %s\n", ibv_wc_status_str(wc.status),
@@ -226,12 +176,12 @@ int main(void)
 	 * checks the region's bounds instead and lets this WRITE through (its check_rkey), so on
 	 * rxe the line reads "success"; ferroce's test asserts the remote access error. */
 	printf("WRITE one byte past the window: %s\n", ibv_wc_status_str(st));
-	free_pair(p);
+	rc_pair_free(p);
 	p = new_pair();
 	st = rdma(p, IBV_WR_RDMA_WRITE, 8, (uintptr_t)buf, bmr->rkey);
 	printf("WRITE with the region's own R_Key: %s\n", ibv_wc_status_str(st));
 	check(st == IBV_WC_REM_ACCESS_ERR, "the region's key");
-	free_pair(p);
+	rc_pair_free(p);
 	p = new_pair();
 	/* Zero bytes of the region, as rdma-core's tests take a type 1 window's access away (a
 	 * NULL region, which libibverbs' ibv_bind_mw allows, crashes rxe's provider). */
@@ -240,7 +190,7 @@ int main(void)
 	printf("type 1 unbound: bind %s, WRITE %s\n", ibv_wc_status_str(wc.status),
 	       ibv_wc_status_str(st));
 	check(wc.status == IBV_WC_SUCCESS && st == IBV_WC_REM_ACCESS_ERR, "type 1 unbind");
-	free_pair(p);
+	rc_pair_free(p);
 
 	/* Type 2. */
 	struct ibv_mw *w2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
@@ -274,7 +224,7 @@ int main(void)
 	st = rdma(p, IBV_WR_RDMA_WRITE, 8, (uintptr_t)buf, k);
 	printf("WRITE after LOCAL_INV: %s\n", ibv_wc_status_str(st));
 	check(st == IBV_WC_REM_ACCESS_ERR, "WRITE after LOCAL_INV");
-	free_pair(p);
+	rc_pair_free(p);
 
 	p = new_pair();
 	k = ibv_inc_rkey(w2->rkey);
@@ -283,7 +233,7 @@ int main(void)
 	printf("type 2 bound again: %s; a second bind while bound: %s\n",
 	       ibv_wc_status_str(wc.status), ibv_wc_status_str(again.status));
 	check(wc.status == IBV_WC_SUCCESS && again.status == IBV_WC_MW_BIND_ERR, "rebind");
-	free_pair(p);
+	rc_pair_free(p);
 
 	/* w2 stays bound (its QP is gone: what becomes of it then differs between devices);
 	 * another window for the rest. */
@@ -316,7 +266,7 @@ int main(void)
 	st = rdma(p, IBV_WR_RDMA_WRITE, 8, (uintptr_t)buf, k);
 	printf("WRITE after the peer invalidated it: %s\n", ibv_wc_status_str(st));
 	check(st == IBV_WC_REM_ACCESS_ERR, "WRITE after SEND_WITH_INV");
-	free_pair(p);
+	rc_pair_free(p);
 
 	p = new_pair();
 	k = ibv_inc_rkey(w4->rkey);
@@ -329,7 +279,7 @@ int main(void)
 	printf("ibv_dealloc_mw of a bound window: %d, WRITE after it: %s\n", r,
 	       ibv_wc_status_str(st));
 	check(r == 0 && st == IBV_WC_REM_ACCESS_ERR, "dealloc");
-	free_pair(p);
+	rc_pair_free(p);
 
 	/* Refusals. */
 	struct ibv_mr *plain = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
@@ -340,7 +290,7 @@ int main(void)
 	wc = bind2(p, w3, ibv_inc_rkey(w3->rkey), plain, buf, 64);
 	printf("bind to a region without MW_BIND: %s\n", ibv_wc_status_str(wc.status));
 	check(wc.status == IBV_WC_MW_BIND_ERR, "no MW_BIND");
-	free_pair(p);
+	rc_pair_free(p);
 	errno = 0;
 	struct ibv_mw *bad_type = ibv_alloc_mw(pd, (enum ibv_mw_type)3);
 	printf("ibv_alloc_mw of type 3: %s\n", bad_type ? "allocated" : strerror(errno));

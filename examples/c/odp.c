@@ -31,72 +31,22 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#define PROG "odp"
 #include "rc_connect.h"
 
-#define PROG "odp"
-
-static int fail(const char *what, int e)
-{
-	fprintf(stderr, PROG ": %s: %s\n", what, strerror(e));
-	exit(1);
-}
-
-static void check(int ok, const char *what)
-{
-	if (!ok) {
-		fprintf(stderr, PROG ": check failed: %s\n", what);
-		exit(1);
-	}
-}
-
-struct pair {
-	struct ibv_cq *cq;
-	struct ibv_qp *a, *b;
-};
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static union ibv_gid gid;
 
-/* A fresh pair of connected RC QPs (a failed operation leaves its QP in the error state). */
-static struct pair new_pair(void)
+/* A fresh pair of connected RC QPs (a failed operation leaves its QPs in the error state). */
+static struct rc_pair new_pair(void)
 {
-	struct pair p;
-	p.cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	if (!p.cq)
-		fail("ibv_create_cq", errno);
-	struct ibv_qp_init_attr qa;
-	memset(&qa, 0, sizeof(qa));
-	qa.send_cq = p.cq;
-	qa.recv_cq = p.cq;
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = 8;
-	qa.cap.max_recv_wr = 8;
-	qa.cap.max_send_sge = 1;
-	qa.cap.max_recv_sge = 1;
-	p.a = ibv_create_qp(pd, &qa);
-	p.b = ibv_create_qp(pd, &qa);
-	if (!p.a || !p.b)
-		fail("ibv_create_qp", errno);
-	int e;
-	int acc = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-	const char *step = rc_to_rts(p.a, p.b->qp_num, &gid, acc, 7, &e);
-	if (!step)
-		step = rc_to_rts(p.b, p.a->qp_num, &gid, acc, 7, &e);
-	if (step)
-		fail(step, e);
-	return p;
-}
-
-static void free_pair(struct pair p)
-{
-	ibv_destroy_qp(p.a);
-	ibv_destroy_qp(p.b);
-	ibv_destroy_cq(p.cq);
+	return rc_pair_new(ctx, pd, &gid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC, PROG);
 }
 
 /* Post one signaled operation on QP a of `p` and return its completion's status. */
-static enum ibv_wc_status run(struct pair p, enum ibv_wr_opcode op, void *laddr, uint32_t len,
+static enum ibv_wc_status run(struct rc_pair p, enum ibv_wr_opcode op, void *laddr, uint32_t len,
 			      uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t add)
 {
 	struct ibv_sge sge = {.addr = (uintptr_t)laddr, .length = len, .lkey = lkey};
@@ -170,7 +120,7 @@ int main(void)
 	printf("reg_mr ON_DEMAND over an unmapped page: %s\n", omr ? "registered" : strerror(errno));
 	check(omr != NULL, "on-demand registration over a hole");
 
-	struct pair p = new_pair();
+	struct rc_pair p = new_pair();
 	enum ibv_wc_status st = run(p, IBV_WR_RDMA_WRITE, src, 3000, smr->lkey,
 				    (uintptr_t)(dst + 100), omr->rkey, 0);
 	int same = memcmp(dst + 100, src, 3000) == 0;
@@ -181,7 +131,7 @@ int main(void)
 	st = run(p, IBV_WR_RDMA_WRITE, src, 100, smr->lkey, (uintptr_t)(hole + 8), omr->rkey, 0);
 	printf("WRITE to the unmapped page: %s\n", ibv_wc_status_str(st));
 	check(st == IBV_WC_REM_ACCESS_ERR, "WRITE to the hole");
-	free_pair(p);
+	rc_pair_free(p);
 
 	if (mmap(hole, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
 		 0) != hole)
@@ -240,7 +190,7 @@ int main(void)
 	printf("ATOMIC fetch-and-add through the implicit region: %s, old %llu, now %llu\n",
 	       ibv_wc_status_str(st), (unsigned long long)*old, (unsigned long long)*cell);
 	check(st == IBV_WC_SUCCESS && *old == 40 && *cell == 42, "implicit ATOMIC");
-	free_pair(p);
+	rc_pair_free(p);
 
 	/* A local gather from an unmapped address through the implicit L_Key. */
 	char *gone = mmap(NULL, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -250,7 +200,7 @@ int main(void)
 	st = run(p, IBV_WR_RDMA_WRITE, gone, 64, imr->lkey, (uintptr_t)late, imr->rkey, 0);
 	printf("WRITE gathered from an unmapped address: %s\n", ibv_wc_status_str(st));
 	check(st == IBV_WC_LOC_PROT_ERR, "local gather from a hole");
-	free_pair(p);
+	rc_pair_free(p);
 
 	/* Refused registrations. */
 	errno = 0;

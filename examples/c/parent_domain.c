@@ -25,23 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rc_connect.h"
-
 #define PROG "parent_domain"
-
-static int fail(const char *what, int e)
-{
-	fprintf(stderr, PROG ": %s: %s\n", what, strerror(e));
-	exit(1);
-}
-
-static void check(int ok, const char *what)
-{
-	if (!ok) {
-		fprintf(stderr, PROG ": check failed: %s\n", what);
-		exit(1);
-	}
-}
+#include "rc_connect.h"
 
 static void *my_alloc(struct ibv_pd *pd, void *ctx, size_t size, size_t align, uint64_t type)
 {

@@ -107,4 +107,77 @@ static inline struct ibv_wc poll_one_or_exit(struct ibv_cq *cq, const char *prog
 	exit(1);
 }
 
+#ifdef PROG
+/* The examples' failures: "PROG: what: error" on standard error, exit 1. */
+static inline int fail(const char *what, int e)
+{
+	fprintf(stderr, PROG ": %s: %s\n", what, strerror(e));
+	exit(1);
+}
+
+/* Exit 1 with "PROG: check failed: what" unless `ok`. */
+static inline void check(int ok, const char *what)
+{
+	if (!ok) {
+		fprintf(stderr, PROG ": check failed: %s\n", what);
+		exit(1);
+	}
+}
+#endif
+
+/* Two RC QPs of `pd` on one fresh CQ of 16 entries (8 requests, 1 scatter/gather entry each
+ * way), connected to each other through `gid` with remote `access` rights (PSN 7). A failed
+ * operation leaves both in the error state, so each case may take a fresh pair. On failure
+ * says so as "PROG: step: error" and exits 1. */
+struct rc_pair {
+	struct ibv_cq *cq;
+	struct ibv_qp *a, *b;
+};
+
+static inline struct rc_pair rc_pair_new(struct ibv_context *ctx, struct ibv_pd *pd,
+					 const union ibv_gid *gid, int access, const char *prog)
+{
+	struct rc_pair p;
+	const char *step = NULL;
+	int e = 0;
+	p.cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	if (!p.cq) {
+		step = "ibv_create_cq";
+		e = errno;
+		goto out;
+	}
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.send_cq = p.cq;
+	qa.recv_cq = p.cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_recv_wr = 8;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	p.a = ibv_create_qp(pd, &qa);
+	p.b = ibv_create_qp(pd, &qa);
+	if (!p.a || !p.b) {
+		step = "ibv_create_qp";
+		e = errno;
+		goto out;
+	}
+	step = rc_to_rts(p.a, p.b->qp_num, gid, access, 7, &e);
+	if (!step)
+		step = rc_to_rts(p.b, p.a->qp_num, gid, access, 7, &e);
+out:
+	if (step) {
+		fprintf(stderr, "%s: %s: %s\n", prog, step, strerror(e));
+		exit(1);
+	}
+	return p;
+}
+
+static inline void rc_pair_free(struct rc_pair p)
+{
+	ibv_destroy_qp(p.a);
+	ibv_destroy_qp(p.b);
+	ibv_destroy_cq(p.cq);
+}
+
 #endif
