@@ -284,7 +284,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         return null_mut();
     }
     // SAFETY: forwarded (the same checks and objects as ibv_create_cq).
-    unsafe {
+    let cq = unsafe {
         crate::verbs::ibv_create_cq(
             c,
             a.cqe.min(i32::MAX as u32) as c_int,
@@ -292,7 +292,18 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             a.channel,
             a.comp_vector as c_int,
         )
+    };
+    if !cq.is_null() && a.comp_mask & 2 != 0 {
+        // Held until the CQ is destroyed.
+        crate::verbs::hold_pd(a.parent_domain, true);
+        // SAFETY: the CQ just made.
+        unsafe {
+            (*(cq as *mut CqW))
+                .parent_pd
+                .store(a.parent_domain, std::sync::atomic::Ordering::Release)
+        };
     }
+    cq
 }
 
 /// `verbs_context.query_device_ex` (the inline `ibv_query_device_ex`): the legacy attributes,

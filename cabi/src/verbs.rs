@@ -79,7 +79,7 @@ struct PdW {
     /// A parent domain: what it was made with.
     parent: Option<Parent>,
     /// What must go first (EBUSY until then): of a PD, the parent domains made on it; of a
-    /// parent domain, the QPs and SRQs made on it.
+    /// parent domain, the QPs, SRQs and CQs made on or with it.
     children: AtomicUsize,
 }
 
@@ -122,6 +122,9 @@ pub(crate) struct CqW {
     /// acknowledged: `ibv_destroy_cq` waits until they are equal, as libibverbs' does.
     events: std::sync::atomic::AtomicU32,
     acked: std::sync::atomic::AtomicU32,
+    /// The parent domain `ibv_create_cq_ex` made it with (`IBV_CQ_INIT_ATTR_MASK_PD`), held
+    /// until it is destroyed; else NULL.
+    pub(crate) parent_pd: std::sync::atomic::AtomicPtr<ibv_pd>,
 }
 
 /// Signalled by `ibv_ack_cq_events` (`ibv_destroy_cq` waits on it).
@@ -958,9 +961,10 @@ unsafe extern "C" fn alloc_parent_domain(
     Box::into_raw(w) as *mut ibv_pd
 }
 
-/// A QP or SRQ made on a parent domain holds it: `ibv_dealloc_pd` of the parent domain is
-/// EBUSY until they are destroyed, as on mlx5 (`up`: made; else destroyed). Nothing for a PD.
-fn hold_pd(pd: *mut ibv_pd, up: bool) {
+/// A QP, SRQ or CQ made on (or with) a parent domain holds it: `ibv_dealloc_pd` of the parent
+/// domain is EBUSY until they are destroyed, as on mlx5 (`up`: made; else destroyed). Nothing
+/// for a PD.
+pub(crate) fn hold_pd(pd: *mut ibv_pd, up: bool) {
     // SAFETY: a PD of this library or NULL (libibverbs' contract), alive while objects made
     // on it are.
     if let Some(w) = unsafe { (pd as *mut PdW).as_ref() }.filter(|w| w.parent.is_some()) {
@@ -1746,6 +1750,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         poll: Mutex::new(Default::default()),
         events: Default::default(),
         acked: Default::default(),
+        parent_pd: Default::default(),
     })) as *mut ibv_cq;
     objects(|o| o.cqs.insert(cq.index(), (p as usize, c as usize)));
     if !channel.is_null() {
@@ -1820,6 +1825,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: a CQ from ibv_create_cq, not used after this.
     let w = unsafe { Box::from_raw(cq as *mut CqW) };
+    hold_pd(w.parent_pd.load(Ordering::Acquire), false);
     // The number may already belong to a CQ another thread created since: only this CQ's
     // entries go (its notification went with the engine's CQ).
     objects(|o| {

@@ -526,6 +526,7 @@ fn parent_and_thread_domains_stand_for_their_pd_and_keep_mlx5s_order() {
             "ibv_dealloc_pd of the parent domain with QPs on it: Device or resource busy",
             "ibv_dealloc_pd of the PD under a parent domain: Device or resource busy",
             "ibv_dealloc_td named by a parent domain: Device or resource busy",
+            "ibv_dealloc_pd of the parent domain with a CQ made with it: Device or resource busy",
             "then: parent domain 0, thread domain 0, PD 0",
             "ok",
         ],

@@ -10,7 +10,8 @@
  *     for without functions (EINVAL); an extended CQ whose parent_domain is a plain PD
  *     (EINVAL);
  *   - the order of teardown, as mlx5 keeps it: the parent domain while a QP made on it
- *     exists, the PD while a parent domain made on it exists, the thread domain while a
+ *     (or a CQ made with it) exists, the PD while a parent domain made on it exists, the
+ *     thread domain while a
  *     parent domain names it: EBUSY; each then goes once what holds it is gone.
  *
  * Built against the system's <infiniband/verbs.h> and -libverbs; run on ferroce with
@@ -165,6 +166,8 @@ int main(void)
 		fail("ibv_destroy_qp", errno);
 	ibv_dereg_mr(smr);
 	ibv_dereg_mr(dmr);
+	printf("ibv_dealloc_pd of the parent domain with a CQ made with it: %s\n",
+	       strerror(ibv_dealloc_pd(par)));
 	if (ibv_destroy_cq(cq))
 		fail("ibv_destroy_cq", errno);
 	int r1 = ibv_dealloc_pd(par);
