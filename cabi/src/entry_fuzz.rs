@@ -611,7 +611,7 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
                 mw,
                 rkey: match inp.u8() % 4 {
                     0 => inp.u32(),
-                    _ => (cur & !0xff) | (cur.wrapping_add(1) & 0xff),
+                    _ => ferroce::verbs::inc_rkey(ferroce::wire::RKey(cur)).0,
                 },
                 bind_info: bind_info(env, inp),
             };
@@ -1018,8 +1018,7 @@ fn dm_op(env: &mut Env, m: &mut Made, inp: &mut Input) {
     // SAFETY: the context's own operations on objects of ours; the copies' host buffer holds
     // the length they are given.
     unsafe {
-        let v = &*((env.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
-            as *const verbs_context);
+        let v = &crate::verbs::ctx(env.ctx).v;
         match k % 4 {
             0 => {
                 let mut a = ibv_alloc_dm_attr {
@@ -1230,8 +1229,7 @@ fn teardown(env: &mut Env, m: &mut Made) {
             let dealloc = (*env.ctx).ops.dealloc_mw.expect("dealloc_mw");
             assert_eq!(dealloc(w), 0, "ibv_dealloc_mw at the end");
         }
-        let v = &*((env.ctx as *mut u8).sub(std::mem::offset_of!(verbs_context, context))
-            as *const verbs_context);
+        let v = &crate::verbs::ctx(env.ctx).v;
         for d in m.dms.drain(..) {
             assert_eq!(
                 (v.free_dm.expect("free_dm"))(d),

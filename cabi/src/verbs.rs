@@ -67,7 +67,7 @@ macro_rules! nic_or {
 /// An open device context.
 #[repr(C)]
 pub(crate) struct Ctx {
-    v: verbs_context,
+    pub(crate) v: verbs_context,
     sh: Arc<Shared>,
 }
 
@@ -333,7 +333,7 @@ pub(crate) fn broadcast_async_event(ctxs: &Contexts, e: AsyncEvent) {
 ///
 /// # Safety
 /// `c` is a context this library returned from `ibv_open_device`, not yet closed.
-unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
+pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
     // SAFETY: the context is the last field of the `verbs_context` at the start of `Ctx`
     // (`#[repr(C)]`), so stepping back by its offset gives the `Ctx` (the caller's promise).
     unsafe { &*((c as *mut u8).sub(offset_of!(verbs_context, context)) as *const Ctx) }
@@ -1360,7 +1360,7 @@ struct DmW {
 }
 
 /// `IBV_ACCESS_ZERO_BASED` and the rights a region over device memory may have (mlx5's).
-const DM_MR_ACCESS: c_uint = 1 | 2 | 4 | 8 | (1 << 5) | (1 << 20);
+const DM_MR_ACCESS: c_uint = 1 | 2 | 4 | 8 | IBV_ACCESS_ZERO_BASED | (1 << 20);
 
 /// Device memory accesses are 4-byte units (mlx5's, which rdma-core's tests assume).
 const DM_ALIGN: u64 = 4;
@@ -1501,8 +1501,7 @@ unsafe extern "C" fn reg_dm_mr(
     }) else {
         return fail(EINVAL);
     };
-    let zero_based = 1 << 5;
-    if access & !DM_MR_ACCESS != 0 || access & zero_based == 0 {
+    if access & !DM_MR_ACCESS != 0 || access & IBV_ACCESS_ZERO_BASED == 0 {
         return fail(EINVAL);
     }
     if offset
@@ -1643,8 +1642,7 @@ unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, b: *mut ibv_mw_bi
     }
     // SAFETY: a QP and a window of this library and the caller's request (libibverbs' contract).
     let (q, m, b) = unsafe { (&*(qp as *mut QpW), &mut *(mw as *mut MwW), &*b) };
-    let k = m.c.rkey;
-    let rkey = (k & !0xff) | (k.wrapping_add(1) & 0xff);
+    let rkey = ferroce::verbs::inc_rkey(RKey(m.c.rkey)).0;
     // SAFETY: the request's region is the caller's (one of this library's, or NULL).
     let Some(op) = (unsafe { bind_op(mw, rkey, Some(&b.bind_info)) }) else {
         return EINVAL;

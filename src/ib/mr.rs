@@ -620,6 +620,11 @@ pub(crate) fn execute_local(
     r.err().unwrap_or(WcStatus::Success)
 }
 
+/// `ibv_inc_rkey`: the same index (upper 24 bits), the next tag (low 8 bits, wrapping).
+pub fn inc_rkey(k: RKey) -> RKey {
+    RKey((k.0 & !0xff) | (k.0.wrapping_add(1) & 0xff))
+}
+
 /// The application's handle on a memory window (`struct ibv_mw`): see [`MwType`].
 #[derive(Clone, Debug)]
 pub struct MemoryWindow(pub(crate) Arc<MwShared>);
@@ -632,8 +637,7 @@ impl MemoryWindow {
     /// The R_Key the next bind gives it: `ibv_inc_rkey` of [`Self::rkey`] (the same index,
     /// the next tag).
     pub fn next_rkey(&self) -> RKey {
-        let k = self.rkey().0;
-        RKey((k & !0xff) | (k.wrapping_add(1) & 0xff))
+        inc_rkey(self.rkey())
     }
     /// Its index: the upper 24 bits every one of its R_Keys shares (what a bind request names
     /// it by).

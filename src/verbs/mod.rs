@@ -34,7 +34,9 @@ pub use crate::ib::attr::{
 pub use crate::ib::counters::{DeviceCounters, QpCounters};
 pub use crate::ib::cq::{Cq, NotifyMode};
 pub use crate::ib::event::AsyncEvent;
-pub use crate::ib::mr::{LKey, MemoryRegion, MemoryWindow, MrError, MwBindInfo, MwType, Pd};
+pub use crate::ib::mr::{
+    inc_rkey, LKey, MemoryRegion, MemoryWindow, MrError, MwBindInfo, MwType, Pd,
+};
 pub use crate::ib::path::{gid_of, ip_of_gid, AvError};
 pub use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError};
 pub use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
