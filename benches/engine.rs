@@ -261,6 +261,7 @@ impl Rig {
                     SendFlags::empty()
                 },
                 ud: None,
+                xrc_srqn: 0,
             };
             self.a.post_send(self.qa[qi], wr).unwrap();
         }

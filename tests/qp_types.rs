@@ -1086,3 +1086,271 @@ fn uc_writes_through_a_memory_window_and_not_past_it_or_after_invalidation() {
         .iter()
         .all(|w| w.status == WcStatus::Success));
 }
+
+// ---- XRC ---------------------------------------------------------------------------------
+
+/// An XRC target QP on B in domain `xrcd` and an XRC initiator on A, connected with the
+/// attributes (and masks) `ibv_xsrq_pingpong` gives each half; A's QP uses `pd_a`/`cq_a`.
+fn xrc_connect(p: &mut Pair, pd_a: Pd, cq_a: Cq, xrcd: Xrcd) -> (QpNumber, QpNumber) {
+    use QpAttrMask as M;
+    let tgt = p.b.create_qp(QpInitAttr::xrc_recv(xrcd)).unwrap();
+    let ini =
+        p.a.create_qp(QpInitAttr::new(pd_a, cq_a, cq_a, cap(64)).with_type(QpType::XrcSend))
+            .unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: common::ALL,
+        ..QpAttr::default()
+    };
+    let m_init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+    p.b.modify_qp(tgt, &init, m_init).unwrap();
+    p.a.modify_qp(ini, &init, m_init).unwrap();
+    let rtr = |dest: QpNumber, gid: [u8; 16], mac: [u8; 6], psn: u32| QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: Mtu::M1024,
+        dest_qp_num: dest.get(),
+        rq_psn: psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 12,
+        ah_attr: AddressVector {
+            dgid: gid,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            dmac: Some(mac),
+        },
+        ..QpAttr::default()
+    };
+    let path = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    let (ga, ma) = (p.a.gid(0).unwrap(), p.a.config().mac.0);
+    let (gb, mb) = (p.b.gid(0).unwrap(), p.b.config().mac.0);
+    // The target is a responder: its RTR takes the responder's resources and RNR timer; the
+    // initiator's refuses them (it has no responder).
+    p.b.modify_qp(
+        tgt,
+        &rtr(ini, ga, ma, 300),
+        path | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    assert!(p
+        .a
+        .modify_qp(ini, &rtr(tgt, gb, mb, 0), path | M::MIN_RNR_TIMER)
+        .is_err());
+    p.a.modify_qp(ini, &rtr(tgt, gb, mb, 0), path).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 300,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        ..QpAttr::default()
+    };
+    // The target's RTS takes only the timeout and a send PSN; the initiator's the requester's.
+    assert!(p
+        .b
+        .modify_qp(tgt, &rts, M::STATE | M::TIMEOUT | M::SQ_PSN | M::RETRY_CNT)
+        .is_err());
+    p.b.modify_qp(tgt, &rts, M::STATE | M::TIMEOUT | M::SQ_PSN)
+        .unwrap();
+    p.a.modify_qp(
+        ini,
+        &rts,
+        M::STATE | M::TIMEOUT | M::SQ_PSN | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+    (ini, tgt)
+}
+
+#[test]
+fn xrc_sends_land_in_the_srq_they_name_and_rdma_uses_its_pd() {
+    let mut p = Pair::new(7, clean());
+    p.trace = Some(Vec::new());
+    let pd_a = p.a.alloc_pd().unwrap();
+    let cq_a = p.a.create_cq(256).unwrap();
+    let mr_a = p.a.reg_mr(pd_a, 16384, common::ALL).unwrap();
+    let xrcd = p.b.alloc_xrcd().unwrap();
+    let pd_b = p.b.alloc_pd().unwrap();
+    let (cq1, cq2) = (p.b.create_cq(64).unwrap(), p.b.create_cq(64).unwrap());
+    let attr = SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq1 = p.b.create_xrc_srq(pd_b, attr, xrcd, cq1).unwrap();
+    let srq2 = p.b.create_xrc_srq(pd_b, attr, xrcd, cq2).unwrap();
+    assert_eq!(p.b.srq_xrcd(srq1), Some(xrcd));
+    let mr_b = p.b.reg_mr(pd_b, 16384, common::ALL).unwrap();
+    let (ini, tgt) = xrc_connect(&mut p, pd_a, cq_a, xrcd);
+    // Neither half has a receive queue, and the target no send queue.
+    assert!(p.a.post_recv(ini, recv(1, &mr_a, 0, 64)).is_err());
+    assert!(p.b.post_recv(tgt, recv(1, &mr_b, 0, 64)).is_err());
+    assert!(p
+        .b
+        .post_send(tgt, SendWr::new(1, SendOp::Send, vec![sge(&mr_b, 0, 8)]))
+        .is_err());
+    p.b.post_srq_recv(srq1, recv(11, &mr_b, 0, 4096)).unwrap();
+    p.b.post_srq_recv(srq2, recv(22, &mr_b, 4096, 4096))
+        .unwrap();
+    let data = pattern(3000, 9);
+    mr_a.write(0, &data).unwrap();
+    mr_a.write(8192, &pattern(100, 4)).unwrap();
+    // A three-packet SEND to SRQ 2, then a SEND to SRQ 1: each lands in its own SRQ's WQE and
+    // completes on that SRQ's CQ, named by the target QP and the initiator.
+    let send = |id, off, len, srqn: Srq| {
+        SendWr::new(id, SendOp::Send, vec![sge(&mr_a, off, len)]).with_xrc_srqn(srqn.number())
+    };
+    p.a.post_send(ini, send(1, 0, 3000, srq2)).unwrap();
+    p.a.post_send(ini, send(2, 8192, 100, srq1)).unwrap();
+    // A WRITE and a READ of B's region (its PD is the SRQ's), a FETCH_ADD.
+    let (rkey, va) = (mr_b.rkey(), mr_b.addr());
+    let mut w = SendWr::new(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: va + 10000,
+            rkey,
+        },
+        vec![sge(&mr_a, 0, 2000)],
+    )
+    .with_xrc_srqn(srq1.number());
+    w.flags |= SendFlags::SIGNALED;
+    p.a.post_send(ini, w).unwrap();
+    let r = SendWr::new(
+        4,
+        SendOp::RdmaRead {
+            remote_addr: va + 10000,
+            rkey,
+        },
+        vec![sge(&mr_a, 12000, 2000)],
+    )
+    .with_xrc_srqn(srq1.number());
+    p.a.post_send(ini, r).unwrap();
+    mr_b.write(15000, &5u64.to_ne_bytes()).unwrap();
+    let fa = SendWr::new(
+        5,
+        SendOp::AtomicFetchAdd {
+            remote_addr: va + 15000,
+            rkey,
+            add: 7,
+        },
+        vec![sge(&mr_a, 15000, 8)],
+    )
+    .with_xrc_srqn(srq2.number());
+    p.a.post_send(ini, fa).unwrap();
+    // (RC's timers keep ticking: driven for a while, not to idleness.)
+    p.drive_for(Duration::from_millis(20));
+    let wa = poll(&mut p.a, cq_a);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (1..=5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    let (w1, w2) = (poll(&mut p.b, cq1), poll(&mut p.b, cq2));
+    assert_eq!((w1.len(), w2.len()), (1, 1), "{w1:?} {w2:?}");
+    assert_eq!(
+        (w2[0].wr_id, w2[0].byte_len, w2[0].opcode),
+        (22, 3000, WcOpcode::Recv)
+    );
+    assert_eq!((w1[0].wr_id, w1[0].byte_len), (11, 100));
+    for w in [w1[0], w2[0]] {
+        assert_eq!(
+            (w.status, w.qp_num, w.src_qp),
+            (WcStatus::Success, tgt, ini)
+        );
+    }
+    let mut got = vec![0u8; 3000];
+    mr_b.read(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    let mut got = vec![0u8; 2000];
+    mr_b.read(10000, &mut got).unwrap();
+    assert_eq!(got, data[..2000]);
+    mr_a.read(12000, &mut got).unwrap();
+    assert_eq!(got, data[..2000]);
+    let mut orig = [0u8; 8];
+    mr_a.read(15000, &mut orig).unwrap();
+    mr_b.read(15000, &mut got[..8]).unwrap();
+    assert_eq!(
+        (u64::from_ne_bytes(orig), &got[..8]),
+        (5, &12u64.to_ne_bytes()[..])
+    );
+    // On the wire: XRC opcodes both ways; every request carries the XRCETH of its WR's SRQ,
+    // no response does.
+    let trace = common::decoded_trace(&p);
+    let mut reqs = Vec::new();
+    for (_, from_a, r, _) in &trace {
+        assert_eq!(r.bth.opcode.transport(), wire::Transport::Xrc, "{r:?}");
+        assert_eq!(*from_a, r.ext.xrceth.is_some(), "{r:?}");
+        if *from_a {
+            reqs.push((r.bth.opcode.name(), r.ext.xrceth.unwrap()));
+        }
+    }
+    let (s1, s2) = (srq1.number(), srq2.number());
+    assert_eq!(
+        reqs,
+        [
+            ("XRC_SEND_FIRST", s2),
+            ("XRC_SEND_MIDDLE", s2),
+            ("XRC_SEND_LAST", s2),
+            ("XRC_SEND_ONLY", s1),
+            ("XRC_RDMA_WRITE_FIRST", s1),
+            ("XRC_RDMA_WRITE_LAST", s1),
+            ("XRC_RDMA_READ_REQUEST", s1),
+            ("XRC_FETCH_ADD", s2),
+        ]
+    );
+    assert!(trace
+        .iter()
+        .any(|(_, a, r, _)| !*a && r.bth.opcode.name() == "XRC_ACKNOWLEDGE"));
+    // The domain stays while its SRQs and target QPs do; an XRC SRQ's CQ while the SRQ does.
+    assert!(matches!(p.b.dealloc_xrcd(xrcd), Err(VerbsError::Busy(_))));
+    assert!(matches!(p.b.destroy_cq(cq1), Err(VerbsError::Busy(_))));
+    p.b.destroy_qp(tgt).unwrap();
+    assert!(matches!(p.b.dealloc_xrcd(xrcd), Err(VerbsError::Busy(_))));
+    p.b.destroy_srq(srq1).unwrap();
+    p.b.destroy_srq(srq2).unwrap();
+    p.b.destroy_cq(cq1).unwrap();
+    p.b.dealloc_xrcd(xrcd).unwrap();
+    assert_eq!(p.b.dealloc_xrcd(xrcd), Err(VerbsError::NoSuchXrcd));
+}
+
+#[test]
+fn an_xrc_request_for_an_srq_outside_the_targets_domain_is_an_invalid_request() {
+    // Three wrong SRQs: one of another XRC domain, an ordinary SRQ, a number with no SRQ.
+    for case in 0..3 {
+        let mut p = Pair::new(8, clean());
+        let pd_a = p.a.alloc_pd().unwrap();
+        let cq_a = p.a.create_cq(64).unwrap();
+        let mr_a = p.a.reg_mr(pd_a, 4096, common::ALL).unwrap();
+        let (xrcd, other) = (p.b.alloc_xrcd().unwrap(), p.b.alloc_xrcd().unwrap());
+        let pd_b = p.b.alloc_pd().unwrap();
+        let cq_b = p.b.create_cq(64).unwrap();
+        let attr = SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let good = p.b.create_xrc_srq(pd_b, attr, xrcd, cq_b).unwrap();
+        let wrong = match case {
+            0 => {
+                p.b.create_xrc_srq(pd_b, attr, other, cq_b)
+                    .unwrap()
+                    .number()
+            }
+            1 => p.b.create_srq(pd_b, attr).unwrap().number(),
+            _ => 0x00_1234,
+        };
+        let mr_b = p.b.reg_mr(pd_b, 4096, common::ALL).unwrap();
+        p.b.post_srq_recv(good, recv(1, &mr_b, 0, 64)).unwrap();
+        let (ini, tgt) = xrc_connect(&mut p, pd_a, cq_a, xrcd);
+        let wr = SendWr::new(7, SendOp::Send, vec![sge(&mr_a, 0, 16)]).with_xrc_srqn(wrong);
+        p.a.post_send(ini, wr).unwrap();
+        p.drive_for(Duration::from_millis(20));
+        let wa = poll(&mut p.a, cq_a);
+        assert_eq!(wa[0].status, WcStatus::RemInvReqErr, "case {case}: {wa:?}");
+        assert_eq!(p.b.query_qp(tgt).unwrap().0, QpState::Err, "case {case}");
+        // Nothing was taken from the good SRQ, nothing completed on B.
+        assert_eq!(p.b.srq_occupancy(good), Some((1, 0)), "case {case}");
+        assert!(poll(&mut p.b, cq_b).is_empty(), "case {case}");
+    }
+}

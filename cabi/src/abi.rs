@@ -117,8 +117,13 @@ pub struct verbs_context {
     /// `open_qp`.
     pub _ex2: [usize; 5],
     pub create_qp_ex: Option<CreateQpExFn>,
-    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, `_ABI_placeholder3`.
-    pub _ex3: [usize; 5],
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
+    pub create_srq_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
+    pub open_xrcd:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd>,
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut ibv_xrcd) -> c_int>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -282,7 +287,7 @@ pub struct ibv_srq_init_attr_ex {
     pub comp_mask: u32,
     pub srq_type: c_int,
     pub pd: *mut ibv_pd,
-    pub xrcd: *mut c_void,
+    pub xrcd: *mut ibv_xrcd,
     pub cq: *mut ibv_cq,
     /// `struct ibv_tm_cap`: `max_num_tags`, `max_ops`.
     pub tm_cap: [u32; 2],
@@ -290,8 +295,31 @@ pub struct ibv_srq_init_attr_ex {
 /// `enum ibv_srq_init_attr_mask`.
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
-/// `IBV_SRQT_BASIC`.
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `enum ibv_srq_type`.
 pub const IBV_SRQT_BASIC: c_int = 0;
+pub const IBV_SRQT_XRC: c_int = 1;
+
+/// `struct ibv_xrcd`: an XRC domain.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+/// `enum ibv_xrcd_init_attr_mask`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+/// `IBV_QPT_XRC_SEND`, `IBV_QPT_XRC_RECV`.
+pub const IBV_QPT_XRC_SEND: c_int = 9;
+pub const IBV_QPT_XRC_RECV: c_int = 10;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -1037,7 +1065,7 @@ pub struct ibv_qp_init_attr_ex {
     pub sq_sig_all: c_int,
     pub comp_mask: u32,
     pub pd: *mut ibv_pd,
-    pub xrcd: *mut c_void,
+    pub xrcd: *mut ibv_xrcd,
     pub create_flags: u32,
     pub max_tso_header: u16,
     pub rwq_ind_tbl: *mut c_void,
@@ -1063,8 +1091,9 @@ impl ibv_qp_init_attr_ex {
     }
 }
 
-/// `IBV_QP_INIT_ATTR_PD`.
+/// `IBV_QP_INIT_ATTR_PD`, `IBV_QP_INIT_ATTR_XRCD`.
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 
 /// `struct ibv_sa_path_rec` (`<infiniband/sa.h>`).
 #[repr(C)]
@@ -1401,6 +1430,17 @@ pub fn rdmacm_layout_facts() -> Vec<(&'static str, usize)> {
         ("IBV_SRQ_INIT_ATTR_TYPE", IBV_SRQ_INIT_ATTR_TYPE as c_int),
         ("IBV_SRQ_INIT_ATTR_PD", IBV_SRQ_INIT_ATTR_PD as c_int),
         ("IBV_SRQT_BASIC", IBV_SRQT_BASIC),
+        ("IBV_SRQT_XRC", IBV_SRQT_XRC),
+        ("IBV_SRQ_INIT_ATTR_XRCD", IBV_SRQ_INIT_ATTR_XRCD as c_int),
+        ("IBV_SRQ_INIT_ATTR_CQ", IBV_SRQ_INIT_ATTR_CQ as c_int),
+        ("IBV_XRCD_INIT_ATTR_FD", IBV_XRCD_INIT_ATTR_FD as c_int),
+        (
+            "IBV_XRCD_INIT_ATTR_OFLAGS",
+            IBV_XRCD_INIT_ATTR_OFLAGS as c_int,
+        ),
+        ("IBV_QPT_XRC_SEND", IBV_QPT_XRC_SEND),
+        ("IBV_QPT_XRC_RECV", IBV_QPT_XRC_RECV),
+        ("IBV_QP_INIT_ATTR_XRCD", IBV_QP_INIT_ATTR_XRCD as c_int),
         ("RDMA_OPTION_ID", RDMA_OPTION_ID),
         ("RDMA_OPTION_IB", RDMA_OPTION_IB),
         ("RDMA_OPTION_ID_TOS", RDMA_OPTION_ID_TOS),
@@ -1827,6 +1867,55 @@ pub fn ex_layout_facts() -> Vec<(&'static str, usize)> {
         "offsetof(struct verbs_context, create_qp_ex)",
         offset_of!(verbs_context, create_qp_ex),
     ));
+    for (n, o) in [
+        (
+            "offsetof(struct verbs_context, get_srq_num)",
+            offset_of!(verbs_context, get_srq_num),
+        ),
+        (
+            "offsetof(struct verbs_context, create_srq_ex)",
+            offset_of!(verbs_context, create_srq_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, open_xrcd)",
+            offset_of!(verbs_context, open_xrcd),
+        ),
+        (
+            "offsetof(struct verbs_context, close_xrcd)",
+            offset_of!(verbs_context, close_xrcd),
+        ),
+        ("sizeof(struct ibv_xrcd)", size_of::<ibv_xrcd>()),
+        (
+            "offsetof(struct ibv_xrcd, context)",
+            offset_of!(ibv_xrcd, context),
+        ),
+        (
+            "sizeof(struct ibv_xrcd_init_attr)",
+            size_of::<ibv_xrcd_init_attr>(),
+        ),
+        (
+            "offsetof(struct ibv_xrcd_init_attr, fd)",
+            offset_of!(ibv_xrcd_init_attr, fd),
+        ),
+        (
+            "offsetof(struct ibv_xrcd_init_attr, oflags)",
+            offset_of!(ibv_xrcd_init_attr, oflags),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, xrcd)",
+            offset_of!(ibv_srq_init_attr_ex, xrcd),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, cq)",
+            offset_of!(ibv_srq_init_attr_ex, cq),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, xrcd)",
+            offset_of!(ibv_qp_init_attr_ex, xrcd),
+        ),
+    ] {
+        v.push((n, o));
+    }
     v.push((
         "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
         IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as usize,

@@ -185,6 +185,7 @@ struct Made {
     mrs: Vec<*mut ibv_mr>,
     mws: Vec<*mut ibv_mw>,
     dms: Vec<*mut ibv_dm>,
+    xrcds: Vec<*mut ibv_xrcd>,
     next: u64,
     st: Stats,
 }
@@ -326,12 +327,79 @@ fn setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
             m.st.qps += 1;
         }
     }
+    if inp.u8() % 4 == 0 {
+        xrc_setup(env, m, inp);
+    }
     if m.qps.len() >= 2 && inp.u8() % 4 != 0 {
         let (a, b) = (m.qps[0], m.qps[1]);
         // SAFETY: QPs of ours.
         let (ta, tb) = unsafe { ((*a).qp_type, (*b).qp_type) };
         if ta == tb {
             m.st.modify_ok += connect(env, a, b, ta) + connect(env, b, a, ta);
+        }
+    }
+}
+
+/// An XRC domain, an XRC SRQ of it on the shared CQ (attributes from the input), a target QP
+/// and an initiator (`ibv_create_qp_ex`), both brought to RTS towards each other with each
+/// half's attributes: the initiator's requests then name the SRQ (or another number, below in
+/// `post_send`). Refusals are fine; what is made is destroyed at the end.
+fn xrc_setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
+    // SAFETY: our open context.
+    let v = unsafe { &crate::verbs::ctx(env.ctx).v };
+    let mut xa = ibv_xrcd_init_attr {
+        comp_mask: IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+        fd: -1,
+        oflags: 0,
+    };
+    if inp.u8() % 8 == 0 {
+        xa.comp_mask = inp.u32();
+        xa.oflags = inp.int();
+    }
+    // SAFETY: the context's own operations on our context and attribute structs.
+    unsafe {
+        let x = (v.open_xrcd.expect("open_xrcd"))(env.ctx, &mut xa);
+        if x.is_null() {
+            return;
+        }
+        m.xrcds.push(x);
+        let mut sa: ibv_srq_init_attr_ex = std::mem::zeroed();
+        sa.attr.max_wr = inp.pick_u32(16);
+        sa.attr.max_sge = inp.pick_u32(2);
+        sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE
+            | IBV_SRQ_INIT_ATTR_PD
+            | IBV_SRQ_INIT_ATTR_XRCD
+            | IBV_SRQ_INIT_ATTR_CQ;
+        sa.srq_type = IBV_SRQT_XRC;
+        sa.pd = env.pd;
+        sa.xrcd = x;
+        sa.cq = env.cq;
+        let srq = (v.create_srq_ex.expect("create_srq_ex"))(env.ctx, &mut sa);
+        if !srq.is_null() {
+            m.srqs.push(srq);
+        }
+        let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
+        qa.qp_type = IBV_QPT_XRC_RECV;
+        qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+        qa.xrcd = x;
+        let tgt = crate::ex::create_qp_ex(env.ctx, &mut qa);
+        let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
+        qa.qp_type = IBV_QPT_XRC_SEND;
+        qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+        qa.pd = env.pd;
+        qa.send_cq = env.cq;
+        qa.cap = qp_cap(inp);
+        qa.sq_sig_all = 1;
+        let ini = crate::ex::create_qp_ex(env.ctx, &mut qa);
+        for q in [tgt, ini] {
+            if !q.is_null() {
+                m.qps.push(q);
+                m.st.qps += 1;
+            }
+        }
+        if !tgt.is_null() && !ini.is_null() {
+            m.st.modify_ok +=
+                connect(env, tgt, ini, IBV_QPT_XRC_RECV) + connect(env, ini, tgt, IBV_QPT_XRC_SEND);
         }
     }
 }
@@ -375,7 +443,7 @@ fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
         let rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
         let mask = bits(match ty {
             4 => M::STATE,
-            3 => rtr,
+            3 | IBV_QPT_XRC_SEND => rtr,
             _ => rtr | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
         });
         ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
@@ -386,10 +454,17 @@ fn connect(env: &Env, x: *mut ibv_qp, peer: *mut ibv_qp, ty: c_int) -> u64 {
         a.retry_cnt = 2;
         a.rnr_retry = 2;
         a.max_rd_atomic = 4;
-        let mask = bits(if ty == 2 {
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
-        } else {
-            M::STATE | M::SQ_PSN
+        let mask = bits(match ty {
+            2 | IBV_QPT_XRC_SEND => {
+                M::STATE
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::SQ_PSN
+                    | M::MAX_QP_RD_ATOMIC
+            }
+            IBV_QPT_XRC_RECV => M::STATE | M::TIMEOUT | M::SQ_PSN,
+            _ => M::STATE | M::SQ_PSN,
         });
         ok += u64::from(ibv_modify_qp(x, &mut a, mask) == 0);
     }
@@ -551,6 +626,13 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
             _ => 2, // SIGNALED
         };
         w.imm_data = inp.u32();
+        // An XRC initiator's target SRQ: one of the input's SRQs (an XRC one, an ordinary one:
+        // refused by the target), or any number.
+        w.remote_srqn = match inp.u8() % 4 {
+            0 => inp.u32(),
+            // SAFETY: SRQs of ours.
+            _ => m.srqs.last().map_or(0, |&s| unsafe { (*s).handle }),
+        };
         let target = inp.u8();
         let (addr, rkey) = match target % 8 {
             0..=3 => (mr.addr as u64 + u64::from(inp.u16()) % 4096, mr.rkey),
@@ -1215,6 +1297,14 @@ fn teardown(env: &mut Env, m: &mut Made) {
         }
         for s in m.srqs.drain(..) {
             assert_eq!(ibv_destroy_srq(s), 0, "ibv_destroy_srq at the end");
+        }
+        let v = &crate::verbs::ctx(env.ctx).v;
+        for x in m.xrcds.drain(..) {
+            assert_eq!(
+                (v.close_xrcd.expect("close_xrcd"))(x),
+                0,
+                "ibv_close_xrcd at the end"
+            );
         }
         for c in m.cqs.drain(..) {
             assert_eq!(ibv_destroy_cq(c), 0, "ibv_destroy_cq at the end");

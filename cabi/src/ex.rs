@@ -334,8 +334,9 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     a.hca_core_clock = 1_000_000;
     // On-demand paging: every region can be (ferroce reaches each page when it is accessed:
     // `ferroce::ib::OnDemandMemory`), implicit ones too, for every operation each transport
-    // carries. XRC is not offered, so neither are its caps.
+    // carries (XRC's are RC's).
     let both = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.xrc_odp_caps = both | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
     a.odp_caps = ibv_odp_caps {
         general_caps: IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT,
         rc_odp_caps: both | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC,
@@ -382,7 +383,7 @@ pub(crate) unsafe extern "C" fn query_rt_values(
 /// whose `ibv_qp_to_qp_ex` is its work request builder (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`).
 /// XRC, RSS, TSO and creation flags are refused (EOPNOTSUPP).
 pub(crate) unsafe extern "C" fn create_qp_ex(
-    _c: *mut ibv_context,
+    c: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     if attr.is_null() {
@@ -391,6 +392,24 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
+    if a.qp_type == IBV_QPT_XRC_RECV {
+        // An XRC target: a domain, no PD, CQ or queue.
+        if a.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null() {
+            set_errno(EINVAL);
+            return null_mut();
+        }
+        if a.comp_mask & !(IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_PD) != 0 {
+            set_errno(EOPNOTSUPP);
+            return null_mut();
+        }
+        // SAFETY: the caller's context and a domain of this library (libibverbs' contract).
+        return unsafe { crate::verbs::create_xrc_recv_qp(c, a) };
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_XRCD != 0 {
+        // Only a target QP has a domain.
+        set_errno(EINVAL);
+        return null_mut();
+    }
     // The creation-flags and TSO-header bits are taken when they ask for nothing (no creation
     // flag, no TSO header), as the kernel takes them; with a flag or a header they are refused.
     let known = IBV_QP_INIT_ATTR_PD
@@ -781,9 +800,9 @@ unsafe extern "C" fn wr_send_tso(qp: QpExPtr, _hdr: *mut c_void, _sz: u16, _mss:
     // SAFETY: forwarded.
     unsafe { refuse(qp) }
 }
-unsafe extern "C" fn wr_set_xrc_srqn(qp: QpExPtr, _srqn: u32) {
+unsafe extern "C" fn wr_set_xrc_srqn(qp: QpExPtr, srqn: u32) {
     // SAFETY: forwarded.
-    unsafe { refuse(qp) }
+    unsafe { last(qp, |x, _| x.xrc_srqn = srqn & 0xff_ffff) }
 }
 unsafe extern "C" fn wr_atomic_write(qp: QpExPtr, _rkey: u32, _addr: u64, _v: *const c_void) {
     // SAFETY: forwarded.

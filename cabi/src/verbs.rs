@@ -14,7 +14,7 @@ use ferroce::verbs::{
     AccessFlags, AddressVector, Ah, AppMemory, Cq, MemoryRegion, MemoryWindow, Mtu, MwBindInfo,
     MwType, NotifyMode, OnDemandMemory, Pd, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, Srq, SrqAttr, SrqAttrMask, UdDest, UserMemory,
-    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, Xrcd,
 };
 use ferroce::wire::{QpNumber, RKey};
 use libc::{c_char, c_int, c_uint, c_void, EINVAL, ENOENT, ENOMEM, EOPNOTSUPP};
@@ -484,6 +484,10 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     v.alloc_td = Some(alloc_td);
     v.dealloc_td = Some(dealloc_td);
     v.create_qp_ex = Some(crate::ex::create_qp_ex);
+    v.get_srq_num = Some(get_srq_num);
+    v.create_srq_ex = Some(create_srq_ex);
+    v.open_xrcd = Some(open_xrcd);
+    v.close_xrcd = Some(close_xrcd);
     v.sz = size_of::<verbs_context>();
     v.context.device = dev;
     v.context.ops.alloc_mw = Some(alloc_mw);
@@ -2171,10 +2175,21 @@ pub unsafe extern "C" fn ibv_create_srq(
         init.attr.max_sge = a.max_sge;
         max_sge = a.max_sge;
     }
+    srq_object(pd, p.c.context, srq, init.srq_context, max_sge)
+}
+
+/// The C object of SRQ `srq` made on `pd` of context `ctx`.
+fn srq_object(
+    pd: *mut ibv_pd,
+    ctx: *mut ibv_context,
+    srq: Srq,
+    srq_context: *mut c_void,
+    max_sge: u32,
+) -> *mut ibv_srq {
     // SAFETY: plain C data.
     let mut c: ibv_srq = unsafe { std::mem::zeroed() };
-    c.context = p.c.context;
-    c.srq_context = init.srq_context;
+    c.context = ctx;
+    c.srq_context = srq_context;
     c.pd = pd;
     c.handle = srq.number();
     let owner = c.context as usize;
@@ -2230,6 +2245,268 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         }
         Err(e) => errno_of(&e),
     }
+}
+
+// ---- XRC ---------------------------------------------------------------------------------
+
+/// An XRC domain of this library.
+#[repr(C)]
+struct XrcdW {
+    c: ibv_xrcd,
+    xrcd: Xrcd,
+    /// The file it was opened through (its device and inode), if any.
+    file: Option<(u64, u64)>,
+}
+
+/// The XRC domains opened through a file, by (context, device, inode): the domain and how
+/// many opens hold it. Every `ibv_open_xrcd` of the same file in a context gives the same
+/// domain, as the kernel's inode table does for one process. (The kernel shares a domain
+/// between processes through the file too; each process here has its own device, so a
+/// domain is this process's only.)
+static XRCD_FILES: Mutex<Option<XrcdFiles>> = Mutex::new(None);
+
+/// (context, device, inode) → (the `XrcdW`, its opens).
+type XrcdFiles = HashMap<(usize, u64, u64), (usize, u32)>;
+
+fn xrcd_files<R>(f: impl FnOnce(&mut XrcdFiles) -> R) -> R {
+    let mut g = XRCD_FILES.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// `ibv_open_xrcd` (through `verbs_context.open_xrcd`): both `fd` and `oflags` must be given
+/// (as the kernel's command requires); `fd` -1 opens a domain of its own, a file's descriptor
+/// the file's domain (`O_CREAT` makes it if there is none, else EINVAL; with `O_EXCL` an
+/// existing one is EEXIST).
+unsafe extern "C" fn open_xrcd(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_xrcd_init_attr,
+) -> *mut ibv_xrcd {
+    if ctx.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    let both = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    if a.comp_mask & !both != 0 {
+        return fail(EOPNOTSUPP);
+    }
+    if a.comp_mask & both != both || a.oflags & !(libc::O_CREAT | libc::O_EXCL) != 0 {
+        return fail(EINVAL);
+    }
+    let file = if a.fd == -1 {
+        None
+    } else {
+        // SAFETY: plain C data.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat(2) into a local structure; a bad descriptor is an error it returns.
+        if unsafe { libc::fstat(a.fd, &mut st) } != 0 {
+            return fail(libc::EBADF);
+        }
+        Some((st.st_dev as u64, st.st_ino as u64))
+    };
+    // SAFETY: a context of this library (libibverbs' contract).
+    let s = unsafe { sh(ctx) };
+    let nic = nic_or!(s, fail);
+    let make = || -> Result<*mut XrcdW, c_int> {
+        let xrcd = nic.alloc_xrcd().map_err(|e| errno_of(&e))?;
+        Ok(Box::into_raw(Box::new(XrcdW {
+            c: ibv_xrcd { context: ctx },
+            xrcd,
+            file,
+        })))
+    };
+    let r = match file {
+        None => make(),
+        Some((dev, ino)) => xrcd_files(|m| match m.get_mut(&(ctx as usize, dev, ino)) {
+            Some(_) if a.oflags & libc::O_CREAT != 0 && a.oflags & libc::O_EXCL != 0 => {
+                Err(libc::EEXIST)
+            }
+            Some((p, opens)) => {
+                *opens += 1;
+                Ok(*p as *mut XrcdW)
+            }
+            None if a.oflags & libc::O_CREAT == 0 => Err(EINVAL),
+            None => {
+                let p = make()?;
+                m.insert((ctx as usize, dev, ino), (p as usize, 1));
+                Ok(p)
+            }
+        }),
+    };
+    match r {
+        Ok(p) => p as *mut ibv_xrcd,
+        Err(e) => fail(e),
+    }
+}
+
+/// `ibv_close_xrcd`: the last close of a domain frees it (EBUSY while its XRC SRQs or target
+/// QPs exist).
+unsafe extern "C" fn close_xrcd(x: *mut ibv_xrcd) -> c_int {
+    if x.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a domain from open_xrcd (libibverbs' contract).
+    let w = unsafe { &*(x as *mut XrcdW) };
+    let ctx = w.c.context;
+    let key = w.file.map(|(d, i)| (ctx as usize, d, i));
+    let last = match key {
+        None => true,
+        Some(k) => xrcd_files(|m| match m.get_mut(&k) {
+            Some((_, opens)) if *opens > 1 => {
+                *opens -= 1;
+                false
+            }
+            _ => true,
+        }),
+    };
+    if !last {
+        return 0;
+    }
+    // SAFETY: a context of this library.
+    if let Err(e) = nic_or!(unsafe { sh(ctx) }, |e| e).dealloc_xrcd(w.xrcd) {
+        return errno_of(&e);
+    }
+    if let Some(k) = key {
+        xrcd_files(|m| m.remove(&k));
+    }
+    // SAFETY: not used after this.
+    drop(unsafe { Box::from_raw(x as *mut XrcdW) });
+    0
+}
+
+/// `ibv_create_srq_ex` (through `verbs_context.create_srq_ex`; libibverbs itself sends a
+/// basic SRQ with a PD to `ibv_create_srq`): an XRC SRQ needs its PD, domain and CQ; a basic
+/// one its PD; tag matching is EOPNOTSUPP.
+unsafe extern "C" fn create_srq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    if ctx.is_null() || attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    let known = IBV_SRQ_INIT_ATTR_TYPE
+        | IBV_SRQ_INIT_ATTR_PD
+        | IBV_SRQ_INIT_ATTR_XRCD
+        | IBV_SRQ_INIT_ATTR_CQ;
+    if a.comp_mask & !known != 0 {
+        return fail(EOPNOTSUPP);
+    }
+    let ty = if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 {
+        a.srq_type
+    } else {
+        IBV_SRQT_BASIC
+    };
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return fail(EINVAL);
+    }
+    match ty {
+        IBV_SRQT_BASIC => {
+            let mut basic = ibv_srq_init_attr {
+                srq_context: a.srq_context,
+                attr: a.attr,
+            };
+            // SAFETY: the caller's PD, the basic attributes just made.
+            let r = unsafe { ibv_create_srq(a.pd, &mut basic) };
+            a.attr = basic.attr;
+            r
+        }
+        IBV_SRQT_XRC => {
+            let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+            if a.comp_mask & need != need || a.xrcd.is_null() || a.cq.is_null() {
+                return fail(EINVAL);
+            }
+            // SAFETY: a PD, a domain and a CQ of this library (libibverbs' contract).
+            let (p, x, cq) = unsafe {
+                (
+                    &*(a.pd as *mut PdW),
+                    &*(a.xrcd as *mut XrcdW),
+                    (*(a.cq as *mut CqW)).cq,
+                )
+            };
+            let attr = SrqAttr {
+                max_wr: a.attr.max_wr,
+                max_sge: a.attr.max_sge,
+                srq_limit: a.attr.srq_limit,
+            };
+            // SAFETY: an object this library handed out; its context pointer is the one set
+            // at creation.
+            let s = unsafe { sh(p.c.context) };
+            let nic = nic_or!(s, fail);
+            let srq = match nic.create_xrc_srq(p.pd, attr, x.xrcd, cq) {
+                Ok(q) => q,
+                Err(e) => return fail(errno_of(&e)),
+            };
+            let mut max_sge = attr.max_sge;
+            if let Ok(g) = nic.query_srq(srq) {
+                a.attr.max_wr = g.max_wr;
+                a.attr.max_sge = g.max_sge;
+                max_sge = g.max_sge;
+            }
+            srq_object(a.pd, p.c.context, srq, a.srq_context, max_sge)
+        }
+        _ => fail(EOPNOTSUPP),
+    }
+}
+
+/// `ibv_get_srq_num`: the number initiators name (XRCETH).
+unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) -> c_int {
+    if srq.is_null() || num.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of this library and the caller's out parameter.
+    unsafe { *num = (*(srq as *mut SrqW)).srq.number() };
+    0
+}
+
+/// `ibv_create_qp_ex` of an XRC target QP (`IBV_QPT_XRC_RECV` in domain `a.xrcd`): no PD,
+/// CQ, SRQ or queue (the object's pointers to them are NULL, as rdma-core leaves them).
+///
+/// # Safety
+/// `ctx` is a context of this library, `a.xrcd` a domain from `open_xrcd` not yet closed.
+pub(crate) unsafe fn create_xrc_recv_qp(
+    ctx: *mut ibv_context,
+    a: &mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    // SAFETY: per the contract.
+    let Some(x) = (unsafe { (a.xrcd as *mut XrcdW).as_ref() }) else {
+        return fail(EINVAL);
+    };
+    let ctx = if ctx.is_null() { x.c.context } else { ctx };
+    // SAFETY: a context of this library.
+    let s = unsafe { sh(ctx) };
+    let nic = nic_or!(s, fail);
+    let qpn = match nic.create_qp(QpInitAttr::xrc_recv(x.xrcd)) {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    a.cap = ibv_qp_cap {
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        max_send_sge: 0,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    // SAFETY: plain C data.
+    let mut c: ibv_qp = unsafe { std::mem::zeroed() };
+    c.context = ctx;
+    c.qp_context = a.qp_context;
+    c.handle = qpn.get();
+    c.qp_num = qpn.get();
+    c.qp_type = IBV_QPT_XRC_RECV;
+    let p = Box::into_raw(Box::new(QpW {
+        c,
+        ex: crate::ex::qp_ex_tail(),
+        qpn,
+        qp_type: QpType::XrcRecv,
+        max_send_sge: 0,
+        max_recv_sge: 0,
+        ex_on: false,
+        tx: Mutex::new(crate::ex::Tx::new(None)),
+    })) as *mut ibv_qp;
+    objects(|o| o.qps.insert(qpn.get(), (p as usize, ctx as usize)));
+    p
 }
 
 #[no_mangle]
@@ -2360,6 +2637,8 @@ fn qp_type_of(t: c_int) -> Option<QpType> {
         2 => Some(QpType::Rc),
         3 => Some(QpType::Uc),
         4 => Some(QpType::Ud),
+        IBV_QPT_XRC_SEND => Some(QpType::XrcSend),
+        IBV_QPT_XRC_RECV => Some(QpType::XrcRecv),
         _ => None,
     }
 }
@@ -2369,6 +2648,8 @@ fn qp_type_code(t: QpType) -> c_int {
         QpType::Rc => 2,
         QpType::Uc => 3,
         QpType::Ud => 4,
+        QpType::XrcSend => IBV_QPT_XRC_SEND,
+        QpType::XrcRecv => IBV_QPT_XRC_RECV,
     }
 }
 
@@ -2387,6 +2668,20 @@ pub unsafe extern "C" fn ibv_create_qp(
     let Some(qp_type) = qp_type_of(ia.qp_type) else {
         return fail(EOPNOTSUPP);
     };
+    if qp_type == QpType::XrcRecv {
+        // A target QP has a domain, not a PD: `ibv_create_qp_ex` with IBV_QP_INIT_ATTR_XRCD.
+        return fail(EINVAL);
+    }
+    if qp_type == QpType::XrcSend {
+        // An initiator receives nothing: no receive CQ or SRQ (rdma-core's providers ignore
+        // the receive CQ; its completions are the send CQ's).
+        if !ia.srq.is_null() {
+            return fail(EINVAL);
+        }
+        ia.recv_cq = ia.send_cq;
+        ia.cap.max_recv_wr = 0;
+        ia.cap.max_recv_sge = 0;
+    }
     if ia.send_cq.is_null() || ia.recv_cq.is_null() {
         return fail(EINVAL);
     }
@@ -2490,6 +2785,19 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     // in use is never destroyed: EBUSY).
                     crate::ex::purge_qp(unsafe { &*(cq as *mut CqW) }, w.qpn);
                 }
+            }
+            if w.qp_type == QpType::XrcRecv {
+                // A target's completions are in its XRC SRQs' CQs: any CQ of its context.
+                let ctx = w.c.context as usize;
+                objects(|o| {
+                    for &(cq, owner) in o.cqs.values() {
+                        if owner == ctx {
+                            // SAFETY: a CQ in the registry is alive (ibv_destroy_cq takes it
+                            // out, under this lock, before it frees it).
+                            crate::ex::purge_qp(unsafe { &*(cq as *mut CqW) }, w.qpn);
+                        }
+                    }
+                });
             }
             // SAFETY: not used after this.
             let b = unsafe { Box::from_raw(qp as *mut QpW) };
@@ -2775,6 +3083,9 @@ unsafe extern "C" fn post_send(
         };
         let mut x = SendWr::new(r.wr_id, op, sg_list)
             .with_flags(SendFlags::from_bits_truncate(r.send_flags & 0xf));
+        if w.qp_type == QpType::XrcSend {
+            x = x.with_xrc_srqn(r.remote_srqn);
+        }
         if w.qp_type == QpType::Ud {
             // SAFETY: the UD member of the union, with an AH of ours.
             let ud = unsafe { r.wr.ud };

@@ -350,6 +350,74 @@ fn rdma_core_pingpong_examples_both_ends() {
     assert_pair("rc -t", r, "100 iters in");
 }
 
+/// rdma-core's XRC example, unmodified: `ibv_xsrq_pingpong` with one server and three clients,
+/// each on its own address. Every program opens an XRC domain through a file, makes an XRC
+/// SRQ (`ibv_create_srq_ex`), a target QP per peer (`ibv_create_qp_ex` with the domain) and
+/// an initiator QP per peer, exchanges SRQ numbers and sends to the peer's SRQ, the sends
+/// spread over its initiators. The server's capture holds XRC requests (XRCETH naming the
+/// clients' SRQs) and XRC ACKs both ways, and is clean in inspect, tshark and the checker.
+/// Then one client again with completion events and on-demand paging (`-e -o`).
+#[test]
+fn rdma_core_xsrq_pingpong_three_clients() {
+    let t = "rdma_core_xsrq_pingpong_three_clients";
+    if !ready(t, &["ibv_xsrq_pingpong", "ss"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ferroce-{t}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let script = format!(
+        "for k in 3 4; do ip addr add 127.0.0.$k/8 dev lo || exit 98; done\n\
+         export LD_LIBRARY_PATH=$LIB\n\
+         FERROCE_PCAP={d}/s.pcap FERROCE_ADDR=127.0.0.1 timeout 60 ibv_xsrq_pingpong -g 0 -c 3 -n 50 -s 3000 -m 1024 > {d}/s 2>&1 & s=$!\n\
+         i=0; while [ $i -lt 400 ] && [ -z \"$(ss -Hltn)\" ]; do sleep 0.05; i=$((i+1)); done\n\
+         for k in 2 3 4; do FERROCE_ADDR=127.0.0.$k timeout 60 ibv_xsrq_pingpong -g $((k-1)) -n 50 -s 3000 -m 1024 127.0.0.1 > {d}/c$k 2>&1 & eval c$k=$!; done\n\
+         wait $c2; a=$?; wait $c3; b=$?; wait $c4; c=$?; wait $s; echo \"runs $? $a $b $c\"\n\
+         \"$F\" inspect --json {d}/s.pcap | grep -o '\"op\":\"[A-Z_]*\"' | sort | uniq -c | sed 's/^ */op /'\n"
+    );
+    let o = in_netns(&script);
+    let so = String::from_utf8_lossy(&o.stdout).to_string();
+    let outs: Vec<String> = ["s", "c2", "c3", "c4"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+        .collect();
+    let all = format!(
+        "{so}{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        outs.join("\n---\n")
+    );
+    assert!(so.contains("runs 0 0 0 0"), "{all}");
+    for out in &outs {
+        assert!(out.trim_end().ends_with("success"), "{all}");
+        assert!(!out.contains("ferroce libibverbs:"), "{all}");
+    }
+    // Three peers, each with its own target and initiator QP at the server.
+    assert_eq!(outs[0].matches("remote: LID").count(), 3, "{all}");
+    let ops: Vec<&str> = so
+        .lines()
+        .filter(|l| l.starts_with("op "))
+        .map(|l| l.rsplit('"').nth(1).unwrap_or(""))
+        .collect();
+    for want in [
+        "XRC_SEND_FIRST",
+        "XRC_SEND_MIDDLE",
+        "XRC_SEND_LAST",
+        "XRC_ACKNOWLEDGE",
+    ] {
+        assert!(ops.contains(&want), "{want}: {so}");
+    }
+    assert!(ops.iter().all(|o| o.starts_with("XRC_")), "{so}");
+    check_capture(&dir.join("s.pcap"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cmd = "ibv_xsrq_pingpong -g $G -n 50 -e -o -s 10000";
+    let (s, c, st) = pair(cmd, cmd);
+    assert_eq!(st, "server=0 client=0", "{s}\n---\n{c}");
+    assert!(
+        s.trim_end().ends_with("success") && c.trim_end().ends_with("success"),
+        "{s}\n---\n{c}"
+    );
+}
+
 #[test]
 fn perftest_both_ends() {
     let t = "perftest_both_ends";

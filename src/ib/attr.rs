@@ -161,8 +161,9 @@ impl fmt::Display for QpState {
     }
 }
 
-/// The transport service of a QP. Only the connected (RC, UC) and datagram (UD) services that
-/// ferroce implements; RD, XRC and raw QPs are not modelled.
+/// The transport service of a QP: the connected (RC, UC), datagram (UD) and extended reliable
+/// connected (XRC, its two halves) services ferroce implements; RD and raw QPs are not
+/// modelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QpType {
     /// Reliable Connected.
@@ -171,16 +172,29 @@ pub enum QpType {
     Uc,
     /// Unreliable Datagram.
     Ud,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): an RC requester whose requests name the XRC SRQ
+    /// that receives them (XRCETH); no receive queue.
+    XrcSend,
+    /// XRC target (`IBV_QPT_XRC_RECV`): an RC responder of an XRC domain, whose SENDs land in
+    /// the XRC SRQ each request names and whose memory checks use that SRQ's PD; no send
+    /// queue, no CQ of its own.
+    XrcRecv,
 }
 
 impl QpType {
-    /// `RC`, `UC` or `UD`.
+    /// `RC`, `UC`, `UD`, `XRC_SEND` or `XRC_RECV`.
     pub const fn name(self) -> &'static str {
         match self {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::XrcRecv => "XRC_RECV",
         }
+    }
+    /// Whether it is either half of XRC.
+    pub const fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
     }
 }
 
@@ -535,11 +549,38 @@ impl Rule {
 
 /// The transition table: `None` if `cur → next` is illegal.
 ///
-/// Per IBTA Vol. 1 §11.2.5.2 and `ibv_modify_qp(3)`, restricted to RC, UC and UD.
+/// Per IBTA Vol. 1 §11.2.5.2 and `ibv_modify_qp(3)`, restricted to RC, UC, UD and XRC. XRC's
+/// halves follow RC's rows (as Linux's table does) but for what each half lacks: the
+/// initiator has no responder (no `MAX_DEST_RD_ATOMIC` or `MIN_RNR_TIMER` anywhere), the
+/// target no requester (RTR → RTS requires only `TIMEOUT` and `SQ_PSN`, and takes no retry
+/// counts or `MAX_QP_RD_ATOMIC`).
 fn rule(qp_type: QpType, cur: QpState, next: QpState) -> Option<Rule> {
     use QpAttrMask as M;
     use QpState as S;
     use QpType as T;
+    match qp_type {
+        T::XrcSend => {
+            let r = rule(T::Rc, cur, next)?;
+            let responder = M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+            return Some(Rule::new(
+                r.required.difference(responder),
+                r.optional.difference(responder),
+            ));
+        }
+        T::XrcRecv => {
+            let r = rule(T::Rc, cur, next)?;
+            let requester = M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+            return Some(if (cur, next) == (S::Rtr, S::Rts) {
+                Rule::new(M::TIMEOUT | M::SQ_PSN, r.optional.difference(requester))
+            } else {
+                Rule::new(
+                    r.required.difference(requester),
+                    r.optional.difference(requester),
+                )
+            });
+        }
+        T::Rc | T::Uc | T::Ud => {}
+    }
 
     let none = M::empty();
     // Attributes that may be changed on an operational connected QP (RTS → RTS, SQD → RTS,
@@ -553,11 +594,11 @@ fn rule(qp_type: QpType, cur: QpState, next: QpState) -> Option<Rule> {
 
         (S::Reset, S::Init) => match qp_type {
             T::Rc | T::Uc => Rule::new(M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
-            T::Ud => Rule::new(M::PKEY_INDEX | M::PORT | M::QKEY, none),
+            _ /* UD */ => Rule::new(M::PKEY_INDEX | M::PORT | M::QKEY, none),
         },
         (S::Init, S::Init) => match qp_type {
             T::Rc | T::Uc => Rule::new(none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            T::Ud => Rule::new(none, M::PKEY_INDEX | M::PORT | M::QKEY),
+            _ /* UD */ => Rule::new(none, M::PKEY_INDEX | M::PORT | M::QKEY),
         },
         (S::Init, S::Rtr) => {
             let path = M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
@@ -565,7 +606,7 @@ fn rule(qp_type: QpType, cur: QpState, next: QpState) -> Option<Rule> {
             match qp_type {
                 T::Rc => Rule::new(path | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER, opt),
                 T::Uc => Rule::new(path, opt),
-                T::Ud => Rule::new(none, M::PKEY_INDEX | M::QKEY),
+                _ /* UD */ => Rule::new(none, M::PKEY_INDEX | M::QKEY),
             }
         }
         (S::Rtr, S::Rts) => match qp_type {
@@ -574,12 +615,12 @@ fn rule(qp_type: QpType, cur: QpState, next: QpState) -> Option<Rule> {
                 connected_live | M::MIN_RNR_TIMER,
             ),
             T::Uc => Rule::new(M::SQ_PSN, connected_live),
-            T::Ud => Rule::new(M::SQ_PSN, M::CUR_STATE | M::QKEY),
+            _ /* UD */ => Rule::new(M::SQ_PSN, M::CUR_STATE | M::QKEY),
         },
         (S::Rts, S::Rts) | (S::Sqd, S::Rts) => match qp_type {
             T::Rc => Rule::new(none, connected_live | M::MIN_RNR_TIMER),
             T::Uc => Rule::new(none, connected_live),
-            T::Ud => Rule::new(none, M::CUR_STATE | M::QKEY),
+            _ /* UD */ => Rule::new(none, M::CUR_STATE | M::QKEY),
         },
         (S::Rts, S::Sqd) => Rule::new(none, M::EN_SQD_ASYNC_NOTIFY),
         // While drained, the path and the RC timers/limits may be changed.
@@ -603,14 +644,14 @@ fn rule(qp_type: QpType, cur: QpState, next: QpState) -> Option<Rule> {
                 none,
                 M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
             ),
-            T::Ud => Rule::new(none, M::PKEY_INDEX | M::QKEY),
+            _ /* UD */ => Rule::new(none, M::PKEY_INDEX | M::QKEY),
         },
         // Recovery from a send queue error. RC never enters SQE (IBTA), and the verbs table
         // gives RC no attributes here.
         (S::Sqe, S::Rts) => match qp_type {
             T::Rc => Rule::new(none, none),
             T::Uc => Rule::new(none, M::CUR_STATE | M::ACCESS_FLAGS),
-            T::Ud => Rule::new(none, M::CUR_STATE | M::QKEY),
+            _ /* UD */ => Rule::new(none, M::CUR_STATE | M::QKEY),
         },
         _ => return None,
     };

@@ -87,6 +87,9 @@ pub struct QpCounters {
     /// abandoned at a PSN gap, an opcode out of sequence, a bad length, R_Key or right; UD: a
     /// message longer than its receive buffer). Never delivered in part.
     pub msg_drops: u64,
+    /// XRC: packets of the direction the QP's half does not take (requests at an initiator,
+    /// responses at a target), dropped.
+    pub opcode_drops: u64,
 }
 
 /// `named()` (every field with its name, in declaration order) for a struct of `u64`
@@ -153,6 +156,7 @@ qp_counters!(
     qkey_drops,
     no_wqe_drops,
     msg_drops,
+    opcode_drops,
 );
 
 counter_fields!(DeviceCounters {
@@ -205,11 +209,11 @@ mod tests {
         let d = std::mem::size_of::<DeviceCounters>() / 8;
         assert_eq!(DeviceCounters::default().named().len(), d);
         let q = QpCounters {
-            msg_drops: 3,
+            opcode_drops: 3,
             ..Default::default()
         };
         let mut t = q;
         t.accumulate(&q);
-        assert_eq!(t.named().last(), Some(&("msg_drops", 6)));
+        assert_eq!(t.named().last(), Some(&("opcode_drops", 6)));
     }
 }

@@ -46,7 +46,7 @@ pub use cq::{Cq, NotifyMode};
 pub use event::AsyncEvent;
 pub use mr::{LKey, MemoryRegion, MrError, Pd};
 pub use path::{gid_of, ip_of_gid, AvError};
-pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError};
+pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, Xrcd};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 

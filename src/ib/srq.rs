@@ -27,6 +27,27 @@ use std::collections::VecDeque;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Srq(pub(crate) u32);
 
+/// An XRC domain (`ibv_open_xrcd`): the scope within which an XRC target QP delivers to XRC
+/// SRQs (IBTA Vol. 1 §9.8.3 XRC, §11.2.9). A request whose XRCETH names an SRQ outside the
+/// target QP's domain is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Xrcd(pub(crate) u32);
+
+impl Xrcd {
+    /// The domain's number on its device.
+    pub fn number(self) -> u32 {
+        self.0
+    }
+}
+
+/// What makes an SRQ an XRC SRQ: its domain, and the CQ its receive completions go to (an
+/// XRC SRQ's completions are its own, not the QP's, whose target half has no CQ).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct XrcSrq {
+    pub xrcd: Xrcd,
+    pub cq: super::cq::Cq,
+}
+
 impl Srq {
     /// The SRQ's number on its device.
     pub fn number(self) -> u32 {
@@ -104,6 +125,8 @@ pub(crate) struct SrqRing {
     pub(crate) attached: u32,
     /// WQEs taken by responders so far (the runtime derives the free slots from it).
     taken: u64,
+    /// An XRC SRQ's domain and CQ.
+    pub(crate) xrc: Option<XrcSrq>,
 }
 
 impl SrqRing {
@@ -116,6 +139,7 @@ impl SrqRing {
             q: VecDeque::new(),
             attached: 0,
             taken: 0,
+            xrc: None,
         }
     }
 

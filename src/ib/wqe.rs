@@ -39,6 +39,8 @@ pub(crate) struct SendWqe {
     pub local_err: Option<WcStatus>,
     /// UD: the destination.
     pub ud: Option<UdSendDest>,
+    /// XRC: the target's SRQ (XRCETH).
+    pub xrc_srqn: u32,
 }
 
 impl SendWqe {
@@ -73,6 +75,7 @@ impl SendWqe {
             signaled: wr.flags.contains(SendFlags::SIGNALED),
             local_err,
             ud,
+            xrc_srqn: wr.xrc_srqn,
         }
     }
 }

@@ -163,7 +163,8 @@ impl SendOp {
 }
 
 impl SendOp {
-    /// Whether a QP of type `t` carries this operation: RC all of them; UC SEND and RDMA WRITE
+    /// Whether a QP of type `t` carries this operation: RC and an XRC initiator all of them
+    /// (an XRC target has no send queue); UC SEND and RDMA WRITE
     /// (with immediate; no invalidate, READ or atomics) and the memory window operations;
     /// UD SEND and SEND with immediate
     /// (IBTA Vol. 1 §3.6.1, the operations of each service; `ibv_post_send` refuses the others
@@ -171,7 +172,8 @@ impl SendOp {
     pub fn allowed_on(&self, t: super::attr::QpType) -> bool {
         use super::attr::QpType;
         match t {
-            QpType::Rc => true,
+            QpType::Rc | QpType::XrcSend => true,
+            QpType::XrcRecv => false,
             QpType::Uc => matches!(
                 self,
                 SendOp::Send
@@ -220,6 +222,10 @@ pub struct SendWr {
     pub flags: SendFlags,
     /// UD QPs: where the message goes (`wr.ud`); ignored by connected QPs.
     pub ud: Option<UdDest>,
+    /// XRC initiator QPs: the XRC SRQ at the target that receives the message
+    /// (`wr.qp_type.xrc.remote_srqn`, carried in every request packet's XRCETH); ignored by
+    /// other QPs.
+    pub xrc_srqn: u32,
 }
 
 /// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
@@ -243,7 +249,14 @@ impl SendWr {
             sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         }
+    }
+    /// Address it to XRC SRQ `srqn` of the target (XRC initiator QPs).
+    #[must_use]
+    pub fn with_xrc_srqn(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = srqn & 0xff_ffff;
+        self
     }
     /// Address it to a UD destination.
     #[must_use]

@@ -23,7 +23,7 @@ use crate::ib::counters::QpCounters;
 use crate::ib::cq::Cq;
 use crate::ib::mr::{gather, MrShared, MrTable, Pd};
 use crate::ib::path::Path;
-use crate::ib::srq::Srq;
+use crate::ib::srq::{Srq, Xrcd};
 pub(crate) use crate::ib::tx::{PayloadSrc, PostError, TxDesc, TxKind};
 use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::ib::wq::QpInit;
@@ -68,6 +68,25 @@ pub(crate) struct QpConfig {
     pub selective_repeat: bool,
     /// Test-only deliberate deviations (all off by default).
     pub deviations: super::deviations::Deviations,
+    /// The half of XRC this QP is, if any, and (target) its domain.
+    pub xrc: XrcRole,
+    pub xrcd: Option<Xrcd>,
+}
+
+/// Which half of XRC an RC machine is (IBTA Vol. 1 §9.8.3, §11.2.9): XRC's operations,
+/// sequencing, ACKs and retries are RC's, under XRC's opcodes. The initiator is a requester
+/// whose every request packet names the target's XRC SRQ (XRCETH); the target is a responder
+/// whose SENDs land in the SRQ a request names, whose memory checks use that SRQ's PD and
+/// whose receive completions go to that SRQ's CQ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum XrcRole {
+    /// Plain RC.
+    #[default]
+    None,
+    /// `IBV_QPT_XRC_SEND`.
+    Send,
+    /// `IBV_QPT_XRC_RECV`.
+    Recv,
 }
 
 /// An entry of the send queue: the posted request and the requester's progress on it.
@@ -261,6 +280,8 @@ pub(crate) struct Responder {
     /// Selective repeat: request packets kept ahead of the expected PSN, by PSN
     /// (`rc/reorder.rs`).
     pub reorder: std::collections::BTreeMap<u32, (RoceRepr, Vec<u8>)>,
+    /// XRC target: the XRCETH of the message being started names no XRC SRQ of its domain.
+    pub xrc_srq_bad: bool,
 }
 
 /// A value that starts a cache line (the QP's counters: the ones every packet counts, the first
@@ -294,6 +315,8 @@ pub(crate) struct Qp {
     pub(super) sq_sig_all: bool,
     /// Selective repeat (`rc/reorder.rs`).
     pub(super) sr: bool,
+    /// XRC: which half, if any.
+    pub(super) xrc: XrcRole,
     /// CNPs owed to the peer (at most one, unless the `cnp_every_ce` deviation is set).
     pub(super) cnp_due: u32,
     pub(super) num: QpNumber,
@@ -335,6 +358,8 @@ pub(crate) struct Qp {
     pub(super) dev: super::deviations::Deviations,
     // Cold: read by the verbs, not by the packet paths.
     pub(super) pd: Pd,
+    /// An XRC target's domain.
+    pub(super) xrcd: Option<Xrcd>,
     pub(super) cap: QpCap,
 }
 
@@ -379,11 +404,34 @@ impl Qp {
                 cfg.fast_recovery || cfg.selective_repeat,
                 cfg.max_inflight,
             ),
-            sr: cfg.selective_repeat,
+            // Selective repeat keeps requests past a gap, and an XRC target chooses its SRQ
+            // as a message starts: XRC runs go-back-N.
+            sr: cfg.selective_repeat && cfg.xrc == XrcRole::None,
+            xrc: cfg.xrc,
+            xrcd: cfg.xrcd,
             dev: cfg.deviations,
         }
     }
 
+    /// Its transport service: RC, or a half of XRC.
+    pub(crate) fn qp_type(&self) -> crate::ib::QpType {
+        match self.xrc {
+            XrcRole::None => crate::ib::QpType::Rc,
+            XrcRole::Send => crate::ib::QpType::XrcSend,
+            XrcRole::Recv => crate::ib::QpType::XrcRecv,
+        }
+    }
+    /// The transport of its opcodes.
+    pub(crate) fn transport(&self) -> wire::Transport {
+        match self.xrc {
+            XrcRole::None => wire::Transport::Rc,
+            _ => wire::Transport::Xrc,
+        }
+    }
+    /// An XRC target's domain.
+    pub(crate) fn xrcd(&self) -> Option<Xrcd> {
+        self.xrcd
+    }
     /// The QP number.
     pub(crate) fn num(&self) -> QpNumber {
         self.num
@@ -573,7 +621,8 @@ impl Qp {
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
         }
-        if self.srq.is_some() {
+        if self.srq.is_some() || self.xrc != XrcRole::None {
+            // An XRC initiator has no receive queue; a target receives into XRC SRQs.
             return Err(PostError::HasSrq);
         }
         if self.rq.len() >= self.cap.max_recv_wr as usize {
@@ -605,6 +654,58 @@ impl Qp {
         r: &RoceRepr,
         payload: &[u8],
     ) {
+        if self.xrc != XrcRole::None {
+            return self.handle_xrc_packet(ctx, ecn, r, payload);
+        }
+        self.handle_rc_packet(ctx, ecn, r, payload)
+    }
+
+    /// A packet for an XRC QP, whose XRC opcode this machine reads as RC's. Each half is one
+    /// direction of the connection: the initiator takes responses only, the target requests
+    /// only; the other kind is dropped (counted in `opcode_drops`). At the target, the XRCETH
+    /// of a request that starts a message chooses the XRC SRQ (see [`XrcRole`]); one that
+    /// names no XRC SRQ of the target's domain is an invalid request (NAKed, the QP in error).
+    fn handle_xrc_packet(&mut self, ctx: &mut Ctx<'_>, ecn: Ecn, r: &RoceRepr, payload: &[u8]) {
+        let mut rc = *r;
+        rc.bth.opcode = r.bth.opcode.to_rc();
+        rc.ext.xrceth = None;
+        let response = rc.bth.opcode.is(OpFlags::RESPONSE);
+        match self.xrc {
+            XrcRole::Send if response => {}
+            XrcRole::Recv if !response => {
+                if self.resp.in_msg.is_none() {
+                    self.choose_xrc_srq(ctx, r.ext.xrceth);
+                }
+            }
+            _ => {
+                self.counters.opcode_drops += 1;
+                return;
+            }
+        }
+        self.handle_rc_packet(ctx, ecn, &rc, payload)
+    }
+
+    /// An XRC target's SRQ for the message a request starts: the one its XRCETH names, if
+    /// that is an XRC SRQ of the target's domain (else the request is refused at
+    /// [`Step::OpValid`](super::responder)).
+    fn choose_xrc_srq(&mut self, ctx: &Ctx<'_>, srqn: Option<u32>) {
+        let found = srqn.and_then(|n| {
+            let ring = ctx.srqs.get(n as usize)?.as_ref()?;
+            let x = ring.xrc?;
+            (Some(x.xrcd) == self.xrcd).then_some((n, ring.pd, x.cq))
+        });
+        match found {
+            Some((n, pd, cq)) => {
+                self.srq = Some(Srq(n));
+                self.pd = pd;
+                self.recv_cq = cq;
+                self.resp.xrc_srq_bad = false;
+            }
+            None => self.resp.xrc_srq_bad = true,
+        }
+    }
+
+    fn handle_rc_packet(&mut self, ctx: &mut Ctx<'_>, ecn: Ecn, r: &RoceRepr, payload: &[u8]) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += payload.len() as u64;
         if ecn == Ecn::Ce && self.ce_counts(r) {
@@ -719,6 +820,14 @@ impl Qp {
     /// none after all (a request whose local error was found when it was reached: its error
     /// completion is made and the QP moves to the error state).
     pub(crate) fn build_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<TxDesc> {
+        let mut d = self.build_rc_tx(ctx, kind)?;
+        if self.xrc != XrcRole::None && d.repr.bth.opcode != Opcode::CNP {
+            d.repr.bth.opcode = d.repr.bth.opcode.to_xrc();
+        }
+        Some(d)
+    }
+
+    fn build_rc_tx(&mut self, ctx: &mut Ctx<'_>, kind: TxKind) -> Option<TxDesc> {
         match kind {
             TxKind::Cnp => {
                 self.cnp_due -= 1;

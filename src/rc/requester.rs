@@ -308,9 +308,13 @@ impl Qp {
         let psn = self.req.send_psn;
         let off = self.req.send_off;
         let dest = QpNumber::new(self.attr.dest_qp_num);
+        let xrc = self.xrc == super::qp::XrcRole::Send;
         let w = &mut self.sq[idx];
         let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, dest, psn);
         let mut ext = ExtRepr::default();
+        if xrc {
+            ext.xrceth = Some(w.wqe.xrc_srqn);
+        }
         let (payload_len, payload, done_with_wqe, psns_used);
         match w.wqe.op {
             SendOp::RdmaRead { remote_addr, rkey } => {

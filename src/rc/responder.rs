@@ -306,6 +306,9 @@ impl Qp {
 
     /// [`Step::OpValid`]: RC opcodes we execute, and the QP's remote access rights.
     fn check_op_valid(&self, op: Opcode, f: OpFlags) -> Result<(), Stop> {
+        if self.resp.xrc_srq_bad {
+            return Err(Stop::Fatal(Step::OpValid, INVALID));
+        }
         let acc = self.attr.qp_access_flags;
         let valid = if f.contains(OpFlags::SEND) {
             true

@@ -967,6 +967,32 @@ impl Nic {
     /// `ibv_create_srq` (see [`Device::create_srq`]), with its lock-free shadow for posting.
     pub fn create_srq(&self, pd: Pd, attr: SrqAttr) -> Result<Srq, VerbsError> {
         let srq = self.with_device(|d| d.create_srq(pd, attr))?;
+        self.add_srq_shadow(srq, attr)
+    }
+
+    /// An XRC SRQ (see [`Device::create_xrc_srq`]), with its shadow.
+    pub fn create_xrc_srq(
+        &self,
+        pd: Pd,
+        attr: SrqAttr,
+        xrcd: crate::verbs::Xrcd,
+        cq: Cq,
+    ) -> Result<Srq, VerbsError> {
+        let srq = self.with_device(|d| d.create_xrc_srq(pd, attr, xrcd, cq))?;
+        self.add_srq_shadow(srq, attr)
+    }
+
+    /// `ibv_open_xrcd` (see [`Device::alloc_xrcd`]).
+    pub fn alloc_xrcd(&self) -> Result<crate::verbs::Xrcd, VerbsError> {
+        self.with_device(Device::alloc_xrcd)
+    }
+
+    /// `ibv_close_xrcd` (see [`Device::dealloc_xrcd`]).
+    pub fn dealloc_xrcd(&self, xrcd: crate::verbs::Xrcd) -> Result<(), VerbsError> {
+        self.with_device(|d| d.dealloc_xrcd(xrcd))
+    }
+
+    fn add_srq_shadow(&self, srq: Srq, attr: SrqAttr) -> Result<Srq, VerbsError> {
         let max_sge = self.with_device(|d| d.query_srq(srq))?.max_sge;
         self.inner
             .srqs

@@ -14,7 +14,7 @@ use crate::ib::cq::{Cq, CqRing, NotifyMode};
 use crate::ib::event::{AsyncEvent, EventQueue};
 use crate::ib::mr::{LKey, MemoryRegion, MemoryWindow, MrShared, MrTable, MwShared, MwType, Pd};
 use crate::ib::path::{gid_of, AvError, Path};
-use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable};
+use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, SrqRing, SrqTable, Xrcd};
 use crate::ib::tx::PostError;
 use crate::ib::wc::WorkCompletion;
 use crate::ib::wq::QpInit;
@@ -25,7 +25,7 @@ use crate::ib::{
     QpType,
 };
 use crate::keys::KeyGen;
-use crate::rc::qp::{Qp, QpConfig};
+use crate::rc::qp::{Qp, QpConfig, XrcRole};
 use crate::time::Instant;
 use crate::wire::{MacAddr, QpNumber, RKey};
 use std::collections::HashMap;
@@ -186,6 +186,9 @@ pub struct QpStatus {
     pub counters: QpCounters,
 }
 
+/// The PD and CQ numbers of an XRC target, which has none: no PD, CQ or MR is ever numbered so.
+const NO_OBJECT: u32 = u32::MAX;
+
 /// `struct ibv_qp_init_attr`.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr {
@@ -199,10 +202,13 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
-    /// The transport service (`qp_type`): RC, UC or UD.
+    /// The transport service (`qp_type`): RC, UC, UD or a half of XRC.
     pub qp_type: QpType,
     /// A shared receive queue the QP takes its receive WQEs from (`srq`).
     pub srq: Option<Srq>,
+    /// An XRC target's domain (`xrcd`); its PD and CQs are not used (see
+    /// [`QpInitAttr::xrc_recv`]).
+    pub xrcd: Option<Xrcd>,
 }
 
 impl QpInitAttr {
@@ -216,6 +222,22 @@ impl QpInitAttr {
             sq_sig_all: false,
             qp_type: QpType::Rc,
             srq: None,
+            xrcd: None,
+        }
+    }
+    /// An XRC target QP of domain `xrcd` (`IBV_QPT_XRC_RECV`): no PD, CQ or queue of its own
+    /// (the messages it takes land in the XRC SRQs of its domain, checked against their PDs
+    /// and completed on their CQs).
+    pub fn xrc_recv(xrcd: Xrcd) -> QpInitAttr {
+        QpInitAttr {
+            pd: Pd(NO_OBJECT),
+            send_cq: Cq(NO_OBJECT),
+            recv_cq: Cq(NO_OBJECT),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            qp_type: QpType::XrcRecv,
+            srq: None,
+            xrcd: Some(xrcd),
         }
     }
     /// Of transport `t`.
@@ -286,6 +308,9 @@ pub enum VerbsError {
     /// No such shared receive queue (EINVAL).
     #[error("no such SRQ")]
     NoSuchSrq,
+    /// No such XRC domain (EINVAL).
+    #[error("no such XRC domain")]
+    NoSuchXrcd,
     /// No such address handle, or one of another protection domain (EINVAL).
     #[error("no such address handle")]
     NoSuchAh,
@@ -426,6 +451,9 @@ pub struct Device {
     keys: KeyGen,
     next_pd: u32,
     pds: Vec<u32>,
+    /// XRC domains open.
+    next_xrcd: u32,
+    xrcds: Vec<u32>,
     pub(super) mrs: MrTable,
     pub(super) cqs: Vec<Option<CqRing>>,
     /// Live CQs, and the free numbers below `cqs.len()` (lowest first): `create_cq` is O(log n)
@@ -499,6 +527,8 @@ impl Device {
             cfg,
             next_pd: 1,
             pds: Vec::new(),
+            next_xrcd: 1,
+            xrcds: Vec::new(),
             mrs: MrTable::default(),
             cqs: Vec::new(),
             cq_live: 0,
@@ -570,7 +600,12 @@ impl Device {
                 "memory regions or windows of the PD exist",
             ));
         }
-        if self.qps.values().any(|s| s.qp.pd() == pd) {
+        // (An XRC target's PD is that of the XRC SRQ its last message used: the SRQ's.)
+        if self
+            .qps
+            .values()
+            .any(|s| s.qp.qp_type() != QpType::XrcRecv && s.qp.pd() == pd)
+        {
             return Err(VerbsError::Busy("QPs of the PD exist"));
         }
         if self.srqs.iter().flatten().any(|s| s.pd == pd) {
@@ -873,12 +908,19 @@ impl Device {
     /// still in it are dropped with it.
     pub fn destroy_cq(&mut self, cq: Cq) -> Result<(), VerbsError> {
         self.cq_mut(cq)?;
-        if self
-            .qps
-            .values()
-            .any(|s| s.qp.send_cq() == cq || s.qp.recv_cq() == cq)
-        {
+        // (An XRC target completes into its XRC SRQs' CQs, checked as the SRQs'.)
+        if self.qps.values().any(|s| {
+            s.qp.qp_type() != QpType::XrcRecv && (s.qp.send_cq() == cq || s.qp.recv_cq() == cq)
+        }) {
             return Err(VerbsError::Busy("a QP completes into the CQ"));
+        }
+        if self
+            .srqs
+            .iter()
+            .flatten()
+            .any(|s| s.xrc.is_some_and(|x| x.cq == cq))
+        {
+            return Err(VerbsError::Busy("an XRC SRQ completes into the CQ"));
         }
         self.cqs[cq.0 as usize] = None;
         self.cq_live -= 1;
@@ -1046,6 +1088,20 @@ impl Device {
     }
 
     fn check_qp_init(&mut self, init: &QpInitAttr) -> Result<(), VerbsError> {
+        match (init.qp_type, init.xrcd) {
+            (QpType::XrcRecv, Some(x)) if self.xrcds.contains(&x.0) => {
+                return if self.qps.len() as u32 >= self.cfg.max_qp {
+                    Err(VerbsError::NoResources("max_qp"))
+                } else {
+                    Ok(())
+                };
+            }
+            (QpType::XrcRecv, _) => return Err(VerbsError::NoSuchXrcd),
+            (QpType::XrcSend, _) if init.srq.is_some() => {
+                return Err(VerbsError::BadCap("an XRC initiator has no receive queue"))
+            }
+            _ => {}
+        }
         if !self.pds.contains(&init.pd.0) {
             return Err(VerbsError::NoSuchPd);
         }
@@ -1077,9 +1133,12 @@ impl Device {
         self.scope_gen += 1;
         self.max_qpn = self.max_qpn.max(qpn);
         let mut cap = init.cap;
-        if init.srq.is_some() {
+        if init.srq.is_some() || init.qp_type.is_xrc() {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
+        }
+        if init.qp_type == QpType::XrcRecv {
+            cap = QpCap::default();
         }
         cap.max_inline_data = granted_inline(&cap, self.cfg.max_inline);
         let num = QpNumber::new(qpn);
@@ -1092,7 +1151,7 @@ impl Device {
             srq: init.srq,
         };
         let qp = match init.qp_type {
-            QpType::Rc => {
+            QpType::Rc | QpType::XrcSend | QpType::XrcRecv => {
                 let cfg = QpConfig {
                     max_inflight: self.cfg.max_inflight,
                     cc: self.cfg.cc.build(self.cfg.line_rate_bps),
@@ -1110,6 +1169,12 @@ impl Device {
                     fast_recovery: self.cfg.fast_recovery,
                     selective_repeat: self.cfg.selective_repeat,
                     deviations: self.cfg.deviations,
+                    xrc: match init.qp_type {
+                        QpType::XrcSend => XrcRole::Send,
+                        QpType::XrcRecv => XrcRole::Recv,
+                        _ => XrcRole::None,
+                    },
+                    xrcd: init.xrcd,
                 };
                 TransportQp::Rc(Qp::new(num, i, cfg))
             }
@@ -1479,6 +1544,64 @@ impl Device {
             .and_then(Option::as_ref)
             .map(SrqRing::attr)
             .ok_or(VerbsError::NoSuchSrq)
+    }
+
+    /// `ibv_open_xrcd`: a new XRC domain. (Sharing one between processes through a file, as
+    /// `ibv_open_xrcd`'s `fd` does on a kernel device, is the C library's: see `docs/cabi.md`.)
+    pub fn alloc_xrcd(&mut self) -> Result<Xrcd, VerbsError> {
+        if self.xrcds.len() >= super::limits::MAX_XRCD as usize {
+            return Err(VerbsError::NoResources("max_xrcd"));
+        }
+        let x = self.next_xrcd;
+        self.next_xrcd = self.next_xrcd.wrapping_add(1).max(1);
+        self.xrcds.push(x);
+        Ok(Xrcd(x))
+    }
+
+    /// `ibv_close_xrcd`: refused (`Busy`) while XRC SRQs or target QPs of the domain exist.
+    pub fn dealloc_xrcd(&mut self, xrcd: Xrcd) -> Result<(), VerbsError> {
+        let i = self
+            .xrcds
+            .iter()
+            .position(|&x| x == xrcd.0)
+            .ok_or(VerbsError::NoSuchXrcd)?;
+        if self
+            .srqs
+            .iter()
+            .flatten()
+            .any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd))
+        {
+            return Err(VerbsError::Busy("XRC SRQs of the domain exist"));
+        }
+        if self.qps.values().any(|s| s.qp.xrcd() == Some(xrcd)) {
+            return Err(VerbsError::Busy("XRC target QPs of the domain exist"));
+        }
+        self.xrcds.swap_remove(i);
+        Ok(())
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an XRC SRQ of domain `xrcd` whose receive
+    /// completions go to `cq` (the limits of [`create_srq`](Self::create_srq)). Its number
+    /// (`ibv_get_srq_num`) is what initiators name in their requests' XRCETH.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: Pd,
+        attr: SrqAttr,
+        xrcd: Xrcd,
+        cq: Cq,
+    ) -> Result<Srq, VerbsError> {
+        if !self.xrcds.contains(&xrcd.0) {
+            return Err(VerbsError::NoSuchXrcd);
+        }
+        self.cq_mut(cq)?;
+        let srq = self.create_srq(pd, attr)?;
+        self.srq_ring(srq)?.xrc = Some(crate::ib::srq::XrcSrq { xrcd, cq });
+        Ok(srq)
+    }
+
+    /// The XRC domain of an XRC SRQ (`None` for an ordinary one).
+    pub fn srq_xrcd(&self, srq: Srq) -> Option<Xrcd> {
+        self.srqs.get(srq.0 as usize)?.as_ref()?.xrc.map(|x| x.xrcd)
     }
 
     /// `ibv_destroy_srq`: refused (`Busy`, EBUSY) while QPs are attached.

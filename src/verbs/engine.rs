@@ -375,7 +375,7 @@ impl Device {
         if !is_cnp
             && !matches!(
                 b.opcode.transport(),
-                Transport::Rc | Transport::Uc | Transport::Ud
+                Transport::Rc | Transport::Uc | Transport::Ud | Transport::Xrc
             )
         {
             self.counters.header_drops += 1;

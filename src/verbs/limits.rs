@@ -51,20 +51,25 @@ pub struct DeviceAttr {
     pub max_msg_sz: u64,
     /// `device_cap_flags`, libibverbs' `IBV_DEVICE_*` bits of what the device does:
     /// RC_RNR_NAK_GEN (1 << 12), SRQ_RESIZE (1 << 13), N_NOTIFY_CQ (1 << 14), MEM_WINDOW
-    /// (1 << 17), MEM_WINDOW_TYPE_2B (1 << 24).
+    /// (1 << 17), XRC (1 << 20), MEM_WINDOW_TYPE_2B (1 << 24).
     pub device_cap_flags: u32,
     /// Most memory windows.
     pub max_mw: u32,
 }
 
 /// The names `ibv_devinfo -v` prints for the bits of [`DeviceAttr::device_cap_flags`].
-pub const DEVICE_CAP_NAMES: [(u32, &str); 5] = [
+pub const DEVICE_CAP_NAMES: [(u32, &str); 6] = [
     (1 << 12, "RC_RNR_NAK_GEN"),
     (1 << 13, "SRQ_RESIZE"),
     (1 << 14, "N_NOTIFY_CQ"),
     (1 << 17, "MEM_WINDOW"),
+    (1 << 20, "XRC"),
     (1 << 24, "MEM_WINDOW_TYPE_2B"),
 ];
+
+/// Most XRC domains open at once on a device (a bound on its table; verbs reports no such
+/// limit).
+pub const MAX_XRCD: u32 = 1 << 12;
 
 /// The QPs of a device with a block of QPNs ([`DeviceConfig::qpn_block`]) at most: its
 /// 65,536 numbers but the lowest 0x11 (kept free as below the first block's first QPN).

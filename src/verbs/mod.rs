@@ -38,7 +38,7 @@ pub use crate::ib::mr::{
     inc_rkey, LKey, MemoryRegion, MemoryWindow, MrError, MwBindInfo, MwType, Pd,
 };
 pub use crate::ib::path::{gid_of, ip_of_gid, AvError};
-pub use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError};
+pub use crate::ib::srq::{Srq, SrqAttr, SrqAttrMask, SrqModifyError, Xrcd};
 pub use crate::ib::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use crate::ib::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 pub use crate::rc::deviations::Deviations;

@@ -42,7 +42,7 @@ impl TransportQp {
     /// Its transport service.
     pub(super) fn qp_type(&self) -> QpType {
         match self {
-            TransportQp::Rc(_) => QpType::Rc,
+            TransportQp::Rc(q) => q.qp_type(),
             TransportQp::Uc(_) => QpType::Uc,
             TransportQp::Ud(_) => QpType::Ud,
         }
@@ -50,7 +50,7 @@ impl TransportQp {
     /// The transport of the packets it takes (the opcode range).
     pub(super) fn transport(&self) -> Transport {
         match self {
-            TransportQp::Rc(_) => Transport::Rc,
+            TransportQp::Rc(q) => q.transport(),
             TransportQp::Uc(_) => Transport::Uc,
             TransportQp::Ud(_) => Transport::Ud,
         }
@@ -60,6 +60,13 @@ impl TransportQp {
         match self {
             TransportQp::Rc(q) => q.release_held_ack(),
             _ => false,
+        }
+    }
+    /// An XRC target's domain.
+    pub(super) fn xrcd(&self) -> Option<crate::ib::srq::Xrcd> {
+        match self {
+            TransportQp::Rc(q) => q.xrcd(),
+            _ => None,
         }
     }
     pub(super) fn num(&self) -> QpNumber {

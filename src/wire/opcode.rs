@@ -50,9 +50,9 @@ impl Transport {
 /// Whether ferroce's wire layer handles an opcode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpStatus {
-    /// RC, UC, UD and the CNP: parsed, emitted and (for RC) executed.
+    /// RC, UC, UD, XRC and the CNP: parsed, emitted and executed.
     Supported,
-    /// RD and XRC: headers decoded and shown, but no engine handles them.
+    /// RD: headers decoded and shown, but no engine handles them.
     KnownUnsupported,
     /// Reserved or vendor-specific: the packet is malformed for us.
     Reserved,
@@ -473,7 +473,7 @@ const fn build_info(code: u8) -> OpInfo {
             if flags.contains(OpFlags::REQUEST) {
                 headers = headers.union(Headers::XRCETH);
             }
-            (XRC_NAMES[op as usize], OpStatus::KnownUnsupported)
+            (XRC_NAMES[op as usize], OpStatus::Supported)
         }
         Transport::Cnp | Transport::Vendor => return reserved,
     };
@@ -540,6 +540,15 @@ impl Opcode {
     pub const UD_SEND_ONLY_IMM: Opcode = Opcode(0x65);
     pub const CNP: Opcode = Opcode(0x81);
 
+    /// The XRC opcode of the same operation (an RC opcode's low five bits under XRC's
+    /// prefix, 101b).
+    pub const fn to_xrc(self) -> Opcode {
+        Opcode(0xA0 | (self.0 & 0x1F))
+    }
+    /// The RC opcode of the same operation (XRC's operations are RC's, IBTA Vol. 1 §9.2).
+    pub const fn to_rc(self) -> Opcode {
+        Opcode(self.0 & 0x1F)
+    }
     /// The table entry.
     pub fn info(self) -> &'static OpInfo {
         &OPCODE_TABLE[self.0 as usize]

@@ -394,6 +394,7 @@ fn post_send_list(
             sg_list: smallvec::smallvec![sge],
             flags,
             ud: None,
+            xrc_srqn: 0,
         };
         match ep.post_send(q, wr) {
             Ok(()) => {}
