@@ -1354,3 +1354,159 @@ fn an_xrc_request_for_an_srq_outside_the_targets_domain_is_an_invalid_request() 
         assert!(poll(&mut p.b, cq_b).is_empty(), "case {case}");
     }
 }
+
+/// Forged XRC requests from the initiator's address, with a valid ICRC, reach the target QP
+/// of domain X: SENDs, WRITEs, READs and atomics of every kind, PSNs around the expected one,
+/// an XRCETH naming X's SRQ, domain Y's SRQ, an ordinary SRQ or any number, keys and addresses
+/// of Y's region (whose PD is only Y's SRQ's) or anything. Whatever the target does with them
+/// (execute within X's SRQ's PD, NAK, enter the error state), nothing reaches Y: no WQE taken
+/// from Y's SRQ, no completion on Y's CQ, not a byte of Y's region or of its receive buffers
+/// changed. (The domain is the isolation XRC gives between the applications sharing a node.)
+#[test]
+fn forged_xrc_requests_never_reach_another_domain() {
+    use ferroce::rng::SplitMix64;
+    use ferroce::wire::{
+        AtomicEthRepr, BthRepr, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Psn, RKey,
+        RethRepr, RoceRepr, UdpRepr,
+    };
+    for seed in 0..8u64 {
+        let mut p = Pair::new(40 + seed, clean());
+        let pd_a = p.a.alloc_pd().unwrap();
+        let cq_a = p.a.create_cq(256).unwrap();
+        let attr = SrqAttr {
+            max_wr: 64,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let (x, y) = (p.b.alloc_xrcd().unwrap(), p.b.alloc_xrcd().unwrap());
+        let (pd_x, pd_y) = (p.b.alloc_pd().unwrap(), p.b.alloc_pd().unwrap());
+        let (cq_x, cq_y) = (p.b.create_cq(256).unwrap(), p.b.create_cq(256).unwrap());
+        let srq_x = p.b.create_xrc_srq(pd_x, attr, x, cq_x).unwrap();
+        let srq_y = p.b.create_xrc_srq(pd_y, attr, y, cq_y).unwrap();
+        let plain = p.b.create_srq(pd_y, attr).unwrap();
+        let mr_x = p.b.reg_mr(pd_x, 8192, common::ALL).unwrap();
+        let mr_y = p.b.reg_mr(pd_y, 8192, common::ALL).unwrap();
+        let fill = pattern(8192, seed);
+        mr_y.write(0, &fill).unwrap();
+        for i in 0..32 {
+            p.b.post_srq_recv(srq_x, recv(i, &mr_x, 0, 4096)).unwrap();
+            p.b.post_srq_recv(srq_y, recv(i, &mr_y, 0, 4096)).unwrap();
+            p.b.post_srq_recv(plain, recv(i, &mr_y, 4096, 4096))
+                .unwrap();
+        }
+        let (_ini, tgt) = xrc_connect(&mut p, pd_a, cq_a, x);
+        let (sa, sb) = (p.a.config().gids[0], p.b.config().gids[0]);
+        let (std::net::IpAddr::V4(sip), std::net::IpAddr::V4(dip)) = (sa, sb) else {
+            unreachable!()
+        };
+        let mut rng = SplitMix64::new(seed);
+        let mut next_psn = 300u32; // the target's rq_psn (xrc_connect)
+        for _ in 0..600 {
+            let r = rng.next_u64();
+            let op = [
+                0x00u8, 0x01, 0x02, 0x04, 0x05, 0x06, 0x08, 0x0a, 0x0b, 0x0c, 0x13, 0x14, 0x17,
+            ][(r % 13) as usize];
+            let srqn = match (r >> 8) % 5 {
+                0 => srq_x.number(),
+                1 | 2 => srq_y.number(),
+                3 => plain.number(),
+                _ => (r >> 32) as u32 & 0xff_ffff,
+            };
+            let (va, rkey) = match (r >> 12) % 3 {
+                0 => (mr_y.addr() + (r >> 40) % 8192, mr_y.rkey()),
+                1 => (mr_x.addr() + (r >> 40) % 8192, mr_x.rkey()),
+                _ => (r >> 20, RKey((r >> 3) as u32)),
+            };
+            let psn = match (r >> 16) % 4 {
+                0 | 1 => next_psn,
+                2 => next_psn.wrapping_add((r >> 24) as u32 % 8).wrapping_sub(4),
+                _ => (r >> 28) as u32,
+            } & 0xff_ffff;
+            let mut bth = BthRepr::new(Opcode(0xA0 | op), tgt, Psn::new(psn));
+            bth.ack_req = true;
+            let mut ext = ExtRepr {
+                xrceth: Some(srqn),
+                ..ExtRepr::default()
+            };
+            let h = bth.opcode.headers();
+            let len = (r >> 50) as usize % 1100;
+            if h.contains(wire::Headers::RETH) {
+                ext.reth = Some(RethRepr {
+                    va,
+                    rkey,
+                    dma_len: len as u32,
+                });
+            }
+            if h.contains(wire::Headers::ATOMIC_ETH) {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: va & !7,
+                    rkey,
+                    swap_add: r,
+                    compare: r >> 1,
+                });
+            }
+            if h.contains(wire::Headers::IMM_DT) {
+                ext.imm = Some(r as u32);
+            }
+            if h.contains(wire::Headers::IETH) {
+                ext.ieth = Some(mr_y.rkey());
+            }
+            let payload = if bth.opcode.is(wire::OpFlags::PAYLOAD) {
+                vec![0xEE; len.min(1024)]
+            } else {
+                Vec::new()
+            };
+            let f = FrameRepr {
+                eth: Some(EthernetRepr {
+                    dst: p.b.config().mac,
+                    src: p.a.config().mac,
+                    vlan: None,
+                    ethertype: 0x0800,
+                }),
+                ip: IpRepr::V4(Ipv4Repr {
+                    src: sip,
+                    dst: dip,
+                    dscp: 0,
+                    ecn: wire::Ecn::NotEct,
+                    ident: 0,
+                    dont_frag: true,
+                    ttl: 64,
+                }),
+                udp: UdpRepr {
+                    src_port: 0xc000,
+                    dst_port: 4791,
+                    checksum: 0,
+                },
+                roce: RoceRepr::new(bth, ext, payload.len()),
+            };
+            let mut buf = vec![0u8; f.buffer_len()];
+            if f.emit(&mut buf, &payload).is_err() {
+                continue;
+            }
+            p.b.handle_frame(p.now, &buf);
+            if psn == next_psn {
+                next_psn = (next_psn + 1) & 0xff_ffff;
+            }
+            p.drive_for(Duration::from_micros(50));
+        }
+        p.drive_for(Duration::from_millis(5));
+        let mut got = vec![0u8; 8192];
+        mr_y.read(0, &mut got).unwrap();
+        assert!(got == fill, "seed {seed}: domain Y's region changed");
+        assert_eq!(
+            p.b.srq_occupancy(srq_y).map(|o| o.1),
+            Some(0),
+            "seed {seed}"
+        );
+        assert_eq!(
+            p.b.srq_occupancy(plain).map(|o| o.1),
+            Some(0),
+            "seed {seed}"
+        );
+        assert!(poll(&mut p.b, cq_y).is_empty(), "seed {seed}");
+        // The target did take some of them (the test reaches past the XRC checks).
+        let took = p.b.srq_occupancy(srq_x).map_or(0, |o| o.1);
+        let st = p.b.query_qp(tgt).unwrap().0;
+        assert!(took > 0 || st == QpState::Err, "seed {seed}: {took} {st:?}");
+    }
+}
