@@ -201,6 +201,43 @@ fn cm_ctx() -> *mut ibv_context {
         .unwrap_or(null_mut())
 }
 
+/// The XRC domain of the CM's device, opened (unshared) the first time an XRC id needs one,
+/// as librdmacm keeps one per device; NULL if it cannot be opened.
+fn cm_xrcd() -> *mut ibv_xrcd {
+    static XRCD: Mutex<usize> = Mutex::new(0);
+    let mut g = lock(&XRCD);
+    if *g == 0 {
+        let mut a = ibv_xrcd_init_attr {
+            comp_mask: IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd: -1,
+            oflags: 0,
+        };
+        let ctx = cm_ctx();
+        if ctx.is_null() {
+            return null_mut();
+        }
+        // SAFETY: the CM's context and a local attribute struct.
+        *g = unsafe { verbs::open_xrcd(ctx, &mut a) } as usize;
+    }
+    *g as *mut ibv_xrcd
+}
+
+/// Whether a C id is of an XRC half (`rdma_create_ep` with an XRC `ai_qp_type`).
+fn xrc_id(c: &rdma_cm_id) -> bool {
+    matches!(c.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV)
+}
+
+/// A synchronous id keeps the event its call completed with in `id->event` (librdmacm's
+/// `ucma_complete`: `rdma_xclient` reads the REP's private data there) until its next
+/// synchronous call or its destruction acknowledges it.
+fn hold_sync_event(old: *mut rdma_cm_event, ev: CmEvent) {
+    if !old.is_null() {
+        // SAFETY: the event this id held, not handed to the program to acknowledge.
+        unsafe { rdma_ack_cm_event(old) };
+    }
+    deliver(ev);
+}
+
 // ---- objects -------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -345,6 +382,8 @@ fn port_space(ps: c_int) -> Option<PortSpace> {
     match ps {
         RDMA_PS_TCP => Some(PortSpace::TCP),
         RDMA_PS_UDP => Some(PortSpace::UDP),
+        // Native IB addressing: connected ids here (rdma_xserver/rdma_xclient's XRC ids).
+        RDMA_PS_IB => Some(PortSpace::IB),
         _ => None,
     }
 }
@@ -913,6 +952,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let p = id as usize;
     // SAFETY: an id of this library, not used by the program after this.
     let w = unsafe { &mut *(id as *mut IdW) };
+    if w.sync && !w.c.event.is_null() {
+        // The event a synchronous call left in `id->event` (`hold_sync_event`).
+        // SAFETY: an event of this id, never the program's to acknowledge.
+        unsafe { rdma_ack_cm_event(w.c.event) };
+    }
     let num = w.id.as_ref().map(|c| c.id().0);
     // Out of the registry first (no event reaches it after this), then wait until the events
     // counted against it are acknowledged, as librdmacm does: another thread may be handling
@@ -1183,9 +1227,34 @@ pub unsafe extern "C" fn rdma_create_qp(
         a.srq = w.c.srq;
     }
     let ud = w.c.ps == RDMA_PS_UDP;
-    a.qp_type = if ud { 4 } else { 2 };
-    // SAFETY: a PD of this library and the caller's attributes, CQs filled in.
-    let qp = unsafe { verbs::ibv_create_qp(pd, attr) };
+    a.qp_type = if ud {
+        4
+    } else if xrc_id(&w.c) {
+        w.c.qp_type
+    } else {
+        2
+    };
+    let qp = if a.qp_type == IBV_QPT_XRC_RECV {
+        // A target QP in the CM device's XRC domain (librdmacm's `ucma_get_xrcd`).
+        let x = cm_xrcd();
+        if x.is_null() {
+            return -1;
+        }
+        // SAFETY: plain C data.
+        let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.qp_context = a.qp_context;
+        ex.qp_type = IBV_QPT_XRC_RECV;
+        ex.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+        ex.xrcd = x;
+        // SAFETY: the CM's context and a domain of this library.
+        unsafe { verbs::create_xrc_recv_qp(cm_ctx(), &mut ex) }
+    } else {
+        if a.qp_type == IBV_QPT_XRC_SEND {
+            a.srq = null_mut();
+        }
+        // SAFETY: a PD of this library and the caller's attributes, CQs filled in.
+        unsafe { verbs::ibv_create_qp(pd, attr) }
+    };
     if qp.is_null() {
         return -1;
     }
@@ -1470,9 +1539,10 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_par
     };
     if r.is_ok() && w.sync {
         return match sync_wait(w, EventType::Established) {
-            Ok(_) => {
+            Ok(ev) => {
                 w.refresh();
                 w.refresh_qp_state();
+                hold_sync_event(w.c.event, ev);
                 0
             }
             Err(e) => fail(e),
@@ -1552,6 +1622,9 @@ pub unsafe extern "C" fn rdma_get_request(
     nw.sync = true;
     nw.c.pd = lw.c.pd;
     nw.c.srq = lw.c.srq;
+    if xrc_id(&lw.c) {
+        nw.c.qp_type = lw.c.qp_type;
+    }
     if let Some((pd, mut a)) = lw.ep_qp_attr {
         // SAFETY: the listener's PD (or NULL) and a copy of its QP attributes.
         if unsafe { rdma_create_qp(new, pd as *mut ibv_pd, &mut a) } != 0 {
@@ -1594,8 +1667,9 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_para
     // A synchronous id (from rdma_get_request) waits for the connection.
     if r.is_ok() && w.sync && w.c.ps == RDMA_PS_TCP {
         return match sync_wait(w, EventType::Established) {
-            Ok(_) => {
+            Ok(ev) => {
                 w.refresh_qp_state();
+                hold_sync_event(w.c.event, ev);
                 0
             }
             Err(e) => fail(e),
@@ -1875,8 +1949,43 @@ pub unsafe extern "C" fn rdma_create_srq(
             return -1;
         }
     }
-    // SAFETY: a PD of this library and the caller's attributes.
-    let srq = unsafe { verbs::ibv_create_srq(pd, attr) };
+    let srq = if w.c.qp_type == IBV_QPT_XRC_RECV {
+        // An XRC SRQ in the CM device's domain, completing on the id's receive CQ (made
+        // here if the id has none), as librdmacm makes it for an XRC id.
+        let x = cm_xrcd();
+        if x.is_null() {
+            return -1;
+        }
+        // SAFETY: the caller's attributes.
+        let a = unsafe { &mut *attr };
+        if w.c.recv_cq.is_null() {
+            let (ch, cq) = match cq_with_channel(a.attr.max_wr, id) {
+                Ok(x) => x,
+                Err(e) => return fail(e),
+            };
+            w.c.recv_cq_channel = ch;
+            w.c.recv_cq = cq;
+        }
+        // SAFETY: plain C data.
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.srq_context = a.srq_context;
+        ex.attr = a.attr;
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE
+            | IBV_SRQ_INIT_ATTR_PD
+            | IBV_SRQ_INIT_ATTR_XRCD
+            | IBV_SRQ_INIT_ATTR_CQ;
+        ex.srq_type = IBV_SRQT_XRC;
+        ex.pd = pd;
+        ex.xrcd = x;
+        ex.cq = w.c.recv_cq;
+        // SAFETY: the CM's context, objects of this library.
+        let s = unsafe { verbs::create_srq_ex(cm_ctx(), &mut ex) };
+        a.attr = ex.attr;
+        s
+    } else {
+        // SAFETY: a PD of this library and the caller's attributes.
+        unsafe { verbs::ibv_create_srq(pd, attr) }
+    };
     if srq.is_null() {
         return -1;
     }
@@ -1995,6 +2104,10 @@ pub unsafe extern "C" fn rdma_create_ep(
     // SAFETY: the id just made.
     let w = unsafe { idw(new) };
     w.c.pd = pd;
+    if matches!(r.ai_qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) {
+        // The id's QPs are of that XRC half (librdmacm's `rdma_create_id2` with the type).
+        w.c.qp_type = r.ai_qp_type;
+    }
     if !qp_attr.is_null() {
         if passive {
             // SAFETY: the caller's attributes, copied for each request's id.

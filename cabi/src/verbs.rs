@@ -2277,7 +2277,7 @@ fn xrcd_files<R>(f: impl FnOnce(&mut XrcdFiles) -> R) -> R {
 /// (as the kernel's command requires); `fd` -1 opens a domain of its own, a file's descriptor
 /// the file's domain (`O_CREAT` makes it if there is none, else EINVAL; with `O_EXCL` an
 /// existing one is EEXIST).
-unsafe extern "C" fn open_xrcd(
+pub(crate) unsafe extern "C" fn open_xrcd(
     ctx: *mut ibv_context,
     attr: *mut ibv_xrcd_init_attr,
 ) -> *mut ibv_xrcd {
@@ -2377,7 +2377,7 @@ unsafe extern "C" fn close_xrcd(x: *mut ibv_xrcd) -> c_int {
 /// `ibv_create_srq_ex` (through `verbs_context.create_srq_ex`; libibverbs itself sends a
 /// basic SRQ with a PD to `ibv_create_srq`): an XRC SRQ needs its PD, domain and CQ; a basic
 /// one its PD; tag matching is EOPNOTSUPP.
-unsafe extern "C" fn create_srq_ex(
+pub(crate) unsafe extern "C" fn create_srq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_srq_init_attr_ex,
 ) -> *mut ibv_srq {

@@ -1264,6 +1264,18 @@ fn rdmacm_utils_examples_both_ends() {
     );
     assert!(s.contains("rdma_xserver: end 0"), "{s}");
     assert!(c.contains("rdma_xclient: end 0"), "{c}");
+    // Its XRC mode (-c x): ids of RDMA_PS_IB with XRC QP types; the server's request id gets
+    // a target QP in librdmacm's XRC domain and an XRC SRQ (rdma_create_srq) whose number
+    // rides in the accept's private data; the client's initiator sends to that SRQ (the
+    // number read from `id->event`, the ESTABLISHED event the synchronous connect keeps) and
+    // the server's rdma_get_recv_comp takes the receive from the SRQ's CQ.
+    let (s, c, st) = pair_when(Ready::CmListen, "rdma_xserver -c x", "rdma_xclient -c x -s");
+    assert_eq!(
+        st, "server=0 client=0",
+        "rdma_xserver -c x\n--- server\n{s}\n--- client\n{c}"
+    );
+    assert!(s.contains("rdma_xserver: end 0"), "{s}");
+    assert!(c.contains("rdma_xclient: end 0"), "{c}");
     let cmd = "ib_send_bw -R -c UD -d ferroce_lo -n 300";
     let (s, c, st) = pair_when(Ready::CmListen, cmd, cmd);
     assert_eq!(

@@ -877,14 +877,25 @@ impl State {
             mac: mac.unwrap_or_default(),
             psn: p.sq_psn.get(),
         };
-        let (mut rtr, rtr_mask) = params.rtr_attr(&remote_end);
+        let (mut rtr, mut rtr_mask) = params.rtr_attr(&remote_end);
+        let (rts, mut rts_mask) = params.rts_attr();
+        // An XRC half takes its own attributes (`ferroce::ib::attr`'s table): the initiator
+        // none of the responder's, the target only the timeout and a send PSN at RTS.
+        match sh.nic.with_device(|d| d.qp_type(qpn)) {
+            Ok(QpType::XrcSend) => {
+                rtr_mask.remove(QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER)
+            }
+            Ok(QpType::XrcRecv) => {
+                rts_mask = QpAttrMask::STATE | QpAttrMask::TIMEOUT | QpAttrMask::SQ_PSN
+            }
+            _ => {}
+        }
         // The rest of the path as the REQ carried it; without a neighbour entry the device
         // resolves the next hop itself.
         rtr.ah_attr.hop_limit = p.hop_limit;
         rtr.ah_attr.flow_label = p.flow_label;
         rtr.ah_attr.dmac = mac.map(|m| m.0);
         sh.nic.modify_qp(qpn, &rtr, rtr_mask)?;
-        let (rts, rts_mask) = params.rts_attr();
         sh.nic.modify_qp(qpn, &rts, rts_mask)?;
         Ok(())
     }
