@@ -1269,13 +1269,40 @@ fn rdmacm_utils_examples_both_ends() {
     // rides in the accept's private data; the client's initiator sends to that SRQ (the
     // number read from `id->event`, the ESTABLISHED event the synchronous connect keeps) and
     // the server's rdma_get_recv_comp takes the receive from the SRQ's CQ.
-    let (s, c, st) = pair_when(Ready::CmListen, "rdma_xserver -c x", "rdma_xclient -c x -s");
+    // The initiator's REQ says XRC (Transport Service Type 3, Extended Transport Type 1), as
+    // Linux's CM writes it; tshark reads the client's capture.
+    let pcap = std::env::temp_dir().join(format!("ferroce-xclient-{}.pcap", std::process::id()));
+    let client = format!("env FERROCE_PCAP={} rdma_xclient -c x -s", pcap.display());
+    let (s, c, st) = pair_when(Ready::CmListen, "rdma_xserver -c x", &client);
     assert_eq!(
         st, "server=0 client=0",
         "rdma_xserver -c x\n--- server\n{s}\n--- client\n{c}"
     );
     assert!(s.contains("rdma_xserver: end 0"), "{s}");
     assert!(c.contains("rdma_xclient: end 0"), "{c}");
+    if which("tshark") {
+        let o = std::process::Command::new("tshark")
+            .args([
+                "-r",
+                &pcap.to_string_lossy(),
+                "-Y",
+                "infiniband.cm.req",
+                "-T",
+                "fields",
+            ])
+            .args([
+                "-e",
+                "infiniband.cm.req.transpsvctype",
+                "-e",
+                "infiniband.cm.req.ext_transport",
+            ])
+            .output()
+            .unwrap();
+        let f = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(f.trim(), "0x03\t0x01", "the XRC REQ's transport fields");
+        check_capture(&pcap);
+    }
+    let _ = std::fs::remove_file(&pcap);
     let cmd = "ib_send_bw -R -c UD -d ferroce_lo -n 300";
     let (s, c, st) = pair_when(Ready::CmListen, cmd, cmd);
     assert_eq!(

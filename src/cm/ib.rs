@@ -503,6 +503,7 @@ impl Cm {
             initiator_depth: p.initiator_depth,
             remote_cm_response_timeout: self.cfg.cm_response_timeout,
             transport: p.transport,
+            ext_transport: p.ext_transport & 7,
             starting_psn: p.starting_psn,
             local_cm_response_timeout: self.cfg.cm_response_timeout,
             retry_count: p.retry_count & 7,

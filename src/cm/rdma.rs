@@ -239,6 +239,9 @@ pub struct ConnParam<'a> {
     pub starting_psn: Psn,
     /// UD accept: the Q_Key the peer must use (default [`UDP_QKEY`]).
     pub qkey: u32,
+    /// The QP is an XRC initiator: the REQ says so (Transport Service Type 3, Extended
+    /// Transport Type 1, as Linux's CM sends for `IB_QPT_XRC_INI`).
+    pub xrc: bool,
 }
 
 impl<'a> ConnParam<'a> {
@@ -254,6 +257,7 @@ impl<'a> ConnParam<'a> {
             qp_num,
             starting_psn,
             qkey: UDP_QKEY,
+            xrc: false,
         }
     }
 }
@@ -860,6 +864,10 @@ impl RdmaCm {
                 cp.retry_count = p.retry_count;
                 cp.rnr_retry_count = p.rnr_retry_count;
                 cp.srq = p.srq;
+                if p.xrc {
+                    cp.transport = crate::wire::mad::cm::TransportType::EXTENDED;
+                    cp.ext_transport = 1;
+                }
                 cp.path = PathRepr {
                     hop_limit: route.hop_limit,
                     traffic_class: route.traffic_class,

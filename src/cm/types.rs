@@ -192,6 +192,8 @@ pub struct ConnectParams {
     pub dest: MadAddr,
     /// The transport service type.
     pub transport: TransportType,
+    /// The Extended Transport Type (with [`TransportType::EXTENDED`]; XRC: 1).
+    pub ext_transport: u8,
     /// The sender's QPN.
     pub local_qpn: QpNumber,
     /// The sender's starting PSN.
@@ -230,6 +232,7 @@ impl ConnectParams {
             service_id,
             dest,
             transport: TransportType::RC,
+            ext_transport: 0,
             local_qpn,
             starting_psn,
             path_mtu: PathMtu::M1024,

@@ -1367,11 +1367,12 @@ impl CmId {
     /// answer is ESTABLISHED (the QP at RTS); without one, CONNECT_RESPONSE (then
     /// [`establish`](Self::establish)).
     pub fn connect(&self, p: &ConnParam<'_>) -> Result<(), CmApiError> {
-        self.call(|st, _, now| {
+        self.call(|st, sh, now| {
             let mut p = *p;
             if let Some(qpn) = st.ids.get(&self.id).and_then(|i| i.qp) {
                 p.qp_num = qpn;
                 p.starting_psn = crate::wire::Psn::new(st.keys.psn());
+                p.xrc = sh.nic.with_device(|d| d.qp_type(qpn)) == Ok(QpType::XrcSend);
             }
             Ok(st.cm.connect(now, self.id, &p)?)
         })
