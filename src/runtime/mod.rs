@@ -294,7 +294,7 @@ struct SrqShadow {
 struct QpShadow {
     qp_type: QpType,
     pd: Pd,
-    /// Attached to an SRQ: receives are posted there.
+    /// Attached to an SRQ (receives are posted there), or of XRC (no receive queue).
     has_srq: bool,
     cap: crate::verbs::QpCap,
     state: AtomicU8,
@@ -868,7 +868,10 @@ impl Nic {
         let sh = Arc::new(QpShadow {
             qp_type: init.qp_type,
             pd: init.pd,
-            has_srq: init.srq.is_some(),
+            // An XRC QP has no receive queue either: a target's receives are its XRC SRQs'
+            // (the device counts their completions as the QP's retired receives, which
+            // `post_recv`'s arithmetic must never see: found by the C entry point fuzzer).
+            has_srq: init.srq.is_some() || init.qp_type.is_xrc(),
             cap: init.cap,
             state: AtomicU8::new(state_code(QpState::Reset)),
             sq_posted: AtomicU64::new(0),
