@@ -9,8 +9,7 @@ use ferroce::time::{Duration, Instant};
 use ferroce::verbs::*;
 use ferroce::wire::pretty::RoceLine;
 use ferroce::wire::{
-    self, AethRepr, BthRepr, CreditCode, EthernetRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr,
-    NakCode, Opcode, Psn, RoceRepr, Syndrome, UdpRepr, ROCE_V2_PORT,
+    self, AethRepr, BthRepr, CreditCode, ExtRepr, NakCode, Opcode, Psn, RoceRepr, Syndrome,
 };
 use std::collections::VecDeque;
 
@@ -161,35 +160,7 @@ impl Scen {
             Dir::BtoA => (&self.b, &self.a),
             Dir::AtoB => (&self.a, &self.b),
         };
-        let (sip, dip) = match (src.config().gids[0], dst.config().gids[0]) {
-            (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => (s, d),
-            _ => unreachable!(),
-        };
-        let f = FrameRepr {
-            eth: Some(EthernetRepr {
-                dst: dst.config().mac,
-                src: src.config().mac,
-                vlan: None,
-                ethertype: 0,
-            }),
-            ip: IpRepr::V4(Ipv4Repr {
-                src: sip,
-                dst: dip,
-                dscp: 0,
-                ecn: wire::Ecn::NotEct,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-            }),
-            udp: UdpRepr {
-                src_port: 0xc000,
-                dst_port: ROCE_V2_PORT,
-                checksum: 0,
-            },
-            roce,
-        };
-        let mut buf = vec![0u8; f.buffer_len()];
-        f.emit(&mut buf, payload).unwrap();
+        let buf = common::frame_between(src, dst, roce, payload);
         self.line(dir, &roce, " [injected]");
         self.wire.push_back((self.now + WIRE, dir, buf));
     }

@@ -2165,27 +2165,28 @@ pub unsafe extern "C" fn ibv_create_srq(
         srq_limit: init.attr.srq_limit,
     };
     let nic = nic_or!(s, fail);
-    let srq = match nic.create_srq(p.pd, attr) {
-        Ok(q) => q,
-        Err(e) => return fail(errno_of(&e)),
-    };
-    let mut max_sge = attr.max_sge;
-    if let Ok(a) = nic.query_srq(srq) {
-        init.attr.max_wr = a.max_wr;
-        init.attr.max_sge = a.max_sge;
-        max_sge = a.max_sge;
+    match nic.create_srq(p.pd, attr) {
+        Ok(srq) => srq_object(nic, pd, p.c.context, srq, init.srq_context, &mut init.attr),
+        Err(e) => fail(errno_of(&e)),
     }
-    srq_object(pd, p.c.context, srq, init.srq_context, max_sge)
 }
 
-/// The C object of SRQ `srq` made on `pd` of context `ctx`.
+/// The C object of SRQ `srq` made on `pd` of context `ctx`; `attr` (the caller's) gets the
+/// sizes the SRQ was given, as rdma-core's providers write them back.
 fn srq_object(
+    nic: &ferroce::runtime::Nic,
     pd: *mut ibv_pd,
     ctx: *mut ibv_context,
     srq: Srq,
     srq_context: *mut c_void,
-    max_sge: u32,
+    attr: &mut ibv_srq_attr,
 ) -> *mut ibv_srq {
+    let mut max_sge = attr.max_sge;
+    if let Ok(g) = nic.query_srq(srq) {
+        attr.max_wr = g.max_wr;
+        attr.max_sge = g.max_sge;
+        max_sge = g.max_sge;
+    }
     // SAFETY: plain C data.
     let mut c: ibv_srq = unsafe { std::mem::zeroed() };
     c.context = ctx;
@@ -2434,17 +2435,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
             // at creation.
             let s = unsafe { sh(p.c.context) };
             let nic = nic_or!(s, fail);
-            let srq = match nic.create_xrc_srq(p.pd, attr, x.xrcd, cq) {
-                Ok(q) => q,
-                Err(e) => return fail(errno_of(&e)),
-            };
-            let mut max_sge = attr.max_sge;
-            if let Ok(g) = nic.query_srq(srq) {
-                a.attr.max_wr = g.max_wr;
-                a.attr.max_sge = g.max_sge;
-                max_sge = g.max_sge;
+            match nic.create_xrc_srq(p.pd, attr, x.xrcd, cq) {
+                Ok(srq) => srq_object(nic, a.pd, p.c.context, srq, a.srq_context, &mut a.attr),
+                Err(e) => fail(errno_of(&e)),
             }
-            srq_object(a.pd, p.c.context, srq, a.srq_context, max_sge)
         }
         _ => fail(EOPNOTSUPP),
     }

@@ -150,6 +150,49 @@ pub fn connect_qps(
     p.connect(qa, qb, params, psn_a, psn_b).unwrap();
 }
 
+/// A RoCE v2 frame from device `from` to device `to` (their first addresses, IPv4; ECN not
+/// ECT, UDP source port 0xc000) carrying `roce` and `payload` with a valid ICRC: what the peer,
+/// or someone forging its packets, puts on the wire.
+pub fn frame_between(
+    from: &Device,
+    to: &Device,
+    roce: ferroce::wire::RoceRepr,
+    payload: &[u8],
+) -> Vec<u8> {
+    use ferroce::wire::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, UdpRepr};
+    let (std::net::IpAddr::V4(src), std::net::IpAddr::V4(dst)) =
+        (from.config().gids[0], to.config().gids[0])
+    else {
+        panic!("frame_between: IPv4 devices only");
+    };
+    let f = FrameRepr {
+        eth: Some(EthernetRepr {
+            dst: to.config().mac,
+            src: from.config().mac,
+            vlan: None,
+            ethertype: 0x0800,
+        }),
+        ip: IpRepr::V4(Ipv4Repr {
+            src,
+            dst,
+            dscp: 0,
+            ecn: ferroce::wire::Ecn::NotEct,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+        }),
+        udp: UdpRepr {
+            src_port: 0xc000,
+            dst_port: ferroce::wire::ROCE_V2_PORT,
+            checksum: 0,
+        },
+        roce,
+    };
+    let mut buf = vec![0u8; f.buffer_len()];
+    f.emit(&mut buf, payload).unwrap();
+    buf
+}
+
 pub fn poll(dev: &mut Device, cq: Cq) -> Vec<WorkCompletion> {
     let mut v = Vec::new();
     dev.poll_cq(cq, &mut v, usize::MAX).unwrap();
