@@ -13,9 +13,12 @@
 //! block and go to slot 0's device; multicast (QPN 0xffffff) stays (each device's group
 //! socket receives its own copy).
 //!
-//! A REQ or SIDR_REQ for a service nobody has claimed yet is held up to half a second for the
-//! program about to claim it (it binds its port and listens just after its peer connects:
-//! perftest `-R`), then handed up here, whose CM answers it.
+//! A REQ or SIDR_REQ for a service nobody has claimed yet is held for the program about to
+//! claim it (it binds its port and listens just after its peer connects: perftest `-R`): a
+//! REQ for as long as its sender waits before sending it again (its Remote CM Response
+//! Timeout; at least 2 s, at most 8 s), a SIDR_REQ for 2 s; then handed up here, whose CM (if
+//! the program runs one) answers it. A copy its sender sent again meanwhile takes the held
+//! copy's place (counted, [`ShareStats::superseded`]), so the claimant gets one.
 //!
 //! A frame for a block whose slot nobody holds is handed up here (the engine drops it as an
 //! unknown QP, as before). Frames of one receive batch for one slot travel as one datagram
@@ -54,6 +57,8 @@ const DEAD_FOR: Duration = Duration::from_millis(100);
 /// looked for meanwhile; at most this many held at once. The same 2 s as the CM's own listen
 /// grace, well inside a client's REQ response timeout.
 const HOLD_FOR: Duration = Duration::from_secs(2);
+/// The longest a REQ is held, whatever its Remote CM Response Timeout says.
+const MAX_HOLD: Duration = Duration::from_secs(8);
 const HOLD_CHECK: Duration = Duration::from_millis(5);
 const MAX_HELD: usize = 16;
 
@@ -183,6 +188,11 @@ pub struct ShareStats {
     pub unowned: u64,
     /// Datagrams refused: from another user, without credentials, cut short or malformed.
     pub refused: u64,
+    /// CM requests for a service nobody claimed yet, held for their claimant.
+    pub held: u64,
+    /// Held CM requests whose sender sent them again while held (the newer copy waits in
+    /// the held one's place).
+    pub superseded: u64,
 }
 
 /// Where a received frame goes.
@@ -456,6 +466,53 @@ struct Held {
     check: IcrcCheck,
     dst: IpAddr,
     sid: u64,
+    /// Who sent it and its ID, as [`request_of`] reads them (a copy sent again has the same).
+    key: Option<RequestKey>,
+}
+
+/// A CM request's sender (source address), attribute (REQ, SIDR_REQ) and the sender's ID of
+/// it (REQ: Local Communication ID; SIDR_REQ: Request ID).
+type RequestKey = (IpAddr, u16, u32);
+
+/// The source address of `frame` (as [`ip_and_bth`] reads it).
+fn src_ip(frame: &[u8]) -> Option<IpAddr> {
+    match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
+        0x0800 => {
+            let a: [u8; 4] = frame.get(26..30)?.try_into().ok()?;
+            Some(IpAddr::from(a).to_canonical())
+        }
+        0x86dd => {
+            let a: [u8; 16] = frame.get(22..38)?.try_into().ok()?;
+            Some(IpAddr::from(a).to_canonical())
+        }
+        _ => None,
+    }
+}
+
+/// What identifies CM request `frame` (a REQ or SIDR_REQ, as [`route`] found it) among the
+/// copies its sender sends, and how long its sender waits for an answer before sending it
+/// again, where the request says (a REQ's Remote CM Response Timeout, IBTA §12.6.5: 4.096 µs
+/// × 2^value).
+fn request_of(frame: &[u8]) -> Option<(RequestKey, Option<Duration>)> {
+    use crate::wire::mad::cm::{Req, SidrReq};
+    let (_, bth) = ip_and_bth(frame)?;
+    // BTH and DETH, then the MAD: its header, then the attribute's data.
+    let mad = frame.get(bth + 20..)?;
+    let attr = u16::from_be_bytes(mad.get(16..18)?.try_into().ok()?);
+    let data = mad.get(24..)?;
+    let src = src_ip(frame)?;
+    match attr {
+        0x0010 => {
+            let r = Req::new_checked(data).ok()?;
+            let wait = Duration::from_nanos(4096u64 << r.remote_cm_response_timeout().min(31));
+            Some(((src, attr, r.local_comm_id()), Some(wait)))
+        }
+        0x0017 => {
+            let r = SidrReq::new_checked(data).ok()?;
+            Some(((src, attr, r.request_id()), None))
+        }
+        _ => None,
+    }
 }
 
 /// A packet device shared with the devices of other slots (see the module documentation).
@@ -472,8 +529,9 @@ pub struct Shared<D> {
     /// the engine to look for their claimants.
     held: std::collections::VecDeque<Held>,
     timer: super::event::TimerFd,
-    /// How long a request is held ([`HOLD_FOR`] unless [`Shared::with_hold`] says).
-    hold_for: Duration,
+    /// How long every request is held, if [`Shared::with_hold`] said (otherwise as the
+    /// module documentation says).
+    hold_for: Option<Duration>,
     /// The datagram last received from another slot, and how much of it is handed up.
     rx: Vec<u8>,
     rx_len: usize,
@@ -507,18 +565,18 @@ impl<D: PacketDevice> Shared<D> {
             stats: ShareStats::default(),
             held: Default::default(),
             timer,
-            hold_for: HOLD_FOR,
+            hold_for: None,
             rx: vec![0; BATCH_BYTES + MAX_FRAME + RECORD_HEAD],
             rx_len: 0,
             rx_pos: 0,
         })
     }
 
-    /// Hold a CM request for a service nobody claims for `d` instead of [`HOLD_FOR`] (its
-    /// claimant is looked for every 5 ms meanwhile, or every `d` if shorter).
+    /// Hold every CM request for a service nobody claims for `d`, whatever the request
+    /// says (its claimant is looked for every 5 ms meanwhile, or every `d` if shorter).
     #[must_use]
     pub fn with_hold(mut self, d: Duration) -> Self {
-        self.hold_for = d;
+        self.hold_for = Some(d);
         self
     }
 
@@ -587,7 +645,7 @@ impl<D: PacketDevice> Shared<D> {
     }
 
     /// Hand on the held CM requests whose service is claimed now (or hand them up here if
-    /// this device claims it, or once held for [`HOLD_FOR`]: the CM here answers), at most
+    /// this device claims it, or once held long enough: the CM here answers), at most
     /// `max` handed up (`*n` counts them); the timer wakes the engine again while some wait.
     fn release_held(&mut self, max: usize, n: &mut usize, f: &mut dyn FnMut(&[u8], IcrcCheck)) {
         if self.held.is_empty() {
@@ -619,7 +677,11 @@ impl<D: PacketDevice> Shared<D> {
         self.held = keep;
         if self.held.is_empty() {
             self.timer.disarm();
-        } else if self.timer.arm(HOLD_CHECK.min(self.hold_for)).is_err() {
+        } else if self
+            .timer
+            .arm(HOLD_CHECK.min(self.hold_for.unwrap_or(HOLD_CHECK)))
+            .is_err()
+        {
             // No timer: hand them up now rather than hold them unwatched.
             while let Some(h) = self.held.pop_front() {
                 f(&h.frame, h.check);
@@ -664,7 +726,8 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
             hold_for,
             ..
         } = self;
-        let (hold_for, look_every) = (*hold_for, HOLD_CHECK.min(*hold_for));
+        let hold_for = *hold_for;
+        let look_every = HOLD_CHECK.min(hold_for.unwrap_or(HOLD_CHECK));
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
             let to = match route(fr) {
                 Route::Slot(b) if b != own && !peers.is_dead(b) => b,
@@ -674,17 +737,36 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
                     Some(_) => return f(fr, check),
                     // By nobody yet: held for a while for the program about to claim it
                     // (then, or once held long enough, the CM there or here answers).
-                    None if held.len() < MAX_HELD && timer.arm(look_every).is_ok() => {
+                    None => {
+                        let req = request_of(fr);
+                        let key = req.map(|r| r.0);
+                        if let Some(h) = held.iter_mut().find(|h| key.is_some() && h.key == key) {
+                            // Sent again: the newer copy waits in its place, as long as the
+                            // first was to wait (the sender is told no later than it was).
+                            h.frame.clear();
+                            h.frame.extend_from_slice(fr);
+                            h.check = check;
+                            stats.superseded += 1;
+                            return;
+                        }
+                        if held.len() >= MAX_HELD || timer.arm(look_every).is_err() {
+                            return f(fr, check);
+                        }
+                        let wait = hold_for.unwrap_or_else(|| {
+                            req.and_then(|r| r.1)
+                                .map_or(HOLD_FOR, |w| w.clamp(HOLD_FOR, MAX_HOLD))
+                        });
                         held.push_back(Held {
-                            until: Instant::now() + hold_for,
+                            until: Instant::now() + wait,
                             frame: fr.to_vec(),
                             check,
                             dst,
                             sid,
+                            key,
                         });
+                        stats.held += 1;
                         return;
                     }
-                    None => return f(fr, check),
                 },
                 Route::Slot(b) if b != own => {
                     stats.unowned += 1;
@@ -1031,6 +1113,71 @@ mod tests {
         send(&mut peer, &[req(sid + 1)]);
         assert!(drain(&mut a, &mut b, HOLD_FOR / 2).is_empty());
         assert_eq!(drain(&mut a, &mut b, HOLD_FOR).len(), 1);
+    }
+
+    /// A REQ is held as long as its sender waits before sending it again (its Remote CM
+    /// Response Timeout, byte 43 of the REQ, top 5 bits: here 2^21 × 4.096 µs = 8.6 s, so the
+    /// 8 s cap), not only the 2 s a SIDR_REQ or a REQ that waits less is held; a copy sent
+    /// again while held takes the held one's place, so the claimant gets one copy, the
+    /// newer; a REQ of another ID is held on its own.
+    #[test]
+    fn a_held_req_waits_its_response_timeout_and_a_resent_copy_replaces_it() {
+        let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
+        let nb = sb.number();
+        let da = device(0, true);
+        let port = da.local_addr().port();
+        let db = device(port, true);
+        let mut a = Shared::new(da, sa, &[LO]).unwrap();
+        let mut b = Shared::new(db, sb, &[LO]).unwrap();
+        let mut peer = device(0, false);
+        let sid = 0x0106_0000 | u64::from(port);
+        let m = 14 + 20 + 8 + 20;
+        let req = |id: u32, timeout: u8, mark: u8| {
+            let mut f = mad(7, 0x10, id, 0, sid);
+            f[m + 24 + 43] = timeout << 3;
+            // A byte the CM does not read (private data) tells the copies apart.
+            f[m + 24 + 100] = mark;
+            to_port(&mut f, LO, port);
+            f
+        };
+        assert_eq!(
+            request_of(&req(0x0900_0001, 21, 0)),
+            Some((
+                (LO, 0x10, 0x0900_0001),
+                Some(Duration::from_nanos(4096 << 21))
+            ))
+        );
+        assert_eq!(
+            request_of(&mad(7, 0x17, 0x0a00_0002, 0, sid)),
+            Some(((LO, 0x17, 0x0a00_0002), None))
+        );
+        assert_eq!(request_of(&mad(7, 0x10, 1, 0, sid)[..m + 24 + 200]), None);
+        let drain = |a: &mut Shared<UdpDevice>, b: &mut Shared<UdpDevice>, for_: Duration| {
+            let mut got = Vec::new();
+            let until = Instant::now() + for_;
+            while Instant::now() < until {
+                for (k, d) in [&mut *a, &mut *b].into_iter().enumerate() {
+                    d.wait_readable(Some(Duration::from_millis(2))).unwrap();
+                    d.recv_batch(64, &mut |fr| got.push((k, fr[m + 24 + 100])))
+                        .unwrap();
+                }
+            }
+            got
+        };
+        send(&mut peer, &[req(0x0900_0001, 21, 1)]);
+        send(&mut peer, &[req(0x0900_0002, 21, 7)]);
+        assert!(drain(&mut a, &mut b, Duration::from_millis(50)).is_empty());
+        send(&mut peer, &[req(0x0900_0001, 21, 2)]);
+        // Past the 2 s a SIDR_REQ is held: still held.
+        assert!(drain(&mut a, &mut b, HOLD_FOR + Duration::from_millis(300)).is_empty());
+        let claim = ServiceClaim::take(nb, Some(LO), sid).unwrap();
+        let mut got = drain(&mut a, &mut b, Duration::from_millis(100));
+        got.sort_unstable();
+        assert_eq!(got, [(1, 2), (1, 7)]);
+        let st = a.share_stats();
+        let tb = b.share_stats();
+        assert_eq!((st.held + tb.held, st.superseded + tb.superseded), (2, 1));
+        drop(claim);
     }
 
     #[test]
