@@ -1302,10 +1302,34 @@ fn xrc_sends_land_in_the_srq_they_name_and_rdma_uses_its_pd() {
     assert!(trace
         .iter()
         .any(|(_, a, r, _)| !*a && r.bth.opcode.name() == "XRC_ACKNOWLEDGE"));
-    // The domain stays while its SRQs and target QPs do; an XRC SRQ's CQ while the SRQ does.
+    // A SEND to each SRQ, left unpolled at B.
+    p.b.post_srq_recv(srq1, recv(12, &mr_b, 0, 64)).unwrap();
+    p.b.post_srq_recv(srq2, recv(23, &mr_b, 64, 64)).unwrap();
+    p.a.post_send(ini, send(6, 0, 10, srq1)).unwrap();
+    p.a.post_send(ini, send(7, 0, 20, srq2)).unwrap();
+    p.drive_for(Duration::from_millis(20));
+    let wa = poll(&mut p.a, cq_a);
+    assert_eq!(wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [6, 7]);
+    // The domain stays while its SRQs and target QPs do; an XRC SRQ's CQ while the SRQ does;
+    // the SRQs' PD while they do (the target has no PD, nor CQ).
     assert!(matches!(p.b.dealloc_xrcd(xrcd), Err(VerbsError::Busy(_))));
     assert!(matches!(p.b.destroy_cq(cq1), Err(VerbsError::Busy(_))));
+    assert!(matches!(p.b.dealloc_pd(pd_b), Err(VerbsError::Busy(_))));
     p.b.destroy_qp(tgt).unwrap();
+    // What the target received stays in its XRC SRQs' CQs, both of them, not only the last
+    // message's (their WQEs were spent; mlx5 cleans no CQ for an XRC target either).
+    let (w1, w2) = (poll(&mut p.b, cq1), poll(&mut p.b, cq2));
+    assert_eq!(
+        (
+            w1.iter()
+                .map(|w| (w.wr_id, w.byte_len, w.qp_num))
+                .collect::<Vec<_>>(),
+            w2.iter()
+                .map(|w| (w.wr_id, w.byte_len, w.qp_num))
+                .collect::<Vec<_>>()
+        ),
+        (vec![(12, 10, tgt)], vec![(23, 20, tgt)])
+    );
     assert!(matches!(p.b.dealloc_xrcd(xrcd), Err(VerbsError::Busy(_))));
     p.b.destroy_srq(srq1).unwrap();
     p.b.destroy_srq(srq2).unwrap();

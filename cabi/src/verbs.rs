@@ -2780,19 +2780,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     crate::ex::purge_qp(unsafe { &*(cq as *mut CqW) }, w.qpn);
                 }
             }
-            if w.qp_type == QpType::XrcRecv {
-                // A target's completions are in its XRC SRQs' CQs: any CQ of its context.
-                let ctx = w.c.context as usize;
-                objects(|o| {
-                    for &(cq, owner) in o.cqs.values() {
-                        if owner == ctx {
-                            // SAFETY: a CQ in the registry is alive (ibv_destroy_cq takes it
-                            // out, under this lock, before it frees it).
-                            crate::ex::purge_qp(unsafe { &*(cq as *mut CqW) }, w.qpn);
-                        }
-                    }
-                });
-            }
+            // (An XRC target has no CQs: what it received stays in its XRC SRQs' CQs, as
+            // Device::destroy_qp keeps it.)
             // SAFETY: not used after this.
             let b = unsafe { Box::from_raw(qp as *mut QpW) };
             let bounce = b.tx.lock().unwrap_or_else(|e| e.into_inner()).bounce.take();

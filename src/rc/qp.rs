@@ -280,8 +280,21 @@ pub(crate) struct Responder {
     /// Selective repeat: request packets kept ahead of the expected PSN, by PSN
     /// (`rc/reorder.rs`).
     pub reorder: std::collections::BTreeMap<u32, (RoceRepr, Vec<u8>)>,
-    /// XRC target: the XRCETH of the message being started names no XRC SRQ of its domain.
-    pub xrc_srq_bad: bool,
+    /// XRC target: where the message being received (or the last one) lands, chosen by the
+    /// XRCETH of the request that starts it; `None` before the first request and when that
+    /// XRCETH names no XRC SRQ of the target's domain (the request is refused). The QP's own
+    /// PD, receive CQ and SRQ stay none of these: the target has none (IBTA 14.2.3 via
+    /// libibverbs' `IBV_QPT_XRC_RECV`).
+    pub xrc_dest: Option<XrcDest>,
+}
+
+/// An XRC target's message destination: the XRC SRQ its XRCETH names, with that SRQ's PD
+/// (checked against the memory it lands in and the R_Keys it uses) and CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct XrcDest {
+    pub srq: Srq,
+    pub pd: Pd,
+    pub cq: Cq,
 }
 
 /// A value that starts a cache line (the QP's counters: the ones every packet counts, the first
@@ -689,20 +702,46 @@ impl Qp {
     /// that is an XRC SRQ of the target's domain (else the request is refused at
     /// [`Step::OpValid`](super::responder)).
     fn choose_xrc_srq(&mut self, ctx: &Ctx<'_>, srqn: Option<u32>) {
-        let found = srqn.and_then(|n| {
+        self.resp.xrc_dest = srqn.and_then(|n| {
             let ring = ctx.srqs.get(n as usize)?.as_ref()?;
             let x = ring.xrc?;
-            (Some(x.xrcd) == self.xrcd).then_some((n, ring.pd, x.cq))
+            (Some(x.xrcd) == self.xrcd).then_some(XrcDest {
+                srq: Srq(n),
+                pd: ring.pd,
+                cq: x.cq,
+            })
         });
-        match found {
-            Some((n, pd, cq)) => {
-                self.srq = Some(Srq(n));
-                self.pd = pd;
-                self.recv_cq = cq;
-                self.resp.xrc_srq_bad = false;
-            }
-            None => self.resp.xrc_srq_bad = true,
+    }
+
+    /// The SRQ the message being received takes its WQE from: the QP's own, or the XRC SRQ
+    /// an XRC target's message names.
+    pub(super) fn rx_srq(&self) -> Option<Srq> {
+        match self.xrc {
+            XrcRole::Recv => self.resp.xrc_dest.map(|d| d.srq),
+            _ => self.srq,
         }
+    }
+
+    /// The PD the message being received is checked against (an XRC target's: its XRC SRQ's).
+    pub(super) fn rx_pd(&self) -> Pd {
+        match (self.xrc, self.resp.xrc_dest) {
+            (XrcRole::Recv, Some(d)) => d.pd,
+            _ => self.pd,
+        }
+    }
+
+    /// The CQ the message being received completes into (an XRC target's: its XRC SRQ's).
+    pub(crate) fn rx_cq(&self) -> Cq {
+        match (self.xrc, self.resp.xrc_dest) {
+            (XrcRole::Recv, Some(d)) => d.cq,
+            _ => self.recv_cq,
+        }
+    }
+
+    /// Whether its receive WQEs come from a shared queue (an SRQ, or an XRC target's XRC
+    /// SRQs): none of them is this QP's to count in credits or to spend on an error report.
+    pub(super) fn shares_rq(&self) -> bool {
+        self.srq.is_some() || self.xrc == XrcRole::Recv
     }
 
     fn handle_rc_packet(&mut self, ctx: &mut Ctx<'_>, ecn: Ecn, r: &RoceRepr, payload: &[u8]) {
@@ -1072,7 +1111,7 @@ impl Qp {
         flags.set(WcFlags::WITH_INV, inv.is_some());
         flags.insert(WcFlags::GRH);
         ctx.complete(
-            self.recv_cq,
+            self.rx_cq(),
             WorkCompletion {
                 wr_id: rwqe.wr_id,
                 status,
@@ -1099,7 +1138,7 @@ impl Qp {
     pub(super) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
         self.set_state(QpState::Err);
         self.flush(ctx);
-        if self.srq.is_some() {
+        if self.rx_srq().is_some() {
             // It takes no more of the SRQ's WQEs (IBTA 11.6.3.4, "Last WQE Reached").
             ctx.events
                 .push(crate::ib::AsyncEvent::QpLastWqeReached(self.num));
@@ -1108,7 +1147,7 @@ impl Qp {
 
     /// Whether a receive WQE is there for a message (in the SRQ if attached).
     pub(super) fn recv_available(&self, ctx: &Ctx<'_>) -> bool {
-        match self.srq {
+        match self.rx_srq() {
             Some(s) => ctx.srq_has_wqe(s),
             None => !self.rq.is_empty(),
         }
@@ -1116,7 +1155,7 @@ impl Qp {
 
     /// Take the receive WQE for a message (from the SRQ if attached).
     pub(super) fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWqe> {
-        match self.srq {
+        match self.rx_srq() {
             Some(s) => ctx.srq_take(s),
             None => self.rq.pop_front(),
         }

@@ -7,7 +7,9 @@
 //! queue gets an RNR NAK; an invalid request, a remote access error and a remote operational
 //! error are fatal: one NAK, then the QP moves to the error state.
 
-use super::qp::{InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, MAX_RESP_QUEUE, RESP_ROOM};
+use super::qp::{
+    InMsg, PayloadSrc, Qp, Resource, RespItem, TxDesc, XrcRole, MAX_RESP_QUEUE, RESP_ROOM,
+};
 use crate::ib::mr::{scatter, MrShared};
 use crate::ib::wc::{WcOpcode, WcStatus};
 use crate::ib::{AccessFlags, AsyncEvent, Ctx, QpState};
@@ -95,7 +97,7 @@ impl Qp {
     /// The AETH credit count: the receive WQEs queued, or "not tracked" (0x1F) on an SRQ,
     /// whose WQEs other QPs take too (IBTA 9.7.7.2).
     fn credits(&self) -> CreditCode {
-        if self.srq.is_some() {
+        if self.shares_rq() {
             return CreditCode::UNLIMITED;
         }
         if self.dev.zero_credits {
@@ -243,7 +245,7 @@ impl Qp {
         let rwqe = match self.resp.in_msg.take() {
             Some(InMsg::Send { rwqe, .. }) => Some(rwqe),
             // An SRQ's WQEs are not this QP's to spend on an error report.
-            _ if self.srq.is_some() => None,
+            _ if self.shares_rq() => None,
             _ => self.rq.pop_front(),
         };
         // The responder's affiliated error (IBTA 11.6.3.1), as the event verbs reports it.
@@ -306,7 +308,7 @@ impl Qp {
 
     /// [`Step::OpValid`]: RC opcodes we execute, and the QP's remote access rights.
     fn check_op_valid(&self, op: Opcode, f: OpFlags) -> Result<(), Stop> {
-        if self.resp.xrc_srq_bad {
+        if self.xrc == XrcRole::Recv && self.resp.xrc_dest.is_none() {
             return Err(Stop::Fatal(Step::OpValid, INVALID));
         }
         let acc = self.attr.qp_access_flags;
@@ -438,9 +440,10 @@ impl Qp {
         } else {
             return Ok(None);
         };
+        let pd = self.rx_pd();
         let mr = ctx.mrs.by_rkey(rkey).filter(|mr| {
             mr.rkey_valid()
-                    && mr.pd == self.pd
+                    && mr.pd == pd
                     && mr.access.contains(need)
                     // A type 2 memory window: only on the QP it was bound through.
                     && mr.bound_qp.is_none_or(|q| q == self.num)
@@ -499,7 +502,17 @@ impl Qp {
             let Some(rwqe) = self.take_recv(ctx) else {
                 return Err(Stop::NotReady);
             };
-            return match land_send(ctx, self.pd, self.num, r, &rwqe, 0, first, last, payload) {
+            return match land_send(
+                ctx,
+                self.rx_pd(),
+                self.num,
+                r,
+                &rwqe,
+                0,
+                first,
+                last,
+                payload,
+            ) {
                 Ok(inv) => {
                     self.finish_send(ctx, r, &rwqe, payload.len() as u64, inv);
                     Ok(())
@@ -517,10 +530,11 @@ impl Qp {
             };
             self.resp.in_msg = Some(InMsg::Send { rwqe, off: 0 });
         }
+        let pd = self.rx_pd();
         let Some(InMsg::Send { rwqe, off }) = &mut self.resp.in_msg else {
             return Err(Stop::Fatal(Step::Execute, INVALID));
         };
-        let inv = land_send(ctx, self.pd, self.num, r, rwqe, *off, first, last, payload)?;
+        let inv = land_send(ctx, pd, self.num, r, rwqe, *off, first, last, payload)?;
         *off += payload.len() as u64;
         if !last {
             self.acknowledge(r, false);

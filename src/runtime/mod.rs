@@ -294,8 +294,9 @@ struct SrqShadow {
 struct QpShadow {
     qp_type: QpType,
     pd: Pd,
-    /// Attached to an SRQ (receives are posted there), or of XRC (no receive queue).
-    has_srq: bool,
+    /// It has no receive queue of its own: attached to an SRQ (receives are posted there), or
+    /// of XRC (an initiator receives nothing; a target takes its XRC SRQs' WQEs).
+    no_rq: bool,
     cap: crate::verbs::QpCap,
     state: AtomicU8,
     sq_posted: AtomicU64,
@@ -871,7 +872,7 @@ impl Nic {
             // An XRC QP has no receive queue either: a target's receives are its XRC SRQs'
             // (the device counts their completions as the QP's retired receives, which
             // `post_recv`'s arithmetic must never see: found by the C entry point fuzzer).
-            has_srq: init.srq.is_some() || init.qp_type.is_xrc(),
+            no_rq: init.srq.is_some() || init.qp_type.is_xrc(),
             cap: init.cap,
             state: AtomicU8::new(state_code(QpState::Reset)),
             sq_posted: AtomicU64::new(0),
@@ -1212,7 +1213,7 @@ impl Nic {
         if st == QpState::Reset {
             return Err(VerbsError::InvalidState(st));
         }
-        if sh.has_srq {
+        if sh.no_rq {
             return Err(VerbsError::QpHasSrq);
         }
         if wr.sg_list.len() > sh.cap.max_recv_sge.max(1) as usize {

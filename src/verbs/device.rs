@@ -600,12 +600,8 @@ impl Device {
                 "memory regions or windows of the PD exist",
             ));
         }
-        // (An XRC target's PD is that of the XRC SRQ its last message used: the SRQ's.)
-        if self
-            .qps
-            .values()
-            .any(|s| s.qp.qp_type() != QpType::XrcRecv && s.qp.pd() == pd)
-        {
+        // (An XRC target has no PD: its XRC SRQs' are checked as theirs.)
+        if self.qps.values().any(|s| s.qp.pd() == pd) {
             return Err(VerbsError::Busy("QPs of the PD exist"));
         }
         if self.srqs.iter().flatten().any(|s| s.pd == pd) {
@@ -908,10 +904,12 @@ impl Device {
     /// still in it are dropped with it.
     pub fn destroy_cq(&mut self, cq: Cq) -> Result<(), VerbsError> {
         self.cq_mut(cq)?;
-        // (An XRC target completes into its XRC SRQs' CQs, checked as the SRQs'.)
-        if self.qps.values().any(|s| {
-            s.qp.qp_type() != QpType::XrcRecv && (s.qp.send_cq() == cq || s.qp.recv_cq() == cq)
-        }) {
+        // (An XRC target has no CQ: it completes into its XRC SRQs', checked as theirs.)
+        if self
+            .qps
+            .values()
+            .any(|s| s.qp.send_cq() == cq || s.qp.recv_cq() == cq)
+        {
             return Err(VerbsError::Busy("a QP completes into the CQ"));
         }
         if self
@@ -1199,7 +1197,9 @@ impl Device {
     /// `ibv_destroy_qp`: the QP and its queues are gone, without completions (an SRQ it was
     /// attached to keeps its WQEs). The completions of the QP its send and receive CQs still
     /// hold (flushes of a QP in the error state included) are removed with it, as rdma-core's
-    /// providers clean a destroyed QP out of its CQs: no completion of it is polled after.
+    /// providers clean a destroyed QP out of its CQs: no completion of it is polled after. An
+    /// XRC target has no CQs: the completions of what it received stay in its XRC SRQs' CQs
+    /// (their WQEs were spent; mlx5 cleans no CQ for an XRC target QP either).
     pub fn destroy_qp(&mut self, qpn: QpNumber) -> Result<(), VerbsError> {
         self.scope_gen += 1;
         let slot = self

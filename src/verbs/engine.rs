@@ -222,7 +222,7 @@ impl Device {
             for (&qpn, slot) in self.qps.iter_mut() {
                 let qp = &mut *slot.qp;
                 if matches!(qp.state(), QpState::Err | QpState::Reset)
-                    || !(bad(&self.cqs, qp.send_cq()) || bad(&self.cqs, qp.recv_cq()))
+                    || !qp.completing_cqs().into_iter().any(|c| bad(&self.cqs, c))
                 {
                     continue;
                 }

@@ -93,6 +93,14 @@ impl TransportQp {
     pub(super) fn srq(&self) -> Option<Srq> {
         each!(self, q => q.srq())
     }
+    /// The CQs its completions go to now: its send and receive CQs (an XRC target, which has
+    /// none, completes into the CQ of the XRC SRQ its current or last message used).
+    pub(super) fn completing_cqs(&self) -> [Cq; 2] {
+        match self {
+            TransportQp::Rc(q) => [q.send_cq(), q.rx_cq()],
+            _ => [self.send_cq(), self.recv_cq()],
+        }
+    }
     pub(super) fn counters(&self) -> &QpCounters {
         each!(self, q => q.counters())
     }
