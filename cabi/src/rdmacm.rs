@@ -201,6 +201,25 @@ fn cm_ctx() -> *mut ibv_context {
         .unwrap_or(null_mut())
 }
 
+/// The CM device's protection domain, allocated the first time an id is on the device, as
+/// librdmacm allocates one per device and sets every id's `pd` to it once the id is bound to
+/// the device (`rdma_bind_addr`, `rdma_resolve_addr`, a connection request's new id):
+/// applications use `id->pd` for their regions and address handles without allocating one
+/// (pyverbs' `CMID.pd`, rdma-core's RDMA-CM tests); NULL if it cannot be allocated.
+fn cm_pd() -> *mut ibv_pd {
+    static PD: Mutex<usize> = Mutex::new(0);
+    let mut g = lock(&PD);
+    if *g == 0 {
+        let ctx = cm_ctx();
+        if ctx.is_null() {
+            return null_mut();
+        }
+        // SAFETY: the CM's context.
+        *g = unsafe { verbs::ibv_alloc_pd(ctx) } as usize;
+    }
+    *g as *mut ibv_pd
+}
+
 /// The XRC domain of the CM's device, opened (unshared) the first time an XRC id needs one,
 /// as librdmacm keeps one per device; NULL if it cannot be opened.
 fn cm_xrcd() -> *mut ibv_xrcd {
@@ -513,6 +532,9 @@ impl IdW {
             if !a.ip().is_unspecified() && served(a.ip()) {
                 self.c.verbs = cm_ctx();
                 self.c.port_num = 1;
+                if self.c.pd.is_null() {
+                    self.c.pd = cm_pd();
+                }
             }
         }
         if let Some(a) = peer {
@@ -701,6 +723,7 @@ fn deliver(ev: CmEvent) -> *mut rdma_cm_event {
         unsafe {
             (*w).c.verbs = cm_ctx();
             (*w).c.port_num = 1;
+            (*w).c.pd = cm_pd();
         }
         id = Some(w as usize);
     }
@@ -1193,8 +1216,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     }
     let mut pd = if pd.is_null() { w.c.pd } else { pd };
     if pd.is_null() {
-        // SAFETY: the CM's context.
-        pd = unsafe { verbs::ibv_alloc_pd(cm_ctx()) };
+        pd = cm_pd();
         if pd.is_null() {
             return -1;
         }
@@ -1620,7 +1642,9 @@ pub unsafe extern "C" fn rdma_get_request(
     // SAFETY: the new id; it inherits the listener's synchronous channel.
     let nw = unsafe { idw(new) };
     nw.sync = true;
-    nw.c.pd = lw.c.pd;
+    if !lw.c.pd.is_null() {
+        nw.c.pd = lw.c.pd;
+    }
     nw.c.srq = lw.c.srq;
     if xrc_id(&lw.c) {
         nw.c.qp_type = lw.c.qp_type;
@@ -1664,6 +1688,10 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_para
         Err(e) => return fail(e),
     };
     w.refresh_qp_state();
+    if w.c.ps == RDMA_PS_UDP {
+        // A SIDR_REP leaves before the call returns, as the REJ above.
+        flush();
+    }
     // A synchronous id (from rdma_get_request) waits for the connection.
     if r.is_ok() && w.sync && w.c.ps == RDMA_PS_TCP {
         return match sync_wait(w, EventType::Established) {
@@ -1691,10 +1719,17 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, l
         unsafe { std::slice::from_raw_parts(data as *const u8, len as usize) }
     };
     // SAFETY: an id of this library.
-    match unsafe { idw(id) }.cmid() {
-        Ok(c) => ret(c.reject(pd)),
-        Err(e) => fail(e),
-    }
+    let r = match unsafe { idw(id) }.cmid() {
+        Ok(c) => c.reject(pd),
+        Err(e) => return fail(e),
+    };
+    // The REJ leaves before the call returns, as the kernel's CM sends it whatever the
+    // process does next: a server that rejects and exits at once (without exit handlers: a
+    // Python multiprocessing child ends in _exit) would otherwise take it along, and the
+    // client's CM, sending its REQ again, would get another program's answer (rdma-core's
+    // test_rdmacm_async_reject_traffic, 2 runs in 14: a REJ without the private data).
+    flush();
+    ret(r)
 }
 
 /// librdmacm's `rdma_reject_ece` (`librdmacm.so.1` forwards to it).
@@ -1943,8 +1978,7 @@ pub unsafe extern "C" fn rdma_create_srq(
     let w = unsafe { idw(id) };
     let mut pd = if pd.is_null() { w.c.pd } else { pd };
     if pd.is_null() {
-        // SAFETY: the CM's context.
-        pd = unsafe { verbs::ibv_alloc_pd(cm_ctx()) };
+        pd = cm_pd();
         if pd.is_null() {
             return -1;
         }

@@ -1439,11 +1439,11 @@ fn rdma_bind_addr_and_getaddrinfo_from_hints() {
         "cm_bind",
         &out,
         &[
-            "bind the device's address (127.0.0.1): bound, on the device",
-            "bind the wildcard (0.0.0.0): bound, on no device",
-            "bind another loopback address (127.0.0.2): bound, on no device",
-            "bind another interface's address (10.7.0.9): No such device",
-            "bind a foreign address (192.0.2.1): Cannot assign requested address",
+            "bind the device's address (127.0.0.1): bound, on the device, the device's PD",
+            "bind the wildcard (0.0.0.0): bound, on no device, no PD",
+            "bind another loopback address (127.0.0.2): bound, on no device, no PD",
+            "bind another interface's address (10.7.0.9): No such device, on no device, no PD",
+            "bind a foreign address (192.0.2.1): Cannot assign requested address, on no device, no PD",
             "rdma_getaddrinfo from hints alone: family 0, port space 262, destination the \
              hints', source the hints'",
             "rdma_getaddrinfo with nothing: Invalid argument",

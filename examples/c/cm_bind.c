@@ -2,8 +2,11 @@
  * cm_bind.c — which local addresses an rdma_cm_id may bind, and what rdma_getaddrinfo answers
  * from hints alone, as libfabric's verbs provider relies on them:
  *
- *   an address of the device           binds, and the id is on the device (id->verbs set);
- *   the wildcard                        binds, on no device yet;
+ *   an address of the device           binds, and the id is on the device (id->verbs set),
+ *                                       with the device's PD in id->pd (one per device: the
+ *                                       same for every id; pyverbs' CMID.pd and rdma-core's
+ *                                       RDMA-CM tests use it);
+ *   the wildcard                        binds, on no device yet (no PD);
  *   a loopback address the device does not serve
  *                                       binds, on no device (libfabric then advertises the
  *                                       device's own addresses instead of 127.0.0.1);
@@ -26,6 +29,8 @@
 #include <string.h>
 
 static int failures;
+/* The PD of the first id bound to the device: every later one has the same. */
+static struct ibv_pd *device_pd;
 
 static void bind_case(struct rdma_event_channel *ch, const char *what, const char *ip,
 		      int want_err, int want_device)
@@ -41,9 +46,19 @@ static void bind_case(struct rdma_event_channel *ch, const char *what, const cha
 	errno = 0;
 	int r = rdma_bind_addr(id, (struct sockaddr *)&a);
 	int err = r ? errno : 0;
-	printf("bind %s (%s): %s, %s\n", what, ip, r ? strerror(err) : "bound",
-	       id->verbs ? "on the device" : "on no device");
-	if (err != want_err || (!r && !!id->verbs != want_device))
+	const char *pd = "no PD";
+	if (id->pd && id->verbs && id->pd->context == id->verbs) {
+		if (!device_pd)
+			device_pd = id->pd;
+		pd = id->pd == device_pd ? "the device's PD" : "a PD of its own";
+	} else if (id->pd) {
+		pd = "a PD of another context";
+	}
+	printf("bind %s (%s): %s, %s, %s\n", what, ip, r ? strerror(err) : "bound",
+	       id->verbs ? "on the device" : "on no device", pd);
+	if (err != want_err || (!r && !!id->verbs != want_device) ||
+	    (!r && want_device && (!id->pd || id->pd != device_pd)) ||
+	    ((r || !want_device) && id->pd))
 		failures++;
 	rdma_destroy_id(id);
 }
