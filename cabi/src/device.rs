@@ -867,6 +867,15 @@ impl Shared {
         let opts = self.opts;
         let nic = match std::env::var_os("FERROCE_PCAP").filter(|p| !p.is_empty()) {
             Some(p) => {
+                // `%p` in the name: this process's ID (the processes of one program each write
+                // their own file, as a forking server's or an MPI job's would otherwise
+                // overwrite one another's).
+                let p = match p.to_str() {
+                    Some(s) if s.contains("%p") => {
+                        std::ffi::OsString::from(s.replace("%p", &std::process::id().to_string()))
+                    }
+                    _ => p,
+                };
                 let pcap_err = |source: CaptureError| DeviceError::Pcap {
                     path: p.to_string_lossy().into_owned(),
                     source,

@@ -160,7 +160,9 @@ pub trait PacketDevice: Send {
     fn describe(&self) -> String;
 
     /// A descriptor that becomes readable when frames may be waiting, so that the runtime
-    /// can sleep on it together with its doorbell (`None`: use [`Self::wait_readable`]).
+    /// can sleep on it together with its doorbell (`None`: use [`Self::wait_readable`]). It
+    /// may change when [`Self::join_group`] joins (the UDP device's then covers its group
+    /// sockets too): whoever holds it looks again after a join.
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
@@ -182,7 +184,8 @@ pub trait PacketDevice: Send {
 
     /// Receive (`join`) or stop receiving the frames sent to the IP multicast `group`, as the
     /// kernel's socket layer does with `IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`. Devices that
-    /// cannot: `Unsupported`.
+    /// cannot: `Unsupported`. A group's frames must wake a sleeper on [`Self::poll_fd`] (as
+    /// it reads after the call).
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
         let _ = (group, join);
         Err(io::Error::new(

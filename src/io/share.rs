@@ -870,7 +870,13 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
     }
 
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
-        self.inner.join_group(group, join)
+        self.inner.join_group(group, join)?;
+        // The device may sleep on another descriptor once it joined (one over its group
+        // sockets too): watch that as well.
+        match self.inner.poll_fd() {
+            Some(fd) if join => self.ready.watch(fd),
+            _ => Ok(()),
+        }
     }
 
     fn serve_address(&mut self, local: IpAddr) -> io::Result<()> {

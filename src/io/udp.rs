@@ -263,6 +263,10 @@ pub struct UdpDevice {
     /// The multicast groups joined ([`PacketDevice::join_group`]): a socket bound to the
     /// group and port each (a socket bound to the unicast address receives no multicast).
     groups: Vec<(IpAddr, std::net::UdpSocket)>,
+    /// Once a group was joined: the bound socket and every group's socket, one descriptor
+    /// for the engine to sleep on ([`PacketDevice::poll_fd`]), so that a group's datagram
+    /// wakes it as a unicast one does.
+    ready: Option<super::sys::event::ReadySet>,
     /// Whether [`PacketDevice::rx_filter`] hands out a filter handle.
     filter: bool,
     /// The socket's kernel drop count last read, and the drops counted so far
@@ -407,6 +411,7 @@ impl UdpDevice {
             solvers: LenCache::new(),
             shifts: LenCache::new(),
             groups: Vec::new(),
+            ready: None,
             filter: cfg.filter,
             kernel_drops: std::cell::Cell::new((0, 0)),
             scope_id: cfg.scope_id,
@@ -1131,6 +1136,42 @@ fn next_rx_hint(want: usize, got: usize, slots: usize) -> usize {
     next.clamp(RX_HINT_MIN.min(slots), slots.max(1))
 }
 
+impl UdpDevice {
+    /// Join (open a socket bound to `group` and the port, a member of the group) or leave.
+    fn update_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
+        let (v6, port, local) = (self.v6, self.port, self.local);
+        super::update_groups(&mut self.groups, group, join, || {
+            if !group.is_multicast() || group.is_ipv6() != v6 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{group} is not a multicast group of the bound address's family"),
+                ));
+            }
+            let sock = sysudp::bind_shared(SocketAddr::new(group, port))?;
+            let fd = sock.as_fd();
+            match (group, local) {
+                (IpAddr::V4(g), IpAddr::V4(l)) => {
+                    let ip = libc::IPPROTO_IP;
+                    set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
+                    set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
+                    set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
+                    sock.join_multicast_v4(&g, &l)?;
+                }
+                (IpAddr::V6(g), _) => {
+                    let ip6 = libc::IPPROTO_IPV6;
+                    set_int(fd, ip6, sysudp::IPV6_RECVPKTINFO, 1)?;
+                    set_int(fd, ip6, sysudp::IPV6_RECVTCLASS, 1)?;
+                    set_int(fd, ip6, sysudp::IPV6_RECVHOPLIMIT, 1)?;
+                    sock.join_multicast_v6(&g, 0)?;
+                }
+                _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+            }
+            tracing::info!(%group, port, "UDP device joined a multicast group");
+            Ok(sock)
+        })
+    }
+}
+
 impl PacketDevice for UdpDevice {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         self.recv_batch_checked(max, &mut |fr, _| f(fr))
@@ -1249,12 +1290,10 @@ impl PacketDevice for UdpDevice {
     }
 
     fn wait_readable(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        if self.groups.is_empty() {
-            return poll_readable(&[self.sock.as_fd()], timeout).map(drop);
+        match &self.ready {
+            Some(r) => poll_readable(&[r.fd()], timeout).map(drop),
+            None => poll_readable(&[self.sock.as_fd()], timeout).map(drop),
         }
-        let mut fds = vec![self.sock.as_fd()];
-        fds.extend(self.groups.iter().map(|(_, s)| s.as_fd()));
-        poll_readable(&fds, timeout).map(drop)
     }
 
     /// A filter handle on a duplicate of the bound socket's descriptor, when
@@ -1277,39 +1316,30 @@ impl PacketDevice for UdpDevice {
 
     /// A socket bound to `group`:port with `SO_REUSEADDR` (other programs on the host may bind
     /// it too: each receives a copy), a member of the group on the bound address's interface.
-    /// (An engine sleeping on [`PacketDevice::poll_fd`], the bound socket, notices a group's
-    /// datagram at its next wake-up.)
+    /// From the first join on, [`PacketDevice::poll_fd`] is a descriptor over the bound
+    /// socket and every group's (a group's socket leaves it when it closes), so a group's
+    /// datagram wakes an engine sleeping on it: a device wrapping this one watches the new
+    /// descriptor too once its `join_group` returns.
     fn join_group(&mut self, group: IpAddr, join: bool) -> io::Result<()> {
-        let (v6, port, local) = (self.v6, self.port, self.local);
-        super::update_groups(&mut self.groups, group, join, || {
-            if !group.is_multicast() || group.is_ipv6() != v6 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{group} is not a multicast group of the bound address's family"),
-                ));
-            }
-            let sock = sysudp::bind_shared(SocketAddr::new(group, port))?;
-            let fd = sock.as_fd();
-            match (group, local) {
-                (IpAddr::V4(g), IpAddr::V4(l)) => {
-                    let ip = libc::IPPROTO_IP;
-                    set_int(fd, ip, sysudp::IP_PKTINFO, 1)?;
-                    set_int(fd, ip, sysudp::IP_RECVTOS, 1)?;
-                    set_int(fd, ip, sysudp::IP_RECVTTL, 1)?;
-                    sock.join_multicast_v4(&g, &l)?;
-                }
-                (IpAddr::V6(g), _) => {
-                    let ip6 = libc::IPPROTO_IPV6;
-                    set_int(fd, ip6, sysudp::IPV6_RECVPKTINFO, 1)?;
-                    set_int(fd, ip6, sysudp::IPV6_RECVTCLASS, 1)?;
-                    set_int(fd, ip6, sysudp::IPV6_RECVHOPLIMIT, 1)?;
-                    sock.join_multicast_v6(&g, 0)?;
-                }
-                _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
-            }
-            tracing::info!(%group, port, "UDP device joined a multicast group");
-            Ok(sock)
-        })
+        self.update_group(group, join)?;
+        if !join {
+            return Ok(());
+        }
+        use std::os::fd::{AsFd, AsRawFd};
+        let Some((_, s)) = self.groups.iter().find(|(g, _)| *g == group) else {
+            return Ok(());
+        };
+        let fd = s.as_fd().as_raw_fd();
+        if self.ready.is_none() {
+            self.ready = Some(super::sys::event::ReadySet::new(&[self
+                .sock
+                .as_fd()
+                .as_raw_fd()])?);
+        }
+        if let Some(r) = &self.ready {
+            r.watch(fd)?;
+        }
+        Ok(())
     }
 
     fn frame_capacity(&self) -> usize {
@@ -1318,7 +1348,10 @@ impl PacketDevice for UdpDevice {
 
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::{AsFd, AsRawFd};
-        Some(self.sock.as_fd().as_raw_fd())
+        Some(match &self.ready {
+            Some(r) => r.fd(),
+            None => self.sock.as_fd().as_raw_fd(),
+        })
     }
 
     fn medium(&self) -> Medium {

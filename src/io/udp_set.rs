@@ -359,7 +359,12 @@ impl PacketDevice for UdpSet {
                 format!("{group}: no address of its family is served"),
             ));
         };
-        self.devs[i].join_group(group, join)
+        self.devs[i].join_group(group, join)?;
+        // A device that joined sleeps on a descriptor over its group sockets too: watch it.
+        match self.devs[i].poll_fd() {
+            Some(fd) if join => self.ready.watch(fd),
+            _ => Ok(()),
+        }
     }
 }
 

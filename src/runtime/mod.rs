@@ -401,6 +401,10 @@ struct Inner {
     srqs: RwLock<HashMap<u32, Arc<SrqShadow>>>,
     /// Address handles and their PDs (a UD post checks its handle without the device lock).
     ahs: RwLock<HashMap<u32, Pd>>,
+    /// The packet device's descriptor to sleep on (`PacketDevice::poll_fd`; -1: none), as
+    /// of the last group change (a join may change it): the inline engine's background
+    /// thread sleeps on it.
+    pkt_fd: std::sync::atomic::AtomicI32,
     stop: AtomicBool,
     epoch: std::time::Instant,
     io_stats: Mutex<IoStats>,
@@ -512,6 +516,7 @@ impl Nic {
             cqs: RwLock::new(Vec::new()),
             srqs: RwLock::new(HashMap::new()),
             ahs: RwLock::new(HashMap::new()),
+            pkt_fd: std::sync::atomic::AtomicI32::new(pkt.poll_fd().unwrap_or(-1)),
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             io_stats: Mutex::new(IoStats::default()),
@@ -538,7 +543,6 @@ impl Nic {
         tracing::info!(device = %describe, poll = ?opts.poll, batch = opts.batch, filter = filter.is_some(), "NIC starting");
         if opts.poll == PollMode::Inline {
             let mut inner = inner;
-            let fd = pkt.poll_fd();
             if let Some(i) = Arc::get_mut(&mut inner) {
                 i.inline = Some(Mutex::new(InlineEngine {
                     pkt: Box::new(pkt),
@@ -550,7 +554,7 @@ impl Nic {
             let th = inner.clone();
             let thread = std::thread::Builder::new()
                 .name("ferroce-nic-bg".into())
-                .spawn(move || inline_background(&th, fd))?;
+                .spawn(move || inline_background(&th))?;
             return Ok(Nic::with_publisher(inner, thread, describe).with_filter(filter));
         }
         let th = inner.clone();
@@ -856,12 +860,29 @@ impl Nic {
         Ok(())
     }
 
+    /// Make the packet device's group memberships what the attached QPs want before
+    /// returning (bounded): as `ibv_attach_mcast` on a kernel device, a datagram sent to the
+    /// group once the call has returned is received. The engine's thread (or the inline
+    /// engine) joins: wait until it has taken the change and finished joining.
     fn sync_groups(&self) {
         let want = self.with_device(|d| d.mcast_groups());
         *lock(&self.inner.groups_want) = want;
         self.inner.groups_dirty.store(true, Ordering::SeqCst);
-        self.ring_engine();
-        self.progress();
+        let t0 = std::time::Instant::now();
+        loop {
+            self.ring_engine();
+            self.progress();
+            if !self.inner.groups_dirty.load(Ordering::SeqCst) {
+                // Taken: the step that took it holds `groups_have` while it joins.
+                drop(lock(&self.inner.groups_have));
+                return;
+            }
+            if t0.elapsed() >= Duration::from_millis(500) || self.inner.stop.load(Ordering::Acquire)
+            {
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// `init.cap` is what the device granted (`Device::qp_cap`).
@@ -1721,8 +1742,13 @@ fn flush_held_acks(inner: &Inner, mut step: impl FnMut() -> usize) {
 /// Join the multicast groups QPs are attached to and leave the others (see
 /// [`Nic::attach_mcast`]).
 fn sync_packet_groups(inner: &Inner, pkt: &mut dyn PacketDevice) {
-    let want = lock(&inner.groups_want).clone();
+    // Held while joining: a caller waiting in `Nic::sync_groups` that sees the change taken
+    // waits here until the joins are done.
     let mut have = lock(&inner.groups_have);
+    if !inner.groups_dirty.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let want = lock(&inner.groups_want).clone();
     for &g in have.iter().filter(|g| !want.contains(g)) {
         if let Err(e) = pkt.join_group(g, false) {
             tracing::warn!(group = %g, error = %e, "multicast group not left");
@@ -1741,6 +1767,9 @@ fn sync_packet_groups(inner: &Inner, pkt: &mut dyn PacketDevice) {
             }
         }
     }
+    inner
+        .pkt_fd
+        .store(pkt.poll_fd().unwrap_or(-1), Ordering::Release);
 }
 
 /// [`PollMode::Inline`]: up to four engine rounds, unless another thread is driving.
@@ -1772,7 +1801,7 @@ fn inline_try_progress(inner: &Inner) -> Option<usize> {
 /// [`PollMode::Inline`]'s background thread: asleep while the application drives the
 /// engine; after [`INLINE_TAKEOVER`] without it, waits in the packet device's descriptor (or
 /// sleeps briefly, without one) until frames arrive, the next timer or 1 ms, and drives.
-fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
+fn inline_background(inner: &Inner) {
     // On one CPU this thread runs only when the application's thread does not, and every
     // wake-up preempts it: take over only after INLINE_TAKEOVER_ONE_CPU.
     let takeover_d = if single_cpu() {
@@ -1810,7 +1839,8 @@ fn inline_background(inner: &Inner, fd: Option<std::os::fd::RawFd>) {
                 .as_ref()
                 .and_then(|m| m.try_lock().ok().and_then(|e| e.next_timer));
             let wait = until_timer(Duration::from_millis(1), next, now);
-            let r = match fd {
+            let fd = inner.pkt_fd.load(Ordering::Acquire);
+            let r = match (fd >= 0).then_some(fd) {
                 Some(fd) => {
                     crate::io::event::poll_readable(&[fd, inner.wake.fd()], Some(wait)).map(|_| ())
                 }
@@ -1875,7 +1905,7 @@ fn engine_step(
     let mut work = 0usize;
     let mut more = false;
     let next_timer;
-    if inner.groups_dirty.swap(false, Ordering::AcqRel) {
+    if inner.groups_dirty.load(Ordering::Acquire) {
         sync_packet_groups(inner, pkt);
     }
     {

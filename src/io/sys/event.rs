@@ -245,6 +245,15 @@ impl ReadySet {
         Ok(())
     }
 
+    /// Watch `fd` too, unless the set already does (a device whose descriptor changed
+    /// re-offers it: see [`crate::io::PacketDevice::join_group`]).
+    pub fn watch(&self, fd: RawFd) -> io::Result<()> {
+        match self.add(fd) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            r => r,
+        }
+    }
+
     /// Watch `fd` for room to write (`on`), or stop (`!on`): the set is then readable while
     /// `fd` is writable, too. `fd` must not be in the set for input.
     pub fn watch_writable(&self, fd: RawFd, on: bool) -> io::Result<()> {
