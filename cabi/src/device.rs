@@ -625,6 +625,10 @@ pub(crate) struct Shared {
     pub contexts: Arc<crate::verbs::Contexts>,
     /// Whether the port was active when last looked at (the link watcher's).
     link_active: AtomicBool,
+    /// The process that set it up: a child of fork(2) inherits its parent's device, whose
+    /// engine threads it has not, and sets up its own (as a child opens its own contexts on
+    /// rdma-core's libibverbs; the parent's are not for it to use).
+    pid: u32,
 }
 
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
@@ -634,7 +638,11 @@ static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
 pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
     let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = g.as_ref().and_then(Weak::upgrade) {
-        return Ok(s);
+        if s.pid == std::process::id() {
+            return Ok(s);
+        }
+        // A parent's: it stays, unused, in this child's memory.
+        std::mem::forget(s);
     }
     let port = Port::from_env()?;
     // The GID table is set when the NIC starts ([`Port::settle_by`]); until then the
@@ -670,6 +678,7 @@ pub(crate) fn shared() -> Result<Arc<Shared>, DeviceError> {
         nic: OnceLock::new(),
         start: Mutex::new(()),
         contexts: Arc::default(),
+        pid: std::process::id(),
     });
     *g = Some(Arc::downgrade(&s));
     // One watcher per process, started with the first device and ended when none is open

@@ -101,6 +101,9 @@ struct Cm {
     svc: CmService,
     /// The address the device runs with (the GID at index 0).
     local: IpAddr,
+    /// The device's PD and XRC domain, made when first needed ([`cm_pd`], [`cm_xrcd`]).
+    pd: Mutex<usize>,
+    xrcd: Mutex<usize>,
 }
 
 /// The kernel's resolution ([`KernelResolver`]) over the port's addresses as they are at each
@@ -133,10 +136,35 @@ impl ferroce::runtime::cm::Resolver for PortResolver {
     }
 }
 
-static CM: OnceLock<Result<Cm, c_int>> = OnceLock::new();
+/// The process's CM, made by its first RDMA-CM call, with the ID of the process that made it:
+/// a child of fork(2) inherits its parent's, whose threads it has not, and makes its own
+/// (rdma-core's RDMA-CM tests fork both ends from a process that used the device before).
+static CM: Mutex<Option<(u32, Result<&'static Cm, c_int>)>> = Mutex::new(None);
+
+/// The CM made by this process, if any.
+fn cm_made() -> Option<Result<&'static Cm, c_int>> {
+    match *lock(&CM) {
+        Some((pid, r)) if pid == std::process::id() => Some(r),
+        _ => None,
+    }
+}
 
 fn cm() -> Result<&'static Cm, c_int> {
-    CM.get_or_init(|| {
+    let mut g = lock(&CM);
+    let pid = std::process::id();
+    if let Some((p, r)) = *g {
+        if p == pid {
+            return r;
+        }
+    }
+    // (A parent's CM, if any, stays in this child's memory, unused.)
+    let r = make_cm().map(|c| &*Box::leak(Box::new(c)));
+    *g = Some((pid, r));
+    r
+}
+
+fn make_cm() -> Result<Cm, c_int> {
+    {
         let dev = verbs::the_device().ok_or(ENODEV)?;
         // SAFETY: the process's device, from this library's list.
         let ctx = unsafe { verbs::ibv_open_device(dev) };
@@ -159,16 +187,21 @@ fn cm() -> Result<&'static Cm, c_int> {
                 eprintln!("ferroce librdmacm: {e}");
                 ENODEV
             })?;
-        // SAFETY: atexit(3) with a function that lives as long as the process.
-        unsafe { libc::atexit(disconnect_at_exit) };
+        // Once per process line: a child of fork inherits its parent's registration, which
+        // finds the child's CM.
+        static AT_EXIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !AT_EXIT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // SAFETY: atexit(3) with a function that lives as long as the process.
+            unsafe { libc::atexit(disconnect_at_exit) };
+        }
         Ok(Cm {
             ctx: ctx as usize,
             svc,
             local: gids[0],
+            pd: Mutex::new(0),
+            xrcd: Mutex::new(0),
         })
-    })
-    .as_ref()
-    .map_err(|e| *e)
+    }
 }
 
 /// Let what the CM just emitted leave: a program may exit right after `rdma_disconnect` (as
@@ -189,7 +222,7 @@ fn flush() {
 /// (perftest's, exiting without `rdma_disconnect` on that id) left the client retrying its
 /// DREQ for over a minute.
 extern "C" fn disconnect_at_exit() {
-    if let Some(Ok(c)) = CM.get() {
+    if let Some(Ok(c)) = cm_made() {
         if !c.svc.close_all(Duration::from_millis(100)) && trace() {
             eprintln!("ferroce librdmacm: at exit, QP1 did not finish sending within 100 ms");
         }
@@ -207,15 +240,13 @@ fn cm_ctx() -> *mut ibv_context {
 /// applications use `id->pd` for their regions and address handles without allocating one
 /// (pyverbs' `CMID.pd`, rdma-core's RDMA-CM tests); NULL if it cannot be allocated.
 fn cm_pd() -> *mut ibv_pd {
-    static PD: Mutex<usize> = Mutex::new(0);
-    let mut g = lock(&PD);
+    let Ok(c) = cm() else {
+        return null_mut();
+    };
+    let mut g = lock(&c.pd);
     if *g == 0 {
-        let ctx = cm_ctx();
-        if ctx.is_null() {
-            return null_mut();
-        }
         // SAFETY: the CM's context.
-        *g = unsafe { verbs::ibv_alloc_pd(ctx) } as usize;
+        *g = unsafe { verbs::ibv_alloc_pd(c.ctx as *mut ibv_context) } as usize;
     }
     *g as *mut ibv_pd
 }
@@ -223,20 +254,18 @@ fn cm_pd() -> *mut ibv_pd {
 /// The XRC domain of the CM's device, opened (unshared) the first time an XRC id needs one,
 /// as librdmacm keeps one per device; NULL if it cannot be opened.
 fn cm_xrcd() -> *mut ibv_xrcd {
-    static XRCD: Mutex<usize> = Mutex::new(0);
-    let mut g = lock(&XRCD);
+    let Ok(c) = cm() else {
+        return null_mut();
+    };
+    let mut g = lock(&c.xrcd);
     if *g == 0 {
         let mut a = ibv_xrcd_init_attr {
             comp_mask: IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
             fd: -1,
             oflags: 0,
         };
-        let ctx = cm_ctx();
-        if ctx.is_null() {
-            return null_mut();
-        }
         // SAFETY: the CM's context and a local attribute struct.
-        *g = unsafe { verbs::open_xrcd(ctx, &mut a) } as usize;
+        *g = unsafe { verbs::open_xrcd(c.ctx as *mut ibv_context, &mut a) } as usize;
     }
     *g as *mut ibv_xrcd
 }

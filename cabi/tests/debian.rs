@@ -2162,6 +2162,35 @@ fn rdma_create_srq_ex_on_an_id() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Both ends of a connection in children forked from a process that used the device first
+/// (examples/c/cm_fork.c), as rdma-core's RDMA-CM tests run under Python's multiprocessing:
+/// each child makes its own device and CM (a child has none of its parent's threads), the
+/// server takes the client's SEND, and the parent's id, PD and region are still its own
+/// afterwards. Before, a child took its parent's device and CM, whose engine and CM threads
+/// it did not have: rdma-core's suite, run whole, failed 7 of its RDMA-CM tests (REJECTED
+/// instead of ESTABLISHED), which passed when run alone.
+#[test]
+fn rdma_cm_ends_in_children_of_a_process_that_used_the_device() {
+    let t = "rdma_cm_ends_in_children_of_a_process_that_used_the_device";
+    let Some((dir, exe)) = build_cm_example(t, "cm_fork") else {
+        return;
+    };
+    run_example(
+        t,
+        &exe,
+        "127.0.0.1 7490",
+        false,
+        &[
+            "parent: device in use",
+            "server: received \"hello from the client\" (status 0)",
+            "client: sent (status 0)",
+            "server exit 0, client exit 0",
+            "ok",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `RDMA_OPTION_IB_PATH` (examples/c/cm_ib_path.c), as the kernel's RDMA-CM: EINVAL before
 /// the address is resolved, for a length that is no multiple of `struct ibv_path_data`, for
 /// an array without a primary bidirectional GMP path, and once the route is resolved;
