@@ -47,19 +47,26 @@ static struct rdma_addrinfo *info(const char *addr, const char *port, int passiv
 	return res;
 }
 
+/* One send and one receive of one entry, every send signaled. */
+static struct ibv_qp_init_attr qp_attr(void)
+{
+	struct ibv_qp_init_attr attr;
+	memset(&attr, 0, sizeof attr);
+	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+	attr.sq_sig_all = 1;
+	return attr;
+}
+
 static void server(const char *addr, const char *port, int ready)
 {
 	struct rdma_addrinfo *res = info(addr, port, 1);
-	struct ibv_qp_init_attr attr;
+	struct ibv_qp_init_attr attr = qp_attr();
 	struct rdma_cm_id *listen_id, *id;
 	struct ibv_wc wc;
 	char buf[64] = { 0 };
 	if (!res)
 		die("server", "rdma_getaddrinfo");
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
 	if (rdma_create_ep(&listen_id, res, NULL, &attr))
 		die("server", "rdma_create_ep");
 	if (rdma_listen(listen_id, 1))
@@ -94,16 +101,12 @@ static void client(const char *addr, const char *port, int ready)
 	if (read(ready, &c, 1) != 1)
 		die("client", "read");
 	struct rdma_addrinfo *res = info(addr, port, 0);
-	struct ibv_qp_init_attr attr;
+	struct ibv_qp_init_attr attr = qp_attr();
 	struct rdma_cm_id *id;
 	struct ibv_wc wc;
 	char buf[64] = MSG;
 	if (!res)
 		die("client", "rdma_getaddrinfo");
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
 	if (rdma_create_ep(&id, res, NULL, &attr))
 		die("client", "rdma_create_ep");
 	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof buf);

@@ -1079,19 +1079,43 @@ mod tests {
         assert_eq!(route(&g), Route::Here);
     }
 
-    /// A REQ for a service nobody claims yet is held (not handed up) until a device claims
-    /// it, then handed to that device, whichever socket the kernel gave it to; one for a
-    /// service never claimed is handed up where it was held once [`HOLD_FOR`] has passed.
-    #[test]
-    fn a_req_before_its_claim_waits_for_the_claimant() {
+    /// Two devices sharing a port on `LO` as two slots, the second's slot number, the port, and
+    /// a peer's socket to send from.
+    fn two_sharing() -> (Shared<UdpDevice>, Shared<UdpDevice>, u8, u16, UdpDevice) {
         let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
         let nb = sb.number();
         let da = device(0, true);
         let port = da.local_addr().port();
         let db = device(port, true);
-        let mut a = Shared::new(da, sa, &[LO]).unwrap();
-        let mut b = Shared::new(db, sb, &[LO]).unwrap();
-        let mut peer = device(0, false);
+        let a = Shared::new(da, sa, &[LO]).unwrap();
+        let b = Shared::new(db, sb, &[LO]).unwrap();
+        (a, b, nb, port, device(0, false))
+    }
+
+    /// What both devices hand up for `for_`: (0 for `a`, 1 for `b`; `what` of the frame).
+    fn drain_both<T>(
+        a: &mut Shared<UdpDevice>,
+        b: &mut Shared<UdpDevice>,
+        for_: Duration,
+        what: impl Fn(&[u8]) -> T,
+    ) -> Vec<(usize, T)> {
+        let mut got = Vec::new();
+        let until = Instant::now() + for_;
+        while Instant::now() < until {
+            for (k, d) in [&mut *a, &mut *b].into_iter().enumerate() {
+                d.wait_readable(Some(Duration::from_millis(2))).unwrap();
+                d.recv_batch(64, &mut |fr| got.push((k, what(fr)))).unwrap();
+            }
+        }
+        got
+    }
+
+    /// A REQ for a service nobody claims yet is held (not handed up) until a device claims
+    /// it, then handed to that device, whichever socket the kernel gave it to; one for a
+    /// service never claimed is handed up where it was held once [`HOLD_FOR`] has passed.
+    #[test]
+    fn a_req_before_its_claim_waits_for_the_claimant() {
+        let (mut a, mut b, nb, port, mut peer) = two_sharing();
         let sid = 0x0106_0000 | u64::from(port);
         let req = |sid: u64| {
             let mut f = mad(7, 0x10, 0x0900_0001, 0, sid);
@@ -1099,15 +1123,7 @@ mod tests {
             f
         };
         let drain = |a: &mut Shared<UdpDevice>, b: &mut Shared<UdpDevice>, for_: Duration| {
-            let mut got = Vec::new();
-            let until = Instant::now() + for_;
-            while Instant::now() < until {
-                for (k, d) in [&mut *a, &mut *b].into_iter().enumerate() {
-                    d.wait_readable(Some(Duration::from_millis(2))).unwrap();
-                    d.recv_batch(64, &mut |fr| got.push((k, fr.len()))).unwrap();
-                }
-            }
-            got
+            drain_both(a, b, for_, |fr| fr.len())
         };
         send(&mut peer, &[req(sid)]);
         assert!(drain(&mut a, &mut b, Duration::from_millis(100)).is_empty());
@@ -1128,14 +1144,7 @@ mod tests {
     /// newer; a REQ of another ID is held on its own.
     #[test]
     fn a_held_req_waits_its_response_timeout_and_a_resent_copy_replaces_it() {
-        let (sa, sb) = (Slot::take().unwrap(), Slot::take().unwrap());
-        let nb = sb.number();
-        let da = device(0, true);
-        let port = da.local_addr().port();
-        let db = device(port, true);
-        let mut a = Shared::new(da, sa, &[LO]).unwrap();
-        let mut b = Shared::new(db, sb, &[LO]).unwrap();
-        let mut peer = device(0, false);
+        let (mut a, mut b, nb, port, mut peer) = two_sharing();
         let sid = 0x0106_0000 | u64::from(port);
         let m = 14 + 20 + 8 + 20;
         let req = |id: u32, timeout: u8, mark: u8| {
@@ -1159,16 +1168,7 @@ mod tests {
         );
         assert_eq!(request_of(&mad(7, 0x10, 1, 0, sid)[..m + 24 + 200]), None);
         let drain = |a: &mut Shared<UdpDevice>, b: &mut Shared<UdpDevice>, for_: Duration| {
-            let mut got = Vec::new();
-            let until = Instant::now() + for_;
-            while Instant::now() < until {
-                for (k, d) in [&mut *a, &mut *b].into_iter().enumerate() {
-                    d.wait_readable(Some(Duration::from_millis(2))).unwrap();
-                    d.recv_batch(64, &mut |fr| got.push((k, fr[m + 24 + 100])))
-                        .unwrap();
-                }
-            }
-            got
+            drain_both(a, b, for_, |fr| fr[m + 24 + 100])
         };
         send(&mut peer, &[req(0x0900_0001, 21, 1)]);
         send(&mut peer, &[req(0x0900_0002, 21, 7)]);
