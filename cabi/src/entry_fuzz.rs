@@ -186,6 +186,9 @@ struct Made {
     mws: Vec<*mut ibv_mw>,
     dms: Vec<*mut ibv_dm>,
     xrcds: Vec<*mut ibv_xrcd>,
+    /// The XRC target QPs' numbers: what one received completes on its XRC SRQ's CQ and
+    /// stays there when the target is destroyed (the WQE was the SRQ's, spent).
+    xrc_targets: Vec<u32>,
     next: u64,
     st: Stats,
 }
@@ -383,6 +386,9 @@ fn xrc_setup(env: &mut Env, m: &mut Made, inp: &mut Input) {
         qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
         qa.xrcd = x;
         let tgt = crate::ex::create_qp_ex(env.ctx, &mut qa);
+        if !tgt.is_null() {
+            m.xrc_targets.push((*tgt).qp_num);
+        }
         let mut qa: ibv_qp_init_attr_ex = std::mem::zeroed();
         qa.qp_type = IBV_QPT_XRC_SEND;
         qa.comp_mask = IBV_QP_INIT_ATTR_PD;
@@ -894,8 +900,11 @@ fn poll(env: &mut Env, m: &mut Made, cq: *mut ibv_cq, n: c_int) -> c_int {
         }
         // SAFETY: QPs of ours.
         let live = m.qps.iter().any(|&q| unsafe { (*q).qp_num } == w.qp_num);
+        let owner = env.pending.remove(&w.wr_id);
+        // A destroyed XRC target's receive stays in its XRC SRQ's CQ (its WQE was spent).
+        let srq_recv_of_a_target = owner == Some(SRQ) && m.xrc_targets.contains(&w.qp_num);
         assert!(
-            env.pending.remove(&w.wr_id).is_some() && live,
+            owner.is_some() && (live || srq_recv_of_a_target),
             "a completion for no pending work request or of a destroyed QP (input {}): wr_id \
              {:#x} (input {}, request {}) status {} opcode {} qp {:#x}",
             env.input,
