@@ -39,19 +39,7 @@ fn nic(ip: Ipv4Addr, inline: bool) -> Nic {
 
 /// A UD QP (Q_Key 0x1111), its PD and CQ, and a region.
 fn ud_end(n: &Nic) -> (QpNumber, Pd, Cq, MemoryRegion) {
-    let pd = n.alloc_pd().unwrap();
-    let cq = n.create_cq(16).unwrap();
-    let qp = n
-        .create_qp(QpInitAttr::new(pd, cq, cq, common::qp_cap(4, 1, 0)).with_type(QpType::Ud))
-        .unwrap();
-    n.bring_up_ud(
-        qp,
-        &UdParams {
-            qkey: 0x1111,
-            local_psn: 0,
-        },
-    )
-    .unwrap();
+    let (qp, pd, cq) = common::nic_ud_qp(n);
     let mr = n.reg_mr(pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     (qp, pd, cq, mr)
 }

@@ -113,20 +113,7 @@ fn probe(b: &Nic, x: &UdpSocket, to: SocketAddr, hostile: &[Vec<u8>], markers: &
 
 /// A UD QP on `b`, ready to receive (Q_Key 0x1111).
 fn ud_qp(b: &Nic) -> QpNumber {
-    let pd = b.alloc_pd().unwrap();
-    let cq = b.create_cq(16).unwrap();
-    let ud = b
-        .create_qp(QpInitAttr::new(pd, cq, cq, common::qp_cap(4, 1, 0)).with_type(QpType::Ud))
-        .unwrap();
-    b.bring_up_ud(
-        ud,
-        &UdParams {
-            qkey: 0x1111,
-            local_psn: 0,
-        },
-    )
-    .unwrap();
-    ud
+    common::nic_ud_qp(b).0
 }
 
 fn case(net: u8, filter: bool) {

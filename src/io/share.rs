@@ -677,17 +677,19 @@ impl<D: PacketDevice> Shared<D> {
         self.held = keep;
         if self.held.is_empty() {
             self.timer.disarm();
-        } else if self
-            .timer
-            .arm(HOLD_CHECK.min(self.hold_for.unwrap_or(HOLD_CHECK)))
-            .is_err()
-        {
+        } else if self.timer.arm(self.look_every()).is_err() {
             // No timer: hand them up now rather than hold them unwatched.
             while let Some(h) = self.held.pop_front() {
                 f(&h.frame, h.check);
                 *n += 1;
             }
         }
+    }
+
+    /// How often the claimants of held requests are looked for: every 5 ms, or every hold if
+    /// [`Shared::with_hold`] set a shorter one.
+    fn look_every(&self) -> Duration {
+        HOLD_CHECK.min(self.hold_for.unwrap_or(HOLD_CHECK))
     }
 
     /// Slots found dead long enough ago are tried again.
@@ -715,7 +717,7 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
         if n >= max {
             return Ok(n);
         }
-        let own = self.slot.n;
+        let (own, hold_for, look_every) = (self.slot.n, self.hold_for, self.look_every());
         let Shared {
             inner,
             slot,
@@ -723,11 +725,8 @@ impl<D: PacketDevice> PacketDevice for Shared<D> {
             peers,
             held,
             timer,
-            hold_for,
             ..
         } = self;
-        let hold_for = *hold_for;
-        let look_every = HOLD_CHECK.min(hold_for.unwrap_or(HOLD_CHECK));
         let got = inner.recv_batch_checked(max - n, &mut |fr, check| {
             let to = match route(fr) {
                 Route::Slot(b) if b != own && !peers.is_dead(b) => b,

@@ -1330,16 +1330,14 @@ impl PacketDevice for UdpDevice {
             return Ok(());
         };
         let fd = s.as_fd().as_raw_fd();
-        if self.ready.is_none() {
-            self.ready = Some(super::sys::event::ReadySet::new(&[self
+        let ready = match &mut self.ready {
+            Some(r) => r,
+            none => none.insert(super::sys::event::ReadySet::new(&[self
                 .sock
                 .as_fd()
-                .as_raw_fd()])?);
-        }
-        if let Some(r) = &self.ready {
-            r.watch(fd)?;
-        }
-        Ok(())
+                .as_raw_fd()])?),
+        };
+        ready.watch(fd)
     }
 
     fn frame_capacity(&self) -> usize {

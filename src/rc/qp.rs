@@ -713,29 +713,23 @@ impl Qp {
         });
     }
 
+    // Only an XRC target ever has an `xrc_dest`, and it has no SRQ, PD or receive CQ of its
+    // own: the message's destination, where there is one, else the QP's own.
+
     /// The SRQ the message being received takes its WQE from: the QP's own, or the XRC SRQ
     /// an XRC target's message names.
     pub(super) fn rx_srq(&self) -> Option<Srq> {
-        match self.xrc {
-            XrcRole::Recv => self.resp.xrc_dest.map(|d| d.srq),
-            _ => self.srq,
-        }
+        self.resp.xrc_dest.map_or(self.srq, |d| Some(d.srq))
     }
 
     /// The PD the message being received is checked against (an XRC target's: its XRC SRQ's).
     pub(super) fn rx_pd(&self) -> Pd {
-        match (self.xrc, self.resp.xrc_dest) {
-            (XrcRole::Recv, Some(d)) => d.pd,
-            _ => self.pd,
-        }
+        self.resp.xrc_dest.map_or(self.pd, |d| d.pd)
     }
 
     /// The CQ the message being received completes into (an XRC target's: its XRC SRQ's).
     pub(crate) fn rx_cq(&self) -> Cq {
-        match (self.xrc, self.resp.xrc_dest) {
-            (XrcRole::Recv, Some(d)) => d.cq,
-            _ => self.recv_cq,
-        }
+        self.resp.xrc_dest.map_or(self.recv_cq, |d| d.cq)
     }
 
     /// Whether its receive WQEs come from a shared queue (an SRQ, or an XRC target's XRC

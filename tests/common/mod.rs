@@ -48,6 +48,25 @@ pub fn nic_rc_pair(
     nic_rc_pair_with(a, b, cap, cq_depth, mr_len, &params)
 }
 
+/// A UD QP on a running NIC, in RTS with Q_Key 0x1111 (four WRs of one SGE each way), with
+/// its PD and its CQ (16 deep, both queues).
+pub fn nic_ud_qp(n: &ferroce::runtime::Nic) -> (QpNumber, Pd, Cq) {
+    let pd = n.alloc_pd().unwrap();
+    let cq = n.create_cq(16).unwrap();
+    let qp = n
+        .create_qp(QpInitAttr::new(pd, cq, cq, qp_cap(4, 1, 0)).with_type(QpType::Ud))
+        .unwrap();
+    n.bring_up_ud(
+        qp,
+        &UdParams {
+            qkey: 0x1111,
+            local_psn: 0,
+        },
+    )
+    .unwrap();
+    (qp, pd, cq)
+}
+
 /// [`nic_rc_pair`] with both QPs connected with `params` (but the starting PSNs 100 and 200).
 pub fn nic_rc_pair_with(
     a: &ferroce::runtime::Nic,
