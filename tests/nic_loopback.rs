@@ -564,3 +564,50 @@ fn a_cq_resizes_but_never_below_what_it_holds() {
         );
     }
 }
+
+/// A device whose frames hold 2200 bytes carries a 2048-byte payload with every header
+/// (2150 bytes at most) but not a 4096-byte one: the NIC says so in its port's MTUs, refuses
+/// to give a QP path MTU 4096 (before, such a QP took it, never sent a packet and never
+/// completed), and a QP at 2048 moves data.
+#[test]
+fn a_path_mtu_the_device_frames_cannot_hold_is_refused() {
+    let (la, lb) = Loopback::pair(4096, 2200).unwrap();
+    let (a, b) = (nic(1, la, PollMode::Inline), nic(2, lb, PollMode::Inline));
+    for n in [&a, &b] {
+        let c = n.with_device(|d| (d.config().port_mtu, d.config().max_mtu));
+        assert_eq!(c, (Mtu::M2048, Mtu::M2048));
+    }
+    let cap = common::qp_cap(64, 2, 64);
+    let side = |n: &Nic| {
+        let pd = n.alloc_pd().unwrap();
+        let cq = n.create_cq(64).unwrap();
+        ferroce::runtime::create_rc_qp(n, pd, cq, cap).unwrap()
+    };
+    let (qa, qb) = (side(&a), side(&b));
+    let eb = b.local_end(qb, 0, 7).unwrap();
+    let big = RcParams {
+        mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    match a.connect_rc(qa, &eb, &big) {
+        Err(VerbsError::Modify(ModifyQpError::InvalidValue { attr, value })) => {
+            assert_eq!((attr, value), ("path_mtu", 4096));
+        }
+        other => panic!("path MTU 4096 on 2200-byte frames: {other:?}"),
+    }
+    // The largest that fits works: 100 KB written in 2048-byte packets.
+    let (x, y) = nic_rc_pair(&a, &b, cap, 64, 1 << 17, Mtu::M2048);
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    x.mr.write(0, &data).unwrap();
+    a.post_send(x.qp, common::write_wr(1, &x.mr, &y.mr, 100_000))
+        .unwrap();
+    assert!(a.wait_cq(x.cq, Duration::from_secs(10)).unwrap());
+    let mut wcs = Vec::new();
+    a.poll_cq(x.cq, &mut wcs, 4).unwrap();
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    let mut got = vec![0u8; 100_000];
+    y.mr.read(0, &mut got).unwrap();
+    assert!(got == data);
+    a.shutdown();
+    b.shutdown();
+}

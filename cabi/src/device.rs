@@ -807,6 +807,19 @@ impl Shared {
     /// The running NIC, started now if it is not yet (the packet backend opens here: the UDP
     /// backend binds its address's port). A failure is printed once per call as
     /// `ferroce libibverbs: ...` and given as its errno; the next call tries again.
+    /// The port's (active, max) MTU: the interface's, or once the NIC has started what its
+    /// packet device's frames allow ([`ferroce::runtime::Nic::start`] may lower both).
+    pub fn port_mtus(&self) -> (Mtu, Mtu) {
+        let max = Mtu::M4096.min(self.port.mtu);
+        match self.nic.get() {
+            Some(n) => n.with_device(|d| {
+                let c = d.config();
+                (c.port_mtu, max.min(c.max_mtu))
+            }),
+            None => (self.port.mtu, max),
+        }
+    }
+
     pub fn nic(&self) -> Result<&Arc<Nic>, libc::c_int> {
         if let Some(n) = self.nic.get() {
             return Ok(n);

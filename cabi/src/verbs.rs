@@ -599,8 +599,9 @@ fn fill_port(s: &Shared, a: &mut ibv_port_attr) {
     // link; else DOWN, and Polling (up without link) or Disabled (down).
     let link = ferroce::io::netdev::port_link(&s.port.netdev.name);
     a.state = link.ibv_state().into();
-    a.max_mtu = Mtu::M4096.to_ibv().min(s.port.mtu.to_ibv()) as c_int;
-    a.active_mtu = s.port.mtu.to_ibv() as c_int;
+    let (active, max) = s.port_mtus();
+    a.max_mtu = max.to_ibv() as c_int;
+    a.active_mtu = active.to_ibv() as c_int;
     a.gid_tbl_len = s.port.served().table.len() as c_int;
     // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS
     a.port_cap_flags = (1 << 16) | (1 << 26);

@@ -302,6 +302,18 @@ pub fn ib_mtu_for(eth_mtu: u32) -> crate::ib::Mtu {
         .unwrap_or(Mtu::M256)
 }
 
+/// The largest path MTU whose every packet fits a frame of `frame` bytes: Ethernet (14),
+/// IPv6 (40), UDP (8), the BTH and the largest request headers (12 + XRCETH 4 + RETH 16 +
+/// ImmDt 4) and the ICRC (4) around the payload; 256 when even that does not fit.
+pub fn ib_mtu_for_frame(frame: usize) -> crate::ib::Mtu {
+    use crate::ib::Mtu;
+    let room = frame.saturating_sub(14 + 40 + 8 + 36 + 4);
+    [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256]
+        .into_iter()
+        .find(|m| m.bytes() as usize <= room)
+        .unwrap_or(Mtu::M256)
+}
+
 /// The next hop towards `dst` per the kernel's routing table (the gateway, or `dst` itself
 /// when it is on a connected network): `RTM_GETROUTE`, as `ip route get` asks.
 ///

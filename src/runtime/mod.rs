@@ -505,6 +505,20 @@ impl Nic {
         opts: NicOptions,
     ) -> std::io::Result<Nic> {
         let mut cfg = cfg;
+        // No path MTU whose packets the device's frames cannot hold: such a QP would never
+        // send (its frames wait for room forever) and never complete.
+        let fit = crate::io::netdev::ib_mtu_for_frame(pkt.frame_capacity());
+        if cfg.max_mtu > fit {
+            tracing::warn!(
+                frame_capacity = pkt.frame_capacity(),
+                max_mtu = fit.bytes(),
+                "packet device frames too small for path MTU {}: at most {} here",
+                cfg.max_mtu.bytes(),
+                fit.bytes()
+            );
+            cfg.max_mtu = fit;
+        }
+        cfg.port_mtu = cfg.port_mtu.min(fit);
         if pkt.medium() == crate::io::Medium::UdpSocket {
             // Its received frames carry the synthesised all-zero destination MAC.
             cfg.accept_zero_dst_mac = true;

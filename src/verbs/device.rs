@@ -92,6 +92,12 @@ pub struct DeviceConfig {
     /// what perftest and the pingpongs read. Default 4096; a device on a network interface
     /// takes what its MTU allows ([`crate::io::netdev::ib_mtu_for`]: 1500 → 1024).
     pub port_mtu: Mtu,
+    /// The largest path MTU a connected QP may be given (`ibv_query_port`'s `max_mtu`): what
+    /// the packet device's frames can carry. A modify to a larger `path_mtu` fails with
+    /// `InvalidValue` (EINVAL), as rxe's against its port's `max_mtu`, instead of leaving the
+    /// QP with packets no frame can hold. Default 4096; [`crate::runtime::Nic::start`] lowers
+    /// it (and `port_mtu`) to what its packet device's frame capacity allows.
+    pub max_mtu: Mtu,
     /// Fast loss recovery for RC go-back-N (`rc/recovery.rs`): a probe timeout from measured
     /// round trips resends before the local ACK timeout (without spending a retry), and the
     /// window halves on loss and grows back by one packet per window acknowledged. What goes
@@ -148,6 +154,7 @@ impl DeviceConfig {
             cnp_interval: Some(crate::time::Duration::from_micros(4)),
             ack_delay: None,
             port_mtu: Mtu::M4096,
+            max_mtu: Mtu::M4096,
             fast_recovery: false,
             selective_repeat: false,
             accept_zero_dst_mac: false,
@@ -1358,6 +1365,12 @@ impl Device {
                     value: v.into(),
                 }));
             }
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > self.cfg.max_mtu {
+            return Err(VerbsError::Modify(ModifyQpError::InvalidValue {
+                attr: "path_mtu",
+                value: attr.path_mtu.bytes().into(),
+            }));
         }
         if mask.contains(QpAttrMask::PKEY_INDEX) && usize::from(attr.pkey_index) >= PKEY_TABLE.len()
         {
