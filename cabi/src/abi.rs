@@ -1042,6 +1042,7 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         ("IBV_WC_FETCH_ADD", WcOpcode::FetchAdd),
         ("IBV_WC_BIND_MW", WcOpcode::BindMw),
         ("IBV_WC_LOCAL_INV", WcOpcode::LocalInv),
+        ("IBV_WC_ATOMIC_WRITE", WcOpcode::AtomicWrite),
         ("IBV_WC_RECV", WcOpcode::Recv),
         ("IBV_WC_RECV_RDMA_WITH_IMM", WcOpcode::RecvRdmaWithImm),
     ] {
@@ -1655,7 +1656,7 @@ pub const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 1 << 3;
 /// The `enum ibv_qp_create_send_ops_flags` the work request builder carries: WRITE, WRITE with
 /// immediate, SEND, SEND with immediate, READ, compare-and-swap, fetch-and-add (`1 << 0` to
 /// `1 << 6`) and SEND with invalidate (`1 << 9`).
-pub const SEND_OPS_CARRIED: [(&str, u64); 10] = [
+pub const SEND_OPS_CARRIED: [(&str, u64); 11] = [
     ("IBV_QP_EX_WITH_RDMA_WRITE", 1),
     ("IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM", 1 << 1),
     ("IBV_QP_EX_WITH_SEND", 1 << 2),
@@ -1666,6 +1667,7 @@ pub const SEND_OPS_CARRIED: [(&str, u64); 10] = [
     ("IBV_QP_EX_WITH_LOCAL_INV", 1 << 7),
     ("IBV_QP_EX_WITH_BIND_MW", 1 << 8),
     ("IBV_QP_EX_WITH_SEND_WITH_INV", 1 << 9),
+    ("IBV_QP_EX_WITH_ATOMIC_WRITE", 1 << 12),
 ];
 /// `IBV_WC_STANDARD_FLAGS`: the completion fields every CQ has (byte length, immediate, QP
 /// number, source QP, SLID, SL, DLID path bits).

@@ -624,6 +624,7 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
         w.opcode = match op % 16 {
             0..=10 => c_int::from(op % 11),
             11 => inp.int(),
+            12 => 15, // IBV_WR_ATOMIC_WRITE
             _ => 2,
         };
         w.send_flags = match inp.u8() % 4 {
@@ -653,6 +654,19 @@ fn post_send(env: &mut Env, m: &mut Made, inp: &mut Input, qp: *mut ibv_qp) {
             for e in lists.last_mut().unwrap().iter_mut() {
                 if e.length <= 1024 {
                     e.addr = base + e.addr % (BUF as u64 - 1024);
+                }
+            }
+        }
+        // An ATOMIC WRITE's 8 bytes are read from its first entry's address, likewise with no
+        // key: an entry of 8 bytes there is moved into the buffer (any other is refused).
+        if w.opcode == 15 {
+            let eight = inp.u8() % 4 != 0;
+            if let Some(e) = lists.last_mut().unwrap().first_mut() {
+                if eight {
+                    e.length = 8;
+                }
+                if e.length == 8 {
+                    e.addr = base + e.addr % (BUF as u64 - 8);
                 }
             }
         }

@@ -424,8 +424,8 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         set_errno(EOPNOTSUPP);
         return null_mut();
     }
-    // A QP asking for an operation the work request builder does not carry (local invalidate,
-    // memory window bind, TSO, flush, atomic write) is refused here, as rdma-core's providers
+    // A QP asking for an operation the work request builder does not carry (TSO, flush) is
+    // refused here, as rdma-core's providers
     // refuse it, rather than failing each such request at `ibv_wr_complete`.
     let carried = SEND_OPS_CARRIED.iter().fold(0, |m, &(_, f)| m | f);
     if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !carried != 0 {
@@ -804,9 +804,25 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: QpExPtr, srqn: u32) {
     // SAFETY: forwarded.
     unsafe { last(qp, |x, _| x.xrc_srqn = srqn & 0xff_ffff) }
 }
-unsafe extern "C" fn wr_atomic_write(qp: QpExPtr, _rkey: u32, _addr: u64, _v: *const c_void) {
+unsafe extern "C" fn wr_atomic_write(qp: QpExPtr, rkey: u32, addr: u64, v: *const c_void) {
+    if v.is_null() {
+        // SAFETY: forwarded.
+        return unsafe { refuse_with(qp, EINVAL) };
+    }
+    // SAFETY: `atomic_wr` points to the 8 bytes to write (libibverbs' contract for
+    // `ibv_wr_atomic_write`), read now as rdma-core's providers copy them.
+    let value = unsafe { std::ptr::read_unaligned(v as *const [u8; 8]) };
     // SAFETY: forwarded.
-    unsafe { refuse(qp) }
+    unsafe {
+        begin(
+            qp,
+            SendOp::AtomicWrite {
+                remote_addr: addr,
+                rkey: RKey(rkey),
+                value,
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_set_sge(qp: QpExPtr, lkey: u32, addr: u64, length: u32) {

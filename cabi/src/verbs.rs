@@ -3039,6 +3039,26 @@ fn send_op(r: &ibv_send_wr) -> Result<SendOp, c_int> {
         9 => SendOp::SendWithInv {
             invalidate_rkey: RKey(r.imm_data),
         },
+        15 => {
+            // IBV_WR_ATOMIC_WRITE: the 8 bytes are the first entry's, read when posted (as
+            // rdma-core's rxe provider copies them).
+            if r.num_sge < 1 || r.sg_list.is_null() {
+                return Err(EINVAL);
+            }
+            // SAFETY: the request's list holds num_sge (>= 1) entries (libibverbs' contract).
+            let e = unsafe { *r.sg_list };
+            if e.length != 8 || e.addr == 0 {
+                return Err(EINVAL);
+            }
+            // SAFETY: the entry names 8 readable bytes of the program, as for inline data
+            // (libibverbs' contract: the provider reads them at post time).
+            let value = unsafe { std::ptr::read_unaligned(e.addr as usize as *const [u8; 8]) };
+            SendOp::AtomicWrite {
+                remote_addr: rdma.remote_addr,
+                rkey: RKey(rdma.rkey),
+                value,
+            }
+        }
         _ => return Err(EINVAL),
     })
 }
@@ -3058,7 +3078,7 @@ unsafe extern "C" fn post_send(
     let post = |r: &ibv_send_wr| -> Result<(), c_int> {
         let op = send_op(r)?;
         // A bind or local invalidate has no data: its list is not read.
-        let sg_list = if op.is_local() {
+        let sg_list = if op.is_local() || matches!(op, SendOp::AtomicWrite { .. }) {
             SgList::new()
         } else {
             // SAFETY: the request's scatter/gather list holds num_sge entries (libibverbs'

@@ -9,6 +9,9 @@
  *  - QPs from ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, posted to through
  *    ibv_qp_to_qp_ex: ibv_wr_start, ibv_wr_rdma_write + ibv_wr_set_sge, ibv_wr_send +
  *    ibv_wr_set_inline_data, ibv_wr_complete;
+ *  - RDMA ATOMIC WRITE, through ibv_wr_atomic_write and through ibv_post_send with
+ *    IBV_WR_ATOMIC_WRITE: the 8 bytes taken when posted (the program's buffer overwritten
+ *    right after), stored at the target, completed as IBV_WC_ATOMIC_WRITE;
  *  - inline data as libibverbs defines it: taken at post time from memory that is not
  *    registered, so the program may overwrite its buffer as soon as the post returns (both
  *    through ibv_wr_set_inline_data and through ibv_post_send with IBV_SEND_INLINE).
@@ -130,17 +133,18 @@ int main(void)
 			 .max_inline_data = MSG },
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND |
+				  IBV_QP_EX_WITH_ATOMIC_WRITE,
 	};
-	/* An operation the device does not carry (atomic write) is refused when the QP is made,
-	 * not at each ibv_wr_complete (rdma-core's tests/test_qpex.py skips on that EOPNOTSUPP);
-	 * the creation-flags and TSO-header bits with nothing in them are taken, as the kernel
-	 * takes them. */
+	/* An operation the device does not carry (TSO) is refused when the QP is made, not at
+	 * each ibv_wr_complete (rdma-core's tests/test_qpex.py skips on that EOPNOTSUPP); the
+	 * creation-flags and TSO-header bits with nothing in them are taken, as the kernel takes
+	 * them. */
 	struct ibv_qp_init_attr_ex ask = ia;
-	ask.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+	ask.send_ops_flags |= IBV_QP_EX_WITH_TSO;
 	errno = 0;
 	struct ibv_qp *q = ibv_create_qp_ex(ctx, &ask);
-	printf("QP with IBV_QP_EX_WITH_ATOMIC_WRITE: %s %s\n", q ? "made" : "NULL", strerror(errno));
+	printf("QP with IBV_QP_EX_WITH_TSO: %s %s\n", q ? "made" : "NULL", strerror(errno));
 	if (q)
 		ibv_destroy_qp(q);
 	ask = ia;
@@ -204,9 +208,32 @@ int main(void)
 		fail("ibv_post_send inline", r);
 	memset(msg2, 'Y', sizeof(msg2));
 
-	int seen_write = 0, seen_send = 0, seen_send2 = 0, recvs = 0;
+	/* Two ATOMIC WRITEs into the last 16 bytes of dst (8-byte aligned), after the WRITE
+	 * above (in order on the QP): one through the builder, its value on the stack and
+	 * overwritten after the post; one through ibv_post_send, the value the first entry
+	 * names (read when posted, as rdma-core's providers read it). */
+	uint64_t v1 = 0x1122334455667788ull, v2 = 0x0102030405060708ull;
+	ibv_wr_start(ax);
+	ax->wr_id = 4;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_write(ax, dmr->rkey, (uintptr_t)(dst + N - 16), &v1);
+	r = ibv_wr_complete(ax);
+	if (r)
+		fail("ibv_wr_complete (atomic write)", r);
+	v1 = 0;
+	struct ibv_sge as = { .addr = (uintptr_t)&v2, .length = 8, .lkey = 0 };
+	struct ibv_send_wr aw = { .wr_id = 5, .sg_list = &as, .num_sge = 1,
+				  .opcode = IBV_WR_ATOMIC_WRITE, .send_flags = IBV_SEND_SIGNALED };
+	aw.wr.rdma.remote_addr = (uintptr_t)(dst + N - 8);
+	aw.wr.rdma.rkey = dmr->rkey;
+	r = ibv_post_send(a, &aw, &bad);
+	if (r)
+		fail("ibv_post_send (IBV_WR_ATOMIC_WRITE)", r);
+	v2 = 0;
+
+	int seen_write = 0, seen_send = 0, seen_send2 = 0, recvs = 0, atomic_writes = 0;
 	uint64_t last_ts = clk0;
-	for (int k = 0; k < 5; k++) {
+	for (int k = 0; k < 7; k++) {
 		struct done d = next_done(cq);
 		/* Each completion's timestamp: after the clock reading before the posts, never
 		 * earlier than the one before it. */
@@ -224,6 +251,9 @@ int main(void)
 			seen_send = 1;
 		else if (d.wr_id == 3 && d.opcode == IBV_WC_SEND)
 			seen_send2 = 1;
+		else if ((d.wr_id == 4 || d.wr_id == 5) && d.opcode == IBV_WC_ATOMIC_WRITE &&
+			 d.qp_num == a->qp_num)
+			atomic_writes++;
 		else if (d.wr_id >= 100 && d.opcode == IBV_WC_RECV && d.byte_len == MSG &&
 			 d.qp_num == b->qp_num)
 			recvs++;
@@ -233,7 +263,7 @@ int main(void)
 			exit(1);
 		}
 	}
-	if (!seen_write || !seen_send || !seen_send2 || recvs != 2)
+	if (!seen_write || !seen_send || !seen_send2 || recvs != 2 || atomic_writes != 2)
 		fail("missing completions", EINVAL);
 	struct ibv_values_ex t1 = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
 	if (ibv_query_rt_values_ex(ctx, &t1))
@@ -241,11 +271,17 @@ int main(void)
 	uint64_t clk1 = (uint64_t)t1.raw_clock.tv_sec * 1000000000ull + t1.raw_clock.tv_nsec;
 	if (last_ts > clk1 || clk1 <= clk0)
 		fail("completion timestamps outside the device clock's readings", EINVAL);
-	printf("completion timestamps: 5 in order, within the clock's readings (%llu ticks)\n",
+	printf("completion timestamps: 7 in order, within the clock's readings (%llu ticks)\n",
 	       (unsigned long long)(clk1 - clk0));
-	if (memcmp(src, dst, N))
+	if (memcmp(src, dst, N - 16))
 		fail("RDMA WRITE through ibv_wr_*: data differs", EINVAL);
-	printf("extended CQ and ibv_wr_*: RDMA WRITE %d bytes, data identical\n", N);
+	printf("extended CQ and ibv_wr_*: RDMA WRITE %d bytes, data identical\n", N - 16);
+	uint64_t got1, got2;
+	memcpy(&got1, dst + N - 16, 8);
+	memcpy(&got2, dst + N - 8, 8);
+	if (got1 != 0x1122334455667788ull || got2 != 0x0102030405060708ull)
+		fail("ATOMIC WRITE: the target does not hold the values posted", EINVAL);
+	printf("ATOMIC WRITE: ibv_wr_atomic_write and IBV_WR_ATOMIC_WRITE stored their 8 bytes\n");
 	char want[MSG];
 	memset(want, 'I', sizeof(want));
 	memcpy(want, "inline through ibv_wr_set_inline_data", 37);

@@ -269,7 +269,7 @@ fn sge(s: &Side, inp: &mut Input) -> Sge {
 fn post_send(s: &mut Side, peer: &Side, inp: &mut Input) {
     let kind = inp.u8();
     let (rkey, addr) = remote_target(peer, inp);
-    let op = match kind % 9 {
+    let op = match kind % 10 {
         0 | 1 => SendOp::Send,
         2 => SendOp::SendWithImm { imm: inp.u32() },
         3 => SendOp::SendWithInv {
@@ -289,10 +289,16 @@ fn post_send(s: &mut Side, peer: &Side, inp: &mut Input) {
             compare: inp.u64(),
             swap: inp.u64(),
         },
-        _ => SendOp::AtomicFetchAdd {
+        8 => SendOp::AtomicFetchAdd {
             remote_addr: addr & !7,
             rkey,
             add: inp.u64(),
+        },
+        // Mostly aligned; sometimes not (an invalid request at the responder).
+        _ => SendOp::AtomicWrite {
+            remote_addr: if kind & 0x20 != 0 { addr } else { addr & !7 },
+            rkey,
+            value: inp.u64().to_ne_bytes(),
         },
     };
     let n = inp.u8() % 3;

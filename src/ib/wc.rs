@@ -108,6 +108,8 @@ pub enum WcOpcode {
     BindMw,
     /// A local invalidate completed.
     LocalInv,
+    /// An RDMA ATOMIC WRITE completed.
+    AtomicWrite,
     /// A SEND was received.
     Recv,
     /// An RDMA WRITE with immediate was received.
@@ -125,6 +127,7 @@ impl WcOpcode {
             WcOpcode::FetchAdd => 4,
             WcOpcode::BindMw => 5,
             WcOpcode::LocalInv => 6,
+            WcOpcode::AtomicWrite => 9,
             WcOpcode::Recv => 128,
             WcOpcode::RecvRdmaWithImm => 129,
         }

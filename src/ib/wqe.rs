@@ -58,13 +58,18 @@ impl SendWqe {
         ud: Option<UdSendDest>,
     ) -> SendWqe {
         let mut local_err = sge_error(mrs, pd, &wr.sg_list, wr.op.is_rd_atomic());
-        let inline = inline.then(|| {
-            // Copied now: the application may reuse its buffer at once. Inline data is not
-            // checked against protection domains or rights (as in libibverbs).
-            let mut data = vec![0u8; len as usize];
-            local_err = gather_any(mrs, &wr.sg_list, &mut data).err();
-            data.into_boxed_slice()
-        });
+        let inline = if let SendOp::AtomicWrite { value, .. } = wr.op {
+            // The payload, as inline data (an ATOMIC WRITE has no scatter/gather list).
+            Some(Box::new(value) as Box<[u8]>)
+        } else {
+            inline.then(|| {
+                // Copied now: the application may reuse its buffer at once. Inline data is not
+                // checked against protection domains or rights (as in libibverbs).
+                let mut data = vec![0u8; len as usize];
+                local_err = gather_any(mrs, &wr.sg_list, &mut data).err();
+                data.into_boxed_slice()
+            })
+        };
         SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,

@@ -82,6 +82,18 @@ pub enum SendOp {
         /// The value written if they are equal.
         swap: u64,
     },
+    /// RDMA ATOMIC WRITE (IBTA Vol. 1 1.5, `IBV_WR_ATOMIC_WRITE`): `value` stored at an 8-byte
+    /// aligned remote address as one 8-byte write that no reader sees half done; RC only,
+    /// no scatter/gather list (the value is taken when the request is posted, as
+    /// libibverbs' `ibv_wr_atomic_write` copies it). The peer needs remote write access.
+    AtomicWrite {
+        /// The 8-byte aligned target in the peer's MR.
+        remote_addr: u64,
+        /// The peer MR's remote key.
+        rkey: RKey,
+        /// The bytes stored, in memory order.
+        value: [u8; 8],
+    },
     /// 64-bit fetch and add.
     AtomicFetchAdd {
         /// The 8-byte aligned target in the peer's MR.
@@ -156,6 +168,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
@@ -172,7 +185,9 @@ impl SendOp {
     pub fn allowed_on(&self, t: super::attr::QpType) -> bool {
         use super::attr::QpType;
         match t {
-            QpType::Rc | QpType::XrcSend => true,
+            QpType::Rc => true,
+            // XRC has no ATOMIC WRITE opcode.
+            QpType::XrcSend => !matches!(self, SendOp::AtomicWrite { .. }),
             QpType::XrcRecv => false,
             QpType::Uc => matches!(
                 self,

@@ -44,6 +44,7 @@ pub(crate) fn next_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
         (SendOp::RdmaRead { .. }, _, _) => O::RC_READ_REQUEST,
         (SendOp::AtomicCmpSwp { .. }, _, _) => O::RC_CMP_SWAP,
         (SendOp::AtomicFetchAdd { .. }, _, _) => O::RC_FETCH_ADD,
+        (SendOp::AtomicWrite { .. }, _, _) => O::RC_ATOMIC_WRITE,
         // Never asked: a bind or local invalidate sends no packet (`Qp::execute_local`).
         (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _, _) => O::RC_SEND_ONLY,
     }
@@ -361,6 +362,21 @@ impl Qp {
                 });
                 bth.ack_req = true;
                 (payload_len, payload, done_with_wqe, psns_used) = (0, PayloadSrc::None, true, 1);
+            }
+            SendOp::AtomicWrite {
+                remote_addr, rkey, ..
+            } => {
+                // One packet: the RETH and the 8 bytes (the WQE's inline data).
+                bth.opcode = Opcode::RC_ATOMIC_WRITE;
+                ext.reth = Some(RethRepr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: 8,
+                });
+                bth.ack_req = true;
+                payload_len = 8;
+                payload = PayloadSrc::Wqe { idx, off: 0 };
+                (done_with_wqe, psns_used) = (true, 1);
             }
             ref op => {
                 let plen = (w.wqe.len - off).min(mtu);

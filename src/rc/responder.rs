@@ -320,8 +320,11 @@ impl Qp {
             acc.contains(AccessFlags::REMOTE_READ)
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
             acc.contains(AccessFlags::REMOTE_ATOMIC)
+        } else if op == Opcode::RC_ATOMIC_WRITE {
+            // A write of 8 bytes: remote write rights, as rxe asks of it.
+            acc.contains(AccessFlags::REMOTE_WRITE)
         } else {
-            false // FLUSH, ATOMIC_WRITE: not supported
+            false // FLUSH: not supported
         };
         if valid {
             Ok(())
@@ -402,6 +405,12 @@ impl Qp {
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
             // A misaligned atomic is an invalid request (as rxe answers it).
             r.ext.atomic_eth.is_some_and(|a| a.va % 8 == 0)
+        } else if op == Opcode::RC_ATOMIC_WRITE {
+            // 8 bytes, for 8 aligned bytes.
+            payload.len() == 8
+                && r.ext
+                    .reth
+                    .is_some_and(|reth| reth.va % 8 == 0 && reth.dma_len == 8)
         } else {
             true
         };
@@ -417,7 +426,12 @@ impl Qp {
     /// R_Key to check. Other packets name none (`None`).
     fn check_rkey(&self, ctx: &Ctx<'_>, r: &RoceRepr, f: OpFlags) -> Result<Option<Target>, Stop> {
         let op = r.bth.opcode;
-        let (rkey, va, len, need) = if f.contains(OpFlags::WRITE) && f.contains(OpFlags::FIRST)
+        let (rkey, va, len, need) = if op == Opcode::RC_ATOMIC_WRITE {
+            let Some(reth) = r.ext.reth else {
+                return Err(Stop::Fatal(Step::RKey, INVALID));
+            };
+            (reth.rkey, reth.va, 8, AccessFlags::REMOTE_WRITE)
+        } else if f.contains(OpFlags::WRITE) && f.contains(OpFlags::FIRST)
             || op == Opcode::RC_READ_REQUEST
         {
             let Some(reth) = r.ext.reth else {
@@ -474,6 +488,8 @@ impl Qp {
         } else if r.bth.opcode == Opcode::RC_READ_REQUEST {
             self.exec_read(r, target);
             Ok(())
+        } else if r.bth.opcode == Opcode::RC_ATOMIC_WRITE {
+            self.exec_atomic_write(r, payload, target)
         } else {
             self.exec_atomic(r, target);
             Ok(())
@@ -705,6 +721,29 @@ impl Qp {
             msn,
             replay: false,
         });
+    }
+
+    /// ATOMIC WRITE: the 8 bytes stored at once (no reader of the region sees half of them),
+    /// then acknowledged as a WRITE is. A duplicate is re-ACKed, never stored again.
+    fn exec_atomic_write(
+        &mut self,
+        r: &RoceRepr,
+        payload: &[u8],
+        target: Option<Target>,
+    ) -> Result<(), Stop> {
+        let Ok(value) = <[u8; 8]>::try_from(payload) else {
+            return Err(Stop::Fatal(Step::Execute, INVALID));
+        };
+        if let Some(Target { mr: Some(mr), off }) = target {
+            // Checked under the device lock (see exec_atomic); a region gone since is an
+            // access error, as for a WRITE's later packet.
+            if !mr.rkey_valid() || mr.update8_at(off, |_| value).is_none() {
+                self.counters.mr_gone += 1;
+                return Err(Stop::Fatal(Step::Execute, ACCESS));
+            }
+        }
+        self.acknowledge(r, true);
+        Ok(())
     }
 
     /// Deliberate deviation `dup_atomic_again`: a duplicate ATOMIC executed once more, its

@@ -367,6 +367,13 @@ pub(crate) fn check_send_wr(wr: &SendWr, cap: &QpCap) -> Result<u32, VerbsError>
     if wr.op.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
         return Err(VerbsError::BadAtomicSge);
     }
+    if let crate::ib::wr::SendOp::AtomicWrite { .. } = wr.op {
+        // The 8 bytes travel in the operation itself.
+        if !wr.sg_list.is_empty() {
+            return Err(VerbsError::BadAtomicSge);
+        }
+        return Ok(8);
+    }
     let inline = wr.flags.contains(SendFlags::INLINE) && (wr.op.is_send() || wr.op.is_write());
     if inline && len > u64::from(cap.max_inline_data) {
         return Err(VerbsError::InlineTooLarge(len));
