@@ -631,6 +631,19 @@ pub(crate) struct Shared {
     pid: u32,
 }
 
+impl Drop for Shared {
+    /// A parent's device closed in a child of fork(2): its engine is the parent's (the
+    /// threads it would stop and wait for are not in this process, its sockets are shared),
+    /// so it is left as it is, unused, in the child's memory.
+    fn drop(&mut self) {
+        if self.inherited() {
+            if let Some(n) = self.nic.take() {
+                std::mem::forget(n);
+            }
+        }
+    }
+}
+
 static SHARED: Mutex<Option<Weak<Shared>>> = Mutex::new(None);
 
 /// The process's device, set up now (not started: [`Shared::nic`]) if no context holds it.
@@ -799,19 +812,23 @@ impl Shared {
         self.cfg.limits()
     }
 
-    /// The NIC if it runs.
+    /// The NIC if it runs (in this process: a parent's, inherited through fork(2), is not
+    /// this process's to drive; [`Shared::nic`]).
     pub fn started(&self) -> Option<&Arc<Nic>> {
-        self.nic.get()
+        self.nic.get().filter(|_| !self.inherited())
     }
 
-    /// The running NIC, started now if it is not yet (the packet backend opens here: the UDP
-    /// backend binds its address's port). A failure is printed once per call as
-    /// `ferroce libibverbs: ...` and given as its errno; the next call tries again.
+    /// Whether this is a parent's device that a child of fork(2) inherited: its engine's
+    /// threads did not come along, and its sockets are the parent's too.
+    fn inherited(&self) -> bool {
+        self.pid != std::process::id()
+    }
+
     /// The port's (active, max) MTU: the interface's, or once the NIC has started what its
     /// packet device's frames allow ([`ferroce::runtime::Nic::start`] may lower both).
     pub fn port_mtus(&self) -> (Mtu, Mtu) {
         let max = Mtu::M4096.min(self.port.mtu);
-        match self.nic.get() {
+        match self.started() {
             Some(n) => n.with_device(|d| {
                 let c = d.config();
                 (c.port_mtu, max.min(c.max_mtu))
@@ -820,7 +837,25 @@ impl Shared {
         }
     }
 
+    /// The running NIC, started now if it is not yet (the packet backend opens here: the UDP
+    /// backend binds its address's port). A failure is printed once per call as
+    /// `ferroce libibverbs: ...` and given as its errno; the next call tries again.
+    ///
+    /// In a child of fork(2) the parent's device refuses (EINVAL, said once): driving its
+    /// engine there would read the parent's datagrams off the shared socket and send for
+    /// the parent's QPs; the child opens a device of its own (a new `ibv_open_device`), and
+    /// may close what it inherited ([`Drop`] leaves the parent's engine alone).
     pub fn nic(&self) -> Result<&Arc<Nic>, libc::c_int> {
+        if self.inherited() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                crate::verbs::warn(
+                    "an object of the parent's device used in a child of fork(2): refused \
+                     (EINVAL); the child opens a device of its own",
+                )
+            });
+            return Err(libc::EINVAL);
+        }
         if let Some(n) = self.nic.get() {
             return Ok(n);
         }

@@ -1191,6 +1191,26 @@ fn a_signal_interrupts_ibv_get_cq_event_unless_sa_restart() {
     );
 }
 
+/// A child of fork(2) and its parent's device (examples/c/fork_close.c): the parent's QP is
+/// not the child's to destroy (EINVAL), the inherited context closes at once (it hung,
+/// waiting for engine threads that are the parent's), a device of the child's own works, and
+/// the parent's QPs go on working.
+#[test]
+fn a_forked_child_closes_what_it_inherited_and_the_parent_goes_on() {
+    run_verbs_example(
+        "a_forked_child_closes_what_it_inherited_and_the_parent_goes_on",
+        "fork_close",
+        &[
+            "parent: RDMA WRITE before the fork",
+            "child: ibv_destroy_qp on the parent's QP: Invalid argument",
+            "child closed what it inherited (ibv_close_device 0)",
+            "child: RDMA WRITE on a device of its own",
+            "parent's device still works after the child closed its copy",
+            "ok",
+        ],
+    );
+}
+
 #[test]
 fn the_extended_verbs_and_inline_data_in_a_c_program() {
     run_verbs_example(
