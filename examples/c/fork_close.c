@@ -47,24 +47,44 @@ static void write_and_check(struct rc_pair p, struct ibv_mr *smr, struct ibv_mr 
 	check(memcmp(src, dst, N) == 0, "the WRITE's data arrived");
 }
 
+/* A device opened now, with a PD, a source and a destination region (remote write) and a
+ * connected pair of QPs: what the parent has before the fork and the child makes anew. */
+struct world {
+	struct ibv_device **list;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_mr *smr, *dmr;
+	struct rc_pair p;
+};
+
+static struct world open_world(void)
+{
+	struct world w;
+	union ibv_gid gid;
+	w.ctx = open_device_and_pd(&w.list, &gid, &w.pd, PROG);
+	char *src = calloc(1, N), *dst = calloc(1, N);
+	w.smr = ibv_reg_mr(w.pd, src, N, IBV_ACCESS_LOCAL_WRITE);
+	w.dmr = ibv_reg_mr(w.pd, dst, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!w.smr || !w.dmr)
+		fail("ibv_reg_mr", errno);
+	w.p = rc_pair_new(w.ctx, w.pd, &gid, IBV_ACCESS_REMOTE_WRITE, PROG);
+	return w;
+}
+
+static void close_world(struct world w)
+{
+	rc_pair_free(w.p);
+	ibv_dereg_mr(w.smr);
+	ibv_dereg_mr(w.dmr);
+	ibv_dealloc_pd(w.pd);
+	ibv_close_device(w.ctx);
+	ibv_free_device_list(w.list);
+}
+
 int main(void)
 {
-	struct ibv_device **list;
-	union ibv_gid gid;
-	const char *step;
-	struct ibv_context *ctx = open_first_device(&list, &gid, &step);
-	if (!ctx)
-		fail(step, errno ? errno : ENODEV);
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	if (!pd)
-		fail("ibv_alloc_pd", errno);
-	char *src = malloc(N), *dst = calloc(1, N);
-	struct ibv_mr *smr = ibv_reg_mr(pd, src, N, IBV_ACCESS_LOCAL_WRITE);
-	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	if (!smr || !dmr)
-		fail("ibv_reg_mr", errno);
-	struct rc_pair p = rc_pair_new(ctx, pd, &gid, IBV_ACCESS_REMOTE_WRITE, PROG);
-	write_and_check(p, smr, dmr, 1);
+	struct world w = open_world();
+	write_and_check(w.p, w.smr, w.dmr, 1);
 	printf("parent: RDMA WRITE before the fork\n");
 	fflush(stdout);
 
@@ -73,41 +93,23 @@ int main(void)
 		fail("fork", errno);
 	if (child == 0) {
 		alarm(10);
-		errno = 0;
-		int d = ibv_destroy_qp(p.a);
+		int d = ibv_destroy_qp(w.p.a);
 		printf("child: ibv_destroy_qp on the parent's QP: %s\n", d ? strerror(d) : "done");
-		int r = ibv_close_device(ctx);
-		ibv_free_device_list(list);
+		int r = ibv_close_device(w.ctx);
+		ibv_free_device_list(w.list);
 		printf("child closed what it inherited (ibv_close_device %d)\n", r);
 		/* A device of its own works. */
-		struct ibv_context *c2 = open_first_device(&list, &gid, &step);
-		if (!c2)
-			fail(step, errno ? errno : ENODEV);
-		struct ibv_pd *pd2 = ibv_alloc_pd(c2);
-		if (!pd2)
-			fail("child: ibv_alloc_pd", errno);
-		char *s2 = calloc(1, N), *d2 = calloc(1, N);
-		struct ibv_mr *sm2 = ibv_reg_mr(pd2, s2, N, IBV_ACCESS_LOCAL_WRITE);
-		struct ibv_mr *dm2 =
-			ibv_reg_mr(pd2, d2, N, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-		if (!sm2 || !dm2)
-			fail("child: ibv_reg_mr", errno);
-		struct rc_pair p2 = rc_pair_new(c2, pd2, &gid, IBV_ACCESS_REMOTE_WRITE, PROG);
-		write_and_check(p2, sm2, dm2, 3);
+		struct world mine = open_world();
+		write_and_check(mine.p, mine.smr, mine.dmr, 3);
 		printf("child: RDMA WRITE on a device of its own\n");
-		rc_pair_free(p2);
-		ibv_dereg_mr(sm2);
-		ibv_dereg_mr(dm2);
-		ibv_dealloc_pd(pd2);
-		ibv_close_device(c2);
-		ibv_free_device_list(list);
+		close_world(mine);
 		fflush(stdout);
 		exit(d == EINVAL && r == 0 ? 0 : 1);
 	}
 	int status = 0;
 	for (int i = 0; i < 1000; i++) {
-		pid_t w = waitpid(child, &status, WNOHANG);
-		if (w == child)
+		pid_t x = waitpid(child, &status, WNOHANG);
+		if (x == child)
 			break;
 		if (i == 999) {
 			kill(child, SIGKILL);
@@ -118,14 +120,9 @@ int main(void)
 	}
 	check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child exited with status 0");
 
-	write_and_check(p, smr, dmr, 2);
+	write_and_check(w.p, w.smr, w.dmr, 2);
 	printf("parent's device still works after the child closed its copy\n");
-	rc_pair_free(p);
-	ibv_dereg_mr(smr);
-	ibv_dereg_mr(dmr);
-	ibv_dealloc_pd(pd);
-	ibv_close_device(ctx);
-	ibv_free_device_list(list);
+	close_world(w);
 	printf("ok\n");
 	return 0;
 }

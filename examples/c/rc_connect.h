@@ -87,6 +87,25 @@ static inline struct ibv_context *open_first_device(struct ibv_device ***list,
 }
 
 /*
+ * open_first_device, then a PD on it in *pd; on failure says so as "PROG: step: error" and
+ * exits 1.
+ */
+static inline struct ibv_context *open_device_and_pd(struct ibv_device ***list,
+						       union ibv_gid *gid, struct ibv_pd **pd,
+						       const char *prog)
+{
+	const char *step = NULL;
+	struct ibv_context *ctx = open_first_device(list, gid, &step);
+	if (ctx && !(*pd = ibv_alloc_pd(ctx)))
+		step = "ibv_alloc_pd";
+	if (!ctx || !*pd) {
+		fprintf(stderr, "%s: %s: %s\n", prog, step, strerror(errno ? errno : ENODEV));
+		exit(1);
+	}
+	return ctx;
+}
+
+/*
  * Poll `cq` until one completion comes (busy, at most 2e8 polls) and return it; on an error
  * or when nothing comes, say so as "PROG: what: error" on standard error and exit 1, as the
  * examples' own failures do.
