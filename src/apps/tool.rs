@@ -194,14 +194,6 @@ pub fn run_perf(
     let local = dev.gids[usize::from(gid_index)];
     let mut cfg = inv.cfg.clone();
     cfg.gid_index = gid_index;
-    let (mtu, note, warn) = choose_mtu(inv.mtu, netdev::ib_mtu_for(dev.mtu.unwrap_or(1500)));
-    cfg.mtu = mtu;
-    if let Some(n) = note {
-        writeln!(out, "{n}").map_err(wr)?;
-    }
-    if let Some(w) = warn {
-        writeln!(err, "{w}").map_err(wr)?;
-    }
     let latency = !cfg.test.is_bw();
     let server = inv.host.is_none();
     let poll = match (inv.busy, inv.poll) {
@@ -232,6 +224,18 @@ pub fn run_perf(
             err: e,
         }
     })?;
+    // The port's active MTU: what the interface's MTU allows, and what the packet device's
+    // frames hold (the NIC takes no larger path MTU: `DeviceConfig::max_mtu`).
+    let active = netdev::ib_mtu_for(dev.mtu.unwrap_or(1500))
+        .min(netdev::ib_mtu_for_frame(pkt.frame_capacity()));
+    let (mtu, note, warn) = choose_mtu(inv.mtu, active);
+    cfg.mtu = mtu;
+    if let Some(n) = note {
+        writeln!(out, "{n}").map_err(wr)?;
+    }
+    if let Some(w) = warn {
+        writeln!(err, "{w}").map_err(wr)?;
+    }
     let mut dcfg = DeviceConfig::new(dev.mac, local);
     dcfg.gids = dev.gids.clone();
     if cfg.exchange_rdma_cm {
