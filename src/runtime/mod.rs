@@ -1446,8 +1446,11 @@ impl Nic {
             } else {
                 1
             },
-            Ordering::Release,
+            Ordering::SeqCst,
         );
+        // Ordered before the program's next poll of the queue (see the engine's read of
+        // `armed` after it queues completions).
+        std::sync::atomic::fence(Ordering::SeqCst);
         Ok(())
     }
 
@@ -2002,18 +2005,40 @@ fn engine_step(
                 if tmp.is_empty() {
                     continue;
                 }
-                let mut fire = false;
+                let mut solicited = false;
                 for wc in tmp.drain(..) {
-                    match c.armed.load(Ordering::Acquire) {
-                        1 => fire = true,
-                        2 if wc.solicited || wc.status != WcStatus::Success => fire = true,
-                        _ => {}
-                    }
+                    solicited |= wc.solicited || wc.status != WcStatus::Success;
                     c.q.push(wc);
                     c.len.fetch_add(1, Ordering::AcqRel);
                 }
+                // Whether the CQ is armed is read after its completions are in the queue. A
+                // program arms and then polls again before it waits (libibverbs' pattern,
+                // rdma_get_recv_comp's): with the arm read first, an arm made between that
+                // read and the push was missed while the program's second poll still found
+                // the queue empty, and it waited for a notification that never came (the
+                // completion had been counted as not armed for). Now either this read sees
+                // the arm or the program's poll after arming sees the completions (SeqCst
+                // fences on both sides, `req_notify_cq`'s); a notification may then come for
+                // a completion the program already took, as libibverbs allows.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let fire = loop {
+                    let a = c.armed.load(Ordering::SeqCst);
+                    let want = match a {
+                        1 => true,
+                        2 => solicited,
+                        _ => false,
+                    };
+                    if !want {
+                        break false;
+                    }
+                    if c.armed
+                        .compare_exchange(a, 0, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        break true;
+                    }
+                };
                 if fire {
-                    c.armed.store(0, Ordering::Release);
                     c.events.fetch_add(1, Ordering::AcqRel);
                     if let Some(f) = lock(&c.channel).as_ref() {
                         f();
