@@ -3077,7 +3077,8 @@ unsafe extern "C" fn post_send(
     let s = unsafe { sh(w.c.context) };
     let post = |r: &ibv_send_wr| -> Result<(), c_int> {
         let op = send_op(r)?;
-        // A bind or local invalidate has no data: its list is not read.
+        // A bind or local invalidate has no data, and an ATOMIC WRITE's 8 bytes were taken
+        // into the operation (`send_op`): their list is not read here.
         let sg_list = if op.is_local() || matches!(op, SendOp::AtomicWrite { .. }) {
             SgList::new()
         } else {

@@ -293,12 +293,16 @@ pub fn netdevs() -> Vec<Netdev> {
 /// The path MTU (payload bytes per packet, an IBTA value) an Ethernet MTU allows, as Linux
 /// does for RoCE: 1500 → 1024, 9000 → 4096.
 pub fn ib_mtu_for(eth_mtu: u32) -> crate::ib::Mtu {
-    use crate::ib::Mtu;
     // Room for IPv6 (40) + UDP (8) + BTH and the largest request headers (12 + 16 + 4) + ICRC (4).
-    let room = eth_mtu.saturating_sub(40 + 8 + 32 + 4);
+    largest_mtu_within(eth_mtu.saturating_sub(40 + 8 + 32 + 4) as usize)
+}
+
+/// The largest path MTU of at most `room` payload bytes (256 when none is).
+fn largest_mtu_within(room: usize) -> crate::ib::Mtu {
+    use crate::ib::Mtu;
     [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256]
         .into_iter()
-        .find(|m| m.bytes() <= room)
+        .find(|m| m.bytes() as usize <= room)
         .unwrap_or(Mtu::M256)
 }
 
@@ -306,12 +310,7 @@ pub fn ib_mtu_for(eth_mtu: u32) -> crate::ib::Mtu {
 /// IPv6 (40), UDP (8), the BTH and the largest request headers (12 + XRCETH 4 + RETH 16 +
 /// ImmDt 4) and the ICRC (4) around the payload; 256 when even that does not fit.
 pub fn ib_mtu_for_frame(frame: usize) -> crate::ib::Mtu {
-    use crate::ib::Mtu;
-    let room = frame.saturating_sub(14 + 40 + 8 + 36 + 4);
-    [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512, Mtu::M256]
-        .into_iter()
-        .find(|m| m.bytes() as usize <= room)
-        .unwrap_or(Mtu::M256)
+    largest_mtu_within(frame.saturating_sub(14 + 40 + 8 + 36 + 4))
 }
 
 /// The next hop towards `dst` per the kernel's routing table (the gateway, or `dst` itself

@@ -314,15 +314,13 @@ impl Qp {
         let acc = self.attr.qp_access_flags;
         let valid = if f.contains(OpFlags::SEND) {
             true
-        } else if f.contains(OpFlags::WRITE) {
+        } else if f.contains(OpFlags::WRITE) || op == Opcode::RC_ATOMIC_WRITE {
+            // (ATOMIC WRITE: a write of 8 bytes, remote write rights, as rxe asks of it.)
             acc.contains(AccessFlags::REMOTE_WRITE)
         } else if op == Opcode::RC_READ_REQUEST {
             acc.contains(AccessFlags::REMOTE_READ)
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
             acc.contains(AccessFlags::REMOTE_ATOMIC)
-        } else if op == Opcode::RC_ATOMIC_WRITE {
-            // A write of 8 bytes: remote write rights, as rxe asks of it.
-            acc.contains(AccessFlags::REMOTE_WRITE)
         } else {
             false // FLUSH: not supported
         };
@@ -426,13 +424,9 @@ impl Qp {
     /// R_Key to check. Other packets name none (`None`).
     fn check_rkey(&self, ctx: &Ctx<'_>, r: &RoceRepr, f: OpFlags) -> Result<Option<Target>, Stop> {
         let op = r.bth.opcode;
-        let (rkey, va, len, need) = if op == Opcode::RC_ATOMIC_WRITE {
-            let Some(reth) = r.ext.reth else {
-                return Err(Stop::Fatal(Step::RKey, INVALID));
-            };
-            (reth.rkey, reth.va, 8, AccessFlags::REMOTE_WRITE)
-        } else if f.contains(OpFlags::WRITE) && f.contains(OpFlags::FIRST)
+        let (rkey, va, len, need) = if f.contains(OpFlags::WRITE) && f.contains(OpFlags::FIRST)
             || op == Opcode::RC_READ_REQUEST
+            || op == Opcode::RC_ATOMIC_WRITE
         {
             let Some(reth) = r.ext.reth else {
                 return Err(Stop::Fatal(Step::RKey, INVALID));
@@ -440,10 +434,11 @@ impl Qp {
             if reth.dma_len == 0 {
                 return Ok(Some(Target { mr: None, off: 0 }));
             }
-            let need = if f.contains(OpFlags::WRITE) {
-                AccessFlags::REMOTE_WRITE
-            } else {
+            // (An ATOMIC WRITE's DMA length is 8, checked by the length step.)
+            let need = if op == Opcode::RC_READ_REQUEST {
                 AccessFlags::REMOTE_READ
+            } else {
+                AccessFlags::REMOTE_WRITE
             };
             (reth.rkey, reth.va, u64::from(reth.dma_len), need)
         } else if op == Opcode::RC_CMP_SWAP || op == Opcode::RC_FETCH_ADD {
@@ -735,9 +730,10 @@ impl Qp {
             return Err(Stop::Fatal(Step::Execute, INVALID));
         };
         if let Some(Target { mr: Some(mr), off }) = target {
-            // Checked under the device lock (see exec_atomic); a region gone since is an
-            // access error, as for a WRITE's later packet.
-            if !mr.rkey_valid() || mr.update8_at(off, |_| value).is_none() {
+            // Its R_Key was checked for this very packet, under the device lock that
+            // deregistration takes too (see exec_atomic); memory gone from under a region
+            // (an on-demand one unmapped) is an access error.
+            if mr.update8_at(off, |_| value).is_none() {
                 self.counters.mr_gone += 1;
                 return Err(Stop::Fatal(Step::Execute, ACCESS));
             }
